@@ -1,0 +1,48 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-unit test-integration test-e2e demo bench crd clean
+
+setup: $(STAMP)
+
+# torch first: its CPU build lies on this disk, and anything depending on torch would otherwise pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=24"
+	$(PIP) install --quiet "torch==2.13.0"
+	$(PIP) install --quiet -e ".[train,sandbox,dev]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
+
+bench: setup
+	$(PY) bench/verify_scale.py
+	$(PY) bench/entrypoint_overhead.py
+	$(PY) bench/operator_scale.py
+
+# Regenerate the CRD (and the chart's copy) from operator/sweep_operator/api.py.
+crd: setup
+	$(PY) -m sweep_operator.crd > crds/trainingsweeps.sweeps.dev.yaml
+	mkdir -p charts/trainingsweep-operator/crds
+	cp crds/trainingsweeps.sweeps.dev.yaml charts/trainingsweep-operator/crds/
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,353 @@
+"""The TrainingSweep v1alpha1 API as pydantic models: field names, types, defaults, descriptions.
+
+These models are the one source of the API: the CRD in `crds/` is generated from them
+(`python -m sweep_operator.crd`, compared by a test), and the validator and the entrypoint parse with them.
+Checks that need more than one field live in `validation`.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from . import constants
+from .paramspace import ParamValue
+
+# Defaults that the CRD also carries; changing one here changes the CRD (regenerate it).
+DEFAULT_STARTUP_SECONDS = 1800
+DEFAULT_GRACEFUL_STOP_SECONDS = 300
+DEFAULT_VERIFICATION_TIMEOUT_SECONDS = 900
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity ("500m", "24Gi", 4) as a Decimal; ValueError naming the accepted forms."""
+    from kubernetes.utils.quantity import parse_quantity as _parse  # pure helper, no client
+
+    try:
+        return _parse(value)
+    except (ValueError, TypeError, InvalidOperation):
+        raise ValueError(
+            f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\", \"512Mi\")"
+        ) from None
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\")")
+    text = str(value).strip()
+    if parse_quantity(text) <= 0:
+        raise ValueError(f"{value!r} must be greater than zero")
+    return text
+
+
+# A positive Kubernetes quantity, kept as the user wrote it (ints become strings).
+Quantity = Annotated[str, BeforeValidator(_quantity), Field(json_schema_extra={"x-quantity": True})]
+
+
+def _train_loop(value: str) -> str:
+    module, sep, function = value.partition(":")
+    ident = r"[A-Za-z_][A-Za-z0-9_]*"
+    import re
+
+    if not sep or not re.fullmatch(rf"{ident}(\.{ident})*", module) or not re.fullmatch(ident, function):
+        raise ValueError(
+            f"{value!r} is not 'module:function' (example: training_entrypoints.loops.digits_mlp:train_loop)"
+        )
+    return value
+
+
+def _storage_uri(value: str) -> str:
+    from .s3_layout import S3Uri
+
+    uri = S3Uri.parse(value)  # ValueError says what is wrong
+    if not uri.key:
+        raise ValueError(f"{value!r} has no prefix; use s3://bucket/prefix so runs do not land at the bucket root")
+    return str(uri)
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, unknown fields rejected (a typo must not be silently dropped)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        validate_default=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------- spec
+
+
+class SearcherSpec(ApiModel):
+    type: Literal["random", "grid", "optuna"] = Field(
+        "random",
+        description="How candidates are picked (R13): random samples the space; grid enumerates grid "
+        "values; optuna adapts to past results (needs optuna in the image, plus metric and mode).",
+    )
+    seed: int | None = Field(None, ge=0, description="Random seed for reproducible sampling; unset: random.")
+
+
+class SchedulerSpec(ApiModel):
+    type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
+        "fifo",
+        description="Trial scheduler (R13): fifo runs every trial to the end; asha, hyperband and median stop "
+        "poor trials early; pbt perturbs hyper-parameters. All but fifo need tune.metric and tune.mode.",
+    )
+    time_attr: str = Field(
+        "training_iteration", description="Metric used as time by the scheduler (asha, hyperband, median, pbt)."
+    )
+    max_t: int = Field(100, ge=1, description="asha/hyperband: maximum time units per trial.")
+    grace_period: int = Field(1, ge=1, description="asha/median: time units before a trial may be stopped.")
+    reduction_factor: float = Field(4.0, gt=1, description="asha/hyperband: halving rate (> 1).")
+    brackets: int = Field(1, ge=1, description="asha: number of brackets.")
+    min_samples_required: int = Field(3, ge=1, description="median: trials needed before stopping any.")
+    perturbation_interval: float = Field(
+        2.0, gt=0, description="pbt: time units between perturbations (needs checkpointing train loops)."
+    )
+
+
+class TuneSpec(ApiModel):
+    metric: str | None = Field(
+        None,
+        min_length=1,
+        description="Metric the train loop reports (e.g. val_loss). Required by every scheduler but fifo "
+        "and by optuna; without it no best trial is chosen.",
+    )
+    mode: Literal["min", "max"] | None = Field(
+        None, description="Whether the best trial minimises or maximises tune.metric. Required with metric."
+    )
+    num_samples: int = Field(
+        1, ge=1, description="Samples drawn from paramSpace (with grid values: repetitions of the whole grid)."
+    )
+    max_concurrent_trials: int = Field(
+        1,
+        ge=1,
+        description="Trials running at once. Each holds trial.workers workers; the head admits exactly "
+        "this many trial drivers (R5, R14).",
+    )
+    searcher: SearcherSpec = Field(default_factory=SearcherSpec, description="Search algorithm.")
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Trial scheduler.")
+
+
+class ResourcesPerWorker(ApiModel):
+    cpu: Quantity = Field("1", description="CPU per train worker (Kubernetes quantity), requests = limits (R15).")
+    gpu: int = Field(
+        0, ge=0, le=16, description="nvidia.com/gpu per train worker (0: CPU-only). Requests = limits (R15)."
+    )
+    memory: Quantity = Field("4Gi", description="Memory per train worker (Kubernetes quantity).")
+
+
+class TrialSpec(ApiModel):
+    workers: int = Field(1, ge=1, description="Ray Train workers per trial (ScalingConfig.num_workers, R4).")
+    resources_per_worker: ResourcesPerWorker = Field(
+        default_factory=ResourcesPerWorker, description="Resources of one worker: one placement-group bundle."
+    )
+
+
+class Toleration(ApiModel):
+    key: str = Field("", description="Taint key the toleration applies to; empty with Exists matches all.")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal or Exists.")
+    value: str = Field("", description="Taint value (Equal only).")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        "", description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: seconds tolerated.")
+
+
+class WorkerGroupSpec(ApiModel):
+    instance_type: str = Field(
+        "",
+        description="EKS instance type of the GPU nodes (e.g. g5.2xlarge). Every worker must fit one node (R14). "
+        "Required when trial.resourcesPerWorker.gpu > 0.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra node labels for worker pods; node.kubernetes.io/instance-type is added from instanceType.",
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for worker pods.")
+    min_replicas: int = Field(0, ge=0, description="Worker pods kept even when idle (autoscaler minimum).")
+
+
+class HeadSpec(ApiModel):
+    cpu: Quantity = Field("2", description="Head pod CPU. The head runs the Tune driver and trial drivers, no training.")
+    memory: Quantity = Field("8Gi", description="Head pod memory.")
+
+
+class StorageSpec(ApiModel):
+    uri: Annotated[str, AfterValidator(_storage_uri)] = Field(
+        ...,
+        description="s3://bucket/prefix where every run gets <namespace>/<sweep>-<runId>/ (R11, R16).",
+    )
+    region: str = Field("", description="AWS region of the bucket; empty: the SDK's default chain.")
+    endpoint_url: str = Field(
+        "", description="S3-compatible endpoint (MinIO, a local test server); empty: AWS S3."
+    )
+    service_account_name: str = Field(
+        "sweep-runner",
+        description="Service account of the head, worker and submitter pods (its IRSA role grants the bucket).",
+    )
+
+
+class CheckpointsSpec(ApiModel):
+    num_to_keep: int = Field(2, ge=1, description="Checkpoints kept per trial (the latest is always kept).")
+    score_attribute: str | None = Field(
+        None, min_length=1, description="Metric that ranks checkpoints; unset: tune.metric."
+    )
+    score_order: Literal["min", "max"] | None = Field(
+        None, description="min or max for scoreAttribute; unset: tune.mode."
+    )
+
+
+class DeadlinesSpec(ApiModel):
+    active_seconds: int | None = Field(
+        None,
+        ge=60,
+        description="Wall-clock budget of the whole sweep, one clock across RayJob retries. Unset: the "
+        "operator's defaultActiveSeconds; never above its maxActiveSeconds.",
+    )
+    startup_seconds: int = Field(
+        DEFAULT_STARTUP_SECONDS,
+        ge=30,
+        description="The RayJob must be Running within this many seconds, else Failed with a diagnosis (R6).",
+    )
+    graceful_stop_seconds: int = Field(
+        DEFAULT_GRACEFUL_STOP_SECONDS,
+        ge=0,
+        description="Trials stop this many seconds before the deadline so their last checkpoints land.",
+    )
+
+
+class FailurePolicySpec(ApiModel):
+    worker_failures: int = Field(1, ge=-1, description="Train FailureConfig.max_failures per trial (-1: unlimited).")
+    controller_failures: int = Field(
+        3, ge=-1, description="Train FailureConfig.controller_failure_limit (Ray's default -1 retries forever, R12)."
+    )
+    preemption_failures: int = Field(
+        5, ge=-1, description="Train FailureConfig.max_preemption_failures (Ray's default -1 is unlimited, R12)."
+    )
+    trial_failures: int = Field(0, ge=-1, description="Tune FailureConfig.max_failures per trial.")
+    job_retries: int = Field(0, ge=0, description="RayJob backoffLimit: whole-job retries, each on a new RayCluster.")
+
+
+class DeletionSpec(ApiModel):
+    verify_checkpoints: bool = Field(
+        True, description="Verify checkpoints in S3 before the sweep, its RayJob or RayCluster may go (R22)."
+    )
+    verification_timeout_seconds: int = Field(
+        DEFAULT_VERIFICATION_TIMEOUT_SECONDS, ge=10, description="Time allowed for one verification pass."
+    )
+    retry_backoff_seconds: int = Field(30, ge=1, description="First wait before a failed verification is retried.")
+    max_retry_backoff_seconds: int = Field(600, ge=1, description="Longest wait between verification retries.")
+
+
+class SweepSpec(ApiModel):
+    image: str = Field(..., min_length=1, description="Training image with ray 2.58.0 and this package.")
+    ray_version: Literal["2.58.0"] = Field(
+        constants.SUPPORTED_RAY_VERSION, description="Ray version of the image; only 2.58.0 is supported (R1)."
+    )
+    train_loop: Annotated[str, AfterValidator(_train_loop)] = Field(
+        ..., description="module:function of the per-worker train loop in the image."
+    )
+    param_space: dict[str, ParamValue] = Field(
+        default_factory=dict,
+        description="Hyper-parameters: a constant, or one of {choice: [..]}, {grid: [..]}, {uniform: [lo, hi]}, "
+        "{loguniform: [lo, hi]}, {randint: [lo, hi]}, {quniform: [lo, hi, q]}.",
+    )
+    tune: TuneSpec = Field(default_factory=TuneSpec, description="Ray Tune settings.")
+    trial: TrialSpec = Field(default_factory=TrialSpec, description="One trial: a Ray Train run.")
+    worker_group: WorkerGroupSpec = Field(default_factory=WorkerGroupSpec, description="The GPU worker group.")
+    head: HeadSpec = Field(default_factory=HeadSpec, description="The Ray head pod (no GPUs).")
+    storage: StorageSpec = Field(..., description="Where checkpoints and results go.")
+    checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec, description="Checkpoint retention.")
+    deadlines: DeadlinesSpec = Field(default_factory=DeadlinesSpec, description="Sweep deadlines.")
+    failure_policy: FailurePolicySpec = Field(
+        default_factory=FailurePolicySpec, description="Every retry class, set explicitly (R12)."
+    )
+    deletion: DeletionSpec = Field(default_factory=DeletionSpec, description="The checkpoint guard (R22).")
+    suspend: bool = Field(False, description="true: do not start (or stop, through the guard) the sweep's RayJob.")
+
+
+# -------------------------------------------------------------------------------------- status
+
+Phase = Literal[
+    "Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting",
+    "Suspended",
+]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Invalid"})
+CONDITION_TYPES: tuple[str, ...] = ("Admitted", "Running", "CheckpointsVerified", "DeadlineExceeded", "Ready")
+
+
+class StatusModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class TrialCounts(StatusModel):
+    total: int = Field(0, description="Trials known to Tune.")
+    pending: int = Field(0, description="Trials waiting for resources.")
+    running: int = Field(0, description="Trials running.")
+    terminated: int = Field(0, description="Trials finished normally (including early-stopped).")
+    errored: int = Field(0, description="Trials that failed.")
+
+
+class BestTrial(StatusModel):
+    id: str | None = Field(None, description="Tune trial id.")
+    metric: str | None = Field(None, description="Metric name (tune.metric).")
+    value: float | None = Field(None, description="Best value of the metric.")
+    config: dict[str, Any] | None = Field(None, description="The trial's hyper-parameters.")
+    checkpoint_uri: str | None = Field(None, description="s3:// URI of its best checkpoint.")
+
+
+class CheckpointProblem(StatusModel):
+    kind: str = Field(..., description="What is wrong (missing-file, size-mismatch, missing-manifest, s3-error, ...).")
+    key: str = Field("", description="S3 key concerned.")
+    detail: str = Field("", description="Explanation.")
+
+
+class CheckpointsStatus(StatusModel):
+    verified: bool | None = Field(None, description="Whether every committed checkpoint is complete in S3.")
+    checked: int | None = Field(None, description="Checkpoints checked.")
+    bytes: int | None = Field(None, description="Bytes the verified checkpoints hold.")
+    problems: list[CheckpointProblem] | None = Field(None, description="Why verification failed (first 20).")
+    verified_at: str | None = Field(None, description="When verification last ran (RFC 3339).")
+
+
+class ReplicasStatus(StatusModel):
+    workers: int | None = Field(None, description="Worker pods the sweep may use (workers x maxConcurrentTrials).")
+    gpus: int | None = Field(None, description="GPUs the sweep may use.")
+    cap: int | None = Field(None, description="maxReplicas rendered on the worker group.")
+
+
+class Condition(StatusModel):
+    type: str = Field(..., description="Admitted, Running, CheckpointsVerified, DeadlineExceeded or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field(..., description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(..., description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="metadata.generation the condition reflects.")
+
+
+class SweepStatus(StatusModel):
+    phase: Phase | None = Field(None, description="Lifecycle phase.")
+    run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
+    ray_job_name: str | None = Field(None, description="The RayJob of this run.")
+    ray_cluster_name: str | None = Field(None, description="The RayCluster of the current attempt.")
+    job_deployment_status: str | None = Field(None, description="RayJob status.jobDeploymentStatus.")
+    job_status: str | None = Field(None, description="RayJob status.jobStatus.")
+    reason: str | None = Field(None, description="RayJob status.reason.")
+    queued_at: str | None = Field(None, description="When the sweep was queued for namespace capacity.")
+    started_at: str | None = Field(None, description="When the sweep was admitted: its clock starts here.")
+    deadline_at: str | None = Field(None, description="startedAt + activeSeconds.")
+    finished_at: str | None = Field(None, description="When the sweep reached a terminal phase.")
+    trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
+    trials_summary: str | None = Field(None, description="finished/total, e.g. 3/8.")
+    best_trial: BestTrial | None = Field(None, description="Best trial so far.")
+    checkpoints: CheckpointsStatus | None = Field(None, description="Checkpoint verification (R22).")
+    replicas: ReplicasStatus | None = Field(None, description="Admitted demand and rendered cap.")
+    message: str | None = Field(None, description="Latest human-readable message.")
+    observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
+    conditions: list[Condition] | None = Field(None, description="Kubernetes-style conditions.")

@@ -1,0 +1,48 @@
+"""Helpers shared by sweepctl subcommands: exit codes, reading manifests, printing problems."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input the user can fix (missing file, malformed YAML); printed without a traceback, exit 2."""
+
+
+def load_documents(path: str) -> list[Any]:
+    """Every YAML document in `path` ('-' for stdin), empty documents skipped."""
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path} is not valid YAML: {exc}") from None
+    if not docs:
+        raise UsageError(f"{path} holds no YAML document")
+    return docs
+
+
+def load_limits(path: str | None) -> Any:
+    """OperatorLimits from a YAML file of camelCase keys (default limits when `path` is None)."""
+    from ..settings import OperatorLimits, SettingsError
+
+    if path is None:
+        return OperatorLimits()
+    (data, *_) = load_documents(path)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of limits (maxWorkersPerSweep: 8, ...)")
+    try:
+        return OperatorLimits.from_mapping(data, where=path)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None

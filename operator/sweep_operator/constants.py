@@ -1,0 +1,53 @@
+"""Names shared by every part of the product: API group, labels, finalizer, annotations, env vars.
+
+One source for each name (STYLE habit 4); nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "sweeps.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "TrainingSweep"
+PLURAL: Final = "trainingsweeps"
+SINGULAR: Final = "trainingsweep"
+SHORT_NAME: Final = "tsw"
+CATEGORY: Final = "ml"
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+CRD_FILENAME: Final = f"{CRD_NAME}.yaml"
+
+FINALIZER: Final = "sweeps.dev/checkpoint-guard"
+LABEL_SWEEP: Final = "sweeps.dev/sweep"
+LABEL_RUN_ID: Final = "sweeps.dev/run-id"
+ANNOTATION_SKIP_VERIFICATION: Final = "sweeps.dev/skip-checkpoint-verification"
+
+# KubeRay (v1.7.0) names we read or write.
+RAY_GROUP: Final = "ray.io"
+RAY_VERSION_API: Final = "v1"
+RAY_API_VERSION: Final = f"{RAY_GROUP}/{RAY_VERSION_API}"
+RAYJOB_KIND: Final = "RayJob"
+RAYJOB_PLURAL: Final = "rayjobs"
+RAYCLUSTER_KIND: Final = "RayCluster"
+RAYCLUSTER_PLURAL: Final = "rayclusters"
+RAY_LABEL_ORIGINATED_FROM_CRD: Final = "ray.io/originated-from-crd"
+RAY_LABEL_ORIGINATED_FROM_CR_NAME: Final = "ray.io/originated-from-cr-name"
+RAYJOB_NAME_MAX_LEN: Final = 47  # KubeRay derives cluster/pod names from it
+
+# The only Ray version this product is built and tested for (R1).
+SUPPORTED_RAY_VERSION: Final = "2.58.0"
+
+# Custom Ray resource on the head that admits exactly maxConcurrentTrials Tune trial drivers (R5, R14).
+TRIAL_DRIVER_RESOURCE: Final = "sweep_trial_driver"
+
+# Environment variables the RayJob hands to the entrypoint (runtimeEnvYAML.env_vars).
+ENV_RUN_SPEC: Final = "SWEEP_RUN_SPEC"
+ENV_DEADLINE_AT: Final = "SWEEP_DEADLINE_AT"
+ENV_TRAIN_V2: Final = "RAY_TRAIN_V2_ENABLED"
+ENV_WORKER_GROUP_START_TIMEOUT: Final = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+ENTRYPOINT_MODULE: Final = "training_entrypoints.sweep"
+ENTRYPOINT_COMMAND: Final = f"python -m {ENTRYPOINT_MODULE}"
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -1,0 +1,251 @@
+"""Generate the TrainingSweep CRD (apiextensions.k8s.io/v1) from the API models.
+
+    python -m sweep_operator.crd > crds/trainingsweeps.sweeps.dev.yaml
+
+The schema is structural, every field has a description (kubectl explain) and every optional spec
+field its default; CEL rules carry the cross-field checks the API server can enforce.
+A test compares the committed file with this output, and the chart's copy with the committed file.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+import annotated_types
+import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from . import constants
+from .api import SweepSpec, SweepStatus
+
+# Kubernetes' own quantity pattern (k8s.io/apimachinery resource.Quantity).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+# Cross-field rules the API server enforces at admission; the semantic validator checks the same and more.
+SPEC_RULES: list[dict[str, str]] = [
+    {
+        "rule": "has(self.tune.metric) == has(self.tune.mode)",
+        "message": "tune.metric and tune.mode must be set together",
+        "fieldPath": ".tune.mode",
+    },
+    {
+        "rule": "!(self.tune.scheduler.type in ['asha', 'hyperband', 'median', 'pbt']) || has(self.tune.metric)",
+        "message": "tune.metric and tune.mode are required by every scheduler but fifo",
+        "fieldPath": ".tune.metric",
+    },
+    {
+        "rule": "self.tune.searcher.type != 'optuna' || has(self.tune.metric)",
+        "message": "tune.metric and tune.mode are required by searcher optuna",
+        "fieldPath": ".tune.metric",
+    },
+    {
+        "rule": "self.tune.scheduler.type != 'asha' || self.tune.scheduler.gracePeriod <= self.tune.scheduler.maxT",
+        "message": "tune.scheduler.gracePeriod must be <= maxT",
+        "fieldPath": ".tune.scheduler.gracePeriod",
+    },
+    {
+        "rule": "self.trial.resourcesPerWorker.gpu == 0 || self.workerGroup.instanceType != ''",
+        "message": "workerGroup.instanceType is required when trial.resourcesPerWorker.gpu > 0 (bundle fit, R14)",
+        "fieldPath": ".workerGroup.instanceType",
+    },
+    {
+        "rule": "self.workerGroup.minReplicas <= self.trial.workers * self.tune.maxConcurrentTrials",
+        "message": "workerGroup.minReplicas must be <= trial.workers x tune.maxConcurrentTrials",
+        "fieldPath": ".workerGroup.minReplicas",
+    },
+    {
+        "rule": "!has(self.deadlines.activeSeconds) || self.deadlines.startupSeconds < self.deadlines.activeSeconds",
+        "message": "deadlines.startupSeconds must be less than deadlines.activeSeconds",
+        "fieldPath": ".deadlines.startupSeconds",
+    },
+    {
+        "rule": "!has(self.deadlines.activeSeconds) || "
+        "self.deadlines.gracefulStopSeconds < self.deadlines.activeSeconds",
+        "message": "deadlines.gracefulStopSeconds must be less than deadlines.activeSeconds",
+        "fieldPath": ".deadlines.gracefulStopSeconds",
+    },
+    {
+        "rule": "self.deletion.maxRetryBackoffSeconds >= self.deletion.retryBackoffSeconds",
+        "message": "deletion.maxRetryBackoffSeconds must be >= deletion.retryBackoffSeconds",
+        "fieldPath": ".deletion.maxRetryBackoffSeconds",
+    },
+]
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
+    {"name": "Trials", "type": "string", "jsonPath": ".status.trialsSummary", "description": "Finished/total trials"},
+    {"name": "Best", "type": "number", "jsonPath": ".status.bestTrial.value", "description": "Best metric value"},
+    {
+        "name": "Verified",
+        "type": "boolean",
+        "jsonPath": ".status.checkpoints.verified",
+        "description": "Checkpoints verified complete in S3",
+    },
+    {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "description": "The run's RayJob"},
+    {"name": "Deadline", "type": "date", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _type_schema(annotation: Any, info: FieldInfo | None) -> dict[str, Any]:
+    annotation, _ = _unwrap_optional(annotation)
+    extra = (info.json_schema_extra if info else None) or {}
+    if isinstance(extra, dict) and extra.get("x-quantity"):
+        return {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_schema(get_args(annotation)[0], info)
+    if origin is Literal:
+        values = list(get_args(annotation))
+        return {"type": "string", "enum": values}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return model_schema(annotation)
+    if origin is dict:
+        _, value_type = get_args(annotation)
+        if value_type is str:
+            return {"type": "object", "additionalProperties": {"type": "string"}}
+        return {"type": "object", "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True}}
+    if origin is list:
+        (item,) = get_args(annotation)
+        return {"type": "array", "items": _type_schema(item, None)}
+    if annotation is bool:
+        return {"type": "boolean"}
+    if annotation is int:
+        return {"type": "integer", "format": "int64"}
+    if annotation is float:
+        return {"type": "number"}
+    if annotation is str:
+        return {"type": "string"}
+    if annotation is typing.Any:
+        return {"x-kubernetes-preserve-unknown-fields": True}
+    raise TypeError(f"no CRD schema for {annotation!r}")
+
+
+def _constraints(info: FieldInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for meta in info.metadata:
+        if isinstance(meta, annotated_types.Ge):
+            out["minimum"] = meta.ge
+        elif isinstance(meta, annotated_types.Gt):
+            out["minimum"] = meta.gt
+            out["exclusiveMinimum"] = True
+        elif isinstance(meta, annotated_types.Le):
+            out["maximum"] = meta.le
+        elif isinstance(meta, annotated_types.MinLen):
+            out["minLength"] = meta.min_length
+    return out
+
+
+def _default(info: FieldInfo) -> tuple[bool, Any]:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.is_required() or info.default is None:
+        return False, None
+    else:
+        value = info.default
+    if isinstance(value, BaseModel):
+        # Nested defaults are applied by the API server once the parent object exists.
+        return True, {}
+    return True, value
+
+
+def model_schema(model: type[BaseModel], with_defaults: bool = True) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": {}}
+    required = []
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        prop = {"description": info.description or ""}
+        prop.update(_type_schema(info.annotation, info))
+        prop.update(_constraints(info))
+        if info.is_required():
+            required.append(key)
+        elif with_defaults:
+            has_default, value = _default(info)
+            if has_default:
+                prop["default"] = value
+        if key == "config" and prop.get("type") == "object":
+            prop = {"description": prop["description"], "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        schema["properties"][key] = prop
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def build_crd() -> dict[str, Any]:
+    spec_schema = model_schema(SweepSpec)
+    spec_schema["description"] = "What to sweep, on which resources, within which limits."
+    spec_schema["x-kubernetes-validations"] = SPEC_RULES
+    status_schema = model_schema(SweepStatus, with_defaults=False)
+    status_schema["description"] = "Observed state, written by the operator."
+    root = {
+        "type": "object",
+        "description": "A hyper-parameter sweep of a PyTorch model: Ray Tune over Ray Train V2 in a KubeRay "
+        "RayJob, with a deadline, GPU caps and a checkpoint guard.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "sweeps.dev/v1alpha1"},
+            "kind": {"type": "string", "description": "TrainingSweep"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": constants.CRD_NAME},
+        "spec": {
+            "group": constants.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": constants.KIND,
+                "listKind": f"{constants.KIND}List",
+                "plural": constants.PLURAL,
+                "singular": constants.SINGULAR,
+                "shortNames": [constants.SHORT_NAME],
+                "categories": [constants.CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": constants.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    header = "# Generated from operator/sweep_operator/api.py by `python -m sweep_operator.crd`; do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The CRD's openAPIV3Schema (for validating manifests without an API server)."""
+    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+if __name__ == "__main__":
+    print(render_crd_yaml(), end="")

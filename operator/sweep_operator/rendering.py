@@ -1,0 +1,283 @@
+"""Render a TrainingSweep run as a KubeRay v1 RayJob (pure: a dict in, a dict out, no client).
+
+Resources are placed on purpose (R5, R14, R15): the head runs the Tune driver and exactly
+maxConcurrentTrials trial drivers (custom resource `sweep_trial_driver`) but no train worker
+(`num-cpus: "0"`, no GPUs); one worker group holds the train workers, requests = limits.
+Every retry class and deadline is rendered explicitly (R12).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from . import constants
+from .api import SweepSpec
+from .policy import demand_of, effective_active_seconds
+from .runspec import RunSpec, build_run_spec
+from .settings import OperatorLimits, Settings
+from .validation import Sweep
+
+RUN_ID_ALPHABET = string.ascii_lowercase + string.digits
+RUN_ID_LENGTH = 6
+MANAGED_BY = "trainingsweep-operator"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+SUBMITTER_CONTAINER = "ray-job-submitter"
+WORKER_GROUP = "gpu-workers"
+# The submitter Job only runs `ray job submit`; a couple of retries cover a head that is not ready yet.
+SUBMITTER_BACKOFF_LIMIT = 2
+SUBMITTER_RESOURCES = {"cpu": "200m", "memory": "512Mi"}
+DEFAULT_TTL_SECONDS_AFTER_FINISHED = Settings().ttl_seconds_after_finished
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+GPU_TAINT_TOLERATION = {"key": constants.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+_RUN_ID_RE = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+def new_run_id() -> str:
+    """A fresh run id: 6 lowercase letters/digits (a new run gets a new S3 prefix, R16)."""
+    return "".join(secrets.choice(RUN_ID_ALPHABET) for _ in range(RUN_ID_LENGTH))
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID_RE.match(run_id):
+        raise ValueError(f"run id {run_id!r}: expected 1-16 lowercase letters or digits")
+    return run_id
+
+
+def rayjob_name(sweep_name: str, run_id: str) -> str:
+    """`<sweep>-<runId>` as a DNS-1035 label of at most 47 characters (KubeRay derives names from it).
+
+    Names that are too long or not DNS-1035 (dots, a leading digit) are shortened with a hash of the
+    original name, so two sweeps never collide.
+    """
+    check_run_id(run_id)
+    plain = f"{sweep_name}-{run_id}"
+    if len(plain) <= constants.RAYJOB_NAME_MAX_LEN and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", plain):
+        return plain
+    digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:5]
+    base = re.sub(r"[^a-z0-9-]", "-", sweep_name.lower())
+    if not base[:1].isalpha():
+        base = "s" + base
+    room = constants.RAYJOB_NAME_MAX_LEN - len(run_id) - len(digest) - 2
+    base = base[:room].rstrip("-") or "s"
+    return f"{base}-{digest}-{run_id}"
+
+
+def sweep_labels(sweep_name: str, run_id: str) -> dict[str, str]:
+    return {
+        constants.LABEL_SWEEP: sweep_name,
+        constants.LABEL_RUN_ID: run_id,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _s3_env(spec: SweepSpec, settings_region: str = "", settings_endpoint: str = "") -> list[dict[str, str]]:
+    env = []
+    region = spec.storage.region or settings_region
+    if region:
+        env += [{"name": "AWS_REGION", "value": region}, {"name": "AWS_DEFAULT_REGION", "value": region}]
+    endpoint = spec.storage.endpoint_url or settings_endpoint
+    if endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint})
+    return env
+
+
+def _resources(cpu: str, memory: str, gpu: int = 0) -> dict[str, Any]:
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpu:
+        limits[constants.GPU_RESOURCE] = gpu
+    return {"requests": dict(limits), "limits": limits}  # requests = limits (R15)
+
+
+def runtime_env_yaml(run_spec: RunSpec, deadline_at: int | None) -> str:
+    spec = run_spec.spec
+    env_vars = {
+        constants.ENV_RUN_SPEC: run_spec.to_json(),
+        # V2 is the default in 2.58; stating it keeps a base image's setting from flipping it (R2).
+        constants.ENV_TRAIN_V2: "1",
+        # An unsatisfiable ScalingConfig fails after the startup budget instead of waiting forever (R6, R12).
+        constants.ENV_WORKER_GROUP_START_TIMEOUT: str(spec.deadlines.startup_seconds),
+    }
+    if deadline_at is not None:
+        env_vars[constants.ENV_DEADLINE_AT] = str(int(deadline_at))
+    return yaml.safe_dump({"env_vars": env_vars}, sort_keys=True, width=1_000_000)
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """What rendering needs besides the sweep: caps and operator-wide S3 defaults."""
+
+    limits: OperatorLimits = OperatorLimits()
+    ttl_seconds_after_finished: int = DEFAULT_TTL_SECONDS_AFTER_FINISHED
+    s3_region: str = ""
+    s3_endpoint_url: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RenderContext:
+        return cls(settings.limits, settings.ttl_seconds_after_finished, settings.s3_region, settings.s3_endpoint_url)
+
+
+def build_rayjob(
+    sweep: Sweep,
+    run_id: str,
+    limits: OperatorLimits | RenderContext = RenderContext(),
+    *,
+    deadline_at: int | None = None,
+) -> dict[str, Any]:
+    """The RayJob (ray.io/v1) that runs `sweep` as run `run_id`.
+
+    `deadline_at` (epoch seconds) is the sweep-wide deadline the operator fixed at admission; it reaches
+    the driver as SWEEP_DEADLINE_AT.
+    """
+    ctx = limits if isinstance(limits, RenderContext) else RenderContext(limits=limits)
+    spec = sweep.spec
+    name = rayjob_name(sweep.name, run_id)
+    labels = sweep_labels(sweep.name, run_id)
+    run_spec = build_run_spec(sweep, run_id)
+    env = _s3_env(spec, ctx.s3_region, ctx.s3_endpoint_url)
+    sa = spec.storage.service_account_name
+    res = spec.trial.resources_per_worker
+    mct = spec.tune.max_concurrent_trials
+    max_replicas = min(demand_of(spec).workers, ctx.limits.max_workers_per_sweep)
+
+    head_container = {
+        "name": HEAD_CONTAINER,
+        "image": spec.image,
+        "resources": _resources(spec.head.cpu, spec.head.memory),
+        "env": list(env),
+    }
+    worker_container = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image,
+        "resources": _resources(res.cpu, res.memory, res.gpu),
+        "env": list(env),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    node_selector = dict(spec.worker_group.node_selector)
+    if spec.worker_group.instance_type:
+        node_selector.setdefault(INSTANCE_TYPE_LABEL, spec.worker_group.instance_type)
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.worker_group.tolerations]
+    tolerations = [{k: v for k, v in t.items() if v != ""} for t in tolerations]
+    if res.gpu and GPU_TAINT_TOLERATION not in tolerations:
+        tolerations.append(dict(GPU_TAINT_TOLERATION))
+    worker_pod_spec: dict[str, Any] = {
+        "serviceAccountName": sa,
+        "restartPolicy": "Never",  # KubeRay's autoscaler replaces failed workers itself
+        "containers": [worker_container],
+        # NCCL and DataLoader workers need more shared memory than the container default.
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if node_selector:
+        worker_pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        worker_pod_spec["tolerations"] = tolerations
+
+    rayjob: dict[str, Any] = {
+        "apiVersion": constants.RAY_API_VERSION,
+        "kind": constants.RAYJOB_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": sweep.namespace,
+            "labels": dict(labels),
+            "finalizers": [constants.FINALIZER],
+        },
+        "spec": {
+            "entrypoint": constants.ENTRYPOINT_COMMAND,
+            "runtimeEnvYAML": runtime_env_yaml(run_spec, deadline_at),
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": ctx.ttl_seconds_after_finished,
+            "activeDeadlineSeconds": effective_active_seconds(spec, ctx.limits) + spec.deadlines.graceful_stop_seconds,
+            "preRunningDeadlineSeconds": spec.deadlines.startup_seconds,
+            "backoffLimit": spec.failure_policy.job_retries,
+            "submissionMode": "K8sJobMode",
+            "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
+            "submitterPodTemplate": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": sa,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": SUBMITTER_CONTAINER,
+                            "image": spec.image,
+                            "resources": {"requests": dict(SUBMITTER_RESOURCES), "limits": dict(SUBMITTER_RESOURCES)},
+                            "env": list(env),
+                        }
+                    ],
+                },
+            },
+            "rayClusterSpec": {
+                "rayVersion": spec.ray_version,
+                "enableInTreeAutoscaling": True,
+                "headGroupSpec": {
+                    "rayStartParams": {
+                        "num-cpus": "0",  # no train worker lands on the head (R5)
+                        "num-gpus": "0",
+                        # exactly maxConcurrentTrials trial drivers fit on the head (R5, R14)
+                        "resources": json.dumps(json.dumps({constants.TRIAL_DRIVER_RESOURCE: mct})),
+                    },
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {"serviceAccountName": sa, "containers": [head_container]},
+                    },
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": WORKER_GROUP,
+                        "replicas": spec.worker_group.min_replicas,
+                        "minReplicas": spec.worker_group.min_replicas,
+                        "maxReplicas": max_replicas,
+                        "rayStartParams": {},
+                        "template": {"metadata": {"labels": dict(labels)}, "spec": worker_pod_spec},
+                    }
+                ],
+            },
+        },
+    }
+    if sweep.uid:
+        rayjob["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": constants.API_VERSION,
+                "kind": constants.KIND,
+                "name": sweep.name,
+                "uid": sweep.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    if spec.suspend:
+        rayjob["spec"]["suspend"] = True
+    return rayjob
+
+
+def worker_group_cap(sweep_spec: SweepSpec, limits: OperatorLimits) -> int:
+    """maxReplicas the worker group may have: the drift corrector sets anything above it back."""
+    return min(demand_of(sweep_spec).workers, limits.max_workers_per_sweep)
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """No anchors/aliases (kubectl users read these) and multi-line strings as `|` blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _str_representer)
+
+
+def to_yaml(obj: dict[str, Any]) -> str:
+    return yaml.dump(obj, Dumper=_ManifestDumper, sort_keys=False, width=1_000_000)

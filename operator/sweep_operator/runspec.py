@@ -1,0 +1,90 @@
+"""The run spec: what the operator hands the in-cluster entrypoint through `SWEEP_RUN_SPEC` (JSON).
+
+Both sides use this module: the renderer writes it, `training_entrypoints.sweep` reads it and parses
+`spec` with the same API models, so a field means the same thing on both ends.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import constants, s3_layout
+from .api import SweepSpec
+from .validation import Sweep, parse_spec
+
+RUN_SPEC_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of one sweep: identity, storage root and the normalised spec."""
+
+    namespace: str
+    sweep: str
+    run_id: str
+    run_root: str
+    spec: SweepSpec
+
+    @property
+    def layout(self) -> s3_layout.RunLayout:
+        return s3_layout.RunLayout(self.run_root)
+
+    def to_json(self) -> str:
+        body = {
+            "version": RUN_SPEC_VERSION,
+            "apiVersion": constants.API_VERSION,
+            "namespace": self.namespace,
+            "sweep": self.sweep,
+            "runId": self.run_id,
+            "runRoot": self.run_root,
+            "spec": self.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        """Parse `SWEEP_RUN_SPEC`; ValueError (SpecError for the spec) naming what is wrong."""
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{constants.ENV_RUN_SPEC} is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ValueError(f"{constants.ENV_RUN_SPEC} must be a JSON object")
+        missing = [k for k in ("namespace", "sweep", "runId", "runRoot", "spec") if k not in body]
+        if missing:
+            raise ValueError(f"{constants.ENV_RUN_SPEC} lacks {', '.join(missing)}")
+        if body.get("version", RUN_SPEC_VERSION) != RUN_SPEC_VERSION:
+            raise ValueError(f"{constants.ENV_RUN_SPEC} version {body.get('version')} is not {RUN_SPEC_VERSION}")
+        return cls(
+            namespace=body["namespace"],
+            sweep=body["sweep"],
+            run_id=body["runId"],
+            run_root=body["runRoot"],
+            spec=parse_spec(body["spec"]),
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RunSpec:
+        text = env.get(constants.ENV_RUN_SPEC)
+        if not text:
+            raise ValueError(f"{constants.ENV_RUN_SPEC} is not set: this entrypoint runs inside a sweep's RayJob")
+        return cls.from_json(text)
+
+
+def build_run_spec(sweep: Sweep, run_id: str, storage_uri: str | None = None) -> RunSpec:
+    """The run spec for `sweep`'s run `run_id` (storage root from the S3 layout module)."""
+    root = s3_layout.run_root(storage_uri or sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
+    return RunSpec(namespace=sweep.namespace, sweep=sweep.name, run_id=run_id, run_root=root, spec=sweep.spec)
+
+
+def deadline_from_env(env: Mapping[str, Any]) -> float | None:
+    """`SWEEP_DEADLINE_AT` (epoch seconds) or None when unset; ValueError when malformed."""
+    raw = env.get(constants.ENV_DEADLINE_AT)
+    if raw in (None, ""):
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{constants.ENV_DEADLINE_AT}={raw!r} is not epoch seconds") from None

@@ -1,0 +1,112 @@
+"""Operator settings: one object, read once at startup, passed explicitly; every default lives here.
+
+Each field names the environment variable that sets it (the Helm chart's ConfigMap provides them);
+nothing reads `os.environ` at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pydantic.alias_generators import to_camel
+
+
+class SettingsError(ValueError):
+    """A setting has a value the operator cannot use; the message names the variable or key."""
+
+
+def _env(name: str) -> dict[str, str]:
+    return {"env": name}
+
+
+@dataclass(frozen=True)
+class OperatorLimits:
+    """Operator-wide caps (R21). A sweep over a per-sweep cap is Invalid; over the namespace budget, Queued."""
+
+    max_workers_per_sweep: int = field(default=16, metadata=_env("SWEEP_MAX_WORKERS_PER_SWEEP"))
+    max_gpus_per_sweep: int = field(default=16, metadata=_env("SWEEP_MAX_GPUS_PER_SWEEP"))
+    max_gpus_per_namespace: int = field(default=32, metadata=_env("SWEEP_MAX_GPUS_PER_NAMESPACE"))
+    max_active_seconds: int = field(default=3 * 24 * 3600, metadata=_env("SWEEP_MAX_ACTIVE_SECONDS"))
+    default_active_seconds: int = field(default=6 * 3600, metadata=_env("SWEEP_DEFAULT_ACTIVE_SECONDS"))
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SettingsError(f"{to_camel(f.name)} ({f.metadata['env']}): got {value!r}; must be an integer >= 1")
+        if self.default_active_seconds > self.max_active_seconds:
+            raise SettingsError(
+                f"defaultActiveSeconds ({self.default_active_seconds}) must not exceed "
+                f"maxActiveSeconds ({self.max_active_seconds})"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "limits") -> OperatorLimits:
+        """From camelCase keys (a `--limits` YAML file or a values block); unknown keys are errors."""
+        known = {to_camel(f.name): f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise SettingsError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**{known[k]: v for k, v in data.items()})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the operator reads at startup."""
+
+    limits: OperatorLimits = field(default_factory=OperatorLimits)
+    # Namespaces to watch, comma-separated; empty: the whole cluster.
+    namespaces: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_WATCH_NAMESPACES"))
+    # S3 defaults for sweeps that leave storage.region / storage.endpointUrl empty (and for the verifier).
+    s3_region: str = field(default="", metadata=_env("SWEEP_S3_REGION"))
+    s3_endpoint_url: str = field(default="", metadata=_env("SWEEP_S3_ENDPOINT_URL"))
+    # How often a Running sweep's _sweep/status.json is read.
+    status_poll_seconds: float = field(default=15.0, metadata=_env("SWEEP_STATUS_POLL_SECONDS"))
+    # How often RayJob state, deadlines and drift are re-checked.
+    reconcile_seconds: float = field(default=10.0, metadata=_env("SWEEP_RECONCILE_SECONDS"))
+    # Concurrent S3 listings in one verification.
+    verify_concurrency: int = field(default=8, metadata=_env("SWEEP_VERIFY_CONCURRENCY"))
+    # Minimum retention (days) below which bucket lifecycle rules raise verification warnings.
+    min_retention_days: int = field(default=30, metadata=_env("SWEEP_MIN_RETENTION_DAYS"))
+    # RayJob ttlSecondsAfterFinished: KubeRay deletes the RayCluster this long after the job ends (the guard holds it).
+    ttl_seconds_after_finished: int = field(default=300, metadata=_env("SWEEP_TTL_SECONDS_AFTER_FINISHED"))
+    # kopf peering object for HA (several replicas, one active); empty: standalone.
+    peering_name: str = field(default="", metadata=_env("SWEEP_PEERING_NAME"))
+    # Prometheus metrics port (0: off) and kopf liveness port.
+    metrics_port: int = field(default=9090, metadata=_env("SWEEP_METRICS_PORT"))
+    liveness_port: int = field(default=8080, metadata=_env("SWEEP_LIVENESS_PORT"))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Settings from environment variables (absent ones keep their defaults)."""
+        limits = _from_env(OperatorLimits, env)
+        return _from_env(cls, env, limits=limits)
+
+
+def _convert(raw: str, default: Any, name: str) -> Any:
+    try:
+        if isinstance(default, tuple):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return raw.lower() in ("true", "1")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return raw
+    except ValueError:
+        raise SettingsError(f"{name}: got {raw!r}; expected {type(default).__name__}") from None
+
+
+def _from_env(cls: Any, env: Mapping[str, str], **given: Any) -> Any:
+    kwargs = dict(given)
+    for f in dataclasses.fields(cls):
+        name = f.metadata.get("env")
+        if name and name in env:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            kwargs[f.name] = _convert(env[name], default, name)
+    return cls(**kwargs)
