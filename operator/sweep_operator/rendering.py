@@ -132,17 +132,19 @@ def build_rayjob(
     limits: OperatorLimits | RenderContext = RenderContext(),
     *,
     deadline_at: int | None = None,
+    storage_uri: str | None = None,
 ) -> dict[str, Any]:
     """The RayJob (ray.io/v1) that runs `sweep` as run `run_id`.
 
     `deadline_at` (epoch seconds) is the sweep-wide deadline the operator fixed at admission; it reaches
-    the driver as SWEEP_DEADLINE_AT.
+    the driver as SWEEP_DEADLINE_AT. `storage_uri` replaces spec.storage.uri as the base of the run root
+    (run-local into a directory, the sandbox's bucket).
     """
     ctx = limits if isinstance(limits, RenderContext) else RenderContext(limits=limits)
     spec = sweep.spec
     name = rayjob_name(sweep.name, run_id)
     labels = sweep_labels(sweep.name, run_id)
-    run_spec = build_run_spec(sweep, run_id)
+    run_spec = build_run_spec(sweep, run_id, storage_uri)
     env = _s3_env(spec, ctx.s3_region, ctx.s3_endpoint_url)
     sa = spec.storage.service_account_name
     res = spec.trial.resources_per_worker

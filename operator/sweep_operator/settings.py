@@ -17,6 +17,11 @@ class SettingsError(ValueError):
     """A setting has a value the operator cannot use; the message names the variable or key."""
 
 
+# The path kopf serves the TrainingSweep validating webhook on (the handler id); the chart's
+# ValidatingWebhookConfiguration points here.
+WEBHOOK_PATH = "/validate-trainingsweep"
+
+
 def _env(name: str) -> dict[str, str]:
     return {"env": name}
 
@@ -77,6 +82,9 @@ class Settings:
     # Prometheus metrics port (0: off) and kopf liveness port.
     metrics_port: int = field(default=9090, metadata=_env("SWEEP_METRICS_PORT"))
     liveness_port: int = field(default=8080, metadata=_env("SWEEP_LIVENESS_PORT"))
+    # kopf's admission webhook server (0: off); TLS cert/key (tls.crt, tls.key) mounted from a Secret.
+    webhook_port: int = field(default=0, metadata=_env("SWEEP_WEBHOOK_PORT"))
+    webhook_cert_dir: str = field(default="/etc/sweep-operator/webhook-tls", metadata=_env("SWEEP_WEBHOOK_CERT_DIR"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
