@@ -128,6 +128,12 @@ def is_manifest_name(name: str) -> bool:
     return name == MANIFEST_FILE or bool(_RANK_MANIFEST_RE.match(name))
 
 
+def manifest_rank(name: str) -> int | None:
+    """The rank of a per-rank manifest name (`_manifest.rank-0003.json` -> 3); None for any other name."""
+    match = _RANK_MANIFEST_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
 def strip_scheme(location: str) -> str:
     """`s3://b/k` -> `b/k` (how pyarrow and Ray report S3 paths); local paths unchanged."""
     return location[len(S3_SCHEME):] if is_s3_uri(location) else location
