@@ -77,6 +77,8 @@ class ApiModel(BaseModel):
         populate_by_name=True,
         frozen=True,
         validate_default=True,
+        # Kubernetes semantics: "yes" is not a boolean and 2.0 is not an integer.
+        strict=True,
     )
 
 

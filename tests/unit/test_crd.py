@@ -1,0 +1,189 @@
+"""The TrainingSweep CRD: generated from the API models, structural, self-documenting, and in step with the validator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from sweep_operator import constants
+from sweep_operator.crd import SPEC_RULES, build_crd, openapi_schema, render_crd_yaml
+from sweep_operator.validation import validate_sweep
+from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
+from tests.support.schemas import errors, validator
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / constants.CRD_FILENAME
+EXAMPLES = REPO / "examples"
+# Optional spec fields without a default on purpose: "unset" means something (documented in their descriptions).
+UNSET_MEANS_SOMETHING = {
+    "tune.metric",
+    "tune.mode",
+    "tune.searcher.seed",
+    "workerGroup.tolerations[].tolerationSeconds",
+    "checkpoints.scoreAttribute",
+    "checkpoints.scoreOrder",
+    "deadlines.activeSeconds",
+}
+
+
+def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any], bool]]:
+    required = set(schema.get("required", []))
+    for name, prop in schema.get("properties", {}).items():
+        here = f"{path}.{name}" if path else name
+        yield here, prop, name in required
+        if prop.get("type") == "object" and "properties" in prop:
+            yield from walk(prop, here)
+        if prop.get("type") == "array" and "properties" in prop.get("items", {}):
+            yield from walk(prop["items"], here + "[]")
+
+
+def test_committed_crd_is_the_generated_one() -> None:
+    """One source: crds/ is generated from api.py (`make crd`); edit the models, not the YAML."""
+    assert CRD_FILE.read_text() == render_crd_yaml(), "run `make crd` and commit the result"
+
+
+def test_names_and_printer_columns() -> None:
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    names = crd["spec"]["names"]
+    assert crd["metadata"]["name"] == "trainingsweeps.sweeps.dev"
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "TrainingSweep",
+        "trainingsweeps",
+        ["tsw"],
+        ["ml"],
+    )
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
+    assert columns == ["PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "DEADLINE", "AGE"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"].lstrip(".").split(".")
+        if path[0] == "status":
+            node = status
+            for part in path[1:]:
+                node = node["properties"][part]  # every column points at a real status field
+
+
+def test_every_field_has_a_description() -> None:
+    """kubectl explain must be useful: no field without a description."""
+    # metadata is ObjectMeta: the API server documents it and forbids restrictions beyond name/generateName.
+    missing = [path for path, prop, _ in walk(openapi_schema()) if not prop.get("description") and path != "metadata"]
+    assert missing == []
+
+
+def test_every_optional_spec_field_has_a_default() -> None:
+    spec = openapi_schema()["properties"]["spec"]
+    missing = [
+        path
+        for path, prop, required in walk(spec)
+        if not required and "default" not in prop and path not in UNSET_MEANS_SOMETHING
+    ]
+    assert missing == []
+    for path in UNSET_MEANS_SOMETHING:
+        assert any(p == path for p, _, _ in walk(spec)), f"{path} listed but not in the schema"
+
+
+def test_schema_is_structural() -> None:
+    """Every node has a type, except int-or-string quantities and the two free-form places DESIGN allows."""
+    free_form = []
+
+    def check(node: dict[str, Any], path: str) -> None:
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            free_form.append(path)
+        elif not node.get("x-kubernetes-int-or-string"):
+            assert node.get("type"), f"{path} has no type"
+        for name, prop in node.get("properties", {}).items():
+            check(prop, f"{path}.{name}")
+        if isinstance(node.get("additionalProperties"), dict):
+            check(node["additionalProperties"], f"{path}.*")
+        if "items" in node:
+            check(node["items"], f"{path}[]")
+
+    check(openapi_schema(), "")
+    assert sorted(free_form) == [".spec.paramSpace.*", ".status.bestTrial.config"]
+
+
+def test_enums_minimums_and_cel_rules_are_present() -> None:
+    spec = openapi_schema()["properties"]["spec"]
+    tune = spec["properties"]["tune"]["properties"]
+    assert tune["mode"]["enum"] == ["min", "max"]
+    assert tune["scheduler"]["properties"]["type"]["enum"] == ["fifo", "asha", "hyperband", "median", "pbt"]
+    assert tune["numSamples"]["minimum"] == 1
+    failure = spec["properties"]["failurePolicy"]["properties"]
+    assert all(failure[k]["minimum"] == -1 for k in ("workerFailures", "controllerFailures", "preemptionFailures"))
+    assert spec["properties"]["rayVersion"]["enum"] == ["2.58.0"]
+    assert len(spec["x-kubernetes-validations"]) == len(SPEC_RULES) >= 5
+
+
+# Each CEL rule paired with a spec that breaks it: the semantic validator must refuse the same spec,
+# so a cluster without the webhook and `sweepctl validate` agree.
+CEL_VIOLATIONS = {
+    "has(self.tune.metric) == has(self.tune.mode)": {"spec.tune.mode": DELETE},
+    "!(self.tune.scheduler.type in": {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.checkpoints": {}},
+    "self.tune.searcher.type != 'optuna'": {
+        "spec.tune.metric": DELETE,
+        "spec.tune.mode": DELETE,
+        "spec.checkpoints": {},
+        "spec.tune.scheduler": {"type": "fifo"},
+        "spec.tune.searcher": {"type": "optuna"},
+    },
+    "self.tune.scheduler.type != 'asha'": {"spec.tune.scheduler.gracePeriod": 7},
+    "self.trial.resourcesPerWorker.gpu == 0": {"spec.workerGroup.instanceType": DELETE},
+    "self.workerGroup.minReplicas <=": {"spec.workerGroup.minReplicas": 9},
+    "self.deadlines.startupSeconds <": {"spec.deadlines.startupSeconds": 30000},
+    "self.deadlines.gracefulStopSeconds <": {"spec.deadlines.gracefulStopSeconds": 30000},
+    "self.deletion.maxRetryBackoffSeconds": {"spec.deletion.retryBackoffSeconds": 700},
+}
+
+
+@pytest.mark.parametrize("rule", SPEC_RULES, ids=lambda r: r["fieldPath"])
+def test_each_cel_rule_is_also_enforced_by_the_validator(rule: dict[str, str]) -> None:
+    (changes,) = [v for k, v in CEL_VIOLATIONS.items() if k in rule["rule"]]
+    problems = validate_sweep(changed(gpu_sweep(), changes))
+    assert any(p.path == "spec" + rule["fieldPath"] for p in problems), problems
+
+
+@pytest.fixture(scope="module")
+def crd_validator() -> Any:
+    return validator(openapi_schema())
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_validate_against_the_crd_schema(example: Path, crd_validator: Any) -> None:
+    doc = yaml.safe_load(example.read_text())
+    assert errors(crd_validator, doc) == []
+    assert validate_sweep(doc) == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"spec.tune.mode": "minimum"},
+        {"spec.tune.numSamples": 0},
+        {"spec.trial.workerz": 1},
+        {"spec.failurePolicy.jobRetries": -1},
+        {"spec.trial.resourcesPerWorker.memory": "lots"},
+    ],
+)
+def test_crd_schema_refuses_what_the_api_server_would(changes: dict[str, Any], crd_validator: Any) -> None:
+    assert errors(crd_validator, changed(cpu_sweep(), changes))
+
+
+def test_crd_defaults_match_the_model_defaults() -> None:
+    """The API server's defaults (from the CRD) and the parser's defaults are the same values."""
+    from sweep_operator.api import SweepSpec
+
+    spec_schema = openapi_schema()["properties"]["spec"]
+    model_defaults = SweepSpec.model_validate(cpu_sweep()["spec"]).model_dump(by_alias=True)
+    tune = spec_schema["properties"]["tune"]["properties"]
+    assert tune["scheduler"]["properties"]["maxT"]["default"] == 100
+    for section in ("failurePolicy", "deletion"):
+        props = spec_schema["properties"][section]["properties"]
+        fresh = SweepSpec.model_validate({**cpu_sweep()["spec"], section: {}}).model_dump(by_alias=True)[section]
+        assert {k: p["default"] for k, p in props.items()} == fresh
+    assert model_defaults["rayVersion"] == spec_schema["properties"]["rayVersion"]["default"]
+    assert build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"] == openapi_schema()
