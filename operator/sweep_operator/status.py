@@ -1,0 +1,190 @@
+"""Status (pure): KubeRay RayJob facts and the run's progress files -> phase, conditions, printer columns.
+
+Conditions follow the Kubernetes API conventions: type, status, reason, message, lastTransitionTime
+(changed only when status flips) and observedGeneration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from .api import TERMINAL_PHASES
+
+# KubeRay v1.7 JobDeploymentStatus values.
+DEPLOYMENT_NEW = ""
+DEPLOYMENT_STARTING = frozenset({"", "Initializing", "Waiting", "Scheduling", "Scheduled", "Retrying"})
+DEPLOYMENT_RUNNING = "Running"
+DEPLOYMENT_COMPLETE = "Complete"
+DEPLOYMENT_FAILED = "Failed"
+DEPLOYMENT_SUSPENDED = frozenset({"Suspending", "Suspended"})
+REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
+JOB_SUCCEEDED = "SUCCEEDED"
+JOB_RUNNING = "RUNNING"
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class RayJobFacts:
+    """What the operator reads from a RayJob (None fields: not reported yet)."""
+
+    name: str
+    deployment_status: str = ""
+    job_status: str = ""
+    reason: str = ""
+    message: str = ""
+    cluster_name: str = ""
+    start_time: str | None = None
+    end_time: str | None = None
+    failed: int = 0
+    deleting: bool = False
+    suspended: bool = False
+
+    @classmethod
+    def from_object(cls, rayjob: Mapping[str, Any]) -> RayJobFacts:
+        status = rayjob.get("status") or {}
+        meta = rayjob.get("metadata") or {}
+        return cls(
+            name=meta.get("name", ""),
+            deployment_status=status.get("jobDeploymentStatus") or "",
+            job_status=status.get("jobStatus") or "",
+            reason=status.get("reason") or "",
+            message=status.get("message") or "",
+            cluster_name=status.get("rayClusterName") or "",
+            start_time=status.get("startTime"),
+            end_time=status.get("endTime"),
+            failed=int(status.get("failed") or 0),
+            deleting=bool(meta.get("deletionTimestamp")),
+            suspended=bool((rayjob.get("spec") or {}).get("suspend")),
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.deployment_status == DEPLOYMENT_RUNNING or self.job_status == JOB_RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self.deployment_status in (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
+
+
+def phase_for(facts: RayJobFacts) -> str:
+    """The sweep phase a RayJob's state implies."""
+    if facts.deployment_status == DEPLOYMENT_COMPLETE:
+        return "Succeeded" if facts.job_status == JOB_SUCCEEDED else "Failed"
+    if facts.deployment_status == DEPLOYMENT_FAILED:
+        return "DeadlineExceeded" if facts.reason == REASON_DEADLINE_EXCEEDED else "Failed"
+    if facts.deployment_status in DEPLOYMENT_SUSPENDED:
+        return "Suspended"
+    if facts.running:
+        return "Running"
+    return "Starting"
+
+
+def rayjob_summary(facts: RayJobFacts) -> str:
+    parts = [f"RayJob {facts.name}: {facts.deployment_status or 'New'}"]
+    if facts.job_status:
+        parts.append(f"job {facts.job_status}")
+    if facts.reason:
+        parts.append(f"reason {facts.reason}")
+    if facts.message:
+        parts.append(facts.message)
+    return ", ".join(parts)
+
+
+def set_condition(
+    conditions: list[Mapping[str, Any]] | None,
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """`conditions` with `type_` set; lastTransitionTime moves only when the status value changes."""
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    out = [dict(c) for c in conditions or [] if c.get("type") != type_]
+    previous = next((c for c in conditions or [] if c.get("type") == type_), None)
+    transition = (
+        previous["lastTransitionTime"]
+        if previous and previous.get("status") == value and previous.get("lastTransitionTime")
+        else rfc3339(now)
+    )
+    condition: dict[str, Any] = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+    }
+    if generation is not None:
+        condition["observedGeneration"] = generation
+    out.append(condition)
+    return sorted(out, key=lambda c: c["type"])
+
+
+def get_condition(conditions: list[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_terminal(phase: str | None) -> bool:
+    return phase in TERMINAL_PHASES
+
+
+TRIAL_STATES = ("pending", "running", "terminated", "errored")
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def trial_counts(doc: Mapping[str, Any]) -> dict[str, int]:
+    """Trial counts from `_sweep/status.json` or `result.json` (`trials: {total, pending, ...}`)."""
+    raw = doc.get("trials") or {}
+    counts = {state: _count(raw.get(state)) for state in TRIAL_STATES}
+    counts["total"] = max(_count(raw.get("total")), sum(counts.values()))
+    return counts
+
+
+def trials_summary(counts: Mapping[str, int]) -> str:
+    """`finished/total`, e.g. `3/8` (the TRIALS printer column)."""
+    finished = counts.get("terminated", 0) + counts.get("errored", 0)
+    return f"{finished}/{counts.get('total', 0)}"
+
+
+def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`bestTrial` for the status from a progress/result file, or None when there is none yet."""
+    best = doc.get("bestTrial") or doc.get("best")
+    if not isinstance(best, Mapping):
+        return None
+    value = best.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        value = None
+    out = {
+        "id": best.get("id"),
+        "metric": best.get("metric"),
+        "value": value,
+        "config": best.get("config") if isinstance(best.get("config"), Mapping) else None,
+        "checkpointUri": best.get("checkpointUri"),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def progress_patch(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Status fields from a run's `_sweep/status.json` or `_sweep/result.json`."""
+    counts = trial_counts(doc)
+    patch: dict[str, Any] = {"trials": counts, "trialsSummary": trials_summary(counts)}
+    best = best_trial(doc)
+    if best:
+        patch["bestTrial"] = best
+    return patch

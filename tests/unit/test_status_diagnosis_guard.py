@@ -1,0 +1,194 @@
+"""Pure operator decisions: RayJob facts -> phase, conditions, progress; startup diagnosis (R6, R20); the guard (R22)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from sweep_operator.diagnosis import diagnose_startup
+from sweep_operator.guard import (
+    Hold,
+    Release,
+    Verify,
+    backoff_seconds,
+    decide_after_verification,
+    decide_before_verification,
+    skip_requested,
+)
+from sweep_operator.status import (
+    RayJobFacts,
+    phase_for,
+    progress_patch,
+    set_condition,
+    trials_summary,
+)
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+
+
+def rayjob(deployment: str = "", job: str = "", reason: str = "", cluster: str = "") -> dict:
+    return {
+        "metadata": {"name": "digits-abc123"},
+        "status": {"jobDeploymentStatus": deployment, "jobStatus": job, "reason": reason, "rayClusterName": cluster},
+    }
+
+
+@pytest.mark.parametrize(
+    ("deployment", "job", "reason", "phase"),
+    [
+        ("", "", "", "Starting"),
+        ("Initializing", "", "", "Starting"),
+        ("Waiting", "", "", "Starting"),
+        ("Retrying", "", "", "Starting"),
+        ("Running", "PENDING", "", "Running"),
+        ("Running", "RUNNING", "", "Running"),
+        ("Complete", "SUCCEEDED", "", "Succeeded"),
+        ("Complete", "FAILED", "", "Failed"),
+        ("Complete", "STOPPED", "", "Failed"),
+        ("Failed", "FAILED", "AppFailed", "Failed"),
+        ("Failed", "", "SubmissionFailed", "Failed"),
+        ("Failed", "RUNNING", "DeadlineExceeded", "DeadlineExceeded"),
+        ("Suspended", "", "", "Suspended"),
+    ],
+)
+def test_phase_follows_kuberay_deployment_status(deployment: str, job: str, reason: str, phase: str) -> None:
+    assert phase_for(RayJobFacts.from_object(rayjob(deployment, job, reason))) == phase
+
+
+def test_facts_mirror_the_cluster_name_that_changes_on_retry() -> None:
+    first = RayJobFacts.from_object(rayjob("Running", "RUNNING", cluster="digits-abc123-x7k2p"))
+    retry = RayJobFacts.from_object(rayjob("Retrying", "", cluster="digits-abc123-q9w8e"))
+    assert first.cluster_name != retry.cluster_name and retry.cluster_name == "digits-abc123-q9w8e"
+
+
+def test_condition_transition_time_moves_only_when_status_flips() -> None:
+    conditions = set_condition(None, "Running", False, "Starting", "waiting", T0, 1)
+    same = set_condition(conditions, "Running", False, "Starting", "still waiting", T0 + timedelta(minutes=5), 1)
+    assert same[0]["lastTransitionTime"] == "2026-12-02T12:00:00Z" and same[0]["message"] == "still waiting"
+    flipped = set_condition(same, "Running", True, "Running", "trials running", T0 + timedelta(minutes=7), 2)
+    assert flipped[0]["lastTransitionTime"] == "2026-12-02T12:07:00Z"
+    assert flipped[0] == {
+        "type": "Running",
+        "status": "True",
+        "reason": "Running",
+        "message": "trials running",
+        "lastTransitionTime": "2026-12-02T12:07:00Z",
+        "observedGeneration": 2,
+    }
+    both = set_condition(flipped, "Admitted", True, "Admitted", "", T0, 2)
+    assert [c["type"] for c in both] == ["Admitted", "Running"]
+
+
+def test_progress_from_status_file() -> None:
+    doc = {
+        "trials": {"total": 8, "pending": 2, "running": 2, "terminated": 3, "errored": 1},
+        "bestTrial": {"id": "t3", "metric": "val_loss", "value": 0.12, "config": {"lr": 0.01}, "checkpointUri": "s3://b/k"},
+    }
+    patch = progress_patch(doc)
+    assert patch["trialsSummary"] == "4/8"
+    assert patch["trials"]["running"] == 2
+    assert patch["bestTrial"] == {"id": "t3", "metric": "val_loss", "value": 0.12, "config": {"lr": 0.01}, "checkpointUri": "s3://b/k"}
+
+
+def test_progress_tolerates_partial_or_odd_files() -> None:
+    patch = progress_patch({"trials": {"running": 1, "pending": "x"}, "bestTrial": {"value": float("nan")}})
+    assert patch["trials"] == {"pending": 0, "running": 1, "terminated": 0, "errored": 0, "total": 1}
+    assert "bestTrial" not in patch or "value" not in patch["bestTrial"]
+    assert trials_summary({"total": 0}) == "0/0"
+
+
+def pending_pod(name: str, role: str, reason: str, message: str) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": "c1"}},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}]},
+    }
+
+
+def test_diagnosis_names_insufficient_gpus_for_pending_workers() -> None:
+    """R6, R20: the condition message says which layer blocks the start and what to check."""
+    pods = [
+        pending_pod("c1-worker-a", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+        pending_pod("c1-worker-b", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+        {"metadata": {"name": "c1-head", "labels": {"ray.io/node-type": "head"}}, "status": {"phase": "Running"}},
+    ]
+    message = diagnose_startup(pods, [], cluster_name="c1")
+    assert "2 workers Pending: Insufficient nvidia.com/gpu" in message
+    assert "0/3 nodes are available" in message and "EC2 capacity" in message
+    assert "head" not in message
+
+
+def test_diagnosis_image_pull_and_quota_and_selector() -> None:
+    pods = [
+        {
+            "metadata": {"name": "c1-head", "labels": {"ray.io/node-type": "head"}},
+            "status": {
+                "phase": "Pending",
+                "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "bad:tag"'}}}],
+            },
+        },
+        pending_pod("c1-worker-a", "worker", "Unschedulable", "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector."),
+    ]
+    events = [
+        {"type": "Warning", "reason": "FailedCreateWorkerPod", "message": 'pods "c1-worker-b" is forbidden: exceeded quota: gpu-quota', "involvedObject": {"kind": "RayCluster", "name": "c1"}},
+    ]
+    message = diagnose_startup(pods, events, cluster_name="c1")
+    assert "1 head Pending: ImagePullBackOff" in message and "bad:tag" in message
+    assert "Unschedulable (selector/taints)" in message
+    assert "RayCluster ResourceQuota exceeded" in message
+
+
+def test_diagnosis_uses_failed_scheduling_events() -> None:
+    pod = {"metadata": {"name": "c1-worker-a", "labels": {"ray.io/node-type": "worker"}}, "status": {"phase": "Pending"}}
+    event = {"type": "Warning", "reason": "FailedScheduling", "message": "0/2 nodes are available: 2 Insufficient memory.", "involvedObject": {"kind": "Pod", "name": "c1-worker-a"}}
+    assert "Insufficient memory" in diagnose_startup([pod], [event])
+
+
+def test_diagnosis_without_pods_points_at_kuberay() -> None:
+    assert "KubeRay may not have created it" in diagnose_startup([], [], cluster_name="c1")
+
+
+def test_diagnosis_reports_the_worker_group_cap_separately() -> None:
+    assert "capped at maxReplicas 4 < 6 wanted" in diagnose_startup([], [], worker_cap=4, workers_wanted=6)
+
+
+@dataclass
+class FakeResult:
+    verified: bool
+    reason: str = ""
+
+
+def test_guard_escape_hatch_releases_with_audit() -> None:
+    assert skip_requested(None, {"sweeps.dev/skip-checkpoint-verification": "true"})
+    assert not skip_requested({"sweeps.dev/skip-checkpoint-verification": "yes"})
+    decision = decide_before_verification(skip_annotation=True, verify_enabled=True, ever_ran=True, run_root="s3://b/p")
+    assert isinstance(decision, Release) and decision.audit
+
+
+def test_guard_verification_disabled_is_audited() -> None:
+    decision = decide_before_verification(skip_annotation=False, verify_enabled=False, ever_ran=True, run_root="s3://b/p")
+    assert isinstance(decision, Release) and decision.audit
+
+
+def test_guard_releases_a_sweep_that_never_ran_without_audit() -> None:
+    decision = decide_before_verification(skip_annotation=False, verify_enabled=True, ever_ran=False, run_root="s3://b/p")
+    assert decision == Release("the sweep never started training: no checkpoints to protect")
+
+
+def test_guard_verifies_a_sweep_that_ran() -> None:
+    """R22: a run that trained must be verified before anything is released."""
+    assert decide_before_verification(skip_annotation=False, verify_enabled=True, ever_ran=True, run_root="s3://b/p") == Verify()
+
+
+def test_guard_holds_unverified_with_growing_backoff() -> None:
+    """R22: a failed check keeps the finalizer and re-checks with capped exponential backoff."""
+    result = FakeResult(False, "missing-file train/t1/checkpoint_epoch-000002/model.pt")
+    first = decide_after_verification(result, attempt=0, base_backoff=30, max_backoff=600)
+    later = decide_after_verification(result, attempt=10, base_backoff=30, max_backoff=600)
+    assert isinstance(first, Hold) and first.retry_after == 30 and "missing-file" in first.reason
+    assert isinstance(later, Hold) and later.retry_after == 600
+    assert decide_after_verification(FakeResult(True), attempt=3, base_backoff=30, max_backoff=600) == Release(
+        "checkpoints verified complete in S3"
+    )
+    assert [backoff_seconds(a, 5, 60) for a in range(6)] == [5, 10, 20, 40, 60, 60]
