@@ -1,0 +1,70 @@
+{{/*
+RBAC rules, one source for both modes. Resources and verbs are enumerated (no wildcards; a test checks).
+*/}}
+
+{{/*
+Rules on namespaced resources: a ClusterRole in cluster-wide mode, a Role in each watched
+namespace otherwise.
+*/}}
+{{- define "tso.rbac.namespacedRules" -}}
+# TrainingSweeps: kopf watches them and patches its finalizer and bookkeeping annotations.
+- apiGroups: ["sweeps.dev"]
+  resources: ["trainingsweeps"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+# The status the operator reports (phase, trials, conditions, checkpoints).
+- apiGroups: ["sweeps.dev"]
+  resources: ["trainingsweeps/status"]
+  verbs: ["get", "patch", "update"]
+# Owner references with blockOwnerDeletion on the RayJobs need update on the owner's finalizers.
+- apiGroups: ["sweeps.dev"]
+  resources: ["trainingsweeps/finalizers"]
+  verbs: ["update"]
+# RayJobs the operator renders, and the RayClusters KubeRay creates from them: created, adopted,
+# finalized by the checkpoint guard (R22), set back when edited above their caps, stopped at deadlines.
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs", "rayclusters"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs/status", "rayclusters/status"]
+  verbs: ["get"]
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs/finalizers", "rayclusters/finalizers"]
+  verbs: ["update"]
+# Events on sweeps (transitions, guard decisions, the audited escape hatch); kopf uses the core API.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Startup diagnosis (R6, R20): why a RayCluster's pods are pending (FailedScheduling, image pulls, quota).
+- apiGroups: [""]
+  resources: ["pods", "events"]
+  verbs: ["get", "list", "watch"]
+{{- if and .Values.ha.enabled (not (include "tso.clusterWide" .)) }}
+# kopf peering between replicas, namespaced mode: a KopfPeering in each watched namespace.
+- apiGroups: ["kopf.dev", "zalando.org"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end -}}
+
+{{/* Rules on cluster-scoped resources: always a ClusterRole. */}}
+{{- define "tso.rbac.clusterRules" -}}
+# kopf scans CRDs to find the resources it serves (and the peering kinds).
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- if include "tso.clusterWide" . }}
+# Cluster-wide mode: kopf follows namespaces as they come and go.
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get", "list", "watch"]
+{{- if .Values.ha.enabled }}
+# kopf peering between replicas, cluster-wide mode: one ClusterKopfPeering.
+- apiGroups: ["kopf.dev", "zalando.org"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}
+{{- end -}}
