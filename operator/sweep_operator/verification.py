@@ -772,6 +772,7 @@ def verify_sweep_checkpoints(
     concurrency: int = 8,
     timeout_seconds: float | None = None,
     min_retention_days: int = 30,
+    empty_root_ok: bool = False,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> VerificationResult:
@@ -779,7 +780,8 @@ def verify_sweep_checkpoints(
 
     `root` is `s3://bucket/prefix/<ns>/<sweep>-<runId>`; a malformed one raises ValueError (an input error,
     before any request). `concurrency` bounds parallel requests; `timeout_seconds` bounds the whole pass
-    (the operator passes spec.deletion.verificationTimeoutSeconds).
+    (the operator passes spec.deletion.verificationTimeoutSeconds). A root with no object at all is a
+    problem (a wrong URI must not pass) unless `empty_root_ok`, for a caller that knows nothing was written.
     """
     uri = root if isinstance(root, S3Uri) else S3Uri.parse(root)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -794,7 +796,7 @@ def verify_sweep_checkpoints(
     run = _Run()
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="verify-s3")
     try:
-        _verify(client, uri, deep, pool, deadline, clock, run, min_retention_days, now().date())
+        _verify(client, uri, deep, pool, deadline, clock, run, min_retention_days, empty_root_ok, now().date())
     except _DeadlineExceeded:
         run.problems.append(Finding(TIMEOUT, uri.prefix, f"verification did not finish within {timeout_seconds:g} s"))
     except Exception as exc:  # fail closed: a bug here must read as "not verified", not as success
@@ -814,6 +816,7 @@ def _verify(
     clock: Callable[[], float],
     run: _Run,
     min_retention_days: int,
+    empty_root_ok: bool,
     today: date,
 ) -> None:
     train_prefix = root.join(s3_layout.TRAIN_DIR).prefix
@@ -838,9 +841,8 @@ def _verify(
         run.problems += problems
         run.warnings += warnings
     if empty_future is not None and run.outcome(empty_future) is False:
-        run.problems.append(
-            Finding(EMPTY_RUN_ROOT, root.prefix, f"no object under {root}: a wrong URI, or a run that never wrote anything")
-        )
+        empty = Finding(EMPTY_RUN_ROOT, root.prefix, f"no object under {root}: a wrong URI, or a run that never wrote anything")
+        (run.warnings if empty_root_ok else run.problems).append(empty)
     elif not any(a.report.committed for a in run.assessments) and not run.problems:
         run.warnings.append(Finding(NO_CHECKPOINTS, train_prefix, "no trial has committed a checkpoint yet"))
 

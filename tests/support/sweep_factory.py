@@ -7,6 +7,7 @@
 Snapshots use Ray 2.58.0's real `_CheckpointManagerState` JSON (see fixtures/, produced by a real run);
 manifests use the entrypoints' format: {"files": [{"path", "size", "sha256"}], "rank", "epoch"}.
 Every breaker returns the S3 key (or key prefix) it touched, so a test can assert the verifier names it.
+The client only needs put_object, delete_object and list_objects_v2 (boto3, or fake_s3.FakeS3 in unit tests).
 """
 
 from __future__ import annotations
@@ -217,10 +218,12 @@ class SyntheticSweep:
         """Remove every object of a checkpoint the snapshot still names (deleted before/after the commit)."""
         trial, checkpoint, _ = self._pick(trial, checkpoint)
         prefix = self.checkpoint_prefix(trial, checkpoint)
-        keys = [o["Key"] for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix) for o in page.get("Contents", [])]
-        for start in range(0, len(keys), 1000):
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
-        return prefix
+        while True:
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+            for obj in page.get("Contents", []):
+                self.client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+            if not page.get("IsTruncated"):
+                return prefix
 
     def add_uncommitted_checkpoint(self, trial: str | None = None, name: str = "checkpoint_epoch-999999", files: int = 2) -> str:
         """A checkpoint dir no snapshot names (an interrupted save): a warning, never a problem."""

@@ -1,0 +1,222 @@
+"""A whole verification pass against an in-memory S3 (R22): the verdict, fail-closed errors, timeout, bounds."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+from botocore.exceptions import EndpointConnectionError
+
+from sweep_operator import verification as v
+from sweep_operator.api import CheckpointsStatus
+from sweep_operator.verification import verify_sweep_checkpoints
+from tests.support.fake_s3 import FakeS3, client_error
+from tests.support.sweep_factory import SyntheticSweep, write_sweep
+
+BUCKET = "bucket-a"
+
+
+@pytest.fixture
+def s3() -> FakeS3:
+    fake = FakeS3(versioning={BUCKET: "Enabled"})
+    fake.create_bucket(Bucket=BUCKET)
+    return fake
+
+
+@pytest.fixture
+def sweep(s3: FakeS3) -> SyntheticSweep:
+    return write_sweep(s3, BUCKET, trials=3, checkpoints=2, files=4, file_size=64)
+
+
+def verify(s3: FakeS3, sweep: SyntheticSweep, **kwargs: object) -> v.VerificationResult:
+    s3.calls.clear()
+    return verify_sweep_checkpoints(s3, sweep.root_uri, **kwargs)  # type: ignore[arg-type]
+
+
+def test_complete_sweep_is_verified_from_listings_and_small_reads_only(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """R22: every committed checkpoint counted; reads are the listings, snapshots, manifests and result.json."""
+    result = verify(s3, sweep)
+    assert result.verified, result.problems
+    assert result.problems == () and result.warnings == ()
+    assert result.checked == sweep.committed_count == 6
+    assert result.bytes == sweep.committed_bytes
+    assert result.files == 3 * 2 * 4
+    assert result.best_checkpoint_uri == sweep.best_checkpoint_uri
+    ops = s3.operations()
+    assert "head_object" not in ops
+    assert ops.count("get_object") == 3 + 6 + 1  # snapshots, manifests, result.json: never a file
+    assert ops.count("list_objects_v2") == 1 + 3  # the trial prefixes, then one listing per trial
+
+
+def test_deep_mode_reads_every_file_once(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    result = verify(s3, sweep, deep=True)
+    assert result.verified and result.deep
+    assert s3.operations().count("get_object") == 3 + 6 + 1 + 24
+
+
+def test_result_maps_onto_the_sweep_status_and_json(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    sweep.delete_file()
+    moment = datetime(2026, 12, 2, 10, 30, 5, tzinfo=timezone.utc)
+    result = verify(s3, sweep, now=lambda: moment)
+    status = CheckpointsStatus.model_validate(result.to_status())
+    assert status.verified is False and status.checked == 6
+    assert status.verified_at == "2026-12-02T10:30:05Z"
+    assert status.problems and status.problems[0].kind == v.MISSING_FILE
+    doc = json.loads(json.dumps(result.to_dict()))
+    assert doc["verified"] is False and doc["problems"][0]["key"] == sweep.file_key()
+    assert result.reason.startswith(f"missing-file: {sweep.file_key()}")
+
+
+def test_status_keeps_the_first_twenty_problems(s3: FakeS3) -> None:
+    sweep = write_sweep(s3, BUCKET, trials=1, checkpoints=1, files=25)
+    for path in sorted(sweep.files[(sweep.trials[0], sweep.checkpoints[sweep.trials[0]][0])]):
+        sweep.delete_file(path=path)
+    result = verify(s3, sweep)
+    assert len(result.problems) == 26  # 25 files + the best checkpoint
+    assert len(result.to_status()["problems"]) == 20
+
+
+def test_s3_error_on_a_listing_is_not_verified_with_the_reason(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """R22 fail closed: an error is a verdict (verified=False), never an exception."""
+    s3.fail("list_objects_v2", sweep.trial_prefix(sweep.trials[1]), client_error("AccessDenied", 403, "Access Denied"))
+    result = verify(s3, sweep)
+    assert not result.verified
+    assert (v.S3_ERROR, sweep.trial_prefix(sweep.trials[1])) in [(p.kind, p.key) for p in result.problems]
+    assert "AccessDenied (HTTP 403): Access Denied" in result.reason
+
+
+def test_s3_error_reading_a_manifest_is_not_verified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    key = sweep.manifest_keys(sweep.trials[0], sweep.checkpoints[sweep.trials[0]][0])[0]
+    s3.fail("get_object", key, client_error("SlowDown", 503, "Please reduce your request rate."))
+    result = verify(s3, sweep)
+    assert not result.verified
+    assert result.problems[0].key == key and result.problems[0].kind == v.S3_ERROR
+
+
+def test_connection_error_is_not_verified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    s3.fail("list_objects_v2", "", EndpointConnectionError(endpoint_url="http://127.0.0.1:9"))
+    result = verify(s3, sweep)
+    assert not result.verified
+    assert "EndpointConnectionError" in result.reason
+
+
+def test_unexpected_client_exception_is_not_verified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """Even a bug-like exception from the client must read as 'not verified', not escape or pass."""
+    s3.fail("get_object", sweep.result_key, RuntimeError("boom"))
+    result = verify(s3, sweep)
+    assert not result.verified
+    assert result.problems[0].kind == v.S3_ERROR and "RuntimeError: boom" in result.problems[0].detail
+
+
+def test_missing_result_json_is_fine(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    sweep.delete_result()
+    result = verify(s3, sweep)
+    assert result.verified and result.best_checkpoint_uri is None
+
+
+def test_malformed_result_json_is_a_problem(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    s3.put_object(Bucket=BUCKET, Key=sweep.result_key, Body=b"{")
+    result = verify(s3, sweep)
+    assert [p.kind for p in result.problems] == [v.INVALID_RESULT]
+
+
+def test_malformed_snapshot_is_a_problem_and_its_checkpoints_unverified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    key = sweep.write_snapshot_bytes(b"not json")
+    result = verify(s3, sweep)
+    assert (v.INVALID_SNAPSHOT, key) in [(p.kind, p.key) for p in result.problems]
+    rows = [c for c in result.checkpoints if c.trial == sweep.trials[0]]
+    assert rows and all(c.status == v.INVALID_SNAPSHOT for c in rows)
+
+
+def test_snapshot_from_another_ray_version_is_a_warning(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    doc = json.loads(s3.buckets[BUCKET][sweep.snapshot_key(sweep.trials[0])])
+    doc["ray_version"] = "2.59.0"
+    sweep.write_snapshot_bytes(json.dumps(doc).encode())
+    result = verify(s3, sweep)
+    assert result.verified
+    assert [w.kind for w in result.warnings] == [v.SNAPSHOT_RAY_VERSION]
+
+
+def test_trial_without_checkpoints_needs_no_snapshot(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """A trial stopped before its first report has a dir (e.g. Ray's storage marker) but nothing to protect."""
+    s3.put_object(Bucket=BUCKET, Key=sweep.trial_prefix("trial_9999") + ".validate_storage_marker", Body=b"")
+    assert verify(s3, sweep).verified
+
+
+def test_run_root_with_no_object_is_not_verified(s3: FakeS3) -> None:
+    """A typo in the URI must not read as 'nothing to lose' (R22)."""
+    result = verify_sweep_checkpoints(s3, f"s3://{BUCKET}/sweeps/ns/typo-r1")
+    assert [p.kind for p in result.problems] == [v.EMPTY_RUN_ROOT]
+    relaxed = verify_sweep_checkpoints(s3, f"s3://{BUCKET}/sweeps/ns/typo-r1", empty_root_ok=True)
+    assert relaxed.verified and [w.kind for w in relaxed.warnings] == [v.EMPTY_RUN_ROOT]
+
+
+def test_run_that_never_checkpointed_is_verified_with_a_warning(s3: FakeS3) -> None:
+    s3.put_object(Bucket=BUCKET, Key="sweeps/ns/early-r1/tune/experiment_state.json", Body=b"{}")
+    result = verify_sweep_checkpoints(s3, f"s3://{BUCKET}/sweeps/ns/early-r1")
+    assert result.verified and result.checked == 0
+    assert [w.kind for w in result.warnings] == [v.NO_CHECKPOINTS]
+
+
+def test_lifecycle_read_denied_is_a_warning_not_a_verdict(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """Retention only ever warns (R11), so lacking permission to read it must not block a deletion."""
+    s3.fail("get_bucket_lifecycle_configuration", "", client_error("AccessDenied", 403))
+    result = verify(s3, sweep)
+    assert result.verified
+    assert [w.kind for w in result.warnings] == [v.RETENTION_UNKNOWN]
+
+
+def test_short_lifecycle_rule_on_the_run_is_a_warning(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    s3.lifecycle[BUCKET] = [{"ID": "tmp", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 3}}]
+    result = verify(s3, sweep, min_retention_days=14)
+    assert result.verified
+    assert [w.kind for w in result.warnings] == [v.LIFECYCLE_EXPIRATION]
+    assert "14-day minimum" in result.warnings[0].detail
+
+
+def test_timeout_returns_not_verified_without_waiting_for_stuck_requests(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """spec.deletion.verificationTimeoutSeconds bounds the pass even when S3 stops answering."""
+    s3.gate = threading.Event()
+    started = time.monotonic()
+    try:
+        result = verify(s3, sweep, timeout_seconds=0.2)
+    finally:
+        s3.gate.set()
+    assert time.monotonic() - started < 5
+    assert not result.verified
+    assert [p.kind for p in result.problems] == [v.TIMEOUT]
+    assert "0.2 s" in result.reason
+
+
+def test_concurrency_bounds_parallel_requests(s3: FakeS3) -> None:
+    sweep = write_sweep(s3, BUCKET, trials=12, checkpoints=1, files=3)
+    # The first three reads wait for each other: proof that three run at once; max_in_flight proves no more do.
+    first_three = threading.Barrier(3, timeout=5)
+    reads = iter(range(10**6))
+    lock = threading.Lock()
+
+    def first_three_reads_meet(operation: str) -> None:
+        if operation == "get_object":
+            with lock:
+                n = next(reads)
+            if n < 3:
+                first_three.wait()
+
+    s3.on_call = first_three_reads_meet
+    s3.max_in_flight = 0
+    result = verify(s3, sweep, concurrency=3, deep=True)
+    assert result.verified
+    assert s3.max_in_flight == 3
+
+
+def test_bad_arguments_raise_before_any_request(s3: FakeS3) -> None:
+    with pytest.raises(ValueError, match="is not an s3:// URI"):
+        verify_sweep_checkpoints(s3, "/local/dir")
+    with pytest.raises(ValueError, match="concurrency: got 0"):
+        verify_sweep_checkpoints(s3, f"s3://{BUCKET}/x", concurrency=0)
+    with pytest.raises(ValueError, match="timeout_seconds: got -1"):
+        verify_sweep_checkpoints(s3, f"s3://{BUCKET}/x", timeout_seconds=-1)
+    assert s3.calls == []
