@@ -44,6 +44,8 @@ TRIAL_DRIVER_RESOURCE: Final = "sweep_trial_driver"
 # Environment variables the RayJob hands to the entrypoint (runtimeEnvYAML.env_vars).
 ENV_RUN_SPEC: Final = "SWEEP_RUN_SPEC"
 ENV_DEADLINE_AT: Final = "SWEEP_DEADLINE_AT"
+# On the head container: lets the guard find a RayCluster's run root when its RayJob and sweep are gone.
+ENV_RUN_ROOT: Final = "SWEEP_RUN_ROOT"
 ENV_TRAIN_V2: Final = "RAY_TRAIN_V2_ENABLED"
 ENV_WORKER_GROUP_START_TIMEOUT: Final = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 

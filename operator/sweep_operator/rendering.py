@@ -155,7 +155,7 @@ def build_rayjob(
         "name": HEAD_CONTAINER,
         "image": spec.image,
         "resources": _resources(spec.head.cpu, spec.head.memory),
-        "env": list(env),
+        "env": [*env, {"name": constants.ENV_RUN_ROOT, "value": run_spec.run_root}],
     }
     worker_container = {
         "name": WORKER_CONTAINER,

@@ -1,0 +1,806 @@
+"""The operator's reconcile logic, without kopf: admission and queueing, the RayJob's lifecycle, status,
+deadlines, drift correction and the checkpoint guard. Clients, clock and event sink are injected;
+`handlers` wires these methods to kopf.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from . import constants, s3_layout
+from .api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
+from .diagnosis import diagnose_startup
+from .guard import (
+    Hold,
+    Release,
+    Verify,
+    decide_after_verification,
+    decide_before_verification,
+    problems_message,
+    skip_requested,
+)
+from .kube import KubeApi
+from .ledger import AdmissionLedger
+from .metrics import OperatorMetrics
+from .policy import Admit, Queue, Reject, demand_of, effective_active_seconds
+from .problems import SpecError
+from .rendering import RenderContext, build_rayjob, new_run_id, worker_group_cap
+from .runspec import RunSpec
+from .settings import Settings
+from .status import (
+    JOB_RUNNING,
+    RayJobFacts,
+    get_condition,
+    is_terminal,
+    parse_time,
+    phase_for,
+    progress_patch,
+    rfc3339,
+    set_condition,
+)
+from .validation import Sweep, parse_sweep
+
+log = logging.getLogger(__name__)
+
+# (object body, type "Normal"/"Warning", reason, message)
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+S3ClientFactory = Callable[[str, str], Any]  # (endpoint_url, region) -> boto3-like S3 client
+Verifier = Callable[..., Any]
+
+WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
+VERIFIED_CACHE_SECONDS = 30.0
+RAN_JOB_STATUSES = frozenset({JOB_RUNNING, "SUCCEEDED", "FAILED", "STOPPED"})
+
+
+class RetryLater(Exception):
+    """Keep the finalizer (or the handler) and come back after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float):
+        super().__init__(message)
+        self.delay = delay
+
+
+def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("metadata") or {}
+
+
+def _status(body: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(body.get("status") or {})
+
+
+def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
+    """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
+    try:
+        env = yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}
+        return RunSpec.from_json(env["env_vars"][constants.ENV_RUN_SPEC])
+    except (KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
+def deadline_of(rayjob: Mapping[str, Any]) -> float | None:
+    try:
+        env = yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}
+        return float(env["env_vars"][constants.ENV_DEADLINE_AT])
+    except (KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    owners = _meta(obj).get("ownerReferences") or []
+    return not owners or any(o.get("uid") == uid for o in owners)
+
+
+@dataclass
+class _Memory:
+    """Per-sweep facts the operator keeps between reconciles (none of them needed for correctness)."""
+
+    last_progress_poll: dict[str, float] = field(default_factory=dict)
+    verified_at: dict[str, tuple[float, Any]] = field(default_factory=dict)
+    guard_attempts: dict[str, int] = field(default_factory=dict)
+
+
+class SweepController:
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeApi,
+        s3_client_for: S3ClientFactory,
+        events: EventSink,
+        *,
+        verifier: Verifier | None = None,
+        clock: Callable[[], float] = time.time,
+        metrics: OperatorMetrics | None = None,
+    ):
+        from .verification import verify_sweep_checkpoints
+
+        self.settings = settings
+        self.kube = kube
+        self.s3_client_for = s3_client_for
+        self.emit = events
+        self.verify = verifier or verify_sweep_checkpoints
+        self.clock = clock
+        self.metrics = metrics or OperatorMetrics()
+        self.render_context = RenderContext.from_settings(settings)
+        self.ledger = AdmissionLedger(kube.list_sweeps)
+        self.memory = _Memory()
+        self._memory_lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ helpers
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), tz=timezone.utc)
+
+    def _patch_status(self, body: Mapping[str, Any], current: Mapping[str, Any], patch: dict[str, Any]) -> None:
+        """Patch only what changed; emit an Event when the phase changes."""
+        changed = {k: v for k, v in patch.items() if current.get(k) != v}
+        if not changed:
+            return
+        meta = _meta(body)
+        self.kube.patch_sweep_status(meta["namespace"], meta["name"], changed)
+        new_phase = changed.get("phase")
+        if new_phase:
+            self.metrics.observe_phase(meta.get("uid") or meta["name"], new_phase)
+            kind = "Warning" if new_phase in WARNING_PHASES else "Normal"
+            message = patch.get("message") or f"phase {new_phase}"
+            self.emit(body, kind, new_phase, message)
+
+    def _conditions(self, status: Mapping[str, Any], generation: int | None, *updates: tuple[str, bool | str, str, str]) -> list[dict[str, Any]]:
+        conditions = list(status.get("conditions") or [])
+        now = self._now()
+        for type_, value, reason, message in updates:
+            conditions = set_condition(conditions, type_, value, reason, message, now, generation)
+        return conditions
+
+    def _s3_client(self, storage: Any | None) -> Any:
+        """An S3 client for a sweep's storage settings (operator defaults fill what it leaves empty)."""
+        endpoint = (storage.endpoint_url if storage else "") or self.settings.s3_endpoint_url
+        region = (storage.region if storage else "") or self.settings.s3_region
+        return self.s3_client_for(endpoint, region)
+
+    def _read_json(self, client: Any, location: str) -> dict[str, Any] | None:
+        uri = s3_layout.S3Uri.parse(location)
+        try:
+            data = client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()
+            doc = json.loads(data)
+            return doc if isinstance(doc, dict) else None
+        except Exception as exc:  # progress is best effort; the guard never relies on it
+            log.debug("cannot read %s: %s", location, exc)
+            return None
+
+    def run_root(self, sweep: Sweep, run_id: str) -> str:
+        return s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
+
+    # ---------------------------------------------------------------------------- reconcile
+    def reconcile_sweep(self, body: Mapping[str, Any]) -> None:
+        """Level-based: bring the sweep's RayJob and status in line with its spec and the world."""
+        meta = _meta(body)
+        if meta.get("deletionTimestamp"):
+            return
+        started = time.monotonic()
+        try:
+            status = _status(body)
+            if status.get("runId"):
+                self._reconcile_run(body, status)
+            else:
+                self._reconcile_admission(body, status)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def _reconcile_admission(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        meta = _meta(body)
+        namespace, name, generation = meta.get("namespace") or "default", meta["name"], meta.get("generation")
+        if status.get("phase") == "Invalid" and status.get("observedGeneration") == generation:
+            return  # nothing new since we said why
+        try:
+            sweep = parse_sweep(dict(body), self.settings.limits)
+        except SpecError as exc:
+            self.ledger.release(namespace, name)
+            message = "; ".join(str(p) for p in exc.problems)
+            self._patch_status(
+                body,
+                status,
+                {
+                    "phase": "Invalid",
+                    "message": message,
+                    "observedGeneration": generation,
+                    "conditions": self._conditions(status, generation, ("Admitted", False, "Invalid", message), ("Ready", False, "Invalid", "the spec is invalid")),
+                },
+            )
+            return
+        if sweep.spec.suspend:
+            self.ledger.release(namespace, name)
+            self._patch_status(
+                body,
+                status,
+                {
+                    "phase": "Suspended",
+                    "message": "spec.suspend is true: the sweep waits and holds no budget",
+                    "observedGeneration": generation,
+                    "conditions": self._conditions(status, generation, ("Admitted", False, "Suspended", "spec.suspend is true")),
+                },
+            )
+            return
+        decision = self.ledger.decide(namespace, name, meta.get("creationTimestamp") or "", sweep.spec, self.settings.limits)
+        if isinstance(decision, Reject):
+            self._patch_status(
+                body,
+                status,
+                {
+                    "phase": "Invalid",
+                    "message": decision.reason,
+                    "observedGeneration": generation,
+                    "conditions": self._conditions(status, generation, ("Admitted", False, "OverCap", decision.reason)),
+                },
+            )
+            return
+        if isinstance(decision, Queue):
+            self._patch_status(
+                body,
+                status,
+                {
+                    "phase": "Queued",
+                    "queuedAt": status.get("queuedAt") or rfc3339(self._now()),
+                    "message": f"queued: {decision.reason}",
+                    "observedGeneration": generation,
+                    "replicas": {"workers": decision.demand.workers, "gpus": decision.demand.gpus},
+                    "conditions": self._conditions(status, generation, ("Admitted", False, "Queued", decision.reason)),
+                },
+            )
+            return
+        self._start_run(body, status, sweep, decision)
+
+    def _start_run(self, body: Mapping[str, Any], status: dict[str, Any], sweep: Sweep, decision: Admit) -> None:
+        """Create the run's RayJob (or adopt the one a previous operator created) and record the run."""
+        meta = _meta(body)
+        generation = meta.get("generation")
+        selector = f"{constants.LABEL_SWEEP}={sweep.name}"
+        adopted = [
+            rj
+            for rj in self.kube.list_rayjobs(sweep.namespace, selector)
+            if _owned_by(rj, sweep.uid) and not _meta(rj).get("deletionTimestamp")
+        ]
+        now = self.clock()
+        if adopted:
+            rayjob = adopted[0]
+            run_id = _meta(rayjob)["labels"][constants.LABEL_RUN_ID]
+            created_at = parse_time(_meta(rayjob).get("creationTimestamp"))
+            started_at = created_at.timestamp() if created_at else now
+            deadline_at = deadline_of(rayjob) or started_at + effective_active_seconds(sweep.spec, self.settings.limits)
+            how = "adopted"
+        else:
+            run_id = new_run_id()
+            started_at = now
+            deadline_at = int(now + effective_active_seconds(sweep.spec, self.settings.limits))
+            rayjob, created = self.kube.create_rayjob(
+                build_rayjob(sweep, run_id, self.render_context, deadline_at=int(deadline_at))
+            )
+            how = "created" if created else "adopted"
+        name = _meta(rayjob)["name"]
+        demand = decision.demand
+        cap = worker_group_cap(sweep.spec, self.settings.limits)
+        message = f"admitted ({demand.workers} workers, {demand.gpus} GPUs); RayJob {name} {how}"
+        self._patch_status(
+            body,
+            status,
+            {
+                "phase": "Starting",
+                "runId": run_id,
+                "rayJobName": name,
+                "startedAt": rfc3339(datetime.fromtimestamp(started_at, tz=timezone.utc)),
+                "deadlineAt": rfc3339(datetime.fromtimestamp(deadline_at, tz=timezone.utc)),
+                "replicas": {"workers": demand.workers, "gpus": demand.gpus, "cap": cap},
+                "trials": {"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
+                "trialsSummary": "0/0",
+                "message": message,
+                "observedGeneration": generation,
+                "conditions": self._conditions(
+                    status,
+                    generation,
+                    ("Admitted", True, "Admitted", message),
+                    ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
+                    ("Ready", False, "Starting", "the sweep has not finished"),
+                ),
+            },
+        )
+
+    def _reconcile_run(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        meta = _meta(body)
+        namespace, name, generation = meta.get("namespace") or "default", meta["name"], meta.get("generation")
+        phase = status.get("phase")
+        try:
+            sweep: Sweep | None = parse_sweep(dict(body), self.settings.limits)
+        except SpecError:
+            sweep = None
+        if is_terminal(phase):
+            self._release_and_admit_next(namespace, name)
+            if sweep is not None and not (status.get("checkpoints") or {}).get("verifiedAt"):
+                self._finish(body, status, sweep)
+            return
+        rayjob = self.kube.get_rayjob(namespace, status.get("rayJobName") or "")
+        run_spec = run_spec_of(rayjob) if rayjob else None
+        patch: dict[str, Any] = {}
+        conditions: list[tuple[str, bool | str, str, str]] = []
+        if generation != status.get("observedGeneration"):
+            self._handle_spec_change(body, status, sweep, rayjob, run_spec, patch)
+        admitted = run_spec.spec if run_spec else (sweep.spec if sweep else None)
+        if rayjob is None:
+            message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
+            self._patch_status(
+                body,
+                status,
+                {**patch, "phase": "Failed", "message": message, "finishedAt": rfc3339(self._now()),
+                 "conditions": self._conditions(status, generation, ("Running", False, "RayJobDeleted", message), ("Ready", False, "Failed", message))},
+            )
+            self._release_and_admit_next(namespace, name)
+            return
+        facts = RayJobFacts.from_object(rayjob)
+        new_phase = phase_for(facts)
+        message = status.get("message") or ""
+        now = self.clock()
+        deadline = parse_time(status.get("deadlineAt"))
+        if facts.running and not status.get("trainingStartedAt"):
+            patch["trainingStartedAt"] = rfc3339(self._now())
+        if deadline and now >= deadline.timestamp() and not is_terminal(new_phase):
+            new_phase = "DeadlineExceeded"
+            message = (
+                f"sweep deadline {status.get('deadlineAt')} passed; stopping RayJob {facts.name} through the "
+                "checkpoint guard"
+            )
+            conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
+            self.metrics.deadline_stops.inc()
+            self.kube.delete_rayjob(namespace, facts.name)
+        elif new_phase == "Starting" and admitted is not None:
+            attempt_start = max(
+                (t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(facts.start_time)) if t),
+                default=now,
+            )
+            if now - attempt_start > admitted.deadlines.startup_seconds:
+                diagnosis = self._diagnose(namespace, facts, admitted)
+                new_phase = "Failed"
+                message = (
+                    f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {diagnosis}"
+                )
+                conditions.append(("Running", False, "StartupDeadlineExceeded", message))
+                self.kube.delete_rayjob(namespace, facts.name)
+        if new_phase == "DeadlineExceeded" and facts.reason == "DeadlineExceeded" and not conditions:
+            message = f"KubeRay stopped RayJob {facts.name}: activeDeadlineSeconds exceeded"
+            conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
+        if new_phase != phase and not conditions:
+            message = self._phase_message(new_phase, facts)
+        patch.update(
+            {
+                "phase": new_phase,
+                "message": message,
+                "rayClusterName": facts.cluster_name or status.get("rayClusterName"),
+                "jobDeploymentStatus": facts.deployment_status or None,
+                "jobStatus": facts.job_status or None,
+                "reason": facts.reason or None,
+            }
+        )
+        patch = {k: v for k, v in patch.items() if v is not None or k in status}
+        if new_phase == "Running":
+            conditions.append(("Running", True, "Running", f"Ray job {facts.job_status or 'RUNNING'} on {facts.cluster_name}"))
+            if sweep is not None:
+                patch.update(self._progress(sweep, status, force=False))
+        elif new_phase == "Starting":
+            conditions.append(("Running", False, "Starting", self._phase_message(new_phase, facts)))
+        elif new_phase == "Suspended":
+            conditions.append(("Running", False, "Suspended", "spec.suspend is true"))
+        if is_terminal(new_phase):
+            patch["finishedAt"] = rfc3339(self._now())
+            if not any(c[0] == "Running" for c in conditions):
+                conditions.append(("Running", False, new_phase, message))
+        if conditions:
+            patch["conditions"] = self._conditions(status, generation, *conditions)
+        self._patch_status(body, status, patch)
+        if is_terminal(new_phase):
+            self._release_and_admit_next(namespace, name)
+            if sweep is not None:
+                self._finish(body, {**status, **patch}, sweep)
+
+    @staticmethod
+    def _phase_message(phase: str, facts: RayJobFacts) -> str:
+        detail = f"RayJob {facts.name} {facts.deployment_status or 'New'}"
+        if facts.job_status:
+            detail += f", job {facts.job_status}"
+        if facts.reason:
+            detail += f", reason {facts.reason}"
+        if facts.message:
+            detail += f": {facts.message}"
+        return {
+            "Starting": f"starting: {detail}",
+            "Running": f"running: {detail}",
+            "Succeeded": f"succeeded: {detail}",
+            "Failed": f"failed: {detail}",
+            "DeadlineExceeded": f"deadline exceeded: {detail}",
+            "Suspended": f"suspended: {detail}",
+        }.get(phase, detail)
+
+    def _handle_spec_change(
+        self,
+        body: Mapping[str, Any],
+        status: dict[str, Any],
+        sweep: Sweep | None,
+        rayjob: Mapping[str, Any] | None,
+        run_spec: RunSpec | None,
+        patch: dict[str, Any],
+    ) -> None:
+        """Only `suspend` may change while a run exists; other edits are refused (status message + Event)."""
+        generation = _meta(body).get("generation")
+        patch["observedGeneration"] = generation
+        current = (body.get("spec") or {})
+        admitted = run_spec.spec.model_dump(by_alias=True, mode="json") if run_spec else None
+        if sweep is not None and rayjob is not None and bool((rayjob.get("spec") or {}).get("suspend")) != sweep.spec.suspend:
+            self.kube.patch_rayjob(_meta(rayjob)["namespace"], _meta(rayjob)["name"], {"spec": {"suspend": sweep.spec.suspend}})
+            self.emit(body, "Normal", "Suspend" if sweep.spec.suspend else "Resume", f"spec.suspend set to {sweep.spec.suspend} on RayJob {_meta(rayjob)['name']}")
+        if admitted is None:
+            return
+        wanted = sweep.spec.model_dump(by_alias=True, mode="json") if sweep else current
+        changed = sorted(k for k in set(admitted) | set(wanted) if k != "suspend" and admitted.get(k) != wanted.get(k))
+        if sweep is None:
+            changed = changed or ["spec"]
+        if changed:
+            message = (
+                f"spec change refused: {', '.join('spec.' + k for k in changed)} changed after run "
+                f"{status.get('runId')} was admitted; only spec.suspend may change while a run exists. "
+                "The run continues with its admitted spec; delete and re-create the sweep to start a new run."
+            )
+            patch["message"] = message
+            self.emit(body, "Warning", "SpecChangeRefused", message)
+
+    def _diagnose(self, namespace: str, facts: RayJobFacts, spec: Any) -> str:
+        try:
+            pods = self.kube.list_pods(namespace, f"ray.io/cluster={facts.cluster_name}") if facts.cluster_name else []
+            events = self.kube.list_events(namespace)
+        except Exception as exc:  # diagnosis must never block the failure it explains
+            return f"(diagnosis unavailable: {exc})"
+        names = {(p.get("metadata") or {}).get("name") for p in pods} | {facts.cluster_name, facts.name}
+        relevant = [e for e in events if ((e.get("involvedObject") or e.get("regarding") or {}).get("name")) in names]
+        wanted = demand_of(spec).workers
+        return diagnose_startup(
+            pods,
+            relevant,
+            cluster_name=facts.cluster_name,
+            worker_cap=min(wanted, self.settings.limits.max_workers_per_sweep),
+            workers_wanted=wanted,
+        )
+
+    def _progress(self, sweep: Sweep, status: Mapping[str, Any], *, force: bool) -> dict[str, Any]:
+        """Trial counts and best trial from the run's `_sweep/status.json`, at most every status_poll_seconds."""
+        key = f"{sweep.namespace}/{sweep.name}"
+        now = time.monotonic()
+        with self._memory_lock:
+            last = self.memory.last_progress_poll.get(key)
+            if not force and last is not None and now - last < self.settings.status_poll_seconds:
+                return {}
+            self.memory.last_progress_poll[key] = now
+        layout = s3_layout.RunLayout(self.run_root(sweep, status["runId"]))
+        doc = self._read_json(self._s3_client(sweep.spec.storage), layout.status_path)
+        return progress_patch(doc) if doc else {}
+
+    def _finish(self, body: Mapping[str, Any], status: dict[str, Any], sweep: Sweep) -> None:
+        """At a terminal phase: final result from `_sweep/result.json`, then verify checkpoints once."""
+        meta = _meta(body)
+        generation = meta.get("generation")
+        root = self.run_root(sweep, status["runId"])
+        client = self._s3_client(sweep.spec.storage)
+        patch: dict[str, Any] = {}
+        result = self._read_json(client, s3_layout.RunLayout(root).result_path)
+        if result:
+            patch.update(progress_patch(result))
+        else:
+            patch.update(self._progress(sweep, status, force=True))
+        verification = self._verify(sweep.spec, root, empty_root_ok=not status.get("trainingStartedAt"))
+        patch["checkpoints"] = verification.to_status()
+        ready = status.get("phase") == "Succeeded" and verification.verified
+        patch["conditions"] = self._conditions(
+            status,
+            generation,
+            (
+                "CheckpointsVerified",
+                verification.verified,
+                "Verified" if verification.verified else "NotVerified",
+                f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
+                if verification.verified
+                else problems_message(verification.problems),
+            ),
+            ("Ready", ready, "Succeeded" if ready else status.get("phase") or "NotReady",
+             "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or ""),
+        )
+        self._patch_status(body, status, patch)
+        if not verification.verified:
+            self.emit(body, "Warning", "CheckpointsNotVerified", problems_message(verification.problems))
+
+    def _verify(self, spec: Any | None, root: str, *, empty_root_ok: bool = False) -> Any:
+        """Verify a run root (cached for a few seconds when verified: one deletion touches up to three objects)."""
+        with self._memory_lock:
+            cached = self.memory.verified_at.get(root)
+        if cached and cached[1].verified and time.monotonic() - cached[0] < VERIFIED_CACHE_SECONDS:
+            return cached[1]
+        started = time.monotonic()
+        result = self.verify(
+            self._s3_client(spec.storage if spec else None),
+            root,
+            concurrency=self.settings.verify_concurrency,
+            timeout_seconds=spec.deletion.verification_timeout_seconds if spec else DEFAULT_VERIFICATION_TIMEOUT_SECONDS,
+            min_retention_days=self.settings.min_retention_days,
+            empty_root_ok=empty_root_ok,
+        )
+        self.metrics.verification_seconds.observe(time.monotonic() - started)
+        if not result.verified:
+            self.metrics.verification_failures.inc()
+        with self._memory_lock:
+            self.memory.verified_at[root] = (time.monotonic(), result)
+        return result
+
+    def _release_and_admit_next(self, namespace: str, name: str) -> None:
+        """A sweep ended or left: free its budget and give the queue, oldest first, a chance."""
+        was_admitted = name in self.ledger.admitted.get(namespace, {})
+        queue = self.ledger.release(namespace, name)
+        if not was_admitted:
+            return
+        for queued in queue:
+            body = self.kube.get_sweep(namespace, queued)
+            if body is None:
+                self.ledger.release(namespace, queued)
+                continue
+            self.reconcile_sweep(body)
+            if _status(self.kube.get_sweep(namespace, queued) or {}).get("phase") == "Queued":
+                break  # strict FIFO: the oldest still does not fit
+
+    # --------------------------------------------------------------------------------- drift
+    def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
+        """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event (R21)."""
+        meta = _meta(body)
+        namespace, labels = meta.get("namespace") or "default", meta.get("labels") or {}
+        if meta.get("deletionTimestamp") or constants.LABEL_SWEEP not in labels:
+            return
+        cap = self._cap_for(body, kind)
+        if cap is None:
+            return
+        spec = body.get("spec") or {}
+        groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") if kind == constants.RAYJOB_KIND else spec.get("workerGroupSpecs")
+        if not groups:
+            return
+        fixed, notes = [], []
+        for group in groups:
+            group = dict(group)
+            for key in ("maxReplicas", "minReplicas", "replicas"):
+                if isinstance(group.get(key), int) and group[key] > cap:
+                    notes.append(f"{group.get('groupName')}.{key} {group[key]} -> {cap}")
+                    group[key] = cap
+            fixed.append(group)
+        if not notes:
+            return
+        if kind == constants.RAYJOB_KIND:
+            self.kube.patch_rayjob(namespace, meta["name"], {"spec": {"rayClusterSpec": {"workerGroupSpecs": fixed}}})
+        else:
+            self.kube.patch_raycluster(namespace, meta["name"], {"spec": {"workerGroupSpecs": fixed}})
+        message = f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}"
+        self.emit(body, "Warning", "CapEnforced", message)
+        sweep = self.kube.get_sweep(namespace, labels[constants.LABEL_SWEEP])
+        if sweep is not None:
+            self.emit(sweep, "Warning", "CapEnforced", f"{kind} {meta['name']}: {message}")
+
+    def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
+        rayjob = body if kind == constants.RAYJOB_KIND else self._rayjob_of_cluster(body)
+        run_spec = run_spec_of(rayjob) if rayjob else None
+        if run_spec is not None:
+            return worker_group_cap(run_spec.spec, self.settings.limits)
+        meta = _meta(body)
+        sweep_body = self.kube.get_sweep(meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
+        cap = ((sweep_body or {}).get("status") or {}).get("replicas", {}).get("cap")
+        return cap if isinstance(cap, int) else None
+
+    def _rayjob_of_cluster(self, cluster: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = _meta(cluster)
+        namespace = meta.get("namespace") or "default"
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("kind") == constants.RAYJOB_KIND:
+                return self.kube.get_rayjob(namespace, owner.get("name", ""))
+        labels = meta.get("labels") or {}
+        name = labels.get(constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME)
+        return self.kube.get_rayjob(namespace, name) if name else None
+
+    # --------------------------------------------------------------------------------- guard
+    def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
+        """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
+        meta, status = _meta(body), _status(body)
+        namespace, name = meta.get("namespace") or "default", meta["name"]
+        if status.get("phase") != "Deleting":
+            self.kube.patch_sweep_status(namespace, name, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
+            self.metrics.observe_phase(meta.get("uid") or name, "Deleting")
+        try:
+            sweep: Sweep | None = parse_sweep(dict(body), self.settings.limits)
+        except SpecError:
+            sweep = None
+        run_id = status.get("runId")
+        rayjob = self.kube.get_rayjob(namespace, status.get("rayJobName") or "") if status.get("rayJobName") else None
+        run_spec = run_spec_of(rayjob) if rayjob else None
+        spec = run_spec.spec if run_spec else (sweep.spec if sweep else None)
+        root = run_spec.run_root if run_spec else (self.run_root(sweep, run_id) if sweep and run_id else None)
+        ever_ran = bool(status.get("trainingStartedAt")) or (
+            rayjob is not None and RayJobFacts.from_object(rayjob).job_status in RAN_JOB_STATUSES
+        )
+        decision = decide_before_verification(
+            skip_annotation=skip_requested(meta.get("annotations")),
+            verify_enabled=spec.deletion.verify_checkpoints if spec else True,
+            ever_ran=ever_ran and run_id is not None,
+            run_root=root,
+        )
+        decision = self._complete_decision(decision, body, spec, root, attempt, "TrainingSweep")
+        if rayjob is not None:
+            self.kube.delete_rayjob(namespace, _meta(rayjob)["name"])
+        self._release_and_admit_next(namespace, name)
+        self.metrics.observe_phase(meta.get("uid") or name, None)
+        return decision.reason
+
+    def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
+        meta = _meta(body)
+        namespace = meta.get("namespace") or "default"
+        sweep = self.kube.get_sweep(namespace, (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
+        run_spec = run_spec_of(body)
+        facts = RayJobFacts.from_object(body)
+        sweep_status = _status(sweep or {})
+        ever_ran = facts.job_status in RAN_JOB_STATUSES or bool(
+            sweep_status.get("trainingStartedAt") and sweep_status.get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID)
+        )
+        decision = decide_before_verification(
+            skip_annotation=skip_requested(meta.get("annotations"), _meta(sweep or {}).get("annotations")),
+            verify_enabled=run_spec.spec.deletion.verify_checkpoints if run_spec else True,
+            ever_ran=ever_ran or run_spec is None,
+            run_root=run_spec.run_root if run_spec else None,
+        )
+        if run_spec is None and not isinstance(decision, Release):
+            raise self._hold(body, sweep, attempt, None, "RayJob", "its run spec is unreadable: the run root to verify is unknown")
+        decision = self._complete_decision(decision, body, run_spec.spec if run_spec else None, run_spec.run_root if run_spec else None, attempt, "RayJob", sweep)
+        return decision.reason
+
+    def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
+        meta = _meta(body)
+        namespace, labels = meta.get("namespace") or "default", meta.get("labels") or {}
+        rayjob = self._rayjob_of_cluster(body)
+        sweep = self.kube.get_sweep(namespace, labels.get(constants.LABEL_SWEEP, ""))
+        run_spec = run_spec_of(rayjob) if rayjob else None
+        spec = run_spec.spec if run_spec else None
+        root = run_spec.run_root if run_spec else None
+        if root is None and sweep is not None and _status(sweep).get("runId") == labels.get(constants.LABEL_RUN_ID):
+            try:
+                parsed = parse_sweep(sweep, self.settings.limits)
+                spec, root = parsed.spec, self.run_root(parsed, labels[constants.LABEL_RUN_ID])
+            except SpecError:
+                pass
+        if root is None:
+            root = _head_env(body).get(constants.ENV_RUN_ROOT)
+        if rayjob is not None:
+            ever_ran = RayJobFacts.from_object(rayjob).job_status in RAN_JOB_STATUSES
+        elif sweep is not None and _status(sweep).get("runId") == labels.get(constants.LABEL_RUN_ID):
+            ever_ran = bool(_status(sweep).get("trainingStartedAt"))
+        else:
+            ever_ran = True  # nothing says otherwise: fail closed
+        decision = decide_before_verification(
+            skip_annotation=skip_requested(meta.get("annotations"), _meta(rayjob or {}).get("annotations"), _meta(sweep or {}).get("annotations")),
+            verify_enabled=spec.deletion.verify_checkpoints if spec else True,
+            ever_ran=ever_ran or root is None,
+            run_root=root or "",
+        )
+        if root is None and not isinstance(decision, Release):
+            raise self._hold(body, sweep, attempt, None, "RayCluster", "no run root found for this cluster")
+        decision = self._complete_decision(decision, body, spec, root, attempt, "RayCluster", sweep)
+        return decision.reason
+
+    def _complete_decision(
+        self,
+        decision: Release | Hold | Verify,
+        body: Mapping[str, Any],
+        spec: Any,
+        root: str | None,
+        attempt: int,
+        kind: str,
+        sweep: Mapping[str, Any] | None = None,
+    ) -> Release:
+        sweep_body = body if kind == "TrainingSweep" else sweep
+        if isinstance(decision, Verify):
+            assert root is not None
+            deletion = spec.deletion if spec is not None else None
+            result = self._verify(spec, root)
+            decision = decide_after_verification(
+                result,
+                attempt=attempt,
+                base_backoff=deletion.retry_backoff_seconds if deletion else 30,
+                max_backoff=deletion.max_retry_backoff_seconds if deletion else 600,
+            )
+            if sweep_body is not None:
+                self._record_verification(sweep_body, result)
+            if isinstance(decision, Hold):
+                raise self._hold(body, sweep_body, attempt, result, kind, decision.reason, decision.retry_after)
+        assert isinstance(decision, Release)
+        name = _meta(body).get("name")
+        if decision.audit:
+            message = f"{kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
+            self.emit(body, "Warning", "CheckpointGuardBypassed", message)
+            if sweep_body is not None and sweep_body is not body:
+                self.emit(sweep_body, "Warning", "CheckpointGuardBypassed", message)
+        else:
+            self.emit(body, "Normal", "CheckpointGuardReleased", f"{kind} {name} deletion released: {decision.reason}")
+        return decision
+
+    def _record_verification(self, sweep_body: Mapping[str, Any], result: Any) -> None:
+        meta, status = _meta(sweep_body), _status(sweep_body)
+        message = (
+            f"{result.checked} checkpoints, {result.bytes} bytes verified"
+            if result.verified
+            else problems_message(result.problems)
+        )
+        self.kube.patch_sweep_status(
+            meta.get("namespace") or "default",
+            meta["name"],
+            {
+                "checkpoints": result.to_status(),
+                "conditions": self._conditions(
+                    status, meta.get("generation"),
+                    ("CheckpointsVerified", result.verified, "Verified" if result.verified else "NotVerified", message),
+                ),
+            },
+        )
+
+    def _hold(
+        self,
+        body: Mapping[str, Any],
+        sweep_body: Mapping[str, Any] | None,
+        attempt: int,
+        result: Any,
+        kind: str,
+        reason: str,
+        delay: float | None = None,
+    ) -> RetryLater:
+        delay = delay if delay is not None else 30.0
+        message = f"{kind} {_meta(body).get('name')} deletion held by the checkpoint guard: {reason}; re-checking in {delay:g}s"
+        self.metrics.guard_holds.labels(kind=kind).inc()
+        self.emit(body, "Warning", "CheckpointsNotVerified", message)
+        if sweep_body is not None and sweep_body is not body:
+            self.emit(sweep_body, "Warning", "CheckpointsNotVerified", message)
+        if sweep_body is not None and result is None:
+            meta = _meta(sweep_body)
+            self.kube.patch_sweep_status(
+                meta.get("namespace") or "default",
+                meta["name"],
+                {"conditions": self._conditions(_status(sweep_body), meta.get("generation"), ("CheckpointsVerified", False, "NotVerified", message))},
+            )
+        return RetryLater(message, delay)
+
+    # ------------------------------------------------------------------------------ webhook
+    def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
+        """Problems that make the API server refuse a CREATE/UPDATE (the validating webhook)."""
+        if _meta(body).get("deletionTimestamp"):
+            return []
+        try:
+            parse_sweep(dict(body), self.settings.limits)
+        except SpecError as exc:
+            return [str(p) for p in exc.problems]
+        if old is not None and _status(old).get("runId") and not is_terminal(_status(old).get("phase")):
+            before = {k: v for k, v in (old.get("spec") or {}).items() if k != "suspend"}
+            after = {k: v for k, v in (body.get("spec") or {}).items() if k != "suspend"}
+            if before != after:
+                changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+                return [
+                    f"spec.{k}: cannot change while run {_status(old).get('runId')} is active; only spec.suspend may "
+                    "change (delete and re-create the sweep for a new run)"
+                    for k in changed
+                ]
+        return []
+
+
+def _head_env(cluster: Mapping[str, Any]) -> dict[str, str]:
+    try:
+        containers = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for c in containers for e in c.get("env") or []}
+    except (KeyError, TypeError):
+        return {}

@@ -1,0 +1,207 @@
+"""The operator's Kubernetes I/O: a thin, retrying wrapper over the official client (injected, never global).
+
+Transient answers (409 on patches, 429, 5xx, connection errors) are retried with a short bounded
+backoff; anything left is raised for the caller's next reconcile to converge.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from . import constants
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def api_client_from_environment(kubeconfig: str | None = None) -> k8s.ApiClient:
+    """In-cluster service account when running in a pod, else the kubeconfig (explicit path or $KUBECONFIG)."""
+    from kubernetes import config
+
+    configuration = k8s.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    return k8s.ApiClient(configuration)
+
+
+@dataclass(frozen=True)
+class Retry:
+    attempts: int = 6
+    first_delay: float = 0.05
+    max_delay: float = 1.0
+
+
+class KubeApi:
+    """Typed-enough access to TrainingSweeps, RayJobs, RayClusters, pods and events."""
+
+    def __init__(self, api_client: k8s.ApiClient, retry: Retry = Retry()):
+        self.api_client = api_client
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.core = k8s.CoreV1Api(api_client)
+        self.retry = retry
+
+    # ----------------------------------------------------------------------------- plumbing
+    def _call(self, fn: Callable[[], T], *, retry_conflict: bool = True) -> T:
+        delay = self.retry.first_delay
+        for attempt in range(self.retry.attempts):
+            try:
+                return fn()
+            except ApiException as exc:
+                retriable = exc.status in RETRY_STATUSES and (retry_conflict or exc.status != 409)
+                if not retriable or attempt == self.retry.attempts - 1:
+                    raise
+                log.debug("retrying after HTTP %s (attempt %d)", exc.status, attempt + 1)
+            except (ConnectionError, OSError) as exc:  # urllib3 wraps into these
+                if attempt == self.retry.attempts - 1:
+                    raise
+                log.debug("retrying after %s (attempt %d)", exc, attempt + 1)
+            time.sleep(delay)
+            delay = min(delay * 2, self.retry.max_delay)
+        raise AssertionError("unreachable")
+
+    def _get(self, fn: Callable[[], Any]) -> dict[str, Any] | None:
+        try:
+            return self._call(fn)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # ----------------------------------------------------------------------- TrainingSweeps
+    def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+            )
+        )
+
+    def list_sweeps(self, namespace: str) -> list[dict[str, Any]]:
+        result = self._call(
+            lambda: self.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)
+        )
+        return list(result.get("items") or [])
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
+            )
+        )
+
+    # ------------------------------------------------------------------------------ RayJobs
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.get_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYJOB_PLURAL, name
+            )
+        )
+
+    def list_rayjobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        result = self._call(
+            lambda: self.custom.list_namespaced_custom_object(
+                constants.RAY_GROUP,
+                constants.RAY_VERSION_API,
+                namespace,
+                constants.RAYJOB_PLURAL,
+                label_selector=label_selector,
+            )
+        )
+        return list(result.get("items") or [])
+
+    def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create; on AlreadyExists return the existing one. Returns (object, created)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            created = self._call(
+                lambda: self.custom.create_namespaced_custom_object(
+                    constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYJOB_PLURAL, body
+                ),
+                retry_conflict=False,
+            )
+            return created, True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        existing = self.get_rayjob(namespace, name)
+        if existing is None:
+            raise RuntimeError(f"RayJob {namespace}/{name} reported as existing but cannot be read")
+        return existing, False
+
+    def patch_rayjob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.patch_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYJOB_PLURAL, name, patch
+            )
+        )
+
+    def delete_rayjob(self, namespace: str, name: str) -> bool:
+        return self._delete(constants.RAYJOB_PLURAL, namespace, name)
+
+    # -------------------------------------------------------------------------- RayClusters
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.get_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name
+            )
+        )
+
+    def list_rayclusters(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        result = self._call(
+            lambda: self.custom.list_namespaced_custom_object(
+                constants.RAY_GROUP,
+                constants.RAY_VERSION_API,
+                namespace,
+                constants.RAYCLUSTER_PLURAL,
+                label_selector=label_selector,
+            )
+        )
+        return list(result.get("items") or [])
+
+    def patch_raycluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.patch_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name, patch
+            )
+        )
+
+    def _delete(self, plural: str, namespace: str, name: str) -> bool:
+        try:
+            self._call(
+                lambda: self.custom.delete_namespaced_custom_object(
+                    constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name,
+                    body=k8s.V1DeleteOptions(propagation_policy="Background"),
+                )
+            )
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    # ---------------------------------------------------------------------- pods and events
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        result = self._call(
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+        )
+        return list(_json(result).get("items") or [])
+
+    def list_events(self, namespace: str) -> list[dict[str, Any]]:
+        result = self._call(lambda: self.core.list_namespaced_event(namespace, _preload_content=False))
+        return list(_json(result).get("items") or [])
+
+
+def _json(response: Any) -> dict[str, Any]:
+    import json
+
+    data = response.data if hasattr(response, "data") else response
+    return json.loads(data) if isinstance(data, (bytes, str)) else dict(data)

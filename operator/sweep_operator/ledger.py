@@ -1,0 +1,98 @@
+"""Namespace GPU budgets in memory: what each namespace has admitted and its FIFO queue (R21).
+
+One active operator (kopf peering) owns the ledger; it is loaded from the API once per namespace and then
+kept by the operator's own admissions and releases, so two sweeps can never be admitted into the same
+free GPUs by handlers running at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .api import SweepSpec, TERMINAL_PHASES
+from .policy import AdmissionDecision, Admit, Demand, Queue, decide_admission, demand_of
+from .problems import SpecError
+from .settings import OperatorLimits
+from .validation import parse_spec
+
+
+@dataclass(frozen=True)
+class QueuedSweep:
+    name: str
+    created: str
+    demand: Demand
+
+
+class AdmissionLedger:
+    def __init__(self, load_namespace: Callable[[str], list[Mapping[str, Any]]]):
+        self._load_namespace = load_namespace
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._guard = threading.Lock()
+        self._loaded: set[str] = set()
+        self.admitted: dict[str, dict[str, Demand]] = defaultdict(dict)
+        self.queued: dict[str, dict[str, QueuedSweep]] = defaultdict(dict)
+
+    def _lock(self, namespace: str) -> threading.Lock:
+        with self._guard:
+            return self._locks[namespace]
+
+    def _ensure_loaded(self, namespace: str) -> None:
+        if namespace in self._loaded:
+            return
+        for obj in self._load_namespace(namespace):
+            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            name = meta.get("name", "")
+            try:
+                spec = parse_spec(obj.get("spec"))
+            except SpecError:
+                continue
+            if meta.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
+                continue
+            if status.get("runId"):
+                self.admitted[namespace][name] = demand_of(spec)
+            elif status.get("phase") == "Queued":
+                self.queued[namespace][name] = QueuedSweep(name, meta.get("creationTimestamp") or "", demand_of(spec))
+        self._loaded.add(namespace)
+
+    def decide(
+        self, namespace: str, name: str, created: str, spec: SweepSpec, limits: OperatorLimits
+    ) -> AdmissionDecision:
+        """Admit, Queue or Reject `name`, strictly FIFO by creationTimestamp within the namespace."""
+        with self._lock(namespace):
+            self._ensure_loaded(namespace)
+            admitted = self.admitted[namespace]
+            if name in admitted:
+                return Admit(admitted[name])
+            in_use = sum((d for n, d in admitted.items() if n != name), Demand())
+            decision = decide_admission(spec, limits, in_use)
+            if isinstance(decision, Admit) and decision.demand.gpus:
+                ahead = sorted(
+                    (q for q in self.queued[namespace].values() if q.name != name and (q.created, q.name) < (created, name) and q.demand.gpus),
+                    key=lambda q: (q.created, q.name),
+                )
+                if ahead:
+                    decision = Queue(
+                        decision.demand,
+                        f"waiting behind {len(ahead)} older queued sweep(s) in this namespace "
+                        f"({', '.join(q.name for q in ahead[:3])}{', ...' if len(ahead) > 3 else ''})",
+                    )
+            if isinstance(decision, Admit):
+                admitted[name] = decision.demand
+                self.queued[namespace].pop(name, None)
+            elif isinstance(decision, Queue):
+                self.queued[namespace][name] = QueuedSweep(name, created, decision.demand)
+            return decision
+
+    def release(self, namespace: str, name: str) -> list[str]:
+        """Forget `name`'s admission or queue place; returns the namespace's queue in FIFO order."""
+        with self._lock(namespace):
+            self.admitted[namespace].pop(name, None)
+            self.queued[namespace].pop(name, None)
+            return [q.name for q in sorted(self.queued[namespace].values(), key=lambda q: (q.created, q.name))]
+
+    def in_use(self, namespace: str) -> Demand:
+        with self._lock(namespace):
+            return sum(self.admitted[namespace].values(), Demand())
