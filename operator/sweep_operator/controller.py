@@ -132,6 +132,7 @@ class SweepController:
         self.ledger = AdmissionLedger(kube.list_sweeps)
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
+        self._sweep_locks: dict[str, threading.Lock] = {}
 
     # ------------------------------------------------------------------------------ helpers
     def _now(self) -> datetime:
@@ -178,20 +179,34 @@ class SweepController:
         return s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
 
     # ---------------------------------------------------------------------------- reconcile
+    def _lock_for(self, namespace: str, name: str) -> threading.Lock:
+        with self._memory_lock:
+            return self._sweep_locks.setdefault(f"{namespace}/{name}", threading.Lock())
+
     def reconcile_sweep(self, body: Mapping[str, Any]) -> None:
-        """Level-based: bring the sweep's RayJob and status in line with its spec and the world."""
+        """Level-based: bring the sweep's RayJob and status in line with its spec and the world.
+
+        One reconcile per sweep at a time, on a fresh read (events for the sweep, its RayJob and the
+        timer may arrive together, each with an older copy).
+        """
         meta = _meta(body)
-        if meta.get("deletionTimestamp"):
-            return
+        namespace, name = meta.get("namespace") or "default", meta["name"]
         started = time.monotonic()
-        try:
-            status = _status(body)
-            if status.get("runId"):
-                self._reconcile_run(body, status)
-            else:
-                self._reconcile_admission(body, status)
-        finally:
-            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+        with self._lock_for(namespace, name):
+            fresh = self.kube.get_sweep(namespace, name)
+            if fresh is None or _meta(fresh).get("deletionTimestamp"):
+                return
+            try:
+                self._reconcile(fresh)
+            finally:
+                self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def _reconcile(self, body: Mapping[str, Any]) -> None:
+        status = _status(body)
+        if status.get("runId"):
+            self._reconcile_run(body, status)
+        else:
+            self._reconcile_admission(body, status)
 
     def _reconcile_admission(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
         meta = _meta(body)

@@ -1,0 +1,207 @@
+"""The only kopf-aware module: wires kopf events, timers, finalizers and the admission webhook to the controller.
+
+    python -m sweep_operator            # settings from SWEEP_* environment variables (the chart's ConfigMap)
+
+Handlers stay short: parse -> decide (controller) -> act -> return; a `RetryLater` becomes kopf's
+TemporaryError so the finalizer stays and the check comes back with backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import kopf
+
+from . import constants
+from .controller import RetryLater, SweepController
+from .kube import KubeApi, api_client_from_environment
+from .metrics import OperatorMetrics
+from .settings import WEBHOOK_PATH, Settings
+
+log = logging.getLogger(__name__)
+
+SWEEPS = {"group": constants.GROUP, "version": constants.VERSION, "plural": constants.PLURAL}
+RAYJOBS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYJOB_PLURAL}
+RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYCLUSTER_PLURAL}
+OURS = {constants.LABEL_SWEEP: kopf.PRESENT}
+WEBHOOK_ID = WEBHOOK_PATH.strip("/")
+MAX_HANDLER_THREADS = 32
+
+
+def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """The controller's event sink: a Kubernetes Event on `body` (kopf posts them in the background)."""
+    kopf.event(dict(body), type=type_, reason=reason, message=message[:1024])
+
+
+@dataclass
+class OperatorWiring:
+    """What one operator instance runs with (tests and the sandbox build their own)."""
+
+    settings: Settings
+    controller: SweepController
+    login: Callable[..., kopf.ConnectionInfo | None] | None = None
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
+    kopf_settings.persistence.finalizer = constants.FINALIZER
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=constants.GROUP, key="last-handled-configuration"
+    )
+    kopf_settings.execution.max_workers = MAX_HANDLER_THREADS
+    kopf_settings.posting.level = logging.INFO
+    kopf_settings.scanning.disabled = True  # our kinds are known; no cluster-wide namespace/CRD scans
+    kopf_settings.watching.server_timeout = 300
+    kopf_settings.networking.request_timeout = 60
+    if settings.webhook_port:
+        kopf_settings.admission.server = kopf.WebhookServer(
+            addr="0.0.0.0",
+            port=settings.webhook_port,
+            certfile=os.path.join(settings.webhook_cert_dir, "tls.crt"),
+            pkeyfile=os.path.join(settings.webhook_cert_dir, "tls.key"),
+        )
+        kopf_settings.admission.managed = None  # the chart owns the ValidatingWebhookConfiguration
+
+
+def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    controller, settings = wiring.controller, wiring.settings
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, wiring.settings)
+
+    if wiring.login is not None:
+        kopf.on.login(registry=registry)(wiring.login)
+    else:
+        kopf.on.login(registry=registry)(kopf.login_via_client)
+
+    # ------------------------------------------------------------------ TrainingSweep
+    @kopf.on.event(**SWEEPS, registry=registry)
+    def sweep_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":
+            controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
+            return
+        controller.reconcile_sweep(body)
+
+    @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, idle=0, registry=registry)
+    def sweep_tick(body: kopf.Body, **_: Any) -> None:
+        controller.reconcile_sweep(body)  # deadlines, progress polling, missed events
+
+    @kopf.on.delete(**SWEEPS, registry=registry)
+    def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
+        return _guarded(lambda: controller.guard_sweep_deletion(body, retry))
+
+    @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
+    def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
+        problems = controller.admission_problems(body, old)
+        if problems:
+            raise kopf.AdmissionError("; ".join(problems), code=422)
+
+    # ------------------------------------------------------------------ RayJob / RayCluster
+    @kopf.on.event(**RAYJOBS, labels=OURS, registry=registry)
+    def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED":
+            controller.correct_drift(body, constants.RAYJOB_KIND)
+        _reconcile_owner(controller, body)
+
+    @kopf.on.delete(**RAYJOBS, labels=OURS, registry=registry)
+    def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
+        return _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
+
+    @kopf.on.event(**RAYCLUSTERS, labels=OURS, registry=registry)
+    def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED":
+            controller.correct_drift(body, constants.RAYCLUSTER_KIND)
+
+    @kopf.on.delete(**RAYCLUSTERS, labels=OURS, registry=registry)
+    def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
+        return _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
+
+    return registry
+
+
+def _guarded(decide: Callable[[], str]) -> str:
+    try:
+        return decide()
+    except RetryLater as hold:
+        raise kopf.TemporaryError(str(hold), delay=hold.delay) from None
+
+
+def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
+    meta = body.get("metadata") or {}
+    sweep = controller.kube.get_sweep(meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
+    if sweep is not None:
+        controller.reconcile_sweep(sweep)
+
+
+def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:
+    """The controller with real clients: Kubernetes from `api_client`, S3 from the shared factory."""
+    from .s3 import S3ClientConfig, make_s3_client
+
+    clients: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+
+    def s3_client_for(endpoint: str, region: str) -> Any:
+        with lock:  # boto3 clients are thread-safe once built; building one is not
+            key = (endpoint, region)
+            if key not in clients:
+                clients[key] = make_s3_client(
+                    S3ClientConfig(endpoint_url=endpoint, region=region, max_pool_connections=max(16, settings.verify_concurrency))
+                )
+            return clients[key]
+
+    return SweepController(settings, KubeApi(api_client), s3_client_for, post_event, metrics=metrics)
+
+
+async def operate(
+    wiring: OperatorWiring,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+    liveness_endpoint: str | None = None,
+) -> None:
+    """Run one operator until `stop_flag` is set (in-process: tests and the sandbox)."""
+    settings = wiring.settings
+    await kopf.operator(
+        registry=build_registry(wiring),
+        standalone=not settings.peering_name,
+        peering_name=settings.peering_name or None,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=liveness_endpoint,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_operator(argv: list[str]) -> int:
+    """`python -m sweep_operator`: settings from the environment, read once, then kopf until stopped."""
+    parser = argparse.ArgumentParser(prog="python -m sweep_operator", description=__doc__)
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env(os.environ)
+    metrics = OperatorMetrics()
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    controller = build_controller(settings, api_client_from_environment(args.kubeconfig), metrics)
+    login = None
+    if args.kubeconfig:
+        path = args.kubeconfig
+
+        def login(**_: Any) -> kopf.ConnectionInfo | None:
+            os.environ["KUBECONFIG"] = path
+            return kopf.login_with_kubeconfig(**_)
+
+    wiring = OperatorWiring(settings, controller, login)
+    liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    asyncio.run(operate(wiring, liveness_endpoint=liveness))
+    return 0
