@@ -357,7 +357,7 @@ class SweepController:
             return
         facts = RayJobFacts.from_object(rayjob)
         new_phase = phase_for(facts)
-        message = status.get("message") or ""
+        message = patch.get("message") or status.get("message") or ""
         now = self.clock()
         deadline = parse_time(status.get("deadlineAt"))
         if facts.running and not status.get("trainingStartedAt"):
@@ -667,14 +667,15 @@ class SweepController:
         ever_ran = facts.job_status in RAN_JOB_STATUSES or bool(
             sweep_status.get("trainingStartedAt") and sweep_status.get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID)
         )
+        skip = skip_requested(meta.get("annotations"), _meta(sweep or {}).get("annotations"))
+        if run_spec is None and not skip:  # fail closed: nothing to verify against
+            raise self._hold(body, sweep, attempt, None, "RayJob", "its run spec is unreadable: the run root to verify is unknown")
         decision = decide_before_verification(
-            skip_annotation=skip_requested(meta.get("annotations"), _meta(sweep or {}).get("annotations")),
+            skip_annotation=skip,
             verify_enabled=run_spec.spec.deletion.verify_checkpoints if run_spec else True,
-            ever_ran=ever_ran or run_spec is None,
+            ever_ran=ever_ran,
             run_root=run_spec.run_root if run_spec else None,
         )
-        if run_spec is None and not isinstance(decision, Release):
-            raise self._hold(body, sweep, attempt, None, "RayJob", "its run spec is unreadable: the run root to verify is unknown")
         decision = self._complete_decision(decision, body, run_spec.spec if run_spec else None, run_spec.run_root if run_spec else None, attempt, "RayJob", sweep)
         return decision.reason
 
@@ -700,14 +701,15 @@ class SweepController:
             ever_ran = bool(_status(sweep).get("trainingStartedAt"))
         else:
             ever_ran = True  # nothing says otherwise: fail closed
+        skip = skip_requested(meta.get("annotations"), _meta(rayjob or {}).get("annotations"), _meta(sweep or {}).get("annotations"))
+        if root is None and not skip:  # fail closed: nothing to verify against
+            raise self._hold(body, sweep, attempt, None, "RayCluster", "no run root found for this cluster (no RayJob, sweep or SWEEP_RUN_ROOT)")
         decision = decide_before_verification(
-            skip_annotation=skip_requested(meta.get("annotations"), _meta(rayjob or {}).get("annotations"), _meta(sweep or {}).get("annotations")),
+            skip_annotation=skip,
             verify_enabled=spec.deletion.verify_checkpoints if spec else True,
-            ever_ran=ever_ran or root is None,
-            run_root=root or "",
+            ever_ran=ever_ran,
+            run_root=root,
         )
-        if root is None and not isinstance(decision, Release):
-            raise self._hold(body, sweep, attempt, None, "RayCluster", "no run root found for this cluster")
         decision = self._complete_decision(decision, body, spec, root, attempt, "RayCluster", sweep)
         return decision.reason
 

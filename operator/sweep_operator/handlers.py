@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -66,7 +67,7 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
             certfile=os.path.join(settings.webhook_cert_dir, "tls.crt"),
             pkeyfile=os.path.join(settings.webhook_cert_dir, "tls.key"),
         )
-        kopf_settings.admission.managed = None  # the chart owns the ValidatingWebhookConfiguration
+        # admission.managed stays unset: the chart owns the ValidatingWebhookConfiguration.
 
 
 def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
@@ -173,6 +174,8 @@ async def operate(
         registry=build_registry(wiring),
         standalone=not settings.peering_name,
         peering_name=settings.peering_name or None,
+        # kopf pauses peers of equal or higher priority: distinct random priorities leave exactly one active.
+        priority=random.randint(1, 1_000_000) if settings.peering_name else None,
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=liveness_endpoint,

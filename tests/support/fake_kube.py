@@ -1,0 +1,131 @@
+"""An in-memory stand-in for `sweep_operator.kube.KubeApi`, for controller unit tests (no sockets)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from sweep_operator import constants
+
+_uids = itertools.count(1)
+
+
+def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """JSON merge patch (RFC 7386)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+def _matches(obj: dict[str, Any], selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, ...]] = []
+
+    # helpers for tests
+    def add(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        meta.setdefault("uid", f"uid-{next(_uids)}")
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", "2026-12-02T12:00:00Z")
+        self.objects[(kind, meta["namespace"], meta["name"])] = obj
+        return copy.deepcopy(obj)
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def of_kind(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items()) if k == kind and (namespace is None or ns == namespace)]
+
+    # KubeApi surface
+    def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("TrainingSweep", namespace, name)
+
+    def list_sweeps(self, namespace: str) -> list[dict[str, Any]]:
+        return self.of_kind("TrainingSweep", namespace)
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("patch_sweep_status", name))
+        obj = self.objects.get(("TrainingSweep", namespace, name))
+        if obj is None:
+            return None
+        merge(obj.setdefault("status", {}), status)
+        return copy.deepcopy(obj)
+
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("RayJob", namespace, name)
+
+    def list_rayjobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [o for o in self.of_kind("RayJob", namespace) if _matches(o, label_selector)]
+
+    def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        self.calls.append(("create_rayjob", body["metadata"]["name"]))
+        existing = self.get_rayjob(body["metadata"]["namespace"], body["metadata"]["name"])
+        if existing:
+            return existing, False
+        return self.add("RayJob", body), True
+
+    def patch_rayjob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("patch_rayjob", name))
+        obj = self.objects.get(("RayJob", namespace, name))
+        return copy.deepcopy(merge(obj, patch)) if obj else None
+
+    def delete_rayjob(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete_rayjob", name))
+        return self._delete("RayJob", namespace, name)
+
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("RayCluster", namespace, name)
+
+    def list_rayclusters(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [o for o in self.of_kind("RayCluster", namespace) if _matches(o, label_selector)]
+
+    def patch_raycluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("patch_raycluster", name))
+        obj = self.objects.get(("RayCluster", namespace, name))
+        return copy.deepcopy(merge(obj, patch)) if obj else None
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods if _matches(p, label_selector)]
+
+    def list_events(self, namespace: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.events)
+
+    def _delete(self, kind: str, namespace: str, name: str) -> bool:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None:
+            return False
+        if obj["metadata"].get("finalizers"):
+            obj["metadata"]["deletionTimestamp"] = "2026-12-02T12:30:00Z"
+        else:
+            del self.objects[(kind, namespace, name)]
+        return True
+
+    def set_rayjob_status(self, name: str, namespace: str = "default", **status: Any) -> None:
+        merge(self.objects[("RayJob", namespace, name)].setdefault("status", {}), status)
+
+    def rayjob_names(self) -> list[str]:
+        return [o["metadata"]["name"] for o in self.of_kind("RayJob")]
+
+    def label_of(self, obj: dict[str, Any], key: str = constants.LABEL_RUN_ID) -> str:
+        return obj["metadata"]["labels"][key]

@@ -1,0 +1,450 @@
+"""The operator's reconcile logic against an in-memory API: admission and FIFO queueing, RayJob lifecycle,
+status, deadlines (R6, R20), drift (R21), spec changes, and the checkpoint guard (R22). No kopf, no sockets."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from sweep_operator import constants
+from sweep_operator.controller import RetryLater, SweepController, run_spec_of
+from sweep_operator.settings import OperatorLimits, Settings
+from tests.support.factories import changed, cpu_sweep, gpu_sweep
+from tests.support.fake_kube import FakeKube
+
+T0 = 1_796_000_000.0  # 2026-11-30
+
+
+@dataclass
+class Finding:
+    kind: str
+    key: str
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "key": self.key, "detail": self.detail}
+
+
+@dataclass
+class FakeResult:
+    verified: bool
+    problems: tuple[Finding, ...] = ()
+    checked: int = 3
+    bytes: int = 1000
+
+    @property
+    def reason(self) -> str:
+        return "" if self.verified else f"{self.problems[0].kind}: {self.problems[0].key}"
+
+    def to_status(self) -> dict[str, Any]:
+        return {"verified": self.verified, "checked": self.checked, "bytes": self.bytes,
+                "problems": [p.to_dict() for p in self.problems], "verifiedAt": "2026-12-02T12:00:00Z"}
+
+
+@dataclass
+class FakeVerifier:
+    verified: bool = True
+    calls: list[str] = field(default_factory=list)
+
+    def __call__(self, client: Any, root: str, **_: Any) -> FakeResult:
+        self.calls.append(root)
+        if self.verified:
+            return FakeResult(True)
+        return FakeResult(False, (Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent"),))
+
+
+class FakeS3:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        if f"{Bucket}/{Key}" not in self.objects:
+            raise KeyError(Key)
+        return {"Body": io.BytesIO(self.objects[f"{Bucket}/{Key}"])}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    kube: FakeKube
+    s3: FakeS3
+    verifier: FakeVerifier
+    clock: Clock
+    events: list[tuple[str, str, str, str]]
+    controller: SweepController
+
+    def sweep(self, name: str, namespace: str = "ml") -> dict[str, Any]:
+        obj = self.kube.get_sweep(namespace, name)
+        assert obj is not None
+        return obj
+
+    def status(self, name: str, namespace: str = "ml") -> dict[str, Any]:
+        return self.sweep(name, namespace).get("status") or {}
+
+    def reconcile(self, name: str, namespace: str = "ml") -> dict[str, Any]:
+        self.controller.reconcile_sweep(self.sweep(name, namespace))
+        return self.status(name, namespace)
+
+    def reasons(self, name: str) -> list[str]:
+        return [reason for obj, _type, reason, _msg in self.events if obj == name]
+
+
+@pytest.fixture
+def world() -> World:
+    kube, s3, verifier, clock = FakeKube(), FakeS3(), FakeVerifier(), Clock()
+    events: list[tuple[str, str, str, str]] = []
+    settings = Settings(limits=OperatorLimits(max_gpus_per_namespace=8), status_poll_seconds=0)
+    controller = SweepController(
+        settings,
+        kube,  # type: ignore[arg-type]
+        lambda endpoint, region: s3,
+        lambda body, type_, reason, message: events.append((body["metadata"]["name"], type_, reason, message)),
+        verifier=verifier,
+        clock=clock,
+    )
+    return World(kube, s3, verifier, clock, events, controller)
+
+
+def add_sweep(world: World, name: str, created: str = "2026-12-02T12:00:00Z", **changes: Any) -> dict[str, Any]:
+    doc = changed(gpu_sweep(name=name), {k.replace("__", "."): v for k, v in changes.items()})
+    doc["metadata"]["creationTimestamp"] = created
+    return world.kube.add("TrainingSweep", doc)
+
+
+def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    assert status["phase"] == "Starting"
+    assert status["runId"] and status["rayJobName"] == f"digits-{status['runId']}"
+    assert status["replicas"] == {"workers": 4, "gpus": 4, "cap": 4}
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    assert rayjob is not None and rayjob["metadata"]["ownerReferences"][0]["uid"] == world.sweep("digits")["metadata"]["uid"]
+    env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env[constants.ENV_DEADLINE_AT] == str(int(T0 + 21600))
+    assert status["deadlineAt"] == "2026-11-30T06:53:20Z"  # T0 (00:53:20Z) + activeSeconds 6h
+    world.reconcile("digits")
+    world.reconcile("digits")
+    assert len(world.kube.rayjob_names()) == 1
+    assert "Starting" in world.reasons("digits")
+
+
+def test_adopts_a_rayjob_created_before_a_crash(world: World) -> None:
+    """Operator restart between creating the RayJob and recording it: adopt, never create a second."""
+    sweep = add_sweep(world, "digits")
+    from sweep_operator.rendering import build_rayjob
+    from sweep_operator.validation import parse_sweep
+
+    world.kube.create_rayjob(build_rayjob(parse_sweep(sweep), "old123", deadline_at=int(T0 + 100)))
+    status = world.reconcile("digits")
+    assert status["runId"] == "old123" and world.kube.rayjob_names() == ["digits-old123"]
+    assert "adopted" in status["message"]
+
+
+def test_invalid_spec_gets_phase_invalid_and_a_warning_once(world: World) -> None:
+    add_sweep(world, "bad", spec__tune__mode="best")
+    status = world.reconcile("bad")
+    assert status["phase"] == "Invalid" and "spec.tune.mode" in status["message"]
+    world.reconcile("bad")
+    assert world.reasons("bad").count("Invalid") == 1
+    assert world.kube.rayjob_names() == []
+
+
+def test_over_cap_is_invalid_naming_cap_and_demand(world: World) -> None:
+    add_sweep(world, "huge", spec__trial__workers=8)
+    status = world.reconcile("huge")
+    assert status["phase"] == "Invalid"
+    assert "demand of 16 GPUs" in status["message"] and "maxGpusPerNamespace 8" in status["message"]
+
+
+def test_namespace_budget_queues_fifo_and_admits_when_capacity_frees(world: World) -> None:
+    """R21: 8 GPUs per namespace, 4 per sweep: two run, the others queue and are admitted oldest first."""
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        add_sweep(world, name, created=f"2026-12-02T12:00:0{i}Z")
+    for name in ["d", "c", "b", "a"]:  # events arrive out of creation order
+        world.reconcile(name)
+    phases = {n: world.status(n)["phase"] for n in "abcd"}
+    assert phases == {"a": "Queued", "b": "Queued", "c": "Starting", "d": "Starting"}
+    assert "needs 4 GPUs" in world.status("b")["message"] and "0 free" in world.status("b")["message"]
+    assert world.controller.ledger.in_use("ml").gpus == 8
+    world.kube.set_rayjob_status(world.status("d")["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    world.reconcile("d")
+    assert world.status("d")["phase"] == "Succeeded"
+    assert world.status("a")["phase"] == "Starting", "the oldest queued sweep is admitted first"
+    assert world.status("b")["phase"] == "Queued"
+    assert "waiting behind" not in world.status("b")["message"]
+    assert world.controller.ledger.in_use("ml").gpus == 8
+
+
+def test_queue_is_strict_fifo_by_creation(world: World) -> None:
+    add_sweep(world, "first", created="2026-12-02T12:00:00Z", spec__trial__workers=4)  # 8 GPUs: the whole budget
+    add_sweep(world, "older", created="2026-12-02T12:00:01Z")
+    add_sweep(world, "younger", created="2026-12-02T12:00:02Z")
+    assert world.reconcile("first")["phase"] == "Starting"
+    assert world.reconcile("older")["phase"] == "Queued"
+    assert world.reconcile("younger")["phase"] == "Queued"
+    first = world.status("first")
+    world.kube.set_rayjob_status(first["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed")
+    world.reconcile("first")
+    assert world.status("older")["phase"] == "Starting"
+    assert world.status("younger")["phase"] == "Starting"
+
+
+def test_status_mirrors_rayjob_and_progress(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    name, run_id = status["rayJobName"], status["runId"]
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p")
+    world.s3.objects[f"bucket/sweeps/ml/digits-{run_id}/_sweep/status.json"] = json.dumps(
+        {"trials": {"total": 8, "running": 2, "pending": 3, "terminated": 3}, "bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.25}}
+    ).encode()
+    status = world.reconcile("digits")
+    assert status["phase"] == "Running"
+    assert status["rayClusterName"] == f"{name}-x7k2p"
+    assert status["jobDeploymentStatus"] == "Running" and status["jobStatus"] == "RUNNING"
+    assert status["trialsSummary"] == "3/8" and status["bestTrial"]["value"] == 0.25
+    assert status["trainingStartedAt"]
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["status"] == "True" and running["observedGeneration"] == 1
+    # A KubeRay retry makes a new cluster: the status follows it.
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Retrying", jobStatus="", rayClusterName=f"{name}-q9w8e")
+    status = world.reconcile("digits")
+    assert status["phase"] == "Starting" and status["rayClusterName"] == f"{name}-q9w8e"
+
+
+def test_success_reads_result_and_verifies_checkpoints(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    run_id = status["runId"]
+    world.s3.objects[f"bucket/sweeps/ml/digits-{run_id}/_sweep/result.json"] = json.dumps(
+        {"bestTrial": {"id": "t2", "metric": "val_loss", "value": 0.1, "config": {"lr": 0.01},
+                        "checkpointUri": f"s3://bucket/sweeps/ml/digits-{run_id}/train/t2/checkpoint_epoch-000005"},
+         "trials": {"total": 8, "terminated": 8}}
+    ).encode()
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.reconcile("digits")
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    status = world.reconcile("digits")
+    assert status["phase"] == "Succeeded" and status["finishedAt"]
+    assert status["bestTrial"]["id"] == "t2" and status["trialsSummary"] == "8/8"
+    assert status["checkpoints"]["verified"] is True
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["CheckpointsVerified"]["status"] == "True" and conditions["Ready"]["status"] == "True"
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{run_id}"]
+    world.reconcile("digits")
+    assert len(world.verifier.calls) == 1, "verification at the end runs once"
+
+
+def test_kuberay_deadline_maps_to_deadline_exceeded(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", reason="DeadlineExceeded")
+    status = world.reconcile("digits")
+    assert status["phase"] == "DeadlineExceeded"
+    assert next(c for c in status["conditions"] if c["type"] == "DeadlineExceeded")["status"] == "True"
+
+
+def test_sweep_deadline_stops_the_rayjob_through_the_guard(world: World) -> None:
+    """One clock for the sweep: past deadlineAt the operator stops the RayJob (its finalizer holds it for the guard)."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.reconcile("digits")
+    world.clock.now = T0 + 21600 + 1
+    status = world.reconcile("digits")
+    assert status["phase"] == "DeadlineExceeded"
+    assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    assert rayjob is not None and rayjob["metadata"]["deletionTimestamp"], "the finalizer keeps it until verified"
+    assert world.controller.metrics.deadline_stops._value.get() == 1
+
+
+def test_startup_deadline_fails_with_a_diagnosis(world: World) -> None:
+    """R6, R20: not Running within startupSeconds -> Failed, and the message says why pods are pending."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    cluster = f"{status['rayJobName']}-abcde"
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Initializing", rayClusterName=cluster)
+    world.kube.pods.append(
+        {"metadata": {"name": f"{cluster}-worker-1", "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
+         "status": {"phase": "Pending"}}
+    )
+    world.kube.events.append(
+        {"type": "Warning", "reason": "FailedScheduling", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+         "involvedObject": {"kind": "Pod", "name": f"{cluster}-worker-1"}}
+    )
+    world.clock.now = T0 + 1000
+    assert world.reconcile("digits")["phase"] == "Starting"
+    world.clock.now = T0 + 1801
+    status = world.reconcile("digits")
+    assert status["phase"] == "Failed"
+    assert "startupSeconds=1800" in status["message"] and "Insufficient nvidia.com/gpu" in status["message"]
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "StartupDeadlineExceeded" and "0/3 nodes are available" in running["message"]
+    assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
+
+
+def test_spec_change_to_a_running_sweep_is_refused_but_suspend_is_honoured(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    obj = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    obj["spec"]["tune"]["numSamples"] = 99
+    obj["metadata"]["generation"] = 2
+    status = world.reconcile("digits")
+    assert "spec change refused: spec.tune changed" in status["message"]
+    assert status["observedGeneration"] == 2
+    assert "SpecChangeRefused" in world.reasons("digits")
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    assert run_spec_of(rayjob).spec.tune.num_samples == 8, "the run keeps its admitted spec"
+    obj["spec"]["tune"]["numSamples"] = 8
+    obj["spec"]["suspend"] = True
+    obj["metadata"]["generation"] = 3
+    world.reconcile("digits")
+    assert world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["suspend"] is True
+    assert "Suspend" in world.reasons("digits")
+
+
+def test_suspended_before_start_waits_without_budget(world: World) -> None:
+    add_sweep(world, "digits", spec__suspend=True)
+    assert world.reconcile("digits")["phase"] == "Suspended"
+    assert world.kube.rayjob_names() == []
+    obj = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    obj["spec"]["suspend"] = False
+    obj["metadata"]["generation"] = 2
+    assert world.reconcile("digits")["phase"] == "Starting"
+
+
+def test_worker_group_above_cap_is_set_back_with_an_event(world: World) -> None:
+    """R21: maxReplicas edited above workers x maxConcurrentTrials is corrected on the RayJob and RayCluster."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    rayjob = world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] = 50
+    world.controller.correct_drift(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")
+    assert world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
+    assert "CapEnforced" in world.reasons(status["rayJobName"]) and "CapEnforced" in world.reasons("digits")
+    cluster = world.kube.add("RayCluster", {
+        "metadata": {"name": "c1", "namespace": "ml", "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
+                     "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}]},
+        "spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "minReplicas": 0, "maxReplicas": 9, "replicas": 6}]},
+    })
+    world.controller.correct_drift(cluster, "RayCluster")
+    group = world.kube.get_raycluster("ml", "c1")["spec"]["workerGroupSpecs"][0]
+    assert (group["maxReplicas"], group["replicas"]) == (4, 4)
+    calls = len(world.kube.calls)
+    world.controller.correct_drift(world.kube.get_raycluster("ml", "c1"), "RayCluster")
+    assert len(world.kube.calls) == calls, "nothing to correct, nothing written"
+
+
+def ran(world: World, name: str = "digits") -> dict[str, Any]:
+    add_sweep(world, name)
+    status = world.reconcile(name)
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    return world.reconcile(name)
+
+
+def test_guard_holds_sweep_deletion_until_verified(world: World) -> None:
+    """R22: deleting the sweep verifies first; unverified keeps the finalizer with the reason in status."""
+    status = ran(world)
+    world.verifier.verified = False
+    with pytest.raises(RetryLater) as held:
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert held.value.delay == 30 and "missing-file" in str(held.value)
+    status = world.status("digits")
+    assert status["phase"] == "Deleting"
+    assert status["checkpoints"]["verified"] is False
+    cond = next(c for c in status["conditions"] if c["type"] == "CheckpointsVerified")
+    assert cond["status"] == "False" and "model.pt" in cond["message"]
+    assert ("delete_rayjob", status["rayJobName"]) not in world.kube.calls, "the RayJob is deleted only after verification"
+    with pytest.raises(RetryLater) as again:
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=3)
+    assert again.value.delay == 240
+    world.verifier.verified = True
+    reason = world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=4)
+    assert reason == "checkpoints verified complete in S3"
+    assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
+
+
+def test_guard_releases_a_sweep_that_never_ran_without_verifying(world: World) -> None:
+    add_sweep(world, "digits")
+    world.reconcile("digits")
+    world.verifier.verified = False
+    assert "never started" in world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert world.verifier.calls == []
+
+
+def test_escape_hatch_releases_with_an_audit_event(world: World) -> None:
+    ran(world)
+    world.verifier.verified = False
+    world.kube.objects[("TrainingSweep", "ml", "digits")]["metadata"]["annotations"] = {constants.ANNOTATION_SKIP_VERIFICATION: "true"}
+    reason = world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert "WITHOUT" not in reason and constants.ANNOTATION_SKIP_VERIFICATION in reason
+    audits = [e for e in world.events if e[2] == "CheckpointGuardBypassed"]
+    assert audits and audits[0][1] == "Warning" and "WITHOUT checkpoint verification" in audits[0][3]
+
+
+def test_rayjob_guard_reads_its_own_run_spec(world: World) -> None:
+    """R22: a RayJob deleted by a user is held while its run is unverified, even when the sweep is gone."""
+    status = ran(world)
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    del world.kube.objects[("TrainingSweep", "ml", "digits")]
+    world.verifier.verified = False
+    with pytest.raises(RetryLater, match="missing-file"):
+        world.controller.guard_rayjob_deletion(rayjob, attempt=0)
+    world.verifier.verified = True
+    world.controller.memory.verified_at.clear()
+    assert world.controller.guard_rayjob_deletion(rayjob, attempt=1) == "checkpoints verified complete in S3"
+    assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
+
+
+def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: World) -> None:
+    status = ran(world)
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
+    cluster = {
+        "metadata": {"name": f"{status['rayJobName']}-abcde", "namespace": "ml",
+                     "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
+                     "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}]},
+        "spec": {"headGroupSpec": head, "workerGroupSpecs": []},
+    }
+    world.verifier.verified = False
+    with pytest.raises(RetryLater):
+        world.controller.guard_raycluster_deletion(cluster, attempt=0)
+    # RayJob and sweep both gone: the head's SWEEP_RUN_ROOT still names the run; still fail-closed.
+    del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    del world.kube.objects[("TrainingSweep", "ml", "digits")]
+    with pytest.raises(RetryLater):
+        world.controller.guard_raycluster_deletion(cluster, attempt=1)
+    assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
+    world.verifier.verified = True
+    world.controller.memory.verified_at.clear()
+    assert "verified" in world.controller.guard_raycluster_deletion(cluster, attempt=2)
+
+
+def test_raycluster_without_any_run_root_is_held(world: World) -> None:
+    cluster = {"metadata": {"name": "orphan", "namespace": "ml", "labels": {constants.LABEL_SWEEP: "gone", constants.LABEL_RUN_ID: "r1"}}, "spec": {}}
+    with pytest.raises(RetryLater, match="no run root"):
+        world.controller.guard_raycluster_deletion(cluster, attempt=0)
+
+
+def test_webhook_refuses_invalid_specs_and_running_spec_changes(world: World) -> None:
+    bad = changed(cpu_sweep(), {"spec.tune.numSamples": 0})
+    assert any("spec.tune.numSamples" in p for p in world.controller.admission_problems(bad, None))
+    old = changed(cpu_sweep(), {"status": {"runId": "abc123", "phase": "Running"}})
+    new = changed(old, {"spec.tune.numSamples": 5})
+    problems = world.controller.admission_problems(new, old)
+    assert problems and "spec.tune: cannot change while run abc123 is active" in problems[0]
+    assert world.controller.admission_problems(changed(old, {"spec.suspend": True}), old) == []
+    finished = changed(old, {"status.phase": "Succeeded"})
+    assert world.controller.admission_problems(changed(finished, {"spec.tune.numSamples": 5}), finished) == []
