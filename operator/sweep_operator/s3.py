@@ -56,7 +56,7 @@ def make_s3_client(config: S3ClientConfig | None = None, **overrides: Any) -> An
 
     config = dataclasses.replace(config or S3ClientConfig(), **overrides)
     botocore_config = Config(
-        retries={"mode": config.retry_mode, "max_attempts": config.max_attempts},
+        retries={"mode": config.retry_mode, "total_max_attempts": config.max_attempts},
         connect_timeout=config.connect_timeout_seconds,
         read_timeout=config.read_timeout_seconds,
         max_pool_connections=config.max_pool_connections,
