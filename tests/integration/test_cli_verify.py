@@ -1,0 +1,130 @@
+"""`sweepctl verify` against moto on 127.0.0.1 (R22): exit 0/1/2, the table, the JSON shape, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sweep_operator.cli import main
+from tests.support.moto_direct import MotoDirectWriter
+from tests.support.sweep_factory import SyntheticSweep, write_sweep
+
+pytestmark = pytest.mark.integration
+
+FAST = ["--max-attempts", "2", "--timeout", "30"]
+SWEEPCTL = Path(sys.executable).with_name("sweepctl")  # the console script pyproject installs
+
+
+@pytest.fixture
+def sweep(s3_bucket: str) -> SyntheticSweep:
+    return write_sweep(MotoDirectWriter(), s3_bucket, trials=2, checkpoints=2, files=3)
+
+
+def sweepctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_verified_sweep_exits_0_with_a_table(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+    """R22: exit 0 only when verified; the table has one row per checkpoint."""
+    code, out, err = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].split() == ["TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS"]
+    rows = [line.split() for line in lines[1:5]]
+    assert [(r[0], r[1], r[4]) for r in rows] == [
+        (t, c, "verified") for t in sweep.trials for c in sweep.checkpoints[t]
+    ]
+    assert all(r[2] == "3" and r[3] == "768" for r in rows)
+    assert lines[-1].startswith(f"VERIFIED {sweep.root_uri}: 4 checkpoint(s), 12 file(s)")
+    assert err == ""
+
+
+def test_json_has_a_top_level_verified_boolean(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+    code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, "--json", *FAST)
+    doc = json.loads(out)
+    assert code == 0 and doc["verified"] is True
+    assert {"root", "deep", "checked", "bytes", "files", "problems", "warnings", "checkpoints", "durationSeconds", "verifiedAt"} <= doc.keys()
+    assert doc["checked"] == 4 and doc["problems"] == []
+    assert doc["checkpoints"][0].keys() == {"trial", "checkpoint", "key", "committed", "files", "bytes", "status"}
+
+
+def test_missing_file_exits_1_listing_the_problem(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+    key = sweep.delete_file(trial=sweep.trials[1])
+    code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 1
+    assert f"  missing-file: s3://{sweep.bucket}/{key}: listed in the manifest" in out
+    assert out.splitlines()[-1].startswith(f"NOT VERIFIED {sweep.root_uri}: 1 problem(s)")
+
+    code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, "--json", *FAST)
+    doc = json.loads(out)
+    assert code == 1 and doc["verified"] is False
+    assert doc["problems"] == [{"kind": "missing-file", "key": key, "detail": doc["problems"][0]["detail"]}]
+
+
+def test_corruption_fails_only_with_deep(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+    """R22: --deep compares sha256; sizes alone pass a same-size corruption."""
+    sweep.corrupt_file()
+    assert sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)[0] == 0
+    code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, "--deep", "--json", *FAST)
+    doc = json.loads(out)
+    assert code == 1 and doc["deep"] is True
+    assert [p["kind"] for p in doc["problems"]] == ["checksum-mismatch", "best-checkpoint-unverified"]
+
+
+def test_wrong_bucket_exits_1_with_the_reason(capsys: pytest.CaptureFixture[str], s3_server: Any) -> None:
+    code, out, err = sweepctl(capsys, "s3://no-such-bucket-here/sweeps/ns/x-r1", "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 1
+    assert "NoSuchBucket (HTTP 404)" in out and "Traceback" not in out + err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_down_exits_1_without_traceback() -> None:
+    """The installed console script, end to end: an unreachable endpoint is 'not verified', never a crash."""
+    proc = subprocess.run(
+        [str(SWEEPCTL), "verify", "s3://bucket-a/sweeps/ns/x-r1",
+         "--endpoint-url", f"http://127.0.0.1:{_free_port()}", "--json", *FAST],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verified"] is False and "EndpointConnectionError" in doc["problems"][0]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["gs://bucket/x"], "is not an s3:// URI"),
+        (["s3://Bad_Bucket/x"], "is not a valid S3 bucket name"),
+        (["s3://bucket-a"], "names a bucket, not a run root"),
+        (["s3://bucket-a/x", "--timeout", "0"], "--timeout: got 0"),
+        (["s3://bucket-a/x", "--concurrency", "0"], "--concurrency: got 0"),
+        (["s3://bucket-a/x", "--max-attempts", "0"], "--max-attempts: got 0"),
+        (["s3://bucket-a/x", "--endpoint-url", "127.0.0.1:9000"], "--endpoint-url: got '127.0.0.1:9000'"),
+    ],
+)
+def test_input_errors_exit_2_before_any_request(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, out, err = sweepctl(capsys, *args)
+    assert code == 2
+    assert message in err and out == ""
+
+
+@pytest.mark.parametrize("args", [["--no-such-option", "s3://bucket-a/x"], []])
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["verify", *args])
+    assert exit_info.value.code == 2
+    assert "usage: sweepctl" in capsys.readouterr().err
