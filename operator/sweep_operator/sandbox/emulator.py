@@ -15,6 +15,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -1215,6 +1216,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if resource_type.plural == "namespaces" and resource_type.group == "":
             obj["spec"] = {"finalizers": [NAMESPACE_FINALIZER]}
             obj["status"] = {"phase": "Active"}
+        if resource_type.kind == "Pod" and resource_type.group == "":
+            obj = normalize_pod_quantities(obj)
+            obj["status"] = {"phase": "Pending"}  # as the real server's PrepareForCreate
         return obj
 
     def _store_new(self, resource_type: ResourceType, namespace: str | None, obj: Obj) -> Obj:
@@ -1325,6 +1329,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                     f"no new finalizers can be added if the object is being deleted, found new finalizers {added}",
                 )
         new = {**new, "apiVersion": resource_type.api_version, "kind": resource_type.kind, "metadata": meta}
+        if resource_type.kind == "Pod" and resource_type.group == "":
+            new = normalize_pod_quantities(new)
         if new == old:
             return old  # a no-op changes nothing: same resourceVersion, no watch event
         if _without(new, "metadata", "status") != _without(old, "metadata", "status"):
@@ -1478,6 +1484,37 @@ def _without(obj: Mapping[str, Any], *keys: str) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in keys}
 
 
+def _quantity_text(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{round(value * 1000)}m"
+
+
+def normalize_pod_quantities(pod: Obj) -> Obj:
+    """The API server stores resource quantities as strings (1 -> "1", 0.5 -> "500m"); typed clients rely on it."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return pod
+    spec = dict(spec)
+    for key in ("containers", "initContainers"):
+        containers = []
+        for container in spec.get(key) or []:
+            resources = container.get("resources") or {}
+            if resources:
+                resources = {
+                    kind: {name: _quantity_text(v) for name, v in (values or {}).items()}
+                    if isinstance(values, dict) else values
+                    for kind, values in resources.items()
+                }
+                container = {**container, "resources": resources}
+            containers.append(container)
+        if key in spec:
+            spec[key] = containers
+    return {**pod, "spec": spec}
+
+
 def _strip_directives(patch: Any) -> Any:
     """Drop strategic-merge-patch directives ($patch, $setElementOrder/...): merged as a JSON merge patch."""
     if isinstance(patch, dict):
@@ -1504,6 +1541,26 @@ def build_emulator(**options: Any) -> KubernetesApiEmulator:
     for namespace in ("default", "kube-system"):
         emulator._ensure_namespace(namespace)
     return emulator
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll `condition` until it returns something truthy and return that; TimeoutError (naming `what`) otherwise.
+
+    Exceptions from `condition` count as "not yet" (an object not created yet answers 404) until the timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+        except Exception as e:
+            last_error = e
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or condition}{detail}")
+        time.sleep(interval)
 
 
 def make_api_client(url: str) -> Any:
