@@ -1,0 +1,153 @@
+"""`sweepctl run-local -f FILE [--storage URI|DIR] [--cpu-only]`: one sweep's entrypoint on a local Ray.
+
+The RayJob is rendered exactly as the operator would; `training_entrypoints.local` runs its entrypoint with the
+same environment on a local Ray sized so nested Tune + Train fits. Exit 0 on success, 1 when the sweep failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Any
+
+from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, load_documents, load_limits
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run-local", help="run a TrainingSweep's entrypoint on a local Ray (no cluster)")
+    p.add_argument("-f", "--filename", required=True, metavar="FILE", help="TrainingSweep manifest ('-': stdin)")
+    p.add_argument(
+        "--storage",
+        metavar="URI|DIR",
+        help="base for the run root instead of spec.storage.uri: another s3://bucket/prefix or a local directory",
+    )
+    p.add_argument("--cpu-only", action="store_true", help="train on CPUs: render the sweep with 0 GPUs per worker")
+    p.add_argument("--run-id", help="run id (default: a fresh one; a new run gets a new prefix, R16)")
+    p.add_argument("--limits", metavar="FILE", help="operator limits YAML (maxWorkersPerSweep, ...)")
+    p.add_argument("--log-dir", metavar="DIR", help="where the driver and Ray logs go (default: a temp dir)")
+    p.set_defaults(func=run)
+
+
+def cpu_only(sweep: Any) -> Any:
+    """The same sweep with no GPUs per worker (what `--cpu-only` renders)."""
+    spec = sweep.spec
+    res = spec.trial.resources_per_worker.model_copy(update={"gpu": 0})
+    trial = spec.trial.model_copy(update={"resources_per_worker": res})
+    return dataclasses.replace(sweep, spec=spec.model_copy(update={"trial": trial}))
+
+
+def _storage_base(value: str | None) -> str | None:
+    from ..s3_layout import S3Uri, is_s3_uri
+
+    if value is None:
+        return None
+    if is_s3_uri(value):
+        try:
+            return str(S3Uri.parse(value))
+        except ValueError as exc:
+            raise UsageError(f"--storage: {exc}") from None
+    from pathlib import Path
+
+    return str(Path(value).expanduser().resolve())
+
+
+class ProgressLine:
+    """One live line on a terminal (`\\r`), one line per change otherwise."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self._last = ""
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        counts = status.get("trials") or {}
+        best = status.get("bestTrial") or {}
+        text = (
+            f"trials {counts.get('terminated', 0) + counts.get('errored', 0)}/{counts.get('total', 0)} done, "
+            f"{counts.get('running', 0)} running, {counts.get('errored', 0)} errored"
+        )
+        if best:
+            text += f"; best {best.get('metric')}={best.get('value'):.6g} ({best.get('id')})"
+        if text == self._last and not self.tty:
+            return
+        self._last = text
+        line = f"[{time.monotonic() - self.started:6.0f}s] {text}"
+        print(f"\r{line:<100}" if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def result_table(result: dict[str, Any]) -> str:
+    """trial, config, metric, checkpoint: one row per trial, the best one marked."""
+    best = (result.get("bestTrial") or {}).get("id")
+    metric = (result.get("bestTrial") or {}).get("metric") or "value"
+    rows = [("", "trial", "status", "config", metric, "checkpoint")]
+    for t in result.get("trialResults") or []:
+        config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("config") or {}).items())
+        value = t.get("value")
+        rows.append(
+            (
+                "*" if t.get("id") == best else "",
+                str(t.get("id")),
+                str(t.get("status")),
+                config,
+                "-" if value is None else f"{value:.6g}",
+                t.get("checkpointUri") or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..policy import effective_active_seconds
+    from ..problems import SpecError
+    from ..rendering import RenderContext, build_rayjob, check_run_id, new_run_id
+    from ..validation import parse_sweep
+
+    limits = load_limits(args.limits)
+    docs = load_documents(args.filename)
+    if len(docs) != 1:
+        raise UsageError(f"{args.filename}: expected one TrainingSweep, found {len(docs)} documents")
+    try:
+        sweep = parse_sweep(docs[0], limits)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"{args.filename}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.cpu_only:
+        sweep = cpu_only(sweep)
+    run_id = args.run_id or new_run_id()
+    try:
+        check_run_id(run_id)
+    except ValueError as exc:
+        raise UsageError(f"--run-id: {exc}") from None
+    deadline = int(time.time()) + effective_active_seconds(sweep.spec, limits)
+    rayjob = build_rayjob(
+        sweep, run_id, RenderContext(limits=limits), deadline_at=deadline, storage_uri=_storage_base(args.storage)
+    )
+
+    from training_entrypoints.local import LocalRunError, run_rayjob
+
+    progress = ProgressLine()
+    print(f"run-local: {sweep.namespace}/{sweep.name} run {run_id} ({rayjob['metadata']['name']})", file=sys.stderr)
+    try:
+        outcome = run_rayjob(rayjob, log_dir=args.log_dir, on_progress=progress)
+    except LocalRunError as exc:
+        progress.done()
+        print(f"run-local: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    progress.done()
+    if outcome.result:
+        print(result_table(outcome.result))
+    print(f"run-local: run root {outcome.run_root}; driver log {outcome.log_path}", file=sys.stderr)
+    if not outcome.ok:
+        print(outcome.message or f"run-local: the entrypoint exited with {outcome.returncode}", file=sys.stderr)
+        print(f"run-local: failed (exit {outcome.returncode}) after {outcome.duration_s:.0f} s", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"run-local: succeeded in {outcome.duration_s:.0f} s", file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,115 @@
+"""The spec's tune section as Ray Tune objects: search space, searchers and schedulers (R13)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from ray.tune.schedulers import (
+    AsyncHyperBandScheduler,
+    FIFOScheduler,
+    HyperBandScheduler,
+    MedianStoppingRule,
+    PopulationBasedTraining,
+)
+from ray.tune.search import BasicVariantGenerator
+from ray.tune.search.sample import Categorical, Float, Integer
+
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, cpu_sweep
+from training_entrypoints.search import EntrypointError, build_param_space, build_scheduler, build_searcher
+
+
+def spec_with(changes: dict) -> object:
+    return parse_sweep(changed(cpu_sweep(), changes)).spec
+
+
+def test_param_space_maps_every_distribution_to_its_tune_domain() -> None:
+    space = build_param_space(
+        {
+            "lr": {"loguniform": [1.0e-4, 1.0e-1]},
+            "hidden": {"choice": [64, 128]},
+            "x": {"grid": [1, 3]},
+            "drop": {"uniform": [0.0, 0.5]},
+            "seed": {"randint": [0, 100]},
+            "batch": {"quniform": [16, 256, 16]},
+            "epochs": 6,
+            "optimizer": "sgd",
+        }
+    )
+    assert isinstance(space["lr"], Float) and (space["lr"].lower, space["lr"].upper) == (1.0e-4, 1.0e-1)
+    assert "LogUniform" in type(space["lr"].get_sampler()).__name__
+    assert isinstance(space["hidden"], Categorical) and space["hidden"].categories == [64, 128]
+    assert space["x"] == {"grid_search": [1, 3]}
+    assert isinstance(space["drop"], Float) and (space["drop"].lower, space["drop"].upper) == (0.0, 0.5)
+    assert isinstance(space["seed"], Integer) and (space["seed"].lower, space["seed"].upper) == (0, 100)
+    assert isinstance(space["batch"], Float) and space["batch"].get_sampler().q == 16
+    assert space["epochs"] == 6 and space["optimizer"] == "sgd"
+
+
+def test_param_space_rejects_a_bad_value_naming_the_field() -> None:
+    with pytest.raises(EntrypointError, match=r"spec\.paramSpace\.lr: .*loguniform"):
+        build_param_space({"lr": {"loguniform": [0, 1]}})
+
+
+@pytest.mark.parametrize("kind", ["random", "grid"])
+def test_random_and_grid_use_the_non_adaptive_basic_variant_generator_R13(kind: str) -> None:
+    """R13: random/grid do not adapt; the concurrency limit goes to the generator, which Tune would otherwise ignore."""
+    changes = {"spec.tune.searcher": {"type": kind, "seed": 7}, "spec.tune.maxConcurrentTrials": 3}
+    if kind == "grid":
+        changes["spec.paramSpace"] = {"x": {"grid": [1, 3]}}
+    searcher = build_searcher(spec_with(changes))
+    assert isinstance(searcher, BasicVariantGenerator)
+    assert searcher.max_concurrent == 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("optuna") is not None, reason="optuna is installed here")
+def test_optuna_without_the_package_is_a_clear_error_before_any_trial_R13() -> None:
+    spec = spec_with({"spec.tune.searcher": {"type": "optuna"}})
+    with pytest.raises(EntrypointError) as info:
+        build_searcher(spec)
+    message = str(info.value)
+    assert message.startswith("spec.tune.searcher.type: 'optuna'")
+    assert "optuna package" in message and "not installed" in message
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "expected"),
+    [
+        ({"type": "fifo"}, FIFOScheduler),
+        ({"type": "asha", "maxT": 6, "gracePeriod": 2, "reductionFactor": 3}, AsyncHyperBandScheduler),
+        ({"type": "hyperband", "maxT": 9}, HyperBandScheduler),
+        ({"type": "median", "gracePeriod": 2, "minSamplesRequired": 2}, MedianStoppingRule),
+        ({"type": "pbt", "perturbationInterval": 2}, PopulationBasedTraining),
+    ],
+)
+def test_each_scheduler_type_builds_its_tune_scheduler_R13(scheduler: dict, expected: type) -> None:
+    spec = spec_with({"spec.tune.scheduler": scheduler})
+    assert isinstance(build_scheduler(spec), expected)
+
+
+def test_asha_receives_the_spec_values_R13() -> None:
+    spec = spec_with({"spec.tune.scheduler": {"type": "asha", "maxT": 6, "gracePeriod": 2, "reductionFactor": 3}})
+    asha = build_scheduler(spec)
+    assert asha._max_t == 6 and asha._reduction_factor == 3
+    assert asha._time_attr == "training_iteration"
+    assert [b._rungs for b in asha._brackets][0][-1][0] == 2  # the lowest rung is the grace period
+
+
+def test_pbt_perturbs_the_sampled_parameters_only_R13() -> None:
+    spec = spec_with({"spec.tune.scheduler": {"type": "pbt"}})
+    pbt = build_scheduler(spec)
+    assert set(pbt._hyperparam_mutations) == {"lr", "hidden"}  # epochs is a constant
+
+
+def test_a_metric_scheduler_without_metric_fails_before_any_trial_R13() -> None:
+    spec = spec_with({"spec.tune.scheduler": {"type": "fifo"}})
+    asha_without_metric = spec.model_copy(
+        update={
+            "tune": spec.tune.model_copy(
+                update={"metric": None, "mode": None, "scheduler": spec.tune.scheduler.model_copy(update={"type": "asha"})}
+            )
+        }
+    )
+    with pytest.raises(EntrypointError, match=r"spec\.tune\.metric: scheduler 'asha' needs tune\.metric"):
+        build_scheduler(asha_without_metric)
