@@ -550,15 +550,18 @@ class InjectedError:
     name: str | None = None
     namespace: str | None = None
     path: str | None = None  # a regex searched in the URL path
+    user_agent: str | None = None  # a regex searched in the User-Agent (kopf's, the stand-in's, kubectl's)
     reason: str = ""
     message: str = ""
     retry_after: int | None = None
     hits: int = 0
 
-    def matches(self, verb: str, path: str, target: RequestTarget | None) -> bool:
+    def matches(self, verb: str, path: str, target: RequestTarget | None, user_agent: str = "") -> bool:
         if self.verb is not None and self.verb != verb:
             return False
         if self.path is not None and not re.search(self.path, path):
+            return False
+        if self.user_agent is not None and not re.search(self.user_agent, user_agent):
             return False
         wanted = (self.plural, self.subresource, self.name, self.namespace)
         if all(w is None for w in wanted):
@@ -601,10 +604,10 @@ class ErrorInjector:
         with self._lock:
             return [r for r in self._rules if r.times is None or r.times > 0]
 
-    def take(self, verb: str, path: str, target: RequestTarget | None) -> ApiError | None:
+    def take(self, verb: str, path: str, target: RequestTarget | None, user_agent: str = "") -> ApiError | None:
         with self._lock:
             for rule in self._rules:
-                if (rule.times is None or rule.times > 0) and rule.matches(verb, path, target):
+                if (rule.times is None or rule.times > 0) and rule.matches(verb, path, target, user_agent):
                     rule.hits += 1
                     if rule.times is not None:
                         rule.times -= 1
@@ -649,11 +652,14 @@ class ChangeLog:
     def append(self, change: Change) -> None:
         self._changes.append(change)
         if len(self._changes) > self.retain:
-            dropped = len(self._changes) - self.retain // 2
-            del self._changes[:dropped]
-            self._first_rv = self._changes[0].rv
+            self.compact(keep=self.retain // 2)
         wakeup, self._wakeup = self._wakeup, asyncio.Event()
         wakeup.set()
+
+    def compact(self, keep: int = 0) -> None:
+        """Forget all but the last `keep` changes: watches from older resourceVersions get 410 Gone (relist)."""
+        del self._changes[: max(len(self._changes) - keep, 0)]
+        self._first_rv = self._changes[0].rv if self._changes else self.rv + 1
 
     def since(self, rv: int) -> list[Change]:
         if rv >= self.rv:
@@ -662,6 +668,13 @@ class ChangeLog:
             raise ResourceVersionExpired(rv)
         start = rv - self._first_rv + 1
         return self._changes[start:]
+
+    def of(self, resource: kmock.resource, namespace: str | None, name: str) -> list[Change]:
+        """The retained changes of one object, oldest first (for asserting progressions)."""
+        return [
+            c for c in self._changes
+            if c.resource == resource and c.namespace == namespace and c.obj["metadata"]["name"] == name
+        ]
 
     async def wait(self, timeout: float | None) -> None:
         wakeup = self._wakeup
@@ -813,7 +826,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         verb = _verb(raw.method, target, query)
         request = self._remember(raw, body, target, verb)
         try:
-            injected = self.errors.take(verb, raw.path, target)
+            injected = self.errors.take(verb, raw.path, target, raw.headers.get("User-Agent", ""))
             if injected is not None:
                 raise injected
             if target is not None:
@@ -1608,6 +1621,10 @@ class EmulatorServer:
             raise RuntimeError("the emulator server is not running")
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self, timeout: float = 10.0) -> str:
         """Start serving; returns the URL (http://127.0.0.1:<port>)."""
         if self._thread is not None:
@@ -1627,6 +1644,8 @@ class EmulatorServer:
         if self._stopping is not None:
             self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError("the emulator server did not stop in time")
         self._thread = None
         self._ready.clear()
 
@@ -1646,6 +1665,11 @@ class EmulatorServer:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def history(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> list[Obj]:
+        """Every retained state of one object, oldest first (a DELETED change contributes its last state)."""
+        key = kmock.resource(group, version, plural)
+        return self.call(lambda: [copy.deepcopy(c.obj) for c in self.emulator.changes.of(key, namespace, name)])
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         path = Path(path)
