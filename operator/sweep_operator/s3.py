@@ -29,6 +29,9 @@ class S3ClientConfig:
     # At least the verifier's concurrency, so parallel requests never wait for a pooled connection.
     max_pool_connections: int = 16
     addressing_style: AddressingStyle = "auto"
+    # False keeps timestamps (LastModified, ...) as the ISO strings S3 sent: listing 10k keys then parses
+    # ~3x faster on the client (dateutil dominates), and the verifier never reads a timestamp.
+    parse_timestamps: bool = True
 
     def __post_init__(self) -> None:
         if self.retry_mode not in RETRY_MODES:
@@ -52,6 +55,7 @@ def make_s3_client(config: S3ClientConfig | None = None, **overrides: Any) -> An
     import dataclasses
 
     import boto3
+    import botocore.session
     from botocore.config import Config
 
     config = dataclasses.replace(config or S3ClientConfig(), **overrides)
@@ -62,7 +66,11 @@ def make_s3_client(config: S3ClientConfig | None = None, **overrides: Any) -> An
         max_pool_connections=config.max_pool_connections,
         s3={"addressing_style": config.addressing_style},
     )
-    return boto3.session.Session().client(
+    session = botocore.session.get_session()
+    if not config.parse_timestamps:
+        # Per session, so only clients of this session are affected.
+        session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+    return boto3.session.Session(botocore_session=session).client(
         "s3",
         endpoint_url=config.endpoint_url or None,
         region_name=config.region or None,

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         region=args.region,
         max_attempts=args.max_attempts,
         max_pool_connections=max(10, args.concurrency),
+        parse_timestamps=False,
     )
     try:
         client = make_s3_client(config)
