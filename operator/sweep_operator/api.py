@@ -208,13 +208,13 @@ class CheckpointsSpec(ApiModel):
 class DeadlinesSpec(ApiModel):
     active_seconds: int | None = Field(
         None,
-        ge=60,
+        ge=30,
         description="Wall-clock budget of the whole sweep, one clock across RayJob retries. Unset: the "
         "operator's defaultActiveSeconds; never above its maxActiveSeconds.",
     )
     startup_seconds: int = Field(
         DEFAULT_STARTUP_SECONDS,
-        ge=30,
+        ge=10,
         description="The RayJob must be Running within this many seconds, else Failed with a diagnosis (R6).",
     )
     graceful_stop_seconds: int = Field(

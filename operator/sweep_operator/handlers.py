@@ -99,11 +99,13 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
         return _guarded(lambda: controller.guard_sweep_deletion(body, retry))
 
-    @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
-    def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
-        problems = controller.admission_problems(body, old)
-        if problems:
-            raise kopf.AdmissionError("; ".join(problems), code=422)
+    if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
+
+        @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
+        def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
+            problems = controller.admission_problems(body, old)
+            if problems:
+                raise kopf.AdmissionError("; ".join(problems), code=422)
 
     # ------------------------------------------------------------------ RayJob / RayCluster
     @kopf.on.event(**RAYJOBS, labels=OURS, registry=registry)

@@ -1,0 +1,84 @@
+"""Run the operator in-process, in a thread with its own event loop (the sandbox and the integration tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Callable
+
+import kopf
+
+from ..controller import SweepController
+from ..handlers import OperatorWiring, build_controller, operate
+from ..settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class OperatorThread:
+    """The kopf operator against the Kubernetes API at `url`, started and stopped on demand.
+
+        with OperatorThread(settings, server.url) as op:
+            ...   # op.controller is the live controller (metrics, ledger)
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        *,
+        controller: SweepController | None = None,
+        s3_client_for: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        from .emulator import make_api_client
+
+        self.settings = settings
+        self.url = url
+        self.controller = controller or build_controller(settings, make_api_client(url))
+        if s3_client_for is not None:
+            self.controller.s3_client_for = s3_client_for
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    def _login(self, **_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace="default")
+
+    def _run(self) -> None:
+        wiring = OperatorWiring(self.settings, self.controller, self._login)
+        try:
+            asyncio.run(operate(wiring, stop_flag=self._stop, ready_flag=self._ready))  # type: ignore[arg-type]
+        except BaseException as exc:  # surfaced by start()/stop()
+            self.failure = exc
+            log.exception("operator stopped with an error")
+            self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> OperatorThread:
+        self._thread = threading.Thread(target=self._run, name="sweep-operator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the operator did not become ready in time")
+        if self.failure is not None:
+            raise RuntimeError("the operator failed to start") from self.failure
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError("the operator did not stop in time")
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> OperatorThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
