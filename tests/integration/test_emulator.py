@@ -343,7 +343,8 @@ def test_watch_streams_live_changes(custom: Any, ns: str) -> None:
 
     thread = threading.Thread(target=follow)
     thread.start()
-    wait_for(lambda: custom.create_namespaced_custom_object(G, V, ns, P, sweep("live")), 5)
+    custom.create_namespaced_custom_object(G, V, ns, P, sweep("live"))
+    wait_for(lambda: "ADDED live" in events, 5, what="the watch to see the object")  # then delete it
     custom.delete_namespaced_custom_object(G, V, ns, P, "live")
     thread.join(6)
     assert events[-1] == "DELETED live" and "ADDED live" in events
