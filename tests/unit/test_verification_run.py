@@ -180,11 +180,14 @@ def test_short_lifecycle_rule_on_the_run_is_a_warning(s3: FakeS3, sweep: Synthet
 def test_timeout_returns_not_verified_without_waiting_for_stuck_requests(s3: FakeS3, sweep: SyntheticSweep) -> None:
     """spec.deletion.verificationTimeoutSeconds bounds the pass even when S3 stops answering."""
     s3.gate = threading.Event()
+    safety_valve = threading.Timer(5, s3.gate.set)  # a verifier ignoring its timeout fails below instead of hanging
+    safety_valve.start()
     started = time.monotonic()
     try:
         result = verify(s3, sweep, timeout_seconds=0.2)
     finally:
         s3.gate.set()
+        safety_valve.cancel()
     assert time.monotonic() - started < 5
     assert not result.verified
     assert [p.kind for p in result.problems] == [v.TIMEOUT]
