@@ -310,13 +310,15 @@ def run_rayjob(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     poll_interval_s: float = 2.0,
     timeout_s: float | None = None,
+    check_fit: bool = True,
 ) -> LocalRunResult:
     """Run `rayjob`'s entrypoint on `cluster` (default: a local Ray started and stopped for this run).
 
     The driver gets the container env and the runtime env exactly as rendered, plus `env_overrides` (which reach
     every Ray worker too, like runtime env vars). `workdir` (default: the current directory) is the driver's cwd and
     is put on PYTHONPATH, standing in for the image's code. The run is killed after `timeout_s` (default: the
-    RayJob's activeDeadlineSeconds, KubeRay's hard stop). LocalRunError when it can never fit or Ray does not start.
+    RayJob's activeDeadlineSeconds, KubeRay's hard stop). LocalRunError when it can never fit (`check_fit=False`
+    leaves that to the driver's own bounded failure) or Ray does not start.
     """
     workdir = Path(workdir or os.getcwd()).resolve()
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sweep-run-local-"))
@@ -329,18 +331,20 @@ def run_rayjob(
     base_env.update(container_env(rayjob))
     base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), base_env.get("PYTHONPATH", "")) if p)
     size = cluster.size if cluster else plan_local_ray(spec, max_workers=max_workers(rayjob))
-    problem = fit_problem(spec, size)
+    problem = fit_problem(spec, size) if check_fit else None
     if problem:
         raise LocalRunError(problem)
 
     owned = cluster is None
     if cluster is None:
         cluster = LocalRayCluster(size, env=base_env, log_path=log_dir / "ray.log").start()
+    # The job's runtime env also carries the container env, so workers on a shared cluster see it as pods would.
+    job_env = {**container_env(rayjob), "PYTHONPATH": base_env["PYTHONPATH"], **env_vars}
     driver_env = {
         **base_env,
         **env_vars,
         "RAY_ADDRESS": cluster.address,
-        RAY_JOB_CONFIG_ENV: json.dumps({"runtime_env": {"env_vars": env_vars}, "metadata": {}}),
+        RAY_JOB_CONFIG_ENV: json.dumps({"runtime_env": {"env_vars": job_env}, "metadata": {}}),
         "PYTHONUNBUFFERED": "1",
     }
     argv = shlex.split(rayjob["spec"]["entrypoint"])

@@ -162,7 +162,15 @@ def resource_diagnosis(run_spec: RunSpec, cluster: Mapping[str, float], driver: 
     )
 
 
-def run_sweep(plan: SweepPlan) -> int:
+def current_run_mode(run_spec: RunSpec) -> RunMode:
+    """Look at the run root: nothing there (new), a Tune experiment (resume) or a result file (finished)."""
+    from ray import tune
+
+    layout = run_spec.layout
+    return decide_run_mode(storage.exists(layout.result_path), tune.Tuner.can_restore(layout.tune_dir))
+
+
+def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
     """Run the Tuner on the connected Ray cluster and write the result file; the exit code."""
     import ray
     from ray import tune
@@ -170,14 +178,6 @@ def run_sweep(plan: SweepPlan) -> int:
 
     run_spec = plan.run_spec
     spec, layout = run_spec.spec, run_spec.layout
-    mode = decide_run_mode(storage.exists(layout.result_path), tune.Tuner.can_restore(layout.tune_dir))
-    if mode is RunMode.FINISHED:
-        print(
-            f"sweep: run {run_spec.run_id} already finished ({layout.result_path} exists); a new run needs a new "
-            "run id (R16)",
-            file=sys.stderr,
-        )
-        return EXIT_INPUT
     budget = time_budget_s(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
     if budget is not None and budget <= 0:
         print(f"sweep: the deadline {plan.deadline_at:.0f} leaves no time to train (gracefulStopSeconds "
@@ -275,11 +275,19 @@ def main(env: Mapping[str, str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"sweep: {line}", file=sys.stderr)
         return EXIT_INPUT
+    mode = current_run_mode(plan.run_spec)
+    if mode is RunMode.FINISHED:
+        print(
+            f"sweep: run {plan.run_spec.run_id} already finished ({plan.run_spec.layout.result_path} exists); "
+            "a new run needs a new run id (R16)",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
     import ray
 
     connect_ray(plan)
     try:
-        return run_sweep(plan)
+        return run_sweep(plan, mode)
     finally:
         ray.shutdown()
 

@@ -1,0 +1,351 @@
+"""The entrypoint end to end on real Ray (CPU, gloo): Tune over Train V2 into moto S3 and local directories.
+
+One local Ray (4 logical CPUs, 2 trial-driver slots) serves every test here; each run renders its RayJob like the
+operator and runs `python -m training_entrypoints.sweep` with that RayJob's environment (training_entrypoints.local).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sweep_operator import constants
+from sweep_operator.rendering import build_rayjob
+from sweep_operator.s3_layout import RunLayout, S3Uri
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, cpu_sweep
+from training_entrypoints import checkpointing
+from training_entrypoints.local import LocalRayCluster, LocalRaySize, LocalRunResult, run_rayjob
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = 3
+TRAIN_SIZE = 1440  # digits_mlp: 1797 samples - 357 for validation
+
+
+def digits_sweep(name: str, storage: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """2 trials (lr grid) x 2 workers of the built-in digits loop, finite retry classes (R12)."""
+    return changed(
+        cpu_sweep(name),
+        {
+            "spec.paramSpace": {"lr": {"grid": [0.05, 0.0005]}, "hidden": 32, "epochs": EPOCHS},
+            "spec.tune": {
+                "metric": "val_loss",
+                "mode": "min",
+                "numSamples": 1,
+                "maxConcurrentTrials": 2,
+                "searcher": {"type": "grid"},
+                "scheduler": {"type": "fifo"},
+            },
+            "spec.trial": {"workers": 2, "resourcesPerWorker": {"cpu": "1", "gpu": 0, "memory": "1Gi"}},
+            "spec.storage": storage,
+            "spec.checkpoints": {"numToKeep": 4},
+            "spec.deadlines": {"activeSeconds": 900, "startupSeconds": 120, "gracefulStopSeconds": 10},
+            "spec.failurePolicy": {
+                "workerFailures": 1,
+                "controllerFailures": 1,
+                "preemptionFailures": 0,
+                "trialFailures": 0,
+                "jobRetries": 0,
+            },
+            **changes,
+        },
+    )
+
+
+def run(doc: dict[str, Any], cluster: LocalRayCluster, tmp: Path, *, deadline_in_s: float = 900, **kwargs: Any) -> LocalRunResult:
+    sweep = parse_sweep(doc)
+    storage = None if doc["spec"]["storage"].get("endpointUrl") else str(tmp / "store")
+    rayjob = build_rayjob(sweep, "e2e1", deadline_at=int(time.time() + deadline_in_s), storage_uri=storage)
+    outcome = run_rayjob(rayjob, cluster=cluster, workdir=REPO, log_dir=tmp / "logs", **kwargs)
+    print(Path(outcome.log_path).read_text()[-6000:])  # shown when a test fails
+    return outcome
+
+
+@pytest.fixture(scope="module")
+def local_ray(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    """Logical CPUs above the 2 cores (R15) and the head's trial-driver resource, so the placement is exercised (R5)."""
+    size = LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 2.0})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cluster = LocalRayCluster(size, env=env, log_path=tmp_path_factory.mktemp("ray") / "ray.log")
+    with cluster:
+        yield cluster
+
+
+# ---------------------------------------------------------------------------------- S3 sweep
+
+
+class S3Run:
+    def __init__(self, outcome: LocalRunResult, client: Any, root: S3Uri):
+        self.outcome, self.client, self.root = outcome, client, root
+
+    def key(self, *parts: str) -> str:
+        return self.root.join(*parts).key
+
+    def keys(self, *parts: str) -> list[str]:
+        prefix = self.root.join(*parts).prefix
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.root.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self.client.list_objects_v2(Bucket=self.root.bucket, Prefix=self.key(*parts))["KeyCount"])
+
+    def read(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.root.bucket, Key=key)["Body"].read()
+
+    def json(self, *parts: str) -> Any:
+        return json.loads(self.read(self.key(*parts)))
+
+    def tune_results(self, trial_id: str) -> list[dict[str, Any]]:
+        """Every result Tune recorded for a trial (rank 0's metrics as TuneReportCallback forwarded them)."""
+        text = self.read(self.key("tune", trial_id, "result.json")).decode()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def committed(self, trial_id: str) -> list[dict[str, Any]]:
+        return self.json("train", trial_id, "checkpoint_manager_snapshot.json")["checkpoint_results"]
+
+
+@pytest.fixture(scope="module")
+def s3_run(local_ray: LocalRayCluster, s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> S3Run:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
+    client = s3_server.client()
+    client.create_bucket(Bucket="e2e-entrypoints")
+    doc = digits_sweep(
+        "digits-s3",
+        {"uri": "s3://e2e-entrypoints/sweeps", "region": "us-east-1", "endpointUrl": s3_server.endpoint_url},
+    )
+    outcome = run(doc, local_ray, tmp_path_factory.mktemp("s3run"))
+    assert outcome.ok, outcome.message
+    return S3Run(outcome, client, S3Uri.parse(outcome.run_root))
+
+
+@pytest.mark.timeout(600)
+def test_two_trial_sweep_into_s3_writes_the_design_layout_and_the_best_trial_R11_R16_R17_R19(s3_run: S3Run) -> None:
+    """One Train run per trial under train/<trialId> (R17), the Tune experiment under tune/ (R19), progress and
+    result files under _sweep/, all inside this run's own prefix (R16)."""
+    layout = RunLayout(s3_run.outcome.run_root)
+    assert s3_run.outcome.run_root == "s3://e2e-entrypoints/sweeps/default/digits-s3-e2e1"
+    result = s3_run.json("_sweep", "result.json")
+    status = s3_run.json("_sweep", "status.json")
+    assert result == s3_run.outcome.result and status["phase"] == "Succeeded"
+    assert result["trials"] == {"total": 2, "pending": 0, "running": 0, "terminated": 2, "errored": 0}
+    assert status["trials"] == result["trials"] and status["bestTrial"]["id"] == result["bestTrial"]["id"]
+
+    trials = {t["id"]: t for t in result["trialResults"]}
+    best_id = min(trials, key=lambda t: trials[t]["value"])
+    best = result["bestTrial"]
+    assert best["id"] == best_id and best["metric"] == "val_loss" and best["config"]["lr"] == 0.05
+    final_losses = {t: s3_run.tune_results(t)[-1]["val_loss"] for t in trials}
+    assert best["value"] == pytest.approx(min(final_losses.values()))
+    assert best["checkpointUri"] == f"{layout.trial_dir(best_id)}/checkpoint_epoch-{EPOCHS - 1:06d}"
+
+    for trial_id in trials:
+        assert s3_run.exists("train", trial_id, "checkpoint_manager_snapshot.json")
+        assert s3_run.exists("tune", trial_id, "result.json")
+        # TuneReportCallback forwards the checkpoint's path with the scheme stripped (R18).
+        forwarded = s3_run.tune_results(trial_id)[-1]["checkpoint_path"]
+        assert forwarded == f"{layout.trial_dir(trial_id)}/checkpoint_epoch-{EPOCHS - 1:06d}".removeprefix("s3://")
+    assert any(k.endswith("tuner.pkl") for k in s3_run.keys("tune"))
+
+
+@pytest.mark.timeout(600)
+def test_manifests_match_every_committed_object_and_the_verifier_agrees_R7_R10(s3_run: S3Run) -> None:
+    """Every checkpoint Ray's snapshot commits holds the full state (R7) and a manifest whose sizes and sha256
+    match the objects (R10); the operator's verifier, reading the same layout, verifies the run."""
+    from sweep_operator.verification import verify_sweep_checkpoints
+
+    for trial in s3_run.outcome.result["trialResults"]:
+        committed = [c["checkpoint_dir_name"] for c in s3_run.committed(trial["id"])]
+        assert committed == [f"checkpoint_epoch-{e:06d}" for e in range(EPOCHS)]
+        for name in committed:
+            manifest = s3_run.json("train", trial["id"], name, "_manifest.json")
+            assert (manifest["rank"], manifest["epoch"]) == (0, int(name[-6:]))
+            assert {f["path"] for f in manifest["files"]} == {
+                "model.pt", "optimizer.pt", "lr_scheduler.pt", "rng.pt", "train_state.json"
+            }  # fmt: skip
+            for entry in manifest["files"]:
+                body = s3_run.read(s3_run.key("train", trial["id"], name, entry["path"]))
+                assert len(body) == entry["size"]
+                assert hashlib.sha256(body).hexdigest() == entry["sha256"]
+
+    verdict = verify_sweep_checkpoints(s3_run.client, s3_run.root, deep=True, min_retention_days=0)
+    assert verdict.verified, verdict.reason
+    assert verdict.checked == 2 * EPOCHS
+    assert verdict.best_checkpoint_uri == s3_run.outcome.result["bestTrial"]["checkpointUri"]
+
+
+@pytest.mark.timeout(600)
+def test_every_rank_reports_once_per_epoch_R8(s3_run: S3Run) -> None:
+    """R8: each of Tune's results came from a report every rank made (ranks_reported = world size), once per epoch."""
+    for trial in s3_run.outcome.result["trialResults"]:
+        results = s3_run.tune_results(trial["id"])
+        assert [r["epoch"] for r in results] == list(range(EPOCHS))
+        assert [r["ranks_reported"] for r in results] == [2] * EPOCHS
+
+
+def _evaluate(state: dict[str, torch.Tensor], hidden: int, indices: range | None = None) -> float:
+    from training_entrypoints.loops import digits_mlp
+
+    model = digits_mlp.build_model(hidden)
+    model.load_state_dict(state)
+    model.eval()
+    _, val = digits_mlp.load_datasets()
+    x, y = val.tensors
+    if indices is not None:
+        x, y = x[list(indices)], y[list(indices)]
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(x), y, reduction="sum").item() / len(y)
+
+
+@pytest.mark.timeout(600)
+def test_reported_metric_is_the_mean_over_all_ranks_not_rank_zeros_R9_R3(s3_run: S3Run) -> None:
+    """R9: the reported val_loss equals the final model evaluated on the whole validation set (every rank's shard),
+    not rank 0's half; every rank reports the same value. R3: the epoch covered each training sample exactly once,
+    and the ranks' models stayed identical (else the whole-set evaluation of rank 0's weights would differ)."""
+    best = s3_run.outcome.result["bestTrial"]
+    results = s3_run.tune_results(best["id"])
+    assert all(r["val_loss_rank_spread"] == 0 for r in results)
+    assert all(r["train_samples"] == TRAIN_SIZE for r in results)
+
+    last = results[-1]
+    key = S3Uri.parse(best["checkpointUri"]).join("model.pt").key
+    state = torch.load(io.BytesIO(s3_run.read(key)), weights_only=True)
+    assert last["val_loss"] == pytest.approx(_evaluate(state, hidden=32), rel=1e-5)
+    rank0_only = _evaluate(state, hidden=32, indices=range(0, 357, 2))
+    assert abs(last["val_loss"] - rank0_only) > 1e-4
+
+
+# --------------------------------------------------------------------------- failure injection
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_failure_resumes_from_the_last_checkpoint_with_identical_state_R7_R12(
+    local_ray: LocalRayCluster, tmp_path: Path
+) -> None:
+    """Rank 1 raises at epoch 2 (workerFailures=1, R12): Train restarts the worker group from checkpoint 1, the
+    epochs continue at 2, and every checkpoint equals the uninterrupted twin's: model, optimizer, LR scheduler,
+    each rank's RNG and the epoch (R7)."""
+    epochs, fail_at = 4, 2
+    doc = digits_sweep(
+        "digits-resume",
+        {"uri": "s3://unused/sweeps", "region": "us-east-1"},
+        **{
+            "spec.trainLoop": "tests.support.entrypoint_loops:digits_with_one_failure",
+            "spec.paramSpace": {
+                "fail_at_epoch": {"grid": [-1, fail_at]},
+                "marker_dir": str(tmp_path),
+                "lr": 0.05,
+                "hidden": 32,
+                "epochs": epochs,
+            },
+        },
+    )
+    outcome = run(doc, local_ray, tmp_path)
+    assert outcome.ok, outcome.message
+    by_fail = {t["config"]["fail_at_epoch"]: t["id"] for t in outcome.result["trialResults"]}
+    clean, failed = by_fail[-1], by_fail[fail_at]
+    assert (tmp_path / f"{failed}.failed").read_text() == str(fail_at)
+    assert not (tmp_path / f"{clean}.failed").exists()
+
+    layout = RunLayout(outcome.run_root)
+    for trial in (clean, failed):
+        lines = (Path(layout.tune_dir) / trial / "result.json").read_text().splitlines()
+        assert [json.loads(line)["epoch"] for line in lines] == list(range(epochs))  # continued, not restarted
+
+    for epoch in range(epochs):
+        name = f"checkpoint_epoch-{epoch:06d}"
+        a, b = Path(layout.checkpoint_dir(clean, name)), Path(layout.checkpoint_dir(failed, name))
+        assert checkpointing.manifest_problems(a) == [] and checkpointing.manifest_problems(b) == []
+        for file in ("model.pt", "optimizer.pt", "lr_scheduler.pt", "rng.pt"):
+            assert_same(torch.load(a / file, weights_only=True), torch.load(b / file, weights_only=True), f"{name}/{file}")
+        assert json.loads((a / "train_state.json").read_text()) == json.loads((b / "train_state.json").read_text())
+
+
+def assert_same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+# ------------------------------------------------------------------------------ deadline, capacity
+
+
+@pytest.mark.timeout(300)
+def test_a_deadline_stops_the_sweep_gracefully_with_its_checkpoints_persisted(
+    local_ray: LocalRayCluster, tmp_path: Path
+) -> None:
+    """Tune's time budget ends gracefulStopSeconds before SWEEP_DEADLINE_AT: the trial stops, the driver exits 0
+    with deadlineReached, and every checkpoint the snapshot commits is complete."""
+    deadline_in_s, graceful = 60, 5
+    doc = changed(
+        digits_sweep("slow-scalar", {"uri": "s3://unused/sweeps", "region": "us-east-1"}),
+        {
+            "spec.trainLoop": "tests.support.entrypoint_loops:slow_scalar",
+            "spec.paramSpace": {"steps": 1000, "sleep_s": 1.0},
+            "spec.tune": {"metric": "score", "mode": "max", "numSamples": 1, "maxConcurrentTrials": 1},
+            "spec.trial": {"workers": 1, "resourcesPerWorker": {"cpu": "1", "gpu": 0, "memory": "1Gi"}},
+            "spec.checkpoints": {"numToKeep": 2},
+            "spec.deadlines": {"activeSeconds": 900, "startupSeconds": 120, "gracefulStopSeconds": graceful},
+        },
+    )
+    started = time.monotonic()
+    outcome = run(doc, local_ray, tmp_path, deadline_in_s=deadline_in_s)
+    assert outcome.ok, outcome.message
+    assert time.monotonic() - started < deadline_in_s + 30
+    assert outcome.result["deadlineReached"] is True and outcome.status["phase"] == "DeadlineExceeded"
+    (trial,) = outcome.result["trialResults"]
+    layout = RunLayout(outcome.run_root)
+    snapshot = json.loads(Path(layout.snapshot_path(trial["id"])).read_text())
+    committed = [c["checkpoint_dir_name"] for c in snapshot["checkpoint_results"]]
+    assert committed, "no checkpoint persisted before the deadline"
+    for name in committed:
+        assert checkpointing.manifest_problems(layout.checkpoint_dir(trial["id"], name)) == []
+    assert 0 <= trial["value"] < 999  # stopped long before the loop's end
+    assert trial["checkpointUri"] == layout.checkpoint_dir(trial["id"], committed[-1])
+
+
+@pytest.mark.timeout(300)
+def test_an_unsatisfiable_request_fails_in_bounded_time_naming_asked_and_available_R12_R14(
+    local_ray: LocalRayCluster, tmp_path: Path
+) -> None:
+    """3 workers x 2 CPUs never fit 4 CPUs: with a short worker-group start timeout and finite controller failures
+    (R12) the trial fails instead of waiting forever, and the driver says what was asked and what exists (R14)."""
+    doc = digits_sweep(
+        "too-big",
+        {"uri": "s3://unused/sweeps", "region": "us-east-1"},
+        **{
+            "spec.trial": {"workers": 3, "resourcesPerWorker": {"cpu": "2", "gpu": 0, "memory": "1Gi"}},
+            "spec.paramSpace": {"lr": 0.05, "hidden": 32, "epochs": 1},
+            "spec.tune": {"metric": "val_loss", "mode": "min", "numSamples": 1, "maxConcurrentTrials": 1},
+            "spec.failurePolicy": {"workerFailures": 0, "controllerFailures": 0, "preemptionFailures": 0},
+        },
+    )
+    started = time.monotonic()
+    outcome = run(
+        doc, local_ray, tmp_path, check_fit=False, env_overrides={constants.ENV_WORKER_GROUP_START_TIMEOUT: "5"}
+    )
+    assert outcome.returncode == 1
+    assert time.monotonic() - started < 150
+    assert "each trial asks for 3 train worker(s) x {CPU: 2}" in outcome.message
+    assert "the cluster has {CPU: 4, sweep_trial_driver: 2}" in outcome.message
+    assert outcome.result["trials"]["errored"] == 1
