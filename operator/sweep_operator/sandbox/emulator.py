@@ -10,6 +10,7 @@ import asyncio
 import base64
 import copy
 import datetime
+import functools
 import json
 import logging
 import re
@@ -33,6 +34,7 @@ from kmock._internal import rendering as kmock_rendering
 from .. import constants
 
 Obj = dict[str, Any]
+ObjectKey = tuple[kmock.resource, str | None, str]  # (resource, namespace, name), as kmock's ObjectsArray keys
 
 logger = logging.getLogger(__name__)
 SERVER_VERSION: Obj = {
@@ -51,6 +53,12 @@ FOREGROUND_FINALIZER = "foregroundDeletion"
 NAMESPACE_FINALIZER = "kubernetes"
 # kube's utilrand alphabet: no vowels (no words), no 0/1/3 (no confusion with o/l/e).
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@functools.lru_cache(maxsize=1024)
+def resource_key(group: str, version: str | None, plural: str | None) -> kmock.resource:
+    """kmock's resource key, cached: building one runs a slow runtime Protocol isinstance check."""
+    return kmock.resource(group=group, version=version, plural=plural)
 
 
 def random_suffix(length: int = 5) -> str:
@@ -196,7 +204,7 @@ class ResourceType:
 
     @property
     def key(self) -> kmock.resource:
-        return kmock.resource(self.group, self.version, self.plural)
+        return resource_key(self.group, self.version, self.plural)
 
     @property
     def qualified(self) -> str:
@@ -638,7 +646,7 @@ class ResourceVersionExpired(Exception):
 class ChangeLog:
     """Every mutation in order; watches replay from a resourceVersion and then wait for more."""
 
-    def __init__(self, retain: int = 50_000) -> None:
+    def __init__(self, retain: int = 20_000) -> None:
         self.retain = retain
         self.rv = 0
         self._changes: list[Change] = []
@@ -756,13 +764,18 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     threads, go through the API or `EmulatorServer.call()`.
     """
 
-    history_limit: int = 20  # versions kept per object in `objects[...]` history (kmock keeps all)
+    history_limit: int = 10  # versions kept per object in `objects[...]` history (kmock keeps all)
     request_log_limit: int = 2_000  # requests kept in kmock's request log (`list(emulator)`)
     auto_create_namespaces: bool = True  # a namespaced object creates its Namespace (the real server refuses)
     errors: ErrorInjector = attrs.field(factory=ErrorInjector)
     changes: ChangeLog = attrs.field(factory=ChangeLog)
     _types: dict[kmock.resource, ResourceType] = attrs.field(factory=dict, init=False)
-    _uids: dict[str, tuple[kmock.resource, str | None, str]] = attrs.field(factory=dict, init=False)
+    _uids: dict[str, ObjectKey] = attrs.field(factory=dict, init=False)  # live objects by uid
+    _live_keys: dict[kmock.resource, set[ObjectKey]] = attrs.field(factory=dict, init=False)
+    _dependents_of: dict[str, set[ObjectKey]] = attrs.field(factory=dict, init=False)  # owner uid -> dependents
+    _gc_candidates: set[ObjectKey] = attrs.field(factory=set, init=False)  # dependents to look at
+    _gc_owners: set[str] = attrs.field(factory=set, init=False)  # foreground owners to look at
+    _terminating: set[str] = attrs.field(factory=set, init=False)  # namespaces being drained
     _gc_wakeup: asyncio.Event | None = attrs.field(default=None, init=False)
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
@@ -789,7 +802,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             self._store_new(crd_type, None, self._stamp_new(crd_type, None, copy.deepcopy(dict(crd))))
 
     def resource_type(self, group: str, version: str, plural: str) -> ResourceType | None:
-        return self._types.get(kmock.resource(group, version, plural))
+        return self._types.get(resource_key(group, version, plural))
 
     def _type_for(self, group: str, version: str, plural: str) -> ResourceType:
         resource_type = self.resource_type(group, version, plural)
@@ -868,7 +881,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             text=body.decode("utf-8", errors="replace"),
             data=data,
             action=actions.get(verb),
-            resource=kmock.resource(target.group, target.version, target.plural) if target else None,
+            resource=resource_key(target.group, target.version, target.plural) if target else None,
             namespace=target.namespace if target else None,
             name=target.name if target else None,
             subresource=target.subresource if target else None,
@@ -1009,12 +1022,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         return ApiError(404, "NotFound", f'{resource_type.qualified} "{name}" not found', details)
 
     def _live(self, resource_type: ResourceType, namespace: str | None) -> list[Obj]:
-        found = []
-        for (resource, ns, _), stored in self.objects.items():
-            if resource == resource_type.key and not stored.deleted and (namespace is None or ns == namespace):
-                found.append(stored.raw)
-        found.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
-        return found
+        keys = sorted(
+            (k for k in self._live_keys.get(resource_type.key, ()) if namespace is None or k[1] == namespace),
+            key=lambda k: (k[1] or "", k[2]),
+        )
+        return [self.objects[k].raw for k in keys]
+
+    def _live_object(self, key: ObjectKey) -> tuple[ResourceType, Obj] | None:
+        if key not in self.objects or self.objects[key].deleted or key[0] not in self._types:
+            return None
+        return self._types[key[0]], self.objects[key].raw
 
     @staticmethod
     def _selects(query: Mapping[str, str]) -> Callable[[Obj], bool]:
@@ -1170,18 +1187,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # ---- writing
 
     def _commit(self, resource_type: ResourceType, namespace: str | None, new: Obj | None, old: Obj | None) -> None:
-        """Store `new` (None: remove `old`) and record the change for watchers."""
+        """Store `new` (None: remove `old`) and record the change for watchers and the garbage collector."""
         name = (new or old or {})["metadata"]["name"]
         key = (resource_type.key, namespace, name)
         rv = str(self.changes.next_rv())  # exactly one resourceVersion per recorded change (watches rely on it)
+        self._track(key, new, old)
         if new is None:
             assert old is not None
             gone = {**old, "metadata": {**old["metadata"], "resourceVersion": rv}}
             self.objects[key].delete()
-            self._uids.pop(old["metadata"].get("uid", ""), None)
             self.changes.append(Change(self.changes.rv, resource_type.key, namespace, "DELETED", gone, old))
-            if self._gc_wakeup is not None:
-                self._gc_wakeup.set()
         else:
             new["metadata"]["resourceVersion"] = rv
             if key not in self.objects:
@@ -1193,14 +1208,38 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             history = self.objects[key].history
             if self.history_limit and len(history) > self.history_limit:
                 del history[: len(history) - self.history_limit]
-            self._uids[new["metadata"]["uid"]] = key
             change_type = "ADDED" if old is None else "MODIFIED"
             self.changes.append(Change(self.changes.rv, resource_type.key, namespace, change_type, new, old))
-            needs_collector = new["metadata"].get("deletionTimestamp") or (
-                old is None and new["metadata"].get("ownerReferences")
-            )
-            if needs_collector and self._gc_wakeup is not None:
-                self._gc_wakeup.set()  # foreground deletions, terminating namespaces, dangling owners
+        if self._gc_wakeup is not None and (self._gc_candidates or self._gc_owners or self._terminating):
+            self._gc_wakeup.set()
+
+    def _track(self, key: ObjectKey, new: Obj | None, old: Obj | None) -> None:
+        """Keep the indexes current and queue what the garbage collector must look at after this change."""
+        old_refs = _owner_uids(old) if old is not None else set()
+        new_refs = _owner_uids(new) if new is not None else set()
+        for uid in old_refs - new_refs:
+            self._dependents_of.get(uid, set()).discard(key)
+        for uid in new_refs - old_refs:
+            self._dependents_of.setdefault(uid, set()).add(key)
+        if new is None:
+            assert old is not None
+            uid = old["metadata"].get("uid", "")
+            self._uids.pop(uid, None)
+            self._live_keys.get(key[0], set()).discard(key)
+            self._gc_candidates.update(self._dependents_of.get(uid, ()))  # now without this owner
+            self._gc_owners.update(old_refs)  # a foreground owner may have waited for this one
+            return
+        meta = new["metadata"]
+        self._uids[meta["uid"]] = key
+        self._live_keys.setdefault(key[0], set()).add(key)
+        if new_refs - old_refs:
+            self._gc_candidates.add(key)  # an owner that does not exist is collected
+        if meta.get("deletionTimestamp"):
+            if FOREGROUND_FINALIZER in meta.get("finalizers", []):
+                self._gc_candidates.update(self._dependents_of.get(meta["uid"], ()))
+                self._gc_owners.add(meta["uid"])
+            if _namespace_terminating(new):
+                self._terminating.add(meta["name"])
 
     def _stamp_new(self, resource_type: ResourceType, namespace: str | None, data: Obj) -> Obj:
         obj = dict(data)
@@ -1401,19 +1440,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             self.delete_object(resource_type, obj["metadata"].get("namespace"), obj["metadata"]["name"])
         return listed
 
-    def _all_live(self) -> list[tuple[ResourceType, Obj]]:
-        found = []
-        for (resource, _, _), stored in self.objects.items():
-            if not stored.deleted and resource in self._types:
-                found.append((self._types[resource], stored.raw))
-        return found
-
     def _dependents(self, owner_uid: str) -> list[tuple[ResourceType, Obj]]:
-        return [
-            (t, o)
-            for t, o in self._all_live()
-            if any(ref.get("uid") == owner_uid for ref in o["metadata"].get("ownerReferences", []))
-        ]
+        found = (self._live_object(key) for key in sorted(self._dependents_of.get(owner_uid, ()), key=str))
+        return [live for live in found if live is not None]
 
     def _orphan_dependents(self, owner_uid: str) -> None:
         for resource_type, dependent in self._dependents(owner_uid):
@@ -1423,52 +1452,75 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 del meta["ownerReferences"]
             self.replace_object(resource_type, dependent, {**dependent, "metadata": meta})
 
-    def collect_garbage(self) -> int:
+    def collect_garbage(self, full: bool = False) -> int:
         """One pass of the garbage collector (background cascade); returns how many objects it changed.
 
         A dependent whose owners (by uid) are all gone is deleted, respecting its finalizers; dangling references
         next to a live owner are dropped. Foreground deletions wait for their dependents; a terminating Namespace
-        deletes its contents, then itself.
+        deletes its contents, then itself. Only what changes queued is looked at, unless `full`.
         """
+        candidates, self._gc_candidates = self._gc_candidates, set()
+        owners, self._gc_owners = self._gc_owners, set()
+        if full:
+            candidates = {k for keys in self._dependents_of.values() for k in keys}
+            owners = set(self._uids)
         changed = 0
-        live = self._all_live()
-        uids = {o["metadata"]["uid"] for _, o in live}
-        for resource_type, obj in live:
-            meta = obj["metadata"]
-            refs = meta.get("ownerReferences") or []
-            if not refs or meta.get("deletionTimestamp"):
-                continue
-            dangling = [r for r in refs if r.get("uid") not in uids]
-            owner_foreground = [r for r in refs if self._owner_deleting_in_foreground(r.get("uid", ""))]
-            if len(dangling) == len(refs) or owner_foreground:
-                self.delete_object(resource_type, meta.get("namespace"), meta["name"])
-                changed += 1
-            elif dangling:
-                kept = [r for r in refs if r.get("uid") in uids]
-                self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "ownerReferences": kept}})
-                changed += 1
-        for resource_type, obj in self._all_live():
-            meta = obj["metadata"]
-            if not meta.get("deletionTimestamp"):
-                continue
-            if FOREGROUND_FINALIZER in meta.get("finalizers", []) and not self._dependents(meta["uid"]):
-                remaining = [f for f in meta["finalizers"] if f != FOREGROUND_FINALIZER]
-                self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "finalizers": remaining}})
-                changed += 1
-            elif _namespace_terminating(obj):
-                changed += self._drain_namespace(meta["name"], resource_type, obj)
+        for key in sorted(candidates, key=str):
+            live = self._live_object(key)
+            if live is not None:
+                changed += self._collect_dependent(*live)
+        for uid in owners:
+            live = self._live_object(self._uids[uid]) if uid in self._uids else None
+            if live is not None:
+                changed += self._finish_foreground(*live)
+        for namespace in sorted(self._terminating):
+            changed += self._drain_namespace(namespace)
         return changed
 
+    def _collect_dependent(self, resource_type: ResourceType, obj: Obj) -> int:
+        meta = obj["metadata"]
+        refs = meta.get("ownerReferences") or []
+        if not refs or meta.get("deletionTimestamp"):
+            return 0
+        dangling = [r for r in refs if r.get("uid") not in self._uids]
+        if len(dangling) == len(refs) or any(self._owner_deleting_in_foreground(r.get("uid", "")) for r in refs):
+            self.delete_object(resource_type, meta.get("namespace"), meta["name"])
+            return 1
+        if dangling:
+            kept = [r for r in refs if r.get("uid") in self._uids]
+            self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "ownerReferences": kept}})
+            return 1
+        return 0
+
+    def _finish_foreground(self, resource_type: ResourceType, obj: Obj) -> int:
+        meta = obj["metadata"]
+        if not meta.get("deletionTimestamp") or FOREGROUND_FINALIZER not in meta.get("finalizers", []):
+            return 0
+        if self._dependents(meta["uid"]):
+            return 0
+        remaining = [f for f in meta["finalizers"] if f != FOREGROUND_FINALIZER]
+        self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "finalizers": remaining}})
+        return 1
+
     def _owner_deleting_in_foreground(self, uid: str) -> bool:
-        key = self._uids.get(uid)
-        if key is None or key not in self.objects or self.objects[key].deleted:
+        live = self._live_object(self._uids[uid]) if uid in self._uids else None
+        if live is None:
             return False
-        meta = self.objects[key].raw["metadata"]
+        meta = live[1]["metadata"]
         return bool(meta.get("deletionTimestamp")) and FOREGROUND_FINALIZER in meta.get("finalizers", [])
 
-    def _drain_namespace(self, namespace: str, ns_type: ResourceType, ns_obj: Obj) -> int:
-        contents = [(t, o) for t, o in self._all_live() if t.namespaced and o["metadata"].get("namespace") == namespace]
+    def _drain_namespace(self, namespace: str) -> int:
+        ns_type = self._type_for("", "v1", "namespaces")
+        ns_obj = self._current(ns_type, None, namespace)
+        if ns_obj is None or not _namespace_terminating(ns_obj):
+            self._terminating.discard(namespace)
+            return 0
+        contents = [
+            live for keys in self._live_keys.values() for key in keys
+            if key[1] == namespace and (live := self._live_object(key)) is not None
+        ]
         if not contents:
+            self._terminating.discard(namespace)
             self._commit(ns_type, None, None, ns_obj)
             return 1
         deleting = [(t, o) for t, o in contents if not o["metadata"].get("deletionTimestamp")]
@@ -1487,6 +1539,10 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
 
 def _foreground(options: Mapping[str, Any]) -> bool:
     return str(options.get("propagationPolicy") or "") == "Foreground"
+
+
+def _owner_uids(obj: Obj) -> set[str]:
+    return {str(ref.get("uid")) for ref in obj["metadata"].get("ownerReferences") or [] if ref.get("uid")}
 
 
 def _namespace_terminating(obj: Obj) -> bool:
@@ -1668,7 +1724,7 @@ class EmulatorServer:
 
     def history(self, group: str, version: str, plural: str, namespace: str | None, name: str) -> list[Obj]:
         """Every retained state of one object, oldest first (a DELETED change contributes its last state)."""
-        key = kmock.resource(group, version, plural)
+        key = resource_key(group, version, plural)
         return self.call(lambda: [copy.deepcopy(c.obj) for c in self.emulator.changes.of(key, namespace, name)])
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
