@@ -196,6 +196,10 @@ class SweepController:
             fresh = self.kube.get_sweep(namespace, name)
             if fresh is None or _meta(fresh).get("deletionTimestamp"):
                 return
+            # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
+            # but its conditional patch loses races against status updates and only retries on the next event).
+            if not self.kube.ensure_finalizer(fresh):
+                return
             try:
                 self._reconcile(fresh)
             finally:
@@ -384,6 +388,16 @@ class SweepController:
                 )
                 conditions.append(("Running", False, "StartupDeadlineExceeded", message))
                 self.kube.delete_rayjob(namespace, facts.name)
+        if (
+            new_phase == "Failed"
+            and phase != "Failed"
+            and not conditions
+            and not (status.get("trainingStartedAt") or patch.get("trainingStartedAt"))
+            and admitted is not None
+        ):
+            # KubeRay gave up before the job ever ran (e.g. its preRunningDeadlineSeconds): say why (R6, R20).
+            message = f"{self._phase_message(new_phase, facts)}; never reached Running: {self._diagnose(namespace, facts, admitted)}"
+            conditions.append(("Running", False, "StartupFailed", message))
         if new_phase == "DeadlineExceeded" and facts.reason == "DeadlineExceeded" and not conditions:
             message = f"KubeRay stopped RayJob {facts.name}: activeDeadlineSeconds exceeded"
             conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
@@ -571,6 +585,12 @@ class SweepController:
                 break  # strict FIFO: the oldest still does not fit
 
     # --------------------------------------------------------------------------------- drift
+    def guard_new_cluster(self, body: Mapping[str, Any]) -> None:
+        """Put the guard's finalizer on a RayCluster KubeRay created for one of our RayJobs, as soon as it appears."""
+        meta = _meta(body)
+        if constants.LABEL_SWEEP in (meta.get("labels") or {}) and constants.FINALIZER not in (meta.get("finalizers") or []):
+            self.kube.ensure_finalizer(dict(body))
+
     def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
         """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event (R21)."""
         meta = _meta(body)
@@ -651,6 +671,8 @@ class SweepController:
             run_root=root,
         )
         decision = self._complete_decision(decision, body, spec, root, attempt, "TrainingSweep")
+        if decision.audit and skip_requested(meta.get("annotations")):
+            self._propagate_skip(namespace, name)
         if rayjob is not None:
             self.kube.delete_rayjob(namespace, _meta(rayjob)["name"])
         self._release_and_admit_next(namespace, name)
@@ -677,6 +699,8 @@ class SweepController:
             run_root=run_spec.run_root if run_spec else None,
         )
         decision = self._complete_decision(decision, body, run_spec.spec if run_spec else None, run_spec.run_root if run_spec else None, attempt, "RayJob", sweep)
+        if skip:
+            self._propagate_skip(namespace, (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""), rayjobs=False)
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
@@ -748,6 +772,18 @@ class SweepController:
         else:
             self.emit(body, "Normal", "CheckpointGuardReleased", f"{kind} {name} deletion released: {decision.reason}")
         return decision
+
+    def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
+        """The escape hatch on a sweep (or RayJob) covers the objects deleted after it, which outlive it."""
+        if not sweep:
+            return
+        selector = f"{constants.LABEL_SWEEP}={sweep}"
+        patch = {"metadata": {"annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}}
+        if rayjobs:
+            for rayjob in self.kube.list_rayjobs(namespace, selector):
+                self.kube.patch_rayjob(namespace, _meta(rayjob)["name"], patch)
+        for cluster in self.kube.list_rayclusters(namespace, selector):
+            self.kube.patch_raycluster(namespace, _meta(cluster)["name"], patch)
 
     def _record_verification(self, sweep_body: Mapping[str, Any], result: Any) -> None:
         meta, status = _meta(sweep_body), _status(sweep_body)

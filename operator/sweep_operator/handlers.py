@@ -121,6 +121,7 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     @kopf.on.event(**RAYCLUSTERS, labels=OURS, registry=registry)
     def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
+            controller.guard_new_cluster(body)
             controller.correct_drift(body, constants.RAYCLUSTER_KIND)
 
     @kopf.on.delete(**RAYCLUSTERS, labels=OURS, registry=registry)

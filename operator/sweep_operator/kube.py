@@ -188,6 +188,39 @@ class KubeApi:
                 return False
             raise
 
+    # ----------------------------------------------------------------------------- finalizers
+    def ensure_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> bool:
+        """Add `finalizer` to a TrainingSweep/RayJob/RayCluster unless present or being deleted.
+
+        A conditional merge patch (resourceVersion) so no other finalizer is lost; re-read and retry on conflict.
+        Returns True when the object now carries the finalizer.
+        """
+        group, version = obj["apiVersion"].split("/")
+        plural = {constants.KIND: constants.PLURAL, constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
+                  constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL}[obj["kind"]]
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        for _ in range(self.retry.attempts):
+            finalizers = list(meta.get("finalizers") or [])
+            if finalizer in finalizers:
+                return True
+            if meta.get("deletionTimestamp"):
+                return False  # the API server refuses new finalizers on an object being deleted
+            patch = {"metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}}
+            try:
+                self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                if exc.status not in RETRY_STATUSES:
+                    raise
+            fresh = self._get(lambda: self.custom.get_namespaced_custom_object(group, version, namespace, plural, name))
+            if fresh is None:
+                return False
+            meta = fresh["metadata"]
+        return False
+
     # ---------------------------------------------------------------------- pods and events
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         result = self._call(

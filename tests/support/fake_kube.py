@@ -105,6 +105,17 @@ class FakeKube:
         obj = self.objects.get(("RayCluster", namespace, name))
         return copy.deepcopy(merge(obj, patch)) if obj else None
 
+    def ensure_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> bool:
+        kind = obj.get("kind", "TrainingSweep")
+        stored = self.objects.get((kind, obj["metadata"]["namespace"], obj["metadata"]["name"]))
+        if stored is None or stored["metadata"].get("deletionTimestamp"):
+            return bool(stored and finalizer in stored["metadata"].get("finalizers", []))
+        finalizers = stored["metadata"].setdefault("finalizers", [])
+        if finalizer not in finalizers:
+            finalizers.append(finalizer)
+            self.calls.append(("ensure_finalizer", obj["metadata"]["name"]))
+        return True
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods if _matches(p, label_selector)]
 

@@ -138,6 +138,9 @@ def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
     world.reconcile("digits")
     assert len(world.kube.rayjob_names()) == 1
     assert "Starting" in world.reasons("digits")
+    calls = [c[0] for c in world.kube.calls]
+    assert calls.index("ensure_finalizer") < calls.index("create_rayjob"), "R22: the guard is on before a RayJob exists"
+    assert constants.FINALIZER in world.sweep("digits")["metadata"]["finalizers"]
 
 
 def test_adopts_a_rayjob_created_before_a_crash(world: World) -> None:

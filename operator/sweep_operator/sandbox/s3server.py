@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ class S3Server:
         from moto.server import ThreadedMotoServer
 
         os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
         self._server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
         self._server.start()
         self.host, self.port = self._server.get_host_and_port()

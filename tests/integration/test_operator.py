@@ -1,0 +1,416 @@
+"""The operator end to end on loopback: kmock Kubernetes API emulator, KubeRay stand-in, moto S3, kopf in-process.
+
+Covers the lifecycle to Succeeded, the checkpoint guard matrix (R22), queueing (R21), the startup deadline
+diagnosis (R6, R20), restart without duplicates, injected API errors, drift, spec changes and kubectl.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweep_operator import constants
+from sweep_operator.rendering import build_rayjob
+from sweep_operator.sandbox.emulator import wait_for
+from sweep_operator.sandbox.kuberay import Outcome, PendingReason
+from sweep_operator.settings import OperatorLimits
+from sweep_operator.validation import parse_sweep
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.s3_fault_server import FaultyS3Server
+from tests.support.sweep_factory import write_sweep
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def faulty_s3() -> Iterator[FaultyS3Server]:
+    with FaultyS3Server(503, "SlowDown", "S3 is down (injected)") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any, faulty_s3: FaultyS3Server) -> Iterator[OperatorEnv]:
+    from sweep_operator.s3 import S3ClientConfig, make_s3_client
+
+    failing = make_s3_client(S3ClientConfig(endpoint_url=faulty_s3.endpoint_url, region="us-east-1", max_attempts=1))
+    environment, stop = start_operator_env(
+        s3_server,
+        limits=OperatorLimits(max_gpus_per_namespace=4),
+        failing_s3=lambda endpoint, region: failing,
+    )
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+# --------------------------------------------------------------------------------------------- lifecycle
+
+
+def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: OperatorEnv) -> None:
+    doc = env.new_sweep("life")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(2.0, startup=0.5))
+    created = env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    status = env.wait_phase(name, "Succeeded")
+    status = env.wait_status(name, lambda s: (s.get("checkpoints") or {}).get("verifiedAt"), "verification recorded")
+
+    (rayjob,) = env.rayjobs(name)
+    expected = build_rayjob(parse_sweep(created, env.settings.limits), status["runId"], env.operator.controller.render_context)
+    assert rayjob["metadata"]["name"] == expected["metadata"]["name"] == status["rayJobName"]
+    assert rayjob["metadata"]["labels"][constants.LABEL_SWEEP] == name
+    assert rayjob["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    assert constants.FINALIZER in rayjob["metadata"]["finalizers"]
+    for key in ("entrypoint", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "preRunningDeadlineSeconds", "backoffLimit", "rayClusterSpec"):
+        assert rayjob["spec"][key] == expected["spec"][key], key
+    env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert int(env_vars[constants.ENV_DEADLINE_AT]) > time.time()
+
+    phases = [((s.get("status") or {}).get("phase")) for s in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)]
+    seen = [p for i, p in enumerate(phases) if p and (i == 0 or p != phases[i - 1])]
+    assert seen[0] == "Starting" and "Running" in seen and seen[-1] == "Succeeded", seen
+
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Admitted"]["status"] == "True"
+    assert conditions["CheckpointsVerified"]["status"] == "True"
+    assert conditions["Ready"]["status"] == "True"
+    assert all(c["lastTransitionTime"] and c["observedGeneration"] == 1 for c in status["conditions"])
+    assert status["checkpoints"]["verified"] is True and status["checkpoints"]["checked"] == 4
+    assert status["bestTrial"]["checkpointUri"].startswith(f"s3://{bucket}/{prefix}/train/")
+    assert status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
+    reasons = env.event_reasons(name)
+    assert {"Starting", "Running", "Succeeded"} <= set(reasons), reasons
+
+
+# ------------------------------------------------------------------------------------------ guard matrix
+
+STATES = ["complete", "file-missing", "manifest-missing", "s3-down"]
+
+
+def break_run(env: OperatorEnv, state: str, synthetic: Any) -> str:
+    """Put the run into `state`; returns text the hold reason must contain."""
+    if state == "file-missing":
+        return synthetic.delete_file()
+    if state == "manifest-missing":
+        return synthetic.delete_manifest()
+    if state == "s3-down":
+        env.s3_switch.down = True
+        return "SlowDown"
+    return ""
+
+
+def repair_run(env: OperatorEnv, state: str, bucket: str, prefix: str) -> None:
+    if state == "s3-down":
+        env.s3_switch.down = False
+    else:
+        write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+
+
+def assert_held_then_released(env: OperatorEnv, name: str, state: str, reason_text: str, exists: Any, label: str, bucket: str, prefix: str) -> None:
+    if state == "complete":
+        wait_for(lambda: not exists(), TIMEOUT, what=f"{label} released")
+        return
+    cond = env.wait_status(
+        name,
+        lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" and reason_text in c["message"] for c in s.get("conditions") or []),
+        f"CheckpointsVerified=False naming {reason_text}",
+    )
+    assert cond
+    held = exists()
+    assert held and held["metadata"].get("deletionTimestamp"), f"{label} must be held by the guard"
+    time.sleep(3)  # several re-checks (backoff 1-2 s) later, still held
+    assert exists(), f"{label} released while checkpoints are not verified"
+    assert any(e.type == "Warning" and e.reason == "CheckpointsNotVerified" for e in env.events(name)), env.event_reasons(name)
+    repair_run(env, state, bucket, prefix)
+    wait_for(lambda: not exists(), TIMEOUT, what=f"{label} released after repair")
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_guard_on_sweep_deletion(env: OperatorEnv, state: str) -> None:
+    """R22: `kubectl delete tsw` waits for verified checkpoints; the RayJob goes only after verification."""
+    doc = env.new_sweep("gs")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    try:
+        text = break_run(env, state, synthetic)
+        env.delete_sweep(name)
+        if state != "complete":
+            env.wait_status(name, lambda s: s.get("phase") == "Deleting", "Deleting")
+            assert env.get(constants.RAYJOB_PLURAL, rayjob) is not None, "RayJob deleted before verification"
+            assert not (env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("metadata", {}).get("deletionTimestamp")
+        assert_held_then_released(env, name, state, text, lambda: env.sweep(name), "TrainingSweep", bucket, prefix)
+    finally:
+        env.s3_switch.down = False
+    wait_for(lambda: not env.rayjobs(name) and not env.rayclusters(name), TIMEOUT, what="RayJob and RayCluster gone")
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_guard_on_rayjob_deletion(env: OperatorEnv, state: str) -> None:
+    doc = env.new_sweep("gj")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    try:
+        text = break_run(env, state, synthetic)
+        env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
+        assert_held_then_released(env, name, state, text, lambda: env.get(constants.RAYJOB_PLURAL, rayjob), "RayJob", bucket, prefix)
+    finally:
+        env.s3_switch.down = False
+    wait_for(lambda: not env.rayclusters(name), TIMEOUT, what="RayCluster gone")
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_guard_on_kuberay_cluster_deletion_after_finish(env: OperatorEnv, state: str) -> None:
+    """KubeRay deletes the RayCluster after ttlSecondsAfterFinished (shutdownAfterJobFinishes): the guard holds it."""
+    doc = env.new_sweep("gc")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(2.5, startup=0.3))
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    cluster = env.wait_status(name, lambda s: s.get("rayClusterName"), "cluster")["rayClusterName"]
+    try:
+        text = break_run(env, state, synthetic)
+        env.wait_phase(name, "Succeeded", "Failed")
+        assert_held_then_released(env, name, state, text, lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster), "RayCluster", bucket, prefix)
+    finally:
+        env.s3_switch.down = False
+
+
+def test_guard_on_deadline_stop(env: OperatorEnv) -> None:
+    """Past deadlineAt the operator stops the RayJob; the guard holds it until the checkpoints verify (all states)."""
+    runs = {}
+    for state in STATES:
+        doc = env.new_sweep("gd", spec__deadlines={"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 10})
+        name = doc["metadata"]["name"]
+        env.runner.script(name, Outcome.hang())
+        env.apply(doc)
+        runs[state] = (name, *env.run_root(name))
+    synthetic = {state: write_sweep(env.s3_client, b, p, trials=2, checkpoints=2, files=2) for state, (_, b, p) in runs.items()}
+    texts = {state: break_run(env, state, synthetic[state]) for state in ("file-missing", "manifest-missing")}
+    for state, (name, _, _) in runs.items():
+        status = env.wait_phase(name, "DeadlineExceeded", timeout=90)
+        runs[state] = (*runs[state], status["rayJobName"])
+        assert next(c for c in status["conditions"] if c["type"] == "DeadlineExceeded")["status"] == "True"
+    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, runs["complete"][3]) is None, TIMEOUT, what="verified RayJob released")
+    for state in ("file-missing", "manifest-missing"):
+        name, bucket, prefix, rayjob = runs[state]
+        assert_held_then_released(env, name, state, texts[state], lambda rj=rayjob: env.get(constants.RAYJOB_PLURAL, rj), "RayJob", bucket, prefix)
+    name, bucket, prefix, rayjob = runs["s3-down"]
+    try:
+        env.s3_switch.down = True
+        # it may have been released before S3 went down; if not, it must now be held until S3 is back
+        if env.get(constants.RAYJOB_PLURAL, rayjob) is not None:
+            time.sleep(3)
+            held = env.get(constants.RAYJOB_PLURAL, rayjob)
+            assert held is None or held["metadata"].get("deletionTimestamp")
+    finally:
+        env.s3_switch.down = False
+    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None, TIMEOUT, what="released once S3 is back")
+    assert env.operator.controller.metrics.deadline_stops._value.get() >= 4
+
+
+def test_escape_hatch_releases_with_an_audit_event(env: OperatorEnv) -> None:
+    doc = env.new_sweep("esc")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=2)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    missing = synthetic.delete_file()
+    env.delete_sweep(name)
+    env.wait_status(name, lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []), "held")
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="released by the escape hatch")
+    audits = [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"]
+    assert audits and audits[0].type == "Warning" and "WITHOUT checkpoint verification" in audits[0].message
+    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None, TIMEOUT, what="RayJob released too (the hatch covers it)")
+    assert missing
+
+
+# ------------------------------------------------------------------------------ queueing and deadlines
+
+
+def test_namespace_budget_admits_fifo_as_capacity_frees(env: OperatorEnv) -> None:
+    """R21: maxGpusPerNamespace=4; each sweep needs 2 GPUs (2 workers x 1 GPU): two run, the rest queue FIFO."""
+    ns = "queue-ns"
+    names = []
+    for i in range(4):
+        doc = env.new_sweep(f"q{i}", namespace=ns, gpu=True, spec__tune__maxConcurrentTrials=1)
+        names.append(doc["metadata"]["name"])
+        env.runner.script(doc["metadata"]["name"], Outcome.hang())
+        env.apply(doc)
+        time.sleep(1.1)  # distinct creationTimestamps (second resolution)
+    env.wait_phase(names[0], "Running", "Starting", namespace=ns)
+    env.wait_phase(names[1], "Running", "Starting", namespace=ns)
+    for queued in names[2:]:
+        status = env.wait_phase(queued, "Queued", namespace=ns)
+        assert "maxGpusPerNamespace 4" in status["message"] or "waiting behind" in status["message"]
+        assert not env.rayjobs(queued, ns)
+    # The first sweep ends: the oldest queued one (q2) is admitted, q3 still waits.
+    env.delete_ray(constants.RAYJOB_PLURAL, env.status(names[0], ns)["rayJobName"], ns)
+    env.wait_phase(names[2], "Starting", "Running", namespace=ns)
+    time.sleep(2)
+    assert env.status(names[3], ns)["phase"] == "Queued"
+    for name in names:
+        env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"}, ns)
+        env.delete_sweep(name, ns)
+    wait_for(lambda: all(env.sweep(n, ns) is None for n in names), TIMEOUT, what="cleanup")
+
+
+def test_startup_deadline_fails_with_pending_pod_diagnosis(env: OperatorEnv) -> None:
+    """R6, R20: GPUs never come; after startupSeconds the sweep is Failed and says why the pods are pending."""
+    doc = env.new_sweep("stuck", gpu=True, spec__deadlines={"startupSeconds": 10}, spec__tune__maxConcurrentTrials=1)
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.pending(PendingReason.INSUFFICIENT_GPU))
+    env.apply(doc)
+    status = env.wait_phase(name, "Failed", timeout=45)
+    assert "Insufficient nvidia.com/gpu" in status["message"], status["message"]
+    assert "0/3 nodes are available" in status["message"]
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False" and running["reason"] in ("StartupDeadlineExceeded", "StartupFailed")
+    # Never ran: deleting it needs no verification.
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="released (never ran)")
+
+
+# ----------------------------------------------------------------------------- restart and API errors
+
+
+def test_operator_restart_mid_run_creates_no_duplicate_and_continues(env: OperatorEnv) -> None:
+    doc = env.new_sweep("restart")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(6.0, startup=0.3))
+    env.operator.stop()
+    try:
+        env.apply(doc)
+        env.operator = type(env.operator)(env.settings, env.server.url, s3_client_for=env.s3_switch)
+        env.operator.start()
+        bucket, prefix = env.run_root(name)
+        write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+        env.wait_phase(name, "Running")
+        env.operator.stop()
+        time.sleep(1)
+    finally:
+        env.operator = type(env.operator)(env.settings, env.server.url, s3_client_for=env.s3_switch)
+        env.operator.start()
+    env.wait_phase(name, "Succeeded")
+    assert len(env.rayjobs(name)) == 1
+    creates = env.server.history(constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL, "default", env.status(name)["rayJobName"])
+    assert creates, "one RayJob, followed through the restart"
+
+
+def test_injected_api_errors_are_retried_to_convergence(env: OperatorEnv) -> None:
+    doc = env.new_sweep("flaky")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(1.5))
+    injector = env.server.emulator.errors
+    injector.inject(500, times=3, verb="create", plural=constants.RAYJOB_PLURAL)
+    injector.inject(409, times=3, verb="patch", plural=constants.PLURAL, subresource="status", name=name)
+    injector.inject(500, times=2, verb="get", plural=constants.PLURAL, name=name)
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    env.wait_phase(name, "Succeeded")
+    assert len(env.rayjobs(name)) == 1
+    assert not [r for r in injector.pending if r.name == name or r.plural == constants.RAYJOB_PLURAL]
+
+
+# --------------------------------------------------------------------------------- drift and spec edits
+
+
+def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
+    """R21: maxReplicas raised by hand on the RayJob is set back to workers x maxConcurrentTrials, with an Event."""
+    doc = env.new_sweep("drift")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    cap = env.status(name)["replicas"]["cap"]
+    body = env.get(constants.RAYJOB_PLURAL, rayjob)
+    groups = body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    groups[0]["maxReplicas"] = 64
+    env.custom.patch_namespaced_custom_object(
+        constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL, rayjob,
+        {"spec": {"rayClusterSpec": {"workerGroupSpecs": groups}}},
+    )
+    wait_for(
+        lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == cap,
+        TIMEOUT,
+        what="maxReplicas set back",
+    )
+    assert "CapEnforced" in env.event_reasons(rayjob)
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    env.delete_sweep(name)
+
+
+def test_spec_change_refused_while_running_and_suspend_honoured(env: OperatorEnv) -> None:
+    doc = env.new_sweep("edit")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"tune": {"numSamples": 50}}})
+    status = env.wait_status(name, lambda s: "spec change refused" in (s.get("message") or ""), "refusal")
+    assert "spec.tune" in status["message"]
+    assert "SpecChangeRefused" in env.event_reasons(name)
+    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"suspend": True}})
+    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"].get("suspend") is True, TIMEOUT, what="RayJob suspended")
+    env.wait_phase(name, "Suspended")
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    env.delete_sweep(name)
+
+
+# ----------------------------------------------------------------------------------------------- kubectl
+
+
+def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path) -> None:
+    kubeconfig = env.server.write_kubeconfig(tmp_path / "kubeconfig")
+    kubectl = str(Path(sys.executable).parent / "kubectl")
+    run_env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    manifest = yaml.safe_load((REPO / "examples" / "review-scalar.yaml").read_text())
+    manifest["metadata"]["name"] = "kubectl-scalar"
+    manifest["spec"]["storage"]["uri"] = f"s3://{env.bucket}/sweeps"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    env.runner.script("kubectl-scalar", Outcome.succeed(1.5))
+    applied = subprocess.run([kubectl, "apply", "--validate=false", "-f", str(path)], env=run_env, capture_output=True, text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    bucket, prefix = env.run_root("kubectl-scalar")
+    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1)
+    env.wait_status("kubectl-scalar", lambda s: (s.get("checkpoints") or {}).get("verifiedAt"), "verified")
+    from sweep_operator.crd import PRINTER_COLUMNS
+
+    columns = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in PRINTER_COLUMNS)
+    got = subprocess.run(
+        [kubectl, "get", "tsw", "kubectl-scalar", "-o", f"custom-columns=NAME:.metadata.name,{columns}"],
+        env=run_env, capture_output=True, text=True, timeout=60,
+    )
+    assert got.returncode == 0, got.stderr
+    header, row = got.stdout.strip().splitlines()
+    assert header.split()[:5] == ["NAME", "PHASE", "TRIALS", "BEST", "VERIFIED"]
+    cells = row.split()
+    assert cells[0] == "kubectl-scalar" and cells[1] == "Succeeded" and cells[4] == "true"
+    assert cells[2] != "<none>" and cells[3] == "0.1", cells
+    deleted = subprocess.run([kubectl, "delete", "tsw", "kubectl-scalar", "--wait=true", "--timeout=60s"], env=run_env, capture_output=True, text=True, timeout=90)
+    assert deleted.returncode == 0, deleted.stderr
+    assert env.sweep("kubectl-scalar") is None
