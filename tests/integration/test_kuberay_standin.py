@@ -350,6 +350,9 @@ def test_quota_refusal_shows_failed_create_events_on_the_cluster(kube: Cluster, 
     events = wait_for(lambda: len(e := kube.events(**selector)) == 2 and e, 10, what="one refusal per worker")
     assert all("exceeded quota" in e.message for e in events)
     assert [p.metadata.labels["ray.io/node-type"] for p in _pods(kube, name)] == ["head"]
+    conditions = {c["type"]: c for c in wait_for(lambda: (kube.cluster(name) or {}).get("status", {}).get("conditions"), 5)}
+    assert conditions["RayClusterProvisioned"]["status"] == "False"
+    assert "exceeded quota" in conditions["ReplicaFailure"]["message"]
 
 
 def test_emulated_pods_run_once_the_cluster_is_ready(quiet: Cluster) -> None:

@@ -1035,11 +1035,32 @@ class KubeRayStandIn:
         plans = plan_pods(cluster, workers=pending.workers)
         if not any(p.node_type == "worker" for p in plans) and pending.workers is None:
             plans = plan_pods(cluster, workers=1)  # an autoscaled group at 0: the demand that cannot be met
+        refusal = ""
         for plan in self._missing_pods(cluster, plans):
             if plan.node_type == "worker" and pending.reason is PendingReason.QUOTA:
-                self._quota_refusal(cluster, plan, pending)
+                refusal = self._quota_refusal(cluster, plan, pending)
                 continue
             self._pending_pod_status(self._create_pod(cluster, plan), plan, pending)
+        self._mark_cluster_provisioning(cluster, plans, pending, refusal)
+
+    def _mark_cluster_provisioning(self, cluster: Obj, plans: list[PodPlan], pending: PendingPods, refusal: str) -> None:
+        """The RayCluster's own view of a stuck start: no state, workers unavailable, provisioning conditions."""
+        head_ready = pending.reason is not PendingReason.IMAGE_PULL
+        conditions = [
+            _condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
+            _condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
+                       "RayCluster Pods are being provisioned for first time"),
+        ]
+        if refusal:
+            conditions.append(_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
+        workers = sum(1 for p in plans if p.node_type == "worker")
+        status = {"desiredWorkerReplicas": workers, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
+                  "conditions": conditions}
+        patched = self.custom.patch_namespaced_custom_object_status(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, cluster["metadata"]["namespace"],
+            constants.RAYCLUSTER_PLURAL, cluster["metadata"]["name"], {"status": status},
+        )
+        self.rayclusters.remember(patched)
 
     def _cluster_pods(self, cluster: Obj) -> list[Obj]:
         selector = f"{LABEL_CLUSTER}={cluster['metadata']['name']}"
@@ -1063,8 +1084,12 @@ class KubeRayStandIn:
         return missing
 
     def _create_pod(self, cluster: Obj, plan: PodPlan) -> Obj:
-        return self._core_call("POST", f"/api/v1/namespaces/{cluster['metadata']['namespace']}/pods",
-                               pod_body(cluster, plan))
+        namespace = cluster["metadata"]["namespace"]
+        pod = self._core_call("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(cluster, plan))
+        reason = "CreatedHeadPod" if plan.node_type == "head" else "CreatedWorkerPod"
+        self._event(cluster, "Normal", reason, f"Created {plan.node_type} Pod {namespace}/{plan.name}",
+                    RAYCLUSTER_CONTROLLER)
+        return pod
 
     def _pod_call(self, method: str, namespace: str, name: str, suffix: str, body: Obj) -> Obj:
         return self._core_call(method, f"/api/v1/namespaces/{namespace}/pods/{name}{suffix}", body,
@@ -1083,14 +1108,17 @@ class KubeRayStandIn:
             raise self.ApiException(http_resp=response)
         return dict(json.loads(response.data))
 
-    def _quota_refusal(self, cluster: Obj, plan: PodPlan, pending: PendingPods) -> None:
-        requested = f"requests.{constants.GPU_RESOURCE}=1"
-        detail = pending.message or (
-            f'pods "{plan.name}" is forbidden: exceeded quota: gpu-quota, requested: {requested}, '
-            f"used: requests.{constants.GPU_RESOURCE}=4, limited: requests.{constants.GPU_RESOURCE}=4"
+    def _quota_refusal(self, cluster: Obj, plan: PodPlan, pending: PendingPods) -> str:
+        """What the API server answers KubeRay's worker creation under a full ResourceQuota; returns the error."""
+        gpu = f"requests.{constants.GPU_RESOURCE}"
+        error = pending.message or (
+            f'pods "{plan.name}" is forbidden: exceeded quota: gpu-quota, requested: {gpu}=1, '
+            f"used: {gpu}={pending.nodes}, limited: {gpu}={pending.nodes}"
         )
-        message = f"Failed to create worker Pod {cluster['metadata']['namespace']}/{plan.name}, {detail}"
+        meta = cluster["metadata"]
+        message = f"Failed to create worker Pod for the cluster {meta['namespace']}/{meta['name']}, {error}"
         self._event(cluster, "Warning", "FailedToCreateWorkerPod", message, RAYCLUSTER_CONTROLLER)
+        return error
 
     def _pending_pod_status(self, pod: Obj, plan: PodPlan, pending: PendingPods) -> None:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
