@@ -609,6 +609,253 @@ class _Step:
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
 
 
+class RayApi:
+    """The stand-in's API calls: ray.io objects through CustomObjectsApi, core/v1 as plain JSON, Events."""
+
+    def __init__(self, api_client: Any) -> None:
+        import kubernetes.client
+
+        api_client.user_agent = USER_AGENT  # lets tests aim injected errors at the stand-in (or away from it)
+        self.api_client = api_client
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.ApiException = kubernetes.client.ApiException
+
+    def create(self, plural: str, namespace: str, body: Obj) -> Obj:
+        return dict(self.custom.create_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, body))
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name))
+        except self.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name)
+
+    def patch(self, plural: str, obj: Obj, patch: Obj, *, status: bool = False, guarded: bool = False) -> Obj:
+        """A merge patch; `guarded` adds obj's resourceVersion, so a stale write fails with 409 as KubeRay's Update."""
+        meta = obj["metadata"]
+        if guarded:
+            patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
+        call = self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
+        return dict(call(constants.RAY_GROUP, constants.RAY_VERSION_API, meta["namespace"], plural, meta["name"], patch))
+
+    def core(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
+             content_type: str = "application/json") -> Obj:
+        """A core/v1 call with plain JSON: the typed client validates pod templates stricter than the API server."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, payload, _ = self.api_client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body
+        )
+        response = self.api_client.call_api(method, url, header_params=headers, body=payload)
+        response.read()
+        if not 200 <= response.status < 300:
+            raise self.ApiException(http_resp=response)
+        return dict(json.loads(response.data))
+
+    def event(self, involved: Obj, type_: str, reason: str, message: str, component: str = RAYJOB_CONTROLLER,
+              host: str | None = None) -> None:
+        body = event_body(involved, type_, reason, message, component, host)
+        try:
+            self.core("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
+        except self.ApiException as e:  # events are best effort, as client-go's recorder
+            logger.debug("event %s on %s not recorded: %r", reason, involved["metadata"]["name"], e)
+
+
+class ClusterPods:
+    """A RayCluster's Pods as KubeRay creates them, and what kube-scheduler, the kubelet or a ResourceQuota make of
+    them: Running pods for `emulate_pods`, or the Pending pods, conditions and Events of a stuck start (R6, R20)."""
+
+    def __init__(self, api: RayApi) -> None:
+        self.api = api
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def starting(self, cluster: Obj) -> None:
+        """Pods created and scheduled, containers still being created."""
+        if not self._once(cluster, "created"):
+            return
+        for plan in self._missing(cluster, plan_pods(cluster)):
+            pod = self._create(cluster, plan)
+            waiting = {"reason": "ContainerCreating"}
+            self._set_status(pod, {"phase": "Pending", "conditions": [_condition("PodScheduled", True)],
+                                   "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting)})
+
+    def ready(self, cluster: Obj) -> None:
+        self.starting(cluster)
+        if self._once(cluster, "ready"):
+            for index, pod in enumerate(self._list(cluster)):
+                self._set_status(pod, running_pod_status(pod, index))
+
+    def stuck(self, cluster: Obj, pending: PendingPods) -> Obj | None:
+        """Make the cluster's start stuck for `pending.reason`; returns the RayCluster status to record (once)."""
+        if not self._once(cluster, "pending"):
+            return None
+        plans = plan_pods(cluster, workers=pending.workers)
+        if not any(p.node_type == "worker" for p in plans) and pending.workers is None:
+            plans = plan_pods(cluster, workers=1)  # an autoscaled group at 0: the demand that cannot be met
+        refusal = ""  # the cluster's status is returned last: once it shows the problem, pods and Events exist
+        for plan in self._missing(cluster, plans):
+            if plan.node_type == "worker" and pending.reason is PendingReason.QUOTA:
+                refusal = self._quota_refusal(cluster, plan, pending)
+            else:
+                self._pending(self._create(cluster, plan), plan, pending)
+        return self._provisioning_status(plans, pending, refusal)
+
+    @staticmethod
+    def _provisioning_status(plans: list[PodPlan], pending: PendingPods, refusal: str) -> Obj:
+        """The RayCluster's view of a stuck start: no state, no available workers, provisioning conditions."""
+        head_ready = pending.reason is not PendingReason.IMAGE_PULL
+        conditions = [
+            _condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
+            _condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
+                       "RayCluster Pods are being provisioned for first time"),
+        ]
+        if refusal:
+            conditions.append(_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
+        workers = sum(1 for p in plans if p.node_type == "worker")
+        return {"desiredWorkerReplicas": workers, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
+                "conditions": conditions}
+
+    def _once(self, cluster: Obj, what: str) -> bool:
+        """Each step happens once per cluster; a retried reconcile does not double pods (see _missing)."""
+        marker = f"{cluster['metadata']['uid']}/{what}"
+        with self._lock:
+            if marker in self._done:
+                return False
+            self._done.add(marker)
+        return True
+
+    def _list(self, cluster: Obj) -> list[Obj]:
+        selector = f"{LABEL_CLUSTER}={cluster['metadata']['name']}"
+        path = f"/api/v1/namespaces/{cluster['metadata']['namespace']}/pods"
+        return list(self.api.core("GET", path, query=[("labelSelector", selector)])["items"])
+
+    def _missing(self, cluster: Obj, plans: list[PodPlan]) -> list[PodPlan]:
+        have: dict[tuple[str, str], int] = {}
+        for pod in self._list(cluster):
+            labels = pod["metadata"].get("labels") or {}
+            group = (labels.get(LABEL_NODE_TYPE, ""), labels.get(LABEL_GROUP, ""))
+            have[group] = have.get(group, 0) + 1
+        missing = []
+        for plan in plans:
+            group = (plan.node_type, plan.group)
+            if have.get(group, 0) > 0:
+                have[group] -= 1
+            else:
+                missing.append(plan)
+        return missing
+
+    def _create(self, cluster: Obj, plan: PodPlan) -> Obj:
+        namespace = cluster["metadata"]["namespace"]
+        pod = self.api.core("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(cluster, plan))
+        reason = "CreatedHeadPod" if plan.node_type == "head" else "CreatedWorkerPod"
+        self.api.event(cluster, "Normal", reason, f"Created {plan.node_type} Pod {namespace}/{plan.name}",
+                       RAYCLUSTER_CONTROLLER)
+        return pod
+
+    def _patch(self, pod: Obj, suffix: str, body: Obj) -> None:
+        meta = pod["metadata"]
+        self.api.core("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}{suffix}", body,
+                      content_type="application/strategic-merge-patch+json")
+
+    def _set_status(self, pod: Obj, status: Obj) -> None:
+        self._patch(pod, "/status", {"status": status})
+
+    def _quota_refusal(self, cluster: Obj, plan: PodPlan, pending: PendingPods) -> str:
+        """What the API server answers KubeRay's worker creation under a full ResourceQuota; returns the error."""
+        gpu = f"requests.{constants.GPU_RESOURCE}"
+        error = pending.message or (
+            f'pods "{plan.name}" is forbidden: exceeded quota: gpu-quota, requested: {gpu}=1, '
+            f"used: {gpu}={pending.nodes}, limited: {gpu}={pending.nodes}"
+        )
+        meta = cluster["metadata"]
+        message = f"Failed to create worker Pod for the cluster {meta['namespace']}/{meta['name']}, {error}"
+        self.api.event(cluster, "Warning", "FailedToCreateWorkerPod", message, RAYCLUSTER_CONTROLLER)
+        return error
+
+    def _pending(self, pod: Obj, plan: PodPlan, pending: PendingPods) -> None:
+        head_is_fine = plan.node_type == "head" and pending.reason is not PendingReason.IMAGE_PULL
+        if head_is_fine or pending.reason is PendingReason.QUOTA:
+            self._set_status(pod, running_pod_status(pod, 0))
+        elif pending.reason in (PendingReason.INSUFFICIENT_GPU, PendingReason.UNSCHEDULABLE):
+            self._unschedulable(pod, pending)
+        else:
+            self._image_pull_back_off(pod, _first_image(plan.template), pending)
+
+    # The Events go first: a pod whose status shows the problem already has the Events that explain it.
+
+    def _unschedulable(self, pod: Obj, pending: PendingPods) -> None:
+        message = unschedulable_message(pending)
+        self.api.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
+        self._set_status(pod, {"phase": "Pending",
+                               "conditions": [_condition("PodScheduled", False, "Unschedulable", message)]})
+
+    def _image_pull_back_off(self, pod: Obj, image: str, pending: PendingPods) -> None:
+        node = "ip-10-0-1-23.ec2.internal"
+        error = pending.message or f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'
+        waiting = {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}
+        self._patch(pod, "", {"spec": {"nodeName": node}})
+        for type_, reason, message in (
+            ("Normal", "Pulling", f'Pulling image "{image}"'),
+            ("Warning", "Failed", f'Failed to pull image "{image}": {error}'),
+            ("Warning", "Failed", "Error: ErrImagePull"),
+            ("Normal", "BackOff", f'Back-off pulling image "{image}"'),
+            ("Warning", "Failed", "Error: ImagePullBackOff"),
+        ):
+            self.api.event(pod, type_, reason, message, "kubelet", host=node)
+        self._set_status(pod, {
+            "phase": "Pending",
+            "conditions": [_condition("PodScheduled", True),
+                           _condition("Ready", False, "ContainersNotReady", "containers with unready status")],
+            "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting),
+        })
+
+
+def ready_cluster_status(cluster: Obj) -> Obj:
+    """A RayCluster's status once its pods run (KubeRay's state `ready`)."""
+    groups = (cluster.get("spec") or {}).get("workerGroupSpecs") or []
+    desired = sum(_worker_count(g) for g in groups)
+    name = cluster["metadata"]["name"]
+    return {
+        "state": "ready",
+        "readyTimestamp": now_rfc3339(),
+        "desiredWorkerReplicas": desired,
+        "availableWorkerReplicas": desired,
+        "readyWorkerReplicas": desired,
+        "minWorkerReplicas": sum(int(g.get("minReplicas", 0) or 0) for g in groups),
+        "maxWorkerReplicas": sum(int(g.get("maxReplicas", 0) or 0) for g in groups),
+        "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379"},
+        "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.2", "serviceIP": "10.96.0.10"},
+        "conditions": [_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
+                       _condition("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime")],
+        "observedGeneration": cluster["metadata"].get("generation", 1),
+    }
+
+
+def cluster_for(rayjob: Obj, name: str) -> Obj:
+    """KubeRay's constructRayClusterForRayJob: the RayJob's labels and annotations, its rayClusterSpec, owned by it."""
+    labels = dict(rayjob["metadata"].get("labels") or {})
+    labels[constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME] = rayjob["metadata"]["name"]
+    labels[constants.RAY_LABEL_ORIGINATED_FROM_CRD] = constants.RAYJOB_KIND
+    return {
+        "apiVersion": constants.RAY_API_VERSION,
+        "kind": constants.RAYCLUSTER_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": rayjob["metadata"]["namespace"],
+            "labels": labels,
+            "annotations": dict(rayjob["metadata"].get("annotations") or {}),
+            "ownerReferences": [_owner_ref(rayjob)],
+        },
+        "spec": copy.deepcopy(rayjob["spec"]["rayClusterSpec"]),
+    }
+
+
 class KubeRayStandIn:
     """Reconciles RayJobs as KubeRay v1.7 does, against any Kubernetes API (the emulator in practice).
 
@@ -631,32 +878,26 @@ class KubeRayStandIn:
         poll_interval: float = 0.5,
         emulate_pods: bool = False,
     ) -> None:
-        import kubernetes.client
-
-        api_client.user_agent = USER_AGENT
-        self.api_client = api_client
-        self.custom = kubernetes.client.CustomObjectsApi(api_client)
-        self.ApiException = kubernetes.client.ApiException
+        self.api = RayApi(api_client)
         self.runner: JobRunner = runner if runner is not None else ScriptedRunner()
         self.namespace = namespace
         self.poll_interval = poll_interval
         self.emulate_pods = emulate_pods
+        self.pods = ClusterPods(self.api)
         self.queue = WorkQueue()
-        self.rayjobs = Informer(self.custom, constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL,
-                                self._on_rayjob, namespace)
-        self.rayclusters = Informer(self.custom, constants.RAY_GROUP, constants.RAY_VERSION_API,
-                                    constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace)
+        ray = (self.api.custom, constants.RAY_GROUP, constants.RAY_VERSION_API)
+        self.rayjobs = Informer(*ray, constants.RAYJOB_PLURAL, self._on_rayjob, namespace)
+        self.rayclusters = Informer(*ray, constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace)
         self._workers = [threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True)
                          for i in range(workers)]
         self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (cluster name, its run)
-        self._pods_made: set[str] = set()  # cluster uids whose pods exist
         self._failures: dict[Key, int] = {}
         self._lock = threading.Lock()
-        self._started = False
 
     # ---- lifecycle
 
     def start(self, timeout: float = 10.0) -> KubeRayStandIn:
+        """List and watch (returns once both caches are filled), then reconcile."""
         self.rayjobs.start()
         self.rayclusters.start()
         for informer in (self.rayjobs, self.rayclusters):
@@ -665,7 +906,6 @@ class KubeRayStandIn:
                 raise RuntimeError(f"the KubeRay stand-in could not list {informer.plural}")
         for worker in self._workers:
             worker.start()
-        self._started = True
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -706,14 +946,15 @@ class KubeRayStandIn:
             except Exception as e:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = min(0.05 * 2 ** failures, 2.0)
-                level = logging.DEBUG if isinstance(e, self.ApiException) and e.status in (409, 404) else logging.WARNING
-                logger.log(level, "reconcile %s/%s failed (%r); retrying in %.2fs", *key, e, delay)
+                expected = isinstance(e, self.api.ApiException) and e.status in (404, 409)
+                logger.log(logging.DEBUG if expected else logging.WARNING,
+                           "reconcile %s/%s failed (%r); retrying in %.2fs", *key, e, delay)
             finally:
                 self.queue.done(key)
             if delay is not None:
                 self.queue.add_after(key, delay)
 
-    # ---- the RayJob state machine
+    # ---- the RayJob state machine (KubeRay's rayjob_controller.go Reconcile)
 
     def reconcile(self, key: Key) -> float | None:
         """One reconcile of one RayJob; returns when to look again (None: on the next change only)."""
@@ -721,9 +962,9 @@ class KubeRayStandIn:
         if rayjob is None:
             self._stop_run(key)
             return None
-        meta, spec = rayjob["metadata"], rayjob.get("spec") or {}
-        if meta.get("deletionTimestamp"):
+        if rayjob["metadata"].get("deletionTimestamp"):
             return self._on_deleting(key, rayjob)
+        spec = rayjob.get("spec") or {}
         original = dict(rayjob.get("status") or {})
         step = _Step(copy.deepcopy(original))
         deployment = original.get("jobDeploymentStatus", "")
@@ -754,7 +995,8 @@ class KubeRayStandIn:
         finalizers = rayjob["metadata"].get("finalizers") or []
         if RAYJOB_FINALIZER in finalizers:
             remaining = [f for f in finalizers if f != RAYJOB_FINALIZER]
-            self._patch_rayjob(rayjob, {"metadata": {"finalizers": remaining or None}})
+            self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob,
+                                                 {"metadata": {"finalizers": remaining or None}}, guarded=True))
         return None  # the cluster goes with the RayJob through ownerReference garbage collection
 
     def _ensure_finalizer(self, rayjob: Obj) -> Obj | None:
@@ -763,19 +1005,21 @@ class KubeRayStandIn:
         if RAYJOB_FINALIZER in finalizers:
             return rayjob
         try:
-            return self._patch_rayjob(rayjob, {"metadata": {"finalizers": [*finalizers, RAYJOB_FINALIZER]}})
-        except self.ApiException as e:
+            patched = self.api.patch(constants.RAYJOB_PLURAL, rayjob,
+                                     {"metadata": {"finalizers": [*finalizers, RAYJOB_FINALIZER]}}, guarded=True)
+        except self.api.ApiException as e:
             if e.status == 409:
                 return None
             raise
+        return self._remember_rayjob(patched)
 
     def _init_status(self, rayjob: Obj, step: _Step) -> None:
-        name = rayjob["metadata"]["name"]
-        status = step.status
+        """KubeRay's initRayJobStatusIfNeed: job id, cluster name and start time, then Initializing."""
+        name, spec, status = rayjob["metadata"]["name"], rayjob.get("spec") or {}, step.status
         if not status.get("jobId"):
-            status["jobId"] = (rayjob.get("spec") or {}).get("jobId") or f"{name}-{random_suffix()}"
+            status["jobId"] = spec.get("jobId") or f"{name}-{random_suffix()}"
         if not status.get("rayClusterName"):
-            selector = (rayjob.get("spec") or {}).get("clusterSelector") or {}
+            selector = spec.get("clusterSelector") or {}
             status["rayClusterName"] = selector.get(LABEL_CLUSTER) or f"{name}-{random_suffix()}"
         status["jobStatus"] = status.get("jobStatus") or JobStatus.NEW.value
         status["jobDeploymentStatus"] = Deployment.INITIALIZING.value
@@ -824,14 +1068,20 @@ class KubeRayStandIn:
         poll = self._run_for(key, rayjob, cluster).poll()
         if poll.phase is RunPhase.STARTING:
             if poll.pending_pods is not None:
-                self._make_pending_pods(cluster, poll.pending_pods)
+                stuck = self.pods.stuck(cluster, poll.pending_pods)
+                if stuck is not None:
+                    self._set_cluster_status(cluster, stuck)
             elif self.emulate_pods:
-                self._make_pods(cluster, ready=False)
+                self.pods.starting(cluster)
             step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
             return
-        ready = self._mark_cluster_ready(cluster)
-        status["rayClusterStatus"] = ready.get("status") or {}
-        status["dashboardURL"] = f"{cluster['metadata']['name']}-head-svc.{cluster['metadata']['namespace']}.svc.cluster.local:8265"
+        if self.emulate_pods:
+            self.pods.ready(cluster)
+        if (cluster.get("status") or {}).get("state") != "ready":
+            cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
+        meta = cluster["metadata"]
+        status["rayClusterStatus"] = cluster.get("status") or {}
+        status["dashboardURL"] = f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:8265"
         status["jobDeploymentStatus"] = Deployment.RUNNING.value
         step.wake_in(0)
 
@@ -843,12 +1093,10 @@ class KubeRayStandIn:
         if self._deadline_passed(rayjob, step, pre_running=False):
             self._stop_run(key)
             return
-        cluster = self.rayclusters.get(rayjob["metadata"]["namespace"], status.get("rayClusterName", ""))
+        cluster = self._get_or_create_cluster(rayjob, step)
         if cluster is None:
-            cluster = self._get_or_create_cluster(rayjob, step)
-            if cluster is None:
-                step.wake_in(self.poll_interval)
-                return
+            step.wake_in(self.poll_interval)
+            return
         poll = self._run_for(key, rayjob, cluster).poll()
         info = dict(status.get("rayJobInfo") or {})
         if poll.phase in (RunPhase.PENDING, RunPhase.STARTING):
@@ -904,260 +1152,49 @@ class KubeRayStandIn:
     # ---- the RayCluster
 
     def _get_or_create_cluster(self, rayjob: Obj, step: _Step) -> Obj | None:
-        namespace = rayjob["metadata"]["namespace"]
-        name = step.status.get("rayClusterName", "")
+        namespace, name = rayjob["metadata"]["namespace"], step.status.get("rayClusterName", "")
         cluster = self.rayclusters.get(namespace, name)
         if cluster is not None:
             return cluster
         if (rayjob.get("spec") or {}).get("clusterSelector"):
             return None  # an existing cluster is selected; KubeRay waits for it
-        labels = dict(rayjob["metadata"].get("labels") or {})
-        labels[constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME] = rayjob["metadata"]["name"]
-        labels[constants.RAY_LABEL_ORIGINATED_FROM_CRD] = constants.RAYJOB_KIND
-        body = {
-            "apiVersion": constants.RAY_API_VERSION,
-            "kind": constants.RAYCLUSTER_KIND,
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": dict(rayjob["metadata"].get("annotations") or {}),
-                "ownerReferences": [_owner_ref(rayjob)],
-            },
-            "spec": copy.deepcopy(rayjob["spec"]["rayClusterSpec"]),
-        }
         try:
-            cluster = self.custom.create_namespaced_custom_object(
-                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, body
-            )
-        except self.ApiException as e:
+            cluster = self.api.create(constants.RAYCLUSTER_PLURAL, namespace, cluster_for(rayjob, name))
+        except self.api.ApiException as e:
             if e.status != 409:
-                self._event(rayjob, "Warning", "FailedToCreateRayCluster",
-                            f"Failed to create RayCluster {namespace}/{name}: {e.reason}")
+                self.api.event(rayjob, "Warning", "FailedToCreateRayCluster",
+                               f"Failed to create RayCluster {namespace}/{name}: {e.reason}")
                 raise
-            cluster = self.custom.get_namespaced_custom_object(
-                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name
-            )
+            cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
         else:
-            self._event(rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}")
-        self.rayclusters.remember(cluster)
+            self.api.event(rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}")
+        if cluster is not None:
+            self.rayclusters.remember(cluster)
         return cluster
 
-    def _mark_cluster_ready(self, cluster: Obj) -> Obj:
-        spec = cluster.get("spec") or {}
-        groups = spec.get("workerGroupSpecs") or []
-        desired = sum(_worker_count(g) for g in groups)
-        name = cluster["metadata"]["name"]
-        status = {
-            "state": "ready",
-            "readyTimestamp": now_rfc3339(),
-            "desiredWorkerReplicas": desired,
-            "availableWorkerReplicas": desired,
-            "readyWorkerReplicas": desired,
-            "minWorkerReplicas": sum(int(g.get("minReplicas", 0) or 0) for g in groups),
-            "maxWorkerReplicas": sum(int(g.get("maxReplicas", 0) or 0) for g in groups),
-            "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379"},
-            "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.2", "serviceIP": "10.96.0.10"},
-            "conditions": [_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
-                           _condition("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime")],
-            "observedGeneration": cluster["metadata"].get("generation", 1),
-        }
-        if cluster.get("status", {}).get("state") == "ready":
-            return cluster
-        if self.emulate_pods:
-            self._make_pods(cluster, ready=True)
-        patched = self.custom.patch_namespaced_custom_object_status(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, cluster["metadata"]["namespace"],
-            constants.RAYCLUSTER_PLURAL, name, {"status": status},
-        )
+    def _set_cluster_status(self, cluster: Obj, status: Obj) -> Obj:
+        patched = self.api.patch(constants.RAYCLUSTER_PLURAL, cluster, {"status": status}, status=True)
         self.rayclusters.remember(patched)
         return patched
 
     def _delete_cluster(self, rayjob: Obj, step: _Step) -> bool:
         """KubeRay's deleteClusterResources: delete once (a real delete: finalizers hold it); True once it is gone."""
-        namespace = rayjob["metadata"]["namespace"]
-        name = step.status.get("rayClusterName", "")
-        if not name:
+        namespace, name = rayjob["metadata"]["namespace"], step.status.get("rayClusterName", "")
+        cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name) if name else None
+        if cluster is None:
             return True
-        try:
-            cluster = self.custom.get_namespaced_custom_object(
-                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name
-            )
-        except self.ApiException as e:
-            if e.status == 404:
-                return True
-            raise
         if cluster["metadata"].get("deletionTimestamp"):
             return False  # its deletion is ongoing (held by finalizers)
         try:
-            self.custom.delete_namespaced_custom_object(
-                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name
-            )
-        except self.ApiException as e:
+            self.api.delete(constants.RAYCLUSTER_PLURAL, namespace, name)
+        except self.api.ApiException as e:
             if e.status == 404:
                 return True
-            self._event(rayjob, "Warning", "FailedToDeleteRayCluster",
-                        f"Failed to delete cluster {namespace}/{name}: {e.reason}")
+            self.api.event(rayjob, "Warning", "FailedToDeleteRayCluster",
+                           f"Failed to delete cluster {namespace}/{name}: {e.reason}")
             raise
-        self._event(rayjob, "Normal", "DeletedRayCluster", f"Deleted cluster {namespace}/{name}")
+        self.api.event(rayjob, "Normal", "DeletedRayCluster", f"Deleted cluster {namespace}/{name}")
         return False  # gone only when the API says so (the next reconcile looks again)
-
-    # ---- pods
-
-    def _once(self, cluster: Obj, what: str) -> bool:
-        """Pods are made once per cluster and purpose (a failed attempt retries, without doubling: _missing_pods)."""
-        marker = f"{cluster['metadata']['uid']}/{what}"
-        with self._lock:
-            if marker in self._pods_made:
-                return False
-            self._pods_made.add(marker)
-        return True
-
-    def _make_pods(self, cluster: Obj, *, ready: bool) -> None:
-        """Pods for `emulate_pods`: created Pending (ContainerCreating), Running once the cluster is ready."""
-        namespace = cluster["metadata"]["namespace"]
-        if self._once(cluster, "created"):
-            for plan in self._missing_pods(cluster, plan_pods(cluster)):
-                pod = self._create_pod(cluster, plan)
-                waiting = {"reason": "ContainerCreating"}
-                status = {"phase": "Pending", "conditions": [_condition("PodScheduled", True)],
-                          "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting)}
-                self._pod_call("PATCH", namespace, pod["metadata"]["name"], "/status", {"status": status})
-        if ready and self._once(cluster, "ready"):
-            for index, pod in enumerate(self._cluster_pods(cluster)):
-                status = running_pod_status(pod, index)
-                self._pod_call("PATCH", namespace, pod["metadata"]["name"], "/status", {"status": status})
-
-    def _make_pending_pods(self, cluster: Obj, pending: PendingPods) -> None:
-        """The pods, conditions and Events a cluster stuck for `pending.reason` shows (R6, R20)."""
-        if not self._once(cluster, "pending"):
-            return
-        plans = plan_pods(cluster, workers=pending.workers)
-        if not any(p.node_type == "worker" for p in plans) and pending.workers is None:
-            plans = plan_pods(cluster, workers=1)  # an autoscaled group at 0: the demand that cannot be met
-        refusal = ""
-        for plan in self._missing_pods(cluster, plans):
-            if plan.node_type == "worker" and pending.reason is PendingReason.QUOTA:
-                refusal = self._quota_refusal(cluster, plan, pending)
-                continue
-            self._pending_pod_status(self._create_pod(cluster, plan), plan, pending)
-        self._mark_cluster_provisioning(cluster, plans, pending, refusal)
-
-    def _mark_cluster_provisioning(self, cluster: Obj, plans: list[PodPlan], pending: PendingPods, refusal: str) -> None:
-        """The RayCluster's own view of a stuck start: no state, workers unavailable, provisioning conditions."""
-        head_ready = pending.reason is not PendingReason.IMAGE_PULL
-        conditions = [
-            _condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
-            _condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
-                       "RayCluster Pods are being provisioned for first time"),
-        ]
-        if refusal:
-            conditions.append(_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
-        workers = sum(1 for p in plans if p.node_type == "worker")
-        status = {"desiredWorkerReplicas": workers, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
-                  "conditions": conditions}
-        patched = self.custom.patch_namespaced_custom_object_status(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, cluster["metadata"]["namespace"],
-            constants.RAYCLUSTER_PLURAL, cluster["metadata"]["name"], {"status": status},
-        )
-        self.rayclusters.remember(patched)
-
-    def _cluster_pods(self, cluster: Obj) -> list[Obj]:
-        selector = f"{LABEL_CLUSTER}={cluster['metadata']['name']}"
-        path = f"/api/v1/namespaces/{cluster['metadata']['namespace']}/pods"
-        return list(self._core_call("GET", path, query=[("labelSelector", selector)])["items"])
-
-    def _missing_pods(self, cluster: Obj, plans: list[PodPlan]) -> list[PodPlan]:
-        """The planned pods not created yet (a reconcile retried after a failure must not double them)."""
-        have: dict[tuple[str, str], int] = {}
-        for pod in self._cluster_pods(cluster):
-            labels = pod["metadata"].get("labels") or {}
-            group = (labels.get(LABEL_NODE_TYPE, ""), labels.get(LABEL_GROUP, ""))
-            have[group] = have.get(group, 0) + 1
-        missing = []
-        for plan in plans:
-            group = (plan.node_type, plan.group)
-            if have.get(group, 0) > 0:
-                have[group] -= 1
-            else:
-                missing.append(plan)
-        return missing
-
-    def _create_pod(self, cluster: Obj, plan: PodPlan) -> Obj:
-        namespace = cluster["metadata"]["namespace"]
-        pod = self._core_call("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(cluster, plan))
-        reason = "CreatedHeadPod" if plan.node_type == "head" else "CreatedWorkerPod"
-        self._event(cluster, "Normal", reason, f"Created {plan.node_type} Pod {namespace}/{plan.name}",
-                    RAYCLUSTER_CONTROLLER)
-        return pod
-
-    def _pod_call(self, method: str, namespace: str, name: str, suffix: str, body: Obj) -> Obj:
-        return self._core_call(method, f"/api/v1/namespaces/{namespace}/pods/{name}{suffix}", body,
-                               content_type="application/strategic-merge-patch+json")
-
-    def _core_call(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
-                   content_type: str = "application/json") -> Obj:
-        """A core/v1 call with plain JSON: the typed client validates pod templates stricter than the API server."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        _, url, headers, payload, _ = self.api_client.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body
-        )
-        response = self.api_client.call_api(method, url, header_params=headers, body=payload)
-        response.read()
-        if not 200 <= response.status < 300:
-            raise self.ApiException(http_resp=response)
-        return dict(json.loads(response.data))
-
-    def _quota_refusal(self, cluster: Obj, plan: PodPlan, pending: PendingPods) -> str:
-        """What the API server answers KubeRay's worker creation under a full ResourceQuota; returns the error."""
-        gpu = f"requests.{constants.GPU_RESOURCE}"
-        error = pending.message or (
-            f'pods "{plan.name}" is forbidden: exceeded quota: gpu-quota, requested: {gpu}=1, '
-            f"used: {gpu}={pending.nodes}, limited: {gpu}={pending.nodes}"
-        )
-        meta = cluster["metadata"]
-        message = f"Failed to create worker Pod for the cluster {meta['namespace']}/{meta['name']}, {error}"
-        self._event(cluster, "Warning", "FailedToCreateWorkerPod", message, RAYCLUSTER_CONTROLLER)
-        return error
-
-    def _pending_pod_status(self, pod: Obj, plan: PodPlan, pending: PendingPods) -> None:
-        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        image = _first_image(plan.template)
-        scheduling_problem = pending.reason in (PendingReason.INSUFFICIENT_GPU, PendingReason.UNSCHEDULABLE)
-        head_is_fine = plan.node_type == "head" and pending.reason is not PendingReason.IMAGE_PULL
-        if head_is_fine or pending.reason is PendingReason.QUOTA:
-            status = running_pod_status(pod, 0)
-        elif scheduling_problem:
-            message = unschedulable_message(pending)
-            status = {
-                "phase": "Pending",
-                "conditions": [_condition("PodScheduled", False, "Unschedulable", message)],
-            }
-            self._event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
-        else:
-            node = "ip-10-0-1-23.ec2.internal"
-            pull_error = pending.message or (
-                f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'
-            )
-            status = {
-                "phase": "Pending",
-                "conditions": [_condition("PodScheduled", True),
-                               _condition("Ready", False, "ContainersNotReady", "containers with unready status")],
-                "containerStatuses": _container_statuses(
-                    pod, ready=False,
-                    waiting={"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}": ErrImagePull: {pull_error}'},
-                ),
-            }
-            self._pod_call("PATCH", namespace, name, "", {"spec": {"nodeName": node}})
-            for type_, reason, message in (
-                ("Normal", "Pulling", f'Pulling image "{image}"'),
-                ("Warning", "Failed", f'Failed to pull image "{image}": {pull_error}'),
-                ("Warning", "Failed", "Error: ErrImagePull"),
-                ("Normal", "BackOff", f'Back-off pulling image "{image}"'),
-                ("Warning", "Failed", "Error: ImagePullBackOff"),
-            ):
-                self._event(pod, type_, reason, message, "kubelet", host=node)
-        self._pod_call("PATCH", namespace, name, "/status", {"status": status})
 
     # ---- runs
 
@@ -1186,14 +1223,9 @@ class KubeRayStandIn:
 
     # ---- writes
 
-    def _patch_rayjob(self, rayjob: Obj, patch: Obj) -> Obj:
-        meta = rayjob["metadata"]
-        patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        patched = self.custom.patch_namespaced_custom_object(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, meta["namespace"], constants.RAYJOB_PLURAL, meta["name"], patch
-        )
-        self.rayjobs.remember(patched)
-        return patched
+    def _remember_rayjob(self, rayjob: Obj) -> Obj:
+        self.rayjobs.remember(rayjob)
+        return rayjob
 
     def _write_status(self, rayjob: Obj, original: Obj, step: _Step) -> None:
         """KubeRay writes the status only when jobStatus or jobDeploymentStatus change (updateRayJobStatus)."""
@@ -1205,17 +1237,5 @@ class KubeRayStandIn:
             status["endTime"] = now_rfc3339()
         status["observedGeneration"] = rayjob["metadata"].get("generation", 1)
         patch = {k: status.get(k) for k in set(status) | set(original) if status.get(k) != original.get(k)}
-        meta = rayjob["metadata"]
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": patch}
-        patched = self.custom.patch_namespaced_custom_object_status(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, meta["namespace"], constants.RAYJOB_PLURAL, meta["name"], body
-        )
-        self.rayjobs.remember(patched)
-
-    def _event(self, involved: Obj, type_: str, reason: str, message: str, component: str = RAYJOB_CONTROLLER,
-               host: str | None = None) -> None:
-        try:
-            body = event_body(involved, type_, reason, message, component, host)
-            self._core_call("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
-        except self.ApiException as e:  # events are best effort, as client-go's recorder
-            logger.debug("event %s on %s not recorded: %r", reason, involved["metadata"]["name"], e)
+        self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch},
+                                             status=True, guarded=True))
