@@ -157,6 +157,19 @@ def test_namespaces_are_listed_and_created_on_demand(core: Any, custom: Any, ns:
     assert core.read_namespace(ns).status.phase == "Active"
 
 
+def test_creating_a_crd_serves_its_kind(server: EmulatorServer, api: Any, ns: str) -> None:
+    import kubernetes.client
+
+    from sweep_operator.sandbox.emulator import minimal_crd
+
+    crd = minimal_crd("example.dev", "v1", "Widget", "widgets", short_names=["wd"])
+    kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    assert "widgets" in {r["name"] for r in get_json(server, "/apis/example.dev/v1")["resources"]}
+    widgets = kubernetes.client.CustomObjectsApi(api)
+    widgets.create_namespaced_custom_object("example.dev", "v1", ns, "widgets", {"metadata": {"name": "w"}})
+    assert widgets.list_namespaced_custom_object("example.dev", "v1", ns, "widgets")["kind"] == "WidgetList"
+
+
 # ---- updates: status subresource, generation, optimistic concurrency
 
 

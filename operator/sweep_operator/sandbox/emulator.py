@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -765,7 +765,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     """
 
     history_limit: int = 10  # versions kept per object in `objects[...]` history (kmock keeps all)
-    request_log_limit: int = 2_000  # requests kept in kmock's request log (`list(emulator)`)
+    request_log_limit: int = 2_000  # requests kept in kmock's request log (`list(emulator)`); 0 keeps none
     auto_create_namespaces: bool = True  # a namespaced object creates its Namespace (the real server refuses)
     errors: ErrorInjector = attrs.field(factory=ErrorInjector)
     changes: ChangeLog = attrs.field(factory=ChangeLog)
@@ -814,6 +814,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
 
     async def __aenter__(self) -> KubernetesApiEmulator:
         await super().__aenter__()
+        self._closing = False  # a stopped server can be started again, with its objects
         self.changes._wakeup = asyncio.Event()  # bind to this loop
         self._gc_wakeup = asyncio.Event()
         self._gc_task = asyncio.create_task(self._collect_garbage_forever(), name="emulator-gc")
@@ -886,9 +887,10 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             name=target.name if target else None,
             subresource=target.subresource if target else None,
         )
-        self._requests.append(request)
-        if len(self._requests) > self.request_log_limit:
-            del self._requests[: self.request_log_limit // 2]
+        if self.request_log_limit > 0:
+            self._requests.append(request)
+            if len(self._requests) > self.request_log_limit:
+                del self._requests[: self.request_log_limit // 2]
         return request
 
     async def _serve_other(
@@ -1210,6 +1212,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 del history[: len(history) - self.history_limit]
             change_type = "ADDED" if old is None else "MODIFIED"
             self.changes.append(Change(self.changes.rv, resource_type.key, namespace, change_type, new, old))
+            if resource_type.kind == "CustomResourceDefinition" and resource_type.group == "apiextensions.k8s.io":
+                for served in ResourceType.from_crd(new):  # `kubectl apply -f crd.yaml` serves the kind at once
+                    self.register(served)
         if self._gc_wakeup is not None and (self._gc_candidates or self._gc_owners or self._terminating):
             self._gc_wakeup.set()
 
@@ -1275,9 +1280,6 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
 
     def _store_new(self, resource_type: ResourceType, namespace: str | None, obj: Obj) -> Obj:
         self._commit(resource_type, namespace, obj, None)
-        if resource_type.group == "apiextensions.k8s.io" and resource_type.plural == "customresourcedefinitions":
-            for served in ResourceType.from_crd(obj):
-                self.register(served)
         return obj
 
     def create_object(self, resource_type: ResourceType, namespace: str | None, data: Obj) -> Obj:
