@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .. import constants
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
@@ -76,6 +76,8 @@ NOT_RETRIED = {DEADLINE_EXCEEDED, PRE_RUNNING_DEADLINE_EXCEEDED}
 
 
 class RunPhase(str, enum.Enum):
+    """Where a run is; the stand-in maps it onto the RayJob (jobDeploymentStatus, jobStatus)."""
+
     STARTING = "STARTING"  # the cluster's pods are not ready (the RayJob stays Initializing)
     PENDING = "PENDING"  # submitted, not started
     RUNNING = "RUNNING"
@@ -114,14 +116,22 @@ class JobPoll:
 
 
 class RunHandle(Protocol):
-    def poll(self) -> JobPoll: ...
+    """One attempt of one RayJob. Called from the stand-in's worker threads: both must be quick and thread-safe."""
 
-    def stop(self) -> None: ...
+    def poll(self) -> JobPoll:
+        """STARTING while the "cluster" is not ready, then PENDING/RUNNING, then a terminal phase."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the attempt (suspend, retry, deadline, deletion, stand-in stop); idempotent."""
+        ...
 
 
 class JobRunner(Protocol):
-    """Runs a RayJob's entrypoint once its cluster exists. A real runner (the sandbox's) runs
-    spec.entrypoint with spec.runtimeEnvYAML on a local Ray instance; the scripted one follows a script."""
+    """The seam for what runs a RayJob's entrypoint. `start` is called once per attempt, when the attempt's
+    RayCluster exists (the RayJob is Initializing; attempt = status.failed). The scripted runner follows a script;
+    the sandbox's real runner runs spec.entrypoint with spec.runtimeEnvYAML's env_vars on a local Ray instance and
+    reports STARTING until Ray is up, RUNNING while the process lives, SUCCEEDED/FAILED by its exit code."""
 
     def start(self, rayjob: Mapping[str, Any], cluster_name: str) -> RunHandle: ...
 
@@ -130,7 +140,7 @@ class JobRunner(Protocol):
 class Outcome:
     """What one attempt of a RayJob does in the ScriptedRunner."""
 
-    result: str  # "succeed" | "fail" | "hang" | "pending"
+    result: Literal["succeed", "fail", "hang", "pending"]
     run_seconds: float = 0.0  # RUNNING this long before the result
     startup_seconds: float = 0.0  # the cluster takes this long to become ready
     submit_seconds: float = 0.0  # the job stays PENDING this long once the cluster is ready
@@ -196,7 +206,9 @@ class ScriptedRunner:
 
         runner = ScriptedRunner(default=Outcome.succeed(0.2))
         runner.script("my-sweep", Outcome.fail(), Outcome.succeed())   # attempt 1 fails, the retry succeeds
+        runner.script("flaky", *[Outcome.fail()] * 2, Outcome.succeed())  # fails twice (needs backoffLimit >= 2)
         runner.script("stuck", Outcome.pending(PendingReason.IMAGE_PULL))
+        runner.script("slow", Outcome.hang())                          # until a deadline or a deletion stops it
 
     A script's key is a RayJob name or its `sweeps.dev/sweep` label; outcome i is for attempt i (counted from the
     RayJob's status.failed), the last repeats.
