@@ -19,7 +19,7 @@ import pytest
 from sweep_operator import constants
 from sweep_operator.sandbox.emulator import EmulatorServer, parse_label_selector, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"

@@ -20,7 +20,7 @@ from sweep_operator.sandbox.kuberay import (
     ScriptedRunner,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 RAY = (constants.RAY_GROUP, constants.RAY_VERSION_API)
 CLUSTER_NAME = re.compile(r"^(?P<rayjob>.+)-[bcdfghjklmnpqrstvwxz2456789]{5}$")  # KubeRay: <rayjob>-<5 chars>
