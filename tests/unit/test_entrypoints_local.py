@@ -1,0 +1,151 @@
+"""Running a rendered RayJob locally, without starting Ray: sizing (R5, R15), fit checks (R12, R14), the environment
+the entrypoint gets, and `sweepctl run-local`'s own parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweep_operator import constants
+from sweep_operator.cli import main
+from sweep_operator.cli.run_local import cpu_only, result_table
+from sweep_operator.rendering import build_rayjob
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, cpu_sweep, gpu_sweep
+from training_entrypoints import local
+from training_entrypoints.local import (
+    LocalRayCluster,
+    LocalRaySize,
+    LocalRunError,
+    container_env,
+    fit_problem,
+    max_workers,
+    plan_local_ray,
+    run_rayjob,
+    runtime_env_vars,
+)
+
+
+def spec_of(doc: dict[str, Any]) -> Any:
+    return parse_sweep(doc).spec
+
+
+def test_two_cores_get_enough_logical_cpus_for_every_concurrent_worker_R15() -> None:
+    """R15: logical CPUs are not OS limits; 2 trials x 2 workers x 1 CPU fit a 2-core machine as 4 logical CPUs."""
+    size = plan_local_ray(spec_of(cpu_sweep()), host_cpus=2, host_gpus=0)
+    assert (size.num_cpus, size.num_gpus) == (4, 0)
+    assert fit_problem(spec_of(cpu_sweep()), size) is None
+
+
+def test_the_head_like_trial_driver_slots_equal_max_concurrent_trials_R5() -> None:
+    size = plan_local_ray(spec_of(changed(cpu_sweep(), {"spec.tune.maxConcurrentTrials": 3})), host_cpus=16, host_gpus=0)
+    assert size.resources == {constants.TRIAL_DRIVER_RESOURCE: 3.0}
+    assert size.num_cpus == 16  # never fewer than the host has
+
+
+def test_fractional_worker_cpus_round_up_to_whole_logical_cpus() -> None:
+    spec = spec_of(changed(cpu_sweep(), {"spec.trial": {"workers": 3, "resourcesPerWorker": {"cpu": "500m"}}}))
+    assert plan_local_ray(spec, max_workers=3, host_cpus=1, host_gpus=0).num_cpus == 2
+
+
+def test_a_gpu_sweep_on_a_machine_without_gpus_names_asked_and_available_R12_R14() -> None:
+    spec = spec_of(gpu_sweep())
+    problem = fit_problem(spec, plan_local_ray(spec, host_cpus=2, host_gpus=0))
+    assert problem == (
+        "each trial asks for 2 train worker(s) x {CPU: 4, GPU: 1} plus one sweep_trial_driver slot (GPU: 2 in all), "
+        "but local Ray has {CPU: 16, GPU: 0, sweep_trial_driver: 2}; run with --cpu-only to train on CPUs"
+    )
+
+
+def test_a_trial_larger_than_a_shared_cluster_does_not_fit_R14() -> None:
+    spec = spec_of(changed(cpu_sweep(), {"spec.trial.workers": 3, "spec.trial.resourcesPerWorker.cpu": "2"}))
+    problem = fit_problem(spec, LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 1.0}))
+    assert problem is not None and "(CPU: 6 in all)" in problem and "{CPU: 4, GPU: 0, sweep_trial_driver: 1}" in problem
+
+
+def rendered(doc: dict[str, Any], storage: str | None = None) -> dict[str, Any]:
+    return build_rayjob(parse_sweep(doc), "abc123", deadline_at=1900000000, storage_uri=storage)
+
+
+def test_the_entrypoint_gets_the_rendered_runtime_env_and_container_env() -> None:
+    doc = changed(cpu_sweep(), {"spec.storage.endpointUrl": "http://127.0.0.1:9000", "spec.storage.region": "us-east-1"})
+    rayjob = rendered(doc)
+    env_vars = runtime_env_vars(rayjob)
+    assert env_vars[constants.ENV_TRAIN_V2] == "1" and env_vars[constants.ENV_DEADLINE_AT] == "1900000000"
+    assert json.loads(env_vars[constants.ENV_RUN_SPEC])["runId"] == "abc123"
+    assert container_env(rayjob).items() >= {
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+    }.items()
+    assert max_workers(rayjob) == 4
+    assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"] == env_vars
+
+
+def test_run_rayjob_refuses_a_request_that_never_fits_before_starting_ray(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(local, "host_gpu_count", lambda: 0)
+    monkeypatch.setattr(LocalRayCluster, "start", lambda self, *a, **k: pytest.fail("Ray must not start"))
+    with pytest.raises(LocalRunError, match=r"GPU: 2 in all.*--cpu-only"):
+        run_rayjob(rendered(gpu_sweep(), str(tmp_path)), log_dir=tmp_path)
+
+
+def test_local_ray_keeps_to_loopback_its_own_ports_and_temp_dir() -> None:
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 2.0}))
+    try:
+        command = cluster.command()
+        assert command[1:4] == ["start", "--head", "--block"]
+        assert "--node-ip-address=127.0.0.1" in command and f"--port={cluster.port}" in command
+        assert f"--temp-dir={cluster.temp_dir}" in command and "--num-cpus=4" in command
+        assert '--resources={"sweep_trial_driver": 2.0}' in command
+        assert cluster.address == f"127.0.0.1:{cluster.port}"
+    finally:
+        cluster.stop()
+    assert not Path(cluster.temp_dir).exists()
+
+
+def test_cpu_only_renders_the_same_sweep_without_gpus() -> None:
+    sweep = cpu_only(parse_sweep(gpu_sweep()))
+    assert sweep.spec.trial.resources_per_worker.gpu == 0
+    assert sweep.spec.trial.resources_per_worker.cpu == "4" and sweep.spec.trial.workers == 2
+    limits = build_rayjob(sweep, "abc123")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert constants.GPU_RESOURCE not in limits["containers"][0]["resources"]["limits"]
+
+
+def test_result_table_lists_every_trial_and_marks_the_best() -> None:
+    table = result_table(
+        {
+            "bestTrial": {"id": "t1", "metric": "score"},
+            "trialResults": [
+                {"id": "t0", "status": "TERMINATED", "config": {"x": 1}, "value": -4.0, "checkpointUri": None},
+                {"id": "t1", "status": "TERMINATED", "config": {"x": 3, "lr": 0.012345}, "value": 0.0, "checkpointUri": "/r/c"},
+            ],
+        }
+    )
+    lines = table.splitlines()
+    assert lines[0].split() == ["trial", "status", "config", "score", "checkpoint"]
+    assert lines[1].split() == ["t0", "TERMINATED", "x=1", "-4", "-"]
+    assert lines[2].split() == ["*", "t1", "TERMINATED", "x=3,", "lr=0.01235", "0", "/r/c"]
+
+
+def test_run_local_without_gpus_fails_with_the_reason_and_no_ray(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(yaml.safe_dump(gpu_sweep()))
+    monkeypatch.setattr(local, "host_gpu_count", lambda: 0)
+    monkeypatch.setattr(LocalRayCluster, "start", lambda self, *a, **k: pytest.fail("Ray must not start"))
+    assert main(["run-local", "-f", str(manifest), "--storage", str(tmp_path / "store")]) == 1
+    assert "--cpu-only" in capsys.readouterr().err
+
+
+def test_run_local_rejects_an_invalid_manifest_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(yaml.safe_dump(changed(cpu_sweep(), {"spec.tune.mode": "sideways"})))
+    assert main(["run-local", "-f", str(manifest)]) == 2
+    assert "spec.tune.mode" in capsys.readouterr().err

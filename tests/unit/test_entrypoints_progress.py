@@ -1,0 +1,116 @@
+"""`_sweep/status.json` and `_sweep/result.json`: their shape, the best trial, and the throttled Tune callback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sweep_operator.api import BestTrial, TrialCounts
+from sweep_operator.s3_layout import RunLayout
+from sweep_operator.status import progress_patch
+from sweep_operator.verification import best_checkpoint_uri
+from training_entrypoints import storage
+from training_entrypoints.progress import (
+    SweepProgressCallback,
+    TrialSummary,
+    best_trial,
+    result_document,
+    status_document,
+    trial_counts,
+)
+
+TRIALS = [
+    TrialSummary("t0", "TERMINATED", {"lr": 0.1}, 0.30, "s3://b/p/ns/s-r/train/t0/checkpoint_epoch-000002"),
+    TrialSummary("t1", "TERMINATED", {"lr": 0.01}, 0.20, "s3://b/p/ns/s-r/train/t1/checkpoint_epoch-000002"),
+    TrialSummary("t2", "ERROR", {"lr": 0.5}, None, None, error="RuntimeError: boom"),
+    TrialSummary("t3", "PAUSED", {"lr": 0.05}),
+    TrialSummary("t4", "RUNNING", {"lr": 0.02}, 0.25),
+]
+
+
+def test_trial_counts_follow_the_trainingsweep_status_fields() -> None:
+    counts = trial_counts(TRIALS)
+    assert counts == {"total": 5, "pending": 1, "running": 1, "terminated": 2, "errored": 1}
+    TrialCounts.model_validate(counts)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("min", "t1"), ("max", "t0")])
+def test_best_trial_follows_the_mode(mode: str, expected: str) -> None:
+    assert best_trial(TRIALS, "val_loss", mode)["id"] == expected
+
+
+def test_no_best_trial_without_a_metric_or_any_value() -> None:
+    assert best_trial(TRIALS, None, None) is None
+    assert best_trial([TrialSummary("t", "RUNNING")], "val_loss", "min") is None
+
+
+def test_result_file_has_the_design_shape_and_every_reader_accepts_it() -> None:
+    doc = result_document(
+        TRIALS, "val_loss", "min", run={"namespace": "ns", "sweep": "s", "runId": "r"}, deadline_reached=True
+    )
+    assert doc["bestTrial"] == {
+        "id": "t1",
+        "metric": "val_loss",
+        "value": 0.2,
+        "config": {"lr": 0.01},
+        "checkpointUri": "s3://b/p/ns/s-r/train/t1/checkpoint_epoch-000002",
+    }
+    assert doc["trials"]["total"] == 5 and doc["deadlineReached"] is True
+    assert doc["errors"] == [{"trial": "t2", "error": "RuntimeError: boom"}]
+    assert [t["id"] for t in doc["trialResults"]] == ["t0", "t1", "t2", "t3", "t4"]
+    assert doc["finishedAt"].endswith("Z") and (doc["namespace"], doc["sweep"], doc["runId"]) == ("ns", "s", "r")
+    data = json.dumps(doc).encode()
+    # The operator's status reader, its API model and the verifier read the same file.
+    assert best_checkpoint_uri(data) == doc["bestTrial"]["checkpointUri"]
+    BestTrial.model_validate(doc["bestTrial"])
+    assert progress_patch(json.loads(data))["trialsSummary"] == "3/5"
+
+
+def test_status_file_carries_phase_counts_best_and_time() -> None:
+    doc = status_document(TRIALS, "val_loss", "min")
+    assert doc["phase"] == "Running" and doc["trials"]["running"] == 1
+    assert doc["bestTrial"]["id"] == "t1" and doc["updatedAt"].endswith("Z")
+
+
+def test_checkpoint_paths_get_their_scheme_back_under_an_s3_root_R18() -> None:
+    """R18: Ray reports checkpoint paths with the scheme stripped; the result file holds full URIs."""
+    assert storage.to_uri("bucket/p/train/t/checkpoint_epoch-000001", "s3://bucket/p") == (
+        "s3://bucket/p/train/t/checkpoint_epoch-000001"
+    )
+    assert storage.to_uri("/data/p/train/t/checkpoint_epoch-000001", "/data/p") == "/data/p/train/t/checkpoint_epoch-000001"
+
+
+def fake_trial(trial_id: str, status: str, loss: float | None) -> Any:
+    return SimpleNamespace(
+        trial_id=trial_id,
+        status=status,
+        config={"lr": 0.1, "_sweep": {"trialId": trial_id}},
+        metric_analysis={"val_loss": {"min": loss, "max": loss}} if loss is not None else {},
+        last_result={"checkpoint_path": f"/root/train/{trial_id}/checkpoint_epoch-000000"} if loss is not None else {},
+    )
+
+
+def test_progress_callback_writes_status_at_most_every_interval(tmp_path: Path) -> None:
+    now = [100.0]
+    layout = RunLayout(str(tmp_path / "run"))
+    callback = SweepProgressCallback(layout, "val_loss", "min", interval_s=5.0, clock=lambda: now[0])
+    status_path = Path(layout.status_path)
+
+    callback.on_trial_start(1, [fake_trial("a", "RUNNING", None)], None)
+    first = json.loads(status_path.read_text())
+    assert first["trials"]["running"] == 1 and first["bestTrial"] is None
+
+    now[0] += 1
+    callback.on_trial_result(2, [fake_trial("a", "RUNNING", 0.4)], None, {})
+    assert json.loads(status_path.read_text()) == first  # throttled
+
+    now[0] += 5
+    callback.on_step_end(3, [fake_trial("a", "TERMINATED", 0.4), fake_trial("b", "RUNNING", 0.3)])
+    latest = json.loads(status_path.read_text())
+    assert latest["trials"] == {"total": 2, "pending": 0, "running": 1, "terminated": 1, "errored": 0}
+    assert latest["bestTrial"]["id"] == "b" and latest["bestTrial"]["config"] == {"lr": 0.1}  # no sweep context
+    assert latest["bestTrial"]["checkpointUri"] == "/root/train/b/checkpoint_epoch-000000"
