@@ -89,8 +89,7 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     assert status["checkpoints"]["verified"] is True and status["checkpoints"]["checked"] == 4
     assert status["bestTrial"]["checkpointUri"].startswith(f"s3://{bucket}/{prefix}/train/")
     assert status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
-    reasons = env.event_reasons(name)
-    assert {"Starting", "Running", "Succeeded"} <= set(reasons), reasons
+    wait_for(lambda: {"Starting", "Running", "Succeeded"} <= set(env.event_reasons(name)), TIMEOUT, what="an Event per transition")
 
 
 # ------------------------------------------------------------------------------------------ guard matrix
@@ -121,6 +120,7 @@ def assert_held_then_released(env: OperatorEnv, name: str, state: str, reason_te
     if state == "complete":
         wait_for(lambda: not exists(), TIMEOUT, what=f"{label} released")
         return
+    wait_for(lambda: (exists() or {}).get("metadata", {}).get("deletionTimestamp"), TIMEOUT, what=f"{label} being deleted")
     cond = env.wait_status(
         name,
         lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" and reason_text in c["message"] for c in s.get("conditions") or []),
@@ -131,7 +131,7 @@ def assert_held_then_released(env: OperatorEnv, name: str, state: str, reason_te
     assert held and held["metadata"].get("deletionTimestamp"), f"{label} must be held by the guard"
     time.sleep(3)  # several re-checks (backoff 1-2 s) later, still held
     assert exists(), f"{label} released while checkpoints are not verified"
-    assert any(e.type == "Warning" and e.reason == "CheckpointsNotVerified" for e in env.events(name)), env.event_reasons(name)
+    wait_for(lambda: any(e.type == "Warning" and e.reason == "CheckpointsNotVerified" for e in env.events(name)), TIMEOUT, what="Warning Event")
     repair_run(env, state, bucket, prefix)
     wait_for(lambda: not exists(), TIMEOUT, what=f"{label} released after repair")
 
@@ -241,6 +241,7 @@ def test_escape_hatch_releases_with_an_audit_event(env: OperatorEnv) -> None:
     env.wait_status(name, lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []), "held")
     env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="released by the escape hatch")
+    wait_for(lambda: [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"], TIMEOUT, what="audit Event")
     audits = [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"]
     assert audits and audits[0].type == "Warning" and "WITHOUT checkpoint verification" in audits[0].message
     wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None, TIMEOUT, what="RayJob released too (the hatch covers it)")
@@ -257,7 +258,8 @@ def test_namespace_budget_admits_fifo_as_capacity_frees(env: OperatorEnv) -> Non
     for i in range(4):
         doc = env.new_sweep(f"q{i}", namespace=ns, gpu=True, spec__tune__maxConcurrentTrials=1)
         names.append(doc["metadata"]["name"])
-        env.runner.script(doc["metadata"]["name"], Outcome.hang())
+        # q0 finishes after a while; the others run until deleted.
+        env.runner.script(doc["metadata"]["name"], Outcome.succeed(6.0) if i == 0 else Outcome.hang())
         env.apply(doc)
         time.sleep(1.1)  # distinct creationTimestamps (second resolution)
     env.wait_phase(names[0], "Running", "Starting", namespace=ns)
@@ -266,8 +268,8 @@ def test_namespace_budget_admits_fifo_as_capacity_frees(env: OperatorEnv) -> Non
         status = env.wait_phase(queued, "Queued", namespace=ns)
         assert "maxGpusPerNamespace 4" in status["message"] or "waiting behind" in status["message"]
         assert not env.rayjobs(queued, ns)
-    # The first sweep ends: the oldest queued one (q2) is admitted, q3 still waits.
-    env.delete_ray(constants.RAYJOB_PLURAL, env.status(names[0], ns)["rayJobName"], ns)
+    # The first sweep ends: its budget is released and the oldest queued one (q2) is admitted; q3 still waits.
+    env.wait_phase(names[0], "Succeeded", namespace=ns)
     env.wait_phase(names[2], "Starting", "Running", namespace=ns)
     time.sleep(2)
     assert env.status(names[3], ns)["phase"] == "Queued"
@@ -358,7 +360,8 @@ def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
         TIMEOUT,
         what="maxReplicas set back",
     )
-    assert "CapEnforced" in env.event_reasons(rayjob)
+    wait_for(lambda: "CapEnforced" in env.event_reasons(rayjob), TIMEOUT, what="CapEnforced Event on the RayJob")
+    wait_for(lambda: "CapEnforced" in env.event_reasons(name), TIMEOUT, what="CapEnforced Event on the sweep")
     env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
     env.delete_sweep(name)
 
@@ -372,7 +375,7 @@ def test_spec_change_refused_while_running_and_suspend_honoured(env: OperatorEnv
     env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"tune": {"numSamples": 50}}})
     status = env.wait_status(name, lambda s: "spec change refused" in (s.get("message") or ""), "refusal")
     assert "spec.tune" in status["message"]
-    assert "SpecChangeRefused" in env.event_reasons(name)
+    wait_for(lambda: "SpecChangeRefused" in env.event_reasons(name), TIMEOUT, what="SpecChangeRefused Event")
     env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"suspend": True}})
     wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"].get("suspend") is True, TIMEOUT, what="RayJob suspended")
     env.wait_phase(name, "Suspended")

@@ -180,7 +180,7 @@ def start_operator_env(
     env = OperatorEnv(server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch)
 
     def stop() -> None:
-        for step in (operator.stop, standin.stop, server.stop):
+        for step in (env.operator.stop, operator.stop, standin.stop, server.stop):
             try:
                 step()
             except Exception:  # keep stopping the rest
