@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import ray.train
 from ray import tune
-from ray.train import UserCallback
+from ray.train.v2.api.callback import UserCallback  # also importable when V1 is selected, so R2 can be checked
 
 from sweep_operator import constants
 from sweep_operator.api import SweepSpec, parse_quantity
