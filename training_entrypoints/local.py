@@ -311,6 +311,7 @@ def run_rayjob(
     poll_interval_s: float = 2.0,
     timeout_s: float | None = None,
     check_fit: bool = True,
+    stop_event: threading.Event | None = None,
 ) -> LocalRunResult:
     """Run `rayjob`'s entrypoint on `cluster` (default: a local Ray started and stopped for this run).
 
@@ -368,7 +369,7 @@ def run_rayjob(
                 argv, env=driver_env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             try:
-                returncode = process.wait(timeout=limit)
+                returncode = _wait(process, limit, stop_event)
             except subprocess.TimeoutExpired:
                 _stop_group(process, STOP_GRACE_S)
                 returncode = EXIT_TIMED_OUT
@@ -380,6 +381,8 @@ def run_rayjob(
         if owned:
             cluster.stop()
     messages = _driver_messages(log_path)
+    if stop_event is not None and stop_event.is_set():
+        messages.append("sweep: stopped on request (the RayJob was stopped)")
     if returncode == EXIT_TIMED_OUT:
         messages.append(f"sweep: killed after {limit:g} s (the RayJob's activeDeadlineSeconds)")
     return LocalRunResult(
@@ -391,6 +394,22 @@ def run_rayjob(
         status=_read_optional(run_spec.layout.status_path, endpoint),
         messages=messages,
     )
+
+
+def _wait(process: subprocess.Popen[Any], limit: float | None, stop_event: threading.Event | None) -> int:
+    """The driver's exit code; TimeoutExpired after `limit`; a set `stop_event` stops it (KubeRay stopping the job)."""
+    if stop_event is None:
+        return process.wait(timeout=limit)
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        try:
+            return process.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            if stop_event.is_set():
+                _stop_group(process, STOP_GRACE_S)
+                return process.wait()
 
 
 def _read_optional(location: str, endpoint: str | None) -> dict[str, Any] | None:
