@@ -318,8 +318,9 @@ def run_rayjob(
     The driver gets the container env and the runtime env exactly as rendered, plus `env_overrides` (which reach
     every Ray worker too, like runtime env vars). `workdir` (default: the current directory) is the driver's cwd and
     is put on PYTHONPATH, standing in for the image's code. The run is killed after `timeout_s` (default: the
-    RayJob's activeDeadlineSeconds, KubeRay's hard stop). LocalRunError when it can never fit (`check_fit=False`
-    leaves that to the driver's own bounded failure) or Ray does not start.
+    RayJob's activeDeadlineSeconds, KubeRay's hard stop); setting `stop_event` stops the driver early, as KubeRay
+    stopping the job would. LocalRunError when it can never fit (`check_fit=False` leaves that to the driver's own
+    bounded failure) or Ray does not start.
     """
     workdir = Path(workdir or os.getcwd()).resolve()
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sweep-run-local-"))

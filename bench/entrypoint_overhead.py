@@ -1,0 +1,180 @@
+"""Benchmark: what our driver costs over the same sweep written by hand against Ray (Tune over Train V2).
+
+    .venv/bin/python bench/entrypoint_overhead.py [--repeat 1] [--skip-digits]
+
+Two workloads, each run by hand (a script like the field review's) and through `python -m training_entrypoints.sweep`
+(a RayJob rendered by the operator, run by training_entrypoints.local) on one shared local Ray, so cluster startup
+is out of both: the review's scalar objective (2 trials x 1 worker; target ratio <= 1.10) and the digits MLP
+(2 trials x 2 workers, gloo; target <= 1.05). The review's original Tune-only scalar example is timed too, for
+reference (it has no Train run per trial). Prints one JSON object; wall-clock seconds are the best of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sweep_operator import constants  # noqa: E402
+from sweep_operator.rendering import build_rayjob  # noqa: E402
+from sweep_operator.validation import parse_sweep  # noqa: E402
+from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob  # noqa: E402
+
+REVIEW_TUNE_ONLY = """
+import sys
+import ray
+from ray import tune
+
+def objective(config):
+    for step in range(2):
+        tune.report({"score": -(config["x"] - 3) ** 2, "step": step})
+
+ray.init()
+tuner = tune.Tuner(
+    tune.with_resources(objective, {"cpu": 1}),
+    param_space={"x": tune.grid_search([1, 3])},
+    tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=1),
+    run_config=tune.RunConfig(storage_path=sys.argv[1], name="scalar-example", verbose=0),
+)
+results = tuner.fit()
+best = results.get_best_result()
+assert len(results) == 2 and not results.errors and best.config["x"] == 3 and best.metrics["score"] == 0
+ray.shutdown()
+"""
+
+# Tune over Train V2 written directly against Ray, as the review recommends (function trainable, TuneReportCallback).
+HANDWRITTEN = """
+import sys
+import ray
+import ray.train
+from ray import tune
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.search import BasicVariantGenerator
+from {module} import train_loop
+
+ROOT, WORKERS = sys.argv[1], {workers}
+
+def trial(config):
+    trial_id = tune.get_context().get_trial_id()
+    TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=WORKERS, resources_per_worker={{"CPU": 1.0}}),
+        run_config=ray.train.RunConfig(
+            name=trial_id,
+            storage_path=ROOT + "/train",
+            failure_config=ray.train.FailureConfig(max_failures=1, controller_failure_limit=3, max_preemption_failures=5),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2{score}),
+            callbacks=[TuneReportCallback()],
+        ),
+    ).fit()
+
+ray.init()
+tuner = tune.Tuner(
+    tune.with_resources(trial, {{"CPU": 0, "sweep_trial_driver": 1}}),
+    param_space={space},
+    tune_config=tune.TuneConfig(metric="{metric}", mode="{mode}", search_alg=BasicVariantGenerator(max_concurrent={concurrent})),
+    run_config=tune.RunConfig(storage_path=ROOT, name="tune", failure_config=tune.FailureConfig(max_failures=0)),
+)
+results = tuner.fit()
+assert len(results) == 2 and not results.errors
+ray.shutdown()
+"""
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "scalar": {
+        "target": 1.10,
+        "manifest": REPO / "examples" / "review-scalar.yaml",
+        "script": HANDWRITTEN.format(
+            module="training_entrypoints.loops.scalar", workers=1, score="", space='{"x": tune.grid_search([1, 3])}',
+            metric="score", mode="max", concurrent=1,
+        ),
+    },
+    "digits_2x2": {
+        "target": 1.05,
+        "manifest": None,  # built below: examples/digits-cpu.yaml with a 2-value grid, 2 trials at once
+        "script": HANDWRITTEN.format(
+            module="training_entrypoints.loops.digits_mlp", workers=2,
+            score=', checkpoint_score_attribute="val_loss", checkpoint_score_order="min"',
+            space='{"lr": tune.grid_search([0.05, 0.0005]), "hidden": 32, "epochs": 3}',
+            metric="val_loss", mode="min", concurrent=2,
+        ),
+    },
+}  # fmt: skip
+
+
+def digits_manifest() -> dict[str, Any]:
+    import yaml
+
+    doc = yaml.safe_load((REPO / "examples" / "digits-cpu.yaml").read_text())
+    doc["spec"]["paramSpace"] = {"lr": {"grid": [0.05, 0.0005]}, "hidden": 32, "epochs": 3}
+    doc["spec"]["tune"].update({"numSamples": 1, "maxConcurrentTrials": 2, "searcher": {"type": "grid"}})
+    return doc
+
+
+def run_script(script: str, cluster: LocalRayCluster, root: Path) -> float:
+    env = {**cluster.env, "RAY_ADDRESS": cluster.address, constants.ENV_TRAIN_V2: "1"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root)], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+    elapsed = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"hand-written run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return elapsed
+
+
+def run_driver(doc: dict[str, Any], cluster: LocalRayCluster, root: Path, run_id: str) -> float:
+    rayjob = build_rayjob(parse_sweep(doc), run_id, deadline_at=int(time.time()) + 3600, storage_uri=str(root))
+    started = time.monotonic()
+    outcome = run_rayjob(rayjob, cluster=cluster, workdir=REPO, log_dir=root / "logs")
+    elapsed = time.monotonic() - started
+    if not outcome.ok:
+        raise RuntimeError(f"driver run failed: {outcome.message}\n{Path(outcome.log_path).read_text()[-3000:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant; the best time counts")
+    parser.add_argument("--skip-digits", action="store_true", help="only the scalar workload")
+    args = parser.parse_args()
+    import yaml
+
+    size = LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 2.0})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    report: dict[str, Any] = {"cpus": os.cpu_count(), "repeat": args.repeat, "local_ray": size.describe()}
+    with tempfile.TemporaryDirectory(prefix="bench-entrypoint-") as tmp, LocalRayCluster(size, env=env) as cluster:
+        base = Path(tmp)
+        report["review_tune_only_s"] = round(run_script(REVIEW_TUNE_ONLY, cluster, base / "review"), 2)
+        for name, workload in WORKLOADS.items():
+            if name == "digits_2x2" and args.skip_digits:
+                continue
+            doc = yaml.safe_load(workload["manifest"].read_text()) if workload["manifest"] else digits_manifest()
+            plain, ours = [], []
+            for i in range(args.repeat):
+                plain.append(run_script(workload["script"], cluster, base / f"{name}-plain-{i}"))
+                ours.append(run_driver(doc, cluster, base / f"{name}-driver-{i}", f"bench{i}"))
+            report[name] = {
+                "handwritten_s": round(min(plain), 2),
+                "driver_s": round(min(ours), 2),
+                "ratio": round(min(ours) / min(plain), 3),
+                "target": workload["target"],
+                "meets_target": min(ours) / min(plain) <= workload["target"],
+            }
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
