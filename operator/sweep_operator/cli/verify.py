@@ -12,10 +12,12 @@ from typing import Any, TextIO
 
 from .common import EXIT_FAILED, EXIT_OK, UsageError
 
-DEFAULT_TIMEOUT_SECONDS = 900.0
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
+    from ..settings import Settings
+
+    defaults = Settings()
     p = subparsers.add_parser(
         "verify",
         help="verify a sweep run's checkpoints in S3 (exit 0 verified, 1 not verified, 2 usage error)",
@@ -26,10 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--region", default="", metavar="R", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
     p.add_argument("--deep", action="store_true", help="also download every file and compare sha256 with the manifest")
     p.add_argument("--json", action="store_true", help="print the result as JSON (top-level boolean 'verified')")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS", help="give up (not verified) after this long")
-    p.add_argument("--concurrency", type=int, default=8, metavar="N", help="parallel S3 requests")
+    p.add_argument("--timeout", type=float, default=float(DEFAULT_VERIFICATION_TIMEOUT_SECONDS), metavar="SECONDS", help="give up (not verified) after this long")
+    p.add_argument("--concurrency", type=int, default=defaults.verify_concurrency, metavar="N", help="parallel S3 requests")
     p.add_argument("--max-attempts", type=int, default=5, metavar="N", help="attempts per S3 request (botocore retries)")
-    p.add_argument("--min-retention-days", type=int, default=30, metavar="DAYS", help="warn about lifecycle rules shorter than this")
+    p.add_argument("--min-retention-days", type=int, default=defaults.min_retention_days, metavar="DAYS", help="warn about lifecycle rules shorter than this")
     p.set_defaults(func=run)
 
 
