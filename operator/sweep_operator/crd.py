@@ -87,7 +87,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Checkpoints verified complete in S3",
     },
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "description": "The run's RayJob"},
-    {"name": "Deadline", "type": "date", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline"},
+    # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
+    {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

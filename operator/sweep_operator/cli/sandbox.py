@@ -1,0 +1,262 @@
+"""`sweepctl sandbox up|run`: the product on 127.0.0.1 without a cluster (Kubernetes emulator, S3, operator, local Ray).
+
+    sweepctl sandbox up --state-dir .sandbox           # foreground; Ctrl-C stops everything it started
+    sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, load_documents
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sandbox", help="run the operator, KubeRay and S3 on this machine (no cluster needed)")
+    sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
+    up = sub.add_parser("up", help="start the sandbox in the foreground and drive it with kubectl")
+    up.add_argument("--state-dir", default=".sandbox", help="where kubeconfig, env and job logs go (default .sandbox)")
+    up.set_defaults(func=run_up)
+    run = sub.add_parser("run", help="start the sandbox, run one sweep to the end, report, stop")
+    run.add_argument("--sweep", required=True, metavar="FILE", help="TrainingSweep manifest")
+    run.add_argument("--then-delete", action="store_true", help="delete the sweep at the end and show the guard's decision")
+    run.add_argument("--state-dir", help="keep kubeconfig, env and job logs here (default: a temporary directory)")
+    run.add_argument("--timeout", type=float, help="seconds to wait for the sweep (default: its deadlines + 2 min)")
+    run.set_defaults(func=run_sweep)
+
+
+def _quiet_logs(state_dir: Path) -> Path:
+    """Operator, kopf and server logs go to state_dir/sandbox.log; the console shows the sweep."""
+    import logging
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / "sandbox.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    return path
+
+
+class _Stop:
+    """SIGINT/SIGTERM -> an event the foreground loop waits on (everything is then stopped in order)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.event.set()
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _kubectl() -> str:
+    local = Path(sys.executable).with_name("kubectl")
+    return str(local) if local.exists() else (shutil.which("kubectl") or "kubectl")
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from ..sandbox.stack import Sandbox
+
+    stop = _Stop()
+    sandbox = Sandbox(Path(args.state_dir))
+    log_path = _quiet_logs(sandbox.state_dir)
+    try:
+        print("sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...", flush=True)
+        sandbox.start()
+        env = sandbox.environment()
+        print(
+            f"sandbox: ready.\n"
+            f"  Kubernetes API  {sandbox.server.url}   (kubeconfig: {sandbox.kubeconfig})\n"
+            f"  S3              {sandbox.s3.endpoint_url}   (bucket: {sandbox.bucket})\n"
+            f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n\n"
+            f"In another shell:\n"
+            f"  source {sandbox.env_file}\n"
+            f"  kubectl apply --validate=false -f examples/digits-cpu.yaml\n"
+            f"  kubectl get tsw -w\n"
+            f"  kubectl describe tsw digits-cpu\n"
+            f"  kubectl delete tsw digits-cpu\n\n"
+            f"(kubectl: {_kubectl()}; SWEEP_SANDBOX_BUCKET={env['SWEEP_SANDBOX_BUCKET']}). Ctrl-C stops the sandbox.",
+            flush=True,
+        )
+        stop.event.wait()
+        print("sandbox: stopping ...", flush=True)
+        return EXIT_OK
+    finally:
+        sandbox.stop()
+        stop.restore()
+        print("sandbox: stopped.", flush=True)
+
+
+# ----------------------------------------------------------------------------------------- run
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else 0
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def _line(elapsed: float, name: str, status: dict[str, Any]) -> str:
+    best = status.get("bestTrial") or {}
+    best_text = f" best {best.get('metric')}={best['value']:.4g}" if isinstance(best.get("value"), (int, float)) else ""
+    return (
+        f"[{elapsed:6.1f}s] {name}  {status.get('phase', 'Pending'):<16} trials {status.get('trialsSummary', '0/0'):<6}"
+        f"{best_text}  {status.get('message', '')}"
+    )
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    import kubernetes
+
+    from .. import constants
+    from ..sandbox.stack import Sandbox
+    from ..validation import validate_sweep
+
+    docs = load_documents(args.sweep)
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise UsageError(f"{args.sweep}: expected one TrainingSweep")
+    manifest = docs[0]
+    problems = validate_sweep(manifest)
+    if problems:
+        for problem in problems:
+            print(f"{args.sweep}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    name = manifest["metadata"]["name"]
+    namespace = manifest["metadata"].get("namespace") or "default"
+    deadlines = manifest.get("spec", {}).get("deadlines", {})
+    timeout = args.timeout or float(deadlines.get("activeSeconds") or 3600) + float(deadlines.get("startupSeconds") or 0) + 120
+
+    state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="sweep-sandbox-"))
+    stop = _Stop()
+    sandbox = Sandbox(state_dir)
+    _quiet_logs(state_dir)
+    started = time.monotonic()
+    try:
+        print("sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...", flush=True)
+        sandbox.start()
+        print(f"sandbox: ready in {time.monotonic() - started:.1f}s (state: {state_dir}; kubeconfig: {sandbox.kubeconfig})", flush=True)
+        note = sandbox.rewrite_storage(manifest)
+        if note:
+            print(f"sandbox: {note}", flush=True)
+        api = kubernetes.client.CustomObjectsApi(sandbox.server.api_client())
+        api.create_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, manifest)
+        print(f"sandbox: applied TrainingSweep {namespace}/{name}", flush=True)
+
+        status = _watch(api, namespace, name, timeout, stop.event, started)
+        print()
+        _print_table(sandbox, namespace)
+        ok = _report(status)
+        if args.then_delete and not stop.event.is_set():
+            ok = _delete_and_report(api, sandbox, namespace, name, status, stop.event) and ok
+        return EXIT_OK if ok else EXIT_FAILED
+    finally:
+        print("sandbox: stopping ...", flush=True)
+        sandbox.stop()
+        stop.restore()
+        print("sandbox: stopped.", flush=True)
+
+
+def _get(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    import kubernetes
+
+    from .. import constants
+
+    try:
+        return api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _watch(api: Any, namespace: str, name: str, timeout: float, stop: threading.Event, started: float) -> dict[str, Any]:
+    """A line per change and a progress bar of trials, until the sweep is terminal and verified (or timeout)."""
+    from ..api import TERMINAL_PHASES
+
+    deadline = time.monotonic() + timeout
+    last_line, last_bar, status = "", "", {}
+    while not stop.is_set() and time.monotonic() < deadline:
+        status = ((_get(api, namespace, name) or {}).get("status")) or {}
+        line = _line(time.monotonic() - started, name, status)
+        if line.split("]", 1)[1] != last_line.split("]", 1)[-1]:
+            print(line, flush=True)
+            last_line = line
+        counts = status.get("trials") or {}
+        total = counts.get("total", 0)
+        done = counts.get("terminated", 0) + counts.get("errored", 0)
+        bar = f"  trials {_bar(done, total)} {done}/{total}"
+        if total and bar != last_bar:
+            print(bar, flush=True)
+            last_bar = bar
+        if status.get("phase") in TERMINAL_PHASES and (status.get("checkpoints") or {}).get("verifiedAt"):
+            return status
+        stop.wait(0.5)
+    if not stop.is_set():
+        print(f"sandbox: gave up waiting after {timeout:.0f}s (phase {status.get('phase')})", file=sys.stderr)
+    return status
+
+
+def _print_table(sandbox: Any, namespace: str) -> None:
+    got = subprocess.run(
+        [_kubectl(), "--kubeconfig", str(sandbox.kubeconfig), "get", "tsw", "-n", namespace],
+        capture_output=True, text=True, timeout=60,
+    )
+    print(f"$ kubectl get tsw -n {namespace}")
+    print(got.stdout.rstrip() or got.stderr.rstrip())
+    print()
+
+
+def _report(status: dict[str, Any]) -> bool:
+    best = status.get("bestTrial") or {}
+    if best:
+        print(f"best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  config={best.get('config')}")
+        print(f"checkpoint:  {best.get('checkpointUri')}")
+    checkpoints = status.get("checkpoints") or {}
+    if checkpoints.get("verified"):
+        print(f"checkpoints: verified {checkpoints.get('checked')} checkpoints, {checkpoints.get('bytes')} bytes in S3")
+    else:
+        problems = "; ".join(f"{p.get('kind')} {p.get('key')}" for p in checkpoints.get("problems") or [])
+        print(f"checkpoints: NOT verified {problems}".rstrip())
+    ok = status.get("phase") == "Succeeded" and bool(checkpoints.get("verified"))
+    print(f"result:      {status.get('phase')} — {status.get('message', '')}")
+    return ok
+
+
+def _delete_and_report(api: Any, sandbox: Any, namespace: str, name: str, status: dict[str, Any], stop: threading.Event) -> bool:
+    import kubernetes
+
+    from .. import constants
+
+    print(f"\n$ kubectl delete tsw {name}   (the checkpoint guard verifies S3 first)")
+    started = time.monotonic()
+    api.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+    core = kubernetes.client.CoreV1Api(sandbox.server.api_client())
+    deadline = started + 120
+    while not stop.is_set() and time.monotonic() < deadline:
+        if _get(api, namespace, name) is None:
+            break
+        stop.wait(0.5)
+    reasons = [
+        f"{e.involved_object.kind} {e.involved_object.name}: {e.reason}: {e.message}"
+        for e in core.list_namespaced_event(namespace).items
+        if e.reason in ("CheckpointGuardReleased", "CheckpointGuardBypassed", "CheckpointsNotVerified")
+        and e.involved_object.name.startswith(name)
+    ]
+    for reason in reasons:
+        print(f"guard: {reason}")
+    gone = _get(api, namespace, name) is None
+    print(f"guard: {'released' if gone else 'HOLDING'} the sweep after {time.monotonic() - started:.1f}s")
+    return gone

@@ -1,0 +1,90 @@
+"""The sandbox's job runner: each RayJob's entrypoint really runs, with its runtime env, on a local Ray (CPU only).
+
+Plugs into the KubeRay stand-in (`JobRunner`): `start()` returns a handle whose `poll()` reports the run's phase
+and whose `stop()` ends the driver and its local Ray, as KubeRay stopping a job would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .kuberay import JobPoll, RunPhase
+
+log = logging.getLogger(__name__)
+POLL_SECONDS = 1.0
+
+
+class LocalRayRun:
+    """One attempt of one RayJob, run by `training_entrypoints.local.run_rayjob` in a background thread."""
+
+    def __init__(self, rayjob: Mapping[str, Any], log_dir: Path, prepare: Callable[[Mapping[str, Any]], None] | None):
+        self.rayjob = rayjob
+        self.log_dir = log_dir
+        self._prepare = prepare
+        self._stop = threading.Event()
+        self._result: Any = None
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"rayjob-{rayjob['metadata']['name']}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from training_entrypoints.local import LocalRunError, run_rayjob
+
+        try:
+            if self._prepare is not None:
+                self._prepare(self.rayjob)
+            self._result = run_rayjob(self.rayjob, workdir=self.log_dir, log_dir=self.log_dir, stop_event=self._stop)
+        except LocalRunError as exc:
+            self._error = str(exc)
+        except Exception as exc:  # a runner bug must fail the job, not hang it
+            log.exception("local run of %s failed", self.rayjob["metadata"]["name"])
+            self._error = f"{type(exc).__name__}: {exc}"
+
+    def poll(self) -> JobPoll:
+        if self._thread.is_alive():
+            return JobPoll(RunPhase.STOPPED if self._stop.is_set() else RunPhase.RUNNING, recheck_after=POLL_SECONDS)
+        if self._stop.is_set():
+            return JobPoll(RunPhase.STOPPED, "Job was stopped", float("inf"))
+        if self._error is not None:
+            return JobPoll(RunPhase.FAILED, self._error, float("inf"))
+        result = self._result
+        if result is not None and result.ok:
+            return JobPoll(RunPhase.SUCCEEDED, "Job finished successfully.", float("inf"))
+        detail = (result.message if result is not None else "") or f"see {self.log_dir}/driver.log"
+        code = result.returncode if result is not None else "?"
+        return JobPoll(RunPhase.FAILED, f"Job entrypoint command failed with exit code {code}: {detail}"[:2000], float("inf"))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+
+class LocalRayRunner:
+    """`JobRunner` that runs RayJobs for real; `prepare(rayjob)` runs first (the sandbox creates missing buckets)."""
+
+    def __init__(self, state_dir: Path, prepare: Callable[[Mapping[str, Any]], None] | None = None):
+        self.state_dir = Path(state_dir)
+        self.prepare = prepare
+        self.runs: list[LocalRayRun] = []
+        self._lock = threading.Lock()
+
+    def start(self, rayjob: Mapping[str, Any], cluster_name: str) -> LocalRayRun:
+        log_dir = self.state_dir / "runs" / cluster_name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        run = LocalRayRun(rayjob, log_dir, self.prepare)
+        with self._lock:
+            self.runs.append(run)
+        return run
+
+    def stop_all(self, timeout: float = 60.0) -> None:
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            run.stop()
+        for run in runs:
+            run.wait(timeout)

@@ -1,0 +1,147 @@
+"""The whole product on 127.0.0.1: Kubernetes API emulator, S3 (moto), the operator, and KubeRay running jobs for real.
+
+    with Sandbox(state_dir) as sandbox:      # writes state_dir/kubeconfig and state_dir/env
+        ...                                  # kubectl --kubeconfig state_dir/kubeconfig apply -f sweep.yaml
+
+Everything it starts it stops: servers, the operator, the stand-in, and each job's local Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import constants
+from ..s3_layout import S3Uri
+from ..settings import Settings
+from .s3server import SANDBOX_CREDENTIALS, S3Server
+
+log = logging.getLogger(__name__)
+
+SANDBOX_BUCKET = "sweeps-sandbox"
+# KubeRay deletes a finished job's RayCluster after this long; the guard verifies before it goes.
+SANDBOX_TTL_SECONDS = 30
+
+
+@dataclass
+class Sandbox:
+    state_dir: Path
+    bucket: str = SANDBOX_BUCKET
+    settings: Settings | None = None
+    s3: S3Server | None = field(default=None, init=False)
+    server: Any = field(default=None, init=False)
+    standin: Any = field(default=None, init=False)
+    operator: Any = field(default=None, init=False)
+    runner: Any = field(default=None, init=False)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        return self.state_dir / "env"
+
+    def environment(self) -> dict[str, str]:
+        """What a shell needs to talk to the sandbox (also written to state_dir/env)."""
+        assert self.s3 is not None
+        return {
+            "KUBECONFIG": str(self.kubeconfig.resolve()),
+            "AWS_ENDPOINT_URL": self.s3.endpoint_url,
+            "AWS_ACCESS_KEY_ID": SANDBOX_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": SANDBOX_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            "AWS_REGION": SANDBOX_CREDENTIALS["AWS_REGION"],
+            "SWEEP_SANDBOX_BUCKET": self.bucket,
+        }
+
+    def start(self) -> Sandbox:
+        from .emulator import EmulatorServer
+        from .kuberay import KubeRayStandIn
+        from .operator_thread import OperatorThread
+        from .realrunner import LocalRayRunner
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The operator, the stand-in and every local Ray job use these; nothing may reach for real AWS.
+        os.environ.update(SANDBOX_CREDENTIALS)
+        try:
+            self.s3 = S3Server().start()
+            self.s3.client().create_bucket(Bucket=self.bucket)
+            os.environ["AWS_ENDPOINT_URL_S3"] = self.s3.endpoint_url
+            self.server = EmulatorServer()
+            self.server.start()
+            self.server.write_kubeconfig(self.kubeconfig)
+            settings = self.settings or Settings(
+                s3_endpoint_url=self.s3.endpoint_url,
+                s3_region=SANDBOX_CREDENTIALS["AWS_REGION"],
+                reconcile_seconds=2.0,
+                status_poll_seconds=2.0,
+                ttl_seconds_after_finished=SANDBOX_TTL_SECONDS,
+                metrics_port=0,
+                liveness_port=0,
+            )
+            self.settings = settings
+            self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
+            self.standin = KubeRayStandIn(self.server.api_client(), self.runner, emulate_pods=True, poll_interval=1.0)
+            self.standin.start()
+            self.operator = OperatorThread(settings, self.server.url)
+            self.operator.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.env_file.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.environment().items()))
+        return self
+
+    def _ensure_bucket(self, rayjob: Mapping[str, Any]) -> None:
+        """Sandbox convenience: a sweep applied with another bucket gets it created in the local S3."""
+        from ..controller import run_spec_of
+
+        run_spec = run_spec_of(rayjob)
+        if run_spec is None or self.s3 is None or not run_spec.run_root.startswith("s3://"):
+            return
+        bucket = S3Uri.parse(run_spec.run_root).bucket
+        client = self.s3.client()
+        if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+            client.create_bucket(Bucket=bucket)
+
+    def stop(self) -> None:
+        """Stop everything started, newest first; never raises."""
+        for name in ("operator", "standin", "runner", "server", "s3"):
+            part = getattr(self, name)
+            if part is None:
+                continue
+            try:
+                part.stop_all() if name == "runner" else part.stop()
+            except Exception as exc:
+                log.warning("stopping the sandbox's %s: %s", name, exc)
+            setattr(self, name, None)
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------ helpers
+    def rewrite_storage(self, manifest: dict[str, Any]) -> str | None:
+        """Point the sweep's storage at the sandbox bucket and S3; returns a note when the URI changed."""
+        spec = manifest.setdefault("spec", {})
+        storage = spec.setdefault("storage", {})
+        uri = storage.get("uri", "")
+        storage["endpointUrl"] = ""  # the operator's sandbox S3 default applies
+        try:
+            parsed = S3Uri.parse(uri)
+        except ValueError:
+            return None
+        if parsed.bucket == self.bucket:
+            return None
+        new = str(S3Uri(self.bucket, parsed.key))
+        storage["uri"] = new
+        return f"storage.uri {uri} -> {new} (the sandbox's bucket)"
+
+    def label_selector(self, sweep: str) -> str:
+        return f"{constants.LABEL_SWEEP}={sweep}"
