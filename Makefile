@@ -43,6 +43,7 @@ crd: setup
 	$(PY) -m sweep_operator.crd > crds/trainingsweeps.sweeps.dev.yaml
 	mkdir -p charts/trainingsweep-operator/crds
 	cp crds/trainingsweeps.sweeps.dev.yaml charts/trainingsweep-operator/crds/
+	$(PY) -m sweep_operator.crd --markdown > docs/trainingsweep-reference.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

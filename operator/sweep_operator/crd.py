@@ -9,6 +9,7 @@ A test compares the committed file with this output, and the chart's copy with t
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -248,5 +249,52 @@ def openapi_schema() -> dict[str, Any]:
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
+
+
+def render_reference_markdown() -> str:
+    """docs/trainingsweep-reference.md: every spec field with type, default and description, from the models."""
+    lines = [
+        "<!-- Generated from operator/sweep_operator/api.py by `make crd`; do not edit. -->",
+        "# TrainingSweep reference (sweeps.dev/v1alpha1)",
+        "",
+        "`kubectl explain trainingsweep.spec --recursive` shows the same text from the installed CRD.",
+        "",
+        "| field | type | default | description |",
+        "|---|---|---|---|",
+    ]
+
+    def type_of(prop: dict[str, Any]) -> str:
+        if prop.get("x-kubernetes-int-or-string"):
+            return "quantity"
+        if "enum" in prop:
+            return " \\| ".join(f"`{v}`" for v in prop["enum"])
+        if prop.get("type") == "array":
+            return f"list of {type_of(prop.get('items', {}))}"
+        return prop.get("type", "any")
+
+    def walk(schema: dict[str, Any], path: str) -> None:
+        required = set(schema.get("required", []))
+        for name, prop in schema.get("properties", {}).items():
+            here = f"{path}.{name}"
+            if "default" in prop and prop["default"] not in ({}, []):
+                default = f"`{json.dumps(prop['default'])}`"
+            else:
+                default = "**required**" if name in required else ""
+            description = (prop.get("description") or "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| `{here}` | {type_of(prop)} | {default} | {description} |")
+            if prop.get("type") == "object" and "properties" in prop:
+                walk(prop, here)
+            if prop.get("type") == "array" and "properties" in prop.get("items", {}):
+                walk(prop["items"], here + "[]")
+
+    walk(openapi_schema()["properties"]["spec"], "spec")
+    lines += ["", "Cross-field rules the API server enforces (CEL):", ""]
+    lines += [f"- `{rule['rule']}`: {rule['message']}" for rule in SPEC_RULES]
+    lines += ["", "Printer columns (`kubectl get tsw`): " + ", ".join(c["name"].upper() for c in PRINTER_COLUMNS), ""]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(render_crd_yaml(), end="")
+    import sys
+
+    print(render_reference_markdown() if "--markdown" in sys.argv[1:] else render_crd_yaml(), end="")

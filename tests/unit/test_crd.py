@@ -45,6 +45,14 @@ def test_committed_crd_is_the_generated_one() -> None:
     assert CRD_FILE.read_text() == render_crd_yaml(), "run `make crd` and commit the result"
 
 
+def test_reference_doc_is_generated_from_the_models() -> None:
+    from sweep_operator.crd import render_reference_markdown
+
+    doc = REPO / "docs" / "trainingsweep-reference.md"
+    assert doc.read_text() == render_reference_markdown(), "run `make crd` and commit the result"
+    assert "| `spec.tune.metric` |" in doc.read_text()
+
+
 def test_names_and_printer_columns() -> None:
     crd = yaml.safe_load(CRD_FILE.read_text())
     names = crd["spec"]["names"]
