@@ -414,6 +414,13 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     cells = row.split()
     assert cells[0] == "kubectl-scalar" and cells[1] == "Succeeded" and cells[4] == "true"
     assert cells[2] != "<none>" and cells[3] == "0.1", cells
+    shown = subprocess.run(
+        [sys.executable, "-m", "sweep_operator.cli", "status", "kubectl-scalar", "--kubeconfig", str(kubeconfig)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "phase:       Succeeded" in shown.stdout and "checkpoints: verified" in shown.stdout
+    assert "CheckpointsVerified" in shown.stdout
     deleted = subprocess.run([kubectl, "delete", "tsw", "kubectl-scalar", "--wait=true", "--timeout=60s"], env=run_env, capture_output=True, text=True, timeout=90)
     assert deleted.returncode == 0, deleted.stderr
     assert env.sweep("kubectl-scalar") is None
