@@ -52,3 +52,9 @@ def s3_bucket(s3_client: Any) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collecting no test is a failure here, never a silent success (pytest's exit code 5 becomes 1)."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

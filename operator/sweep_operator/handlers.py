@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import random
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -23,7 +24,7 @@ from . import constants
 from .controller import RetryLater, SweepController
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
-from .settings import WEBHOOK_PATH, Settings
+from .settings import WEBHOOK_PATH, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,11 @@ def run_operator(argv: list[str]) -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = Settings.from_env(os.environ)
+    try:
+        settings = Settings.from_env(os.environ)
+    except SettingsError as exc:
+        print(f"sweep-operator: invalid setting: {exc}", file=sys.stderr)
+        return 2
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
