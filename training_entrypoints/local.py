@@ -181,6 +181,8 @@ class LocalRayCluster:
             f"--dashboard-agent-listen-port={_free_port()}",
             f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
             f"--runtime-env-agent-port={_free_port()}",
+            # `ray start` defaults every cluster to worker ports 10002-19999; two local clusters then collide.
+            "--min-worker-port=0", "--max-worker-port=0",
         ]  # fmt: skip
 
     def start(self, timeout_s: float = CLUSTER_START_TIMEOUT_S) -> LocalRayCluster:

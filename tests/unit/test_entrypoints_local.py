@@ -103,6 +103,7 @@ def test_local_ray_keeps_to_loopback_its_own_ports_and_temp_dir() -> None:
         assert "--node-ip-address=127.0.0.1" in command and f"--port={cluster.port}" in command
         assert f"--temp-dir={cluster.temp_dir}" in command and "--num-cpus=4" in command
         assert '--resources={"sweep_trial_driver": 2.0}' in command
+        assert "--min-worker-port=0" in command and "--max-worker-port=0" in command  # OS-chosen, never shared
         assert cluster.address == f"127.0.0.1:{cluster.port}"
     finally:
         cluster.stop()
