@@ -56,7 +56,6 @@ S3ClientFactory = Callable[[str, str], Any]  # (endpoint_url, region) -> boto3-l
 Verifier = Callable[..., Any]
 
 WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
-VERIFIED_CACHE_SECONDS = 30.0
 RAN_JOB_STATUSES = frozenset({JOB_RUNNING, "SUCCEEDED", "FAILED", "STOPPED"})
 
 
@@ -103,8 +102,6 @@ class _Memory:
     """Per-sweep facts the operator keeps between reconciles (none of them needed for correctness)."""
 
     last_progress_poll: dict[str, float] = field(default_factory=dict)
-    verified_at: dict[str, tuple[float, Any]] = field(default_factory=dict)
-    guard_attempts: dict[str, int] = field(default_factory=dict)
 
 
 class SweepController:
@@ -548,11 +545,8 @@ class SweepController:
             self.emit(body, "Warning", "CheckpointsNotVerified", problems_message(verification.problems))
 
     def _verify(self, spec: Any | None, root: str, *, empty_root_ok: bool = False) -> Any:
-        """Verify a run root (cached for a few seconds when verified: one deletion touches up to three objects)."""
-        with self._memory_lock:
-            cached = self.memory.verified_at.get(root)
-        if cached and cached[1].verified and time.monotonic() - cached[0] < VERIFIED_CACHE_SECONDS:
-            return cached[1]
+        """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
+        object vanished (one listing pass is cheap next to the data it protects)."""
         started = time.monotonic()
         result = self.verify(
             self._s3_client(spec.storage if spec else None),
@@ -565,8 +559,6 @@ class SweepController:
         self.metrics.verification_seconds.observe(time.monotonic() - started)
         if not result.verified:
             self.metrics.verification_failures.inc()
-        with self._memory_lock:
-            self.memory.verified_at[root] = (time.monotonic(), result)
         return result
 
     def _release_and_admit_next(self, namespace: str, name: str) -> None:

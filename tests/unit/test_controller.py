@@ -406,7 +406,6 @@ def test_rayjob_guard_reads_its_own_run_spec(world: World) -> None:
     with pytest.raises(RetryLater, match="missing-file"):
         world.controller.guard_rayjob_deletion(rayjob, attempt=0)
     world.verifier.verified = True
-    world.controller.memory.verified_at.clear()
     assert world.controller.guard_rayjob_deletion(rayjob, attempt=1) == "checkpoints verified complete in S3"
     assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
 
@@ -431,7 +430,6 @@ def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: Wo
         world.controller.guard_raycluster_deletion(cluster, attempt=1)
     assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
     world.verifier.verified = True
-    world.controller.memory.verified_at.clear()
     assert "verified" in world.controller.guard_raycluster_deletion(cluster, attempt=2)
 
 
@@ -451,3 +449,13 @@ def test_webhook_refuses_invalid_specs_and_running_spec_changes(world: World) ->
     assert world.controller.admission_problems(changed(old, {"spec.suspend": True}), old) == []
     finished = changed(old, {"status.phase": "Succeeded"})
     assert world.controller.admission_problems(changed(finished, {"spec.tune.numSamples": 5}), finished) == []
+
+
+def test_guard_never_reuses_an_earlier_verification(world: World) -> None:
+    """R22: verified at the end of the run, then an object vanished: the deletion must see the loss."""
+    status = ran(world)
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    assert world.reconcile("digits")["checkpoints"]["verified"] is True
+    world.verifier.verified = False  # a checkpoint object is deleted from S3 after the final verification
+    with pytest.raises(RetryLater, match="missing-file"):
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
