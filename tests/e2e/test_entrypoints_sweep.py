@@ -1,6 +1,6 @@
 """The entrypoint end to end on real Ray (CPU, gloo): Tune over Train V2 into moto S3 and local directories.
 
-One local Ray (4 logical CPUs, 2 trial-driver slots) serves every test here; each run renders its RayJob like the
+One local Ray (6 logical CPUs, 3 trial-driver slots) serves every test here; each run renders its RayJob like the
 operator and runs `python -m training_entrypoints.sweep` with that RayJob's environment (training_entrypoints.local).
 """
 
@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,40 @@ def run(doc: dict[str, Any], cluster: LocalRayCluster, tmp: Path, *, deadline_in
 
 @pytest.fixture(scope="module")
 def local_ray(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
-    """Logical CPUs above the 2 cores (R15) and the head's trial-driver resource, so the placement is exercised (R5)."""
-    size = LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 2.0})
+    """Logical CPUs above the 2 cores (R15) and the head's trial-driver resource, so the placement is exercised (R5):
+    room for the S3 sweep (2 trials x 2 workers) and the deadline sweep (1 worker) at once."""
+    size = LocalRaySize(num_cpus=6, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 3.0})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cluster = LocalRayCluster(size, env=env, log_path=tmp_path_factory.mktemp("ray") / "ray.log")
     with cluster:
         yield cluster
+
+
+DEADLINE_IN_S = 100  # far enough for a trial to start on 2 busy cores (20-60 s seen); it then checkpoints every 0.5 s
+
+
+class DeadlineRun:
+    def __init__(self, future: Future[LocalRunResult]):
+        self.future = future
+
+
+@pytest.fixture(scope="module")
+def deadline_run(local_ray: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeadlineRun]:
+    """A sweep whose deadline stops it, started in the background as soon as Ray is up: its ~100 s of mostly
+    waiting overlap the other runs (the S3 sweep asks for it first)."""
+    doc = changed(
+        digits_sweep("slow-scalar", {"uri": "s3://unused/sweeps", "region": "us-east-1"}),
+        {
+            "spec.trainLoop": "tests.support.entrypoint_loops:slow_scalar",
+            "spec.paramSpace": {"steps": 1000, "sleep_s": 0.5},
+            "spec.tune": {"metric": "score", "mode": "max", "numSamples": 1, "maxConcurrentTrials": 1},
+            "spec.trial": {"workers": 1, "resourcesPerWorker": {"cpu": "1", "gpu": 0, "memory": "1Gi"}},
+            "spec.checkpoints": {"numToKeep": 2},
+            "spec.deadlines": {"activeSeconds": 900, "startupSeconds": 120, "gracefulStopSeconds": 5},
+        },
+    )
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="deadline-run") as pool:
+        yield DeadlineRun(pool.submit(run, doc, local_ray, tmp_path_factory.mktemp("deadline"), deadline_in_s=DEADLINE_IN_S))
 
 
 # ---------------------------------------------------------------------------------- S3 sweep
@@ -117,7 +146,9 @@ class S3Run:
 
 
 @pytest.fixture(scope="module")
-def s3_run(local_ray: LocalRayCluster, s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> S3Run:
+def s3_run(
+    local_ray: LocalRayCluster, deadline_run: DeadlineRun, s3_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> S3Run:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
     client = s3_server.client()
     client.create_bucket(Bucket="e2e-entrypoints")
@@ -231,45 +262,40 @@ def test_reported_metric_is_the_mean_over_all_ranks_not_rank_zeros_R9_R3(s3_run:
 
 @pytest.mark.timeout(600)
 def test_a_worker_failure_resumes_from_the_last_checkpoint_with_identical_state_R7_R12(
-    local_ray: LocalRayCluster, tmp_path: Path
+    s3_run: S3Run, local_ray: LocalRayCluster, tmp_path: Path
 ) -> None:
-    """Rank 1 raises at epoch 2 (workerFailures=1, R12): Train restarts the worker group from checkpoint 1, the
-    epochs continue at 2, and every checkpoint equals the uninterrupted twin's: model, optimizer, LR scheduler,
-    each rank's RNG and the epoch (R7)."""
-    epochs, fail_at = 4, 2
+    """Rank 1 raises at epoch 1 (workerFailures=1, R12): Train restarts the worker group from checkpoint 0, the
+    epochs continue at 1, and every checkpoint equals the one of the uninterrupted twin (the S3 sweep's lr=0.05
+    trial, same loop and config): model, optimizer, LR scheduler, each rank's RNG and the epoch (R7)."""
+    fail_at = 1
     doc = digits_sweep(
         "digits-resume",
         {"uri": "s3://unused/sweeps", "region": "us-east-1"},
         **{
             "spec.trainLoop": "tests.support.entrypoint_loops:digits_with_one_failure",
-            "spec.paramSpace": {
-                "fail_at_epoch": {"grid": [-1, fail_at]},
-                "marker_dir": str(tmp_path),
-                "lr": 0.05,
-                "hidden": 32,
-                "epochs": epochs,
-            },
+            "spec.paramSpace": {"fail_at_epoch": fail_at, "marker_dir": str(tmp_path), "lr": 0.05, "hidden": 32, "epochs": EPOCHS},
+            "spec.tune": {"metric": "val_loss", "mode": "min", "numSamples": 1, "maxConcurrentTrials": 1},
         },
     )
     outcome = run(doc, local_ray, tmp_path)
     assert outcome.ok, outcome.message
-    by_fail = {t["config"]["fail_at_epoch"]: t["id"] for t in outcome.result["trialResults"]}
-    clean, failed = by_fail[-1], by_fail[fail_at]
+    (failed,) = [t["id"] for t in outcome.result["trialResults"]]
     assert (tmp_path / f"{failed}.failed").read_text() == str(fail_at)
-    assert not (tmp_path / f"{clean}.failed").exists()
+    twin = next(t["id"] for t in s3_run.outcome.result["trialResults"] if t["config"]["lr"] == 0.05)
 
     layout = RunLayout(outcome.run_root)
-    for trial in (clean, failed):
-        lines = (Path(layout.tune_dir) / trial / "result.json").read_text().splitlines()
-        assert [json.loads(line)["epoch"] for line in lines] == list(range(epochs))  # continued, not restarted
+    lines = (Path(layout.tune_dir) / failed / "result.json").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == list(range(EPOCHS))  # continued, not restarted
 
-    for epoch in range(epochs):
+    for epoch in range(EPOCHS):
         name = f"checkpoint_epoch-{epoch:06d}"
-        a, b = Path(layout.checkpoint_dir(clean, name)), Path(layout.checkpoint_dir(failed, name))
-        assert checkpointing.manifest_problems(a) == [] and checkpointing.manifest_problems(b) == []
+        resumed = Path(layout.checkpoint_dir(failed, name))
+        assert checkpointing.manifest_problems(resumed) == []
         for file in ("model.pt", "optimizer.pt", "lr_scheduler.pt", "rng.pt"):
-            assert_same(torch.load(a / file, weights_only=True), torch.load(b / file, weights_only=True), f"{name}/{file}")
-        assert json.loads((a / "train_state.json").read_text()) == json.loads((b / "train_state.json").read_text())
+            uninterrupted = torch.load(io.BytesIO(s3_run.read(s3_run.key("train", twin, name, file))), weights_only=True)
+            assert_same(torch.load(resumed / file, weights_only=True), uninterrupted, f"{name}/{file}")
+        twin_state = s3_run.json("train", twin, name, "train_state.json")
+        assert json.loads((resumed / "train_state.json").read_text()) == twin_state == {"epoch": epoch, "step": 0, "extra": {}}
 
 
 def assert_same(a: Any, b: Any, where: str) -> None:
@@ -290,29 +316,13 @@ def assert_same(a: Any, b: Any, where: str) -> None:
 # ------------------------------------------------------------------------------ deadline, capacity
 
 
-@pytest.mark.timeout(400)
-def test_a_deadline_stops_the_sweep_gracefully_with_its_checkpoints_persisted(
-    local_ray: LocalRayCluster, tmp_path: Path
-) -> None:
+@pytest.mark.timeout(600)
+def test_a_deadline_stops_the_sweep_gracefully_with_its_checkpoints_persisted(deadline_run: DeadlineRun) -> None:
     """Tune's time budget ends gracefulStopSeconds before SWEEP_DEADLINE_AT: the trial stops, the driver exits 0
     with deadlineReached, and every checkpoint the snapshot commits is complete."""
-    # Far enough for a trial to start on 2 busy cores (20-60 s seen), then it checkpoints every half second.
-    deadline_in_s, graceful = 100, 5
-    doc = changed(
-        digits_sweep("slow-scalar", {"uri": "s3://unused/sweeps", "region": "us-east-1"}),
-        {
-            "spec.trainLoop": "tests.support.entrypoint_loops:slow_scalar",
-            "spec.paramSpace": {"steps": 1000, "sleep_s": 0.5},
-            "spec.tune": {"metric": "score", "mode": "max", "numSamples": 1, "maxConcurrentTrials": 1},
-            "spec.trial": {"workers": 1, "resourcesPerWorker": {"cpu": "1", "gpu": 0, "memory": "1Gi"}},
-            "spec.checkpoints": {"numToKeep": 2},
-            "spec.deadlines": {"activeSeconds": 900, "startupSeconds": 120, "gracefulStopSeconds": graceful},
-        },
-    )
-    started = time.monotonic()
-    outcome = run(doc, local_ray, tmp_path, deadline_in_s=deadline_in_s)
+    outcome = deadline_run.future.result()
     assert outcome.ok, outcome.message
-    assert time.monotonic() - started < deadline_in_s + 30
+    assert outcome.duration_s < DEADLINE_IN_S + 30
     assert outcome.result["deadlineReached"] is True and outcome.status["phase"] == "DeadlineExceeded"
     (trial,) = outcome.result["trialResults"]
     layout = RunLayout(outcome.run_root)
@@ -330,13 +340,13 @@ def test_a_deadline_stops_the_sweep_gracefully_with_its_checkpoints_persisted(
 def test_an_unsatisfiable_request_fails_in_bounded_time_naming_asked_and_available_R12_R14(
     local_ray: LocalRayCluster, tmp_path: Path
 ) -> None:
-    """3 workers x 2 CPUs never fit 4 CPUs: with a short worker-group start timeout and finite controller failures
+    """4 workers x 2 CPUs never fit 6 CPUs: with a short worker-group start timeout and finite controller failures
     (R12) the trial fails instead of waiting forever, and the driver says what was asked and what exists (R14)."""
     doc = digits_sweep(
         "too-big",
         {"uri": "s3://unused/sweeps", "region": "us-east-1"},
         **{
-            "spec.trial": {"workers": 3, "resourcesPerWorker": {"cpu": "2", "gpu": 0, "memory": "1Gi"}},
+            "spec.trial": {"workers": 4, "resourcesPerWorker": {"cpu": "2", "gpu": 0, "memory": "1Gi"}},
             "spec.paramSpace": {"lr": 0.05, "hidden": 32, "epochs": 1},
             "spec.tune": {"metric": "val_loss", "mode": "min", "numSamples": 1, "maxConcurrentTrials": 1},
             "spec.failurePolicy": {"workerFailures": 0, "controllerFailures": 0, "preemptionFailures": 0},
@@ -348,6 +358,6 @@ def test_an_unsatisfiable_request_fails_in_bounded_time_naming_asked_and_availab
     )
     assert outcome.returncode == 1
     assert time.monotonic() - started < 150
-    assert "each trial asks for 3 train worker(s) x {CPU: 2}" in outcome.message
-    assert "the cluster has {CPU: 4, sweep_trial_driver: 2}" in outcome.message
+    assert "each trial asks for 4 train worker(s) x {CPU: 2}" in outcome.message
+    assert "the cluster has {CPU: 6, sweep_trial_driver: 3}" in outcome.message
     assert outcome.result["trials"]["errored"] == 1
