@@ -161,6 +161,9 @@ class LocalRayCluster:
         self.size = size
         self.env = dict(os.environ if env is None else env)
         self.env.pop("RAY_ADDRESS", None)
+        # On SIGTERM a node drains first (up to 30 s, reported as a preemption); a throwaway local node has nothing to
+        # hand over, so it stops at once.
+        self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         self.port = _free_port()
         self.temp_dir = tempfile.mkdtemp(prefix="sray-")
         self.log_path = Path(log_path) if log_path else Path(self.temp_dir) / "ray-start.log"
