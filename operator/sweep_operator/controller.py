@@ -57,6 +57,8 @@ Verifier = Callable[..., Any]
 
 WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
 RAN_JOB_STATUSES = frozenset({JOB_RUNNING, "SUCCEEDED", "FAILED", "STOPPED"})
+# libyaml's safe loader where PyYAML has it: the pure-Python one spent ~2 ms per RayJob read (most of a reconcile).
+_YAML_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class RetryLater(Exception):
@@ -78,7 +80,7 @@ def _status(body: Mapping[str, Any]) -> dict[str, Any]:
 def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
     """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
     try:
-        env = yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}
+        env = yaml.load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "", Loader=_YAML_SAFE_LOADER) or {}
         return RunSpec.from_json(env["env_vars"][constants.ENV_RUN_SPEC])
     except (KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
@@ -86,7 +88,7 @@ def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
 
 def deadline_of(rayjob: Mapping[str, Any]) -> float | None:
     try:
-        env = yaml.safe_load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "") or {}
+        env = yaml.load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "", Loader=_YAML_SAFE_LOADER) or {}
         return float(env["env_vars"][constants.ENV_DEADLINE_AT])
     except (KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
