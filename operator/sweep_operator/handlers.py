@@ -92,7 +92,9 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             return
         controller.reconcile_sweep(body)
 
-    @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, idle=0, registry=registry)
+    # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
+    # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).
+    @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, initial_delay=settings.reconcile_seconds, idle=0, registry=registry)
     def sweep_tick(body: kopf.Body, **_: Any) -> None:
         controller.reconcile_sweep(body)  # deadlines, progress polling, missed events
 
