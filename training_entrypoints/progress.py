@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -124,7 +125,11 @@ def summarize_trial(trial: Any, metric: str | None, mode: str | None, run_root: 
 
 
 class SweepProgressCallback(Callback):
-    """Writes `_sweep/status.json` on trial events and steps, at most every `interval_s` seconds."""
+    """Writes `_sweep/status.json` on trial events and steps, at most every `interval_s` seconds.
+
+    The write happens on a background thread so a slow store never holds up Tune's event loop; a write still in
+    flight when the next one is due is not queued (the one after it carries the newer state).
+    """
 
     def __init__(
         self,
@@ -141,21 +146,37 @@ class SweepProgressCallback(Callback):
         self.trials: list[Any] = []
         self._clock = clock
         self._last_write = -math.inf
+        self._writer: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment; live trials and threads stay behind.
+        return {**self.__dict__, "trials": [], "_writer": None}
 
     def summaries(self) -> list[TrialSummary]:
         return [summarize_trial(t, self.metric, self.mode, self.layout.root) for t in self.trials]
 
-    def write_status(self, phase: str = "Running") -> None:
-        self._last_write = self._clock()
+    def _write(self, document: dict[str, Any]) -> None:
         try:
-            storage.write_json(self.layout.status_path, status_document(self.summaries(), self.metric, self.mode, phase=phase))
+            storage.write_json(self.layout.status_path, document)
         except OSError as exc:  # progress is best effort; the sweep itself must not fail on it
             logger.warning("could not write %s: %s", self.layout.status_path, exc)
 
+    def flush(self) -> None:
+        """Wait for a status write in flight."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
     def _maybe_write(self, trials: list[Any]) -> None:
         self.trials = list(trials)
-        if self._clock() - self._last_write >= self.interval_s:
-            self.write_status()
+        if self._clock() - self._last_write < self.interval_s:
+            return
+        if self._writer is not None and self._writer.is_alive():
+            return
+        self._last_write = self._clock()
+        document = status_document(self.summaries(), self.metric, self.mode)
+        self._writer = threading.Thread(target=self._write, args=(document,), name="sweep-status", daemon=True)
+        self._writer.start()
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         self._maybe_write(trials)
@@ -173,4 +194,6 @@ class SweepProgressCallback(Callback):
         self._maybe_write(trials)
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        # The driver writes the final status next; no earlier write may land after it.
         self.trials = list(trials)
+        self.flush()

@@ -6,6 +6,7 @@ constructor does not, so an explicit endpoint (a process that lacks the variable
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any
@@ -16,13 +17,19 @@ from sweep_operator import s3_layout
 
 
 def filesystem(location: str, endpoint_url: str | None = None, region: str | None = None) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for an `s3://` URI or a local path."""
+    """(filesystem, path inside it) for an `s3://` URI or a local path; S3 filesystems are reused per bucket."""
     if not s3_layout.is_s3_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)
+    path = s3_layout.strip_scheme(location)
+    return _s3_filesystem(path.split("/", 1)[0], endpoint_url or None, region or os.environ.get("AWS_REGION")), path
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_filesystem(bucket: str, endpoint_url: str | None, region: str | None) -> pafs.FileSystem:
+    # Building one resolves the bucket's region with a request: once per bucket, not once per status write.
     if endpoint_url:
-        fs = pafs.S3FileSystem(endpoint_override=endpoint_url, region=region or os.environ.get("AWS_REGION") or "us-east-1")
-        return fs, s3_layout.strip_scheme(location)
-    return pafs.FileSystem.from_uri(location)
+        return pafs.S3FileSystem(endpoint_override=endpoint_url, region=region or "us-east-1")
+    return pafs.FileSystem.from_uri(f"{s3_layout.S3_SCHEME}{bucket}")[0]
 
 
 def write_json(location: str, document: Any, *, endpoint_url: str | None = None) -> None:

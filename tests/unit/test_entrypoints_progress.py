@@ -101,16 +101,30 @@ def test_progress_callback_writes_status_at_most_every_interval(tmp_path: Path) 
     status_path = Path(layout.status_path)
 
     callback.on_trial_start(1, [fake_trial("a", "RUNNING", None)], None)
+    callback.flush()  # written on a background thread
     first = json.loads(status_path.read_text())
     assert first["trials"]["running"] == 1 and first["bestTrial"] is None
 
     now[0] += 1
     callback.on_trial_result(2, [fake_trial("a", "RUNNING", 0.4)], None, {})
+    callback.flush()
     assert json.loads(status_path.read_text()) == first  # throttled
 
     now[0] += 5
     callback.on_step_end(3, [fake_trial("a", "TERMINATED", 0.4), fake_trial("b", "RUNNING", 0.3)])
+    callback.on_experiment_end([fake_trial("a", "TERMINATED", 0.4), fake_trial("b", "RUNNING", 0.3)])  # waits
     latest = json.loads(status_path.read_text())
     assert latest["trials"] == {"total": 2, "pending": 0, "running": 1, "terminated": 1, "errored": 0}
     assert latest["bestTrial"]["id"] == "b" and latest["bestTrial"]["config"] == {"lr": 0.1}  # no sweep context
     assert latest["bestTrial"]["checkpointUri"] == "/root/train/b/checkpoint_epoch-000000"
+
+
+def test_progress_callback_pickles_without_its_trials_or_writer_thread(tmp_path: Path) -> None:
+    """Tune pickles callbacks with the experiment (tuner.pkl)."""
+    import pickle
+
+    callback = SweepProgressCallback(RunLayout(str(tmp_path / "run")), "val_loss", "min")
+    callback.on_trial_start(1, [fake_trial("a", "RUNNING", None)], None)
+    restored = pickle.loads(pickle.dumps(callback))
+    callback.flush()
+    assert restored.trials == [] and restored.layout == callback.layout and restored.metric == "val_loss"
