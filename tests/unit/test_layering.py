@@ -1,0 +1,50 @@
+"""Layering (kopf's import-linter habit): only `handlers` (and what runs it) may import kopf; the cores stay pure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PURE_CORES = [
+    "sweep_operator.api",
+    "sweep_operator.validation",
+    "sweep_operator.paramspace",
+    "sweep_operator.policy",
+    "sweep_operator.instance_types",
+    "sweep_operator.ledger",
+    "sweep_operator.rendering",
+    "sweep_operator.runspec",
+    "sweep_operator.s3_layout",
+    "sweep_operator.status",
+    "sweep_operator.diagnosis",
+    "sweep_operator.guard",
+    "sweep_operator.verification",
+    "sweep_operator.controller",
+    "sweep_operator.kube",
+    "sweep_operator.settings",
+    "sweep_operator.crd",
+    "sweep_operator.cli",
+    "training_entrypoints.sweep",
+    "training_entrypoints.checkpointing",
+    "training_entrypoints.local",
+]
+
+
+def test_pure_cores_never_import_kopf() -> None:
+    code = (
+        "import importlib, sys\n"
+        f"for name in {PURE_CORES!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    assert 'kopf' not in sys.modules, f'{name} pulled in kopf'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_handlers_is_the_kopf_shell() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, sweep_operator.handlers; print('kopf' in sys.modules)"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.stdout.strip() == "True", done.stderr
