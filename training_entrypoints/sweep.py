@@ -191,6 +191,11 @@ def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
     if mode is RunMode.RESUME:
         logger.warning("recovering run %s from %s (a retry of this run, R16)", run_spec.run_id, layout.tune_dir)
         tuner = tune.Tuner.restore(layout.tune_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        # A restored Tuner keeps its first TuneConfig, whose budget would restart from now; the sweep's one clock
+        # (SWEEP_DEADLINE_AT) decides instead. Tuner.restore has no tune_config argument in 2.58.
+        internal = getattr(tuner, "_local_tuner", None)
+        if internal is not None and budget is not None:
+            internal._tune_config.time_budget_s = budget
     else:
         logger.info("new run %s under %s", run_spec.run_id, layout.root)
         tuner = tune.Tuner(

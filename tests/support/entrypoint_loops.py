@@ -50,7 +50,7 @@ def slow_scalar(config: dict[str, Any]) -> None:
             (Path(tmp) / "step").write_text(str(step))
             write_manifest(tmp, epoch=step)
             ray.train.report(
-                {"score": float(step), "step": step},
+                {"score": float(step), "step": step, "resumed_from": start},
                 checkpoint=ray.train.Checkpoint.from_directory(tmp),
                 checkpoint_dir_name=s3_layout.checkpoint_dir_name(step),
             )
