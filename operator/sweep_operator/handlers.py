@@ -143,9 +143,9 @@ def _guarded(decide: Callable[[], str]) -> str:
 
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
-    sweep = controller.kube.get_sweep(meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
-    if sweep is not None:
-        controller.reconcile_sweep(sweep)
+    name = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
+    if name:  # reconcile_sweep reads the sweep itself (and skips a missing one): no GET of our own first
+        controller.reconcile_sweep({"metadata": {"namespace": meta.get("namespace") or "default", "name": name}})
 
 
 def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:
