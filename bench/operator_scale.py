@@ -1,0 +1,447 @@
+"""Benchmark: N TrainingSweeps applied at once against the Kubernetes API emulator with the scripted KubeRay stand-in.
+
+    .venv/bin/python bench/operator_scale.py [--sizes 100,500,1000] [--quick]
+
+Per size: (a) seconds until every sweep's RayJob exists vs the floor (N RayJob-sized creates through the kubernetes
+client against a fresh emulator), (b) p50/p99 apply -> RayJob latency, (c) the operator's peak RSS (it runs as its own
+process, `python -m sweep_operator`), (d) duplicate/lost RayJobs. Prints one JSON object; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.support.* (the sweep factory)
+sys.path.insert(0, str(REPO / "operator"))  # sweep_operator, when run without the editable install
+
+from sweep_operator import constants  # noqa: E402
+from sweep_operator.sandbox import emulator as emu  # noqa: E402
+
+log = logging.getLogger("operator_scale")
+
+NAMESPACE = "bench"
+WARMUP_NAMESPACE = "bench-warmup"
+BUCKET = "bench-operator-scale"
+BENCH_AGENT = "operator-scale-bench"
+TARGETS = {"ratio": 2.0, "p99Seconds": 2.0, "rssMiB": 250.0}
+TARGET_SIZE = 1000
+RAYJOB_KEY = emu.resource_key(constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The emulator, instrumented: when each RayJob was created (server side) and who sent what
+
+
+class TimedChangeLog(emu.ChangeLog):
+    """The emulator's change log, also noting when each RayJob was ADDED (monotonic clock, this process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rayjobs_added: list[tuple[float, str, str, str]] = []  # (time, namespace, name, sweep label)
+        self.mutations: Counter[str] = Counter()
+
+    def append(self, change: emu.Change) -> None:
+        if change.resource == RAYJOB_KEY and change.type == "ADDED":
+            meta = change.obj["metadata"]
+            label = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
+            self.rayjobs_added.append((time.monotonic(), change.namespace or "", meta["name"], label))
+        self.mutations[f"{change.resource.plural}:{change.type}"] += 1
+        super().append(change)
+
+
+@attrs.define(kw_only=True)
+class CountingEmulator(emu.KubernetesApiEmulator):
+    """Counts requests by client (user agent) and verb; they run in the server's loop, so no lock is needed."""
+
+    requests: Counter[str] = attrs.field(factory=Counter)
+
+    def _remember(self, raw: Any, body: bytes, target: Any, verb: str) -> Any:
+        agent = raw.headers.get("User-Agent", "")
+        who = ("kopf" if agent.startswith("kopf") else "kuberay-standin" if agent.startswith("kuberay")
+               else "bench" if agent == BENCH_AGENT else "operator-controller")
+        self.requests[f"{who} {verb} {target.plural if target else 'discovery'}"] += 1
+        return super()._remember(raw, body, target, verb)
+
+
+def start_emulator() -> tuple[emu.EmulatorServer, CountingEmulator, TimedChangeLog]:
+    changes = TimedChangeLog()
+    emulator = CountingEmulator(request_log_limit=0, changes=changes)
+    for crd in (emu.sweep_crd(), *emu.KUBERAY_CRDS, *emu.KOPF_PEERING_CRDS):
+        emulator.install_crd(crd)
+    for namespace in ("default", "kube-system"):
+        emulator._ensure_namespace(namespace)
+    server = emu.EmulatorServer(emulator)
+    server.start()
+    return server, emulator, changes
+
+
+def bench_client(server: emu.EmulatorServer) -> Any:
+    import kubernetes
+
+    api_client = server.api_client()
+    api_client.user_agent = BENCH_AGENT
+    return kubernetes.client.CustomObjectsApi(api_client)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Objects
+
+
+def sweep_doc(name: str, namespace: str, s3_endpoint: str) -> dict[str, Any]:
+    from tests.support.factories import changed, cpu_sweep
+
+    return changed(cpu_sweep(name, namespace), {
+        "spec.storage.uri": f"s3://{BUCKET}/sweeps",
+        "spec.storage.endpointUrl": s3_endpoint,
+        "spec.storage.region": "us-east-1",
+        "spec.tune.numSamples": 2,
+    })
+
+
+def rayjob_like(name: str) -> dict[str, Any]:
+    """A RayJob as the operator renders it (same size), without the ownerReference (no owner exists here)."""
+    from sweep_operator.rendering import build_rayjob, new_run_id
+    from sweep_operator.validation import parse_sweep
+
+    rayjob = build_rayjob(parse_sweep(sweep_doc("floor", NAMESPACE, "http://127.0.0.1:1")), new_run_id(), deadline_at=int(time.time()) + 3600)
+    rayjob["metadata"].pop("ownerReferences", None)
+    rayjob["metadata"]["name"] = name
+    labels = rayjob["metadata"]["labels"]
+    labels[constants.LABEL_SWEEP] = name
+    return rayjob
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Measurements
+
+
+def measure_floor(n: int) -> dict[str, Any]:
+    """N RayJob-sized creates, one after another, through the kubernetes client against a fresh emulator."""
+    server, emulator, _ = start_emulator()
+    try:
+        custom = bench_client(server)
+        template = rayjob_like("floor-template")
+        bodies = []
+        for i in range(n):
+            body = copy.deepcopy(template)
+            body["metadata"]["name"] = body["metadata"]["labels"][constants.LABEL_SWEEP] = f"floor-{i:05d}"
+            bodies.append(body)
+        started = time.monotonic()
+        for body in bodies:
+            custom.create_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL, body)
+        seconds = time.monotonic() - started
+        size = len(json.dumps(template))
+    finally:
+        server.stop()
+    return {"seconds": round(seconds, 3), "createsPerSecond": round(n / seconds, 1), "rayjobBytes": size}
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmHWM/VmRSS (KiB) of a live process."""
+    values = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                values[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return values
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+class OperatorProcess:
+    """`python -m sweep_operator --kubeconfig K` as its own process (so its RSS is its own); log to a file."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sweep_operator", "--kubeconfig", str(kubeconfig)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # kopf stops gracefully on SIGTERM
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+    def log_summary(self) -> dict[str, Any]:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if " ERROR " in line]
+        warnings = [line for line in lines if " WARNING " in line]
+        return {"lines": len(lines), "errors": len(errors), "warnings": len(warnings),
+                "lastErrors": [line[:300] for line in errors[-3:]]}
+
+
+class S3Child:
+    """moto in a child process (its own GIL): the operator's progress reads get quick 404s, never hangs."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-s3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        self.endpoint = json.loads(self.proc.stdout.readline())["endpoint"]
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def serve_s3() -> int:
+    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS, S3Server
+
+    for key, value in SANDBOX_CREDENTIALS.items():
+        os.environ.setdefault(key, value)
+    server = S3Server().start()
+    try:
+        server.client().create_bucket(Bucket=BUCKET)
+        print(json.dumps({"endpoint": server.endpoint_url}), flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+    finally:
+        server.stop()
+    return 0
+
+
+def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
+    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SWEEP_", "KUBECONFIG", "AWS_"))}
+    env.update(SANDBOX_CREDENTIALS)
+    env.update({
+        "SWEEP_METRICS_PORT": "0",
+        "SWEEP_LIVENESS_PORT": "0",
+        "SWEEP_S3_ENDPOINT_URL": s3_endpoint,
+        "SWEEP_S3_REGION": "us-east-1",
+        "SWEEP_RECONCILE_SECONDS": str(args.reconcile_seconds),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "operator"), env.get("PYTHONPATH", "")) if p),
+    })
+    return env
+
+
+def wait_rayjobs(changes: TimedChangeLog, namespace: str, names: set[str], timeout: float, operator: OperatorProcess) -> float | None:
+    """Monotonic time at which every sweep in `names` had a RayJob; None on timeout or operator exit."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = {label for _, ns, _, label in list(changes.rayjobs_added) if ns == namespace}
+        if names <= seen:
+            return max(t for t, ns, _, label in list(changes.rayjobs_added) if ns == namespace and label in names)
+        if not operator.alive():
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+
+    log.info("size %d: floor (%d RayJob-sized creates on a fresh emulator)", n, n)
+    floor = measure_floor(n)
+    log.info("size %d: floor %.2fs (%.0f creates/s)", n, floor["seconds"], floor["createsPerSecond"])
+    with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp, ExitStack() as stack:  # processes stop first
+        s3 = S3Child()
+        stack.callback(s3.stop)
+        server, emulator, changes = start_emulator()
+        stack.callback(server.stop)
+        runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
+        standin = KubeRayStandIn(server.api_client(), runner, poll_interval=0.5)
+        standin.start()
+        stack.callback(standin.stop)
+        kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NAMESPACE)
+        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args))
+        stack.callback(operator.stop)
+        custom = bench_client(server)
+
+        # Warm-up: one sweep elsewhere proves the operator watches and acts (imports, login, watch streams done).
+        custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, WARMUP_NAMESPACE, constants.PLURAL,
+                                               sweep_doc("warmup", WARMUP_NAMESPACE, s3.endpoint))
+        if wait_rayjobs(changes, WARMUP_NAMESPACE, {"warmup"}, 120, operator) is None:
+            raise RuntimeError(f"the operator did not create the warm-up RayJob; log: {operator.log_summary()}")
+        rss_before = proc_status(operator.pid)
+        cpu_before = proc_cpu_seconds(operator.pid)
+        bench_cpu_before = proc_cpu_seconds(os.getpid())
+        requests_before = server.call(lambda: Counter(emulator.requests))
+
+        docs = [sweep_doc(f"s{i:05d}", NAMESPACE, s3.endpoint) for i in range(n)]
+        applied: dict[str, float] = {}
+        log.info("size %d: applying %d sweeps", n, n)
+        started = time.monotonic()
+        for doc in docs:
+            custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL, doc)
+            applied[doc["metadata"]["name"]] = time.monotonic()
+        apply_seconds = time.monotonic() - started
+        log.info("size %d: applied in %.2fs; waiting for RayJobs", n, apply_seconds)
+        timeout = args.timeout or max(120.0, n * 0.5)
+        all_exist_at = wait_rayjobs(changes, NAMESPACE, set(applied), timeout, operator)
+        total = (all_exist_at - started) if all_exist_at is not None else None
+        cpu_at_all = proc_cpu_seconds(operator.pid)
+        bench_cpu_at_all = proc_cpu_seconds(os.getpid())
+        waited_until = time.monotonic()
+        created_by_then = len({label for _, ns, _, label in list(changes.rayjobs_added) if ns == NAMESPACE})
+        requests_to_all = server.call(lambda: Counter(emulator.requests)) - requests_before
+        log.info("size %d: every RayJob exists after %s s; settling %.0fs (timers, stand-in transitions)", n,
+                 f"{total:.2f}" if total is not None else "-", args.settle)
+        time.sleep(args.settle)  # a duplicate would come from a later event or timer, so give them time
+
+        rss = proc_status(operator.pid)
+        cpu_total = proc_cpu_seconds(operator.pid)
+        operator_alive = operator.alive()
+        listed = custom.list_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL)["items"]
+        live_per_sweep = Counter((o["metadata"].get("labels") or {}).get(constants.LABEL_SWEEP, "") for o in listed)
+        created_per_sweep: dict[str, list[float]] = defaultdict(list)
+        for t, ns, _, label in list(changes.rayjobs_added):
+            if ns == NAMESPACE:
+                created_per_sweep[label].append(t)
+        latencies = [min(created_per_sweep[name]) - at for name, at in applied.items() if created_per_sweep.get(name)]
+        duplicates = sorted(name for name in applied if len(created_per_sweep.get(name, [])) > 1 or live_per_sweep.get(name, 0) > 1)
+        lost = sorted(name for name in applied if live_per_sweep.get(name, 0) == 0)
+        never_created = sorted(name for name in applied if not created_per_sweep.get(name))
+        operator_log = operator.log_summary()
+        if args.operator_log:
+            Path(args.operator_log).write_bytes(operator.log_path.read_bytes())
+
+    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    ratio = total / floor["seconds"] if total is not None else None
+    peak_mib = rss.get("VmHWM", 0) / 1024
+    met = {
+        "ratio": ratio is not None and ratio <= TARGETS["ratio"],
+        "p99": bool(latencies) and len(latencies) == n and p99 <= TARGETS["p99Seconds"],
+        "rss": peak_mib <= TARGETS["rssMiB"],
+        "noDuplicateOrLost": not duplicates and not lost and not never_created,
+    }
+    return {
+        "sweeps": n,
+        "floorSeconds": floor["seconds"],
+        "floor": floor,
+        "applySeconds": round(apply_seconds, 3),
+        "allRayJobsSeconds": round(total, 3) if total is not None else None,
+        "ratio": round(ratio, 2) if ratio is not None else None,
+        "latencySeconds": {
+            "p50": round(p50, 3), "p99": round(p99, 3), "max": round(max(latencies), 3) if latencies else None,
+            "mean": round(sum(latencies) / len(latencies), 3) if latencies else None, "count": len(latencies),
+        },
+        "operator": {
+            "peakRssMiB": round(peak_mib, 1),
+            "rssMiB": round(rss.get("VmRSS", 0) / 1024, 1),
+            "rssBeforeMiB": round(rss_before.get("VmRSS", 0) / 1024, 1),
+            "cpuSecondsUntilAllRayJobs": round(cpu_at_all - cpu_before, 2),
+            "cpuSecondsPerSweep": round((cpu_at_all - cpu_before) / n, 4),
+            "cpuSecondsTotal": round(cpu_total - cpu_before, 2),
+            "alive": operator_alive,
+            "log": operator_log,
+        },
+        "rayjobs": {
+            "live": sum(live_per_sweep[name] for name in applied),
+            "duplicates": len(duplicates), "lost": len(lost), "neverCreated": len(never_created),
+            "examples": (duplicates + lost)[:5],
+        },
+        "benchProcessCpuSecondsUntilAllRayJobs": round(bench_cpu_at_all - bench_cpu_before, 2),  # emulator + stand-in + applies
+        "waitedSeconds": round(waited_until - started, 2),
+        "sweepsWithRayJobWhenWaitEnded": created_by_then,
+        "requestsUntilAllRayJobs": dict(requests_to_all.most_common()),
+        "requestsPerSweep": round(sum(requests_to_all.values()) / n, 2),
+        "met": met,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100,500,1000", help="comma-separated sweep counts (default 100,500,1000)")
+    parser.add_argument("--quick", action="store_true", help="one 50-sweep smoke run")
+    parser.add_argument("--reconcile-seconds", type=float, default=10.0, help="SWEEP_RECONCILE_SECONDS (operator default 10)")
+    parser.add_argument("--run-seconds", type=float, default=3600.0,
+                        help="how long each scripted Ray job runs (default: longer than the benchmark, as real sweeps)")
+    parser.add_argument("--startup-seconds", type=float, default=0.5, help="scripted cluster startup time")
+    parser.add_argument("--settle", type=float, default=12.0, help="seconds to keep watching for duplicates afterwards")
+    parser.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))")
+    parser.add_argument("--operator-log", default="", help="copy the (last size's) operator log here")
+    parser.add_argument("--serve-s3", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_s3:
+        return serve_s3()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    for noisy in ("kubernetes", "aiohttp.access", "urllib3"):  # a line per request would slow the emulator down
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sizes = [50] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
+    load_before = os.getloadavg()
+    results = [measure_size(n, args) for n in sizes]
+    at_target = next((r for r in results if r["sweeps"] == TARGET_SIZE), None)
+    report = {
+        "benchmark": "operator_scale",
+        "targets": {"atSweeps": TARGET_SIZE, "ratioMax": TARGETS["ratio"], "p99SecondsMax": TARGETS["p99Seconds"],
+                    "peakRssMiBMax": TARGETS["rssMiB"], "duplicatesOrLost": 0},
+        "settings": {"reconcileSeconds": args.reconcile_seconds, "runSeconds": args.run_seconds,
+                     "startupSeconds": args.startup_seconds, "settleSeconds": args.settle,
+                     "floor": "sequential creates of rendered RayJobs, one kubernetes client, fresh emulator"},
+        "machine": {"cpus": os.cpu_count(), "loadavgBefore": [round(x, 2) for x in load_before],
+                    "loadavgAfter": [round(x, 2) for x in os.getloadavg()]},
+        "summary": [
+            {"sweeps": r["sweeps"], "ratio": r["ratio"], "p50": r["latencySeconds"]["p50"], "p99": r["latencySeconds"]["p99"],
+             "peakRssMiB": r["operator"]["peakRssMiB"], "duplicates": r["rayjobs"]["duplicates"], "lost": r["rayjobs"]["lost"],
+             "met": r["met"]}
+            for r in results
+        ],
+        "sizes": results,
+        "overall": {
+            "targetSizeRun": at_target is not None,
+            "targetsMet": at_target["met"] if at_target else None,
+            "allTargetsMet": all(at_target["met"].values()) if at_target else None,
+            "everySizeCorrect": all(r["met"]["noDuplicateOrLost"] for r in results),
+        },
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
