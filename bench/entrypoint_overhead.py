@@ -153,7 +153,12 @@ def main() -> int:
 
     size = LocalRaySize(num_cpus=4, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 2.0})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    report: dict[str, Any] = {"cpus": os.cpu_count(), "repeat": args.repeat, "local_ray": size.describe()}
+    report: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+        "repeat": args.repeat,
+        "local_ray": size.describe(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-entrypoint-") as tmp, LocalRayCluster(size, env=env) as cluster:
         base = Path(tmp)
         report["review_tune_only_s"] = round(run_script(REVIEW_TUNE_ONLY, cluster, base / "review"), 2)
@@ -161,17 +166,25 @@ def main() -> int:
             if name == "digits_2x2" and args.skip_digits:
                 continue
             doc = yaml.safe_load(workload["manifest"].read_text()) if workload["manifest"] else digits_manifest()
-            plain, ours = [], []
+            plain: list[float] = []
+            ours: list[float] = []
             for i in range(args.repeat):
-                plain.append(run_script(workload["script"], cluster, base / f"{name}-plain-{i}"))
-                ours.append(run_driver(doc, cluster, base / f"{name}-driver-{i}", f"bench{i}"))
+                # Alternate which goes first, so a warm-up or a neighbour's load does not always favour one side.
+                runs = [
+                    lambda: plain.append(run_script(workload["script"], cluster, base / f"{name}-plain-{i}")),
+                    lambda: ours.append(run_driver(doc, cluster, base / f"{name}-driver-{i}", f"bench{i}")),
+                ]
+                for step in runs if i % 2 == 0 else runs[::-1]:
+                    step()
             report[name] = {
                 "handwritten_s": round(min(plain), 2),
                 "driver_s": round(min(ours), 2),
+                "samples_s": {"handwritten": [round(x, 1) for x in plain], "driver": [round(x, 1) for x in ours]},
                 "ratio": round(min(ours) / min(plain), 3),
                 "target": workload["target"],
                 "meets_target": min(ours) / min(plain) <= workload["target"],
             }
+    report["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(report, indent=1))
     return 0
 
