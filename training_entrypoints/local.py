@@ -1,9 +1,7 @@
-"""Run a rendered RayJob's entrypoint on a local Ray, as KubeRay would in a cluster: `sweepctl run-local` and the sandbox.
+"""Run a rendered RayJob's entrypoint on a local Ray, as KubeRay would in a cluster (`sweepctl run-local`, the sandbox).
 
-One local Ray node stands in for the RayJob's cluster: the head's trial-driver slots plus the worker group at its
-maxReplicas. Logical resources are not OS limits (R15), so a small machine gets as many logical CPUs as the
-workers ask for and nested Tune + Train fits; a request that can never fit fails at once, naming asked and available.
-The entrypoint runs in a subprocess with the container env and the RayJob's runtime env, like a submitted Ray job.
+One local node stands in for the RayJob's cluster, with logical resources sized so nested Tune + Train fits (R15);
+the entrypoint runs in a subprocess with the container env and the runtime env, like a submitted Ray job.
 """
 
 from __future__ import annotations

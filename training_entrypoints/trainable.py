@@ -1,9 +1,7 @@
 """The Tune trial driver: a function trainable that builds a V2 TorchTrainer per trial and calls `.fit()` (R17).
 
-Never a Trainer handed to the Tuner. Trial parameters travel in `train_loop_config`; each trial gets its own Train
-run name (the trial id) and storage path (R17); `TuneReportCallback` is built inside the trial (R18); the train-side
-`RunConfig`/`FailureConfig` are `ray.train`'s, never `ray.tune`'s (R19), with every retry class set (R12).
-"""
+Trial params go in `train_loop_config`; TuneReportCallback is built inside the trial (R18); the Trainer gets
+`ray.train`'s RunConfig and FailureConfig, never `ray.tune`'s (R19), with every retry class set (R12)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Example train loop: a small MLP on scikit-learn's bundled digits (no download), data-parallel under Ray Train V2.
+"""Example train loop to copy: a small MLP on scikit-learn's bundled digits (no download), data-parallel on Train V2.
 
-Copy it to start your own. The Trainer builds nothing for you (R3): this loop creates the data, model,
-optimizer and sampling, restores a checkpoint (R7), aggregates metrics over ranks (R9) and reports once per epoch (R8).
-Config: lr, hidden, epochs; optional batch_size (64), dropout (0.1), seed (0).
-"""
+It builds its own data, model, optimizer and sampling (R3), resumes exactly (R7), aggregates metrics over ranks (R9)
+and reports once per epoch on every rank (R8). Config: lr, hidden, epochs; optional batch_size, dropout, seed."""
 
 from __future__ import annotations
 
