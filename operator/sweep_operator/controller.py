@@ -132,6 +132,7 @@ class SweepController:
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
         self._sweep_locks: dict[str, threading.Lock] = {}
+        self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------------------ helpers
     def _now(self) -> datetime:
@@ -203,6 +204,46 @@ class SweepController:
                 self._reconcile(fresh)
             finally:
                 self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def tick_due(self, body: Mapping[str, Any]) -> bool:
+        """Whether a timer tick has work: a deadline that may have passed, progress to poll, a queue to retry.
+
+        Ticks for sweeps in a steady state cost nothing (no API call); events drive everything else.
+        """
+        status = _status(body)
+        phase = status.get("phase")
+        if _meta(body).get("deletionTimestamp"):
+            return False
+        if is_terminal(phase):
+            return not (status.get("checkpoints") or {}).get("verifiedAt")
+        if phase in (None, "Pending", "Queued", "Starting", "Suspended"):
+            return True
+        now = self.clock()
+        deadline = parse_time(status.get("deadlineAt"))
+        if deadline is not None and now >= deadline.timestamp():
+            return True
+        key = f"{_meta(body).get('namespace') or 'default'}/{_meta(body).get('name')}"
+        with self._memory_lock:
+            last = self.memory.last_progress_poll.get(key)
+        return last is None or time.monotonic() - last >= self.settings.status_poll_seconds
+
+    def rayjob_changed(self, rayjob: Mapping[str, Any]) -> bool:
+        """Whether a RayJob event carries news for its sweep (status, deletion, suspension), remembered per uid."""
+        meta, status = _meta(rayjob), rayjob.get("status") or {}
+        facts = (
+            status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason"), status.get("rayClusterName"),
+            status.get("startTime"), bool(meta.get("deletionTimestamp")), bool((rayjob.get("spec") or {}).get("suspend")),
+        )
+        uid = meta.get("uid") or meta.get("name", "")
+        with self._memory_lock:
+            if self._rayjob_facts.get(uid) == facts:
+                return False
+            self._rayjob_facts[uid] = facts
+        return True
+
+    def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:
+        with self._memory_lock:
+            self._rayjob_facts.pop(_meta(rayjob).get("uid") or _meta(rayjob).get("name", ""), None)
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         status = _status(body)

@@ -50,12 +50,24 @@ class OperatorWiring:
     login: Callable[..., kopf.ConnectionInfo | None] | None = None
 
 
+class NoDiffBaseStorage(kopf.DiffBaseStorage):
+    """We register no update or field handlers, so kopf needs no copy of each object's last spec: without this,
+    it writes the whole RayJob spec into an annotation on every RayJob and RayCluster (an extra patch each)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
     kopf_settings.persistence.finalizer = constants.FINALIZER
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
-    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=constants.GROUP, key="last-handled-configuration"
-    )
+    kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
     kopf_settings.execution.max_workers = MAX_HANDLER_THREADS
     kopf_settings.posting.level = logging.INFO
     kopf_settings.scanning.disabled = True  # our kinds are known; no cluster-wide namespace/CRD scans
@@ -96,7 +108,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).
     @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, initial_delay=settings.reconcile_seconds, idle=0, registry=registry)
     def sweep_tick(body: kopf.Body, **_: Any) -> None:
-        controller.reconcile_sweep(body)  # deadlines, progress polling, missed events
+        if controller.tick_due(body):  # deadlines, progress polling, the queue; steady sweeps cost nothing
+            controller.reconcile_sweep(body)
 
     @kopf.on.delete(**SWEEPS, registry=registry)
     def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
@@ -115,7 +128,11 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             controller.correct_drift(body, constants.RAYJOB_KIND)
-        _reconcile_owner(controller, body)
+        if type == "DELETED":
+            controller.forget_rayjob(body)
+            _reconcile_owner(controller, body)
+        elif controller.rayjob_changed(body):
+            _reconcile_owner(controller, body)
 
     @kopf.on.delete(**RAYJOBS, labels=OURS, registry=registry)
     def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:

@@ -22,11 +22,24 @@ T = TypeVar("T")
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
 
+# One pooled connection per handler thread (urllib3 otherwise keeps 10 and re-dials past them).
+CONNECTION_POOL_SIZE = 32
+
+
+def api_client_for_url(url: str) -> k8s.ApiClient:
+    """A client for an API server at `url` without credentials (the sandbox's emulator on loopback)."""
+    configuration = k8s.Configuration(host=url)
+    configuration.verify_ssl = False
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    return k8s.ApiClient(configuration)
+
+
 def api_client_from_environment(kubeconfig: str | None = None) -> k8s.ApiClient:
     """In-cluster service account when running in a pod, else the kubeconfig (explicit path or $KUBECONFIG)."""
     from kubernetes import config
 
     configuration = k8s.Configuration()
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)
     else:

@@ -459,3 +459,26 @@ def test_guard_never_reuses_an_earlier_verification(world: World) -> None:
     world.verifier.verified = False  # a checkpoint object is deleted from S3 after the final verification
     with pytest.raises(RetryLater, match="missing-file"):
         world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+
+
+def test_timer_ticks_cost_nothing_for_steady_sweeps(world: World) -> None:
+    """Scale: ticks do work only when a deadline, a progress poll or the queue is due."""
+    status = ran(world)
+    body = world.sweep("digits")
+    world.controller.settings = Settings(status_poll_seconds=3600)
+    assert not world.controller.tick_due(body), "Running, polled just now, deadline far away"
+    world.clock.now = T0 + 21600 + 1
+    assert world.controller.tick_due(body), "the sweep deadline passed"
+    world.clock.now = T0
+    assert world.controller.tick_due({"metadata": {"name": "q"}, "status": {"phase": "Queued"}})
+    assert world.controller.tick_due({"metadata": {"name": "s"}, "status": {"phase": "Succeeded"}}), "not verified yet"
+    assert not world.controller.tick_due({"metadata": {"name": "s"}, "status": {"phase": "Succeeded", "checkpoints": {"verifiedAt": "x"}}})
+    assert status["phase"] == "Running"
+
+
+def test_rayjob_events_reach_the_sweep_only_when_they_carry_news(world: World) -> None:
+    rayjob = {"metadata": {"uid": "u1", "name": "rj"}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}
+    assert world.controller.rayjob_changed(rayjob)
+    assert not world.controller.rayjob_changed(dict(rayjob, spec={"entrypoint": "x"}))
+    assert world.controller.rayjob_changed({**rayjob, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
+    assert world.controller.rayjob_changed({**rayjob, "metadata": {"uid": "u1", "name": "rj", "deletionTimestamp": "t"}, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})

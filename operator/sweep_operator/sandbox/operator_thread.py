@@ -31,11 +31,11 @@ class OperatorThread:
         controller: SweepController | None = None,
         s3_client_for: Callable[[str, str], Any] | None = None,
     ) -> None:
-        from .emulator import make_api_client
+        from ..kube import api_client_for_url
 
         self.settings = settings
         self.url = url
-        self.controller = controller or build_controller(settings, make_api_client(url))
+        self.controller = controller or build_controller(settings, api_client_for_url(url))
         if s3_client_for is not None:
             self.controller.s3_client_for = s3_client_for
         self._stop = threading.Event()
