@@ -85,18 +85,26 @@ def local_ray(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield cluster
 
 
-DEADLINE_IN_S = 100  # far enough for a trial to start on 2 busy cores (20-60 s seen); it then checkpoints every 0.5 s
+DEADLINE_IN_S = 120  # far enough for a lone trial to start on 2 busy cores (20-65 s seen)
 
 
 class DeadlineRun:
-    def __init__(self, future: Future[LocalRunResult]):
-        self.future = future
+    def __init__(self, future: Future[LocalRunResult], layout: RunLayout):
+        self.future, self.layout = future, layout
+
+
+def committed_checkpoints(layout: RunLayout) -> list[str]:
+    """Checkpoint names Ray's snapshot commits, over all trials of a run (none before the first commit)."""
+    names = []
+    for snapshot in Path(layout.root, "train").glob("*/checkpoint_manager_snapshot.json"):
+        names += [c["checkpoint_dir_name"] for c in json.loads(snapshot.read_text())["checkpoint_results"]]
+    return names
 
 
 @pytest.fixture(scope="module")
 def deadline_run(local_ray: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeadlineRun]:
-    """A sweep whose deadline stops it, started in the background as soon as Ray is up: its ~100 s of mostly
-    waiting overlap the other runs (the S3 sweep asks for it first)."""
+    """A sweep whose deadline stops it, started first and left running in the background once its trial has
+    committed a checkpoint: the rest of its wait for the deadline overlaps the other runs (the S3 sweep asks for it)."""
     doc = changed(
         digits_sweep("slow-scalar", {"uri": "s3://unused/sweeps", "region": "us-east-1"}),
         {
@@ -108,8 +116,13 @@ def deadline_run(local_ray: LocalRayCluster, tmp_path_factory: pytest.TempPathFa
             "spec.deadlines": {"activeSeconds": 900, "startupSeconds": 120, "gracefulStopSeconds": 5},
         },
     )
+    tmp = tmp_path_factory.mktemp("deadline")
+    layout = RunLayout(str(tmp / "store" / "default" / "slow-scalar-e2e1"))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="deadline-run") as pool:
-        yield DeadlineRun(pool.submit(run, doc, local_ray, tmp_path_factory.mktemp("deadline"), deadline_in_s=DEADLINE_IN_S))
+        future = pool.submit(run, doc, local_ray, tmp, deadline_in_s=DEADLINE_IN_S)
+        while not committed_checkpoints(layout) and not future.done():
+            time.sleep(0.5)
+        yield DeadlineRun(future, layout)
 
 
 # ---------------------------------------------------------------------------------- S3 sweep
@@ -325,15 +338,14 @@ def test_a_deadline_stops_the_sweep_gracefully_with_its_checkpoints_persisted(de
     assert outcome.duration_s < DEADLINE_IN_S + 30
     assert outcome.result["deadlineReached"] is True and outcome.status["phase"] == "DeadlineExceeded"
     (trial,) = outcome.result["trialResults"]
-    layout = RunLayout(outcome.run_root)
-    snapshot = json.loads(Path(layout.snapshot_path(trial["id"])).read_text())
-    committed = [c["checkpoint_dir_name"] for c in snapshot["checkpoint_results"]]
+    layout = deadline_run.layout
+    committed = committed_checkpoints(layout)
     assert committed, "no checkpoint persisted before the deadline"
     for name in committed:
         assert checkpointing.manifest_problems(layout.checkpoint_dir(trial["id"], name)) == []
-    last_step = int(committed[-1][-6:])
-    assert last_step < 999  # stopped long before the loop's end
-    assert trial["checkpointUri"] == layout.checkpoint_dir(trial["id"], committed[-1])
+    last = max(committed)
+    assert int(last[-6:]) < 999  # stopped long before the loop's end
+    assert trial["checkpointUri"] == layout.checkpoint_dir(trial["id"], last)
 
 
 @pytest.mark.timeout(300)
