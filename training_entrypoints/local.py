@@ -179,7 +179,8 @@ class LocalRayCluster:
             "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
             f"--num-cpus={self.size.num_cpus}", f"--num-gpus={self.size.num_gpus}",
             f"--resources={json.dumps(self.size.resources)}", f"--object-store-memory={self.size.object_store_bytes}",
-            f"--dashboard-agent-listen-port={_free_port()}",
+            # Even with --include-dashboard=false a minimal dashboard head starts, on 8265 unless told otherwise.
+            f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
             f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
             f"--runtime-env-agent-port={_free_port()}",
             # `ray start` defaults every cluster to worker ports 10002-19999; two local clusters then collide.

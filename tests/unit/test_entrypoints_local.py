@@ -104,6 +104,7 @@ def test_local_ray_keeps_to_loopback_its_own_ports_and_temp_dir() -> None:
         assert f"--temp-dir={cluster.temp_dir}" in command and "--num-cpus=4" in command
         assert '--resources={"sweep_trial_driver": 2.0}' in command
         assert "--min-worker-port=0" in command and "--max-worker-port=0" in command  # OS-chosen, never shared
+        assert any(arg.startswith("--dashboard-port=") and arg != "--dashboard-port=8265" for arg in command)
         assert cluster.address == f"127.0.0.1:{cluster.port}"
     finally:
         cluster.stop()
