@@ -327,8 +327,6 @@ def run_rayjob(
     bounded failure) or Ray does not start.
     """
     workdir = Path(workdir or os.getcwd()).resolve()
-    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sweep-run-local-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
     env_vars = {**runtime_env_vars(rayjob), **(env_overrides or {})}
     run_spec = RunSpec.from_json(env_vars[constants.ENV_RUN_SPEC])
     spec = run_spec.spec
@@ -340,6 +338,8 @@ def run_rayjob(
     problem = fit_problem(spec, size) if check_fit else None
     if problem:
         raise LocalRunError(problem)
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sweep-run-local-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
 
     owned = cluster is None
     if cluster is None:
