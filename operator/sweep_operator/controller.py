@@ -827,16 +827,16 @@ class SweepController:
             if result.verified
             else problems_message(result.problems)
         )
+        updates: list[tuple[str, bool | str, str, str]] = [
+            ("CheckpointsVerified", result.verified, "Verified" if result.verified else "NotVerified", message)
+        ]
+        if status.get("phase") == "Succeeded" or get_condition(status.get("conditions"), "Ready"):
+            ready = status.get("phase") == "Succeeded" and result.verified
+            updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
         self.kube.patch_sweep_status(
             meta.get("namespace") or "default",
             meta["name"],
-            {
-                "checkpoints": result.to_status(),
-                "conditions": self._conditions(
-                    status, meta.get("generation"),
-                    ("CheckpointsVerified", result.verified, "Verified" if result.verified else "NotVerified", message),
-                ),
-            },
+            {"checkpoints": result.to_status(), "conditions": self._conditions(status, meta.get("generation"), *updates)},
         )
 
     def _hold(

@@ -43,8 +43,10 @@ def test_sandbox_run_digits_succeeds_verifies_and_the_guard_releases(tmp_path: P
 def _small_digits(name: str) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "examples" / "digits-cpu.yaml").read_text())
     doc["metadata"]["name"] = name
-    doc["spec"]["paramSpace"] = {"lr": 0.05, "hidden": 32, "epochs": 2, "batch_size": 64}
+    # One trial, one worker, one epoch: one committed checkpoint is all this test needs.
+    doc["spec"]["paramSpace"] = {"lr": 0.05, "hidden": 32, "epochs": 1, "batch_size": 64}
     doc["spec"]["tune"].update({"numSamples": 1, "maxConcurrentTrials": 1})
+    doc["spec"]["trial"]["workers"] = 1
     return doc
 
 

@@ -59,7 +59,8 @@ def env(s3_server: Any, faulty_s3: FaultyS3Server) -> Iterator[OperatorEnv]:
 def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: OperatorEnv) -> None:
     doc = env.new_sweep("life")
     name = doc["metadata"]["name"]
-    env.runner.script(name, Outcome.succeed(2.0, startup=0.5))
+    # Long enough that the run's data is in S3 before the job ends, even on 2 busy cores.
+    env.runner.script(name, Outcome.succeed(6.0, startup=0.5))
     created = env.apply(doc)
     bucket, prefix = env.run_root(name)
     write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)

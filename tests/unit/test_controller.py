@@ -482,3 +482,16 @@ def test_rayjob_events_reach_the_sweep_only_when_they_carry_news(world: World) -
     assert not world.controller.rayjob_changed(dict(rayjob, spec={"entrypoint": "x"}))
     assert world.controller.rayjob_changed({**rayjob, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
     assert world.controller.rayjob_changed({**rayjob, "metadata": {"uid": "u1", "name": "rj", "deletionTimestamp": "t"}, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
+
+
+def test_ready_follows_the_latest_verification(world: World) -> None:
+    """A run verified incomplete at its end, verified complete later (by the guard): Ready turns True with it."""
+    status = ran(world)
+    world.verifier.verified = False
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    status = world.reconcile("digits")
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
+    world.verifier.verified = True
+    world.controller.guard_rayjob_deletion(world.kube.get_rayjob("ml", status["rayJobName"]), attempt=0)
+    conditions = {c["type"]: c["status"] for c in world.status("digits")["conditions"]}
+    assert conditions["CheckpointsVerified"] == "True" and conditions["Ready"] == "True"
