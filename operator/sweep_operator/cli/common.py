@@ -46,3 +46,27 @@ def load_limits(path: str | None) -> Any:
         return OperatorLimits.from_mapping(data, where=path)
     except SettingsError as exc:
         raise UsageError(str(exc)) from None
+
+
+def load_sweep(path: str, limits: Any) -> Any:
+    """The one TrainingSweep in `path`, parsed and checked against `limits`; UsageError listing every problem."""
+    from ..problems import SpecError
+    from ..validation import parse_sweep
+
+    docs = load_documents(path)
+    if len(docs) != 1:
+        raise UsageError(f"{path}: expected one TrainingSweep, found {len(docs)} documents")
+    try:
+        return parse_sweep(docs[0], limits)
+    except SpecError as exc:
+        raise UsageError("invalid TrainingSweep\n" + "\n".join(f"{path}: {p}" for p in exc.problems)) from None
+
+
+def run_id_from(value: str | None) -> str:
+    """`--run-id` checked, or a fresh run id."""
+    from ..rendering import check_run_id, new_run_id
+
+    try:
+        return check_run_id(value) if value else new_run_id()
+    except ValueError as exc:
+        raise UsageError(f"--run-id: {exc}") from None

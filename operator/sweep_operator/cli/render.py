@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from .common import EXIT_OK, EXIT_USAGE, UsageError, load_documents, load_limits
+from .common import EXIT_OK, load_limits, load_sweep, run_id_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,25 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..policy import effective_active_seconds
-    from ..problems import SpecError
-    from ..rendering import build_rayjob, check_run_id, new_run_id, to_yaml
-    from ..validation import parse_sweep
+    from ..rendering import build_rayjob, to_yaml
 
     limits = load_limits(args.limits)
-    docs = load_documents(args.filename)
-    if len(docs) != 1:
-        raise UsageError(f"{args.filename}: expected one TrainingSweep, found {len(docs)} documents")
-    try:
-        sweep = parse_sweep(docs[0], limits)
-    except SpecError as exc:
-        for problem in exc.problems:
-            print(f"{args.filename}: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    run_id = args.run_id or new_run_id()
-    try:
-        check_run_id(run_id)
-    except ValueError as exc:
-        raise UsageError(f"--run-id: {exc}") from None
+    sweep = load_sweep(args.filename, limits)
+    run_id = run_id_from(args.run_id)
     deadline = args.deadline_at or int(time.time()) + effective_active_seconds(sweep.spec, limits)
     sys.stdout.write(to_yaml(build_rayjob(sweep, run_id, limits, deadline_at=deadline)))
     return EXIT_OK

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, load_documents, load_limits
+from .common import EXIT_FAILED, EXIT_OK, UsageError, load_limits, load_sweep, run_id_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -105,27 +105,13 @@ def result_table(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..policy import effective_active_seconds
-    from ..problems import SpecError
-    from ..rendering import RenderContext, build_rayjob, check_run_id, new_run_id
-    from ..validation import parse_sweep
+    from ..rendering import RenderContext, build_rayjob
 
     limits = load_limits(args.limits)
-    docs = load_documents(args.filename)
-    if len(docs) != 1:
-        raise UsageError(f"{args.filename}: expected one TrainingSweep, found {len(docs)} documents")
-    try:
-        sweep = parse_sweep(docs[0], limits)
-    except SpecError as exc:
-        for problem in exc.problems:
-            print(f"{args.filename}: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+    sweep = load_sweep(args.filename, limits)
     if args.cpu_only:
         sweep = cpu_only(sweep)
-    run_id = args.run_id or new_run_id()
-    try:
-        check_run_id(run_id)
-    except ValueError as exc:
-        raise UsageError(f"--run-id: {exc}") from None
+    run_id = run_id_from(args.run_id)
     deadline = int(time.time()) + effective_active_seconds(sweep.spec, limits)
     rayjob = build_rayjob(
         sweep, run_id, RenderContext(limits=limits), deadline_at=deadline, storage_uri=_storage_base(args.storage)
