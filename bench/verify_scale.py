@@ -77,8 +77,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         assert child.stdout is not None and child.stdin is not None
         info = json.loads(child.stdout.readline())
         from sweep_operator.s3 import S3ClientConfig, make_s3_client
+        from sweep_operator import s3_layout
         from sweep_operator.s3_layout import S3Uri
-        from sweep_operator.verification import verify_sweep_checkpoints
+        from sweep_operator.verification import iter_listing, verify_sweep_checkpoints
 
         # One client for all three measurements, configured as the CLI and operator configure the verifier's.
         client = make_s3_client(
@@ -113,6 +114,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 return len(keys)
             return run
 
+        def required_reads() -> int:
+            """Only the small objects any verifier must read (snapshots, manifests, result.json), concurrently."""
+            keys = [
+                root.prefix + rel for rel, _ in iter_listing(client, root.bucket, root.prefix)
+                if rel == s3_layout.RESULT_KEY or rel.endswith("/" + s3_layout.SNAPSHOT_FILE)
+                or s3_layout.is_manifest_name(rel.rsplit("/", 1)[-1])
+            ]
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                list(pool.map(lambda k: client.get_object(Bucket=root.bucket, Key=k)["Body"].read(), keys))
+            reads_s.append(time.perf_counter() - started)
+            return len(keys)
+
+        reads_s: list[float] = []
         listing()  # warm the connection pool and moto's code paths once
         # Interleaved, best of --repeat: load from other processes on the machine hits both alike.
         verify_all: list[float] = []
@@ -122,6 +137,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             list_all.append(t)
             t, _, result = best_of(1, verifier)
             verify_all.append(t)
+        read_count = required_reads()
         verify_s, list_s = min(verify_all), min(list_all)
         sample = files if args.head_sample <= 0 else files[: args.head_sample]
         head_s, _, _ = best_of(1, head_each(sample))
@@ -143,6 +159,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "allRuns": {"verifier": [round(t, 3) for t in verify_all], "listing": [round(t, 3) for t in list_all]},
             "headFilesTimed": len(sample),
             "verifierRequests": {"checked": result.checked, "objectsListed": result.objects_listed},
+            "requiredReads": {"objects": read_count, "seconds": round(reads_s[0], 3)},
+            # What this server allows at best: a verifier must list every key once and read the small objects
+            # (a single-process moto serves them one at a time), and can never beat head/listing.
+            "bounds": {
+                "verifierOverListingAtLeast": round((list_s + reads_s[0]) / list_s, 3),
+                "headPerFileOverVerifierAtMost": round(head_s * scale / list_s, 1),
+            },
             "ratios": {
                 "verifierOverListing": round(verify_s / list_s, 3),
                 "headPerFileOverVerifier": round(head_s * scale / verify_s, 1),

@@ -1,7 +1,8 @@
 """Fail-closed verification of one sweep run's checkpoints in S3 (R22), before anything may delete them.
 
 Ray's `checkpoint_manager_snapshot.json` names each trial's committed checkpoints, our manifests name
-their files; the run is listed once (per trial prefix, concurrently) and compared in memory.
+their files; the run's `train/` is listed once (one paginated pass; each trial's reads start as soon as the listing
+has passed it) and compared in memory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
@@ -557,9 +558,8 @@ def _s3_call(key: str, call: Callable[..., dict[str, Any]], **kwargs: Any) -> di
         raise S3AccessError(key, describe_s3_error(exc)) from exc
 
 
-def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
-    """Every object under `prefix` as {key relative to prefix: size}, paginated (ListObjectsV2, 1000 a page)."""
-    objects: dict[str, int] = {}
+def iter_listing(client: S3Reader, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
+    """Every object under `prefix` as (key relative to prefix, size), paginated (ListObjectsV2, 1000 a page)."""
     token: str | None = None
     while True:
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": _LIST_PAGE_SIZE}
@@ -567,29 +567,51 @@ def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
             kwargs["ContinuationToken"] = token
         page = _s3_call(prefix, client.list_objects_v2, **kwargs)
         for obj in page.get("Contents", []):
-            objects[obj["Key"][len(prefix):]] = int(obj.get("Size", 0))
+            yield obj["Key"][len(prefix):], int(obj.get("Size", 0))
         if not page.get("IsTruncated"):
-            return objects
+            return
         token = page.get("NextContinuationToken")
         if not token:
             raise S3AccessError(prefix, "listing truncated without a continuation token")
 
 
-def list_subdirectories(client: S3Reader, bucket: str, prefix: str) -> list[str]:
-    """The names of the "directories" directly under `prefix` (ListObjectsV2 with Delimiter='/')."""
-    names: list[str] = []
-    token: str | None = None
-    while True:
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": _LIST_PAGE_SIZE}
-        if token:
-            kwargs["ContinuationToken"] = token
-        page = _s3_call(prefix, client.list_objects_v2, **kwargs)
-        names += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
-        if not page.get("IsTruncated"):
-            return [n for n in names if n]
-        token = page.get("NextContinuationToken")
-        if not token:
-            raise S3AccessError(prefix, "listing truncated without a continuation token")
+def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
+    """Every object under `prefix` as {key relative to prefix: size}."""
+    return dict(iter_listing(client, bucket, prefix))
+
+
+def list_trials(
+    client: S3Reader, bucket: str, train_prefix: str, on_trial: Callable[[str, Mapping[str, int]], None]
+) -> dict[str, dict[str, int]]:
+    """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, objects)` is called as
+    soon as the listing has moved past a trial, so its reads overlap the rest of the listing.
+
+    S3 lists keys in lexicographic order, which keeps a trial's keys contiguous; a store that does not
+    (S3 Express directory buckets) gets `on_trial` again for a trial whose keys came back later, with all
+    of them. Files directly under `train/` belong to no trial and are ignored.
+    """
+    trials: dict[str, dict[str, int]] = {}
+    announced: set[str] = set()
+    late: set[str] = set()
+    current: str | None = None
+    for rel, size in iter_listing(client, bucket, train_prefix):
+        trial, sep, rest = rel.partition("/")
+        if not sep or not trial:
+            continue
+        if trial != current:
+            if current is not None:
+                on_trial(current, trials[current])
+                announced.add(current)
+            if trial in announced:
+                late.add(trial)
+                trials[trial] = dict(trials[trial])  # the announced mapping may be in use: never mutate it
+            current = trial
+        trials.setdefault(trial, {})[rest] = size
+    if current is not None and current not in late:
+        on_trial(current, trials[current])
+    for trial in sorted(late):
+        on_trial(trial, trials[trial])
+    return trials
 
 
 def _has_any_object(client: S3Reader, bucket: str, prefix: str) -> bool:
@@ -637,10 +659,10 @@ class TrialFacts:
     manifests: Mapping[str, Mapping[str, Manifest | FormatError]] = field(default_factory=dict)
 
 
-def collect_trial(client: S3Reader, root: S3Uri, trial: str) -> TrialFacts:
-    """List one trial prefix, read its snapshot, then the manifests of the checkpoints it commits."""
+def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[str, int]) -> TrialFacts:
+    """Given one trial's listing, read its snapshot, then the manifests of the checkpoints it commits."""
     trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
-    objects = TrialObjects.from_listing(trial, list_prefix(client, root.bucket, trial_prefix))
+    objects = TrialObjects.from_listing(trial, listing)
     if not objects.has_snapshot:
         return TrialFacts(objects)
     data = read_object(client, root.bucket, trial_prefix + s3_layout.SNAPSHOT_FILE)
@@ -820,14 +842,19 @@ def _verify(
     today: date,
 ) -> None:
     train_prefix = root.join(s3_layout.TRAIN_DIR).prefix
-    trials_future = pool.submit(list_subdirectories, client, root.bucket, train_prefix)
+    trial_futures: dict[str, Future[TrialFacts]] = {}
+
+    def on_trial(trial: str, objects: Mapping[str, int]) -> None:
+        # Called from the listing thread; a later call for the same trial (an unordered store) replaces it.
+        trial_futures[trial] = pool.submit(collect_trial, client, root, trial, objects)
+
+    listing_future = pool.submit(list_trials, client, root.bucket, train_prefix, on_trial)
     result_future = pool.submit(read_object, client, root.bucket, root.join(s3_layout.RESULT_KEY).key, True)
     retention_future = pool.submit(_read_retention, client, root.bucket)
-    _wait_all([trials_future], deadline, clock)
-    trials = run.outcome(trials_future)
+    _wait_all([listing_future], deadline, clock)
+    trials = run.outcome(listing_future)
     if trials is None:  # the run cannot even be listed: nothing else is worth asking
         return
-    trial_futures = {trial: pool.submit(collect_trial, client, root, trial) for trial in trials}
     empty_future = pool.submit(_has_any_object, client, root.bucket, root.prefix) if not trials else None
     _wait_all([*trial_futures.values(), result_future, retention_future, *([empty_future] if empty_future else [])], deadline, clock)
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
+from sweep_operator import s3_layout
 from sweep_operator import verification as v
 from sweep_operator.api import CheckpointsStatus
 from sweep_operator.verification import verify_sweep_checkpoints
@@ -48,7 +49,7 @@ def test_complete_sweep_is_verified_from_listings_and_small_reads_only(s3: FakeS
     ops = s3.operations()
     assert "head_object" not in ops
     assert ops.count("get_object") == 3 + 6 + 1  # snapshots, manifests, result.json: never a file
-    assert ops.count("list_objects_v2") == 1 + 3  # the trial prefixes, then one listing per trial
+    assert ops.count("list_objects_v2") == 1  # one listing pass over train/ (fewer than 1000 keys)
 
 
 def test_deep_mode_reads_every_file_once(s3: FakeS3, sweep: SyntheticSweep) -> None:
@@ -81,10 +82,11 @@ def test_status_keeps_the_first_twenty_problems(s3: FakeS3) -> None:
 
 def test_s3_error_on_a_listing_is_not_verified_with_the_reason(s3: FakeS3, sweep: SyntheticSweep) -> None:
     """R22 fail closed: an error is a verdict (verified=False), never an exception."""
-    s3.fail("list_objects_v2", sweep.trial_prefix(sweep.trials[1]), client_error("AccessDenied", 403, "Access Denied"))
+    train_prefix = sweep.root.join(s3_layout.TRAIN_DIR).prefix
+    s3.fail("list_objects_v2", train_prefix, client_error("AccessDenied", 403, "Access Denied"))
     result = verify(s3, sweep)
     assert not result.verified
-    assert (v.S3_ERROR, sweep.trial_prefix(sweep.trials[1])) in [(p.kind, p.key) for p in result.problems]
+    assert (v.S3_ERROR, train_prefix) in [(p.kind, p.key) for p in result.problems]
     assert "AccessDenied (HTTP 403): Access Denied" in result.reason
 
 
@@ -223,3 +225,73 @@ def test_bad_arguments_raise_before_any_request(s3: FakeS3) -> None:
     with pytest.raises(ValueError, match="timeout_seconds: got -1"):
         verify_sweep_checkpoints(s3, f"s3://{BUCKET}/x", timeout_seconds=-1)
     assert s3.calls == []
+
+
+def test_trial_reads_start_while_the_listing_is_still_paging(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """Speed: a trial's snapshot and manifests are read as soon as the listing has passed it, not after."""
+    s3.page_size = 5  # 3 trials x ~13 keys: several pages
+    read_started = threading.Event()
+    listed_before_a_read: list[bool] = []
+
+    def on_call(operation: str) -> None:
+        if operation == "get_object":
+            read_started.set()
+        elif operation == "list_objects_v2" and len(listed_before_a_read) >= 4:
+            # later pages wait (boundedly) for a read: only a pipelined verifier has issued one by now
+            listed_before_a_read.append(read_started.wait(timeout=2))
+        else:
+            listed_before_a_read.append(read_started.is_set())
+
+    s3.on_call = on_call
+    result = verify(s3, sweep)
+    assert result.verified, result.problems
+    assert len(listed_before_a_read) > 5 and listed_before_a_read[-1], listed_before_a_read
+
+
+class _InterleavedListing:
+    """A store that pages its listing in no particular key order (as S3 Express directory buckets may)."""
+
+    def __init__(self, inner: FakeS3, page: int = 4):
+        self.inner, self.page = inner, page
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def list_objects_v2(self, Bucket: str, Prefix: str = "", ContinuationToken: str = "", **kwargs: object) -> dict[str, object]:
+        everything = self.inner.list_objects_v2(Bucket=Bucket, Prefix=Prefix, MaxKeys=100_000)["Contents"]
+        ordered = sorted(everything, key=lambda o: (o["Key"].rsplit("/", 1)[-1], o["Key"]))  # by file name: trials interleave
+        start = int(ContinuationToken or 0)
+        page = ordered[start:start + self.page]
+        more = start + self.page < len(ordered)
+        return {"Contents": page, "IsTruncated": more, **({"NextContinuationToken": str(start + self.page)} if more else {})}
+
+
+def test_an_unordered_listing_still_gives_every_trial_all_its_objects(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """R22 fail closed: a trial whose keys come back in pieces is judged on all of them, not the first piece."""
+    assert verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri).verified  # type: ignore[arg-type]
+    key = sweep.delete_file()
+    result = verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri)  # type: ignore[arg-type]
+    assert (v.MISSING_FILE, key) in [(p.kind, p.key) for p in result.problems]
+    assert result.checked == sweep.committed_count
+
+
+def test_list_trials_groups_by_trial_and_repeats_a_trial_seen_again() -> None:
+    pages = [
+        [("t/train/a/x", 1), ("t/train/a/y", 2), ("t/train/b/x", 3)],
+        [("t/train/stray.txt", 9), ("t/train/a/z", 4)],
+    ]
+
+    class Client:
+        def list_objects_v2(self, ContinuationToken: str = "", **_: object) -> dict[str, object]:
+            index = int(ContinuationToken or 0)
+            more = index + 1 < len(pages)
+            return {
+                "Contents": [{"Key": k, "Size": s} for k, s in pages[index]],
+                "IsTruncated": more,
+                **({"NextContinuationToken": str(index + 1)} if more else {}),
+            }
+
+    seen: list[tuple[str, dict[str, int]]] = []
+    trials = v.list_trials(Client(), "bkt", "t/train/", lambda trial, objects: seen.append((trial, dict(objects))))  # type: ignore[arg-type]
+    assert trials == {"a": {"x": 1, "y": 2, "z": 4}, "b": {"x": 3}}
+    assert seen == [("a", {"x": 1, "y": 2}), ("b", {"x": 3}), ("a", {"x": 1, "y": 2, "z": 4})]
