@@ -106,6 +106,13 @@ class _Memory:
     last_progress_poll: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _InFlight:
+    """A sweep whose reconcile is running; `again` when more requests for it arrived meanwhile."""
+
+    again: bool = False
+
+
 class SweepController:
     def __init__(
         self,
@@ -131,7 +138,8 @@ class SweepController:
         self.ledger = AdmissionLedger(kube.list_sweeps)
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
-        self._sweep_locks: dict[str, threading.Lock] = {}
+        self._in_flight: dict[str, _InFlight] = {}
+        self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------------------ helpers
@@ -179,31 +187,47 @@ class SweepController:
         return s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
 
     # ---------------------------------------------------------------------------- reconcile
-    def _lock_for(self, namespace: str, name: str) -> threading.Lock:
-        with self._memory_lock:
-            return self._sweep_locks.setdefault(f"{namespace}/{name}", threading.Lock())
-
     def reconcile_sweep(self, body: Mapping[str, Any]) -> None:
         """Level-based: bring the sweep's RayJob and status in line with its spec and the world.
 
-        One reconcile per sweep at a time, on a fresh read (events for the sweep, its RayJob and the
-        timer may arrive together, each with an older copy).
+        One reconcile per sweep at a time, each on a fresh read (events for the sweep, its RayJob and the
+        timer may arrive together, each with an older copy). Requests that arrive while one runs collapse
+        into one more pass after it, as a controller work queue does: a burst of N events costs at most two
+        reconciles, not N, and the callers that found one running return at once.
         """
         meta = _meta(body)
         namespace, name = meta.get("namespace") or "default", meta["name"]
+        key = f"{namespace}/{name}"
+        with self._memory_lock:
+            state = self._in_flight.get(key)
+            if state is not None:
+                state.again = True
+                return
+            state = self._in_flight[key] = _InFlight()
+        try:
+            while True:
+                self._reconcile_fresh(namespace, name)
+                with self._memory_lock:
+                    if not state.again:
+                        break
+                    state.again = False
+        finally:
+            with self._memory_lock:
+                self._in_flight.pop(key, None)
+
+    def _reconcile_fresh(self, namespace: str, name: str) -> None:
         started = time.monotonic()
-        with self._lock_for(namespace, name):
-            fresh = self.kube.get_sweep(namespace, name)
-            if fresh is None or _meta(fresh).get("deletionTimestamp"):
-                return
-            # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
-            # but its conditional patch loses races against status updates and only retries on the next event).
-            if not self.kube.ensure_finalizer(fresh):
-                return
-            try:
-                self._reconcile(fresh)
-            finally:
-                self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+        fresh = self.kube.get_sweep(namespace, name)
+        if fresh is None or _meta(fresh).get("deletionTimestamp"):
+            return
+        # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
+        # but its conditional patch loses races against status updates and only retries on the next event).
+        if not self.kube.ensure_finalizer(fresh):
+            return
+        try:
+            self._reconcile(fresh)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work: a deadline that may have passed, progress to poll, a queue to retry.
@@ -242,8 +266,11 @@ class SweepController:
         return True
 
     def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:
+        meta = _meta(rayjob)
+        labels = meta.get("labels") or {}
         with self._memory_lock:
-            self._rayjob_facts.pop(_meta(rayjob).get("uid") or _meta(rayjob).get("name", ""), None)
+            self._rayjob_facts.pop(meta.get("uid") or meta.get("name", ""), None)
+            self._caps.pop((meta.get("namespace") or "default", labels.get(constants.LABEL_SWEEP, ""), labels.get(constants.LABEL_RUN_ID, "")), None)
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         status = _status(body)
@@ -660,6 +687,21 @@ class SweepController:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {meta['name']}: {message}")
 
     def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
+        """The run's worker-group cap; fixed for a run, so remembered per run (no read or parse per event)."""
+        meta = _meta(body)
+        labels = meta.get("labels") or {}
+        run = (meta.get("namespace") or "default", labels.get(constants.LABEL_SWEEP, ""), labels.get(constants.LABEL_RUN_ID, ""))
+        with self._memory_lock:
+            cached = self._caps.get(run)
+        if cached is not None:
+            return cached
+        cap = self._read_cap(body, kind)
+        if cap is not None and run[2]:
+            with self._memory_lock:
+                self._caps[run] = cap
+        return cap
+
+    def _read_cap(self, body: Mapping[str, Any], kind: str) -> int | None:
         rayjob = body if kind == constants.RAYJOB_KIND else self._rayjob_of_cluster(body)
         run_spec = run_spec_of(rayjob) if rayjob else None
         if run_spec is not None:
