@@ -5,10 +5,12 @@ deadlines, drift correction and the checkpoint guard. Clients, clock and event s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
@@ -79,8 +81,15 @@ def _status(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
     """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
+    runtime_env = (rayjob.get("spec") or {}).get("runtimeEnvYAML") or ""
+    return _run_spec_from_runtime_env(runtime_env) if isinstance(runtime_env, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _run_spec_from_runtime_env(runtime_env: str) -> RunSpec | None:
+    # Every RayJob event and reconcile asks; a run's runtime env never changes, so each is parsed once.
     try:
-        env = yaml.load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "", Loader=_YAML_SAFE_LOADER) or {}
+        env = yaml.load(runtime_env, Loader=_YAML_SAFE_LOADER) or {}
         return RunSpec.from_json(env["env_vars"][constants.ENV_RUN_SPEC])
     except (KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
@@ -104,6 +113,10 @@ class _Memory:
     """Per-sweep facts the operator keeps between reconciles (none of them needed for correctness)."""
 
     last_progress_poll: dict[str, float] = field(default_factory=dict)
+
+
+_PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
+_PARSE_CACHE_SIZE = 4096
 
 
 @dataclass
@@ -139,6 +152,7 @@ class SweepController:
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
+        self._parsed: OrderedDict[str, Sweep | tuple[Any, ...]] = OrderedDict()
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
 
@@ -182,6 +196,32 @@ class SweepController:
         except Exception as exc:  # progress is best effort; the guard never relies on it
             log.debug("cannot read %s: %s", location, exc)
             return None
+
+    def _parse(self, body: Mapping[str, Any]) -> Sweep:
+        """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
+        pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
+        meta = _meta(body)
+        key = json.dumps(
+            [sorted(k for k in body if k != "status"), body.get("apiVersion"), body.get("kind"),
+             {k: meta.get(k) for k in _PARSE_METADATA}, body.get("spec")],
+            sort_keys=True, default=str,
+        )
+        with self._memory_lock:
+            hit = self._parsed.get(key)
+            if hit is not None:
+                self._parsed.move_to_end(key)
+        if hit is None:
+            try:
+                hit = parse_sweep(dict(body), self.settings.limits)
+            except SpecError as exc:
+                hit = tuple(exc.problems)
+            with self._memory_lock:
+                self._parsed[key] = hit
+                while len(self._parsed) > _PARSE_CACHE_SIZE:
+                    self._parsed.popitem(last=False)
+        if isinstance(hit, tuple):
+            raise SpecError(list(hit))
+        return hit
 
     def run_root(self, sweep: Sweep, run_id: str) -> str:
         return s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
@@ -285,7 +325,7 @@ class SweepController:
         if status.get("phase") == "Invalid" and status.get("observedGeneration") == generation:
             return  # nothing new since we said why
         try:
-            sweep = parse_sweep(dict(body), self.settings.limits)
+            sweep = self._parse(body)
         except SpecError as exc:
             self.ledger.release(namespace, name)
             message = "; ".join(str(p) for p in exc.problems)
@@ -401,7 +441,7 @@ class SweepController:
         namespace, name, generation = meta.get("namespace") or "default", meta["name"], meta.get("generation")
         phase = status.get("phase")
         try:
-            sweep: Sweep | None = parse_sweep(dict(body), self.settings.limits)
+            sweep: Sweep | None = self._parse(body)
         except SpecError:
             sweep = None
         if is_terminal(phase):
@@ -730,7 +770,7 @@ class SweepController:
             self.kube.patch_sweep_status(namespace, name, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
             self.metrics.observe_phase(meta.get("uid") or name, "Deleting")
         try:
-            sweep: Sweep | None = parse_sweep(dict(body), self.settings.limits)
+            sweep: Sweep | None = self._parse(body)
         except SpecError:
             sweep = None
         run_id = status.get("runId")
@@ -790,7 +830,7 @@ class SweepController:
         root = run_spec.run_root if run_spec else None
         if root is None and sweep is not None and _status(sweep).get("runId") == labels.get(constants.LABEL_RUN_ID):
             try:
-                parsed = parse_sweep(sweep, self.settings.limits)
+                parsed = self._parse(sweep)
                 spec, root = parsed.spec, self.run_root(parsed, labels[constants.LABEL_RUN_ID])
             except SpecError:
                 pass
@@ -912,7 +952,7 @@ class SweepController:
         if _meta(body).get("deletionTimestamp"):
             return []
         try:
-            parse_sweep(dict(body), self.settings.limits)
+            self._parse(body)
         except SpecError as exc:
             return [str(p) for p in exc.problems]
         if old is not None and _status(old).get("runId") and not is_terminal(_status(old).get("phase")):

@@ -495,3 +495,65 @@ def test_ready_follows_the_latest_verification(world: World) -> None:
     world.controller.guard_rayjob_deletion(world.kube.get_rayjob("ml", status["rayJobName"]), attempt=0)
     conditions = {c["type"]: c["status"] for c in world.status("digits")["conditions"]}
     assert conditions["CheckpointsVerified"] == "True" and conditions["Ready"] == "True"
+
+
+def test_reconcile_requests_arriving_during_one_collapse_into_one_more_pass(world: World) -> None:
+    """A burst of events for one sweep (its own patches, its RayJob, the timer) costs two reconciles, not one each."""
+    import threading
+
+    add_sweep(world, "digits")
+    world.reconcile("digits")
+    entered, release = threading.Event(), threading.Event()
+    reads: list[str] = []  # one per reconcile pass (each starts with a fresh read)
+    real_pass = world.controller._reconcile_fresh
+
+    def slow_pass(namespace: str, name: str) -> None:
+        reads.append(name)
+        if len(reads) == 1:
+            entered.set()
+            release.wait(5)
+        real_pass(namespace, name)
+
+    world.controller._reconcile_fresh = slow_pass  # type: ignore[method-assign]
+    body = world.sweep("digits")
+    first = threading.Thread(target=world.controller.reconcile_sweep, args=(body,))
+    first.start()
+    assert entered.wait(5)
+    for _ in range(5):  # each returns at once: the running reconcile owes one more pass
+        world.controller.reconcile_sweep(body)
+    assert reads == ["digits"]
+    release.set()
+    first.join(5)
+    assert not first.is_alive()
+    assert reads == ["digits", "digits"]  # the first pass, then exactly one more on a fresh read
+    world.controller.reconcile_sweep(body)  # nothing in flight: runs (and reads) at once
+    assert reads == ["digits", "digits", "digits"]
+
+
+def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep_operator import controller as controller_module
+
+    calls: list[str] = []
+    real_parse = controller_module.parse_sweep
+
+    def counting_parse(obj: Any, limits: Any = None) -> Any:
+        calls.append(obj["metadata"]["name"])
+        return real_parse(obj, limits)
+
+    monkeypatch.setattr(controller_module, "parse_sweep", counting_parse)
+    add_sweep(world, "digits")
+    for _ in range(3):
+        world.reconcile("digits")
+    assert calls == ["digits"]  # status and finalizer changes do not count as a new spec
+    sweep = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    sweep["metadata"]["annotations"] = {constants.ANNOTATION_SKIP_VERIFICATION: "true"}
+    world.reconcile("digits")
+    assert calls == ["digits", "digits"]  # annotations are part of what a parse returns
+    sweep["spec"]["tune"]["numSamples"] = 999_999  # the cache must not hide an invalid edit
+    sweep["metadata"]["generation"] = 2
+    world.controller._parse(sweep)
+    sweep["spec"]["trainLoop"] = "no-colon"
+    with pytest.raises(Exception, match="trainLoop"):
+        world.controller._parse(sweep)
+    with pytest.raises(Exception, match="trainLoop"):
+        world.controller._parse(sweep)  # a cached rejection is raised again
