@@ -15,13 +15,13 @@ from ray.tune.schedulers import (
     FIFOScheduler,
     HyperBandScheduler,
     MedianStoppingRule,
-    PopulationBasedTraining,
     TrialScheduler,
 )
 from ray.tune.search import BasicVariantGenerator, SearchAlgorithm, Searcher
 
 from sweep_operator.api import SweepSpec
 from sweep_operator.paramspace import Distribution, parse_distribution
+from sweep_operator.validation import PBT_REFUSED
 
 
 class EntrypointError(ValueError):
@@ -100,17 +100,8 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
         return MedianStoppingRule(
             time_attr=s.time_attr, grace_period=s.grace_period, min_samples_required=s.min_samples_required
         )
-    if s.type == "pbt":
-        mutations = {
-            name: to_tune_domain(dist)
-            for name, value in spec.param_space.items()
-            if (dist := parse_distribution(value)) is not None and dist.kind != "grid"
-        }
-        if not mutations:
-            raise EntrypointError("spec.paramSpace: scheduler 'pbt' needs at least one sampled parameter to perturb")
-        return PopulationBasedTraining(
-            time_attr=s.time_attr, perturbation_interval=s.perturbation_interval, hyperparam_mutations=mutations
-        )
+    if s.type == "pbt":  # the validator refuses it first; a hand-made run spec must not get a PBT that never exploits
+        raise EntrypointError(f"spec.tune.scheduler.type: {PBT_REFUSED}")
     raise EntrypointError(
-        f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median, pbt"
+        f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median"
     )

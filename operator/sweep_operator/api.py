@@ -98,7 +98,9 @@ class SchedulerSpec(ApiModel):
     type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
         "fifo",
         description="Trial scheduler (R13): fifo runs every trial to the end; asha, hyperband and median stop "
-        "poor trials early; pbt perturbs hyper-parameters. All but fifo need tune.metric and tune.mode.",
+        "poor trials early. All but fifo need tune.metric and tune.mode. pbt is refused with the reason: under "
+        "Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a checkpoint it can clone "
+        "(R18), so PBT could never exploit and every trial would train as under fifo.",
     )
     time_attr: str = Field(
         "training_iteration", description="Metric used as time by the scheduler (asha, hyperband, median, pbt)."
@@ -109,7 +111,7 @@ class SchedulerSpec(ApiModel):
     brackets: int = Field(1, ge=1, description="asha: number of brackets.")
     min_samples_required: int = Field(3, ge=1, description="median: trials needed before stopping any.")
     perturbation_interval: float = Field(
-        2.0, gt=0, description="pbt: time units between perturbations (needs checkpointing train loops)."
+        2.0, gt=0, description="pbt (refused, see type): time units between perturbations."
     )
 
 

@@ -30,6 +30,11 @@ _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?
 _TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
 _RESERVED_PARAM_PREFIX = "_sweep"
 METRIC_SCHEDULERS = ("asha", "hyperband", "median", "pbt")
+PBT_REFUSED = (
+    "got 'pbt'; refused: under Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a "
+    "checkpoint it can clone (R18), so PBT could never exploit a better trial and every trial would train as under "
+    "fifo; use asha, hyperband or median to stop poor trials early"
+)
 
 
 @dataclass(frozen=True)
@@ -211,14 +216,7 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
             )
         )
     if tune.scheduler.type == "pbt":
-        if not [n for n, d in dists.items() if d.kind != "grid"]:
-            problems.append(
-                Problem("spec.paramSpace", "scheduler 'pbt' needs at least one sampled parameter to perturb")
-            )
-        if tune.num_samples < 2:
-            problems.append(
-                Problem("spec.tune.numSamples", f"got {tune.num_samples}; scheduler 'pbt' needs a population >= 2")
-            )
+        problems.append(Problem("spec.tune.scheduler.type", PBT_REFUSED))
 
     ckpt = spec.checkpoints
     if ckpt.score_attribute and not (ckpt.score_order or tune.mode):

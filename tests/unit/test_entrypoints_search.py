@@ -10,7 +10,6 @@ from ray.tune.schedulers import (
     FIFOScheduler,
     HyperBandScheduler,
     MedianStoppingRule,
-    PopulationBasedTraining,
 )
 from ray.tune.search import BasicVariantGenerator
 from ray.tune.search.sample import Categorical, Float, Integer
@@ -80,7 +79,6 @@ def test_optuna_without_the_package_is_a_clear_error_before_any_trial_R13() -> N
         ({"type": "asha", "maxT": 6, "gracePeriod": 2, "reductionFactor": 3}, AsyncHyperBandScheduler),
         ({"type": "hyperband", "maxT": 9}, HyperBandScheduler),
         ({"type": "median", "gracePeriod": 2, "minSamplesRequired": 2}, MedianStoppingRule),
-        ({"type": "pbt", "perturbationInterval": 2}, PopulationBasedTraining),
     ],
 )
 def test_each_scheduler_type_builds_its_tune_scheduler_R13(scheduler: dict, expected: type) -> None:
@@ -96,10 +94,13 @@ def test_asha_receives_the_spec_values_R13() -> None:
     assert [b._rungs for b in asha._brackets][0][-1][0] == 2  # the lowest rung is the grace period
 
 
-def test_pbt_perturbs_the_sampled_parameters_only_R13() -> None:
-    spec = spec_with({"spec.tune.scheduler": {"type": "pbt"}})
-    pbt = build_scheduler(spec)
-    assert set(pbt._hyperparam_mutations) == {"lr", "hidden"}  # epochs is a constant
+def test_pbt_is_refused_before_any_trial_even_from_a_hand_made_run_spec_R13_R18() -> None:
+    """Tune over Train V2 gives Tune checkpoint paths only (R18): a PBT scheduler could never exploit."""
+    spec = spec_with({"spec.tune.scheduler": {"type": "median"}})
+    scheduler = spec.tune.scheduler.model_copy(update={"type": "pbt"})
+    spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"scheduler": scheduler})})
+    with pytest.raises(EntrypointError, match=r"spec\.tune\.scheduler\.type: got 'pbt'; refused: .*never exploit"):
+        build_scheduler(spec)
 
 
 def test_a_metric_scheduler_without_metric_fails_before_any_trial_R13() -> None:

@@ -43,7 +43,7 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str, str]] = [
     ("asha-grace-over-max-t", {"spec.tune.scheduler.gracePeriod": 10}, "spec.tune.scheduler.gracePeriod", "maxT"),
     ("grid-searcher-with-sampled", {"spec.tune.searcher.type": "grid"}, "spec.tune.searcher.type", "lr"),
     ("optuna-with-grid", {"spec.tune.searcher.type": "optuna", "spec.paramSpace.x": {"grid": [1, 2]}}, "spec.paramSpace.x", "optuna"),
-    ("pbt-population-of-one", {"spec.tune.scheduler": {"type": "pbt"}, "spec.tune.numSamples": 1}, "spec.tune.numSamples", "population"),
+    ("pbt-never-exploits", {"spec.tune.scheduler": {"type": "pbt"}}, "spec.tune.scheduler.type", "never exploit"),
     ("worker-failures-below-minus-one", {"spec.failurePolicy.workerFailures": -2}, "spec.failurePolicy.workerFailures", ">= -1"),
     ("job-retries-negative", {"spec.failurePolicy.jobRetries": -1}, "spec.failurePolicy.jobRetries", ">= 0"),
     ("failure-policy-not-integer", {"spec.failurePolicy.controllerFailures": 2.5}, "spec.failurePolicy.controllerFailures", "integer"),
