@@ -1,6 +1,6 @@
 """Benchmark: what our driver costs over the same sweep written by hand against Ray (Tune over Train V2).
 
-    .venv/bin/python bench/entrypoint_overhead.py [--repeat 1] [--skip-digits]
+    .venv/bin/python bench/entrypoint_overhead.py [--repeat 1] [--skip-digits | --only digits_2x2]
 
 Two workloads, each run by hand (a script like the field review's) and through `python -m training_entrypoints.sweep`
 (a RayJob rendered by the operator, run by training_entrypoints.local) on one shared local Ray, so cluster startup
@@ -148,6 +148,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant; the best time counts")
     parser.add_argument("--skip-digits", action="store_true", help="only the scalar workload")
+    parser.add_argument("--only", choices=sorted(WORKLOADS), help="only this workload (e.g. digits_2x2 with --repeat 3)")
     args = parser.parse_args()
     import yaml
 
@@ -163,7 +164,7 @@ def main() -> int:
         base = Path(tmp)
         report["review_tune_only_s"] = round(run_script(REVIEW_TUNE_ONLY, cluster, base / "review"), 2)
         for name, workload in WORKLOADS.items():
-            if name == "digits_2x2" and args.skip_digits:
+            if (name == "digits_2x2" and args.skip_digits) or (args.only and name != args.only):
                 continue
             doc = yaml.safe_load(workload["manifest"].read_text()) if workload["manifest"] else digits_manifest()
             plain: list[float] = []
