@@ -127,6 +127,7 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     @kopf.on.event(**RAYJOBS, labels=OURS, registry=registry)
     def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
+            controller.observe_rayjob(body)
             controller.correct_drift(body, constants.RAYJOB_KIND)
         if type == "DELETED":
             controller.forget_rayjob(body)

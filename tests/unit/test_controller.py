@@ -557,3 +557,26 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, 
         world.controller._parse(sweep)
     with pytest.raises(Exception, match="trainLoop"):
         world.controller._parse(sweep)  # a cached rejection is raised again
+
+
+def test_reconciles_read_the_watched_rayjob_and_get_it_only_when_unseen(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    name = status["rayJobName"]
+    gets: list[str] = []
+    real_get = world.kube.get_rayjob
+
+    def counting_get(namespace: str, rayjob: str) -> dict[str, Any] | None:
+        gets.append(rayjob)
+        return real_get(namespace, rayjob)
+
+    world.kube.get_rayjob = counting_get  # type: ignore[method-assign]
+    world.reconcile("digits")
+    assert gets == [name]  # not watched yet: read from the API
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.controller.observe_rayjob(real_get("ml", name))  # what the watch delivers
+    assert world.reconcile("digits")["phase"] == "Running"  # the watched copy's news reached the status
+    assert gets == [name]  # and no GET was needed for it
+    world.controller.forget_rayjob(real_get("ml", name))  # DELETED: forgotten, the next reconcile reads again
+    world.reconcile("digits")
+    assert gets == [name, name]
