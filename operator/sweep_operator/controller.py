@@ -30,7 +30,7 @@ from .guard import (
     problems_message,
     skip_requested,
 )
-from .kube import KubeApi
+from .kube import Conflict, KubeApi
 from .ledger import AdmissionLedger
 from .metrics import OperatorMetrics
 from .policy import Admit, Queue, Reject, demand_of, effective_active_seconds
@@ -70,6 +70,20 @@ class RetryLater(Exception):
     def __init__(self, message: str, delay: float):
         super().__init__(message)
         self.delay = delay
+
+
+class _Stale(Exception):
+    """A status write found the sweep changed since the copy it was computed from."""
+
+
+def _older(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    """Whether `candidate` is an older version than `current` of the same object. resourceVersions are compared
+    as numbers when both are (etcd revisions); otherwise never "older": the newest arrival wins, and a stale copy
+    is caught by the resourceVersion precondition on every status write."""
+    try:
+        return int(_meta(candidate).get("resourceVersion")) < int(_meta(current).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return False
 
 
 def _meta(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -154,6 +168,8 @@ class SweepController:
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
         self._rayjobs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> newest watched copy
+        self._sweeps: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> newest copy seen or written
+        self._echoes: dict[tuple[str, str], str] = {}  # (namespace, name) -> resourceVersion of our last write
         self._parsed: OrderedDict[str, Sweep | tuple[Any, ...]] = OrderedDict()
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
@@ -163,12 +179,22 @@ class SweepController:
         return datetime.fromtimestamp(self.clock(), tz=timezone.utc)
 
     def _patch_status(self, body: Mapping[str, Any], current: Mapping[str, Any], patch: dict[str, Any]) -> None:
-        """Patch only what changed; emit an Event when the phase changes."""
+        """Patch only what changed, only onto the version it was computed from (else `_Stale`: the reconcile
+        starts over on a fresh read); emit an Event when the phase changes."""
         changed = {k: v for k, v in patch.items() if current.get(k) != v}
         if not changed:
             return
         meta = _meta(body)
-        self.kube.patch_sweep_status(meta["namespace"], meta["name"], changed)
+        try:
+            written = self.kube.patch_sweep_status(
+                meta["namespace"], meta["name"], changed, resource_version=meta.get("resourceVersion")
+            )
+        except Conflict as exc:
+            raise _Stale(str(exc)) from None
+        if written is not None:
+            self._remember_write(written)
+            if isinstance(meta, dict) and _meta(written).get("resourceVersion"):
+                meta["resourceVersion"] = _meta(written)["resourceVersion"]  # a later patch in this pass builds on it
         new_phase = changed.get("phase")
         if new_phase:
             self.metrics.observe_phase(meta.get("uid") or meta["name"], new_phase)
@@ -228,6 +254,60 @@ class SweepController:
     def run_root(self, sweep: Sweep, run_id: str) -> str:
         return s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
 
+    # ------------------------------------------------------------------------ sweep cache
+    def sweep_event(self, body: Mapping[str, Any]) -> None:
+        """A watch event for a sweep: remember the copy and reconcile, unless it is the echo of our own write.
+
+        The echo needs no reconcile: every status write carries the resourceVersion it was computed from, so a
+        write that landed was computed from the version just before it, and its result is what the reconcile
+        wanted. Before, each status patch came back as an event whose reconcile re-read the sweep to find
+        nothing to do (most of the operator's requests and CPU with many sweeps).
+        """
+        key = self._key(body)
+        rv = _meta(body).get("resourceVersion")
+        self.observe_sweep(body)
+        with self._memory_lock:
+            echo = rv is not None and self._echoes.get(key) == rv
+        if not echo:
+            self.reconcile_sweep(body)
+
+    @staticmethod
+    def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+        meta = _meta(body)
+        return meta.get("namespace") or "default", meta.get("name", "")
+
+    def observe_sweep(self, body: Mapping[str, Any]) -> None:
+        """Remember a full copy of a sweep (a watch event or a read), unless a newer one is already known."""
+        copied = copy.deepcopy(dict(body))  # kopf bodies are live views
+        key = self._key(copied)
+        with self._memory_lock:
+            current = self._sweeps.get(key)
+            if current is None or not _older(copied, current):
+                self._sweeps[key] = copied
+
+    def forget_sweep(self, body: Mapping[str, Any]) -> None:
+        key = self._key(body)
+        with self._memory_lock:
+            self._sweeps.pop(key, None)
+            self._echoes.pop(key, None)
+
+    def _remember_write(self, written: Mapping[str, Any]) -> None:
+        """The sweep as our own write left it: the newest copy, and the resourceVersion whose event is an echo."""
+        self.observe_sweep(written)
+        rv = _meta(written).get("resourceVersion")
+        if rv is not None:
+            with self._memory_lock:
+                self._echoes[self._key(written)] = rv
+
+    def _cached_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._memory_lock:
+            cached = self._sweeps.get((namespace, name))
+        return copy.deepcopy(cached) if cached is not None else None
+
+    def _drop_cached_sweep(self, namespace: str, name: str) -> None:
+        with self._memory_lock:
+            self._sweeps.pop((namespace, name), None)
+
     # ---------------------------------------------------------------------------- reconcile
     def reconcile_sweep(self, body: Mapping[str, Any]) -> None:
         """Level-based: bring the sweep's RayJob and status in line with its spec and the world.
@@ -239,6 +319,8 @@ class SweepController:
         """
         meta = _meta(body)
         namespace, name = meta.get("namespace") or "default", meta["name"]
+        if "spec" in body:  # a full copy (an event's or a read's): newer than the cached one, or dropped
+            self.observe_sweep(body)
         key = f"{namespace}/{name}"
         with self._memory_lock:
             state = self._in_flight.get(key)
@@ -258,16 +340,34 @@ class SweepController:
                 self._in_flight.pop(key, None)
 
     def _reconcile_fresh(self, namespace: str, name: str) -> None:
+        """Reconcile from the newest copy known (watch events and our own writes keep it, as an informer
+        cache does; a read when there is none). A status write computed from a copy that turns out stale is
+        refused by its resourceVersion precondition; then the pass starts over on a fresh read."""
         started = time.monotonic()
-        fresh = self.kube.get_sweep(namespace, name)
-        if fresh is None or _meta(fresh).get("deletionTimestamp"):
-            return
-        # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
-        # but its conditional patch loses races against status updates and only retries on the next event).
-        if not self.kube.ensure_finalizer(fresh):
-            return
         try:
-            self._reconcile(fresh)
+            for attempt in range(3):
+                fresh = None if attempt else self._cached_sweep(namespace, name)
+                if fresh is None:
+                    fresh = self.kube.get_sweep(namespace, name)
+                    if fresh is not None:
+                        self.observe_sweep(fresh)
+                if fresh is None or _meta(fresh).get("deletionTimestamp"):
+                    return
+                # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
+                # but its conditional patch loses races against status updates and only retries on the next event).
+                if constants.FINALIZER not in (_meta(fresh).get("finalizers") or []):
+                    carried = self.kube.add_finalizer(fresh)
+                    if carried is None:
+                        return
+                    self._remember_write(carried)
+                    fresh = copy.deepcopy(dict(carried))
+                try:
+                    self._reconcile(fresh)
+                    return
+                except _Stale as exc:
+                    log.debug("%s; reconciling %s/%s again on a fresh read", exc, namespace, name)
+                    self._drop_cached_sweep(namespace, name)
+            log.info("sweep %s/%s kept changing during three reconciles; the next event or tick retries", namespace, name)
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
@@ -746,7 +846,7 @@ class SweepController:
             self.kube.patch_raycluster(namespace, meta["name"], {"spec": {"workerGroupSpecs": fixed}})
         message = f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}"
         self.emit(body, "Warning", "CapEnforced", message)
-        sweep = self.kube.get_sweep(namespace, labels[constants.LABEL_SWEEP])
+        sweep = self._cached_sweep(namespace, labels[constants.LABEL_SWEEP]) or self.kube.get_sweep(namespace, labels[constants.LABEL_SWEEP])
         if sweep is not None:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {meta['name']}: {message}")
 
@@ -771,7 +871,8 @@ class SweepController:
         if run_spec is not None:
             return worker_group_cap(run_spec.spec, self.settings.limits)
         meta = _meta(body)
-        sweep_body = self.kube.get_sweep(meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
+        namespace, sweep_name = meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
+        sweep_body = self._cached_sweep(namespace, sweep_name) or self.kube.get_sweep(namespace, sweep_name)
         cap = ((sweep_body or {}).get("status") or {}).get("replicas", {}).get("cap")
         return cap if isinstance(cap, int) else None
 

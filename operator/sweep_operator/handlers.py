@@ -101,8 +101,9 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     def sweep_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
             controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
+            controller.forget_sweep(body)
             return
-        controller.reconcile_sweep(body)
+        controller.sweep_event(body)
 
     # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
     # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).

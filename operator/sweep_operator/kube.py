@@ -47,6 +47,10 @@ def api_client_from_environment(kubeconfig: str | None = None) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
+class Conflict(Exception):
+    """A conditional write found a newer resourceVersion: re-read and decide again."""
+
+
 @dataclass(frozen=True)
 class Retry:
     attempts: int = 6
@@ -104,12 +108,35 @@ class KubeApi:
         )
         return list(result.get("items") or [])
 
-    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        return self._get(
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
+    def patch_sweep_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status; with `resource_version`, only onto that version (else `Conflict`).
+        Returns the patched sweep (None when it is gone)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+
+        def call() -> Any:
+            return self.custom.patch_namespaced_custom_object_status(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, body
             )
-        )
+
+        try:
+            return self._get(call) if resource_version is None else self._get_conditional(call)
+        except ApiException as exc:
+            if exc.status == 409 and resource_version is not None:
+                raise Conflict(f"TrainingSweep {namespace}/{name} changed after resourceVersion {resource_version}") from None
+            raise
+
+    def _get_conditional(self, fn: Callable[[], Any]) -> dict[str, Any] | None:
+        """`_get` for a write with a resourceVersion precondition: a 409 is an answer, never retried as is."""
+        try:
+            return self._call(fn, retry_conflict=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # ------------------------------------------------------------------------------ RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -204,35 +231,40 @@ class KubeApi:
     # ----------------------------------------------------------------------------- finalizers
     def ensure_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> bool:
         """Add `finalizer` to a TrainingSweep/RayJob/RayCluster unless present or being deleted.
+        Returns True when the object now carries the finalizer."""
+        return self.add_finalizer(obj, finalizer) is not None
+
+    def add_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> dict[str, Any] | None:
+        """The object as it carries `finalizer` (`obj` itself when it already did, else the patched or re-read
+        copy); None when it is gone or being deleted.
 
         A conditional merge patch (resourceVersion) so no other finalizer is lost; re-read and retry on conflict.
-        Returns True when the object now carries the finalizer.
         """
         group, version = obj["apiVersion"].split("/")
         plural = {constants.KIND: constants.PLURAL, constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
                   constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL}[obj["kind"]]
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        current: dict[str, Any] = obj
         for _ in range(self.retry.attempts):
             finalizers = list(meta.get("finalizers") or [])
             if finalizer in finalizers:
-                return True
+                return current
             if meta.get("deletionTimestamp"):
-                return False  # the API server refuses new finalizers on an object being deleted
+                return None  # the API server refuses new finalizers on an object being deleted
             patch = {"metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}}
             try:
-                self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
-                return True
+                return self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
             except ApiException as exc:
                 if exc.status == 404:
-                    return False
+                    return None
                 if exc.status not in RETRY_STATUSES:
                     raise
             fresh = self._get(lambda: self.custom.get_namespaced_custom_object(group, version, namespace, plural, name))
             if fresh is None:
-                return False
-            meta = fresh["metadata"]
-        return False
+                return None
+            current, meta = fresh, fresh["metadata"]
+        return None
 
     # ---------------------------------------------------------------------- pods and events
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

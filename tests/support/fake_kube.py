@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 from sweep_operator import constants
+from sweep_operator.kube import Conflict
 
 _uids = itertools.count(1)
 
@@ -38,6 +39,7 @@ class FakeKube:
         self.pods: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.calls: list[tuple[str, ...]] = []
+        self.rv = 0
 
     # helpers for tests
     def add(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +49,8 @@ class FakeKube:
         meta.setdefault("uid", f"uid-{next(_uids)}")
         meta.setdefault("generation", 1)
         meta.setdefault("creationTimestamp", "2026-12-02T12:00:00Z")
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
         self.objects[(kind, meta["namespace"], meta["name"])] = obj
         return copy.deepcopy(obj)
 
@@ -64,13 +68,24 @@ class FakeKube:
     def list_sweeps(self, namespace: str) -> list[dict[str, Any]]:
         return self.of_kind("TrainingSweep", namespace)
 
-    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    def patch_sweep_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> dict[str, Any] | None:
         self.calls.append(("patch_sweep_status", name))
         obj = self.objects.get(("TrainingSweep", namespace, name))
         if obj is None:
             return None
+        current = obj["metadata"].get("resourceVersion")
+        if resource_version is not None and current is not None and resource_version != current:
+            raise Conflict(f"TrainingSweep {namespace}/{name}: resourceVersion {resource_version} != {current}")
         merge(obj.setdefault("status", {}), status)
+        self._bump(obj)
         return copy.deepcopy(obj)
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        """A new resourceVersion, as the API server gives every write."""
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
 
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("RayJob", namespace, name)
@@ -113,8 +128,14 @@ class FakeKube:
         finalizers = stored["metadata"].setdefault("finalizers", [])
         if finalizer not in finalizers:
             finalizers.append(finalizer)
+            self._bump(stored)
             self.calls.append(("ensure_finalizer", obj["metadata"]["name"]))
         return True
+
+    def add_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> dict[str, Any] | None:
+        if not self.ensure_finalizer(obj, finalizer):
+            return None
+        return self.get(obj.get("kind", "TrainingSweep"), obj["metadata"]["namespace"], obj["metadata"]["name"])
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods if _matches(p, label_selector)]

@@ -580,3 +580,69 @@ def test_reconciles_read_the_watched_rayjob_and_get_it_only_when_unseen(world: W
     world.controller.forget_rayjob(real_get("ml", name))  # DELETED: forgotten, the next reconcile reads again
     world.reconcile("digits")
     assert gets == [name, name]
+
+
+def _counting_sweep_gets(world: World) -> list[str]:
+    gets: list[str] = []
+    real_get = world.kube.get_sweep
+
+    def counting_get(namespace: str, name: str) -> dict[str, Any] | None:
+        gets.append(name)
+        return real_get(namespace, name)
+
+    world.kube.get_sweep = counting_get  # type: ignore[method-assign]
+    return gets
+
+
+def test_the_echo_of_our_own_status_write_is_not_reconciled_but_a_foreign_change_is(world: World) -> None:
+    add_sweep(world, "digits")
+    world.controller.sweep_event(world.sweep("digits"))  # the ADDED event: admitted, RayJob created
+    assert world.status("digits")["phase"] == "Starting"
+    gets = _counting_sweep_gets(world)
+    calls_before = len(world.kube.calls)
+    passes: list[str] = []
+    real_pass = world.controller._reconcile
+
+    def counting_pass(body: dict[str, Any]) -> None:
+        passes.append(body["metadata"]["resourceVersion"])
+        real_pass(body)
+
+    world.controller._reconcile = counting_pass  # type: ignore[method-assign]
+    echo = world.kube.get("TrainingSweep", "ml", "digits")
+    assert echo is not None
+    world.controller.sweep_event(echo)  # the MODIFIED event our status patch caused
+    assert passes == [] and gets == [] and len(world.kube.calls) == calls_before
+    stored = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    stored["metadata"]["labels"] = {"team": "vision"}  # someone else's write: a new resourceVersion
+    world.kube._bump(stored)
+    foreign = world.kube.get("TrainingSweep", "ml", "digits")
+    assert foreign is not None
+    world.controller.sweep_event(foreign)
+    assert passes == [foreign["metadata"]["resourceVersion"]]  # reconciled, from the event's copy
+    assert gets == []  # no read: the event carried the newest copy
+
+
+def test_reconciles_read_the_newest_known_sweep_and_a_stale_copy_is_refused_then_reread(world: World) -> None:
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    rayjob = status["rayJobName"]
+    gets = _counting_sweep_gets(world)
+    stub = {"metadata": {"namespace": "ml", "name": "digits"}}  # what a RayJob event passes on
+    world.controller.reconcile_sweep(stub)
+    assert gets == []  # the copy our own write returned is the newest known: no read
+    # A write we did not see (no event yet) makes the cached copy stale; the RayJob moves on meanwhile.
+    stored = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    stored["status"]["message"] = "written by someone else"
+    world.kube._bump(stored)
+    world.kube.set_rayjob_status(rayjob, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.controller.observe_rayjob(world.kube.get_rayjob("ml", rayjob))
+    patches_before = sum(1 for call in world.kube.calls if call[0] == "patch_sweep_status")
+    world.controller.reconcile_sweep(stub)
+    status = world.kube.objects[("TrainingSweep", "ml", "digits")]["status"]
+    assert status["phase"] == "Running"  # converged
+    assert gets == ["digits"]  # the stale write was refused (409), then one fresh read
+    # one refused patch, one that landed onto the fresh copy
+    assert sum(1 for call in world.kube.calls if call[0] == "patch_sweep_status") == patches_before + 2
+    world.controller.forget_sweep(stub)  # DELETED: forgotten, the next reconcile reads
+    world.controller.reconcile_sweep(stub)
+    assert gets == ["digits", "digits"]
