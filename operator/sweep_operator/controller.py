@@ -50,6 +50,7 @@ from .status import (
     set_condition,
 )
 from .validation import Sweep, parse_sweep
+from .workqueue import ROUTINE, URGENT, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,10 @@ class SweepController:
         verifier: Verifier | None = None,
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
+        reconcile_workers: int = 0,
     ):
+        """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
+        queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
         from .verification import verify_sweep_checkpoints
 
         self.settings = settings
@@ -173,6 +177,9 @@ class SweepController:
         self._parsed: OrderedDict[str, Sweep | tuple[Any, ...]] = OrderedDict()
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
+        self.queue: WorkQueue[tuple[str, str]] | None = (
+            WorkQueue(self._reconcile_key, workers=reconcile_workers) if reconcile_workers else None
+        )
 
     # ------------------------------------------------------------------------------ helpers
     def _now(self) -> datetime:
@@ -269,7 +276,24 @@ class SweepController:
         with self._memory_lock:
             echo = rv is not None and self._echoes.get(key) == rv
         if not echo:
-            self.reconcile_sweep(body)
+            waiting = not _status(body).get("runId") and not _meta(body).get("deletionTimestamp")
+            self.request_reconcile(*key, priority=URGENT if waiting else ROUTINE)
+
+    def request_reconcile(self, namespace: str, name: str, *, priority: int = ROUTINE) -> None:
+        """Ask for a reconcile of one sweep: queued (deduplicated, admissions first) in the operator, at once
+        without a queue."""
+        if self.queue is not None:
+            self.queue.add((namespace, name), priority)
+        else:
+            self._reconcile_key((namespace, name))
+
+    def _reconcile_key(self, key: tuple[str, str]) -> None:
+        self.reconcile_sweep({"metadata": {"namespace": key[0], "name": key[1]}})
+
+    def close(self) -> None:
+        """Stop the work queue's threads (the operator is stopping)."""
+        if self.queue is not None:
+            self.queue.stop()
 
     @staticmethod
     def _key(body: Mapping[str, Any]) -> tuple[str, str]:

@@ -34,6 +34,7 @@ RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_AP
 OURS = {constants.LABEL_SWEEP: kopf.PRESENT}
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
 MAX_HANDLER_THREADS = 32
+RECONCILE_WORKERS = 16  # the controller's work queue (reconciles); kopf's handler threads only enqueue and guard
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -110,7 +111,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, initial_delay=settings.reconcile_seconds, idle=0, registry=registry)
     def sweep_tick(body: kopf.Body, **_: Any) -> None:
         if controller.tick_due(body):  # deadlines, progress polling, the queue; steady sweeps cost nothing
-            controller.reconcile_sweep(body)
+            controller.observe_sweep(body)
+            controller.request_reconcile(body.metadata.namespace or "default", body.metadata.name)
 
     @kopf.on.delete(**SWEEPS, registry=registry)
     def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
@@ -163,8 +165,8 @@ def _guarded(decide: Callable[[], str]) -> str:
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
     name = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
-    if name:  # reconcile_sweep reads the sweep itself (and skips a missing one): no GET of our own first
-        controller.reconcile_sweep({"metadata": {"namespace": meta.get("namespace") or "default", "name": name}})
+    if name:  # the reconcile reads the sweep itself (and skips a missing one): no GET of our own first
+        controller.request_reconcile(meta.get("namespace") or "default", name)
 
 
 def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:
@@ -188,7 +190,9 @@ def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetri
                 )
             return clients[key]
 
-    return SweepController(settings, KubeApi(api_client), s3_client_for, post_event, metrics=metrics)
+    return SweepController(
+        settings, KubeApi(api_client), s3_client_for, post_event, metrics=metrics, reconcile_workers=RECONCILE_WORKERS
+    )
 
 
 async def operate(
@@ -200,6 +204,20 @@ async def operate(
 ) -> None:
     """Run one operator until `stop_flag` is set (in-process: tests and the sandbox)."""
     settings = wiring.settings
+    try:
+        await _run_kopf(wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint)
+    finally:
+        wiring.controller.close()
+
+
+async def _run_kopf(
+    wiring: OperatorWiring,
+    settings: Settings,
+    *,
+    stop_flag: asyncio.Event | None,
+    ready_flag: asyncio.Event | None,
+    liveness_endpoint: str | None,
+) -> None:
     await kopf.operator(
         registry=build_registry(wiring),
         standalone=not settings.peering_name,

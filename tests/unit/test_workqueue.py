@@ -1,0 +1,115 @@
+"""The controller's work queue: deduplication, one pass at a time per key, urgent keys first."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sweep_operator.workqueue import ROUTINE, URGENT, WorkQueue
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def test_urgent_keys_go_first_and_queued_duplicates_collapse() -> None:
+    done: list[str] = []
+    gate = threading.Event()
+
+    def work(key: str) -> None:
+        if key == "blocker":
+            gate.wait(5)
+        done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    try:
+        queue.add("blocker")  # holds the only worker while the rest queue up
+        wait_until(lambda: queue.pending() == 1 and not queue._queued)
+        for key in ("a", "b", "a", "c", "b"):
+            queue.add(key, ROUTINE)
+        queue.add("new", URGENT)
+        queue.add("c", URGENT)  # raised: goes before a and b, once
+        gate.set()
+        wait_until(lambda: queue.pending() == 0)
+        assert done == ["blocker", "new", "c", "a", "b"]
+    finally:
+        queue.stop()
+
+
+def test_a_key_asked_for_while_it_runs_gets_exactly_one_more_pass_never_two_at_once() -> None:
+    running = threading.Event()
+    release = threading.Event()
+    active: list[int] = [0]
+    overlap: list[bool] = []
+    passes: list[str] = []
+
+    def work(key: str) -> None:
+        active[0] += 1
+        overlap.append(active[0] > 1)
+        passes.append(key)
+        if len(passes) == 1:
+            running.set()
+            release.wait(5)
+        active[0] -= 1
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=4)
+    try:
+        queue.add("sweep")
+        assert running.wait(5)
+        for _ in range(10):
+            queue.add("sweep")  # four idle workers, yet none may take it while it runs
+        time.sleep(0.05)
+        assert passes == ["sweep"]
+        release.set()
+        wait_until(lambda: queue.pending() == 0)
+        assert passes == ["sweep", "sweep"] and not any(overlap)
+    finally:
+        queue.stop()
+
+
+def test_a_failing_pass_is_logged_and_the_queue_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    done: list[str] = []
+
+    def work(key: str) -> None:
+        if key == "bad":
+            raise RuntimeError("boom")
+        done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    try:
+        queue.add("bad")
+        queue.add("good")
+        wait_until(lambda: done == ["good"])
+        assert "boom" in caplog.text
+    finally:
+        queue.stop()
+    queue.add("after-stop")  # a stopped queue starts again on demand
+    wait_until(lambda: done == ["good", "after-stop"])
+    queue.stop()
+
+
+def test_workers_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        WorkQueue(lambda key: None, workers=0)
+
+
+def test_a_pass_runs_in_the_context_of_the_latest_request() -> None:
+    import contextvars
+
+    who: contextvars.ContextVar[str] = contextvars.ContextVar("who")
+    seen: list[str] = []
+    queue: WorkQueue[str] = WorkQueue(lambda key: seen.append(who.get("unset")), workers=1)
+    try:
+        def ask(name: str) -> None:
+            who.set(name)
+            queue.add("sweep")
+
+        contextvars.copy_context().run(ask, "handler")
+        wait_until(lambda: seen == ["handler"])  # kopf.event() finds kopf's context variables this way
+    finally:
+        queue.stop()
