@@ -841,6 +841,22 @@ class SweepController:
         if constants.LABEL_SWEEP in (meta.get("labels") or {}) and constants.FINALIZER not in (meta.get("finalizers") or []):
             self.kube.ensure_finalizer(dict(body))
 
+    def drifted(self, body: Mapping[str, Any], kind: str) -> bool:
+        """Whether a RayJob's worker group may exceed its run's cap (no I/O: the run spec travels on the RayJob;
+        True when unsure, and `correct_drift` decides)."""
+        meta = _meta(body)
+        if meta.get("deletionTimestamp") or constants.LABEL_SWEEP not in (meta.get("labels") or {}):
+            return False
+        spec = body.get("spec") or {}
+        groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") if kind == constants.RAYJOB_KIND else spec.get("workerGroupSpecs")
+        if not groups:
+            return False
+        run_spec = run_spec_of(body) if kind == constants.RAYJOB_KIND else None
+        if run_spec is None:
+            return True
+        cap = worker_group_cap(run_spec.spec, self.settings.limits)
+        return any(isinstance(g.get(k), int) and g[k] > cap for g in groups for k in ("maxReplicas", "minReplicas", "replicas"))
+
     def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
         """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event (R21)."""
         meta = _meta(body)

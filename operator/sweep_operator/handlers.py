@@ -98,21 +98,26 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         kopf.on.login(registry=registry)(kopf.login_via_client)
 
     # ------------------------------------------------------------------ TrainingSweep
+    # Event handlers are coroutines that only note the object and enqueue a reconcile for the controller's
+    # work queue (no I/O): run in kopf's event loop, they never wait behind busy handler threads, so a new
+    # sweep's event reaches the queue at once however much status traffic the running ones make.
     @kopf.on.event(**SWEEPS, registry=registry)
-    def sweep_changed(type: str, body: kopf.Body, **_: Any) -> None:
+    async def sweep_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type == "DELETED":
             controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
             controller.forget_sweep(body)
             return
-        controller.sweep_event(body)
+        await _off_loop_unless_queued(controller, controller.sweep_event, body)
 
     # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
     # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).
     @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, initial_delay=settings.reconcile_seconds, idle=0, registry=registry)
-    def sweep_tick(body: kopf.Body, **_: Any) -> None:
+    async def sweep_tick(body: kopf.Body, **_: Any) -> None:
         if controller.tick_due(body):  # deadlines, progress polling, the queue; steady sweeps cost nothing
             controller.observe_sweep(body)
-            controller.request_reconcile(body.metadata.namespace or "default", body.metadata.name)
+            await _off_loop_unless_queued(
+                controller, controller.request_reconcile, body.metadata.namespace or "default", body.metadata.name
+            )
 
     @kopf.on.delete(**SWEEPS, registry=registry)
     def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
@@ -128,15 +133,16 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
 
     # ------------------------------------------------------------------ RayJob / RayCluster
     @kopf.on.event(**RAYJOBS, labels=OURS, registry=registry)
-    def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
+    async def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             controller.observe_rayjob(body)
-            controller.correct_drift(body, constants.RAYJOB_KIND)
+            if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
+                await asyncio.to_thread(controller.correct_drift, body, constants.RAYJOB_KIND)
         if type == "DELETED":
             controller.forget_rayjob(body)
-            _reconcile_owner(controller, body)
+            await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
         elif controller.rayjob_changed(body):
-            _reconcile_owner(controller, body)
+            await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
 
     @kopf.on.delete(**RAYJOBS, labels=OURS, registry=registry)
     def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
@@ -153,6 +159,15 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         return _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
 
     return registry
+
+
+async def _off_loop_unless_queued(controller: SweepController, fn: Callable[..., None], *args: Any) -> None:
+    """Call `fn` right here when the controller queues reconciles (it only enqueues); in a thread otherwise
+    (a controller without a queue reconciles in the caller, which must not be the event loop)."""
+    if controller.queue is not None:
+        fn(*args)
+    else:
+        await asyncio.to_thread(fn, *args)
 
 
 def _guarded(decide: Callable[[], str]) -> str:

@@ -333,8 +333,11 @@ def test_worker_group_above_cap_is_set_back_with_an_event(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     rayjob = world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    assert not world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")  # as rendered
     rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] = 50
+    assert world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")  # the cheap check sees it
     world.controller.correct_drift(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")
+    assert not world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")
     assert world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
     assert "CapEnforced" in world.reasons(status["rayJobName"]) and "CapEnforced" in world.reasons("digits")
     cluster = world.kube.add("RayCluster", {
