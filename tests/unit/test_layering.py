@@ -21,6 +21,7 @@ PURE_CORES = [
     "sweep_operator.verification",
     "sweep_operator.controller",
     "sweep_operator.kube",
+    "sweep_operator.workqueue",
     "sweep_operator.settings",
     "sweep_operator.crd",
     "sweep_operator.cli",
