@@ -22,6 +22,7 @@ import kopf
 
 from . import constants
 from .controller import RetryLater, SweepController
+from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .settings import WEBHOOK_PATH, Settings, SettingsError
@@ -219,6 +220,7 @@ async def operate(
 ) -> None:
     """Run one operator until `stop_flag` is set (in-process: tests and the sandbox)."""
     settings = wiring.settings
+    tune_kopf()
     try:
         await _run_kopf(wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint)
     finally:

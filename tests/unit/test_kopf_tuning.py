@@ -1,0 +1,83 @@
+"""kopf's scheduler, tuned: spawning a worker per new object no longer yields the event loop each time,
+and every spawned coroutine still runs (docs/benchmarks.md has the measurement behind it)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+from kopf._cogs.aiokits import aiotasks
+
+from sweep_operator import kopf_tuning
+
+
+async def _loop_turns_while_spawning(count: int) -> tuple[int, int]:
+    """(event-loop turns another task got while `count` coroutines were spawned back to back, how many ran)."""
+    ran: list[int] = []
+    turns = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not stop.is_set():
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def job(i: int) -> None:
+        ran.append(i)
+
+    scheduler = aiotasks.Scheduler()
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = turns
+    for i in range(count):  # what kopf's watcher does for a burst of new objects
+        await scheduler.spawn(job(i), name=f"job-{i}")
+    during = turns - before
+    await scheduler.wait()
+    stop.set()
+    await ticking
+    await scheduler.close()
+    return during, len(ran)
+
+
+@pytest.fixture
+def original_spawn():  # type: ignore[no-untyped-def]
+    """kopf's scheduler as kopf ships it for the test (an in-process operator may have tuned it), then as it was."""
+    found = aiotasks.Scheduler.spawn
+    aiotasks.Scheduler.spawn = kopf_tuning.UNTUNED_SPAWN  # type: ignore[method-assign]
+    yield kopf_tuning.UNTUNED_SPAWN
+    aiotasks.Scheduler.spawn = found  # type: ignore[method-assign]
+
+
+def test_untuned_kopf_yields_once_per_spawn_and_tuned_kopf_does_not(original_spawn) -> None:  # type: ignore[no-untyped-def]
+    during, ran = asyncio.run(_loop_turns_while_spawning(200))
+    assert ran == 200 and during >= 200  # one loop turn per new object: the backlog the benchmark measured
+    assert kopf_tuning.tune_kopf() is True
+    assert kopf_tuning.tune_kopf() is True  # idempotent
+    assert kopf_tuning._YIELD not in inspect.getsource(aiotasks.Scheduler.spawn)
+    during, ran = asyncio.run(_loop_turns_while_spawning(200))
+    assert ran == 200  # every spawned coroutine still runs
+    assert during == 0  # and the watcher kept the loop until its burst was queued
+
+
+def test_another_kopf_version_is_left_alone(original_spawn, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
+    assert kopf_tuning.tune_kopf() is False
+    assert aiotasks.Scheduler.spawn is original_spawn
+
+
+def test_the_closed_scheduler_still_refuses_new_work(original_spawn) -> None:  # type: ignore[no-untyped-def]
+    kopf_tuning.tune_kopf()
+
+    async def scenario() -> None:
+        scheduler = aiotasks.Scheduler()
+        await scheduler.close()
+
+        async def job() -> None:
+            raise AssertionError("must not run")
+
+        with pytest.raises(RuntimeError, match="closed"):
+            await scheduler.spawn(job())
+
+    asyncio.run(scenario())
