@@ -91,6 +91,14 @@ def time_budget_s(deadline_at: float | None, graceful_stop_s: float, now: float)
     return None if deadline_at is None else deadline_at - now - graceful_stop_s
 
 
+def deadline_was_reached(deadline_at: float | None, graceful_stop_s: float, now: float) -> bool:
+    """Whether the sweep ran into its stop time (the deadline less `graceful_stop_s`), judged on the wall clock
+    against the same absolute time Tune's budget and the trials' own deadline checks come from. Not on how long
+    `fit()` took: the setup before `fit()` already counts against the budget (a busy machine once made a sweep
+    stopped by its deadline read as finished)."""
+    return deadline_at is not None and now >= deadline_at - graceful_stop_s
+
+
 def trial_dirname(trial: Any) -> str:
     """`tune/<trialId>` mirrors `train/<trialId>`."""
     return str(trial.trial_id)
@@ -219,9 +227,8 @@ def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
                 callbacks=[progress],
             ),
         )
-    started = time.monotonic()
     results = tuner.fit()
-    deadline_reached = budget is not None and time.monotonic() - started >= budget
+    deadline_reached = deadline_was_reached(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
 
     summaries = final_summaries(results, run_spec)
     run_info = {"namespace": run_spec.namespace, "sweep": run_spec.sweep, "runId": run_spec.run_id}

@@ -15,6 +15,7 @@ from tests.support.factories import changed, cpu_sweep
 from training_entrypoints.search import EntrypointError
 from training_entrypoints.sweep import (
     RunMode,
+    deadline_was_reached,
     decide_run_mode,
     plan_sweep,
     require_train_v2,
@@ -93,6 +94,15 @@ def test_time_budget_ends_graceful_stop_seconds_before_the_deadline() -> None:
     assert time_budget_s(1000.0, 60, now=400.0) == 540.0
     assert time_budget_s(None, 60, now=400.0) is None
     assert time_budget_s(1000.0, 60, now=990.0) < 0
+
+
+def test_deadline_reached_is_judged_on_the_stop_time_not_on_how_long_fit_took() -> None:
+    # budget computed at t=400 (540 s to the stop time at 940); setup ate 30 s, and fit() ran 515 s until Tune stopped
+    # the trials at 940 + a little: fit alone ran for less than the budget, yet the deadline was what stopped it.
+    assert deadline_was_reached(1000.0, 60, now=940.5)
+    assert deadline_was_reached(1000.0, 60, now=940.0)
+    assert not deadline_was_reached(1000.0, 60, now=939.0)  # finished before the stop time: the trials ended
+    assert not deadline_was_reached(None, 60, now=10_000.0)  # no deadline, nothing reached
 
 
 def test_resource_diagnosis_names_what_a_trial_asks_and_what_exists_R12_R14(monkeypatch: pytest.MonkeyPatch) -> None:
