@@ -6,7 +6,7 @@ deadlines, drift correction and the checkpoint guard. Clients, clock and event s
 from __future__ import annotations
 
 import copy
-import functools
+import hashlib
 import json
 import logging
 import threading
@@ -77,12 +77,12 @@ class _Stale(Exception):
     """A status write found the sweep changed since the copy it was computed from."""
 
 
-def _older(candidate: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
-    """Whether `candidate` is an older version than `current` of the same object. resourceVersions are compared
-    as numbers when both are (etcd revisions); otherwise never "older": the newest arrival wins, and a stale copy
+def _older_version(candidate: Any, current: Any) -> bool:
+    """Whether resourceVersion `candidate` is older than `current` of the same object. They are compared as
+    numbers when both are (etcd revisions); otherwise never "older": the newest arrival wins, and a stale copy
     is caught by the resourceVersion precondition on every status write."""
     try:
-        return int(_meta(candidate).get("resourceVersion")) < int(_meta(current).get("resourceVersion"))
+        return int(candidate) < int(current)
     except (TypeError, ValueError):
         return False
 
@@ -98,12 +98,27 @@ def _status(body: Mapping[str, Any]) -> dict[str, Any]:
 def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
     """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
     runtime_env = (rayjob.get("spec") or {}).get("runtimeEnvYAML") or ""
-    return _run_spec_from_runtime_env(runtime_env) if isinstance(runtime_env, str) else None
+    if not isinstance(runtime_env, str):
+        return None
+    digest = hashlib.sha256(runtime_env.encode()).digest()  # the key: kilobytes of YAML per run otherwise
+    with _RUN_SPECS_LOCK:
+        if digest in _RUN_SPECS:
+            _RUN_SPECS.move_to_end(digest)
+            return _RUN_SPECS[digest]
+    parsed = _run_spec_from_runtime_env(runtime_env)
+    with _RUN_SPECS_LOCK:
+        _RUN_SPECS[digest] = parsed
+        while len(_RUN_SPECS) > _PARSE_CACHE_SIZE:
+            _RUN_SPECS.popitem(last=False)
+    return parsed
 
 
-@functools.lru_cache(maxsize=4096)
+# Every RayJob event and reconcile asks; a run's runtime env never changes, so each is parsed once.
+_RUN_SPECS: OrderedDict[bytes, RunSpec | None] = OrderedDict()
+_RUN_SPECS_LOCK = threading.Lock()
+
+
 def _run_spec_from_runtime_env(runtime_env: str) -> RunSpec | None:
-    # Every RayJob event and reconcile asks; a run's runtime env never changes, so each is parsed once.
     try:
         env = yaml.load(runtime_env, Loader=_YAML_SAFE_LOADER) or {}
         return RunSpec.from_json(env["env_vars"][constants.ENV_RUN_SPEC])
@@ -117,6 +132,23 @@ def deadline_of(rayjob: Mapping[str, Any]) -> float | None:
         return float(env["env_vars"][constants.ENV_DEADLINE_AT])
     except (KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
+
+
+# What a reconcile reads from a RayJob's spec; the rest (the cluster spec with its pod templates) is most of
+# its size, so the watch-fed copies keep only these (as an informer's transform would).
+_RAYJOB_SPEC_READ = ("suspend", "runtimeEnvYAML", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "backoffLimit")
+
+
+def _slim_rayjob(rayjob: Mapping[str, Any]) -> dict[str, Any]:
+    """What reconciles read of a RayJob (metadata, status, the spec fields they use), sharing its values."""
+    spec = rayjob.get("spec") or {}
+    return {
+        "apiVersion": rayjob.get("apiVersion"),
+        "kind": rayjob.get("kind"),
+        "metadata": {k: v for k, v in _meta(rayjob).items() if k != "managedFields"},
+        "spec": {k: spec[k] for k in _RAYJOB_SPEC_READ if k in spec},
+        "status": dict(rayjob.get("status") or {}),
+    }
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
@@ -171,10 +203,11 @@ class SweepController:
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
-        self._rayjobs: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> newest watched copy
-        self._sweeps: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> newest copy seen or written
+        # Copies are kept as JSON text, a quarter of the memory of the dicts, and json.loads is faster than deepcopy.
+        self._rayjobs: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest watched copy
+        self._sweeps: dict[tuple[str, str], tuple[Any, str]] = {}  # (namespace, name) -> (resourceVersion, copy)
         self._echoes: dict[tuple[str, str], str] = {}  # (namespace, name) -> resourceVersion of our last write
-        self._parsed: OrderedDict[str, Sweep | tuple[Any, ...]] = OrderedDict()
+        self._parsed: OrderedDict[bytes, Sweep | tuple[Any, ...]] = OrderedDict()
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
         self.queue: WorkQueue[tuple[str, str]] | None = (
@@ -236,11 +269,11 @@ class SweepController:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
         pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
         meta = _meta(body)
-        key = json.dumps(
+        key = hashlib.sha256(json.dumps(  # a digest: a thousand sweeps' specs as keys were megabytes
             [sorted(k for k in body if k != "status"), body.get("apiVersion"), body.get("kind"),
              {k: meta.get(k) for k in _PARSE_METADATA}, body.get("spec")],
             sort_keys=True, default=str,
-        )
+        ).encode()).digest()
         with self._memory_lock:
             hit = self._parsed.get(key)
             if hit is not None:
@@ -302,12 +335,14 @@ class SweepController:
 
     def observe_sweep(self, body: Mapping[str, Any]) -> None:
         """Remember a full copy of a sweep (a watch event or a read), unless a newer one is already known."""
-        copied = copy.deepcopy(dict(body))  # kopf bodies are live views
-        key = self._key(copied)
+        meta = {k: v for k, v in _meta(body).items() if k != "managedFields"}
+        text = json.dumps({**body, "metadata": meta})  # kopf bodies are live views: this is the copy
+        key = self._key(body)
+        rv = meta.get("resourceVersion")
         with self._memory_lock:
             current = self._sweeps.get(key)
-            if current is None or not _older(copied, current):
-                self._sweeps[key] = copied
+            if current is None or not _older_version(rv, current[0]):
+                self._sweeps[key] = (rv, text)
 
     def forget_sweep(self, body: Mapping[str, Any]) -> None:
         key = self._key(body)
@@ -326,7 +361,7 @@ class SweepController:
     def _cached_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._memory_lock:
             cached = self._sweeps.get((namespace, name))
-        return copy.deepcopy(cached) if cached is not None else None
+        return json.loads(cached[1]) if cached is not None else None
 
     def _drop_cached_sweep(self, namespace: str, name: str) -> None:
         with self._memory_lock:
@@ -440,16 +475,16 @@ class SweepController:
         """
         meta = _meta(rayjob)
         key = (meta.get("namespace") or "default", meta.get("name", ""))
-        copied = copy.deepcopy(dict(rayjob))  # kopf bodies are live views
+        text = json.dumps(_slim_rayjob(rayjob))
         with self._memory_lock:
-            self._rayjobs[key] = copied
+            self._rayjobs[key] = text
 
     def _rayjob_for_reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The watched copy when there is one; a GET otherwise (just created, or before the watch caught up)."""
         with self._memory_lock:
             cached = self._rayjobs.get((namespace, name))
         if cached is not None:
-            return copy.deepcopy(cached)
+            return json.loads(cached)
         return self.kube.get_rayjob(namespace, name)
 
     def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:

@@ -34,8 +34,8 @@ RAYJOBS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "
 RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYCLUSTER_PLURAL}
 OURS = {constants.LABEL_SWEEP: kopf.PRESENT}
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-MAX_HANDLER_THREADS = 32
-RECONCILE_WORKERS = 16  # the controller's work queue (reconciles); kopf's handler threads only enqueue and guard
+MAX_HANDLER_THREADS = 16  # guards (S3 verification), the RayCluster finalizer; event handlers only enqueue
+RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
