@@ -280,6 +280,36 @@ def test_namespace_budget_admits_fifo_as_capacity_frees(env: OperatorEnv) -> Non
     wait_for(lambda: all(env.sweep(n, ns) is None for n in names), TIMEOUT, what="cleanup")
 
 
+def test_a_burst_of_sweeps_with_writes_from_others_gets_one_rayjob_each(env: OperatorEnv) -> None:
+    """Many sweeps applied at once, and labels written by someone else while they are admitted. The work queue,
+    the sweep cache and the conditional status writes must still give each sweep exactly one RayJob and a status
+    that follows it: no write computed from a stale copy lands, and a refused one is redone."""
+    ns = "burst-ns"
+    names = []
+    for i in range(30):
+        doc = env.new_sweep(f"b{i:02d}", namespace=ns)
+        names.append(doc["metadata"]["name"])
+        env.runner.script(doc["metadata"]["name"], Outcome.hang())
+        env.apply(doc)
+    for name in names[::3]:  # foreign writes racing the operator's own (each makes its cached copy stale)
+        env.custom.patch_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, ns, constants.PLURAL, name, {"metadata": {"labels": {"team": "burst"}}}
+        )
+    for name in names:
+        status = env.wait_phase(name, "Running", namespace=ns)
+        (rayjob,) = env.rayjobs(name, ns)  # exactly one, never two
+        assert status["rayJobName"] == rayjob["metadata"]["name"]
+        assert status["runId"] == rayjob["metadata"]["labels"][constants.LABEL_RUN_ID]
+        assert status["rayClusterName"] and status["jobDeploymentStatus"] == "Running"
+        assert env.event_reasons(name, ns).count("Starting") == 1  # one admission, one Event
+    for name in names[::3]:
+        assert env.sweep(name, ns)["metadata"]["labels"]["team"] == "burst"  # nothing of theirs was lost
+    for name in names:
+        env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"}, ns)
+        env.delete_sweep(name, ns)
+    wait_for(lambda: all(env.sweep(n, ns) is None for n in names), TIMEOUT, what="cleanup")
+
+
 def test_startup_deadline_fails_with_pending_pod_diagnosis(env: OperatorEnv) -> None:
     """R6, R20: GPUs never come; after startupSeconds the sweep is Failed and says why the pods are pending."""
     doc = env.new_sweep("stuck", gpu=True, spec__deadlines={"startupSeconds": 10}, spec__tune__maxConcurrentTrials=1)
