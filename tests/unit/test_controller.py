@@ -562,46 +562,40 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, 
         world.controller._parse(sweep)  # a cached rejection is raised again
 
 
+def _count_reads(world: World, method: str) -> list[str]:
+    """The names `world.kube.<method>(namespace, name)` is asked for from now on (the fake still answers)."""
+    reads: list[str] = []
+    real = getattr(world.kube, method)
+
+    def counting(namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return real(namespace, name)
+
+    setattr(world.kube, method, counting)
+    return reads
+
+
 def test_reconciles_read_the_watched_rayjob_and_get_it_only_when_unseen(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     name = status["rayJobName"]
-    gets: list[str] = []
-    real_get = world.kube.get_rayjob
-
-    def counting_get(namespace: str, rayjob: str) -> dict[str, Any] | None:
-        gets.append(rayjob)
-        return real_get(namespace, rayjob)
-
-    world.kube.get_rayjob = counting_get  # type: ignore[method-assign]
+    gets = _count_reads(world, "get_rayjob")
     world.reconcile("digits")
     assert gets == [name]  # not watched yet: read from the API
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
-    world.controller.observe_rayjob(real_get("ml", name))  # what the watch delivers
+    world.controller.observe_rayjob(world.kube.get("RayJob", "ml", name))  # what the watch delivers
     assert world.reconcile("digits")["phase"] == "Running"  # the watched copy's news reached the status
     assert gets == [name]  # and no GET was needed for it
-    world.controller.forget_rayjob(real_get("ml", name))  # DELETED: forgotten, the next reconcile reads again
+    world.controller.forget_rayjob(world.kube.get("RayJob", "ml", name))  # DELETED: forgotten, the next reconcile reads again
     world.reconcile("digits")
     assert gets == [name, name]
-
-
-def _counting_sweep_gets(world: World) -> list[str]:
-    gets: list[str] = []
-    real_get = world.kube.get_sweep
-
-    def counting_get(namespace: str, name: str) -> dict[str, Any] | None:
-        gets.append(name)
-        return real_get(namespace, name)
-
-    world.kube.get_sweep = counting_get  # type: ignore[method-assign]
-    return gets
 
 
 def test_the_echo_of_our_own_status_write_is_not_reconciled_but_a_foreign_change_is(world: World) -> None:
     add_sweep(world, "digits")
     world.controller.sweep_event(world.sweep("digits"))  # the ADDED event: admitted, RayJob created
     assert world.status("digits")["phase"] == "Starting"
-    gets = _counting_sweep_gets(world)
+    gets = _count_reads(world, "get_sweep")
     calls_before = len(world.kube.calls)
     passes: list[str] = []
     real_pass = world.controller._reconcile
@@ -629,7 +623,7 @@ def test_reconciles_read_the_newest_known_sweep_and_a_stale_copy_is_refused_then
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     rayjob = status["rayJobName"]
-    gets = _counting_sweep_gets(world)
+    gets = _count_reads(world, "get_sweep")
     stub = {"metadata": {"namespace": "ml", "name": "digits"}}  # what a RayJob event passes on
     world.controller.reconcile_sweep(stub)
     assert gets == []  # the copy our own write returned is the newest known: no read
