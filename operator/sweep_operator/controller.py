@@ -5,7 +5,6 @@ deadlines, drift correction and the checkpoint guard. Clients, clock and event s
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -95,27 +94,48 @@ def _status(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(body.get("status") or {})
 
 
+_MISSING = object()
+
+
+class _Lru:
+    """A small thread-safe least-recently-used map; callers key it by digests, not by the documents themselves."""
+
+    def __init__(self, size: int) -> None:
+        self._items: OrderedDict[bytes, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, key: bytes) -> Any:
+        """The value, or `_MISSING`."""
+        with self._lock:
+            if key not in self._items:
+                return _MISSING
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: bytes, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+_PARSE_CACHE_SIZE = 4096
+# Every RayJob event and reconcile asks for a run spec; a run's runtime env never changes, so each is parsed once.
+_RUN_SPECS = _Lru(_PARSE_CACHE_SIZE)
+
+
 def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
     """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
     runtime_env = (rayjob.get("spec") or {}).get("runtimeEnvYAML") or ""
     if not isinstance(runtime_env, str):
         return None
-    digest = hashlib.sha256(runtime_env.encode()).digest()  # the key: kilobytes of YAML per run otherwise
-    with _RUN_SPECS_LOCK:
-        if digest in _RUN_SPECS:
-            _RUN_SPECS.move_to_end(digest)
-            return _RUN_SPECS[digest]
-    parsed = _run_spec_from_runtime_env(runtime_env)
-    with _RUN_SPECS_LOCK:
-        _RUN_SPECS[digest] = parsed
-        while len(_RUN_SPECS) > _PARSE_CACHE_SIZE:
-            _RUN_SPECS.popitem(last=False)
+    digest = hashlib.sha256(runtime_env.encode()).digest()
+    parsed = _RUN_SPECS.get(digest)
+    if parsed is _MISSING:
+        parsed = _run_spec_from_runtime_env(runtime_env)
+        _RUN_SPECS.put(digest, parsed)
     return parsed
-
-
-# Every RayJob event and reconcile asks; a run's runtime env never changes, so each is parsed once.
-_RUN_SPECS: OrderedDict[bytes, RunSpec | None] = OrderedDict()
-_RUN_SPECS_LOCK = threading.Lock()
 
 
 def _run_spec_from_runtime_env(runtime_env: str) -> RunSpec | None:
@@ -151,6 +171,23 @@ def _slim_rayjob(rayjob: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _worker_groups(body: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    spec = body.get("spec") or {}
+    if kind == constants.RAYJOB_KIND:
+        return (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") or []
+    return spec.get("workerGroupSpecs") or []
+
+
+def _capped(group: Mapping[str, Any], cap: int) -> tuple[dict[str, Any], list[str]]:
+    """The worker group with its replica counts set back to `cap`, and a note per count that was above it."""
+    capped, notes = dict(group), []
+    for key in ("maxReplicas", "minReplicas", "replicas"):
+        if isinstance(capped.get(key), int) and capped[key] > cap:
+            notes.append(f"{capped.get('groupName')}.{key} {capped[key]} -> {cap}")
+            capped[key] = cap
+    return capped, notes
+
+
 def _owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     owners = _meta(obj).get("ownerReferences") or []
     return not owners or any(o.get("uid") == uid for o in owners)
@@ -164,7 +201,6 @@ class _Memory:
 
 
 _PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
-_PARSE_CACHE_SIZE = 4096
 
 
 @dataclass
@@ -207,7 +243,7 @@ class SweepController:
         self._rayjobs: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest watched copy
         self._sweeps: dict[tuple[str, str], tuple[Any, str]] = {}  # (namespace, name) -> (resourceVersion, copy)
         self._echoes: dict[tuple[str, str], str] = {}  # (namespace, name) -> resourceVersion of our last write
-        self._parsed: OrderedDict[bytes, Sweep | tuple[Any, ...]] = OrderedDict()
+        self._parsed = _Lru(_PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
         self.queue: WorkQueue[tuple[str, str]] | None = (
@@ -274,19 +310,13 @@ class SweepController:
              {k: meta.get(k) for k in _PARSE_METADATA}, body.get("spec")],
             sort_keys=True, default=str,
         ).encode()).digest()
-        with self._memory_lock:
-            hit = self._parsed.get(key)
-            if hit is not None:
-                self._parsed.move_to_end(key)
-        if hit is None:
+        hit = self._parsed.get(key)
+        if hit is _MISSING:
             try:
                 hit = parse_sweep(dict(body), self.settings.limits)
             except SpecError as exc:
                 hit = tuple(exc.problems)
-            with self._memory_lock:
-                self._parsed[key] = hit
-                while len(self._parsed) > _PARSE_CACHE_SIZE:
-                    self._parsed.popitem(last=False)
+            self._parsed.put(key, hit)
         if isinstance(hit, tuple):
             raise SpecError(list(hit))
         return hit
@@ -363,9 +393,14 @@ class SweepController:
             cached = self._sweeps.get((namespace, name))
         return json.loads(cached[1]) if cached is not None else None
 
-    def _drop_cached_sweep(self, namespace: str, name: str) -> None:
-        with self._memory_lock:
-            self._sweeps.pop((namespace, name), None)
+    def _known_sweep(self, namespace: str, name: str, *, reread: bool = False) -> dict[str, Any] | None:
+        """The newest copy known, else (or with `reread`) a read from the API, remembered."""
+        known = None if reread else self._cached_sweep(namespace, name)
+        if known is None:
+            known = self.kube.get_sweep(namespace, name)
+            if known is not None:
+                self.observe_sweep(known)
+        return known
 
     # ---------------------------------------------------------------------------- reconcile
     def reconcile_sweep(self, body: Mapping[str, Any]) -> None:
@@ -405,11 +440,7 @@ class SweepController:
         started = time.monotonic()
         try:
             for attempt in range(3):
-                fresh = None if attempt else self._cached_sweep(namespace, name)
-                if fresh is None:
-                    fresh = self.kube.get_sweep(namespace, name)
-                    if fresh is not None:
-                        self.observe_sweep(fresh)
+                fresh = self._known_sweep(namespace, name, reread=attempt > 0)
                 if fresh is None or _meta(fresh).get("deletionTimestamp"):
                     return
                 # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
@@ -419,13 +450,12 @@ class SweepController:
                     if carried is None:
                         return
                     self._remember_write(carried)
-                    fresh = copy.deepcopy(dict(carried))
+                    fresh = carried  # our own copy: the cache keeps its JSON text
                 try:
                     self._reconcile(fresh)
                     return
                 except _Stale as exc:
                     log.debug("%s; reconciling %s/%s again on a fresh read", exc, namespace, name)
-                    self._drop_cached_sweep(namespace, name)
             log.info("sweep %s/%s kept changing during three reconciles; the next event or tick retries", namespace, name)
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
@@ -882,15 +912,14 @@ class SweepController:
         meta = _meta(body)
         if meta.get("deletionTimestamp") or constants.LABEL_SWEEP not in (meta.get("labels") or {}):
             return False
-        spec = body.get("spec") or {}
-        groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") if kind == constants.RAYJOB_KIND else spec.get("workerGroupSpecs")
+        groups = _worker_groups(body, kind)
         if not groups:
             return False
         run_spec = run_spec_of(body) if kind == constants.RAYJOB_KIND else None
         if run_spec is None:
             return True
         cap = worker_group_cap(run_spec.spec, self.settings.limits)
-        return any(isinstance(g.get(k), int) and g[k] > cap for g in groups for k in ("maxReplicas", "minReplicas", "replicas"))
+        return any(_capped(group, cap)[1] for group in groups)
 
     def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
         """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event (R21)."""
@@ -901,18 +930,14 @@ class SweepController:
         cap = self._cap_for(body, kind)
         if cap is None:
             return
-        spec = body.get("spec") or {}
-        groups = (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") if kind == constants.RAYJOB_KIND else spec.get("workerGroupSpecs")
+        groups = _worker_groups(body, kind)
         if not groups:
             return
         fixed, notes = [], []
         for group in groups:
-            group = dict(group)
-            for key in ("maxReplicas", "minReplicas", "replicas"):
-                if isinstance(group.get(key), int) and group[key] > cap:
-                    notes.append(f"{group.get('groupName')}.{key} {group[key]} -> {cap}")
-                    group[key] = cap
-            fixed.append(group)
+            capped, group_notes = _capped(group, cap)
+            fixed.append(capped)
+            notes.extend(group_notes)
         if not notes:
             return
         if kind == constants.RAYJOB_KIND:
@@ -921,7 +946,7 @@ class SweepController:
             self.kube.patch_raycluster(namespace, meta["name"], {"spec": {"workerGroupSpecs": fixed}})
         message = f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}"
         self.emit(body, "Warning", "CapEnforced", message)
-        sweep = self._cached_sweep(namespace, labels[constants.LABEL_SWEEP]) or self.kube.get_sweep(namespace, labels[constants.LABEL_SWEEP])
+        sweep = self._known_sweep(namespace, labels[constants.LABEL_SWEEP])
         if sweep is not None:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {meta['name']}: {message}")
 
@@ -947,7 +972,7 @@ class SweepController:
             return worker_group_cap(run_spec.spec, self.settings.limits)
         meta = _meta(body)
         namespace, sweep_name = meta.get("namespace") or "default", (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
-        sweep_body = self._cached_sweep(namespace, sweep_name) or self.kube.get_sweep(namespace, sweep_name)
+        sweep_body = self._known_sweep(namespace, sweep_name)
         cap = ((sweep_body or {}).get("status") or {}).get("replicas", {}).get("cap")
         return cap if isinstance(cap, int) else None
 

@@ -86,9 +86,9 @@ class KubeApi:
             delay = min(delay * 2, self.retry.max_delay)
         raise AssertionError("unreachable")
 
-    def _get(self, fn: Callable[[], Any]) -> dict[str, Any] | None:
+    def _get(self, fn: Callable[[], Any], *, retry_conflict: bool = True) -> dict[str, Any] | None:
         try:
-            return self._call(fn)
+            return self._call(fn, retry_conflict=retry_conflict)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -123,19 +123,11 @@ class KubeApi:
             )
 
         try:
-            return self._get(call) if resource_version is None else self._get_conditional(call)
+            # A conditional write's 409 is an answer (re-read and decide again), never retried as it is.
+            return self._get(call, retry_conflict=resource_version is None)
         except ApiException as exc:
             if exc.status == 409 and resource_version is not None:
                 raise Conflict(f"TrainingSweep {namespace}/{name} changed after resourceVersion {resource_version}") from None
-            raise
-
-    def _get_conditional(self, fn: Callable[[], Any]) -> dict[str, Any] | None:
-        """`_get` for a write with a resourceVersion precondition: a 409 is an answer, never retried as is."""
-        try:
-            return self._call(fn, retry_conflict=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
             raise
 
     # ------------------------------------------------------------------------------ RayJobs
