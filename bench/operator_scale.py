@@ -185,11 +185,16 @@ def percentile(values: list[float], q: float) -> float:
 class OperatorProcess:
     """`python -m sweep_operator --kubeconfig K` as its own process (so its RSS is its own); log to a file."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str]) -> None:
+    COMMANDS = {
+        "sweep": [sys.executable, "-m", "sweep_operator"],
+        "bare": [sys.executable, str(REPO / "bench" / "bare_kopf_operator.py")],  # the yardstick (see its docstring)
+    }
+
+    def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str], kind: str = "sweep") -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sweep_operator", "--kubeconfig", str(kubeconfig)],
+            [*self.COMMANDS[kind], "--kubeconfig", str(kubeconfig)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
         )
 
@@ -236,6 +241,43 @@ class S3Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+class StandInChild:
+    """The scripted KubeRay stand-in in its own process, as KubeRay is its own process in a cluster: its work
+    then competes with the apply for the machine's cores, not for the emulator's interpreter lock."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-standin", url, "--run-seconds", str(args.run_seconds),
+             "--startup-seconds", str(args.startup_seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the KubeRay stand-in did not start")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        S3Child.stop(self)  # type: ignore[arg-type]  # same protocol: close stdin, wait
+
+
+def serve_standin(url: str, args: argparse.Namespace) -> int:
+    from sweep_operator.sandbox.emulator import make_api_client
+    from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
+    standin = KubeRayStandIn(make_api_client(url), runner, poll_interval=0.5).start()
+    try:
+        print("ready", flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+    finally:
+        standin.stop()
+    return 0
 
 
 def serve_s3() -> int:
@@ -293,12 +335,15 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(s3.stop)
         server, emulator, changes = start_emulator()
         stack.callback(server.stop)
-        runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
-        standin = KubeRayStandIn(server.api_client(), runner, poll_interval=0.5)
-        standin.start()
-        stack.callback(standin.stop)
+        standin: StandInChild | None = None
+        if args.standin == "process":
+            standin = StandInChild(server.url, args)
+            stack.callback(standin.stop)
+        elif args.standin == "thread":
+            runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
+            stack.callback(KubeRayStandIn(server.api_client(), runner, poll_interval=0.5).start().stop)
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NAMESPACE)
-        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args))
+        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args), args.operator)
         stack.callback(operator.stop)
         custom = bench_client(server)
 
@@ -310,6 +355,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         rss_before = proc_status(operator.pid)
         cpu_before = proc_cpu_seconds(operator.pid)
         bench_cpu_before = proc_cpu_seconds(os.getpid())
+        standin_cpu_before = proc_cpu_seconds(standin.pid) if standin else 0.0
         requests_before = server.call(lambda: Counter(emulator.requests))
 
         docs = [sweep_doc(f"s{i:05d}", NAMESPACE, s3.endpoint) for i in range(n)]
@@ -326,6 +372,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         total = (all_exist_at - started) if all_exist_at is not None else None
         cpu_at_all = proc_cpu_seconds(operator.pid)
         bench_cpu_at_all = proc_cpu_seconds(os.getpid())
+        standin_cpu_at_all = proc_cpu_seconds(standin.pid) if standin else 0.0
         waited_until = time.monotonic()
         created_by_then = len({label for _, ns, _, label in list(changes.rayjobs_added) if ns == NAMESPACE})
         requests_to_all = server.call(lambda: Counter(emulator.requests)) - requests_before
@@ -385,7 +432,8 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "duplicates": len(duplicates), "lost": len(lost), "neverCreated": len(never_created),
             "examples": (duplicates + lost)[:5],
         },
-        "benchProcessCpuSecondsUntilAllRayJobs": round(bench_cpu_at_all - bench_cpu_before, 2),  # emulator + stand-in + applies
+        "benchProcessCpuSecondsUntilAllRayJobs": round(bench_cpu_at_all - bench_cpu_before, 2),  # emulator + applies (+ stand-in in a thread)
+        "standInProcessCpuSecondsUntilAllRayJobs": round(standin_cpu_at_all - standin_cpu_before, 2),
         "waitedSeconds": round(waited_until - started, 2),
         "sweepsWithRayJobWhenWaitEnded": created_by_then,
         "requestsUntilAllRayJobs": dict(requests_to_all.most_common()),
@@ -405,10 +453,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=12.0, help="seconds to keep watching for duplicates afterwards")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))")
     parser.add_argument("--operator-log", default="", help="copy the (last size's) operator log here")
+    parser.add_argument("--operator", choices=sorted(OperatorProcess.COMMANDS), default="sweep",
+                        help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else")
+    parser.add_argument("--standin", choices=("process", "thread", "none"), default="process",
+                        help="the scripted KubeRay stand-in in its own process (default, as KubeRay runs), in the "
+                             "benchmark's process (sharing the emulator's interpreter), or none (RayJobs stay as created)")
+    parser.add_argument("--serve-standin", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--serve-s3", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_s3:
         return serve_s3()
+    if args.serve_standin:
+        return serve_standin(args.serve_standin, args)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("kubernetes", "aiohttp.access", "urllib3"):  # a line per request would slow the emulator down
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -420,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "operator_scale",
         "targets": {"atSweeps": TARGET_SIZE, "ratioMax": TARGETS["ratio"], "p99SecondsMax": TARGETS["p99Seconds"],
                     "peakRssMiBMax": TARGETS["rssMiB"], "duplicatesOrLost": 0},
-        "settings": {"reconcileSeconds": args.reconcile_seconds, "runSeconds": args.run_seconds,
+        "settings": {"operator": args.operator, "kuberayStandIn": args.standin, "reconcileSeconds": args.reconcile_seconds, "runSeconds": args.run_seconds,
                      "startupSeconds": args.startup_seconds, "settleSeconds": args.settle,
                      "floor": "sequential creates of rendered RayJobs, one kubernetes client, fresh emulator"},
         "machine": {"cpus": os.cpu_count(), "loadavgBefore": [round(x, 2) for x in load_before],

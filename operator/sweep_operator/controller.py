@@ -34,7 +34,7 @@ from .ledger import AdmissionLedger
 from .metrics import OperatorMetrics
 from .policy import Admit, Queue, Reject, demand_of, effective_active_seconds
 from .problems import SpecError
-from .rendering import RenderContext, build_rayjob, new_run_id, worker_group_cap
+from .rendering import RenderContext, build_rayjob, new_run_id, run_id_for, worker_group_cap
 from .runspec import RunSpec
 from .settings import Settings
 from .status import (
@@ -240,7 +240,7 @@ class SweepController:
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
         # Copies are kept as JSON text, a quarter of the memory of the dicts, and json.loads is faster than deepcopy.
-        self._rayjobs: dict[tuple[str, str], str] = {}  # (namespace, name) -> newest watched copy
+        self._rayjobs: dict[tuple[str, str], tuple[Any, str]] = {}  # (namespace, name) -> (resourceVersion, newest copy)
         self._sweeps: dict[tuple[str, str], tuple[Any, str]] = {}  # (namespace, name) -> (resourceVersion, copy)
         self._echoes: dict[tuple[str, str], str] = {}  # (namespace, name) -> resourceVersion of our last write
         self._parsed = _Lru(_PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
@@ -443,14 +443,13 @@ class SweepController:
                 fresh = self._known_sweep(namespace, name, reread=attempt > 0)
                 if fresh is None or _meta(fresh).get("deletionTimestamp"):
                     return
-                # The guard's finalizer goes on before anything is created for the sweep (kopf would add it too,
-                # but its conditional patch loses races against status updates and only retries on the next event).
+                # Nothing is created for a sweep before the guard's finalizer is on it (R22). kopf puts it there
+                # (it owns the finalizer: settings.persistence.finalizer), and the event of that write brings the
+                # sweep back here. kopf's patch is conditional; if another write beat it, that write's event makes
+                # kopf try again. Adding it here as well only raced kopf's patch: two writes and a re-read per sweep.
                 if constants.FINALIZER not in (_meta(fresh).get("finalizers") or []):
-                    carried = self.kube.add_finalizer(fresh)
-                    if carried is None:
-                        return
-                    self._remember_write(carried)
-                    fresh = carried  # our own copy: the cache keeps its JSON text
+                    log.debug("sweep %s/%s: waiting for the guard's finalizer", namespace, name)
+                    return
                 try:
                     self._reconcile(fresh)
                     return
@@ -497,7 +496,8 @@ class SweepController:
         return True
 
     def observe_rayjob(self, rayjob: Mapping[str, Any]) -> None:
-        """Remember the newest copy of one of our RayJobs the watch delivered (events per object come in order).
+        """Remember the newest copy of one of our RayJobs: one the watch delivered, or our create's answer
+        (unless a newer one is already known; the watch and the create race).
 
         Reconciles read the RayJob from here, as a controller reads from its informer cache: the watch stream
         is the same source kopf's events come from, and a GET per reconcile was a fifth of all API requests.
@@ -505,16 +505,19 @@ class SweepController:
         """
         meta = _meta(rayjob)
         key = (meta.get("namespace") or "default", meta.get("name", ""))
+        rv = meta.get("resourceVersion")
         text = json.dumps(_slim_rayjob(rayjob))
         with self._memory_lock:
-            self._rayjobs[key] = text
+            current = self._rayjobs.get(key)
+            if current is None or not _older_version(rv, current[0]):
+                self._rayjobs[key] = (rv, text)
 
     def _rayjob_for_reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The watched copy when there is one; a GET otherwise (just created, or before the watch caught up)."""
         with self._memory_lock:
             cached = self._rayjobs.get((namespace, name))
         if cached is not None:
-            return json.loads(cached)
+            return json.loads(cached[1])
         return self.kube.get_rayjob(namespace, name)
 
     def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:
@@ -596,34 +599,35 @@ class SweepController:
         self._start_run(body, status, sweep, decision)
 
     def _start_run(self, body: Mapping[str, Any], status: dict[str, Any], sweep: Sweep, decision: Admit) -> None:
-        """Create the run's RayJob (or adopt the one a previous operator created) and record the run."""
+        """Create the run's RayJob, or adopt the one a previous attempt created, and record the run.
+
+        The RayJob's name follows from the sweep's uid (`run_id_for`), so a create that finds it existing is the
+        adoption check: an operator that crashed between creating it and writing the status (or a peer that
+        got there first) left exactly that RayJob. One that is not this sweep's is never adopted.
+        """
         meta = _meta(body)
         generation = meta.get("generation")
-        selector = f"{constants.LABEL_SWEEP}={sweep.name}"
-        adopted = [
-            rj
-            for rj in self.kube.list_rayjobs(sweep.namespace, selector)
-            if _owned_by(rj, sweep.uid) and not _meta(rj).get("deletionTimestamp")
-        ]
         now = self.clock()
-        if adopted:
-            rayjob = adopted[0]
-            run_id = _meta(rayjob)["labels"][constants.LABEL_RUN_ID]
+        run_id = run_id_for(sweep.uid) if sweep.uid else new_run_id()
+        deadline_at = int(now + effective_active_seconds(sweep.spec, self.settings.limits))
+        rayjob, created = self.kube.create_rayjob(build_rayjob(sweep, run_id, self.render_context, deadline_at=deadline_at))
+        if created:
+            started_at = now
+            how = "created"
+        else:
+            if not _owned_by(rayjob, sweep.uid) or (_meta(rayjob).get("labels") or {}).get(constants.LABEL_RUN_ID) != run_id:
+                self._name_taken(body, status, _meta(rayjob).get("name", ""))
+                return
             created_at = parse_time(_meta(rayjob).get("creationTimestamp"))
             started_at = created_at.timestamp() if created_at else now
-            deadline_at = deadline_of(rayjob) or started_at + effective_active_seconds(sweep.spec, self.settings.limits)
+            deadline_at = int(deadline_of(rayjob) or started_at + effective_active_seconds(sweep.spec, self.settings.limits))
             how = "adopted"
-        else:
-            run_id = new_run_id()
-            started_at = now
-            deadline_at = int(now + effective_active_seconds(sweep.spec, self.settings.limits))
-            rayjob, created = self.kube.create_rayjob(
-                build_rayjob(sweep, run_id, self.render_context, deadline_at=int(deadline_at))
-            )
-            how = "created" if created else "adopted"
+        self.observe_rayjob(rayjob)  # the next reconcile reads it from memory, not with a GET
+        cap = worker_group_cap(sweep.spec, self.settings.limits)
+        with self._memory_lock:
+            self._caps[(sweep.namespace, sweep.name, run_id)] = cap
         name = _meta(rayjob)["name"]
         demand = decision.demand
-        cap = worker_group_cap(sweep.spec, self.settings.limits)
         message = f"admitted ({demand.workers} workers, {demand.gpus} GPUs); RayJob {name} {how}"
         self._patch_status(
             body,
@@ -648,6 +652,20 @@ class SweepController:
                 ),
             },
         )
+
+    def _name_taken(self, body: Mapping[str, Any], status: dict[str, Any], name: str) -> None:
+        """The run's RayJob name is held by an object that is not this run's: wait (ticks retry), say why."""
+        message = (f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
+                   f"(delete it, or re-create the sweep under another name)")
+        if status.get("message") != message:
+            self.emit(body, "Warning", "RayJobNameTaken", message)
+        generation = _meta(body).get("generation")
+        self._patch_status(body, status, {
+            "phase": "Pending",
+            "message": message,
+            "observedGeneration": generation,
+            "conditions": self._conditions(status, generation, ("Admitted", False, "RayJobNameTaken", message)),
+        })
 
     def _reconcile_run(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
         meta = _meta(body)
@@ -900,12 +918,6 @@ class SweepController:
                 break  # strict FIFO: the oldest still does not fit
 
     # --------------------------------------------------------------------------------- drift
-    def guard_new_cluster(self, body: Mapping[str, Any]) -> None:
-        """Put the guard's finalizer on a RayCluster KubeRay created for one of our RayJobs, as soon as it appears."""
-        meta = _meta(body)
-        if constants.LABEL_SWEEP in (meta.get("labels") or {}) and constants.FINALIZER not in (meta.get("finalizers") or []):
-            self.kube.ensure_finalizer(dict(body))
-
     def drifted(self, body: Mapping[str, Any], kind: str) -> bool:
         """Whether a RayJob's worker group may exceed its run's cap (no I/O: the run spec travels on the RayJob;
         True when unsure, and `correct_drift` decides)."""
@@ -915,10 +927,12 @@ class SweepController:
         groups = _worker_groups(body, kind)
         if not groups:
             return False
-        run_spec = run_spec_of(body) if kind == constants.RAYJOB_KIND else None
-        if run_spec is None:
-            return True
-        cap = worker_group_cap(run_spec.spec, self.settings.limits)
+        cap = self._remembered_cap(body)
+        if cap is None:
+            run_spec = run_spec_of(body) if kind == constants.RAYJOB_KIND else None
+            if run_spec is None:
+                return True
+            cap = worker_group_cap(run_spec.spec, self.settings.limits)
         return any(_capped(group, cap)[1] for group in groups)
 
     def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
@@ -950,13 +964,20 @@ class SweepController:
         if sweep is not None:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {meta['name']}: {message}")
 
-    def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
-        """The run's worker-group cap; fixed for a run, so remembered per run (no read or parse per event)."""
+    @staticmethod
+    def _run_key(body: Mapping[str, Any]) -> tuple[str, str, str]:
         meta = _meta(body)
         labels = meta.get("labels") or {}
-        run = (meta.get("namespace") or "default", labels.get(constants.LABEL_SWEEP, ""), labels.get(constants.LABEL_RUN_ID, ""))
+        return meta.get("namespace") or "default", labels.get(constants.LABEL_SWEEP, ""), labels.get(constants.LABEL_RUN_ID, "")
+
+    def _remembered_cap(self, body: Mapping[str, Any]) -> int | None:
         with self._memory_lock:
-            cached = self._caps.get(run)
+            return self._caps.get(self._run_key(body))
+
+    def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
+        """The run's worker-group cap; fixed for a run, so remembered per run (no read or parse per event)."""
+        run = self._run_key(body)
+        cached = self._remembered_cap(body)
         if cached is not None:
             return cached
         cap = self._read_cap(body, kind)

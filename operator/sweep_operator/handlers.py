@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import sys
 import threading
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ RAYJOBS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "
 RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYCLUSTER_PLURAL}
 OURS = {constants.LABEL_SWEEP: kopf.PRESENT}
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-MAX_HANDLER_THREADS = 16  # guards (S3 verification), the RayCluster finalizer; event handlers only enqueue
+MAX_HANDLER_THREADS = 16  # guards (S3 verification); event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
 
 
@@ -66,12 +67,38 @@ class NoDiffBaseStorage(kopf.DiffBaseStorage):
         return None
 
 
+ROUTINE_HANDLERS = ("sweep_changed", "sweep_tick", "rayjob_changed", "raycluster_changed")
+
+
+class RoutineHandlerSuccess(logging.Filter):
+    """Drops kopf's INFO line "Handler '...sweep_changed' succeeded." for the handlers that run on every watch
+    event or tick and only enqueue (a line per event, thousands a minute in a busy namespace). Failures,
+    retries, the guard's deletion handlers and everything at DEBUG (--verbose) are kept."""
+
+    _pattern = re.compile(r"^(Handler|Timer) '[^']*\.(%s)' succeeded\.$" % "|".join(ROUTINE_HANDLERS))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not isinstance(record.msg, str):
+            return True
+        return not self._pattern.match(record.msg)
+
+
+def quiet_routine_handler_logs() -> None:
+    logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RoutineHandlerSuccess) for f in logger.filters):
+        logger.addFilter(RoutineHandlerSuccess())
+
+
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
     kopf_settings.persistence.finalizer = constants.FINALIZER
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
     kopf_settings.execution.max_workers = MAX_HANDLER_THREADS
-    kopf_settings.posting.level = logging.INFO
+    # Our Events are explicit (kopf.event, one per transition); kopf's own per-object log lines become Events
+    # only from WARNING up (handler failures and retries). At INFO every "Handler ... succeeded." line of
+    # every watch event was posted as an Event: noise in `kubectl describe`, and one API write per event.
+    kopf_settings.posting.level = logging.WARNING
+    quiet_routine_handler_logs()
     kopf_settings.scanning.disabled = True  # our kinds are known; no cluster-wide namespace/CRD scans
     kopf_settings.watching.server_timeout = 300
     kopf_settings.networking.request_timeout = 60
@@ -149,11 +176,12 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
         return _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
 
+    # kopf puts the guard's finalizer on each of our RayClusters as it appears (the deletion handler below needs
+    # it); this handler only sets back a worker group raised above the run's cap.
     @kopf.on.event(**RAYCLUSTERS, labels=OURS, registry=registry)
-    def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
-        if type != "DELETED":
-            controller.guard_new_cluster(body)
-            controller.correct_drift(body, constants.RAYCLUSTER_KIND)
+    async def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
+            await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
 
     @kopf.on.delete(**RAYCLUSTERS, labels=OURS, registry=registry)
     def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> str:

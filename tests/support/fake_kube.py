@@ -91,11 +91,12 @@ class FakeKube:
         return self.get("RayJob", namespace, name)
 
     def list_rayjobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        self.calls.append(("list_rayjobs", label_selector))
         return [o for o in self.of_kind("RayJob", namespace) if _matches(o, label_selector)]
 
     def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         self.calls.append(("create_rayjob", body["metadata"]["name"]))
-        existing = self.get_rayjob(body["metadata"]["namespace"], body["metadata"]["name"])
+        existing = self.get("RayJob", body["metadata"]["namespace"], body["metadata"]["name"])
         if existing:
             return existing, False
         return self.add("RayJob", body), True
@@ -154,7 +155,9 @@ class FakeKube:
         return True
 
     def set_rayjob_status(self, name: str, namespace: str = "default", **status: Any) -> None:
-        merge(self.objects[("RayJob", namespace, name)].setdefault("status", {}), status)
+        obj = self.objects[("RayJob", namespace, name)]
+        merge(obj.setdefault("status", {}), status)
+        self._bump(obj)
 
     def rayjob_names(self) -> list[str]:
         return [o["metadata"]["name"] for o in self.of_kind("RayJob")]

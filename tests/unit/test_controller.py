@@ -94,8 +94,17 @@ class World:
         return self.sweep(name, namespace).get("status") or {}
 
     def reconcile(self, name: str, namespace: str = "ml") -> dict[str, Any]:
+        """One reconcile as the operator runs it: the guard's finalizer is on the sweep (kopf adds it on the sweep's
+        first event) and the controller has seen every RayJob as it is now (kopf's RayJob watch feeds it)."""
+        self.kube.ensure_finalizer(self.sweep(name, namespace))
+        self.watch_rayjobs()
         self.controller.reconcile_sweep(self.sweep(name, namespace))
         return self.status(name, namespace)
+
+    def watch_rayjobs(self) -> None:
+        for (kind, _, _), obj in list(self.kube.objects.items()):
+            if kind == "RayJob":
+                self.controller.observe_rayjob(obj)
 
     def reasons(self, name: str) -> list[str]:
         return [reason for obj, _type, reason, _msg in self.events if obj == name]
@@ -138,21 +147,66 @@ def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
     world.reconcile("digits")
     assert len(world.kube.rayjob_names()) == 1
     assert "Starting" in world.reasons("digits")
-    calls = [c[0] for c in world.kube.calls]
-    assert calls.index("ensure_finalizer") < calls.index("create_rayjob"), "R22: the guard is on before a RayJob exists"
-    assert constants.FINALIZER in world.sweep("digits")["metadata"]["finalizers"]
+
+
+def test_nothing_is_created_before_the_guards_finalizer_is_on(world: World) -> None:
+    """R22: kopf adds the finalizer on the sweep's first event; until it is there, a reconcile creates nothing."""
+    add_sweep(world, "digits")
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert world.kube.rayjob_names() == [] and "runId" not in world.status("digits")
+    assert not [c for c in world.kube.calls if c[0] in ("ensure_finalizer", "create_rayjob")]  # kopf's job, not ours
+    world.kube.ensure_finalizer(world.sweep("digits"))  # kopf's write; its event brings the sweep back
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert len(world.kube.rayjob_names()) == 1 and world.status("digits")["phase"] == "Starting"
+
+
+def test_run_id_follows_from_the_sweeps_uid(world: World) -> None:
+    """Every operator instance names the same RayJob for a sweep; a sweep re-created under the same name (a new
+    uid) gets a new run id, so a new RayJob and a new S3 prefix (R16)."""
+    from sweep_operator.rendering import run_id_for
+
+    add_sweep(world, "digits")
+    first = world.reconcile("digits")
+    assert first["runId"] == run_id_for(world.sweep("digits")["metadata"]["uid"])
+    world.kube.objects.pop(("TrainingSweep", "ml", "digits"))
+    world.kube.objects.pop(("RayJob", "ml", first["rayJobName"]))
+    add_sweep(world, "digits")
+    second = world.reconcile("digits")
+    assert second["runId"] != first["runId"] and second["rayJobName"] == f"digits-{second['runId']}"
 
 
 def test_adopts_a_rayjob_created_before_a_crash(world: World) -> None:
-    """Operator restart between creating the RayJob and recording it: adopt, never create a second."""
+    """Operator restart between creating the RayJob and recording it: the create finds it (same name, same run
+    id), and it is adopted with its own start time and deadline; never a second one."""
     sweep = add_sweep(world, "digits")
-    from sweep_operator.rendering import build_rayjob
+    from sweep_operator.rendering import build_rayjob, run_id_for
     from sweep_operator.validation import parse_sweep
 
-    world.kube.create_rayjob(build_rayjob(parse_sweep(sweep), "old123", deadline_at=int(T0 + 100)))
+    run_id = run_id_for(sweep["metadata"]["uid"])
+    earlier = world.kube.create_rayjob(build_rayjob(parse_sweep(sweep), run_id, deadline_at=int(T0 + 100)))[0]
+    earlier["metadata"]["creationTimestamp"] = "2026-11-30T00:50:00Z"
+    world.kube.objects[("RayJob", "ml", earlier["metadata"]["name"])] = earlier
+    world.kube.calls.clear()
     status = world.reconcile("digits")
-    assert status["runId"] == "old123" and world.kube.rayjob_names() == ["digits-old123"]
+    assert status["runId"] == run_id and world.kube.rayjob_names() == [f"digits-{run_id}"]
     assert "adopted" in status["message"]
+    assert status["startedAt"] == "2026-11-30T00:50:00Z" and status["deadlineAt"] == "2026-11-30T00:55:00Z"  # T0 + 100
+    assert not [c for c in world.kube.calls if c[0] == "list_rayjobs"], "the create is the check: no list"
+
+
+def test_a_foreign_rayjob_holding_the_name_is_never_adopted(world: World) -> None:
+    sweep = add_sweep(world, "digits")
+    from sweep_operator.rendering import build_rayjob, run_id_for
+    from sweep_operator.validation import parse_sweep
+
+    foreign = build_rayjob(parse_sweep(sweep), run_id_for(sweep["metadata"]["uid"]), deadline_at=int(T0 + 100))
+    foreign["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    world.kube.create_rayjob(foreign)
+    status = world.reconcile("digits")
+    assert status["phase"] == "Pending" and "runId" not in status
+    assert "is not this sweep's run" in status["message"] and "RayJobNameTaken" in world.reasons("digits")
+    world.reconcile("digits")
+    assert world.reasons("digits").count("RayJobNameTaken") == 1, "one Warning, not one per tick"
 
 
 def test_invalid_spec_gets_phase_invalid_and_a_warning_once(world: World) -> None:
@@ -575,25 +629,30 @@ def _count_reads(world: World, method: str) -> list[str]:
     return reads
 
 
-def test_reconciles_read_the_watched_rayjob_and_get_it_only_when_unseen(world: World) -> None:
+def test_reconciles_read_the_remembered_rayjob_and_get_it_only_when_unknown(world: World) -> None:
     add_sweep(world, "digits")
-    status = world.reconcile("digits")
-    name = status["rayJobName"]
+    world.kube.ensure_finalizer(world.sweep("digits"))
     gets = _count_reads(world, "get_rayjob")
-    world.reconcile("digits")
-    assert gets == [name]  # not watched yet: read from the API
+    world.controller.reconcile_sweep(world.sweep("digits"))  # admitted: the RayJob is created
+    name = world.status("digits")["rayJobName"]
+    created = world.kube.get("RayJob", "ml", name)
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert gets == []  # the create's answer was remembered: no GET
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.controller.observe_rayjob(world.kube.get("RayJob", "ml", name))  # what the watch delivers
-    assert world.reconcile("digits")["phase"] == "Running"  # the watched copy's news reached the status
-    assert gets == [name]  # and no GET was needed for it
+    world.controller.observe_rayjob(created)  # an older copy arriving late never replaces a newer one
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert world.status("digits")["phase"] == "Running"  # the watched copy's news reached the status
+    assert gets == []
     world.controller.forget_rayjob(world.kube.get("RayJob", "ml", name))  # DELETED: forgotten, the next reconcile reads again
-    world.reconcile("digits")
-    assert gets == [name, name]
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert gets == [name]
 
 
 def test_the_echo_of_our_own_status_write_is_not_reconciled_but_a_foreign_change_is(world: World) -> None:
     add_sweep(world, "digits")
-    world.controller.sweep_event(world.sweep("digits"))  # the ADDED event: admitted, RayJob created
+    world.kube.ensure_finalizer(world.sweep("digits"))  # kopf's write on the ADDED event
+    world.controller.sweep_event(world.sweep("digits"))  # that write's MODIFIED event: admitted, RayJob created
     assert world.status("digits")["phase"] == "Starting"
     gets = _count_reads(world, "get_sweep")
     calls_before = len(world.kube.calls)

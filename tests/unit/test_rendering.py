@@ -19,6 +19,8 @@ from sweep_operator.rendering import (
     build_rayjob,
     new_run_id,
     rayjob_name,
+    run_id_for,
+    runtime_env_yaml,
     worker_group_cap,
 )
 from sweep_operator.runspec import RunSpec
@@ -299,6 +301,25 @@ def test_each_run_gets_its_own_prefix_and_rayjob() -> None:
     root_a = RunSpec.from_json(env_vars(a)[constants.ENV_RUN_SPEC]).run_root
     root_b = RunSpec.from_json(env_vars(b)[constants.ENV_RUN_SPEC]).run_root
     assert root_a != root_b and not root_a.startswith(root_b) and not root_b.startswith(root_a)
+
+
+def test_run_ids_follow_from_uids_and_are_well_formed() -> None:
+    """R16: one run per sweep, named the same by every operator instance; a new sweep (a new uid) gets a new one."""
+    uids = [f"6f1c2a7e-0000-4000-8000-{i:012d}" for i in range(2000)]
+    ids = [run_id_for(uid) for uid in uids]
+    assert ids == [run_id_for(uid) for uid in uids]  # stable
+    assert len(set(ids)) == len(ids)  # 36^6 values: no collision among 2000
+    assert all(re.fullmatch(r"[a-z0-9]{6}", run_id) for run_id in ids)
+
+
+@pytest.mark.parametrize("case", sorted(SPEC_MATRIX))
+def test_runtime_env_yaml_is_the_document_pure_python_yaml_writes(case: str) -> None:
+    """The operator writes it with libyaml's emitter; the document is byte for byte the pure-Python one."""
+    rayjob = build_rayjob(parse_sweep(SPEC_MATRIX[case]), "z9y8x7", deadline_at=1_796_000_000)
+    run_spec = RunSpec.from_json(env_vars(rayjob)[constants.ENV_RUN_SPEC])
+    fast = runtime_env_yaml(run_spec, 1_796_000_000)
+    assert fast == rayjob["spec"]["runtimeEnvYAML"]
+    assert fast == yaml.safe_dump(yaml.safe_load(fast), sort_keys=True, width=1_000_000)
 
 
 def test_storage_override_moves_only_the_run_root() -> None:
