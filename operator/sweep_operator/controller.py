@@ -654,12 +654,15 @@ class SweepController:
         )
 
     def _name_taken(self, body: Mapping[str, Any], status: dict[str, Any], name: str) -> None:
-        """The run's RayJob name is held by an object that is not this run's: wait (ticks retry), say why."""
+        """The run's RayJob name is held by an object that is not this run's: hold no budget, wait (ticks retry,
+        queued sweeps may go first), say why once."""
+        meta = _meta(body)
+        self.ledger.release(meta.get("namespace") or "default", meta["name"])
         message = (f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
-                   f"(delete it, or re-create the sweep under another name)")
+                   f"(or re-create the sweep: a new sweep gets a new run id)")
         if status.get("message") != message:
             self.emit(body, "Warning", "RayJobNameTaken", message)
-        generation = _meta(body).get("generation")
+        generation = meta.get("generation")
         self._patch_status(body, status, {
             "phase": "Pending",
             "message": message,

@@ -205,6 +205,7 @@ def test_a_foreign_rayjob_holding_the_name_is_never_adopted(world: World) -> Non
     status = world.reconcile("digits")
     assert status["phase"] == "Pending" and "runId" not in status
     assert "is not this sweep's run" in status["message"] and "RayJobNameTaken" in world.reasons("digits")
+    assert world.controller.ledger.in_use("ml").gpus == 0, "a sweep that cannot start holds no budget"
     world.reconcile("digits")
     assert world.reasons("digits").count("RayJobNameTaken") == 1, "one Warning, not one per tick"
 
