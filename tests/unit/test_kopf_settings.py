@@ -1,0 +1,52 @@
+"""kopf's settings as the operator configures them: kopf owns the guard's finalizer, its per-object log lines
+become Events only from WARNING up, and the success line of the handlers that run on every event is dropped."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+import pytest
+
+from sweep_operator import constants
+from sweep_operator.handlers import ROUTINE_HANDLERS, RoutineHandlerSuccess, configure_kopf, quiet_routine_handler_logs
+from sweep_operator.settings import Settings
+
+
+def _record(message: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
+
+
+def test_kopf_owns_the_guards_finalizer_and_posts_only_warnings() -> None:
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, Settings())
+    assert settings.persistence.finalizer == constants.FINALIZER  # kopf adds and removes it (R22)
+    assert settings.posting.enabled and settings.posting.level == logging.WARNING
+    assert any(isinstance(f, RoutineHandlerSuccess) for f in logging.getLogger("kopf.objects").filters)
+
+
+@pytest.mark.parametrize("handler", ROUTINE_HANDLERS)
+def test_the_success_line_of_a_routine_handler_is_dropped(handler: str) -> None:
+    kind = "Timer" if handler == "sweep_tick" else "Handler"
+    assert not RoutineHandlerSuccess().filter(_record(f"{kind} 'build_registry.<locals>.{handler}' succeeded."))
+
+
+@pytest.mark.parametrize(
+    "message, level",
+    [
+        ("Handler 'build_registry.<locals>.sweep_deleted' succeeded.", logging.INFO),  # the guard's: kept
+        ("Handler 'build_registry.<locals>.sweep_changed' failed temporarily: boom", logging.ERROR),
+        ("Handler 'build_registry.<locals>.sweep_changed' succeeded.", logging.DEBUG),  # --verbose keeps all
+        ("Handler 'build_registry.<locals>.not_sweep_changed_at_all' succeeded.", logging.INFO),
+        ("Timer 'build_registry.<locals>.sweep_tick' failed with an exception. Will retry.", logging.ERROR),
+    ],
+)
+def test_everything_else_is_kept(message: str, level: int) -> None:
+    assert RoutineHandlerSuccess().filter(_record(message, level))
+
+
+def test_the_filter_is_installed_once() -> None:
+    quiet_routine_handler_logs()
+    quiet_routine_handler_logs()
+    filters = [f for f in logging.getLogger("kopf.objects").filters if isinstance(f, RoutineHandlerSuccess)]
+    assert len(filters) == 1
