@@ -94,9 +94,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
     kopf_settings.execution.max_workers = MAX_HANDLER_THREADS
-    # Our Events are explicit (kopf.event, one per transition); kopf's own per-object log lines become Events
-    # only from WARNING up (handler failures and retries). At INFO every "Handler ... succeeded." line of
-    # every watch event was posted as an Event: noise in `kubectl describe`, and one API write per event.
+    # Our Events are explicit (kopf.event: every transition, every guard decision); kopf's own per-object log
+    # lines become Events only from WARNING up (handler failures and retries), not its INFO successes.
     kopf_settings.posting.level = logging.WARNING
     quiet_routine_handler_logs()
     kopf_settings.scanning.disabled = True  # our kinds are known; no cluster-wide namespace/CRD scans
