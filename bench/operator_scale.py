@@ -223,6 +223,17 @@ class OperatorProcess:
                 "lastErrors": [line[:300] for line in errors[-3:]]}
 
 
+def stop_child(proc: subprocess.Popen[str]) -> None:
+    """A child serving until its stdin closes: close it, wait, kill if it lingers."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class S3Child:
     """moto in a child process (its own GIL): the operator's progress reads get quick 404s, never hangs."""
 
@@ -234,13 +245,7 @@ class S3Child:
         self.endpoint = json.loads(self.proc.stdout.readline())["endpoint"]
 
     def stop(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_child(self.proc)
 
 
 class StandInChild:
@@ -262,7 +267,7 @@ class StandInChild:
         return self.proc.pid
 
     def stop(self) -> None:
-        S3Child.stop(self)  # type: ignore[arg-type]  # same protocol: close stdin, wait
+        stop_child(self.proc)
 
 
 def serve_standin(url: str, args: argparse.Namespace) -> int:
