@@ -446,10 +446,20 @@ class SweepController:
                 # Nothing is created for a sweep before the guard's finalizer is on it (R22). kopf puts it there
                 # (it owns the finalizer: settings.persistence.finalizer), and the event of that write brings the
                 # sweep back here. kopf's patch is conditional; if another write beat it, that write's event makes
-                # kopf try again. Adding it here as well only raced kopf's patch: two writes and a re-read per sweep.
+                # kopf try again. Adding it here at once only raced kopf's patch (two writes and a re-read per
+                # sweep), so the operator adds it only to a sweep still without one a reconcile interval after
+                # its creation (a timer tick gets here then): the guard never depends on kopf's retry alone.
                 if constants.FINALIZER not in (_meta(fresh).get("finalizers") or []):
-                    log.debug("sweep %s/%s: waiting for the guard's finalizer", namespace, name)
-                    return
+                    if not self._finalizer_overdue(fresh):
+                        log.debug("sweep %s/%s: waiting for the guard's finalizer", namespace, name)
+                        return
+                    log.info("sweep %s/%s: no finalizer %.0fs after creation; adding it", namespace, name,
+                             self.settings.reconcile_seconds)
+                    carried = self.kube.add_finalizer(fresh)
+                    if carried is None:
+                        return
+                    self._remember_write(carried)
+                    fresh = carried
                 try:
                     self._reconcile(fresh)
                     return
@@ -458,6 +468,10 @@ class SweepController:
             log.info("sweep %s/%s kept changing during three reconciles; the next event or tick retries", namespace, name)
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def _finalizer_overdue(self, body: Mapping[str, Any]) -> bool:
+        created = parse_time(_meta(body).get("creationTimestamp"))
+        return created is None or self.clock() - created.timestamp() >= self.settings.reconcile_seconds
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work: a deadline that may have passed, progress to poll, a queue to retry.

@@ -160,6 +160,21 @@ def test_nothing_is_created_before_the_guards_finalizer_is_on(world: World) -> N
     assert len(world.kube.rayjob_names()) == 1 and world.status("digits")["phase"] == "Starting"
 
 
+def test_a_sweep_kopf_left_without_the_finalizer_gets_it_from_the_operator_after_an_interval(world: World) -> None:
+    """Fail closed: should kopf's conditional patch never land, a tick one reconcile interval after creation
+    adds the finalizer itself, and only then creates the RayJob."""
+    created = "2026-11-30T00:53:15Z"  # 5 s before the clock (T0): younger than the 10 s interval
+    add_sweep(world, "digits", created=created)
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    assert world.kube.rayjob_names() == [] and not world.sweep("digits")["metadata"].get("finalizers")
+    world.clock.now += 5  # now 10 s old
+    world.controller.reconcile_sweep(world.sweep("digits"))
+    calls = [c[0] for c in world.kube.calls]
+    assert calls.index("ensure_finalizer") < calls.index("create_rayjob"), "R22: the guard is on before a RayJob exists"
+    assert constants.FINALIZER in world.sweep("digits")["metadata"]["finalizers"]
+    assert world.status("digits")["phase"] == "Starting"
+
+
 def test_run_id_follows_from_the_sweeps_uid(world: World) -> None:
     """Every operator instance names the same RayJob for a sweep; a sweep re-created under the same name (a new
     uid) gets a new run id, so a new RayJob and a new S3 prefix (R16)."""
