@@ -993,11 +993,11 @@ class SweepController:
 
     def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
         """The run's worker-group cap; fixed for a run, so remembered per run (no read or parse per event)."""
-        run = self._run_key(body)
         cached = self._remembered_cap(body)
         if cached is not None:
             return cached
         cap = self._read_cap(body, kind)
+        run = self._run_key(body)
         if cap is not None and run[2]:
             with self._memory_lock:
                 self._caps[run] = cap

@@ -221,11 +221,6 @@ class KubeApi:
             raise
 
     # ----------------------------------------------------------------------------- finalizers
-    def ensure_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> bool:
-        """Add `finalizer` to a TrainingSweep/RayJob/RayCluster unless present or being deleted.
-        Returns True when the object now carries the finalizer."""
-        return self.add_finalizer(obj, finalizer) is not None
-
     def add_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> dict[str, Any] | None:
         """The object as it carries `finalizer` (`obj` itself when it already did, else the patched or re-read
         copy); None when it is gone or being deleted.
