@@ -345,6 +345,13 @@ class SweepStatus(StatusModel):
     reason: str | None = Field(None, description="RayJob status.reason.")
     queued_at: str | None = Field(None, description="When the sweep was queued for namespace capacity.")
     started_at: str | None = Field(None, description="When the sweep was admitted: its clock starts here.")
+    training_started_at: str | None = Field(
+        None, description="When the operator first saw the Ray job running: a record the guard reads (a run started)."
+    )
+    run_root: str | None = Field(None, description="The run's S3 prefix, fixed at admission: what the guard verifies.")
+    attempt_started_at: str | None = Field(
+        None, description="When the current RayJob attempt started (KubeRay status.startTime): the startup clock."
+    )
     deadline_at: str | None = Field(None, description="startedAt + activeSeconds.")
     finished_at: str | None = Field(None, description="When the sweep reached a terminal phase.")
     trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
