@@ -234,6 +234,7 @@ class SweepController:
         self.verify = verifier or verify_sweep_checkpoints
         self.clock = clock
         self.metrics = metrics or OperatorMetrics()
+        self.metrics.follow(lambda: [json.loads(t) for _, t in list(self._sweeps.values())], gpu_budget=settings.limits.max_gpus_per_namespace)
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps)
         self.memory = _Memory()
@@ -273,7 +274,7 @@ class SweepController:
                 meta["resourceVersion"] = _meta(written)["resourceVersion"]  # a later patch in this pass builds on it
         new_phase = changed.get("phase")
         if new_phase:
-            self.metrics.observe_phase(meta.get("uid") or meta["name"], new_phase)
+            self.metrics.observe_phase(meta.get("uid") or meta["name"], new_phase, meta.get("namespace"), meta["name"])
             kind = "Warning" if new_phase in WARNING_PHASES else "Normal"
             message = patch.get("message") or f"phase {new_phase}"
             self.emit(body, kind, new_phase, message)
@@ -728,7 +729,7 @@ class SweepController:
                 "checkpoint guard"
             )
             conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
-            self.metrics.deadline_stops.inc()
+            self.metrics.deadline_stopped(namespace, name)
             self.kube.delete_rayjob(namespace, facts.name)
         elif new_phase == "Starting" and admitted is not None:
             attempt_start = max(
@@ -914,9 +915,7 @@ class SweepController:
             min_retention_days=self.settings.min_retention_days,
             empty_root_ok=empty_root_ok,
         )
-        self.metrics.verification_seconds.observe(time.monotonic() - started)
-        if not result.verified:
-            self.metrics.verification_failures.inc()
+        self.metrics.verification_finished(root, time.monotonic() - started, result.verified)
         return result
 
     def _release_and_admit_next(self, namespace: str, name: str) -> None:
@@ -1031,7 +1030,7 @@ class SweepController:
         namespace, name = meta.get("namespace") or "default", meta["name"]
         if status.get("phase") != "Deleting":
             self.kube.patch_sweep_status(namespace, name, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
-            self.metrics.observe_phase(meta.get("uid") or name, "Deleting")
+            self.metrics.observe_phase(meta.get("uid") or name, "Deleting", namespace, name)
         try:
             sweep: Sweep | None = self._parse(body)
         except SpecError:
@@ -1143,6 +1142,7 @@ class SweepController:
             if isinstance(decision, Hold):
                 raise self._hold(body, sweep_body, attempt, result, kind, decision.reason, decision.retry_after)
         assert isinstance(decision, Release)
+        self.metrics.guard_released(kind, body)
         name = _meta(body).get("name")
         if decision.audit:
             message = f"{kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
@@ -1196,7 +1196,7 @@ class SweepController:
     ) -> RetryLater:
         delay = delay if delay is not None else 30.0
         message = f"{kind} {_meta(body).get('name')} deletion held by the checkpoint guard: {reason}; re-checking in {delay:g}s"
-        self.metrics.guard_holds.labels(kind=kind).inc()
+        self.metrics.guard_held(kind, body, _meta(sweep_body or {}).get("name"))
         self.emit(body, "Warning", "CheckpointsNotVerified", message)
         if sweep_body is not None and sweep_body is not body:
             self.emit(sweep_body, "Warning", "CheckpointsNotVerified", message)

@@ -1,56 +1,240 @@
-"""Prometheus metrics of the operator (own registry, so several operators can live in one test process)."""
+"""Prometheus metrics of the operator (own registry, so several operators can live in one test process).
+
+Names follow Prometheus' conventions (`_total` counters, `_seconds` units, `_timestamp_seconds` for points in
+time) under `trainingsweep_`, labelled `namespace` and `sweep` as KubeRay labels its `kuberay_job_*` series.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter as _Tally
-from typing import Any
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from .api import Phase
+from .api import TERMINAL_PHASES, Phase
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+PREFIX = "trainingsweep_"
+
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+VERIFICATION_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+# Series the state collector produces at each scrape (name -> help), listed so tests and the chart's dashboard
+# check can name every exported metric without scraping.
+STATE_GAUGES: dict[str, str] = {
+    "trainingsweep_sweeps": "TrainingSweeps the operator knows, by namespace and phase",
+    "trainingsweep_sweep_phase": "1 for each sweep's current phase (as kuberay_job_deployment_status does for RayJobs)",
+    "trainingsweep_queued_sweeps": "Sweeps waiting Queued for namespace GPU budget",
+    "trainingsweep_sweep_queued_timestamp_seconds": "When a Queued sweep was queued (status.queuedAt), Unix time",
+    "trainingsweep_admitted_gpus": "GPUs admitted to the namespace's running sweeps (status.replicas.gpus)",
+    "trainingsweep_namespace_gpu_budget": "The namespace GPU budget (maxGpusPerNamespace)",
+    "trainingsweep_guard_holding_objects": "Objects whose deletion the checkpoint guard holds, by namespace and kind",
+    "trainingsweep_guard_holding_since_timestamp_seconds": "When the deletion the guard holds was asked for (deletionTimestamp), Unix time",
+}
+
+
+def _parse_time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def run_root_identity(root: str) -> tuple[str, str]:
+    """(namespace, sweep) of a run root `<storage.uri>/<namespace>/<sweep>-<runId>` (s3_layout.run_root);
+    run ids hold no '-' (rendering.check_run_id)."""
+    parts = root.rstrip("/").split("/")
+    if len(parts) < 2:
+        return "", ""
+    return parts[-2], parts[-1].rsplit("-", 1)[0]
+
+
+@dataclass(frozen=True)
+class SweepFacts:
+    """What the state gauges need of one sweep."""
+
+    namespace: str
+    name: str
+    phase: str
+    queued_at: float | None = None
+    deleting_since: float | None = None
+    gpus: int = 0
+    admitted: bool = False
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> SweepFacts:
+        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        phase = status.get("phase") or "Pending"
+        deleting = _parse_time(meta.get("deletionTimestamp"))
+        # The ledger's own rule for what holds budget (ledger.AdmissionLedger._ensure_loaded).
+        admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
+        gpus = (status.get("replicas") or {}).get("gpus")
+        return cls(
+            namespace=meta.get("namespace") or "default",
+            name=meta.get("name") or "",
+            phase=phase,
+            queued_at=_parse_time(status.get("queuedAt")) if phase == "Queued" else None,
+            deleting_since=deleting,
+            gpus=gpus if isinstance(gpus, int) and admitted else 0,
+            admitted=admitted,
+        )
+
+
+@dataclass(frozen=True)
+class _Hold:
+    namespace: str
+    sweep: str
+    since: float
 
 
 class OperatorMetrics:
-    def __init__(self) -> None:
+    """The operator's metrics. Counters and histograms are observed where things happen; the gauges of state
+    (phases, queue, budget, guard holds) are computed at each scrape from the sweeps the controller knows
+    (`follow`), so they are right after a restart, not only after the next transition."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.registry = CollectorRegistry()
-        self.sweeps = Gauge("trainingsweep_sweeps", "TrainingSweeps by phase", ["phase"], registry=self.registry)
-        self.queued = Gauge("trainingsweep_queued_sweeps", "Sweeps waiting for namespace GPU budget", registry=self.registry)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sweeps: dict[str, SweepFacts] = {}  # uid (or name) -> facts
+        self._holds: dict[tuple[str, str, str], _Hold] = {}  # (kind, namespace, name) -> hold
+        self._source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
+        self._gpu_budget: int | None = None
+        self._namespaces: set[str] = set()  # every namespace seen keeps its zero series (0, not absent)
         self.reconcile_seconds = Histogram(
-            "trainingsweep_reconcile_seconds", "Time to reconcile one sweep", registry=self.registry
-        )
-        self.verification_seconds = Histogram(
-            "trainingsweep_verification_seconds",
-            "Time to verify a run's checkpoints in S3",
-            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900),
+            "trainingsweep_reconcile_duration_seconds",
+            "Time to reconcile one sweep",
+            buckets=RECONCILE_BUCKETS,
             registry=self.registry,
         )
+        self.verification_seconds = Histogram(
+            "trainingsweep_verification_duration_seconds",
+            "Time to verify a run's checkpoints in S3",
+            ["namespace"],
+            buckets=VERIFICATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.verifications = Counter(
+            "trainingsweep_verifications", "Checkpoint verifications, by result (verified, not_verified)",
+            ["namespace", "sweep", "result"], registry=self.registry,
+        )
         self.verification_failures = Counter(
-            "trainingsweep_verification_failures", "Verifications that did not verify", registry=self.registry
+            "trainingsweep_verification_failures", "Verifications that did not verify",
+            ["namespace", "sweep"], registry=self.registry,
         )
         self.deadline_stops = Counter(
-            "trainingsweep_deadline_stops", "RayJobs stopped by the sweep deadline", registry=self.registry
+            "trainingsweep_deadline_stops", "RayJobs the operator stopped at the sweep deadline",
+            ["namespace", "sweep"], registry=self.registry,
         )
         self.guard_holds = Counter(
-            "trainingsweep_guard_holds", "Deletions held by the checkpoint guard", ["kind"], registry=self.registry
+            "trainingsweep_guard_holds", "Deletions held by the checkpoint guard (one per hold, retries included)",
+            ["namespace", "sweep", "kind"], registry=self.registry,
         )
-        self._phases: dict[str, str] = {}
-        for phase in PHASES:
-            self.sweeps.labels(phase=phase).set(0)
+        self.registry.register(_StateCollector(self))
 
-    def observe_phase(self, uid: str, phase: str | None) -> None:
-        if phase is None:
-            self._phases.pop(uid, None)
-        else:
-            self._phases[uid] = phase
-        tally = _Tally(self._phases.values())
-        for name in PHASES:
-            self.sweeps.labels(phase=name).set(tally.get(name, 0))
-        self.queued.set(tally.get("Queued", 0))
+    # ------------------------------------------------------------------ events of the controller
+    def reconcile_finished(self, seconds: float) -> None:
+        self.reconcile_seconds.observe(seconds)
 
+    def verification_finished(self, root: str, seconds: float, verified: bool) -> None:
+        namespace, sweep = run_root_identity(root)
+        self.verification_seconds.labels(namespace=namespace).observe(seconds)
+        self.verifications.labels(namespace=namespace, sweep=sweep, result="verified" if verified else "not_verified").inc()
+        if not verified:
+            self.verification_failures.labels(namespace=namespace, sweep=sweep).inc()
+
+    def deadline_stopped(self, namespace: str, sweep: str) -> None:
+        self.deadline_stops.labels(namespace=namespace, sweep=sweep).inc()
+
+    def guard_held(self, kind: str, body: Mapping[str, Any], sweep: str | None = None) -> None:
+        """The guard holds `body`'s deletion; its age counts from the deletionTimestamp (restart-proof)."""
+        meta = body.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
+        sweep = sweep or ((meta.get("labels") or {}).get("sweeps.dev/sweep")) or (name if kind == "TrainingSweep" else "")
+        since = _parse_time(meta.get("deletionTimestamp")) or self._clock()
+        self.guard_holds.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
+        with self._lock:
+            held = self._holds.get((kind, namespace, name))
+            self._holds[(kind, namespace, name)] = _Hold(namespace, sweep, min(since, held.since) if held else since)
+
+    def guard_released(self, kind: str, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        with self._lock:
+            self._holds.pop((kind, meta.get("namespace") or "default", meta.get("name") or ""), None)
+
+    # ------------------------------------------------------------------ state
+    def follow(self, source: Callable[[], Iterable[Mapping[str, Any]]], *, gpu_budget: int | None = None) -> None:
+        """Compute the state gauges at each scrape from `source()` (the controller's cached sweeps)."""
+        self._source = source
+        self._gpu_budget = gpu_budget
+
+    def recompute(self, sweeps: Iterable[Mapping[str, Any]]) -> None:
+        """Replace what the state gauges know with these sweep objects (a list or the controller's cache)."""
+        facts = {}
+        for body in sweeps:
+            meta = body.get("metadata") or {}
+            facts[meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"] = SweepFacts.of(body)
+        with self._lock:
+            self._sweeps = facts
+            known = {(f.namespace, f.name) for f in facts.values()}
+            # A hold on a sweep that is gone was released (its deletion completed).
+            for key in [k for k in self._holds if k[0] == "TrainingSweep" and (k[1], k[2]) not in known]:
+                del self._holds[key]
+
+    def observe_phase(self, uid: str, phase: str | None, namespace: str | None = None, sweep: str | None = None) -> None:
+        """A phase transition (None: the sweep is gone); thread-safe, the reconcile workers call it at once."""
+        with self._lock:
+            if phase is None:
+                self._sweeps.pop(uid, None)
+                return
+            known = self._sweeps.get(uid)
+            if known is not None:
+                self._sweeps[uid] = replace(known, phase=phase)
+            else:
+                self._sweeps[uid] = SweepFacts(namespace or "default", sweep or uid, phase)
+
+    def _state(self) -> tuple[list[SweepFacts], dict[tuple[str, str, str], _Hold], list[str]]:
+        source = self._source
+        if source is not None:
+            self.recompute(list(source()))
+        with self._lock:
+            self._namespaces |= {s.namespace for s in self._sweeps.values()} | {h.namespace for h in self._holds.values()}
+            return list(self._sweeps.values()), dict(self._holds), sorted(self._namespaces)
+
+    # ------------------------------------------------------------------ exposition
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def metric_names(self) -> set[str]:
+        """Every series name this registry exports (counters with `_total`, histograms with their parts)."""
+        names = set(STATE_GAUGES)
+        for collector in (self.reconcile_seconds, self.verification_seconds, self.verifications,
+                          self.verification_failures, self.deadline_stops, self.guard_holds):
+            for family in collector.describe():
+                if family.type == "counter":
+                    names |= {f"{family.name}_total", f"{family.name}_created"}
+                elif family.type == "histogram":
+                    names |= {f"{family.name}_{part}" for part in ("bucket", "count", "sum", "created")}
+                else:
+                    names.add(family.name)
+        return names
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples whose labels include `labels` (e.g. total("trainingsweep_deadline_stops_total"))."""
+        return sum(
+            sample.value
+            for family in self.registry.collect()
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve /metrics on `port` in a background thread; returns the server (call .shutdown())."""
@@ -58,3 +242,78 @@ class OperatorMetrics:
 
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server
+
+
+class _StateCollector(Collector):
+    """The state gauges, built at scrape time (a restarted operator reports its steady sweeps at once)."""
+
+    def __init__(self, metrics: OperatorMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        for name, help_ in STATE_GAUGES.items():
+            yield GaugeMetricFamily(name, help_)
+
+    def collect(self) -> Iterator[Metric]:
+        sweeps, holds, namespaces = self.metrics._state()
+        by_phase = GaugeMetricFamily("trainingsweep_sweeps", STATE_GAUGES["trainingsweep_sweeps"], labels=["namespace", "phase"])
+        tally = _Tally((s.namespace, s.phase) for s in sweeps)
+        for namespace in namespaces:
+            for phase in PHASES:
+                by_phase.add_metric([namespace, phase], tally.get((namespace, phase), 0))
+        yield by_phase
+
+        phase = GaugeMetricFamily("trainingsweep_sweep_phase", STATE_GAUGES["trainingsweep_sweep_phase"], labels=["namespace", "sweep", "phase"])
+        for s in sorted(sweeps, key=lambda s: (s.namespace, s.name)):
+            phase.add_metric([s.namespace, s.name, s.phase], 1)
+        yield phase
+
+        queued = GaugeMetricFamily("trainingsweep_queued_sweeps", STATE_GAUGES["trainingsweep_queued_sweeps"], labels=["namespace"])
+        for namespace in namespaces:
+            queued.add_metric([namespace], tally.get((namespace, "Queued"), 0))
+        yield queued
+
+        queued_at = GaugeMetricFamily(
+            "trainingsweep_sweep_queued_timestamp_seconds",
+            STATE_GAUGES["trainingsweep_sweep_queued_timestamp_seconds"],
+            labels=["namespace", "sweep"],
+        )
+        for s in sweeps:
+            if s.phase == "Queued" and s.queued_at is not None:
+                queued_at.add_metric([s.namespace, s.name], s.queued_at)
+        yield queued_at
+
+        gpus = GaugeMetricFamily("trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"])
+        budget = GaugeMetricFamily("trainingsweep_namespace_gpu_budget", STATE_GAUGES["trainingsweep_namespace_gpu_budget"], labels=["namespace"])
+        admitted = _Tally()
+        for s in sweeps:
+            admitted[s.namespace] += s.gpus
+        for namespace in namespaces:
+            gpus.add_metric([namespace], admitted.get(namespace, 0))
+            if self.metrics._gpu_budget is not None:
+                budget.add_metric([namespace], self.metrics._gpu_budget)
+        yield gpus
+        yield budget
+
+        # The sweep's own guard holds while its deletion is pending (the finalizer is the guard's); RayJob and
+        # RayCluster holds are the ones the guard reported.
+        all_holds = dict(holds)
+        for s in sweeps:
+            if s.deleting_since is not None:
+                all_holds.setdefault(("TrainingSweep", s.namespace, s.name), _Hold(s.namespace, s.name, s.deleting_since))
+        counts = GaugeMetricFamily(
+            "trainingsweep_guard_holding_objects", STATE_GAUGES["trainingsweep_guard_holding_objects"], labels=["namespace", "kind"]
+        )
+        per_kind = _Tally((h.namespace, kind) for (kind, _, _), h in all_holds.items())
+        for namespace in namespaces:
+            for kind in ("TrainingSweep", "RayJob", "RayCluster"):
+                counts.add_metric([namespace, kind], per_kind.get((namespace, kind), 0))
+        yield counts
+        since = GaugeMetricFamily(
+            "trainingsweep_guard_holding_since_timestamp_seconds",
+            STATE_GAUGES["trainingsweep_guard_holding_since_timestamp_seconds"],
+            labels=["namespace", "sweep", "kind", "name"],
+        )
+        for (kind, namespace, name), hold in sorted(all_holds.items()):
+            since.add_metric([namespace, hold.sweep, kind, name], hold.since)
+        yield since

@@ -226,7 +226,7 @@ def test_guard_on_deadline_stop(env: OperatorEnv) -> None:
     finally:
         env.s3_switch.down = False
     wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None, TIMEOUT, what="released once S3 is back")
-    assert env.operator.controller.metrics.deadline_stops._value.get() >= 4
+    assert env.operator.controller.metrics.total("trainingsweep_deadline_stops_total") >= 4
 
 
 def test_escape_hatch_releases_with_an_audit_event(env: OperatorEnv) -> None:

@@ -340,7 +340,7 @@ def test_sweep_deadline_stops_the_rayjob_through_the_guard(world: World) -> None
     assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     assert rayjob is not None and rayjob["metadata"]["deletionTimestamp"], "the finalizer keeps it until verified"
-    assert world.controller.metrics.deadline_stops._value.get() == 1
+    assert world.controller.metrics.total("trainingsweep_deadline_stops_total") == 1
 
 
 def test_startup_deadline_fails_with_a_diagnosis(world: World) -> None:
