@@ -12,13 +12,13 @@ import random
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from sweep_operator import s3_layout
+from sweep_operator import checkpoint_manifest, s3_layout
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -84,6 +84,11 @@ def world_rank() -> int:
     return dist.get_rank() if _distributed() else 0
 
 
+def world_size_now() -> int:
+    """How many ranks the running world has (1 outside a distributed run)."""
+    return dist.get_world_size() if _distributed() else 1
+
+
 def gather_rng_states() -> list[dict[str, Any]]:
     """Every rank's RNG state, in rank order. A collective: every rank must call it."""
     mine = capture_rng_state()
@@ -110,13 +115,15 @@ def write_manifest(
     *,
     epoch: int,
     rank: int = 0,
+    world_size: int | None = None,
     files: list[str] | None = None,
     sharded: bool = False,
 ) -> dict[str, Any]:
-    """Write `{"files": [{"path", "size", "sha256"}], "rank", "epoch"}` into `directory` and return it.
+    """Write the manifest (`sweep_operator.checkpoint_manifest`) of `directory` into it and return the document.
 
-    `files` (relative paths) defaults to every file in the directory except manifests. A sharded save
-    (`sharded=True`: each rank writes its own files) gets a per-rank manifest name so ranks never collide (R10).
+    `files` (relative paths) defaults to every file in the directory except manifests; `world_size` defaults to the
+    running world's. A sharded save (`sharded=True`: each rank writes its own files) gets a per-rank manifest name
+    so ranks never collide, and records the world size so a missing rank is noticed (R10).
     """
     root = Path(directory)
     if files is None:
@@ -125,29 +132,50 @@ def write_manifest(
             for p in root.rglob("*")
             if p.is_file() and not s3_layout.is_manifest_name(p.name)
         )
-    entries = [{"path": rel, "size": (root / rel).stat().st_size, "sha256": _sha256(root / rel)} for rel in files]
-    manifest = {"files": entries, "rank": rank, "epoch": epoch}
+    entries = [(rel, (root / rel).stat().st_size, _sha256(root / rel)) for rel in files]
+    document = checkpoint_manifest.manifest_document(
+        entries, rank=rank, epoch=epoch, world_size=world_size if world_size is not None else world_size_now()
+    )
     name = s3_layout.rank_manifest_name(rank) if sharded else s3_layout.MANIFEST_FILE
-    (root / name).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    return manifest
+    (root / name).write_bytes(checkpoint_manifest.encode(document))
+    return document
 
 
-def manifest_problems(directory: str | Path) -> list[str]:
-    """What is wrong with a checkpoint directory against its manifest(s); empty when every file matches."""
+def manifest_problems(directory: str | Path, *, ranks: Iterable[int] | None = None) -> list[str]:
+    """What is wrong with a checkpoint directory against its manifest(s); empty when every file matches.
+
+    Every rank below the recorded world size must have its manifest (R10). `ranks` limits the file checks to
+    those ranks' manifests (a rank restoring its own shard needs to read no other rank's files)."""
     root = Path(directory)
-    manifests = sorted(p for p in root.iterdir() if s3_layout.is_manifest_name(p.name))
-    if not manifests:
+    names = sorted(p.name for p in root.iterdir() if s3_layout.is_manifest_name(p.name))
+    if not names:
         return [f"{root}: no {s3_layout.MANIFEST_FILE}"]
-    problems = []
-    for manifest_path in manifests:
-        for entry in json.loads(manifest_path.read_text())["files"]:
-            path = root / entry["path"]
+    parsed: dict[str, checkpoint_manifest.Manifest | checkpoint_manifest.FormatError] = {}
+    for name in names:
+        try:
+            parsed[name] = checkpoint_manifest.parse_manifest((root / name).read_bytes(), name)
+        except checkpoint_manifest.FormatError as exc:
+            parsed[name] = exc
+    problems = [f"{name}: {m}" for name, m in parsed.items() if isinstance(m, checkpoint_manifest.FormatError)]
+    world_size, missing, disagreement = checkpoint_manifest.missing_rank_manifests(parsed)
+    if disagreement:
+        problems.append(disagreement)
+    if missing:
+        problems.append(f"no manifest of rank(s) {', '.join(map(str, missing))} of a world size of {world_size}")
+    wanted = None if ranks is None else set(ranks)
+    for name, manifest in parsed.items():
+        if isinstance(manifest, checkpoint_manifest.FormatError):
+            continue
+        if wanted is not None and s3_layout.manifest_rank(name) not in wanted:
+            continue
+        for entry in manifest.files:
+            path = root / entry.path
             if not path.is_file():
-                problems.append(f"{entry['path']}: missing")
-            elif path.stat().st_size != entry["size"]:
-                problems.append(f"{entry['path']}: {path.stat().st_size} bytes, manifest says {entry['size']}")
-            elif _sha256(path) != entry["sha256"]:
-                problems.append(f"{entry['path']}: sha256 differs from the manifest")
+                problems.append(f"{entry.path}: missing")
+            elif path.stat().st_size != entry.size:
+                problems.append(f"{entry.path}: {path.stat().st_size} bytes, manifest says {entry.size}")
+            elif _sha256(path) != entry.sha256:
+                problems.append(f"{entry.path}: sha256 differs from the manifest")
     return problems
 
 
@@ -262,6 +290,118 @@ def report_epoch(
             rng_states=rng_states,
             extra=extra,
         )
+        ray.train.report(
+            dict(metrics),
+            checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            checkpoint_dir_name=s3_layout.checkpoint_dir_name(epoch),
+        )
+
+
+# ------------------------------------------------------------------------------------ sharded saves
+
+SHARD_STATE_FILE = "state.pt"
+
+
+def save_shard(
+    directory: str | Path,
+    *,
+    epoch: int,
+    state: Mapping[str, Any],
+    rank: int | None = None,
+    world_size: int | None = None,
+    step: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write this rank's part of a sharded checkpoint (FSDP-style state: every rank holds a different shard).
+
+    Everything goes under `shard-NNNN/` (the rank's `state`, its RNG and the train state) with the manifest
+    `_manifest.rank-NNNN.json` beside it, so ranks writing into one checkpoint directory never collide and the
+    manifests record the world size (R10). Returns the manifest.
+    """
+    rank = world_rank() if rank is None else rank
+    world_size = world_size_now() if world_size is None else world_size
+    root = Path(directory)
+    shard = root / s3_layout.rank_shard_dir(rank)
+    shard.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(state), shard / SHARD_STATE_FILE)
+    torch.save({"ranks": [capture_rng_state()]}, shard / RNG_FILE)
+    (shard / TRAIN_STATE_FILE).write_text(json.dumps({"epoch": epoch, "step": step, "extra": dict(extra or {})}))
+    files = sorted(p.relative_to(root).as_posix() for p in shard.rglob("*") if p.is_file())
+    return write_manifest(root, epoch=epoch, rank=rank, world_size=world_size, files=files, sharded=True)
+
+
+def _fetch_shard(checkpoint: Any, rank: int, into: Path) -> None:
+    """Copy every manifest and this rank's shard directory only: a rank never downloads the other ranks' state."""
+    import pyarrow.fs as pafs
+
+    fs, base = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    local = pafs.LocalFileSystem()
+    for info in fs.get_file_info(pafs.FileSelector(base, recursive=False)):
+        if info.type == pafs.FileType.File and s3_layout.is_manifest_name(info.base_name):
+            pafs.copy_files(info.path, str(into / info.base_name), source_filesystem=fs, destination_filesystem=local)
+    shard = f"{base}/{s3_layout.rank_shard_dir(rank)}"
+    if fs.get_file_info(shard).type != pafs.FileType.Directory:
+        return
+    for info in fs.get_file_info(pafs.FileSelector(shard, recursive=True)):
+        if info.type == pafs.FileType.File:
+            target = into / s3_layout.rank_shard_dir(rank) / info.path[len(shard) + 1:]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(info.path, str(target), source_filesystem=fs, destination_filesystem=local)
+
+
+def load_shard(
+    *, checkpoint: Any | None = None, rank: int | None = None, world_size: int | None = None, verify: bool = True
+) -> tuple[dict[str, Any], TrainState] | None:
+    """This rank's `state` and train state from a sharded checkpoint (default: `ray.train.get_checkpoint()`), its RNG
+    restored; None on a fresh start. Call it inside the worker before the first epoch (R7).
+
+    Every rank's manifest must be there, the recorded world size must be this world's (a different number of
+    ranks cannot take over these shards), and this rank's files must match its manifest: else CheckpointError.
+    """
+    if checkpoint is None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+    rank = world_rank() if rank is None else rank
+    world_size = world_size_now() if world_size is None else world_size
+    with tempfile.TemporaryDirectory(prefix="sweep-shard-") as tmp:
+        root = Path(tmp)
+        _fetch_shard(checkpoint, rank, root)
+        if verify and (problems := manifest_problems(root, ranks=[rank])):
+            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be restored on rank {rank}: {'; '.join(problems)}")
+        manifest_path = root / s3_layout.rank_manifest_name(rank)
+        if not manifest_path.is_file():
+            raise CheckpointError(f"checkpoint {checkpoint.path} has no {manifest_path.name}: not a sharded save of rank {rank}")
+        recorded = checkpoint_manifest.parse_manifest(manifest_path.read_bytes(), manifest_path.name).world_size
+        if recorded != world_size:
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path} was written by {recorded} ranks; this run has {world_size} "
+                "(restore sharded state with the world size that wrote it)"
+            )
+        shard = root / s3_layout.rank_shard_dir(rank)
+        state = _load(shard / SHARD_STATE_FILE)
+        restore_rng_state(_load(shard / RNG_FILE)["ranks"][0])
+        train_state = json.loads((shard / TRAIN_STATE_FILE).read_text())
+    return state, TrainState(epoch=train_state["epoch"], step=train_state.get("step", 0), extra=train_state.get("extra", {}))
+
+
+def report_sharded_epoch(
+    metrics: Mapping[str, Any],
+    *,
+    epoch: int,
+    state: Mapping[str, Any],
+    step: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Report `metrics` and this rank's shard for `epoch`; every rank calls it once per epoch (R8) and every rank
+    reports a checkpoint: Ray Train V2 uploads each rank's directory into the same `checkpoint_epoch-NNNNNN`
+    (the name is synchronised across ranks) before the report barrier completes, synchronously (R10)."""
+    import ray.train
+
+    with tempfile.TemporaryDirectory(prefix="sweep-shard-") as tmp:
+        save_shard(tmp, epoch=epoch, state=state, step=step, extra=extra)
         ray.train.report(
             dict(metrics),
             checkpoint=ray.train.Checkpoint.from_directory(tmp),

@@ -4,7 +4,8 @@
       tune/...                               Tune experiment (tune.RunConfig(storage_path=root, name="tune"))
       train/<trialId>/                       one Train run per trial
         checkpoint_manager_snapshot.json     Ray's commit record
-        checkpoint_epoch-000003/...          files + _manifest.json (or _manifest.rank-NNNN.json)
+        checkpoint_epoch-000003/...          files + _manifest.json (a sharded save: shard-NNNN/ + _manifest.rank-NNNN.json
+                                             per rank; the manifest document: checkpoint_manifest.py)
       _sweep/status.json                     progress written by the driver every few seconds
       _sweep/result.json                     final best trial + its checkpoint URI
 
@@ -122,6 +123,11 @@ def checkpoint_dir_name(epoch: int) -> str:
 def rank_manifest_name(rank: int) -> str:
     """Per-rank manifest for sharded saves (R10): `_manifest.rank-0003.json`."""
     return f"_manifest.rank-{rank:04d}.json"
+
+
+def rank_shard_dir(rank: int) -> str:
+    """The sub-directory of a checkpoint that holds one rank's files in a sharded save (R10): `shard-0003`."""
+    return f"shard-{rank:04d}"
 
 
 def is_manifest_name(name: str) -> bool:

@@ -18,6 +18,7 @@ from datetime import date, datetime, timezone
 from typing import Any, Final, Protocol
 
 from . import s3_layout
+from .checkpoint_manifest import FormatError, Manifest, ManifestEntry, load_json_object, missing_rank_manifests, parse_manifest
 from .constants import SUPPORTED_RAY_VERSION
 from .s3_layout import S3Uri
 
@@ -55,7 +56,6 @@ UNCOMMITTED: Final = "uncommitted"
 
 STATUS_MAX_PROBLEMS: Final = 20  # CheckpointsStatus.problems keeps the first 20
 HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
-_SHA256_HEX_LEN: Final = 64
 _LIST_PAGE_SIZE: Final = 1000
 
 
@@ -170,10 +170,6 @@ class S3Reader(Protocol):
 # ------------------------------------------------------------------------------ document formats
 
 
-class FormatError(ValueError):
-    """A snapshot, manifest or result document we cannot trust; the message says what is wrong."""
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """What the verifier reads from Ray 2.58's `_CheckpointManagerState` JSON."""
@@ -183,49 +179,15 @@ class Snapshot:
     ray_version: str | None
 
 
-@dataclass(frozen=True)
-class ManifestEntry:
-    path: str  # relative to the checkpoint directory
-    size: int
-    sha256: str  # lowercase hex
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """`_manifest.json` / `_manifest.rank-NNNN.json`: {"files": [{path, size, sha256}], "rank", "epoch"}."""
-
-    files: tuple[ManifestEntry, ...]
-    rank: int | None
-    epoch: int | None
-
-
-def _load_json_object(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{what} is not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise FormatError(f"{what} must be a JSON object, got {type(doc).__name__}")
-    return doc
-
-
 def _checkpoint_dir_name(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value or "/" in value or value in (".", ".."):
         raise FormatError(f"{where}: got {value!r}; expected a directory name (no '/')")
     return value
 
 
-def _optional_int(value: Any, where: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise FormatError(f"{where}: got {value!r}; expected an integer or null")
-    return value
-
-
 def parse_snapshot(data: bytes) -> Snapshot:
     """Parse Ray's commit record; raises FormatError naming the field that is wrong."""
-    doc = _load_json_object(data, s3_layout.SNAPSHOT_FILE)
+    doc = load_json_object(data, s3_layout.SNAPSHOT_FILE)
     results = doc.get("checkpoint_results")
     if not isinstance(results, list):
         raise FormatError(f"checkpoint_results: got {results!r}; expected a list")
@@ -246,42 +208,9 @@ def parse_snapshot(data: bytes) -> Snapshot:
     return Snapshot(tuple(dict.fromkeys(committed)), latest, ray_version if isinstance(ray_version, str) else None)
 
 
-def _relative_path(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or value.startswith("/"):
-        raise FormatError(f"{where}: got {value!r}; expected a path relative to the checkpoint directory")
-    if any(part in ("", ".", "..") for part in value.split("/")):
-        raise FormatError(f"{where}: got {value!r}; no empty, '.' or '..' segments allowed")
-    return value
-
-
-def parse_manifest(data: bytes, name: str = s3_layout.MANIFEST_FILE) -> Manifest:
-    """Parse one manifest; raises FormatError naming the field that is wrong."""
-    doc = _load_json_object(data, name)
-    files = doc.get("files")
-    if not isinstance(files, list) or not files:
-        raise FormatError(f"files: got {files!r}; expected a non-empty list of {{path, size, sha256}}")
-    entries: list[ManifestEntry] = []
-    for i, item in enumerate(files):
-        if not isinstance(item, dict):
-            raise FormatError(f"files[{i}]: got {item!r}; expected an object {{path, size, sha256}}")
-        path = _relative_path(item.get("path"), f"files[{i}].path")
-        size = item.get("size")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise FormatError(f"files[{i}].size: got {size!r}; expected an integer >= 0")
-        sha = item.get("sha256")
-        if not isinstance(sha, str) or len(sha) != _SHA256_HEX_LEN or not all(c in "0123456789abcdefABCDEF" for c in sha):
-            raise FormatError(f"files[{i}].sha256: got {sha!r}; expected 64 hexadecimal digits")
-        entries.append(ManifestEntry(path, size, sha.lower()))
-    rank = _optional_int(doc.get("rank"), "rank")
-    named_rank = s3_layout.manifest_rank(name)
-    if named_rank is not None and rank is not None and rank != named_rank:
-        raise FormatError(f"rank: got {rank}; the file name {name} says rank {named_rank}")
-    return Manifest(tuple(entries), rank, _optional_int(doc.get("epoch"), "epoch"))
-
-
 def best_checkpoint_uri(data: bytes) -> str | None:
     """`bestTrial.checkpointUri` of `_sweep/result.json` (None when the sweep has no best checkpoint)."""
-    doc = _load_json_object(data, s3_layout.RESULT_KEY)
+    doc = load_json_object(data, s3_layout.RESULT_KEY)
     best = doc.get("bestTrial")
     if best is None:
         return None
@@ -388,14 +317,17 @@ def assess_checkpoint(
     for manifest_name, manifest in manifests.items():
         if isinstance(manifest, FormatError):
             problems.append(Finding(INVALID_MANIFEST, dir_key + manifest_name, str(manifest)))
-    ranks = sorted(r for r in (s3_layout.manifest_rank(n) for n in manifests) if r is not None)
-    missing_ranks = sorted(set(range(ranks[-1] + 1)) - set(ranks)) if ranks else []
+    world_size, missing_ranks, disagreement = missing_rank_manifests(manifests)
+    if disagreement:
+        problems.append(Finding(INVALID_MANIFEST, dir_key, disagreement))
     if missing_ranks:
+        present = sorted(r for r in (s3_layout.manifest_rank(n) for n in manifests) if r is not None)
         problems.append(
             Finding(
                 MISSING_MANIFEST,
                 dir_key + s3_layout.rank_manifest_name(missing_ranks[0]),
-                f"per-rank manifests for rank(s) {', '.join(map(str, missing_ranks))} are missing (found ranks {ranks})",
+                f"per-rank manifests for rank(s) {', '.join(map(str, missing_ranks))} are missing "
+                f"(found ranks {present}; the manifests record a world size of {world_size})",
             )
         )
     files = 0

@@ -5,7 +5,7 @@
     verify_sweep_checkpoints(s3_client, sweep.root_uri)
 
 Snapshots use Ray 2.58.0's real `_CheckpointManagerState` JSON (see fixtures/, produced by a real run);
-manifests use the entrypoints' format: {"files": [{"path", "size", "sha256"}], "rank", "epoch"}.
+manifests use the entrypoints' format (sweep_operator.checkpoint_manifest).
 Every breaker returns the S3 key (or key prefix) it touched, so a test can assert the verifier names it.
 The client only needs put_object, delete_object and list_objects_v2 (boto3, or fake_s3.FakeS3 in unit tests).
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep_operator import s3_layout
+from sweep_operator import checkpoint_manifest, s3_layout
 from sweep_operator.s3_layout import S3Uri
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -67,15 +67,13 @@ def ray_snapshot(
     }
 
 
-def manifest_document(files: Mapping[str, bytes], *, rank: int = 0, epoch: int | None = None) -> dict[str, Any]:
-    """A checkpoint manifest for `files` ({path relative to the checkpoint dir: content})."""
-    return {
-        "files": [
-            {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for path, data in sorted(files.items())
-        ],
-        "rank": rank,
-        "epoch": epoch,
-    }
+def manifest_document(
+    files: Mapping[str, bytes], *, rank: int = 0, epoch: int | None = None, world_size: int | None = None
+) -> dict[str, Any]:
+    """A checkpoint manifest for `files` ({path relative to the checkpoint dir: content}), through the product's
+    one schema module (`world_size` defaults to rank + 1)."""
+    entries = [(path, len(data), hashlib.sha256(data).hexdigest()) for path, data in sorted(files.items())]
+    return checkpoint_manifest.manifest_document(entries, rank=rank, epoch=epoch, world_size=world_size or rank + 1)
 
 
 def file_content(trial: str, checkpoint: str, path: str, size: int) -> bytes:
@@ -305,7 +303,7 @@ def write_sweep(
             for rank in range(ranks):
                 own = {p: b for p, b in data.items() if shard[p] == rank}
                 manifest_name = s3_layout.MANIFEST_FILE if ranks == 1 else s3_layout.rank_manifest_name(rank)
-                objects[ckpt_prefix + manifest_name] = _json_bytes(manifest_document(own, rank=rank, epoch=epoch))
+                objects[ckpt_prefix + manifest_name] = _json_bytes(manifest_document(own, rank=rank, epoch=epoch, world_size=ranks))
             metrics[name] = {METRIC: 1.0 / (epoch + 1) + t, "epoch": epoch}
         objects[trial_prefix + s3_layout.SNAPSHOT_FILE] = _json_bytes(ray_snapshot(names, metrics=metrics))
         objects[trial_prefix + ".validate_storage_marker"] = b""

@@ -130,13 +130,63 @@ def test_sharded_saves_write_one_manifest_per_rank_without_collisions_R10(tmp_pa
     for rank in (0, 1):
         name = f"shard.rank-{rank:04d}.pt"
         (tmp_path / name).write_bytes(bytes([rank]) * 10)
-        write_manifest(tmp_path, epoch=1, rank=rank, files=[name], sharded=True)
+        write_manifest(tmp_path, epoch=1, rank=rank, world_size=2, files=[name], sharded=True)
 
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["_manifest.rank-0000.json", "_manifest.rank-0001.json", "shard.rank-0000.pt", "shard.rank-0001.pt"]
     assert all(s3_layout.is_manifest_name(n) for n in names[:2])
     assert json.loads((tmp_path / "_manifest.rank-0001.json").read_text())["files"][0]["path"] == "shard.rank-0001.pt"
     assert manifest_problems(tmp_path) == []
+    (tmp_path / "_manifest.rank-0001.json").unlink()
+    assert manifest_problems(tmp_path) == ["no manifest of rank(s) 1 of a world size of 2"]
+
+
+def _shard_state(rank: int) -> dict[str, Any]:
+    """FSDP-style: each rank owns a different slice of the parameters and of the optimizer state."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    weight = torch.randn(3, 4, generator=generator)
+    return {"model": {"0.weight": weight}, "optimizer": {"momentum": weight * 0.5, "step": torch.tensor(7 + rank)}}
+
+
+def test_sharded_checkpoint_each_rank_restores_its_own_shard_bit_identical_R10_R7(tmp_path: Path) -> None:
+    """R10: every rank writes its shard and its manifest into one directory (no collisions, world size recorded);
+    each rank restores exactly its own tensors and RNG stream (R7)."""
+    draws = {}
+    for rank in (0, 1):
+        seed_all(rank)
+        checkpointing.save_shard(tmp_path, epoch=4, state=_shard_state(rank), rank=rank, world_size=2, step=3)
+        draws[rank] = (torch.rand(2), random.random())
+    names = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert names == [
+        "_manifest.rank-0000.json", "_manifest.rank-0001.json",
+        "shard-0000/rng.pt", "shard-0000/state.pt", "shard-0000/train_state.json",
+        "shard-0001/rng.pt", "shard-0001/state.pt", "shard-0001/train_state.json",
+    ]  # fmt: skip
+    assert json.loads((tmp_path / "_manifest.rank-0001.json").read_text())["worldSize"] == 2
+    assert manifest_problems(tmp_path) == []
+
+    for rank in (1, 0):
+        seed_all(999)
+        restored = checkpointing.load_shard(checkpoint=Checkpoint.from_directory(str(tmp_path)), rank=rank, world_size=2)
+        assert restored is not None
+        state, train_state = restored
+        assert (train_state.epoch, train_state.step) == (4, 3)
+        expected = _shard_state(rank)
+        assert torch.equal(state["model"]["0.weight"], expected["model"]["0.weight"])
+        assert torch.equal(state["optimizer"]["momentum"], expected["optimizer"]["momentum"])
+        assert torch.equal(state["optimizer"]["step"], expected["optimizer"]["step"])
+        assert torch.equal(torch.rand(2), draws[rank][0]) and random.random() == draws[rank][1]
+
+
+def test_a_sharded_checkpoint_missing_a_rank_or_from_another_world_size_is_refused_R10(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        checkpointing.save_shard(tmp_path, epoch=0, state=_shard_state(rank), rank=rank, world_size=2)
+    checkpoint = Checkpoint.from_directory(str(tmp_path))
+    with pytest.raises(CheckpointError, match="written by 2 ranks; this run has 4"):
+        checkpointing.load_shard(checkpoint=checkpoint, rank=0, world_size=4)
+    (tmp_path / "_manifest.rank-0001.json").unlink()  # the highest rank's manifest
+    with pytest.raises(CheckpointError, match="no manifest of rank\\(s\\) 1 of a world size of 2"):
+        checkpointing.load_shard(checkpoint=checkpoint, rank=0, world_size=2)
 
 
 def test_a_damaged_checkpoint_fails_loudly_instead_of_resuming_from_wrong_state_R12(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ DIR = "sweeps/ns/digits-r1/train/t1/checkpoint_epoch-000001/"
 SHA = "a" * 64
 
 
-def manifest(*files: tuple[str, int], rank: int | None = 0) -> Manifest:
-    return Manifest(tuple(ManifestEntry(p, s, SHA) for p, s in files), rank, 1)
+def manifest(*files: tuple[str, int], rank: int | None = 0, world_size: int | None = None) -> Manifest:
+    return Manifest(tuple(ManifestEntry(p, s, SHA) for p, s in files), rank, 1, world_size)
 
 
 def test_listing_groups_checkpoint_dirs_and_keeps_the_snapshot_a_file() -> None:
@@ -85,14 +85,42 @@ def test_invalid_manifest_is_a_problem() -> None:
 def test_sharded_checkpoint_needs_every_rank_manifest() -> None:
     """R10: per-rank manifests 0..N-1; a gap means one rank's files are unaccounted for."""
     contents = {"_manifest.rank-0000.json": 1, "_manifest.rank-0002.json": 1, "r0.bin": 4, "r2.bin": 4}
-    manifests = {"_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0), "_manifest.rank-0002.json": manifest(("r2.bin", 4), rank=2)}
+    manifests = {
+        "_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0, world_size=3),
+        "_manifest.rank-0002.json": manifest(("r2.bin", 4), rank=2, world_size=3),
+    }
     result = assess_checkpoint("t1", "c", DIR, contents, manifests)
     assert [(p.kind, p.key) for p in result.problems] == [(v.MISSING_MANIFEST, DIR + "_manifest.rank-0001.json")]
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sharded_checkpoint_missing_its_highest_ranks_is_not_verified_R10(world_size: int) -> None:
+    """R10: the manifests record the world size, so rank 0's alone (the highest ranks' gone) is not complete."""
+    contents = {"_manifest.rank-0000.json": 1, "r0.bin": 4}
+    manifests = {"_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0, world_size=world_size)}
+    result = assess_checkpoint("t1", "c", DIR, contents, manifests)
+    assert [(p.kind, p.key) for p in result.problems] == [(v.MISSING_MANIFEST, DIR + "_manifest.rank-0001.json")]
+    assert f"world size of {world_size}" in result.problems[0].detail
+    assert not result.report.verified
+
+
+def test_per_rank_manifests_that_disagree_on_the_world_size_are_not_verified_R10() -> None:
+    contents = {"_manifest.rank-0000.json": 1, "_manifest.rank-0001.json": 1, "r0.bin": 4, "r1.bin": 5}
+    manifests = {
+        "_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0, world_size=2),
+        "_manifest.rank-0001.json": manifest(("r1.bin", 5), rank=1, world_size=3),
+    }
+    result = assess_checkpoint("t1", "c", DIR, contents, manifests)
+    assert [(p.kind, p.key) for p in result.problems] == [(v.INVALID_MANIFEST, DIR)]
+    assert "disagree on worldSize" in result.problems[0].detail
+
+
 def test_sharded_checkpoint_with_all_ranks_is_verified() -> None:
     contents = {"_manifest.rank-0000.json": 1, "_manifest.rank-0001.json": 1, "r0.bin": 4, "r1.bin": 5}
-    manifests = {"_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0), "_manifest.rank-0001.json": manifest(("r1.bin", 5), rank=1)}
+    manifests = {
+        "_manifest.rank-0000.json": manifest(("r0.bin", 4), rank=0, world_size=2),
+        "_manifest.rank-0001.json": manifest(("r1.bin", 5), rank=1, world_size=2),
+    }
     result = assess_checkpoint("t1", "c", DIR, contents, manifests)
     assert result.problems == () and result.report.bytes == 9
 

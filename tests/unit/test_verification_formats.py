@@ -117,6 +117,34 @@ def test_per_rank_manifest_must_agree_with_its_file_name() -> None:
     assert parse_manifest(_bytes(doc), "_manifest.rank-0001.json").rank == 1
 
 
+def test_per_rank_manifest_must_record_its_world_size_R10() -> None:
+    """R10: without the world size a missing highest rank could never be noticed; a rank beyond it is a broken save."""
+    doc = manifest_document({"shard.bin": b"x"}, rank=1, world_size=2)
+    assert parse_manifest(_bytes(doc), "_manifest.rank-0001.json").world_size == 2
+    del doc["worldSize"]
+    with pytest.raises(FormatError, match="worldSize: missing"):
+        parse_manifest(_bytes(doc), "_manifest.rank-0001.json")
+    assert parse_manifest(_bytes(doc), "_manifest.json").world_size is None  # a rank-0 save names every file itself
+    with pytest.raises(FormatError, match="rank: 3 is not below worldSize 2"):
+        parse_manifest(_bytes({**doc, "rank": 3, "worldSize": 2}), "_manifest.rank-0003.json")
+    with pytest.raises(FormatError, match="worldSize: got 0"):
+        parse_manifest(_bytes({**doc, "worldSize": 0}), "_manifest.json")
+
+
+def test_the_manifest_schema_imports_without_kopf_kubernetes_or_boto3() -> None:
+    """One schema for writer and verifier: the training image imports it with nothing but the standard library."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sweep_operator.checkpoint_manifest, training_entrypoints.checkpointing\n"
+        "bad = [m for m in ('kopf', 'kubernetes', 'boto3', 'botocore', 'pydantic') if m in sys.modules]\n"
+        "print(bad)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
 def test_result_best_checkpoint_uri() -> None:
     uri = "s3://bucket/sweeps/ns/s-r1/train/t1/checkpoint_epoch-000002"
     assert best_checkpoint_uri(_bytes({"bestTrial": {"id": "t1", "checkpointUri": uri}})) == uri
