@@ -335,6 +335,14 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(None, description="metadata.generation the condition reflects.")
 
 
+class GuardStatus(StatusModel):
+    run_root: str | None = Field(None, description="The run's S3 prefix: <storage.uri>/<namespace>/<sweep>-<runId>.")
+    endpoint_url: str | None = Field(None, description="S3 endpoint the run writes to (empty: AWS).")
+    region: str | None = Field(None, description="S3 region of the run's bucket.")
+    verify: bool | None = Field(None, description="spec.deletion.verifyCheckpoints at admission.")
+    timeout_seconds: int | None = Field(None, description="spec.deletion.verificationTimeoutSeconds at admission.")
+
+
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
@@ -348,7 +356,9 @@ class SweepStatus(StatusModel):
     training_started_at: str | None = Field(
         None, description="When the operator first saw the Ray job running: a record the guard reads (a run started)."
     )
-    run_root: str | None = Field(None, description="The run's S3 prefix, fixed at admission: what the guard verifies.")
+    guard: GuardStatus | None = Field(
+        None, description="What the checkpoint guard verifies for this run, fixed at admission (the spec may be edited later)."
+    )
     attempt_started_at: str | None = Field(
         None, description="When the current RayJob attempt started (KubeRay status.startTime): the startup clock."
     )

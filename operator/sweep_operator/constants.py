@@ -22,6 +22,10 @@ FINALIZER: Final = "sweeps.dev/checkpoint-guard"
 LABEL_SWEEP: Final = "sweeps.dev/sweep"
 LABEL_RUN_ID: Final = "sweeps.dev/run-id"
 ANNOTATION_SKIP_VERIFICATION: Final = "sweeps.dev/skip-checkpoint-verification"
+# On each RayJob from its creation (KubeRay copies it to the RayCluster): what the guard verifies (JSON).
+ANNOTATION_GUARD: Final = "sweeps.dev/guard"
+# Set by `sweepctl release --force`: who released a held object without verification, and why (JSON).
+ANNOTATION_FORCE_RELEASED: Final = "sweeps.dev/force-released"
 
 # KubeRay (v1.7.0) names we read or write.
 RAY_GROUP: Final = "ray.io"

@@ -20,6 +20,7 @@ import yaml
 
 from . import constants
 from .api import SweepSpec
+from .guard import GuardTarget
 from .policy import demand_of, effective_active_seconds
 from .runspec import RunSpec, build_run_spec
 from .settings import OperatorLimits, Settings
@@ -211,6 +212,7 @@ def build_rayjob(
             "name": name,
             "namespace": sweep.namespace,
             "labels": dict(labels),
+            "annotations": {constants.ANNOTATION_GUARD: guard_target(sweep, run_spec.run_root, run_id, ctx).to_annotation()},
             "finalizers": [constants.FINALIZER],
         },
         "spec": {
@@ -280,6 +282,21 @@ def build_rayjob(
     if spec.suspend:
         rayjob["spec"]["suspend"] = True
     return rayjob
+
+
+def guard_target(sweep: Sweep, run_root: str, run_id: str, ctx: RenderContext = RenderContext()) -> GuardTarget:
+    """What the guard will verify for this run: the storage the job writes to (operator defaults fill what the
+    spec leaves empty, as they do for the job's own environment)."""
+    spec = sweep.spec
+    return GuardTarget(
+        run_root=run_root,
+        endpoint_url=spec.storage.endpoint_url or ctx.s3_endpoint_url,
+        region=spec.storage.region or ctx.s3_region,
+        verify=spec.deletion.verify_checkpoints,
+        timeout_seconds=spec.deletion.verification_timeout_seconds,
+        sweep=sweep.name,
+        run_id=run_id,
+    )
 
 
 def worker_group_cap(sweep_spec: SweepSpec, limits: OperatorLimits) -> int:

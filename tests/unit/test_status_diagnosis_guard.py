@@ -1,22 +1,12 @@
-"""Pure operator decisions: RayJob facts -> phase, conditions, progress; startup diagnosis (R6, R20); the guard (R22)."""
+"""Pure operator decisions: RayJob facts -> phase, conditions, progress; startup diagnosis (R6, R20)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from sweep_operator.diagnosis import diagnose_startup
-from sweep_operator.guard import (
-    Hold,
-    Release,
-    Verify,
-    backoff_seconds,
-    decide_after_verification,
-    decide_before_verification,
-    skip_requested,
-)
 from sweep_operator.status import (
     RayJobFacts,
     phase_for,
@@ -153,42 +143,4 @@ def test_diagnosis_reports_the_worker_group_cap_separately() -> None:
     assert "capped at maxReplicas 4 < 6 wanted" in diagnose_startup([], [], worker_cap=4, workers_wanted=6)
 
 
-@dataclass
-class FakeResult:
-    verified: bool
-    reason: str = ""
-
-
-def test_guard_escape_hatch_releases_with_audit() -> None:
-    assert skip_requested(None, {"sweeps.dev/skip-checkpoint-verification": "true"})
-    assert not skip_requested({"sweeps.dev/skip-checkpoint-verification": "yes"})
-    decision = decide_before_verification(skip_annotation=True, verify_enabled=True, ever_ran=True, run_root="s3://b/p")
-    assert isinstance(decision, Release) and decision.audit
-
-
-def test_guard_verification_disabled_is_audited() -> None:
-    decision = decide_before_verification(skip_annotation=False, verify_enabled=False, ever_ran=True, run_root="s3://b/p")
-    assert isinstance(decision, Release) and decision.audit
-
-
-def test_guard_releases_a_sweep_that_never_ran_without_audit() -> None:
-    decision = decide_before_verification(skip_annotation=False, verify_enabled=True, ever_ran=False, run_root="s3://b/p")
-    assert decision == Release("the sweep never started training: no checkpoints to protect")
-
-
-def test_guard_verifies_a_sweep_that_ran() -> None:
-    """R22: a run that trained must be verified before anything is released."""
-    assert decide_before_verification(skip_annotation=False, verify_enabled=True, ever_ran=True, run_root="s3://b/p") == Verify()
-
-
-def test_guard_holds_unverified_with_growing_backoff() -> None:
-    """R22: a failed check keeps the finalizer and re-checks with capped exponential backoff."""
-    result = FakeResult(False, "missing-file train/t1/checkpoint_epoch-000002/model.pt")
-    first = decide_after_verification(result, attempt=0, base_backoff=30, max_backoff=600)
-    later = decide_after_verification(result, attempt=10, base_backoff=30, max_backoff=600)
-    assert isinstance(first, Hold) and first.retry_after == 30 and "missing-file" in first.reason
-    assert isinstance(later, Hold) and later.retry_after == 600
-    assert decide_after_verification(FakeResult(True), attempt=3, base_backoff=30, max_backoff=600) == Release(
-        "checkpoints verified complete in S3"
-    )
-    assert [backoff_seconds(a, 5, 60) for a in range(6)] == [5, 10, 20, 40, 60, 60]
+# The guard's decisions are tables in tests/unit/test_guard.py.

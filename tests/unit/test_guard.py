@@ -1,0 +1,132 @@
+"""The checkpoint guard's decisions as tables over facts (R22): what releases, what holds, what is audited.
+
+docs/guard.md states the same rules; each row there names the test here that proves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from sweep_operator import constants
+from sweep_operator.guard import (
+    EMPTY_RUN_ROOT,
+    GuardFacts,
+    GuardTarget,
+    Hold,
+    Release,
+    Verify,
+    backoff_seconds,
+    decide_after_verification,
+    decide_before_verification,
+    reported_checkpoints,
+    skip_requested,
+    target_of,
+)
+
+TARGET = GuardTarget("s3://b/sweeps/ml/digits-abc123", "http://127.0.0.1:9", "us-east-1", True, 60, "digits", "abc123")
+BACKOFF = {"attempt": 0, "base_backoff": 30, "max_backoff": 600}
+
+
+@dataclass
+class Problem:
+    kind: str
+    key: str = "k"
+    detail: str = "d"
+
+
+@dataclass
+class Result:
+    verified: bool
+    checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        return ", ".join(p.kind for p in self.problems)
+
+
+BEFORE = [
+    # (case, facts, expected decision type, audited, words in the reason)
+    ("escape hatch", GuardFacts("RayJob", "j", skip=True, target=TARGET), Release, True, constants.ANNOTATION_SKIP_VERIFICATION),
+    ("escape hatch even without a target", GuardFacts("RayCluster", "c", skip=True), Release, True, "without verifying"),
+    ("never admitted", GuardFacts("TrainingSweep", "s", never_admitted=True), Release, False, "never admitted"),
+    ("target unknown", GuardFacts("TrainingSweep", "s", target_unknown="no run root recorded", started=("a run id in status",)),
+     Hold, False, "no run root recorded (a run id in status)"),
+    ("target unknown, no reason given", GuardFacts("RayCluster", "c"), Hold, False, "unknown"),
+    ("verification disabled at admission", GuardFacts("RayJob", "j", target=GuardTarget("s3://b/p", verify=False)), Release, True,
+     "verifyCheckpoints was false"),
+    ("a run that may have written", GuardFacts("RayJob", "j", target=TARGET), Verify, False, ""),
+]
+
+
+@pytest.mark.parametrize("case,facts,kind,audited,words", BEFORE, ids=[row[0] for row in BEFORE])
+def test_guard_before_verification(case: str, facts: GuardFacts, kind: type, audited: bool, words: str) -> None:
+    decision = decide_before_verification(facts, **BACKOFF)
+    assert isinstance(decision, kind), case
+    if isinstance(decision, Release):
+        assert decision.audit is audited and words in decision.reason
+    elif isinstance(decision, Hold):
+        assert words in decision.reason and "sweepctl release" in decision.reason, "a hold says why and the way out"
+        assert decision.retry_after == 30
+    else:
+        assert decision == Verify(TARGET)
+
+
+REPORTED = {"bestTrial": {"id": "t1", "checkpointUri": "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001"}}
+AFTER = [
+    # (case, result, status.json, result.json, readable, expected, audited, words)
+    ("verified checkpoints", Result(True, 4), None, None, True, Release, False, "verified complete"),
+    ("a missing file", Result(False, 3, [Problem("missing-file")]), REPORTED, None, True, Hold, False, "missing-file"),
+    ("S3 error", Result(False, 0, [Problem("s3-error")]), None, None, False, Hold, False, "s3-error"),
+    ("empty run root and an S3 error", Result(False, 0, [Problem(EMPTY_RUN_ROOT), Problem("s3-error")]), None, None, True, Hold,
+     False, "s3-error"),
+    ("an empty run root", Result(False, 0, [Problem(EMPTY_RUN_ROOT)]), None, None, True, Release, True, "nothing to protect"),
+    ("no checkpoint, none reported", Result(True, 0), {"bestTrial": None, "trials": {"total": 1, "errored": 1}}, None, True,
+     Release, True, "reports none"),
+    ("no checkpoint, but one reported", Result(True, 0), REPORTED, None, True, Hold, False, "reported 1"),
+    ("no checkpoint, result reports one", Result(True, 0), None, {"trialResults": [{"checkpointUri": "s3://b/x"}]}, True, Hold,
+     False, "reported 1"),
+    ("no checkpoint, status unreadable", Result(True, 0), None, None, False, Hold, False, "could not be read"),
+]
+
+
+@pytest.mark.parametrize("case,result,progress,final,readable,kind,audited,words", AFTER, ids=[row[0] for row in AFTER])
+def test_guard_after_verification(case: str, result: Result, progress: Any, final: Any, readable: bool, kind: type,
+                                  audited: bool, words: str) -> None:
+    decision = decide_after_verification(result, progress=progress, final=final, progress_readable=readable, **BACKOFF)
+    assert isinstance(decision, kind), case
+    assert words in decision.reason
+    if isinstance(decision, Release):
+        assert decision.audit is audited
+
+
+def test_guard_holds_with_capped_exponential_backoff() -> None:
+    """R22: a failed check keeps the finalizer and re-checks with capped exponential backoff."""
+    failed = Result(False, 1, [Problem("missing-file")])
+    assert decide_after_verification(failed, attempt=0, base_backoff=30, max_backoff=600).retry_after == 30  # type: ignore[union-attr]
+    assert decide_after_verification(failed, attempt=10, base_backoff=30, max_backoff=600).retry_after == 600  # type: ignore[union-attr]
+    assert [backoff_seconds(a, 5, 60) for a in range(6)] == [5, 10, 20, 40, 60, 60]
+
+
+def test_guard_target_travels_as_one_annotation_and_fails_closed_when_unreadable() -> None:
+    """Issue 12, defect 4: the facts are fixed at creation; a damaged annotation yields no target (so: hold)."""
+    text = TARGET.to_annotation()
+    assert GuardTarget.from_annotation(text) == TARGET
+    assert target_of({"metadata": {"annotations": {constants.ANNOTATION_GUARD: text}}}) == TARGET
+    for damaged in ("", "{", "[]", '{"runRoot": 3}', '{"runRoot": "/local/path"}', '{"endpointUrl": "x"}'):
+        assert GuardTarget.from_annotation(damaged) is None, damaged
+    assert GuardTarget.from_annotation('{"runRoot": "s3://b/p", "verify": "no"}').verify is True, "only an explicit false skips"
+
+
+def test_escape_hatch_annotation_is_exactly_true() -> None:
+    assert skip_requested(None, {constants.ANNOTATION_SKIP_VERIFICATION: " True "})
+    assert not skip_requested({constants.ANNOTATION_SKIP_VERIFICATION: "yes"}, None)
+
+
+def test_reported_checkpoints_reads_status_and_result() -> None:
+    assert reported_checkpoints(REPORTED, {"trialResults": [{"checkpointUri": "s3://b/y"}, {"checkpointUri": None}]}) == [
+        "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001", "s3://b/y"]
+    assert reported_checkpoints(None, {"bestTrial": "garbage"}) == []
