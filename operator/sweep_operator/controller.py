@@ -21,6 +21,8 @@ from . import constants, s3_layout
 from .api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
 from .diagnosis import diagnose_startup
 from .guard import (
+    GuardFacts,
+    GuardTarget,
     Hold,
     Release,
     Verify,
@@ -28,13 +30,14 @@ from .guard import (
     decide_before_verification,
     problems_message,
     skip_requested,
+    target_of,
 )
 from .kube import Conflict, KubeApi
 from .ledger import AdmissionLedger
 from .metrics import OperatorMetrics
 from .policy import Admit, Queue, Reject, demand_of, effective_active_seconds
 from .problems import SpecError
-from .rendering import RenderContext, build_rayjob, new_run_id, run_id_for, worker_group_cap
+from .rendering import RenderContext, build_rayjob, guard_target, new_run_id, rayjob_name, run_id_for, worker_group_cap
 from .runspec import RunSpec
 from .settings import Settings
 from .status import (
@@ -48,7 +51,7 @@ from .status import (
     rfc3339,
     set_condition,
 )
-from .validation import Sweep, parse_sweep
+from .validation import Sweep, parse_spec, parse_sweep
 from .workqueue import ROUTINE, URGENT, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -643,6 +646,7 @@ class SweepController:
             self._caps[(sweep.namespace, sweep.name, run_id)] = cap
         name = _meta(rayjob)["name"]
         demand = decision.demand
+        target = target_of(rayjob) or guard_target(sweep, self.run_root(sweep, run_id), run_id, self.render_context)
         message = f"admitted ({demand.workers} workers, {demand.gpus} GPUs); RayJob {name} {how}"
         self._patch_status(
             body,
@@ -651,6 +655,8 @@ class SweepController:
                 "phase": "Starting",
                 "runId": run_id,
                 "rayJobName": name,
+                "guard": {"runRoot": target.run_root, "endpointUrl": target.endpoint_url, "region": target.region,
+                          "verify": target.verify, "timeoutSeconds": target.timeout_seconds},
                 "startedAt": rfc3339(datetime.fromtimestamp(started_at, tz=timezone.utc)),
                 "deadlineAt": rfc3339(datetime.fromtimestamp(deadline_at, tz=timezone.utc)),
                 "replicas": {"workers": demand.workers, "gpus": demand.gpus, "cap": cap},
@@ -695,8 +701,8 @@ class SweepController:
             sweep = None
         if is_terminal(phase):
             self._release_and_admit_next(namespace, name)
-            if sweep is not None and not (status.get("checkpoints") or {}).get("verifiedAt"):
-                self._finish(body, status, sweep)
+            if not (status.get("checkpoints") or {}).get("verifiedAt"):
+                self._finish(body, status)
             return
         rayjob = self._rayjob_for_reconcile(namespace, status.get("rayJobName") or "")
         run_spec = run_spec_of(rayjob) if rayjob else None
@@ -722,28 +728,39 @@ class SweepController:
         deadline = parse_time(status.get("deadlineAt"))
         if facts.running and not status.get("trainingStartedAt"):
             patch["trainingStartedAt"] = rfc3339(self._now())
-        if deadline and now >= deadline.timestamp() and not is_terminal(new_phase):
+        graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
+        if facts.start_time and facts.deployment_status != "Retrying" and facts.start_time != status.get("attemptStartedAt"):
+            patch["attemptStartedAt"] = facts.start_time
+        if new_phase == "Succeeded" and self._stopped_at_deadline(body, status):
+            # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
+            # not a finished sweep (the checkpoints so far are verified as for any end).
+            new_phase = "DeadlineExceeded"
+            message = f"the driver stopped the trials gracefully at the sweep deadline {status.get('deadlineAt')}"
+            conditions.append(("DeadlineExceeded", True, "GracefulStop", message))
+            self.metrics.deadline_stopped(namespace, name)
+        elif deadline and not is_terminal(new_phase) and _deadline_passed(now, deadline.timestamp(), graceful):
             new_phase = "DeadlineExceeded"
             message = (
-                f"sweep deadline {status.get('deadlineAt')} passed; stopping RayJob {facts.name} through the "
-                "checkpoint guard"
+                f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
+                f"RayJob {facts.name} through the checkpoint guard"
             )
             conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
             self.metrics.deadline_stopped(namespace, name)
             self.kube.delete_rayjob(namespace, facts.name)
-        elif new_phase == "Starting" and admitted is not None:
-            attempt_start = max(
-                (t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(facts.start_time)) if t),
-                default=now,
+        elif deadline and not is_terminal(new_phase) and _deadline_passed(now, deadline.timestamp(), 0):
+            # The driver stops its trials gracefully at the deadline; deleting the RayJob now would stop the Ray
+            # job at once (KubeRay's deletion path) and cut the last checkpoints short.
+            conditions.append(("DeadlineExceeded", True, "GracefulStop",
+                               f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
+                               f"the operator stops RayJob {facts.name} if it still runs {graceful}s after it"))
+        elif new_phase == "Starting" and admitted is not None and _startup_overdue(facts, status, now, admitted.deadlines.startup_seconds):
+            diagnosis = self._diagnose(namespace, facts, admitted)
+            new_phase = "Failed"
+            message = (
+                f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {diagnosis}"
             )
-            if now - attempt_start > admitted.deadlines.startup_seconds:
-                diagnosis = self._diagnose(namespace, facts, admitted)
-                new_phase = "Failed"
-                message = (
-                    f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {diagnosis}"
-                )
-                conditions.append(("Running", False, "StartupDeadlineExceeded", message))
-                self.kube.delete_rayjob(namespace, facts.name)
+            conditions.append(("Running", False, "StartupDeadlineExceeded", message))
+            self.kube.delete_rayjob(namespace, facts.name)
         if (
             new_phase == "Failed"
             and phase != "Failed"
@@ -754,7 +771,7 @@ class SweepController:
             # KubeRay gave up before the job ever ran (e.g. its preRunningDeadlineSeconds): say why (R6, R20).
             message = f"{self._phase_message(new_phase, facts)}; never reached Running: {self._diagnose(namespace, facts, admitted)}"
             conditions.append(("Running", False, "StartupFailed", message))
-        if new_phase == "DeadlineExceeded" and facts.reason == "DeadlineExceeded" and not conditions:
+        if new_phase == "DeadlineExceeded" and facts.reason == "DeadlineExceeded" and not any(c[0] == "DeadlineExceeded" for c in conditions):
             message = f"KubeRay stopped RayJob {facts.name}: activeDeadlineSeconds exceeded"
             conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
         if new_phase != phase and not conditions:
@@ -787,8 +804,16 @@ class SweepController:
         self._patch_status(body, status, patch)
         if is_terminal(new_phase):
             self._release_and_admit_next(namespace, name)
-            if sweep is not None:
-                self._finish(body, {**status, **patch}, sweep)
+            self._finish(body, {**status, **patch})
+
+    def _stopped_at_deadline(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+        """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""
+        target = self._run_target({**body, "status": status})
+        if target is None:
+            return False
+        client = self.s3_client_for(target.endpoint_url, target.region)
+        result = self._read_json(client, s3_layout.RunLayout(target.run_root).result_path)
+        return bool(result and result.get("deadlineReached") is True)
 
     @staticmethod
     def _phase_message(phase: str, facts: RayJobFacts) -> str:
@@ -870,52 +895,62 @@ class SweepController:
         doc = self._read_json(self._s3_client(sweep.spec.storage), layout.status_path)
         return progress_patch(doc) if doc else {}
 
-    def _finish(self, body: Mapping[str, Any], status: dict[str, Any], sweep: Sweep) -> None:
-        """At a terminal phase: final result from `_sweep/result.json`, then verify checkpoints once."""
+    def _run_target(self, body: Mapping[str, Any]) -> GuardTarget | None:
+        """What this sweep's run writes to: recorded at admission, else derived from the spec's structure."""
+        return _status_target(body) or self._spec_target(body)
+
+    def _finish(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        """At a terminal phase: final result from `_sweep/result.json`, then verify checkpoints once, judged by the
+        guard's own rules (so the status says what a deletion would do)."""
         meta = _meta(body)
         generation = meta.get("generation")
-        root = self.run_root(sweep, status["runId"])
-        client = self._s3_client(sweep.spec.storage)
+        target = self._run_target({**body, "status": status})
+        if target is None:
+            return
+        client = self.s3_client_for(target.endpoint_url, target.region)
+        layout = s3_layout.RunLayout(target.run_root)
         patch: dict[str, Any] = {}
-        result = self._read_json(client, s3_layout.RunLayout(root).result_path)
+        result = self._read_json(client, layout.result_path)
+        progress = self._read_json(client, layout.status_path)
         if result:
             patch.update(progress_patch(result))
+        elif progress:
+            patch.update(progress_patch(progress))
+        verification = self._verify_target(target)
+        judged = decide_after_verification(verification, attempt=0, base_backoff=1, max_backoff=1,
+                                           progress=progress, final=result)
+        verified = verification.verified and verification.checked > 0 and isinstance(judged, Release) and not judged.audit
+        if verified:
+            reason, text = "Verified", f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
+        elif isinstance(judged, Release):
+            reason, text = "NothingToProtect", judged.reason
         else:
-            patch.update(self._progress(sweep, status, force=True))
-        verification = self._verify(sweep.spec, root, empty_root_ok=not status.get("trainingStartedAt"))
+            reason, text = "NotVerified", problems_message(verification.problems) or judged.reason
         patch["checkpoints"] = verification.to_status()
-        ready = status.get("phase") == "Succeeded" and verification.verified
+        ready = status.get("phase") == "Succeeded" and verified
         patch["conditions"] = self._conditions(
             status,
             generation,
-            (
-                "CheckpointsVerified",
-                verification.verified,
-                "Verified" if verification.verified else "NotVerified",
-                f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
-                if verification.verified
-                else problems_message(verification.problems),
-            ),
+            ("CheckpointsVerified", verified, reason, text),
             ("Ready", ready, "Succeeded" if ready else status.get("phase") or "NotReady",
              "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or ""),
         )
         self._patch_status(body, status, patch)
-        if not verification.verified:
-            self.emit(body, "Warning", "CheckpointsNotVerified", problems_message(verification.problems))
+        if not verified:
+            self.emit(body, "Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text)
 
-    def _verify(self, spec: Any | None, root: str, *, empty_root_ok: bool = False) -> Any:
+    def _verify_target(self, target: GuardTarget) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
         object vanished (one listing pass is cheap next to the data it protects)."""
         started = time.monotonic()
         result = self.verify(
-            self._s3_client(spec.storage if spec else None),
-            root,
+            self.s3_client_for(target.endpoint_url, target.region),
+            target.run_root,
             concurrency=self.settings.verify_concurrency,
-            timeout_seconds=spec.deletion.verification_timeout_seconds if spec else DEFAULT_VERIFICATION_TIMEOUT_SECONDS,
+            timeout_seconds=target.timeout_seconds,
             min_retention_days=self.settings.min_retention_days,
-            empty_root_ok=empty_root_ok,
         )
-        self.metrics.verification_finished(root, time.monotonic() - started, result.verified)
+        self.metrics.verification_finished(target.run_root, time.monotonic() - started, result.verified)
         return result
 
     def _release_and_admit_next(self, namespace: str, name: str) -> None:
@@ -1024,6 +1059,9 @@ class SweepController:
         return self.kube.get_rayjob(namespace, name) if name else None
 
     # --------------------------------------------------------------------------------- guard
+    # Each deletion handler gathers GuardFacts (reads only), asks guard.decide_* and carries the decision out.
+    # docs/guard.md has the rules as one table.
+
     def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         meta, status = _meta(body), _status(body)
@@ -1031,127 +1069,179 @@ class SweepController:
         if status.get("phase") != "Deleting":
             self.kube.patch_sweep_status(namespace, name, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
             self.metrics.observe_phase(meta.get("uid") or name, "Deleting", namespace, name)
-        try:
-            sweep: Sweep | None = self._parse(body)
-        except SpecError:
-            sweep = None
-        run_id = status.get("runId")
-        rayjob = self.kube.get_rayjob(namespace, status.get("rayJobName") or "") if status.get("rayJobName") else None
-        run_spec = run_spec_of(rayjob) if rayjob else None
-        spec = run_spec.spec if run_spec else (sweep.spec if sweep else None)
-        root = run_spec.run_root if run_spec else (self.run_root(sweep, run_id) if sweep and run_id else None)
-        ever_ran = bool(status.get("trainingStartedAt")) or (
-            rayjob is not None and RayJobFacts.from_object(rayjob).job_status in RAN_JOB_STATUSES
-        )
-        decision = decide_before_verification(
-            skip_annotation=skip_requested(meta.get("annotations")),
-            verify_enabled=spec.deletion.verify_checkpoints if spec else True,
-            ever_ran=ever_ran and run_id is not None,
-            run_root=root,
-        )
-        decision = self._complete_decision(decision, body, spec, root, attempt, "TrainingSweep")
-        if decision.audit and skip_requested(meta.get("annotations")):
+        rayjob = self._rayjob_of_sweep(body)
+        facts = self._sweep_guard_facts(body, rayjob)
+        decision = self._guard(facts, body, body, attempt)
+        if facts.skip:
             self._propagate_skip(namespace, name)
         if rayjob is not None:
             self.kube.delete_rayjob(namespace, _meta(rayjob)["name"])
         self._release_and_admit_next(namespace, name)
-        self.metrics.observe_phase(meta.get("uid") or name, None)
+        self.metrics.observe_phase(meta.get("uid") or name, None, namespace, name)
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         meta = _meta(body)
         namespace = meta.get("namespace") or "default"
-        sweep = self.kube.get_sweep(namespace, (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""))
-        run_spec = run_spec_of(body)
-        facts = RayJobFacts.from_object(body)
-        sweep_status = _status(sweep or {})
-        ever_ran = facts.job_status in RAN_JOB_STATUSES or bool(
-            sweep_status.get("trainingStartedAt") and sweep_status.get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID)
+        sweep = self._sweep_of(body)
+        target = target_of(body) or self._legacy_target(body)
+        facts = GuardFacts(
+            kind=constants.RAYJOB_KIND,
+            name=meta.get("name", ""),
+            skip=skip_requested(meta.get("annotations"), _meta(sweep or {}).get("annotations")),
+            target=target,
+            target_unknown="" if target else "the RayJob carries no guard annotation and its run spec is unreadable: the run root to verify is unknown",
+            started=_started_records(body),
         )
-        skip = skip_requested(meta.get("annotations"), _meta(sweep or {}).get("annotations"))
-        if run_spec is None and not skip:  # fail closed: nothing to verify against
-            raise self._hold(body, sweep, attempt, None, "RayJob", "its run spec is unreadable: the run root to verify is unknown")
-        decision = decide_before_verification(
-            skip_annotation=skip,
-            verify_enabled=run_spec.spec.deletion.verify_checkpoints if run_spec else True,
-            ever_ran=ever_ran,
-            run_root=run_spec.run_root if run_spec else None,
-        )
-        decision = self._complete_decision(decision, body, run_spec.spec if run_spec else None, run_spec.run_root if run_spec else None, attempt, "RayJob", sweep)
-        if skip:
-            self._propagate_skip(namespace, (meta.get("labels") or {}).get(constants.LABEL_SWEEP, ""), rayjobs=False)
+        decision = self._guard(facts, body, sweep, attempt)
+        if facts.skip:
+            self._propagate_skip(namespace, _sweep_name_of(body, target), rayjobs=False)
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         meta = _meta(body)
-        namespace, labels = meta.get("namespace") or "default", meta.get("labels") or {}
         rayjob = self._rayjob_of_cluster(body)
-        sweep = self.kube.get_sweep(namespace, labels.get(constants.LABEL_SWEEP, ""))
-        run_spec = run_spec_of(rayjob) if rayjob else None
-        spec = run_spec.spec if run_spec else None
-        root = run_spec.run_root if run_spec else None
-        if root is None and sweep is not None and _status(sweep).get("runId") == labels.get(constants.LABEL_RUN_ID):
-            try:
-                parsed = self._parse(sweep)
-                spec, root = parsed.spec, self.run_root(parsed, labels[constants.LABEL_RUN_ID])
-            except SpecError:
-                pass
-        if root is None:
-            root = _head_env(body).get(constants.ENV_RUN_ROOT)
-        if rayjob is not None:
-            ever_ran = RayJobFacts.from_object(rayjob).job_status in RAN_JOB_STATUSES
-        elif sweep is not None and _status(sweep).get("runId") == labels.get(constants.LABEL_RUN_ID):
-            ever_ran = bool(_status(sweep).get("trainingStartedAt"))
-        else:
-            ever_ran = True  # nothing says otherwise: fail closed
-        skip = skip_requested(meta.get("annotations"), _meta(rayjob or {}).get("annotations"), _meta(sweep or {}).get("annotations"))
-        if root is None and not skip:  # fail closed: nothing to verify against
-            raise self._hold(body, sweep, attempt, None, "RayCluster", "no run root found for this cluster (no RayJob, sweep or SWEEP_RUN_ROOT)")
-        decision = decide_before_verification(
-            skip_annotation=skip,
-            verify_enabled=spec.deletion.verify_checkpoints if spec else True,
-            ever_ran=ever_ran,
-            run_root=root,
+        sweep = self._sweep_of(body)
+        # The cluster's own copy of the RayJob's annotation first (KubeRay copies it at creation): it outlives
+        # the RayJob and names the sweep's own storage, not the operator's defaults.
+        target = target_of(body) or (target_of(rayjob) if rayjob else None) or (self._legacy_target(rayjob) if rayjob else None)
+        how = ""
+        if target is None:
+            target = _head_env_target(body)
+        if target is None and sweep is not None and _status(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID):
+            target = _status_target(sweep)
+        if target is None:
+            how = "no run root found for this cluster (no guard annotation, RayJob, head SWEEP_RUN_ROOT or sweep record)"
+        facts = GuardFacts(
+            kind=constants.RAYCLUSTER_KIND,
+            name=meta.get("name", ""),
+            skip=skip_requested(meta.get("annotations"), _meta(rayjob or {}).get("annotations"), _meta(sweep or {}).get("annotations")),
+            target=target,
+            target_unknown=how,
+            started=("a RayCluster exists",),
         )
-        decision = self._complete_decision(decision, body, spec, root, attempt, "RayCluster", sweep)
-        return decision.reason
+        return self._guard(facts, body, sweep, attempt).reason
 
-    def _complete_decision(
-        self,
-        decision: Release | Hold | Verify,
-        body: Mapping[str, Any],
-        spec: Any,
-        root: str | None,
-        attempt: int,
-        kind: str,
-        sweep: Mapping[str, Any] | None = None,
-    ) -> Release:
-        sweep_body = body if kind == "TrainingSweep" else sweep
+    # ---- facts
+
+    def _rayjob_of_sweep(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator
+        that crashed between the create and the status write left exactly that one). Never a foreign one."""
+        meta, status = _meta(body), _status(body)
+        name = status.get("rayJobName")
+        if not name and meta.get("uid"):
+            name = rayjob_name(meta["name"], run_id_for(meta["uid"]))
+        if not name:
+            return None
+        rayjob = self.kube.get_rayjob(meta.get("namespace") or "default", name)
+        if rayjob is None or not _owned_by(rayjob, meta.get("uid")):
+            return None
+        return rayjob
+
+    def _sweep_guard_facts(self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> GuardFacts:
+        meta, status = _meta(body), _status(body)
+        started = _started_records(rayjob) if rayjob else ()
+        for key, record in (("runId", "a run id in status"), ("trainingStartedAt", "status.trainingStartedAt"),
+                            ("rayClusterName", "a RayCluster in status")):
+            if status.get(key):
+                started += (record,)
+        target = (target_of(rayjob) or self._legacy_target(rayjob)) if rayjob else None
+        target = target or _status_target(body) or self._spec_target(body)
+        unknown = ""
+        if target is None:
+            unknown = (f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
+                       if status.get("runId") else "the run root cannot be determined")
+        return GuardFacts(
+            kind=constants.KIND,
+            name=meta["name"],
+            skip=skip_requested(meta.get("annotations")),
+            target=target,
+            target_unknown=unknown,
+            never_admitted=rayjob is None and not started,
+            started=started,
+        )
+
+    def _spec_target(self, body: Mapping[str, Any]) -> GuardTarget | None:
+        """A run root derived from the spec's structure and status.runId (sweeps admitted before status.guard
+        existed). Today's caps are not applied: a spec over a cap that was lowered later still names its run."""
+        status = _status(body)
+        run_id = status.get("runId")
+        if not run_id:
+            return None
+        try:
+            spec = parse_spec(body.get("spec"))
+        except SpecError:
+            return None
+        meta = _meta(body)
+        root = s3_layout.run_root(spec.storage.uri, meta.get("namespace") or "default", meta["name"], run_id)
+        return GuardTarget(root, spec.storage.endpoint_url or self.settings.s3_endpoint_url,
+                           spec.storage.region or self.settings.s3_region, spec.deletion.verify_checkpoints,
+                           spec.deletion.verification_timeout_seconds, meta["name"], run_id)
+
+    def _legacy_target(self, rayjob: Mapping[str, Any] | None) -> GuardTarget | None:
+        """RayJobs rendered before the guard annotation existed: the run spec in their runtime env."""
+        run_spec = run_spec_of(rayjob) if rayjob else None
+        if run_spec is None:
+            return None
+        storage = run_spec.spec.storage
+        return GuardTarget(run_spec.run_root, storage.endpoint_url or self.settings.s3_endpoint_url,
+                           storage.region or self.settings.s3_region, run_spec.spec.deletion.verify_checkpoints,
+                           run_spec.spec.deletion.verification_timeout_seconds, run_spec.sweep, run_spec.run_id)
+
+    def _sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The sweep a RayJob or RayCluster belongs to (label, else the guard annotation: labels can be edited)."""
+        name = _sweep_name_of(obj, target_of(obj))
+        return self.kube.get_sweep(_meta(obj).get("namespace") or "default", name) if name else None
+
+    # ---- deciding and acting
+
+    def _guard(self, facts: GuardFacts, body: Mapping[str, Any], sweep_body: Mapping[str, Any] | None, attempt: int) -> Release:
+        """Decide for one object; a Hold becomes RetryLater (the finalizer stays), a Release is audited or noted."""
+        deletion = self._deletion_settings(sweep_body)
+        backoff = {"attempt": attempt, "base_backoff": deletion[0], "max_backoff": deletion[1]}
+        decision = decide_before_verification(facts, **backoff)
+        result = None
         if isinstance(decision, Verify):
-            assert root is not None
-            deletion = spec.deletion if spec is not None else None
-            result = self._verify(spec, root)
-            decision = decide_after_verification(
-                result,
-                attempt=attempt,
-                base_backoff=deletion.retry_backoff_seconds if deletion else 30,
-                max_backoff=deletion.max_retry_backoff_seconds if deletion else 600,
-            )
+            target = decision.target
+            result = self._verify_target(target)
+            progress, final, readable = self._run_records(target)
+            decision = decide_after_verification(result, progress=progress, final=final, progress_readable=readable, **backoff)
             if sweep_body is not None:
-                self._record_verification(sweep_body, result)
-            if isinstance(decision, Hold):
-                raise self._hold(body, sweep_body, attempt, result, kind, decision.reason, decision.retry_after)
-        assert isinstance(decision, Release)
-        self.metrics.guard_released(kind, body)
+                self._record_verification(sweep_body, result, decision)
+        if isinstance(decision, Hold):
+            raise self._hold(body, sweep_body, result, facts.kind, decision.reason, decision.retry_after)
+        self.metrics.guard_released(facts.kind, body)
         name = _meta(body).get("name")
         if decision.audit:
-            message = f"{kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
+            message = f"{facts.kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
             self.emit(body, "Warning", "CheckpointGuardBypassed", message)
             if sweep_body is not None and sweep_body is not body:
                 self.emit(sweep_body, "Warning", "CheckpointGuardBypassed", message)
         else:
-            self.emit(body, "Normal", "CheckpointGuardReleased", f"{kind} {name} deletion released: {decision.reason}")
+            self.emit(body, "Normal", "CheckpointGuardReleased", f"{facts.kind} {name} deletion released: {decision.reason}")
         return decision
+
+    def _deletion_settings(self, sweep_body: Mapping[str, Any] | None) -> tuple[float, float]:
+        try:
+            deletion = parse_spec((sweep_body or {}).get("spec")).deletion if sweep_body else None
+        except SpecError:
+            deletion = None
+        return (deletion.retry_backoff_seconds, deletion.max_retry_backoff_seconds) if deletion else (30.0, 600.0)
+
+    def _run_records(self, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+        """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
+        client = self.s3_client_for(target.endpoint_url, target.region)
+        layout = s3_layout.RunLayout(target.run_root)
+        docs, readable = [], True
+        for location in (layout.status_path, layout.result_path):
+            uri = s3_layout.S3Uri.parse(location)
+            try:
+                docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
+            except Exception as exc:  # absent is an answer; anything else means "cannot tell"
+                docs.append(None)
+                if _error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
+                    readable = False
+        return (docs[0] if isinstance(docs[0], dict) else None, docs[1] if isinstance(docs[1], dict) else None, readable)
 
     def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
         """The escape hatch on a sweep (or RayJob) covers the objects deleted after it, which outlive it."""
@@ -1165,18 +1255,18 @@ class SweepController:
         for cluster in self.kube.list_rayclusters(namespace, selector):
             self.kube.patch_raycluster(namespace, _meta(cluster)["name"], patch)
 
-    def _record_verification(self, sweep_body: Mapping[str, Any], result: Any) -> None:
+    def _record_verification(self, sweep_body: Mapping[str, Any], result: Any, decision: Release | Hold | None = None) -> None:
         meta, status = _meta(sweep_body), _status(sweep_body)
-        message = (
-            f"{result.checked} checkpoints, {result.bytes} bytes verified"
-            if result.verified
-            else problems_message(result.problems)
-        )
-        updates: list[tuple[str, bool | str, str, str]] = [
-            ("CheckpointsVerified", result.verified, "Verified" if result.verified else "NotVerified", message)
-        ]
+        verified = result.verified and result.checked > 0 and not isinstance(decision, Hold)
+        if verified:
+            message, reason = f"{result.checked} checkpoints, {result.bytes} bytes verified", "Verified"
+        elif isinstance(decision, Release):  # audited: nothing to protect
+            message, reason = decision.reason, "NothingToProtect"
+        else:
+            message, reason = problems_message(result.problems) or (decision.reason if decision else "not verified"), "NotVerified"
+        updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, reason, message)]
         if status.get("phase") == "Succeeded" or get_condition(status.get("conditions"), "Ready"):
-            ready = status.get("phase") == "Succeeded" and result.verified
+            ready = status.get("phase") == "Succeeded" and verified
             updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
         self.kube.patch_sweep_status(
             meta.get("namespace") or "default",
@@ -1188,13 +1278,11 @@ class SweepController:
         self,
         body: Mapping[str, Any],
         sweep_body: Mapping[str, Any] | None,
-        attempt: int,
         result: Any,
         kind: str,
         reason: str,
-        delay: float | None = None,
+        delay: float,
     ) -> RetryLater:
-        delay = delay if delay is not None else 30.0
         message = f"{kind} {_meta(body).get('name')} deletion held by the checkpoint guard: {reason}; re-checking in {delay:g}s"
         self.metrics.guard_held(kind, body, _meta(sweep_body or {}).get("name"))
         self.emit(body, "Warning", "CheckpointsNotVerified", message)
@@ -1229,6 +1317,73 @@ class SweepController:
                     for k in changed
                 ]
         return []
+
+
+def _deadline_passed(now: float, deadline: float, grace: float) -> bool:
+    return now >= deadline + grace
+
+
+def _startup_overdue(facts: RayJobFacts, status: Mapping[str, Any], now: float, startup_seconds: float) -> bool:
+    """Per attempt: timed from the attempt's start (KubeRay's status.startTime, set at New -> Initializing). While
+    KubeRay is Retrying, startTime still holds the failed attempt's value and the next attempt has not begun
+    (rayjob_controller.go: the Retrying branch), so no startup clock runs; the sweep-wide deadline still does."""
+    if facts.deployment_status == "Retrying":
+        return False
+    started = [t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(facts.start_time)) if t]
+    return bool(started) and now - max(started) > startup_seconds
+
+
+def _started_records(rayjob: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The RayJob's records that a run started: a job status, an attempt counter, a cluster, a start time
+    (KubeRay resets jobStatus for a retry, so no single field decides)."""
+    status = (rayjob or {}).get("status") or {}
+    records = []
+    if status.get("jobStatus"):
+        records.append(f"jobStatus {status['jobStatus']}")
+    for counter in ("failed", "succeeded"):
+        if int(status.get(counter) or 0) > 0:
+            records.append(f"status.{counter}={status[counter]}")
+    if status.get("rayClusterName"):
+        records.append(f"RayCluster {status['rayClusterName']}")
+    if status.get("startTime"):
+        records.append("status.startTime")
+    return tuple(records)
+
+
+def _sweep_name_of(obj: Mapping[str, Any], target: GuardTarget | None) -> str:
+    labels = _meta(obj).get("labels") or {}
+    return labels.get(constants.LABEL_SWEEP) or (target.sweep if target else "")
+
+
+def _status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
+    """The guard facts the sweep's status recorded at admission."""
+    status = _status(sweep)
+    guard = status.get("guard") or {}
+    root = guard.get("runRoot")
+    if not isinstance(root, str) or not root.startswith("s3://"):
+        return None
+    return GuardTarget(root, guard.get("endpointUrl") or "", guard.get("region") or "", guard.get("verify") is not False,
+                       int(guard.get("timeoutSeconds") or DEFAULT_VERIFICATION_TIMEOUT_SECONDS), _meta(sweep).get("name", ""),
+                       status.get("runId") or "")
+
+
+def _head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:
+    """Clusters whose RayJob predates the guard annotation: the head's env names root, endpoint and region."""
+    env = _head_env(cluster)
+    root = env.get(constants.ENV_RUN_ROOT)
+    if not root:
+        return None
+    labels = _meta(cluster).get("labels") or {}
+    return GuardTarget(root, env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_REGION") or "",
+                       True, DEFAULT_VERIFICATION_TIMEOUT_SECONDS, labels.get(constants.LABEL_SWEEP, ""),
+                       labels.get(constants.LABEL_RUN_ID, ""))
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return "KeyError"
+    response = getattr(exc, "response", None) or {}
+    return str((response.get("Error") or {}).get("Code") or "")
 
 
 def _head_env(cluster: Mapping[str, Any]) -> dict[str, str]:

@@ -50,12 +50,14 @@ class FakeResult:
 class FakeVerifier:
     verified: bool = True
     calls: list[str] = field(default_factory=list)
+    findings: list[Finding] | None = None  # what an unverified result reports (default: a missing file)
 
     def __call__(self, client: Any, root: str, **_: Any) -> FakeResult:
         self.calls.append(root)
         if self.verified:
             return FakeResult(True)
-        return FakeResult(False, (Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent"),))
+        findings = self.findings or [Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent")]
+        return FakeResult(False, tuple(findings))
 
 
 class FakeS3:
@@ -336,6 +338,12 @@ def test_sweep_deadline_stops_the_rayjob_through_the_guard(world: World) -> None
     world.reconcile("digits")
     world.clock.now = T0 + 21600 + 1
     status = world.reconcile("digits")
+    assert status["phase"] == "Running", "the driver's graceful window: the RayJob is not deleted yet"
+    grace = next(c for c in status["conditions"] if c["type"] == "DeadlineExceeded")
+    assert (grace["status"], grace["reason"]) == ("True", "GracefulStop")
+    assert ("delete_rayjob", status["rayJobName"]) not in world.kube.calls
+    world.clock.now = T0 + 21600 + 300 + 1  # activeSeconds + gracefulStopSeconds: KubeRay's hard stop
+    status = world.reconcile("digits")
     assert status["phase"] == "DeadlineExceeded"
     assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
@@ -452,12 +460,26 @@ def test_guard_holds_sweep_deletion_until_verified(world: World) -> None:
     assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
 
 
-def test_guard_releases_a_sweep_that_never_ran_without_verifying(world: World) -> None:
-    add_sweep(world, "digits")
+def test_guard_releases_a_sweep_that_was_never_admitted_without_verifying(world: World) -> None:
+    """R22: no run id, and no RayJob under the name its uid implies: nothing can exist in S3."""
+    add_sweep(world, "digits", **{"spec.suspend": True})
     world.reconcile("digits")
     world.verifier.verified = False
-    assert "never started" in world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert "never admitted" in world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
     assert world.verifier.calls == []
+
+
+def test_guard_verifies_an_admitted_sweep_even_before_it_ran(world: World) -> None:
+    """R22 (issue 12, defect 3): a RayJob exists, so a run may have written; an empty run root is released only
+    after the verifier saw it empty, with an audit Event."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    world.verifier.findings = [Finding("empty-run-root", "sweeps/ml/x", "no object")]
+    world.verifier.verified = False
+    reason = world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert "nothing to protect" in reason
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{status['runId']}"]
+    assert [e[2] for e in world.events if e[2] == "CheckpointGuardBypassed"], "audited, never silent"
 
 
 def test_escape_hatch_releases_with_an_audit_event(world: World) -> None:
