@@ -24,6 +24,7 @@ from .guard import (
     GuardFacts,
     GuardTarget,
     Hold,
+    backoff_seconds,
     Release,
     Verify,
     decide_after_verification,
@@ -239,7 +240,8 @@ class SweepController:
         self.metrics = metrics or OperatorMetrics()
         self.metrics.follow(lambda: [json.loads(t) for _, t in list(self._sweeps.values())], gpu_budget=settings.limits.max_gpus_per_namespace)
         self.render_context = RenderContext.from_settings(settings)
-        self.ledger = AdmissionLedger(kube.list_sweeps)
+        self.ledger = AdmissionLedger(kube.list_sweeps, self._unfinished_runs)
+        self._create_failures: dict[tuple[str, str], int] = {}  # (namespace, sweep) -> failed RayJob creates in a row
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
@@ -628,7 +630,13 @@ class SweepController:
         now = self.clock()
         run_id = run_id_for(sweep.uid) if sweep.uid else new_run_id()
         deadline_at = int(now + effective_active_seconds(sweep.spec, self.settings.limits))
-        rayjob, created = self.kube.create_rayjob(build_rayjob(sweep, run_id, self.render_context, deadline_at=deadline_at))
+        try:
+            rayjob, created = self.kube.create_rayjob(build_rayjob(sweep, run_id, self.render_context, deadline_at=deadline_at))
+        except Exception as exc:  # the API refused or is unreachable: the budget must not leak, and the user must know
+            self._create_failed(body, status, exc)
+            return
+        with self._memory_lock:
+            self._create_failures.pop((sweep.namespace, sweep.name), None)
         if created:
             started_at = now
             how = "created"
@@ -673,6 +681,44 @@ class SweepController:
                 ),
             },
         )
+
+    def _create_failed(self, body: Mapping[str, Any], status: dict[str, Any], exc: Exception) -> None:
+        """Free the budget, say why in status and an Event, and try again with backoff."""
+        meta = _meta(body)
+        namespace, name = meta.get("namespace") or "default", meta["name"]
+        self.ledger.release(namespace, name)
+        with self._memory_lock:
+            failures = self._create_failures[(namespace, name)] = self._create_failures.get((namespace, name), 0) + 1
+        delay = backoff_seconds(failures - 1, CREATE_RETRY_BASE_SECONDS, CREATE_RETRY_MAX_SECONDS)
+        detail = _api_error_text(exc)
+        message = f"creating the RayJob failed ({failures} in a row): {detail}; retrying in {delay:g}s"
+        log.warning("sweep %s/%s: %s", namespace, name, message)
+        self.emit(body, "Warning", "RayJobCreateFailed", message)
+        generation = meta.get("generation")
+        try:
+            self._patch_status(body, status, {
+                "phase": "Pending",
+                "message": message,
+                "observedGeneration": generation,
+                "conditions": self._conditions(status, generation, ("Admitted", False, "RayJobCreateFailed", message)),
+            })
+        except Exception as write_error:  # the API may be down for the status too; the retry below still comes
+            log.warning("sweep %s/%s: cannot record the failed create: %s", namespace, name, write_error)
+        if self.queue is not None:
+            timer = threading.Timer(delay, self.request_reconcile, args=(namespace, name), kwargs={"priority": URGENT})
+            timer.daemon = True
+            timer.start()
+
+    def _unfinished_runs(self, namespace: str) -> list[tuple[str, Any]]:
+        """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
+        runs = []
+        for rayjob in self.kube.list_rayjobs(namespace, constants.LABEL_SWEEP):
+            facts = RayJobFacts.from_object(rayjob)
+            run_spec = run_spec_of(rayjob)
+            if facts.finished or facts.deleting or run_spec is None:
+                continue
+            runs.append((run_spec.sweep, demand_of(run_spec.spec)))
+        return runs
 
     def _name_taken(self, body: Mapping[str, Any], status: dict[str, Any], name: str) -> None:
         """The run's RayJob name is held by an object that is not this run's: hold no budget, wait (ticks retry,
@@ -1317,6 +1363,22 @@ class SweepController:
                     for k in changed
                 ]
         return []
+
+
+CREATE_RETRY_BASE_SECONDS = 5.0
+CREATE_RETRY_MAX_SECONDS = 300.0
+
+
+def _api_error_text(exc: Exception) -> str:
+    """The API server's own message (a metav1.Status body) when there is one, else the exception."""
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            doc = json.loads(body)
+            return f"HTTP {getattr(exc, 'status', '?')} {doc.get('reason', '')}: {doc.get('message', '')}".strip()
+        except (TypeError, ValueError):
+            pass
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _deadline_passed(now: float, deadline: float, grace: float) -> bool:

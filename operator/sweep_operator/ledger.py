@@ -27,8 +27,15 @@ class QueuedSweep:
 
 
 class AdmissionLedger:
-    def __init__(self, load_namespace: Callable[[str], list[Mapping[str, Any]]]):
+    def __init__(
+        self,
+        load_namespace: Callable[[str], list[Mapping[str, Any]]],
+        load_runs: Callable[[str], list[tuple[str, Demand]]] | None = None,
+    ):
+        """`load_runs(namespace)`: (sweep, demand) of each unfinished RayJob of ours there. A crash between a
+        RayJob's create and the sweep's status write leaves a run the sweeps' statuses do not show; it holds GPUs."""
         self._load_namespace = load_namespace
+        self._load_runs = load_runs
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
         self._loaded: set[str] = set()
@@ -55,6 +62,10 @@ class AdmissionLedger:
                 self.admitted[namespace][name] = demand_of(spec)
             elif status.get("phase") == "Queued":
                 self.queued[namespace][name] = QueuedSweep(name, meta.get("creationTimestamp") or "", demand_of(spec))
+        for name, demand in self._load_runs(namespace) if self._load_runs else ():
+            if name not in self.admitted[namespace]:
+                self.admitted[namespace][name] = demand
+                self.queued[namespace].pop(name, None)
         self._loaded.add(namespace)
 
     def decide(

@@ -8,6 +8,11 @@ from typing import Any
 
 from sweep_operator import constants
 from sweep_operator.kube import Conflict
+from tests.support.schemas import sweep_status_validator
+
+# A real API server prunes status fields its CRD schema lacks, silently: here each status write is checked against
+# the CRD's status schema made strict, so a field the operator writes but the schema lacks fails the test.
+_STATUS = sweep_status_validator()
 
 _uids = itertools.count(1)
 
@@ -27,8 +32,8 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 def _matches(obj: dict[str, Any], selector: str) -> bool:
     labels = obj.get("metadata", {}).get("labels") or {}
     for term in filter(None, selector.split(",")):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
+        key, has_value, value = term.partition("=")
+        if (labels.get(key) != value) if has_value else (key not in labels):
             return False
     return True
 
@@ -78,7 +83,11 @@ class FakeKube:
         current = obj["metadata"].get("resourceVersion")
         if resource_version is not None and current is not None and resource_version != current:
             raise Conflict(f"TrainingSweep {namespace}/{name}: resourceVersion {resource_version} != {current}")
-        merge(obj.setdefault("status", {}), status)
+        merged = merge(copy.deepcopy(obj.get("status") or {}), status)
+        problems = [f"status.{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _STATUS.iter_errors(merged)]
+        if problems:
+            raise AssertionError(f"status patch of TrainingSweep {name} does not fit the CRD schema: {problems}")
+        obj["status"] = merged
         self._bump(obj)
         return copy.deepcopy(obj)
 

@@ -64,3 +64,10 @@ def errors(schema_validator: jsonschema.Validator, doc: Any) -> list[str]:
         f"{'/'.join(str(p) for p in e.absolute_path)}: {e.message}"
         for e in sorted(schema_validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
     ]
+
+
+@functools.cache
+def sweep_status_validator() -> jsonschema.Validator:
+    """Our CRD's status schema (crds/), strict: unknown status fields are errors, not silently pruned."""
+    crd = yaml.safe_load((REPO / "crds" / "trainingsweeps.sweeps.dev.yaml").read_text())
+    return validator(crd_v1_schema(crd, "v1alpha1")["properties"]["status"])

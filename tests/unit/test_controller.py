@@ -208,7 +208,8 @@ def test_adopts_a_rayjob_created_before_a_crash(world: World) -> None:
     assert status["runId"] == run_id and world.kube.rayjob_names() == [f"digits-{run_id}"]
     assert "adopted" in status["message"]
     assert status["startedAt"] == "2026-11-30T00:50:00Z" and status["deadlineAt"] == "2026-11-30T00:55:00Z"  # T0 + 100
-    assert not [c for c in world.kube.calls if c[0] == "list_rayjobs"], "the create is the check: no list"
+    lists = [c for c in world.kube.calls if c[0] == "list_rayjobs"]
+    assert lists == [("list_rayjobs", constants.LABEL_SWEEP)], "the create is the check: no list per sweep, only the ledger's rebuild"
 
 
 def test_a_foreign_rayjob_holding_the_name_is_never_adopted(world: World) -> None:
@@ -740,3 +741,47 @@ def test_reconciles_read_the_newest_known_sweep_and_a_stale_copy_is_refused_then
     world.controller.forget_sweep(stub)  # DELETED: forgotten, the next reconcile reads
     world.controller.reconcile_sweep(stub)
     assert gets == ["digits", "digits"]
+
+
+def test_every_status_write_is_checked_against_the_crd_schema(world: World) -> None:
+    """Issue 12, defect 1: a real API server prunes status fields its CRD lacks (trainingStartedAt was one). The fake
+    API refuses them instead, so every status patch in these tests is checked; trainingStartedAt now survives."""
+    ran(world)
+    assert world.status("digits")["trainingStartedAt"]
+    with pytest.raises(AssertionError, match="does not fit the CRD schema"):
+        world.kube.patch_sweep_status("ml", "digits", {"trainingStarted": "2026-12-02T12:00:00Z"})
+
+
+def test_a_failed_rayjob_create_frees_the_budget_says_why_and_is_retried(world: World) -> None:
+    """Issue 12, defect 9: the ledger admits before the create; a refused create must not keep the GPUs."""
+    add_sweep(world, "digits")
+    real_create = world.kube.create_rayjob
+
+    def refuse(body: dict[str, Any]) -> Any:
+        raise RuntimeError("admission webhook denied the request")
+
+    world.kube.create_rayjob = refuse  # type: ignore[method-assign]
+    status = world.reconcile("digits")
+    assert status["phase"] == "Pending" and "admission webhook denied" in status["message"]
+    admitted = next(c for c in status["conditions"] if c["type"] == "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "RayJobCreateFailed")
+    assert "RayJobCreateFailed" in world.reasons("digits")
+    assert world.controller.ledger.in_use("ml").gpus == 0, "the budget is released"
+    world.kube.create_rayjob = real_create  # type: ignore[method-assign]
+    assert world.reconcile("digits")["phase"] == "Starting", "the next reconcile (a tick or the backoff) retries"
+
+
+def test_the_ledger_counts_a_run_whose_status_write_was_lost(world: World) -> None:
+    """Issue 12, defect 9: after a crash between the create and the status write, a restarted operator's ledger
+    counts the RayJob's GPUs (from the labelled RayJobs), so a second sweep cannot take them."""
+    add_sweep(world, "first", created="2026-12-02T12:00:00Z", **{"spec.tune.maxConcurrentTrials": 4})  # 8 GPUs
+    status = world.reconcile("first")
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    world.kube.objects[("TrainingSweep", "ml", "first")]["status"] = {}  # the status write never landed
+    restarted = SweepController(world.controller.settings, world.kube, lambda e, r: world.s3,  # type: ignore[arg-type]
+                                lambda *a: None, verifier=world.verifier, clock=world.clock)
+    assert rayjob is not None
+    add_sweep(world, "second", created="2026-12-02T12:01:00Z")
+    world.kube.ensure_finalizer(world.sweep("second"))
+    restarted.reconcile_sweep(world.sweep("second"))
+    assert world.status("second")["phase"] == "Queued", "the lost run's 8 GPUs still count"
