@@ -241,6 +241,7 @@ class SweepController:
         self.metrics.follow(lambda: [json.loads(t) for _, t in list(self._sweeps.values())], gpu_budget=settings.limits.max_gpus_per_namespace)
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self._unfinished_runs)
+        self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
         self._create_failures: dict[tuple[str, str], int] = {}  # (namespace, sweep) -> failed RayJob creates in a row
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
@@ -1013,6 +1014,27 @@ class SweepController:
             self.reconcile_sweep(body)
             if _status(self.kube.get_sweep(namespace, queued) or {}).get("phase") == "Queued":
                 break  # strict FIFO: the oldest still does not fit
+
+    def check_guard_label(self, body: Mapping[str, Any], kind: str) -> None:
+        """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through
+        the guard); say so once, on the object and on its sweep."""
+        meta = _meta(body)
+        labels = meta.get("labels") or {}
+        if constants.LABEL_SWEEP in labels or constants.FINALIZER not in (meta.get("finalizers") or []):
+            return
+        uid = meta.get("uid") or meta.get("name", "")
+        with self._memory_lock:
+            if uid in self._label_warned:
+                return
+            self._label_warned.add(uid)
+        target = target_of(body)
+        message = (f"{kind} {meta.get('name')} lost its label {constants.LABEL_SWEEP}; it stays guarded by "
+                   f"{constants.FINALIZER} (run root {target.run_root if target else 'unknown'}), which only the "
+                   "checkpoint guard removes")
+        self.emit(body, "Warning", "GuardLabelRemoved", message)
+        sweep = self._sweep_of(body)
+        if sweep is not None:
+            self.emit(sweep, "Warning", "GuardLabelRemoved", message)
 
     # --------------------------------------------------------------------------------- drift
     def drifted(self, body: Mapping[str, Any], kind: str) -> bool:

@@ -23,6 +23,7 @@ import kopf
 
 from . import constants
 from .controller import RetryLater, SweepController
+from .guard import target_of
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
@@ -33,7 +34,17 @@ log = logging.getLogger(__name__)
 SWEEPS = {"group": constants.GROUP, "version": constants.VERSION, "plural": constants.PLURAL}
 RAYJOBS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYJOB_PLURAL}
 RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYCLUSTER_PLURAL}
-OURS = {constants.LABEL_SWEEP: kopf.PRESENT}
+
+
+def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mapping[str, Any], **_: Any) -> bool:
+    """A RayJob or RayCluster is ours while it carries our label, our guard annotation or our finalizer. kopf
+    removes a finalizer no matching deletion handler requires any more, so a label filter alone let anyone with
+    patch rights unguard an object by removing the label."""
+    return (
+        constants.LABEL_SWEEP in labels
+        or constants.ANNOTATION_GUARD in annotations
+        or constants.FINALIZER in (meta.get("finalizers") or [])
+    )
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
 MAX_HANDLER_THREADS = 16  # guards (S3 verification); event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
@@ -159,9 +170,10 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
 
     # ------------------------------------------------------------------ RayJob / RayCluster
-    @kopf.on.event(**RAYJOBS, labels=OURS, registry=registry)
+    @kopf.on.event(**RAYJOBS, when=ours, registry=registry)
     async def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
+            controller.check_guard_label(body, constants.RAYJOB_KIND)
             controller.observe_rayjob(body)
             if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
                 await asyncio.to_thread(controller.correct_drift, body, constants.RAYJOB_KIND)
@@ -171,18 +183,20 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         elif controller.rayjob_changed(body):
             await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
 
-    @kopf.on.delete(**RAYJOBS, labels=OURS, registry=registry)
+    @kopf.on.delete(**RAYJOBS, when=ours, registry=registry)
     def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
         return _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
 
     # kopf puts the guard's finalizer on each of our RayClusters as it appears (the deletion handler below needs
     # it); this handler only sets back a worker group raised above the run's cap.
-    @kopf.on.event(**RAYCLUSTERS, labels=OURS, registry=registry)
+    @kopf.on.event(**RAYCLUSTERS, when=ours, registry=registry)
     async def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED":
+            controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
         if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
             await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
 
-    @kopf.on.delete(**RAYCLUSTERS, labels=OURS, registry=registry)
+    @kopf.on.delete(**RAYCLUSTERS, when=ours, registry=registry)
     def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
         return _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
 
@@ -207,7 +221,8 @@ def _guarded(decide: Callable[[], str]) -> str:
 
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "")
+    target = target_of(body)
+    name = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "") or (target.sweep if target else "")
     if name:  # the reconcile reads the sweep itself (and skips a missing one): no GET of our own first
         controller.request_reconcile(meta.get("namespace") or "default", name)
 
