@@ -1,17 +1,50 @@
-"""Schema helpers for tests: KubeRay's v1 CRD schemas (from ../shared/schemas/kuberay) and ours, made strict."""
+"""Schema helpers for tests: KubeRay's v1 CRD schemas ($KUBERAY_CRDS or ../shared/schemas/kuberay) and ours, made strict.
+
+Without KubeRay's CRDs the tests that need them skip, saying how to get them; SWEEPS_REQUIRE_KUBERAY_CRDS=1 (.ci/run
+sets it) makes that a failure, so CI never passes without them.
+"""
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
+KUBERAY_CRD_FILES = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
+REQUIRE_VARIABLE = "SWEEPS_REQUIRE_KUBERAY_CRDS"
+HOW_TO_GET = (
+    "KubeRay v1.7.0's CRDs are the files ray-operator/config/crd/bases/ray.io_rayjobs.yaml and ray.io_rayclusters.yaml "
+    "of https://github.com/ray-project/kuberay at tag v1.7.0 (also in the kuberay-operator 1.7.0 Helm chart's crds/); "
+    "put them in ../shared/schemas/kuberay beside the repository, or in any directory named by $KUBERAY_CRDS"
+)
+
+
+def kuberay_crd_dir() -> Path | None:
+    """$KUBERAY_CRDS when set (it alone: a directory named on purpose must hold them), else ../shared/schemas/kuberay."""
+    configured = os.environ.get("KUBERAY_CRDS")
+    directory = Path(configured) if configured else KUBERAY_SCHEMAS
+    return directory if all((directory / name).is_file() for name in KUBERAY_CRD_FILES) else None
+
+
+def require_kuberay_crds() -> Path:
+    """The directory of KubeRay's CRDs; else the test skips (fails under SWEEPS_REQUIRE_KUBERAY_CRDS=1) saying how
+    to get them."""
+    directory = kuberay_crd_dir()
+    if directory is not None:
+        return directory
+    where = f"$KUBERAY_CRDS={os.environ['KUBERAY_CRDS']}" if os.environ.get("KUBERAY_CRDS") else str(KUBERAY_SCHEMAS)
+    message = f"KubeRay CRD schemas not found in {where}. {HOW_TO_GET}"
+    if os.environ.get(REQUIRE_VARIABLE) == "1":
+        pytest.fail(f"{message} ({REQUIRE_VARIABLE}=1: required here)", pytrace=False)
+    pytest.skip(message)
 
 
 def strict(schema: dict[str, Any]) -> dict[str, Any]:
@@ -47,9 +80,7 @@ def crd_v1_schema(crd: dict[str, Any], version: str) -> dict[str, Any]:
 @functools.cache
 def kuberay_schema(kind: str) -> dict[str, Any]:
     """openAPIV3Schema of KubeRay v1.7.0's `rayjobs` or `rayclusters` CRD, version v1."""
-    path = KUBERAY_SCHEMAS / f"ray.io_{kind}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} missing: the KubeRay CRDs live in ../shared/schemas/kuberay")
+    path = require_kuberay_crds() / f"ray.io_{kind}.yaml"
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return crd_v1_schema(yaml.load(path.read_text(), Loader=loader), "v1")
 
