@@ -7,11 +7,13 @@ cache) feed a keyed work queue drained by a few reconcile workers, like controll
 from __future__ import annotations
 
 import copy
+import datetime
 import enum
 import heapq
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -63,12 +65,23 @@ class JobStatus(str, enum.Enum):
 
 
 TERMINAL_JOB = {JobStatus.STOPPED.value, JobStatus.SUCCEEDED.value, JobStatus.FAILED.value}
+# KubeRay's JobFailedReason values (ray-operator/apis/ray/v1/rayjob_types.go)
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 PRE_RUNNING_DEADLINE_EXCEEDED = "PreRunningDeadlineExceeded"
 APP_FAILED = "AppFailed"
+SUBMISSION_FAILED = "SubmissionFailed"
 VALIDATION_FAILED = "ValidationFailed"
-# KubeRay refuses to retry a RayJob that failed on its deadline; the stand-in treats the pre-running deadline alike.
-NOT_RETRIED = {DEADLINE_EXCEEDED, PRE_RUNNING_DEADLINE_EXCEEDED}
+JOB_STATUS_CHECK_TIMEOUT_EXCEEDED = "JobStatusCheckTimeoutExceeded"
+# checkBackoffLimitAndUpdateStatusIfNeeded refuses a retry for exactly these two; PreRunningDeadlineExceeded IS retried.
+NOT_RETRIED = {DEADLINE_EXCEEDED, JOB_STATUS_CHECK_TIMEOUT_EXCEEDED}
+KUBERAY_MANAGED_BY = "ray.io/kuberay-operator"  # utils.KubeRayController; any other spec.managedBy is skipped
+LABEL_SUBMISSION_MODE = "ray.io/job-submission-mode"  # utils.RayJobSubmissionModeLabelKey
+LABEL_CREATED_BY = "app.kubernetes.io/created-by"
+CREATED_BY = "kuberay-operator"  # utils.ComponentName
+MAX_RAYJOB_NAME_LENGTH = 47  # utils.MaxRayJobNameLength = MaxRayClusterNameLength (53) - 6
+DEFAULT_SUBMITTER_BACKOFF_LIMIT = 2  # createNewK8sJob
+# tools/events names an instance `<reportingController>-<hostname>`; the hostname of a kuberay-operator pod
+KUBERAY_POD = "kuberay-operator-5d8f9c7b6d-x2k7q"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -334,10 +347,12 @@ class Informer:
         plural: str,
         on_change: Callable[[Obj], None],
         namespace: str | None = None,
+        on_delete: Callable[[Obj], None] | None = None,
     ) -> None:
         self.api, self.group, self.version, self.plural = api, group, version, plural
         self.namespace = namespace
         self.on_change = on_change
+        self.on_delete = on_delete
         self.synced = threading.Event()
         self._cache: dict[Key, Obj] = {}
         self._lock = threading.Lock()
@@ -384,6 +399,8 @@ class Informer:
                 cached = self._cache.get(key)
                 if cached is None or _rv(obj) >= _rv(cached) or cached["metadata"].get("uid") != obj["metadata"].get("uid"):
                     self._cache[key] = obj
+        if event_type == "DELETED" and self.on_delete is not None:
+            self.on_delete(obj)
         self.on_change(obj)
 
     def _list(self, **kwargs: Any) -> Any:
@@ -398,7 +415,12 @@ class Informer:
             try:
                 listed = self._list()
                 with self._lock:
+                    before = self._cache
                     self._cache = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in listed["items"]}
+                    vanished = [o for k, o in before.items() if k not in self._cache]
+                if self.on_delete is not None:
+                    for obj in vanished:  # deleted while the watch was down: no DELETED event will come
+                        self.on_delete(obj)
                 for obj in listed["items"]:
                     self.on_change(obj)
                 self.synced.set()
@@ -435,14 +457,16 @@ class Informer:
 
 
 def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str,
-               host: str | None = None) -> Obj:
-    """A core v1 Event about `involved`, named as client-go's recorder names them."""
+               host: str | None = None, action: str | None = None) -> Obj:
+    """A core v1 Event about `involved`, named as client-go's recorders name them.
+
+    With `action`, the shape of client-go's tools/events recorder (what KubeRay v1.7's `mgr.GetEventRecorder` uses:
+    eventTime, action, reportingComponent/Instance, no source or counts); without it, the legacy tools/record shape
+    (source.component, first/lastTimestamp, count), as the kubelet writes them.
+    """
     meta = involved["metadata"]
     now = now_rfc3339()
-    source: Obj = {"component": component}
-    if host:
-        source["host"] = host
-    return {
+    body: Obj = {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta.get("namespace", "default")},
@@ -457,13 +481,18 @@ def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: st
         "type": type_,
         "reason": reason,
         "message": message,
-        "source": source,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-        "reportingComponent": component,
-        "reportingInstance": host or "",
     }
+    if action is not None:
+        micro = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body.update(eventTime=micro, action=action, reportingComponent=component,
+                    reportingInstance=f"{component}-{KUBERAY_POD}", source={})
+        return body
+    source: Obj = {"component": component}
+    if host:
+        source["host"] = host
+    body.update(source=source, firstTimestamp=now, lastTimestamp=now, count=1, reportingComponent=component,
+                reportingInstance=host or "")
+    return body
 
 
 def _owner_ref(obj: Mapping[str, Any]) -> Obj:
@@ -544,6 +573,12 @@ def _condition(type_: str, status: bool, reason: str = "", message: str = "") ->
     if message:
         condition["message"] = message
     return condition
+
+
+def _cluster_condition(type_: str, status: bool, reason: str, message: str = "") -> Obj:
+    """A metav1.Condition, as RayCluster status.conditions holds them: message and reason always present."""
+    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message,
+            "lastTransitionTime": now_rfc3339()}
 
 
 def _container_statuses(pod: Mapping[str, Any], *, ready: bool, waiting: Obj | None = None) -> list[Obj]:
@@ -670,8 +705,8 @@ class RayApi:
         return dict(json.loads(response.data))
 
     def event(self, involved: Obj, type_: str, reason: str, message: str, component: str = RAYJOB_CONTROLLER,
-              host: str | None = None) -> None:
-        body = event_body(involved, type_, reason, message, component, host)
+              host: str | None = None, action: str | None = None) -> None:
+        body = event_body(involved, type_, reason, message, component, host, action)
         try:
             self.core("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
         except self.ApiException as e:  # events are best effort, as client-go's recorder
@@ -723,15 +758,26 @@ class ClusterPods:
         """The RayCluster's view of a stuck start: no state, no available workers, provisioning conditions."""
         head_ready = pending.reason is not PendingReason.IMAGE_PULL
         conditions = [
-            _condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
-            _condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
-                       "RayCluster Pods are being provisioned for first time"),
+            _cluster_condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
+            _cluster_condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
+                               "RayCluster Pods are being provisioned for first time"),
         ]
         if refusal:
-            conditions.append(_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
+            conditions.append(_cluster_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
         workers = sum(1 for p in plans if p.node_type == "worker")
         return {"desiredWorkerReplicas": workers, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
                 "conditions": conditions}
+
+    def delete_workers(self, cluster: Obj) -> None:
+        """What the RayCluster controller does to a worker group with `suspend: true` (DeleteWorkers policy)."""
+        for pod in self._list(cluster):
+            meta = pod["metadata"]
+            if (meta.get("labels") or {}).get(LABEL_NODE_TYPE) == "worker":
+                try:
+                    self.api.core("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+                except self.api.ApiException as e:
+                    if e.status != 404:
+                        raise
 
     def _once(self, cluster: Obj, what: str) -> bool:
         """Each step happens once per cluster; a retried reconcile does not double pods (see _missing)."""
@@ -767,7 +813,7 @@ class ClusterPods:
         pod = self.api.core("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(cluster, plan))
         reason = "CreatedHeadPod" if plan.node_type == "head" else "CreatedWorkerPod"
         self.api.event(cluster, "Normal", reason, f"Created {plan.node_type} Pod {namespace}/{plan.name}",
-                       RAYCLUSTER_CONTROLLER)
+                       RAYCLUSTER_CONTROLLER, action="Create")
         return pod
 
     def _patch(self, pod: Obj, suffix: str, body: Obj) -> None:
@@ -787,7 +833,7 @@ class ClusterPods:
         )
         meta = cluster["metadata"]
         message = f"Failed to create worker Pod for the cluster {meta['namespace']}/{meta['name']}, {error}"
-        self.api.event(cluster, "Warning", "FailedToCreateWorkerPod", message, RAYCLUSTER_CONTROLLER)
+        self.api.event(cluster, "Warning", "FailedToCreateWorkerPod", message, RAYCLUSTER_CONTROLLER, action="Create")
         return error
 
     def _pending(self, pod: Obj, plan: PodPlan, pending: PendingPods) -> None:
@@ -829,55 +875,279 @@ class ClusterPods:
 
 
 def ready_cluster_status(cluster: Obj) -> Obj:
-    """A RayCluster's status once its pods run (KubeRay's state `ready`)."""
+    """A RayCluster's status once its pods run, as raycluster_controller.go's calculateStatus writes it (state `ready`,
+    stateTransitionTimes, lastUpdateTime; every field in the v1.7.0 CRD's status schema)."""
     groups = (cluster.get("spec") or {}).get("workerGroupSpecs") or []
     desired = sum(_worker_count(g) for g in groups)
     name = cluster["metadata"]["name"]
+    now = now_rfc3339()
     return {
         "state": "ready",
-        "readyTimestamp": now_rfc3339(),
+        "stateTransitionTimes": {"ready": now},
+        "lastUpdateTime": now,
         "desiredWorkerReplicas": desired,
         "availableWorkerReplicas": desired,
         "readyWorkerReplicas": desired,
         "minWorkerReplicas": sum(int(g.get("minReplicas", 0) or 0) for g in groups),
         "maxWorkerReplicas": sum(int(g.get("maxReplicas", 0) or 0) for g in groups),
-        "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379"},
-        "head": {"serviceName": f"{name}-head-svc", "podIP": "10.0.0.2", "serviceIP": "10.96.0.10"},
-        "conditions": [_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
-                       _condition("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime")],
+        "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379", "metrics": "8080"},
+        "head": {"podName": f"{name}-head-{random_suffix()}", "podIP": "10.0.0.2", "serviceName": f"{name}-head-svc",
+                 "serviceIP": "10.96.0.10"},
+        "conditions": [_cluster_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
+                       _cluster_condition("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime",
+                                          "All Ray Pods are ready for the first time")],
         "observedGeneration": cluster["metadata"].get("generation", 1),
     }
 
 
 def cluster_for(rayjob: Obj, name: str) -> Obj:
-    """KubeRay's constructRayClusterForRayJob: the RayJob's labels and annotations, its rayClusterSpec, owned by it."""
-    labels = dict(rayjob["metadata"].get("labels") or {})
-    labels[constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME] = rayjob["metadata"]["name"]
+    """rayjob_controller.go constructRayClusterForRayJob: the RayJob's labels (maps.Copy) plus originated-from-cr-name,
+    originated-from-crd and job-submission-mode; ALL its annotations (maps.Copy, v1.7.0 line 1005); a deep copy of
+    spec.rayClusterSpec; a controller ownerReference to the RayJob (ctrl.SetControllerReference)."""
+    meta, spec = rayjob["metadata"], rayjob.get("spec") or {}
+    labels = dict(meta.get("labels") or {})
+    labels[constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME] = meta["name"]
     labels[constants.RAY_LABEL_ORIGINATED_FROM_CRD] = constants.RAYJOB_KIND
+    labels[LABEL_SUBMISSION_MODE] = str(spec.get("submissionMode", ""))
+    annotations = dict(meta.get("annotations") or {})
+    cluster_spec = copy.deepcopy(spec["rayClusterSpec"])
+    if spec.get("submissionMode") == "SidecarMode":
+        annotations["ray.io/disable-provisioned-head-restart"] = "true"
+        cluster_spec.setdefault("headGroupSpec", {}).setdefault("template", {}).setdefault("spec", {})[
+            "restartPolicy"] = "Never"
     return {
         "apiVersion": constants.RAY_API_VERSION,
         "kind": constants.RAYCLUSTER_KIND,
         "metadata": {
             "name": name,
-            "namespace": rayjob["metadata"]["namespace"],
+            "namespace": meta["namespace"],
             "labels": labels,
-            "annotations": dict(rayjob["metadata"].get("annotations") or {}),
+            "annotations": annotations,
             "ownerReferences": [_owner_ref(rayjob)],
         },
-        "spec": copy.deepcopy(rayjob["spec"]["rayClusterSpec"]),
+        "spec": cluster_spec,
     }
 
 
+def submitter_job_for(rayjob: Obj, cluster: Obj) -> Obj:
+    """rayjob_controller.go createNewK8sJob/getSubmitterTemplate (K8sJobMode): a batch/v1 Job named as the RayJob,
+    owned by it, backoffLimit from submitterConfig (default 2), its pod template from submitterPodTemplate (or the
+    head container's image) with KubeRay's labels and RAY_DASHBOARD_ADDRESS / RAY_JOB_SUBMISSION_ID."""
+    meta, spec, status = rayjob["metadata"], rayjob.get("spec") or {}, rayjob.get("status") or {}
+    kuberay_labels = {constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME: meta["name"],
+                      constants.RAY_LABEL_ORIGINATED_FROM_CRD: constants.RAYJOB_KIND, LABEL_CREATED_BY: CREATED_BY}
+    template = copy.deepcopy(spec.get("submitterPodTemplate") or {})
+    pod_spec = template.setdefault("spec", {})
+    if not pod_spec.get("containers"):
+        head = (((cluster.get("spec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+        image = ((head.get("containers") or [{}])[0]).get("image", "rayproject/ray")
+        pod_spec["containers"] = [{"name": "ray-job-submitter", "image": image}]
+        pod_spec["restartPolicy"] = "Never"
+    container = pod_spec["containers"][0]
+    if not container.get("command"):
+        container["command"] = ["/bin/bash", "-ce", "--"]
+        container["args"] = [f"ray job submit --address http://{status.get('dashboardURL', '')} "
+                             f"--submission-id {status.get('jobId', '')} --no-wait -- {spec.get('entrypoint', '')}"]
+    container["env"] = [*(container.get("env") or []), {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        {"name": "RAY_DASHBOARD_ADDRESS", "value": status.get("dashboardURL", "")},
+                        {"name": "RAY_JOB_SUBMISSION_ID", "value": status.get("jobId", "")}]
+    template.setdefault("metadata", {}).setdefault("labels", {}).update(kuberay_labels)
+    backoff = (spec.get("submitterConfig") or {}).get("backoffLimit", DEFAULT_SUBMITTER_BACKOFF_LIMIT)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(kuberay_labels),
+                     "ownerReferences": [_owner_ref(rayjob)]},
+        "spec": {"backoffLimit": backoff, "template": template},
+    }
+
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def validate_rayjob(rayjob: Mapping[str, Any]) -> tuple[str, str] | None:
+    """rayjob_controller.go validateRayJob -> utils/validation.go ValidateRayJobMetadata, ValidateRayJobSpec (with
+    validateDeletionConfiguration, validateDeletionRules, validateLegacyDeletionPolicies) and ValidateRayJobStatus.
+    Returns (Event reason, error text) for the first rule broken, None if valid. ValidateRayClusterSpec's checks of
+    the cluster template are not modelled (beyond its presence)."""
+    meta, spec, status = rayjob["metadata"], rayjob.get("spec") or {}, rayjob.get("status") or {}
+    name = meta.get("name", "")
+    if len(name) > MAX_RAYJOB_NAME_LENGTH:
+        return "InvalidRayJobMetadata", (f"The RayJob metadata is invalid: RayJob name should be no more than "
+                                         f"{MAX_RAYJOB_NAME_LENGTH} characters")
+    if not _DNS1035.match(name) or len(name) > 63:
+        return "InvalidRayJobMetadata", ("The RayJob metadata is invalid: RayJob name should be a valid DNS1035 "
+                                         "label: [a DNS-1035 label must consist of lower case alphanumeric characters "
+                                         "or '-', start with an alphabetic character, and end with an alphanumeric "
+                                         "character]")
+    spec_error = _rayjob_spec_error(spec)
+    if spec_error:
+        return "InvalidRayJobSpec", spec_error
+    if status.get("jobDeploymentStatus") == "Waiting" and spec.get("submissionMode") != "InteractiveMode":
+        return "InvalidRayJobStatus", ("The RayJob status is invalid: JobDeploymentStatus cannot be `Waiting` when "
+                                       "SubmissionMode is not InteractiveMode")
+    return None
+
+
+def _rayjob_spec_error(spec: Mapping[str, Any]) -> str | None:
+    invalid = "The RayJob spec is invalid: "
+    shutdown = bool(spec.get("shutdownAfterJobFinishes"))
+    ttl = int(spec.get("ttlSecondsAfterFinished") or 0)
+    selector = spec.get("clusterSelector") or {}
+    mode = spec.get("submissionMode", "K8sJobMode")
+    backoff = spec.get("backoffLimit")
+    if spec.get("suspend") and not shutdown:
+        return invalid + "a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended"
+    if ttl < 0:
+        return invalid + "TTLSecondsAfterFinished must be a non-negative integer"
+    deletion_error = _deletion_configuration_error(spec)
+    if deletion_error:
+        return deletion_error
+    if spec.get("suspend") and selector:
+        return invalid + "the ClusterSelector mode doesn't support the suspend operation"
+    if not spec.get("rayClusterSpec") and not selector:
+        return invalid + "one of RayClusterSpec or ClusterSelector must be set"
+    if selector:
+        if not selector.get(LABEL_CLUSTER):
+            return "cluster name in ClusterSelector should not be empty"
+        if mode == "SidecarMode":
+            return "ClusterSelector is not supported in SidecarMode"
+        if backoff is not None and int(backoff) > 0:
+            return invalid + "BackoffLimit is incompatible with ClusterSelector mode"
+    if mode == "InteractiveMode" and backoff is not None and int(backoff) > 0:
+        return invalid + "BackoffLimit is incompatible with InteractiveMode"
+    if mode == "SidecarMode":
+        if spec.get("submitterPodTemplate") is not None:
+            return "Currently, SidecarMode doesn't support SubmitterPodTemplate"
+        if spec.get("submitterConfig") is not None:
+            return "Currently, SidecarMode doesn't support SubmitterConfig"
+        head_policy = ((((spec.get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template") or {})
+                       .get("spec") or {}).get("restartPolicy", "")
+        if head_policy not in ("", "Never"):
+            return "restartPolicy for head Pod should be Never or unset when using SidecarMode"
+    runtime_env = spec.get("runtimeEnvYAML") or ""
+    if runtime_env:
+        import yaml
+
+        try:
+            yaml.safe_load(runtime_env)
+        except yaml.YAMLError as e:
+            return f"failed to unmarshal RuntimeEnvYAML: {runtime_env}: {e}"
+    for field_name in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
+        if spec.get(field_name) is not None and int(spec[field_name]) <= 0:
+            return invalid + f"{field_name} must be a positive integer"
+    if backoff is not None and int(backoff) < 0:
+        return invalid + "backoffLimit must be a positive integer"
+    return None
+
+
+_POLICY_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")  # validateTTLConsistency: TTLs non-decreasing
+
+
+def _deletion_configuration_error(spec: Mapping[str, Any]) -> str | None:
+    """validation.go validateDeletionConfiguration (feature gate RayJobDeletionPolicy: on by default in v1.7.0)."""
+    invalid = "The RayJob spec is invalid: "
+    shutdown = bool(spec.get("shutdownAfterJobFinishes"))
+    if not shutdown and int(spec.get("ttlSecondsAfterFinished") or 0) > 0:
+        return invalid + "a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"
+    strategy = spec.get("deletionStrategy")
+    if strategy is None:
+        return None
+    legacy = strategy.get("onSuccess") is not None or strategy.get("onFailure") is not None
+    rules = strategy.get("deletionRules") or []
+    if rules and shutdown:
+        return invalid + "spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules are mutually exclusive"
+    if rules and legacy:
+        return invalid + "Cannot use both legacy onSuccess/onFailure fields and deletionRules simultaneously"
+    if legacy:
+        return _legacy_deletion_error(spec, strategy, shutdown)
+    if rules:
+        return _deletion_rules_error(spec, rules)
+    return invalid + ("DeletionStrategy requires either BOTH onSuccess and onFailure, OR the deletionRules field "
+                      "(cannot be empty)")
+
+
+def _autoscaling(spec: Mapping[str, Any]) -> bool:
+    return bool((spec.get("rayClusterSpec") or {}).get("enableInTreeAutoscaling"))
+
+
+def _legacy_deletion_error(spec: Mapping[str, Any], strategy: Mapping[str, Any], shutdown: bool) -> str | None:
+    on_success, on_failure = strategy.get("onSuccess"), strategy.get("onFailure")
+    if on_success is None or on_failure is None:
+        return ("both DeletionStrategy.OnSuccess and DeletionStrategy.OnFailure must be set when using the legacy "
+                "deletion policy fields of DeletionStrategy")
+    success, failure = on_success.get("policy"), on_failure.get("policy")
+    if success is None:
+        return "the DeletionPolicyType field of DeletionStrategy.OnSuccess cannot be unset when DeletionStrategy is enabled"
+    if failure is None:
+        return "the DeletionPolicyType field of DeletionStrategy.OnFailure cannot be unset when DeletionStrategy is enabled"
+    if spec.get("clusterSelector"):
+        if success in ("DeleteCluster", "DeleteWorkers"):
+            return f"the ClusterSelector mode doesn't support DeletionStrategy={success} on success"
+        if failure in ("DeleteCluster", "DeleteWorkers"):
+            return f"the ClusterSelector mode doesn't support DeletionStrategy={failure} on failure"
+    if "DeleteWorkers" in (success, failure) and _autoscaling(spec):
+        return "DeletionStrategy=DeleteWorkers currently does not support RayCluster with autoscaling enabled"
+    if shutdown and "DeleteNone" in (success, failure):
+        return ("The RayJob spec is invalid: shutdownAfterJobFinshes is set to 'true' while deletion policy is "
+                "'DeleteNone'")
+    return None
+
+
+def _deletion_rules_error(spec: Mapping[str, Any], rules: list[Mapping[str, Any]]) -> str | None:
+    """validateDeletionRules: every error, joined with newlines (errors.Join)."""
+    errors: list[str] = []
+    by_condition: dict[tuple[str, str], dict[str, int]] = {}
+    for i, rule in enumerate(rules):
+        condition, policy = rule.get("condition") or {}, rule.get("policy", "")
+        has_job, has_deployment = "jobStatus" in condition, "jobDeploymentStatus" in condition
+        if has_job and has_deployment:
+            errors.append(f"deletionRules[{i}]: cannot set both JobStatus and JobDeploymentStatus at the same time")
+            continue
+        if not has_job and not has_deployment:
+            errors.append(f"deletionRules[{i}]: exactly one of JobStatus and JobDeploymentStatus must be set")
+            continue
+        ttl = int(condition.get("ttlSeconds") or 0)
+        if ttl < 0:
+            errors.append(f"deletionRules[{i}]: TTLSeconds must be non-negative")
+            continue
+        if spec.get("clusterSelector") and policy in ("DeleteCluster", "DeleteWorkers"):
+            errors.append(f"deletionRules[{i}]: DeletionPolicyType '{policy}' not supported when ClusterSelector is set")
+            continue
+        if _autoscaling(spec) and policy == "DeleteWorkers":
+            errors.append(f"deletionRules[{i}]: DeletionPolicyType 'DeleteWorkers' not supported with autoscaling enabled")
+            continue
+        kind = ("JobStatus", condition["jobStatus"]) if has_job else ("JobDeploymentStatus", condition["jobDeploymentStatus"])
+        policies = by_condition.setdefault(kind, {})
+        if policy in policies:
+            errors.append(f"deletionRules[{i}]: duplicate rule for DeletionPolicyType '{policy}' and {kind[0]} '{kind[1]}'")
+            continue
+        policies[policy] = ttl
+    for (kind, value), policies in by_condition.items():
+        previous: tuple[str, int] | None = None
+        for policy in _POLICY_ORDER:
+            if policy not in policies:
+                continue
+            if previous is not None and policies[policy] < previous[1]:
+                errors.append(f"for {kind} '{value}': {policy} TTL ({policies[policy]}) must be >= {previous[0]} TTL "
+                              f"({previous[1]})")
+            previous = (policy, policies[policy])
+    return "\n".join(errors) or None
+
+
 class KubeRayStandIn:
-    """Reconciles RayJobs as KubeRay v1.7 does, against any Kubernetes API (the emulator in practice).
+    """Reconciles RayJobs as KubeRay v1.7.0 does, against any Kubernetes API (the emulator in practice).
 
         standin = KubeRayStandIn(server.api_client(), ScriptedRunner())
         standin.start()
         ...
         standin.stop()
 
-    `poll_interval` bounds how long a running job goes unpolled when its runner gives no hint; `emulate_pods`
-    creates every cluster's Pods (Running once ready). Pending pods are created whenever a run reports them.
+    `poll_interval` stands for KubeRay's fixed 3 s requeue (RayJobDefaultRequeueDuration) where the stand-in has no
+    better wake-up; `emulate_pods` creates every cluster's Pods (Running once ready; pending pods are created whenever
+    a run reports them). `delete_rayjob_after_job_finishes` is KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true.
+    A run lives as long as its RayCluster object: it stops when KubeRay stops the job (a RayJob deletion) or when
+    the cluster is gone from the API (its pods with it), never on a deadline, a suspend or a retry by itself.
     """
 
     def __init__(
@@ -889,20 +1159,23 @@ class KubeRayStandIn:
         workers: int = 2,
         poll_interval: float = 0.5,
         emulate_pods: bool = False,
+        delete_rayjob_after_job_finishes: bool = False,
     ) -> None:
         self.api = RayApi(api_client)
         self.runner: JobRunner = runner if runner is not None else ScriptedRunner()
         self.namespace = namespace
         self.poll_interval = poll_interval
         self.emulate_pods = emulate_pods
+        self.delete_rayjob_after_job_finishes = delete_rayjob_after_job_finishes
         self.pods = ClusterPods(self.api)
         self.queue = WorkQueue()
         ray = (self.api.custom, constants.RAY_GROUP, constants.RAY_VERSION_API)
         self.rayjobs = Informer(*ray, constants.RAYJOB_PLURAL, self._on_rayjob, namespace)
-        self.rayclusters = Informer(*ray, constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace)
+        self.rayclusters = Informer(*ray, constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace,
+                                    on_delete=self._on_raycluster_gone)
         self._workers = [threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True)
                          for i in range(workers)]
-        self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (cluster name, its run)
+        self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (its cluster's uid, the run on it)
         self._failures: dict[Key, int] = {}
         self._lock = threading.Lock()
 
@@ -939,7 +1212,7 @@ class KubeRayStandIn:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    # ---- events into the queue
+    # ---- events into the queue (SetupWithManager: For RayJob, Owns RayCluster)
 
     def _on_rayjob(self, rayjob: Obj) -> None:
         self.queue.add((rayjob["metadata"]["namespace"], rayjob["metadata"]["name"]))
@@ -948,6 +1221,15 @@ class KubeRayStandIn:
         for ref in cluster["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == constants.RAYJOB_KIND and ref.get("controller"):
                 self.queue.add((cluster["metadata"]["namespace"], ref["name"]))
+
+    def _on_raycluster_gone(self, cluster: Obj) -> None:
+        """The cluster object is gone, so are its pods (ownerReference GC): the run on it ends."""
+        uid = cluster["metadata"].get("uid")
+        with self._lock:
+            gone = [key for key, (cluster_uid, _) in self._runs.items() if cluster_uid == uid]
+            handles = [self._runs.pop(key)[1] for key in gone]
+        for handle in handles:
+            handle.stop()
 
     def _work(self) -> None:
         while (key := self.queue.get()) is not None:
@@ -966,19 +1248,28 @@ class KubeRayStandIn:
             if delay is not None:
                 self.queue.add_after(key, delay)
 
-    # ---- the RayJob state machine (KubeRay's rayjob_controller.go Reconcile)
+    # ---- the RayJob state machine (rayjob_controller.go Reconcile)
 
     def reconcile(self, key: Key) -> float | None:
         """One reconcile of one RayJob; returns when to look again (None: on the next change only)."""
         rayjob = self.rayjobs.get(*key)
         if rayjob is None:
-            self._stop_run(key)
-            return None
-        if rayjob["metadata"].get("deletionTimestamp"):
+            return None  # "RayJob resource not found": its cluster goes by ownerReference GC, the run with it
+        meta, spec = rayjob["metadata"], rayjob.get("spec") or {}
+        if spec.get("managedBy") not in (None, "", KUBERAY_MANAGED_BY):
+            return None  # ManagedByExternalController: "Skipping RayJob managed by a custom controller"
+        if meta.get("deletionTimestamp"):
             return self._on_deleting(key, rayjob)
-        spec = rayjob.get("spec") or {}
-        original = dict(rayjob.get("status") or {})
+        original = rayjob.get("status") or {}
         step = _Step(copy.deepcopy(original))
+        problem = validate_rayjob(rayjob)
+        if problem is not None:
+            reason, error = problem
+            self.api.event(rayjob, "Warning", reason, f"{meta['namespace']}/{meta['name']}: {error}", action="Validate")
+            step.status.update(jobDeploymentStatus=Deployment.VALIDATION_FAILED.value, reason=VALIDATION_FAILED,
+                               message=error)
+            self._write_status(rayjob, original, step)
+            return None
         deployment = original.get("jobDeploymentStatus", "")
         if deployment == Deployment.NEW.value:
             with_finalizer = self._ensure_finalizer(rayjob)
@@ -986,33 +1277,47 @@ class KubeRayStandIn:
                 return 0.05  # a conflict: look again at the fresh object
             rayjob = with_finalizer
             self._init_status(rayjob, step)
+            proceed = True
         elif deployment == Deployment.INITIALIZING.value:
-            self._initializing(key, rayjob, step)
+            proceed = self._initializing(key, rayjob, step)
+        elif deployment == "Waiting":
+            proceed = self._waiting(rayjob, step)
         elif deployment == Deployment.RUNNING.value:
-            self._running(key, rayjob, step)
+            proceed = self._running(key, rayjob, step)
         elif deployment in (Deployment.SUSPENDING.value, Deployment.RETRYING.value):
-            self._release_cluster(key, rayjob, step)
+            proceed = self._release(key, rayjob, step)
         elif deployment == Deployment.SUSPENDED.value:
-            if not spec.get("suspend"):
-                step.status.update(jobStatus=JobStatus.NEW.value, jobDeploymentStatus=Deployment.NEW.value)
+            if spec.get("suspend"):
+                return None  # "The RayJob is already suspended, we should not requeue it."
+            step.status.update(jobStatus=JobStatus.NEW.value, jobDeploymentStatus=Deployment.NEW.value)
+            proceed = True
         elif deployment in (Deployment.COMPLETE.value, Deployment.FAILED.value):
-            self._finished(key, rayjob, step)
+            return self._finished(rayjob)  # returns before checkBackoffLimit: the counters move only on transitions
+        else:
+            return self.poll_interval  # "Unknown JobDeploymentStatus" (ValidationFailed after a fix lands here)
+        if not proceed:
+            return step.requeue_after
         _attempt_counts(step.status, spec)
         self._write_status(rayjob, original, step)
-        return step.requeue_after
+        return step.requeue_after if step.requeue_after is not None else self.poll_interval
 
     def _on_deleting(self, key: Key, rayjob: Obj) -> float | None:
+        """The deletion branch: StopJob when jobStatus is not terminal, then drop ray.io/rayjob-finalizer, whatever
+        other finalizers remain; no wait for anything. The cluster stays until the RayJob is gone (background GC)."""
         if (rayjob.get("status") or {}).get("jobStatus", "") not in TERMINAL_JOB:
-            self._stop_run(key)
+            with self._lock:
+                current = self._runs.get(key)
+            if current is not None:
+                current[1].stop()
         finalizers = rayjob["metadata"].get("finalizers") or []
         if RAYJOB_FINALIZER in finalizers:
             remaining = [f for f in finalizers if f != RAYJOB_FINALIZER]
             self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob,
                                                  {"metadata": {"finalizers": remaining or None}}, guarded=True))
-        return None  # the cluster goes with the RayJob through ownerReference garbage collection
+        return None
 
     def _ensure_finalizer(self, rayjob: Obj) -> Obj | None:
-        """KubeRay's stop-job finalizer; returns the RayJob as it now is (None on a write conflict)."""
+        """The New branch adds KubeRay's stop-job finalizer; returns the RayJob as it now is (None on a conflict)."""
         finalizers = rayjob["metadata"].get("finalizers") or []
         if RAYJOB_FINALIZER in finalizers:
             return rayjob
@@ -1026,9 +1331,11 @@ class KubeRayStandIn:
         return self._remember_rayjob(patched)
 
     def _init_status(self, rayjob: Obj, step: _Step) -> None:
-        """KubeRay's initRayJobStatusIfNeed: job id, cluster name and start time, then Initializing."""
+        """initRayJobStatusIfNeed: a job id, a new cluster name and startTime (once per attempt), then Initializing."""
         name, spec, status = rayjob["metadata"]["name"], rayjob.get("spec") or {}, step.status
-        if not status.get("jobId"):
+        if not (not status.get("jobId") or not status.get("rayClusterName") or not status.get("jobStatus")):
+            return
+        if spec.get("submissionMode") != "InteractiveMode" and not status.get("jobId"):
             status["jobId"] = spec.get("jobId") or f"{name}-{random_suffix()}"
         if not status.get("rayClusterName"):
             selector = spec.get("clusterSelector") or {}
@@ -1036,152 +1343,326 @@ class KubeRayStandIn:
         status["jobStatus"] = status.get("jobStatus") or JobStatus.NEW.value
         status["jobDeploymentStatus"] = Deployment.INITIALIZING.value
         status["startTime"] = now_rfc3339()
-        step.wake_in(0)
 
-    def _deadline_passed(self, rayjob: Obj, step: _Step, *, pre_running: bool) -> bool:
-        """activeDeadlineSeconds (and, before Running, preRunningDeadlineSeconds) from status.startTime."""
-        spec, status = rayjob.get("spec") or {}, step.status
-        start = _parse_time(status.get("startTime"))
-        if start is None:
-            return False
-        checks = [("activeDeadlineSeconds", DEADLINE_EXCEEDED)]
-        if pre_running:
-            checks.append(("preRunningDeadlineSeconds", PRE_RUNNING_DEADLINE_EXCEEDED))
-        for field_name, reason in checks:
-            seconds = spec.get(field_name)
-            if not seconds:
-                continue
-            remaining = start + int(seconds) - time.time()
-            if remaining <= 0:
-                status["jobDeploymentStatus"] = Deployment.FAILED.value
-                status["reason"] = reason
-                status["message"] = (f"The RayJob has passed the {field_name}. StartTime: {status.get('startTime')}. "
-                                     f"{field_name[0].upper()}{field_name[1:]}: {seconds}")
-                return True
-            step.wake_in(remaining + 0.01)
+    @staticmethod
+    def _to_suspending(spec: Mapping[str, Any], status: Obj) -> bool:
+        """updateStatusToSuspendingIfNeeded: only Running and Initializing may go to Suspending."""
+        if spec.get("suspend") and status.get("jobDeploymentStatus") in (Deployment.RUNNING.value,
+                                                                         Deployment.INITIALIZING.value):
+            status["jobDeploymentStatus"] = Deployment.SUSPENDING.value
+            return True
         return False
 
-    def _initializing(self, key: Key, rayjob: Obj, step: _Step) -> None:
+    @staticmethod
+    def _deadline_passed(rayjob: Obj, step: _Step, field_name: str, reason: str) -> bool:
+        """checkActiveDeadlineAndUpdateStatusIfNeeded / checkPreRunningDeadlineAndUpdateStatusIfNeeded: Failed with
+        `reason` once `field_name` seconds have passed since status.startTime (this attempt's). Nothing is stopped."""
+        seconds = (rayjob.get("spec") or {}).get(field_name)
+        start_text = step.status.get("startTime")
+        if seconds is None or not start_text:
+            return False
+        remaining = _parse_time(start_text) + int(seconds) - time.time()
+        if remaining > 0:
+            step.wake_in(remaining + 0.01)
+            return False
+        start = parse_rfc3339(start_text).strftime("%Y-%m-%d %H:%M:%S +0000 UTC")
+        label = field_name[0].upper() + field_name[1:]
+        step.status.update(jobDeploymentStatus=Deployment.FAILED.value, reason=reason,
+                           message=f"The RayJob has passed the {field_name}. StartTime: {start}. {label}: {seconds}")
+        return True
+
+    def _initializing(self, key: Key, rayjob: Obj, step: _Step) -> bool:
         spec, status = rayjob.get("spec") or {}, step.status
-        if spec.get("suspend"):
-            status["jobDeploymentStatus"] = Deployment.SUSPENDING.value
-            return
-        if self._deadline_passed(rayjob, step, pre_running=True):
-            self._stop_run(key)
-            return
-        if not spec.get("rayClusterSpec") and not spec.get("clusterSelector"):
-            status.update(jobDeploymentStatus=Deployment.VALIDATION_FAILED.value, reason=VALIDATION_FAILED,
-                          message="The RayJob spec is invalid: rayClusterSpec or clusterSelector is required")
-            return
+        if self._to_suspending(spec, status):
+            return True
+        if self._deadline_passed(rayjob, step, "activeDeadlineSeconds", DEADLINE_EXCEEDED):
+            return True
+        if self._deadline_passed(rayjob, step, "preRunningDeadlineSeconds", PRE_RUNNING_DEADLINE_EXCEEDED):
+            return True
         cluster = self._get_or_create_cluster(rayjob, step)
         if cluster is None:
             step.wake_in(self.poll_interval)
-            return
-        poll = self._run_for(key, rayjob, cluster).poll()
-        if poll.phase is RunPhase.STARTING:
-            if poll.pending_pods is not None:
-                stuck = self.pods.stuck(cluster, poll.pending_pods)
-                if stuck is not None:
-                    self._set_cluster_status(cluster, stuck)
-            elif self.emulate_pods:
-                self.pods.starting(cluster)
-            step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
-            return
-        if self.emulate_pods:
-            self.pods.ready(cluster)
-        if (cluster.get("status") or {}).get("state") != "ready":
-            cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
-        meta = cluster["metadata"]
-        status["rayClusterStatus"] = cluster.get("status") or {}
-        status["dashboardURL"] = f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:8265"
+            return False
+        if not status.get("dashboardURL"):
+            cluster = self._reconcile_cluster(key, rayjob, cluster, step)
+            if (cluster.get("status") or {}).get("state") != "ready":
+                status["rayClusterStatus"] = cluster.get("status") or {}
+                return True
+            meta = cluster["metadata"]
+            status["dashboardURL"] = f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:8265"
+        mode = spec.get("submissionMode", "K8sJobMode")
+        if mode == "InteractiveMode":
+            status["jobDeploymentStatus"] = "Waiting"
+            return True
+        if mode == "K8sJobMode":
+            self._ensure_submitter({**rayjob, "status": status}, cluster)
         status["jobDeploymentStatus"] = Deployment.RUNNING.value
         step.wake_in(0)
+        return True
 
-    def _running(self, key: Key, rayjob: Obj, step: _Step) -> None:
+    def _waiting(self, rayjob: Obj, step: _Step) -> bool:
+        """InteractiveMode: wait for spec.jobId (the pre-running deadline still applies)."""
+        if self._deadline_passed(rayjob, step, "preRunningDeadlineSeconds", PRE_RUNNING_DEADLINE_EXCEEDED):
+            return True
+        job_id = (rayjob.get("spec") or {}).get("jobId")
+        if not job_id:
+            step.wake_in(self.poll_interval)
+            return False
+        step.status.update(jobId=job_id, jobDeploymentStatus=Deployment.RUNNING.value)
+        return True
+
+    def _running(self, key: Key, rayjob: Obj, step: _Step) -> bool:
         spec, status = rayjob.get("spec") or {}, step.status
-        if spec.get("suspend"):
-            status["jobDeploymentStatus"] = Deployment.SUSPENDING.value
-            return
-        if self._deadline_passed(rayjob, step, pre_running=False):
-            self._stop_run(key)
-            return
-        cluster = self._get_or_create_cluster(rayjob, step)
+        if self._to_suspending(spec, status):
+            return True
+        if self._deadline_passed(rayjob, step, "activeDeadlineSeconds", DEADLINE_EXCEEDED):
+            return True  # the Ray job keeps running (KR#2314): only a cluster deletion or a RayJob deletion ends it
+        cluster = self._get_or_create_cluster(rayjob, step)  # a cluster gone under a Running RayJob is recreated
         if cluster is None:
             step.wake_in(self.poll_interval)
-            return
-        poll = self._run_for(key, rayjob, cluster).poll()
-        info = dict(status.get("rayJobInfo") or {})
-        if poll.phase in (RunPhase.PENDING, RunPhase.STARTING):
-            status["jobStatus"] = JobStatus.PENDING.value
-        elif poll.phase is RunPhase.RUNNING:
-            status["jobStatus"] = JobStatus.RUNNING.value
-            info.setdefault("startTime", now_rfc3339())
-        else:
-            status["jobStatus"] = {RunPhase.SUCCEEDED: JobStatus.SUCCEEDED, RunPhase.FAILED: JobStatus.FAILED,
-                                   RunPhase.STOPPED: JobStatus.STOPPED}[poll.phase].value
-            info.setdefault("startTime", now_rfc3339())
-            info["endTime"] = now_rfc3339()
-            failed = poll.phase is RunPhase.FAILED
+            return False
+        mode = spec.get("submissionMode", "K8sJobMode")
+        submitter: Obj | None = None
+        if mode == "K8sJobMode":
+            submitter = self._get_submitter(rayjob)
+            if submitter is None:
+                step.wake_in(self.poll_interval)  # checkSubmitterAndUpdateStatusIfNeeded: Get failed, requeue
+                return False
+            failed = _job_condition(submitter, "Failed")
+            if failed is not None:
+                status["jobDeploymentStatus"] = Deployment.FAILED.value
+                if status.get("jobStatus") == JobStatus.FAILED.value:
+                    status["reason"] = APP_FAILED
+                else:
+                    status["reason"] = SUBMISSION_FAILED
+                    status["message"] = (f"Job submission has failed. Reason: {failed.get('reason', '')}. "
+                                         f"Message: {failed.get('message', '')}")
+                return True
+        run = self._run_for(key, rayjob, cluster)
+        poll = run.poll()
+        if poll.phase is RunPhase.STARTING:
+            # GetJobInfo: the Ray job is not on the cluster yet (not submitted, or the cluster is new): requeue
+            step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
+            return False
+        job_status = {RunPhase.PENDING: JobStatus.PENDING, RunPhase.RUNNING: JobStatus.RUNNING,
+                      RunPhase.SUCCEEDED: JobStatus.SUCCEEDED, RunPhase.FAILED: JobStatus.FAILED,
+                      RunPhase.STOPPED: JobStatus.STOPPED}[poll.phase].value
+        terminal = job_status in TERMINAL_JOB
+        finished_at = None
+        if submitter is not None:
+            # `ray job logs --follow` returns once the job ends, whatever its status: the submitter Job completes
+            done = _job_condition(submitter, "Complete")
+            finished_at = self._finish_submitter(submitter) if terminal else done and str(done.get("lastTransitionTime"))
+        if terminal and (submitter is None or finished_at is not None):
+            failed = job_status == JobStatus.FAILED.value  # STOPPED is Complete, as SUCCEEDED
             status["jobDeploymentStatus"] = (Deployment.FAILED if failed else Deployment.COMPLETE).value
-            if failed:
-                status["reason"] = APP_FAILED
-            self._forget_run(key)
-        if poll.message:
-            status["message"] = poll.message
-        if info:
-            status["rayJobInfo"] = info
-        status["rayClusterStatus"] = cluster.get("status") or {}
+            status["reason"] = APP_FAILED if failed else ""
+        else:
+            status["jobDeploymentStatus"] = Deployment.RUNNING.value
+            status["reason"] = ""
+        info = dict(status.get("rayJobInfo") or {})
+        info.setdefault("startTime", now_rfc3339())
+        if terminal:
+            info.setdefault("endTime", now_rfc3339())
+        status.update(rayClusterStatus=cluster.get("status") or {}, jobStatus=job_status, message=poll.message,
+                      rayJobInfo=info)
+        status.pop("jobStatusCheckFailureStartTime", None)
         step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
+        return True
 
-    def _release_cluster(self, key: Key, rayjob: Obj, step: _Step) -> None:
-        """Suspending / Retrying: stop the run, delete the cluster, wait until it is gone, reset the status."""
-        self._stop_run(key)
-        if not self._delete_cluster(rayjob, step):
+    def _release(self, key: Key, rayjob: Obj, step: _Step) -> bool:
+        """Suspending / Retrying: delete the cluster and the submitter Job, wait until both are really gone (a
+        finalizer on the cluster holds this branch), then reset the attempt's fields; Suspended, or New for a retry.
+        startTime, endTime and the counters stay. The job is not stopped first (pods go with the cluster)."""
+        cluster_gone = self._delete_cluster(rayjob, step.status.get("rayClusterName", ""))
+        job_gone = self._delete_submitter(rayjob)
+        if not (cluster_gone and job_gone):
             step.wake_in(self.poll_interval)
-            return
+            return False
+        self._stop_run(key)
         status = step.status
-        for reset in ("rayClusterStatus", "rayClusterName", "dashboardURL", "jobId", "message", "reason",
-                      "rayJobInfo"):
+        for reset in ("rayClusterName", "dashboardURL", "jobId", "message", "reason", "rayJobInfo",
+                      "jobStatusCheckFailureStartTime"):
             status.pop(reset, None)
+        status["rayClusterStatus"] = {}
         status["jobStatus"] = JobStatus.NEW.value
         suspending = status.get("jobDeploymentStatus") == Deployment.SUSPENDING.value
         status["jobDeploymentStatus"] = (Deployment.SUSPENDED if suspending else Deployment.NEW).value
         step.wake_in(0)
+        return True
 
-    def _finished(self, key: Key, rayjob: Obj, step: _Step) -> None:
-        """Complete / Failed: with shutdownAfterJobFinishes, delete the RayCluster ttlSecondsAfterFinished later."""
-        self._stop_run(key)
+    def _finished(self, rayjob: Obj) -> float | None:
+        """Complete / Failed: deletionStrategy (rules or legacy) if set, else shutdownAfterJobFinishes; no status
+        write. Returns when to look again."""
         spec = rayjob.get("spec") or {}
-        if not spec.get("shutdownAfterJobFinishes") or spec.get("clusterSelector"):
-            return
-        end = _parse_time(step.status.get("endTime")) or time.time()
-        remaining = end + int(spec.get("ttlSecondsAfterFinished") or 0) - time.time()
+        if spec.get("clusterSelector"):
+            return None  # "using an existing RayCluster via clusterSelector; skipping resource deletion"
+        strategy = spec.get("deletionStrategy")
+        if strategy is not None:
+            if strategy.get("deletionRules"):
+                return self._deletion_rules(rayjob, strategy["deletionRules"])
+            return self._legacy_deletion(rayjob, strategy)
+        if spec.get("shutdownAfterJobFinishes"):
+            return self._shutdown_after_job_finishes(rayjob)
+        return None
+
+    def _end_time(self, rayjob: Obj) -> float:
+        return _parse_time((rayjob.get("status") or {}).get("endTime")) or time.time()
+
+    def _shutdown_after_job_finishes(self, rayjob: Obj) -> float | None:
+        """handleShutdownAfterJobFinishes: ttlSecondsAfterFinished after status.endTime, delete the RayCluster once
+        (the RayJob stays, Complete/Failed; with DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true the RayJob is deleted
+        instead); no requeue after the delete (a held cluster is looked at again only on its own changes)."""
+        ttl = int((rayjob.get("spec") or {}).get("ttlSecondsAfterFinished") or 0)
+        remaining = self._end_time(rayjob) + ttl - time.time()
         if remaining > 0:
-            step.wake_in(remaining + 0.01)
-            return
-        self._delete_cluster(rayjob, step)
+            return remaining + 0.01
+        if self.delete_rayjob_after_job_finishes:
+            self._delete_rayjob(rayjob)
+        else:
+            self._delete_cluster(rayjob, (rayjob.get("status") or {}).get("rayClusterName", ""))
+        return None
+
+    def _legacy_deletion(self, rayjob: Obj, strategy: Mapping[str, Any]) -> float | None:
+        """handleLegacyDeletionPolicy: onSuccess / onFailure by jobStatus, after the global ttlSecondsAfterFinished."""
+        job_status = (rayjob.get("status") or {}).get("jobStatus", "")
+        side = {"SUCCEEDED": "onSuccess", "FAILED": "onFailure"}.get(job_status)
+        if side is None:
+            return None
+        policy = (strategy.get(side) or {}).get("policy", "DeleteNone")
+        if policy == "DeleteNone":
+            return None
+        ttl = int((rayjob.get("spec") or {}).get("ttlSecondsAfterFinished") or 0)
+        remaining = self._end_time(rayjob) + ttl - time.time()
+        if remaining > 0:
+            return remaining + 0.01
+        self._execute_deletion_policy(rayjob, policy)
+        return None
+
+    def _deletion_rules(self, rayjob: Obj, rules: list[Mapping[str, Any]]) -> float | None:
+        """handleDeletionRules: of the matching rules whose ttlSeconds (from status.endTime) has passed and whose
+        action is not done yet, execute the most destructive one; look again at the next pending rule."""
+        status, now = rayjob.get("status") or {}, time.time()
+        overdue: list[str] = []
+        next_due: float | None = None
+        for rule in rules:
+            condition = rule.get("condition") or {}
+            if "jobStatus" in condition:
+                matched = condition["jobStatus"] == status.get("jobStatus", "")
+            else:
+                matched = condition.get("jobDeploymentStatus") == status.get("jobDeploymentStatus", "")
+            if not matched:
+                continue
+            due = self._end_time(rayjob) + int(condition.get("ttlSeconds") or 0)
+            if now < due:
+                next_due = due if next_due is None else min(next_due, due)
+                continue
+            if not self._deletion_done(rayjob, rule.get("policy", "")):
+                overdue.append(rule.get("policy", ""))
+        if overdue:
+            order = {"DeleteSelf": 4, "DeleteCluster": 3, "DeleteWorkers": 2, "DeleteNone": 1}
+            self._execute_deletion_policy(rayjob, max(overdue, key=lambda p: order.get(p, 0)))
+        return None if next_due is None else next_due - now + 0.01
+
+    def _deletion_done(self, rayjob: Obj, policy: str) -> bool:
+        """isDeletionActionCompleted."""
+        if policy == "DeleteNone":
+            return True
+        if policy == "DeleteSelf":
+            return False
+        cluster = self.api.get(constants.RAYCLUSTER_PLURAL, rayjob["metadata"]["namespace"],
+                               (rayjob.get("status") or {}).get("rayClusterName", ""))
+        if cluster is None or cluster["metadata"].get("deletionTimestamp"):
+            return True
+        if policy == "DeleteWorkers":
+            return all((g.get("suspend") is True) for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or [])
+        return False
+
+    def _execute_deletion_policy(self, rayjob: Obj, policy: str) -> None:
+        if policy == "DeleteCluster":
+            self._delete_cluster(rayjob, (rayjob.get("status") or {}).get("rayClusterName", ""))
+        elif policy == "DeleteWorkers":
+            self._suspend_worker_groups(rayjob)
+        elif policy == "DeleteSelf":
+            self._delete_rayjob(rayjob)
+
+    def _suspend_worker_groups(self, rayjob: Obj) -> None:
+        """suspendWorkerGroups: every workerGroupSpecs[].suspend = true; the RayCluster controller then deletes the
+        worker pods (unless the cluster is being deleted: then nothing reconciles it)."""
+        namespace, name = rayjob["metadata"]["namespace"], (rayjob.get("status") or {}).get("rayClusterName", "")
+        cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
+        if cluster is None:
+            raise self.api.ApiException(status=404, reason=f"RayCluster {namespace}/{name} not found")
+        groups = [{**g, "suspend": True} for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or []]
+        updated = self.api.patch(constants.RAYCLUSTER_PLURAL, cluster, {"spec": {"workerGroupSpecs": groups}},
+                                 guarded=True)
+        self.rayclusters.remember(updated)
+        self.api.event(rayjob, "Normal", "UpdatedRayCluster",
+                       f"Set the `suspend` field to true for all worker groups in cluster {namespace}/{name}",
+                       action="Update")
+        if not updated["metadata"].get("deletionTimestamp"):
+            self.pods.delete_workers(updated)
+
+    def _delete_rayjob(self, rayjob: Obj) -> None:
+        meta = rayjob["metadata"]
+        try:
+            self.api.delete(constants.RAYJOB_PLURAL, meta["namespace"], meta["name"])
+        except self.api.ApiException as e:
+            if e.status != 404:
+                raise
 
     # ---- the RayCluster
 
     def _get_or_create_cluster(self, rayjob: Obj, step: _Step) -> Obj | None:
+        """getOrCreateRayClusterInstance: the cluster named in status.rayClusterName, created from the RayJob if
+        missing (also under a Running RayJob, under the same name); with clusterSelector it must exist."""
         namespace, name = rayjob["metadata"]["namespace"], step.status.get("rayClusterName", "")
         cluster = self.rayclusters.get(namespace, name)
         if cluster is not None:
             return cluster
         if (rayjob.get("spec") or {}).get("clusterSelector"):
-            return None  # an existing cluster is selected; KubeRay waits for it
+            cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
+            if cluster is None:
+                self.api.event(rayjob, "Warning", "RayClusterNotFound",
+                               f"RayCluster {namespace}/{name} set in the clusterSelector is not found. It must be "
+                               "created manually", action="Validate")
+            return cluster
         try:
             cluster = self.api.create(constants.RAYCLUSTER_PLURAL, namespace, cluster_for(rayjob, name))
         except self.api.ApiException as e:
             if e.status != 409:
                 self.api.event(rayjob, "Warning", "FailedToCreateRayCluster",
-                               f"Failed to create RayCluster {namespace}/{name}: {e.reason}")
+                               f"Failed to create RayCluster {namespace}/{name}: {e.reason}", action="Create")
                 raise
             cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
         else:
-            self.api.event(rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}")
+            self.api.event(rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}",
+                           action="Create")
         if cluster is not None:
             self.rayclusters.remember(cluster)
+        return cluster
+
+    def _reconcile_cluster(self, key: Key, rayjob: Obj, cluster: Obj, step: _Step) -> Obj:
+        """raycluster_controller.go's share: pods and status as the run reports the cluster's start. A cluster with
+        a deletionTimestamp is not reconciled ("RayCluster is being deleted, just ignore"): nothing changes."""
+        run = self._run_for(key, rayjob, cluster)
+        if cluster["metadata"].get("deletionTimestamp"):
+            step.wake_in(self.poll_interval)
+            return cluster
+        poll = run.poll()
+        if poll.phase is RunPhase.STARTING:
+            if poll.pending_pods is not None:
+                stuck = self.pods.stuck(cluster, poll.pending_pods)
+                if stuck is not None:
+                    cluster = self._set_cluster_status(cluster, stuck)
+            elif self.emulate_pods:
+                self.pods.starting(cluster)
+            step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
+            return cluster
+        if self.emulate_pods:
+            self.pods.ready(cluster)
+        if (cluster.get("status") or {}).get("state") != "ready":
+            cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
         return cluster
 
     def _set_cluster_status(self, cluster: Obj, status: Obj) -> Obj:
@@ -1189,38 +1670,110 @@ class KubeRayStandIn:
         self.rayclusters.remember(patched)
         return patched
 
-    def _delete_cluster(self, rayjob: Obj, step: _Step) -> bool:
-        """KubeRay's deleteClusterResources: delete once (a real delete: finalizers hold it); True once it is gone."""
-        namespace, name = rayjob["metadata"]["namespace"], step.status.get("rayClusterName", "")
+    def _delete_cluster(self, rayjob: Obj, name: str) -> bool:
+        """deleteClusterResources: delete once (a real delete: finalizers hold it); True once it is gone."""
+        namespace = rayjob["metadata"]["namespace"]
         cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name) if name else None
         if cluster is None:
             return True
         if cluster["metadata"].get("deletionTimestamp"):
-            return False  # its deletion is ongoing (held by finalizers)
+            return False  # "The deletion of the associated RayCluster for RayJob is ongoing."
         try:
             self.api.delete(constants.RAYCLUSTER_PLURAL, namespace, name)
         except self.api.ApiException as e:
             if e.status == 404:
                 return True
             self.api.event(rayjob, "Warning", "FailedToDeleteRayCluster",
-                           f"Failed to delete cluster {namespace}/{name}: {e.reason}")
+                           f"Failed to delete cluster {namespace}/{name}: {e.reason}", action="Delete")
             raise
-        self.api.event(rayjob, "Normal", "DeletedRayCluster", f"Deleted cluster {namespace}/{name}")
+        self.api.event(rayjob, "Normal", "DeletedRayCluster", f"Deleted cluster {namespace}/{name}", action="Delete")
         return False  # gone only when the API says so (the next reconcile looks again)
+
+    # ---- the submitter Job (K8sJobMode)
+
+    def _job_path(self, rayjob: Obj) -> str:
+        meta = rayjob["metadata"]
+        return f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}"
+
+    def _get_submitter(self, rayjob: Obj) -> Obj | None:
+        try:
+            return self.api.core("GET", self._job_path(rayjob))
+        except self.api.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _ensure_submitter(self, rayjob: Obj, cluster: Obj) -> None:
+        """createK8sJobIfNeed: create the submitter Job unless one of that name exists."""
+        if self._get_submitter(rayjob) is not None:
+            return
+        meta = rayjob["metadata"]
+        try:
+            self.api.core("POST", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs", submitter_job_for(rayjob, cluster))
+        except self.api.ApiException as e:
+            if e.status == 409:
+                return
+            self.api.event(rayjob, "Warning", "FailedToCreateRayJobSubmitter",
+                           f"Failed to create new Kubernetes Job {meta['namespace']}/{meta['name']}: {e.reason}",
+                           action="Create")
+            raise
+        self.api.event(rayjob, "Normal", "CreatedRayJobSubmitter",
+                       f"Created Kubernetes Job {meta['namespace']}/{meta['name']}", action="Create")
+
+    def _finish_submitter(self, job: Obj) -> str:
+        """What the Job controller records when the submitter pod exits 0; returns the Complete condition's time."""
+        done = _job_condition(job, "Complete")
+        if done is not None:
+            return str(done.get("lastTransitionTime", ""))
+        now = now_rfc3339()
+        meta = job["metadata"]
+        status = {"succeeded": 1, "startTime": (job.get("status") or {}).get("startTime") or now, "completionTime": now,
+                  "conditions": [_condition("SuccessCriteriaMet", True, "CompletionsReached",
+                                            "Reached expected number of succeeded pods"),
+                                 _condition("Complete", True, "CompletionsReached",
+                                            "Reached expected number of succeeded pods")]}
+        self.api.core("PATCH", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}/status",
+                      {"status": status}, content_type="application/merge-patch+json")
+        return now
+
+    def _delete_submitter(self, rayjob: Obj) -> bool:
+        """deleteSubmitterJob: HTTPMode and SidecarMode have none; else delete it (Background) and wait until gone."""
+        if (rayjob.get("spec") or {}).get("submissionMode", "K8sJobMode") in ("HTTPMode", "SidecarMode"):
+            return True
+        job = self._get_submitter(rayjob)
+        if job is None:
+            return True
+        if job["metadata"].get("deletionTimestamp"):
+            return False
+        meta = rayjob["metadata"]
+        try:
+            self.api.core("DELETE", self._job_path(rayjob), {"propagationPolicy": "Background"})
+        except self.api.ApiException as e:
+            if e.status == 404:
+                return True
+            self.api.event(rayjob, "Warning", "FailedToDeleteRayJobSubmitter",
+                           f"Failed to delete submitter K8s Job {meta['namespace']}/{meta['name']}: {e.reason}",
+                           action="Delete")
+            raise
+        self.api.event(rayjob, "Normal", "DeletedRayJobSubmitter",
+                       f"Deleted submitter K8s Job {meta['namespace']}/{meta['name']}", action="Delete")
+        return False
 
     # ---- runs
 
     def _run_for(self, key: Key, rayjob: Obj, cluster: Obj) -> RunHandle:
-        cluster_name = cluster["metadata"]["name"]
+        """The run on this cluster object (by uid): a cluster recreated under the same name gets a new run, as the
+        submitter resubmits the job to it."""
+        cluster_uid = cluster["metadata"].get("uid", cluster["metadata"]["name"])
         with self._lock:
             current = self._runs.get(key)
-        if current is not None and current[0] == cluster_name:
+        if current is not None and current[0] == cluster_uid:
             return current[1]
         if current is not None:
             current[1].stop()
-        handle = self.runner.start(rayjob, cluster_name)
+        handle = self.runner.start(rayjob, cluster["metadata"]["name"])
         with self._lock:
-            self._runs[key] = (cluster_name, handle)
+            self._runs[key] = (cluster_uid, handle)
         return handle
 
     def _stop_run(self, key: Key) -> None:
@@ -1229,10 +1782,6 @@ class KubeRayStandIn:
         if current is not None:
             current[1].stop()
 
-    def _forget_run(self, key: Key) -> None:
-        with self._lock:
-            self._runs.pop(key, None)
-
     # ---- writes
 
     def _remember_rayjob(self, rayjob: Obj) -> Obj:
@@ -1240,14 +1789,41 @@ class KubeRayStandIn:
         return rayjob
 
     def _write_status(self, rayjob: Obj, original: Obj, step: _Step) -> None:
-        """KubeRay writes the status only when jobStatus or jobDeploymentStatus change (updateRayJobStatus)."""
-        status = step.status
-        changed = any(status.get(k, "") != original.get(k, "") for k in ("jobStatus", "jobDeploymentStatus"))
+        """updateRayJobStatus: a write only when jobStatus, jobDeploymentStatus, the RayCluster status (as
+        InconsistentRayClusterStatus compares it) or jobStatusCheckFailureStartTime changed; endTime is set when the
+        new jobDeploymentStatus is Complete or Failed. Empty strings are left out, as Go's omitempty does."""
+        status = _omit_empty(step.status)
+        before = _omit_empty(original)
+        changed = (
+            any(status.get(k, "") != before.get(k, "") for k in ("jobStatus", "jobDeploymentStatus"))
+            or _cluster_status_differs(before.get("rayClusterStatus") or {}, status.get("rayClusterStatus") or {})
+            or status.get("jobStatusCheckFailureStartTime") != before.get("jobStatusCheckFailureStartTime")
+        )
         if not changed:
             return
         if status.get("jobDeploymentStatus") in (Deployment.COMPLETE.value, Deployment.FAILED.value):
             status["endTime"] = now_rfc3339()
-        status["observedGeneration"] = rayjob["metadata"].get("generation", 1)
-        patch = {k: status.get(k) for k in set(status) | set(original) if status.get(k) != original.get(k)}
+        patch = {k: status.get(k) for k in set(status) | set(before) if status.get(k) != before.get(k)}
         self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch},
                                              status=True, guarded=True))
+
+
+def _omit_empty(status: Mapping[str, Any]) -> Obj:
+    return {k: v for k, v in status.items() if v is not None and v != ""}
+
+
+_CLUSTER_STATUS_COMPARED = ("state", "reason", "readyWorkerReplicas", "availableWorkerReplicas",
+                            "desiredWorkerReplicas", "minWorkerReplicas", "maxWorkerReplicas", "endpoints", "head",
+                            "conditions")
+
+
+def _cluster_status_differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """utils/consistency.go InconsistentRayClusterStatus (lastUpdateTime and observedGeneration do not count)."""
+    return any(old.get(k) != new.get(k) for k in _CLUSTER_STATUS_COMPARED)
+
+
+def _job_condition(job: Mapping[str, Any], type_: str) -> Obj | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return dict(condition)
+    return None
