@@ -18,6 +18,7 @@ import pytest
 
 from sweep_operator import constants
 from sweep_operator.sandbox.emulator import EmulatorServer, parse_label_selector, wait_for
+from tests.support.factories import cpu_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -64,8 +65,11 @@ def core(api: Any) -> Any:
 
 
 def sweep(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": constants.API_VERSION, "kind": constants.KIND,
-            "metadata": {"name": name, "labels": labels}, "spec": {"image": "img:1"}}
+    """A valid TrainingSweep (the strict emulator refuses an incomplete spec), namespace left to the request."""
+    body = cpu_sweep(name)
+    body["metadata"] = {"name": name, "labels": labels}
+    body["spec"]["image"] = "img:1"
+    return body
 
 
 def owned(kind_obj: dict[str, Any], name: str, kind: str, api_version: str) -> dict[str, Any]:
@@ -76,8 +80,12 @@ def owned(kind_obj: dict[str, Any], name: str, kind: str, api_version: str) -> d
         "metadata": {"name": name, "ownerReferences": [{
             "apiVersion": kind_obj["apiVersion"], "kind": kind_obj["kind"], "name": kind_obj["metadata"]["name"],
             "uid": kind_obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
-        "spec": {},
+        "spec": RAYCLUSTER_SPEC if kind == "RayCluster" else {},
     }
+
+
+# The least RayCluster spec KubeRay v1.7.0's schema takes (headGroupSpec, its pod template and a container).
+RAYCLUSTER_SPEC = {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:1"}]}}}}
 
 
 def get_json(server: EmulatorServer, path: str) -> Any:
@@ -112,12 +120,12 @@ def test_discovery_serves_core_v1_our_crd_and_kuberay(server: EmulatorServer) ->
 
 
 def test_create_fills_server_owned_metadata(custom: Any, ns: str) -> None:
-    created = custom.create_namespaced_custom_object(G, V, ns, P, {"metadata": {"name": "a"}, "spec": {}})
+    created = custom.create_namespaced_custom_object(G, V, ns, P, sweep("a"))
     meta = created["metadata"]
     assert created["kind"] == constants.KIND and created["apiVersion"] == constants.API_VERSION
     assert meta["namespace"] == ns and meta["generation"] == 1
     assert meta["uid"] and int(meta["resourceVersion"]) > 0 and meta["creationTimestamp"].endswith("Z")
-    generated = custom.create_namespaced_custom_object(G, V, ns, P, {"metadata": {"generateName": "sweep-"}})
+    generated = custom.create_namespaced_custom_object(G, V, ns, P, {**sweep(""), "metadata": {"generateName": "sweep-"}})
     assert generated["metadata"]["name"].startswith("sweep-") and len(generated["metadata"]["name"]) == 11
 
 
@@ -178,7 +186,7 @@ def test_status_subresource_owns_status_and_generation_counts_spec_changes(custo
     assert "status" not in created  # create ignores status when the status subresource exists
     patched = custom.patch_namespaced_custom_object_status(G, V, ns, P, "a",
                                                            {"status": {"phase": "Running"}, "spec": {"image": "x"}})
-    assert patched["status"] == {"phase": "Running"} and patched["spec"] == {"image": "img:1"}
+    assert patched["status"] == {"phase": "Running"} and patched["spec"]["image"] == "img:1"
     assert patched["metadata"]["generation"] == 1
     patched = custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"spec": {"image": "y"}, "status": {"phase": "No"}})
     assert patched["spec"]["image"] == "y" and patched["status"] == {"phase": "Running"}
@@ -400,7 +408,7 @@ def login(**_):
 
 @kopf.on.create("sweeps.dev", "v1alpha1", "trainingsweeps")
 def created(body, patch, **_):
-    patch.status["phase"] = "Created"
+    patch.status["phase"] = "Running"
     kopf.info(body, reason="Admitted", message="admitted by the test operator")
 
 @kopf.on.delete("sweeps.dev", "v1alpha1", "trainingsweeps")
@@ -420,7 +428,7 @@ def test_kopf_watches_patches_status_posts_events_and_finalizes(
     args = ["run", "--standalone", "--namespace", ns, str(script)]
     with kopf.testing.KopfRunner(args, timeout=30) as runner:
         custom.create_namespaced_custom_object(G, V, ns, P, sweep("k"))
-        handled = wait_for(lambda: (o := custom.get_namespaced_custom_object(G, V, ns, P, "k")).get("status", {}).get("phase") == "Created" and o, 15,
+        handled = wait_for(lambda: (o := custom.get_namespaced_custom_object(G, V, ns, P, "k")).get("status", {}).get("phase") == "Running" and o, 15,
                            what="kopf to handle the creation")
         assert handled["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
         events = wait_for(lambda: core.list_namespaced_event(ns, field_selector="involvedObject.name=k").items, 10)
@@ -460,8 +468,8 @@ def test_kubectl_apply_get_custom_columns_describe_and_delete(kubectl: Any, cust
 
     manifest = tmp_path / "sweep.yaml"
     manifest.write_text(example(ns))
-    assert "created" in kubectl("apply", "--validate=false", "-f", str(manifest)).stdout
-    assert "unchanged" in kubectl("apply", "--validate=false", "-f", str(manifest)).stdout
+    assert "created" in kubectl("apply", "-f", str(manifest)).stdout
+    assert "unchanged" in kubectl("apply", "-f", str(manifest)).stdout
     custom.patch_namespaced_custom_object_status(G, V, ns, P, "digits-cpu", {"status": {
         "phase": "Running", "trialsSummary": "1/2", "bestTrial": {"value": 0.25}, "checkpoints": {"verified": True}}})
 
