@@ -39,6 +39,13 @@ BEST_CHECKPOINT_UNVERIFIED: Final = "best-checkpoint-unverified"
 S3_ERROR: Final = "s3-error"
 TIMEOUT: Final = "timeout"
 VERIFIER_ERROR: Final = "verifier-error"
+# A trial the run's surviving records (status.json, result.json, Tune's experiment state) say checkpointed, with no
+# object left under train/<trial>/.
+MISSING_TRIAL: Final = "missing-trial"
+# _sweep/status.json or one of Tune's experiment_state-*.json cannot be read: which trials checkpointed is unknown.
+INVALID_RECORD: Final = "invalid-record"
+# A checkpoint result.json names for a trial is not among the verified ones.
+RECORDED_CHECKPOINT_UNVERIFIED: Final = "recorded-checkpoint-unverified"
 
 # Warnings: reported, never a reason to hold a deletion.
 UNCOMMITTED_CHECKPOINT: Final = "uncommitted-checkpoint"
@@ -57,6 +64,11 @@ UNCOMMITTED: Final = "uncommitted"
 STATUS_MAX_PROBLEMS: Final = 20  # CheckpointsStatus.problems keeps the first 20
 HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
 _LIST_PAGE_SIZE: Final = 1000
+# What Ray 2.58 names in its records: ray/tune/execution/tune_controller.py (TuneController.CKPT_FILE_TMPL,
+# save_to_dir: {"trial_data": [[trial JSON, run-metadata JSON], ...]}), ray/tune/trainable/metadata.py
+# (_TrainingRunMetadata.last_result) and ray/tune/integration/ray_train.py (TuneReportCallback adds the path).
+EXPERIMENT_STATE_PREFIX: Final = "experiment_state-"
+TUNE_CHECKPOINT_PATH_KEY: Final = "checkpoint_path"
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,51 @@ def best_checkpoint_uri(data: bytes) -> str | None:
     return uri
 
 
+def recorded_checkpoints(data: bytes, what: str) -> dict[str, str]:
+    """{trial id: checkpoint URI} for every trial `_sweep/status.json` or `result.json` records with a checkpoint
+    (`trialResults[]`, and `bestTrial`); raises FormatError naming the field that is wrong."""
+    doc = load_json_object(data, what)
+    found: dict[str, str] = {}
+    rows = doc.get("trialResults", [])
+    if not isinstance(rows, list):
+        raise FormatError(f"{what}: trialResults: got {rows!r}; expected a list")
+    best = doc.get("bestTrial")
+    for i, row in enumerate([*rows, *([best] if isinstance(best, dict) else [])]):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not row["id"]:
+            raise FormatError(f"{what}: trialResults[{i}]: got {row!r}; expected an object with an id")
+        uri = row.get("checkpointUri")
+        if uri is not None and (not isinstance(uri, str) or not uri):
+            raise FormatError(f"{what}: trialResults[{i}].checkpointUri: got {uri!r}; expected a URI or null")
+        if uri:
+            found.setdefault(row["id"], uri)
+    return found
+
+
+def experiment_state_checkpoints(data: bytes, what: str) -> dict[str, str]:
+    """{trial id: checkpoint path} for every trial of one Tune experiment state whose last result names a checkpoint
+    (Tune over Train: the path TuneReportCallback forwards, R18); raises FormatError when the file is not Tune's."""
+    doc = load_json_object(data, what)
+    trial_data = doc.get("trial_data")
+    if not isinstance(trial_data, list):
+        raise FormatError(f"{what}: trial_data: got {type(trial_data).__name__}; expected Tune's list of trials")
+    found: dict[str, str] = {}
+    for i, item in enumerate(trial_data):
+        try:
+            trial_json, metadata_json = item
+            trial = json.loads(trial_json)
+            metadata = json.loads(metadata_json)
+            trial_id = trial["trial_id"]
+            last = metadata.get("last_result") or {}
+        except (TypeError, ValueError, KeyError, AttributeError):
+            raise FormatError(f"{what}: trial_data[{i}]: not a [trial, run metadata] pair of JSON documents with a trial_id") from None
+        if not isinstance(trial_id, str) or not isinstance(last, dict):
+            raise FormatError(f"{what}: trial_data[{i}]: trial_id {trial_id!r} / last_result of an unexpected type")
+        path = last.get(TUNE_CHECKPOINT_PATH_KEY)
+        if isinstance(path, str) and path:
+            found[trial_id] = path
+    return found
+
+
 # ------------------------------------------------------------------------------ pure comparison
 
 
@@ -350,18 +407,26 @@ def assess_checkpoint(
     return result(problems, files, size, to_hash)
 
 
-def check_best_checkpoint(uri: str | None, root: S3Uri, verified: Iterable[tuple[str, str]]) -> Finding | None:
-    """`_sweep/result.json`'s best checkpoint must be one of the verified (trial, checkpoint) pairs."""
+def check_best_checkpoint(
+    uri: str | None,
+    root: S3Uri,
+    verified: Iterable[tuple[str, str]],
+    *,
+    kind: str = BEST_CHECKPOINT_UNVERIFIED,
+    what: str = "best checkpoint",
+) -> Finding | None:
+    """`_sweep/result.json`'s best checkpoint (or another checkpoint it records) must be one of the verified
+    (trial, checkpoint) pairs."""
     if uri is None:
         return None
     key = root.join(s3_layout.RESULT_KEY).key
     train_path = f"{root.join(s3_layout.TRAIN_DIR).path}/"
     location = s3_layout.strip_scheme(uri).rstrip("/")  # Ray reports `bucket/key`; result.json carries s3://
     if not location.startswith(train_path):
-        return Finding(BEST_CHECKPOINT_UNVERIFIED, key, f"best checkpoint {uri} is not under this run's {train_path}")
+        return Finding(kind, key, f"{what} {uri} is not under this run's {train_path}")
     parts = location[len(train_path):].split("/")
     if len(parts) != 2 or tuple(parts) not in set(verified):
-        return Finding(BEST_CHECKPOINT_UNVERIFIED, key, f"best checkpoint {uri} is not among the verified checkpoints")
+        return Finding(kind, key, f"{what} {uri} is not among the verified checkpoints")
     return None
 
 
@@ -782,16 +847,23 @@ def _verify(
 
     listing_future = pool.submit(list_trials, client, root.bucket, train_prefix, on_trial)
     result_future = pool.submit(read_object, client, root.bucket, root.join(s3_layout.RESULT_KEY).key, True)
+    status_future = pool.submit(read_object, client, root.bucket, root.join(s3_layout.STATUS_KEY).key, True)
+    states_future = pool.submit(read_experiment_states, client, root)
     retention_future = pool.submit(_read_retention, client, root.bucket)
     _wait_all([listing_future], deadline, clock)
     trials = run.outcome(listing_future)
     if trials is None:  # the run cannot even be listed: nothing else is worth asking
         return
     empty_future = pool.submit(_has_any_object, client, root.bucket, root.prefix) if not trials else None
-    _wait_all([*trial_futures.values(), result_future, retention_future, *([empty_future] if empty_future else [])], deadline, clock)
+    _wait_all(
+        [*trial_futures.values(), result_future, status_future, states_future, retention_future, *([empty_future] if empty_future else [])],
+        deadline,
+        clock,
+    )
 
+    facts_by_trial: dict[str, TrialFacts | None] = {}
     for trial, future in trial_futures.items():
-        facts = run.outcome(future)
+        facts = facts_by_trial[trial] = run.outcome(future)
         if facts is None:
             continue
         run.objects_listed += len(facts.objects.files) + sum(len(c) for c in facts.objects.dirs.values())
@@ -799,6 +871,9 @@ def _verify(
         run.assessments += assessments
         run.problems += problems
         run.warnings += warnings
+    result_data = run.outcome(result_future)
+    expected = _expected_trials(root, run, result_data, run.outcome(status_future), run.outcome(states_future))
+    run.problems += missing_trial_findings(root, expected, facts_by_trial, run.problems)
     if empty_future is not None and run.outcome(empty_future) is False:
         empty = Finding(EMPTY_RUN_ROOT, root.prefix, f"no object under {root}: a wrong URI, or a run that never wrote anything")
         (run.warnings if empty_root_ok else run.problems).append(empty)
@@ -808,10 +883,10 @@ def _verify(
     if deep:
         _hash_checkpoints(client, root, pool, deadline, clock, run)
 
-    result_data = run.outcome(result_future)
     if result_data is not None:
         try:
             run.best_uri = best_checkpoint_uri(result_data)
+            recorded = recorded_checkpoints(result_data, s3_layout.RESULT_KEY)
         except FormatError as exc:
             run.problems.append(Finding(INVALID_RESULT, root.join(s3_layout.RESULT_KEY).key, str(exc)))
         else:
@@ -819,6 +894,16 @@ def _verify(
             finding = check_best_checkpoint(run.best_uri, root, verified)
             if finding:
                 run.problems.append(finding)
+            best = s3_layout.strip_scheme(run.best_uri or "").rstrip("/")
+            for trial, uri in sorted(recorded.items()):
+                trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+                if s3_layout.strip_scheme(uri).rstrip("/") == best or any(p.key.startswith(trial_prefix) for p in run.problems):
+                    continue  # already judged as the best checkpoint, or the trial is not verified for a named reason
+                finding = check_best_checkpoint(
+                    uri, root, verified, kind=RECORDED_CHECKPOINT_UNVERIFIED, what=f"trial {trial}'s checkpoint"
+                )
+                if finding:
+                    run.problems.append(finding)
 
     if retention_future.exception() is not None:
         exc = retention_future.exception()
@@ -828,6 +913,63 @@ def _verify(
     else:
         versioning, rules = retention_future.result()
         run.warnings += retention_findings(versioning, rules, root, min_retention_days, today)
+
+
+def read_experiment_states(client: S3Reader, root: S3Uri) -> dict[str, bytes]:
+    """Every `tune/experiment_state-*.json` of the run (one per Tune session) by key: one listing of that prefix."""
+    prefix = root.join(s3_layout.TUNE_EXPERIMENT_NAME).prefix + EXPERIMENT_STATE_PREFIX
+    keys = [prefix + rel for rel, _ in iter_listing(client, root.bucket, prefix) if rel and "/" not in rel]
+    return {key: read_object(client, root.bucket, key) or b"" for key in keys}
+
+
+def _expected_trials(
+    root: S3Uri, run: _Run, result_data: bytes | None, status_data: bytes | None, states: Mapping[str, bytes] | None
+) -> dict[str, str]:
+    """{trial: which record says it checkpointed}, from every record that survives; an unreadable status or
+    experiment state is a problem (which trials must have checkpoints is then unknown)."""
+    expected: dict[str, str] = {}
+    # (key, name shown, bytes, parser, problem kind when unreadable: "" for result.json, judged with its best)
+    sources: list[tuple[str, str, bytes, Callable[[bytes, str], dict[str, str]], str]] = []
+    if result_data is not None:
+        sources.append((root.join(s3_layout.RESULT_KEY).key, s3_layout.RESULT_KEY, result_data, recorded_checkpoints, ""))
+    if status_data is not None:
+        sources.append((root.join(s3_layout.STATUS_KEY).key, s3_layout.STATUS_KEY, status_data, recorded_checkpoints, INVALID_RECORD))
+    for key, data in sorted((states or {}).items()):
+        name = key[len(root.prefix):]
+        sources.append((key, name, data, experiment_state_checkpoints, INVALID_RECORD))
+    for key, name, data, parse, invalid_kind in sources:
+        try:
+            found = parse(data, name)
+        except FormatError as exc:
+            if invalid_kind:
+                run.problems.append(Finding(invalid_kind, key, str(exc)))
+            continue
+        for trial, uri in found.items():
+            expected.setdefault(trial, f"{name} records its checkpoint {uri}")
+    return expected
+
+
+def missing_trial_findings(
+    root: S3Uri, expected: Mapping[str, str], facts: Mapping[str, TrialFacts | None], problems: Sequence[Finding]
+) -> list[Finding]:
+    """A problem for each trial the records say checkpointed that has nothing committed in S3 (and no problem yet)."""
+    findings: list[Finding] = []
+    for trial, why in sorted(expected.items()):
+        prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+        if any(p.key.startswith(prefix) for p in problems):
+            continue  # already not verified, for a reason named under the trial
+        if trial not in facts:
+            findings.append(Finding(MISSING_TRIAL, prefix, f"no object under train/{trial}/, but {why} (deleted?)"))
+            continue
+        trial_facts = facts[trial]
+        if trial_facts is None:
+            continue  # its S3 error is already a problem
+        snapshot = trial_facts.snapshot
+        if snapshot is None:
+            findings.append(Finding(MISSING_SNAPSHOT, prefix + s3_layout.SNAPSHOT_FILE, f"no Ray snapshot, but {why}"))
+        elif isinstance(snapshot, Snapshot) and not snapshot.committed:
+            findings.append(Finding(MISSING_CHECKPOINT, prefix, f"Ray's snapshot commits no checkpoint, but {why}"))
+    return findings
 
 
 def _hash_checkpoints(

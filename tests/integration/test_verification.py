@@ -56,8 +56,8 @@ def test_complete_sweep_is_verified_by_listing_not_by_head_requests(client: Any,
     assert [w.kind for w in result.warnings] == [v.VERSIONING_DISABLED]  # moto buckets start unversioned
     counts = client.operation_counts
     assert counts["HeadObject"] == 0
-    assert counts["ListObjectsV2"] == 1  # one paginated pass over train/
-    assert counts["GetObject"] == 2 + 4 + 1  # snapshots, manifests, result.json
+    assert counts["ListObjectsV2"] == 2  # one paginated pass over train/, one over tune/experiment_state-*
+    assert counts["GetObject"] == 2 + 4 + 3  # snapshots, manifests, result.json, status.json, Tune's state
 
 
 def test_missing_file_is_not_verified(client: Any, sweep: SyntheticSweep) -> None:
@@ -107,6 +107,25 @@ def test_sharded_checkpoint_missing_one_rank_manifest_is_not_verified(client: An
     assert (v.MISSING_MANIFEST, key) in problems(result)
 
 
+def test_sharded_checkpoint_missing_its_highest_rank_manifest_is_not_verified_R10(client: Any, s3_client: Any, s3_bucket: str) -> None:
+    """R10: the manifests record the world size, so the last rank's manifest (no gap below it) is missed too."""
+    sharded = write_sweep(s3_client, s3_bucket, prefix="sweeps/team-a/sharded-r2", trials=1, checkpoints=1, files=6, ranks=3)
+    key = sharded.delete_manifest(rank=2)
+    result = verify_sweep_checkpoints(client, sharded.root_uri)
+    assert (v.MISSING_MANIFEST, key) in problems(result)
+    assert not result.verified
+
+
+def test_a_deleted_trial_directory_is_not_verified_R22(client: Any, sweep: SyntheticSweep) -> None:
+    """The records that survive (status.json, result.json, Tune's experiment state) say the trial checkpointed."""
+    prefix = sweep.delete_trial_dir(sweep.trials[1])
+    result = verify_sweep_checkpoints(client, sweep.root_uri)
+    assert (v.MISSING_TRIAL, prefix) in problems(result)
+    sweep.delete_train_dir()
+    result = verify_sweep_checkpoints(client, sweep.root_uri)
+    assert [p.kind for p in result.problems].count(v.MISSING_TRIAL) == 2 and not result.verified
+
+
 def test_missing_snapshot_is_not_verified(client: Any, sweep: SyntheticSweep) -> None:
     """R22: checkpoint dirs but no Ray commit record: nobody can say which are complete."""
     key = sweep.delete_snapshot(sweep.trials[1])
@@ -147,7 +166,7 @@ def test_more_than_1000_keys_are_paginated(client: Any, s3_bucket: str) -> None:
     result = verify_sweep_checkpoints(client, big.root_uri)
     assert problems(result)[0] == (v.MISSING_FILE, key)
     assert result.objects_listed > 1000
-    assert client.operation_counts["ListObjectsV2"] == 2  # one pass over train/: two pages
+    assert client.operation_counts["ListObjectsV2"] == 3  # one pass over train/: two pages; one of Tune's states
 
 
 def test_wrong_bucket_is_not_verified(client: Any) -> None:

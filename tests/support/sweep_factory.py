@@ -26,6 +26,9 @@ from sweep_operator.s3_layout import S3Uri
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Ray's own snapshot from a real 1-worker Train V2 run (generate_ray_snapshot.py regenerates it).
 REAL_RAY_SNAPSHOT = FIXTURES / "checkpoint_manager_snapshot.ray-2.58.0.json"
+# Tune's own experiment state from a real 2.58.0 run (2 trials whose last results carry a checkpoint_path).
+REAL_TUNE_EXPERIMENT_STATE = FIXTURES / "experiment_state.ray-2.58.0.json"
+EXPERIMENT_STATE_NAME = "experiment_state-2026-12-02_10-00-00.json"
 
 DEFAULT_PREFIX = "sweeps/team-a/digits-r1a2b3"
 METRIC = "val_loss"
@@ -76,6 +79,21 @@ def manifest_document(
     return checkpoint_manifest.manifest_document(entries, rank=rank, epoch=epoch, world_size=world_size or rank + 1)
 
 
+def tune_experiment_state(trials: Mapping[str, str | None]) -> dict[str, Any]:
+    """Tune 2.58.0's `experiment_state-*.json` for `trials` ({trial id: the checkpoint path its last result
+    forwarded, scheme-less as TuneReportCallback gives it, or None}), built on the real fixture's trial entries."""
+    real = json.loads(REAL_TUNE_EXPERIMENT_STATE.read_text())
+    template_trial, template_meta = (json.loads(part) for part in real["trial_data"][0])
+    trial_data = []
+    for trial_id, path in trials.items():
+        last = {k: v for k, v in template_meta["last_result"].items() if k != "checkpoint_path"}
+        last["trial_id"] = trial_id
+        if path is not None:
+            last["checkpoint_path"] = path
+        trial_data.append([json.dumps({**template_trial, "trial_id": trial_id}), json.dumps({**template_meta, "last_result": last})])
+    return {**real, "trial_data": trial_data}
+
+
 def file_content(trial: str, checkpoint: str, path: str, size: int) -> bytes:
     """Deterministic bytes for one synthetic file (different for every file)."""
     seed = hashlib.sha256(f"{trial}/{checkpoint}/{path}".encode()).digest()
@@ -106,6 +124,7 @@ class SyntheticSweep:
     objects_written: int = 0
     best: tuple[str, str] | None = None
     extra_keys: list[str] = field(default_factory=list)
+    trial_results: list[dict[str, Any]] = field(default_factory=list)  # result.json's and status.json's trialResults
 
     # --------------------------------------------------------------------------- locations
 
@@ -223,6 +242,22 @@ class SyntheticSweep:
             if not page.get("IsTruncated"):
                 return prefix
 
+    def delete_trial_dir(self, trial: str | None = None) -> str:
+        """Remove everything under `train/<trial>/` (snapshot and checkpoints): the records still name the trial."""
+        return self._delete_prefix(self.trial_prefix(trial or self.trials[0]))
+
+    def delete_train_dir(self) -> str:
+        """Remove all of `train/`."""
+        return self._delete_prefix(self.root.join(s3_layout.TRAIN_DIR).prefix)
+
+    def _delete_prefix(self, prefix: str) -> str:
+        while True:
+            page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+            for obj in page.get("Contents", []):
+                self.client.delete_object(Bucket=self.bucket, Key=obj["Key"])
+            if not page.get("IsTruncated") or not page.get("Contents"):
+                return prefix
+
     def add_uncommitted_checkpoint(self, trial: str | None = None, name: str = "checkpoint_epoch-999999", files: int = 2) -> str:
         """A checkpoint dir no snapshot names (an interrupted save): a warning, never a problem."""
         trial = trial or self.trials[0]
@@ -234,7 +269,7 @@ class SyntheticSweep:
 
     def set_best_checkpoint_uri(self, uri: str | None) -> str:
         """Rewrite `_sweep/result.json` so its best checkpoint is `uri`."""
-        self.client.put_object(Bucket=self.bucket, Key=self.result_key, Body=_json_bytes(_result_document(uri)))
+        self.client.put_object(Bucket=self.bucket, Key=self.result_key, Body=_json_bytes(_result_document(uri, self.trial_results)))
         return self.result_key
 
     def point_best_at_uncommitted(self, trial: str | None = None) -> str:
@@ -247,11 +282,19 @@ class SyntheticSweep:
         return self.result_key
 
 
-def _result_document(best_uri: str | None, trial: str = "trial_0000", value: float = 0.1) -> dict[str, Any]:
+def _result_document(
+    best_uri: str | None, trial_results: Sequence[Mapping[str, Any]] = (), trial: str = "trial_0000", value: float = 0.1
+) -> dict[str, Any]:
     best = None
     if best_uri is not None:
         best = {"id": trial, "metric": METRIC, "value": value, "config": {"lr": 0.01}, "checkpointUri": best_uri}
-    return {"bestTrial": best, "trials": {"total": 1, "terminated": 1, "errored": 0}, "finishedAt": "2026-12-02T10:00:00Z"}
+    total = max(1, len(trial_results))
+    return {
+        "bestTrial": best,
+        "trials": {"total": total, "terminated": total, "errored": 0},
+        "trialResults": [dict(r) for r in trial_results],
+        "finishedAt": "2026-12-02T10:00:00Z",
+    }
 
 
 def write_sweep(
@@ -266,6 +309,7 @@ def write_sweep(
     ranks: int = 1,
     dir_markers: bool = True,
     tune_files: int = 3,
+    experiment_state: bool = True,
     write_result: bool = True,
     concurrency: int = 8,
 ) -> SyntheticSweep:
@@ -273,8 +317,9 @@ def write_sweep(
 
     trials x checkpoints x files objects of `file_size` bytes, one snapshot per trial (all checkpoints
     committed), `_manifest.json` per checkpoint (or `ranks` per-rank manifests, each listing its own
-    shard files, R10), pyarrow-style `dir/` markers, a few Tune files the verifier must ignore, the
-    `.validate_storage_marker` Ray writes, and `_sweep/status.json` + `_sweep/result.json`.
+    shard files, R10), pyarrow-style `dir/` markers, Tune's experiment state naming every trial's checkpoint, a few
+    Tune files the verifier must ignore, the `.validate_storage_marker` Ray writes, and `_sweep/status.json` +
+    `_sweep/result.json` (both with every trial's checkpoint in `trialResults`).
     """
     if min(trials, checkpoints, files, ranks) < 1 or file_size < 0 or files < ranks:
         raise ValueError(f"need trials, checkpoints, ranks >= 1, files >= ranks, file_size >= 0; got {trials=} {checkpoints=} {files=} {ranks=} {file_size=}")
@@ -308,11 +353,21 @@ def write_sweep(
         objects[trial_prefix + s3_layout.SNAPSHOT_FILE] = _json_bytes(ray_snapshot(names, metrics=metrics))
         objects[trial_prefix + ".validate_storage_marker"] = b""
     for i in range(tune_files):
-        objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, f"experiment_state-{i}.json").key] = b"{}"
+        objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, f"basic-variant-state-{i}.json").key] = b"{}"
     sweep.best = (trial_ids[0], committed[trial_ids[0]][-1])
-    objects[root.join(s3_layout.STATUS_KEY).key] = _json_bytes({"trials": {"total": trials}, "updatedAt": "2026-12-02T10:00:00Z"})
+    sweep.trial_results = [
+        {"id": trial, "status": "TERMINATED", "value": None, "config": {}, "checkpointUri": sweep.checkpoint_uri(trial, committed[trial][-1])}
+        for trial in trial_ids
+    ]
+    if experiment_state:
+        state = tune_experiment_state({t: s3_layout.strip_scheme(r["checkpointUri"]) for t, r in zip(trial_ids, sweep.trial_results)})
+        objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, EXPERIMENT_STATE_NAME).key] = _json_bytes(state)
+    status_rows = [{k: r[k] for k in ("id", "status", "checkpointUri")} for r in sweep.trial_results]
+    objects[root.join(s3_layout.STATUS_KEY).key] = _json_bytes(
+        {"trials": {"total": trials}, "trialResults": status_rows, "updatedAt": "2026-12-02T10:00:00Z"}
+    )
     if write_result:
-        objects[sweep.result_key] = _json_bytes(_result_document(sweep.best_checkpoint_uri))
+        objects[sweep.result_key] = _json_bytes(_result_document(sweep.best_checkpoint_uri, sweep.trial_results))
 
     def put(item: tuple[str, bytes]) -> None:
         client.put_object(Bucket=bucket, Key=item[0], Body=item[1])

@@ -38,7 +38,7 @@ def verify(s3: FakeS3, sweep: SyntheticSweep, **kwargs: object) -> v.Verificatio
 
 
 def test_complete_sweep_is_verified_from_listings_and_small_reads_only(s3: FakeS3, sweep: SyntheticSweep) -> None:
-    """R22: every committed checkpoint counted; reads are the listings, snapshots, manifests and result.json."""
+    """R22: every committed checkpoint counted; reads are the listings, snapshots, manifests and the run's records."""
     result = verify(s3, sweep)
     assert result.verified, result.problems
     assert result.problems == () and result.warnings == ()
@@ -48,14 +48,16 @@ def test_complete_sweep_is_verified_from_listings_and_small_reads_only(s3: FakeS
     assert result.best_checkpoint_uri == sweep.best_checkpoint_uri
     ops = s3.operations()
     assert "head_object" not in ops
-    assert ops.count("get_object") == 3 + 6 + 1  # snapshots, manifests, result.json: never a file
-    assert ops.count("list_objects_v2") == 1  # one listing pass over train/ (fewer than 1000 keys)
+    # snapshots, manifests, result.json, status.json, Tune's experiment state: never a file
+    assert ops.count("get_object") == 3 + 6 + 3
+    # one listing pass over train/ (fewer than 1000 keys), one over tune/experiment_state-*
+    assert ops.count("list_objects_v2") == 2
 
 
 def test_deep_mode_reads_every_file_once(s3: FakeS3, sweep: SyntheticSweep) -> None:
     result = verify(s3, sweep, deep=True)
     assert result.verified and result.deep
-    assert s3.operations().count("get_object") == 3 + 6 + 1 + 24
+    assert s3.operations().count("get_object") == 3 + 6 + 3 + 24
 
 
 def test_result_maps_onto_the_sweep_status_and_json(s3: FakeS3, sweep: SyntheticSweep) -> None:
