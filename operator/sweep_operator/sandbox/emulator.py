@@ -33,6 +33,7 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering as kmock_rendering
 
 from .. import constants
+from . import openapi
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
 
@@ -186,6 +187,7 @@ STATUS_REASONS = {
     403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
+    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     415: "UnsupportedMediaType",
@@ -874,6 +876,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     _gc_wakeup: asyncio.Event | None = attrs.field(default=None, init=False)
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _openapi_cache: tuple[Any, dict[str, tuple[str, bytes]], bytes] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1013,11 +1016,46 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             if match := re.fullmatch(r"/apis/([^/]+)", path):
                 return aiohttp.web.json_response(self._group(match[1]))
             if path.startswith("/openapi"):
-                raise ApiError(404, "NotFound", "the emulator serves no OpenAPI document (use --validate=false)")
+                return self._serve_openapi(raw, path)
         try:
             return await kmock.RawHandler._handle(self, request)
         except NotImplementedError as e:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})") from e
+
+    def _openapi_documents(self) -> dict[str, tuple[str, bytes]]:
+        """Group-version path -> (hash, JSON), rebuilt only when the registered kinds change."""
+        key = tuple((t.key, id(t.openapi)) for t in self._types.values())
+        if self._openapi_cache is None or self._openapi_cache[0] != key:
+            by_gv: dict[str, list[ResourceType]] = {}
+            for t in self._types.values():
+                by_gv.setdefault(openapi.group_version_path(t.group, t.version), []).append(t)
+            documents = {}
+            for gv, types in by_gv.items():
+                document = openapi.group_version_document(types)
+                documents[gv] = (openapi.digest(document), json.dumps(document).encode())
+            swagger = json.dumps(openapi.swagger_document(list(self._types.values()))).encode()
+            self._openapi_cache = (key, documents, swagger)
+        return self._openapi_cache[1]
+
+    def _serve_openapi(self, raw: aiohttp.web.BaseRequest, path: str) -> aiohttp.web.StreamResponse:
+        """/openapi/v3, /openapi/v3/<group-version> and /openapi/v2 (JSON; a protobuf-only Accept gets 406)."""
+        documents = self._openapi_documents()
+        if path == "/openapi/v3":
+            paths = {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={h}"} for gv, (h, _) in documents.items()}
+            return aiohttp.web.json_response({"paths": paths})
+        if path.startswith("/openapi/v3/"):
+            entry = documents.get(path.removeprefix("/openapi/v3/"))
+            if entry is None:
+                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+            headers = {"ETag": json.dumps(entry[0])}
+            return aiohttp.web.Response(body=entry[1], content_type="application/json", headers=headers)
+        if path == "/openapi/v2":
+            accept = raw.headers.get("Accept", "")
+            if accept and "json" not in accept and "*/*" not in accept:
+                raise ApiError(406, "NotAcceptable", "only application/json is served for /openapi/v2 by the emulator")
+            assert self._openapi_cache is not None
+            return aiohttp.web.Response(body=self._openapi_cache[2], content_type="application/json")
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
 
     def _group(self, group: str) -> Obj:
         versions = list(dict.fromkeys(t.version for t in self._types.values() if t.group == group))
