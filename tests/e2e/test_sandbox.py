@@ -157,7 +157,7 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
             assert done.returncode == 0, done.stderr
             return done.stdout
 
-        assert "created" in kubectl_ok("apply", "--validate=false", "-f", str(path))
+        assert "created" in kubectl_ok("apply", "-f", str(path))
         wait_for(lambda: "Suspended" in kubectl_ok("get", "tsw", "review-scalar"), 30, what="Suspended in kubectl get tsw")
         assert "review-scalar" in kubectl_ok("get", "trainingsweeps", "-o", "name")
         assert "Events" in kubectl_ok("describe", "tsw", "review-scalar")

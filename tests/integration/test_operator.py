@@ -427,7 +427,7 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(manifest))
     env.runner.script("kubectl-scalar", Outcome.succeed(1.5))
-    applied = subprocess.run([kubectl, "apply", "--validate=false", "-f", str(path)], env=run_env, capture_output=True, text=True, timeout=60)
+    applied = subprocess.run([kubectl, "apply", "-f", str(path)], env=run_env, capture_output=True, text=True, timeout=60)
     assert applied.returncode == 0, applied.stderr
     bucket, prefix = env.run_root("kubectl-scalar")
     write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1)

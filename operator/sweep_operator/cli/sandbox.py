@@ -85,7 +85,7 @@ def run_up(args: argparse.Namespace) -> int:
             f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n\n"
             f"In another shell:\n"
             f"  source {sandbox.env_file}\n"
-            f"  kubectl apply --validate=false -f examples/digits-cpu.yaml\n"
+            f"  kubectl apply -f examples/digits-cpu.yaml\n"
             f"  kubectl get tsw -w\n"
             f"  kubectl describe tsw digits-cpu\n"
             f"  kubectl delete tsw digits-cpu\n\n"
