@@ -13,14 +13,17 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ..checkpointing import load_state, report_epoch, seed_all
+from ..evaluation import evaluate, evaluation_loader
 from ..metrics import all_reduce_sum
 
 # 1797 digits: 357 for validation leaves 1440 for training, a multiple of 2, 3, 4, 5, 6 and 8, so the
-# DistributedSampler pads no rank with repeated samples.
+# DistributedSampler pads no rank with repeated samples. 357 itself divides by none of 2, 4, 5, 6, 8: validation
+# goes through evaluation.evaluation_loader, which never pads.
 VAL_SIZE = 357
+VAL_KEYS = ("loss", "correct", "samples")
 
 
 def load_datasets() -> tuple[TensorDataset, TensorDataset]:
@@ -38,6 +41,17 @@ def load_datasets() -> tuple[TensorDataset, TensorDataset]:
 
 def build_model(hidden: int, dropout: float = 0.1) -> nn.Module:
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 10))
+
+
+def batch_totals(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """Sums over one validation batch (summed over ranks and divided only at the end, R9)."""
+    x, y = batch
+    logits = model(x)
+    return {
+        "loss": nn.functional.cross_entropy(logits, y, reduction="sum").item(),
+        "correct": (logits.argmax(dim=1) == y).sum().item(),
+        "samples": len(y),
+    }
 
 
 def run_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer | None) -> dict[str, float]:
@@ -60,7 +74,7 @@ def run_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optim
 
 def train_loop(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
+    rank = context.get_world_rank()
     seed_all(config.get("seed", 0) + rank)  # each rank its own dropout masks; restored exactly on resume (R7)
 
     train_set, val_set = load_datasets()
@@ -71,10 +85,8 @@ def train_loop(config: dict[str, Any]) -> None:
     train_loader = ray.train.torch.prepare_data_loader(
         DataLoader(train_set, batch_size=config.get("batch_size", 64), shuffle=True)
     )
-    # Validation is split by hand, every sample on exactly one rank (a sampler would pad with repeats).
-    val_loader = ray.train.torch.prepare_data_loader(
-        DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=256), add_dist_sampler=False
-    )
+    # Every validation sample on exactly one rank: a DistributedSampler would pad 357 samples with repeats.
+    val_loader = ray.train.torch.prepare_data_loader(evaluation_loader(val_set, batch_size=256), add_dist_sampler=False)
 
     state = load_state(model, optimizer, lr_scheduler)  # None on a fresh start (R7)
     for epoch in range(state.epoch + 1 if state else 0, config["epochs"]):
@@ -82,7 +94,7 @@ def train_loop(config: dict[str, Any]) -> None:
             train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank (R3)
         train = run_epoch(model, train_loader, optimizer)
         lr_scheduler.step()
-        val = run_epoch(model, val_loader, None)
+        val = evaluate(model, val_loader, batch_totals, keys=VAL_KEYS, reduce=False)
         # Sum over ranks, then divide: every rank reports the same, whole-dataset numbers (R9).
         totals = all_reduce_sum(
             {
@@ -99,6 +111,7 @@ def train_loop(config: dict[str, Any]) -> None:
             "train_samples": int(totals["train_samples"]),
             "val_loss": totals["val_loss"] / totals["val_samples"],
             "val_accuracy": totals["val_correct"] / totals["val_samples"],
+            "val_samples": int(totals["val_samples"]),
             "lr": lr_scheduler.get_last_lr()[0],
         }
         # Every rank, once per epoch; rank 0 alone writes the checkpoint (R8, R10).
