@@ -39,7 +39,7 @@ ERROR_TYPES = {
     "InternalError": "Internal error",
     "FieldValueTypeInvalid": "Invalid value",
 }
-_NO_VALUE_TYPES = {"FieldValueRequired", "FieldValueForbidden", "FieldValueTooLong", "FieldValueTooMany"}
+_NO_VALUE_TYPES = {"FieldValueRequired", "FieldValueForbidden", "FieldValueTooLong", "InternalError"}
 _OMIT = object()
 
 
