@@ -1,0 +1,278 @@
+"""The checkpoint guard's fault matrix (R22), through the whole operator on loopback: kopf, the KubeRay stand-in,
+the API emulator, moto S3 and the real verifier.
+
+Rows are the ways a run's objects get deleted; columns are what S3 holds (or how it fails) at that moment. Every
+cell asserts that verification actually ran and what it saw, that the object is released only once the run
+verifies, and that the operator never deleted anything under the run root. Cells run concurrently: each has its
+own sweep and its own S3 endpoint name, which the test routes to moto, to a server answering 503, or to a closed
+port, and "repairs" by routing it back to moto.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from sweep_operator import constants
+from sweep_operator.s3 import S3ClientConfig, make_s3_client
+from sweep_operator.sandbox.emulator import wait_for
+from sweep_operator.sandbox.kuberay import Outcome
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.s3_fault_server import FaultyS3Server
+from tests.support.sweep_factory import SyntheticSweep, write_sweep
+
+pytestmark = pytest.mark.integration
+
+ROWS = ("delete-sweep", "delete-rayjob", "kuberay-deletes-cluster", "deadline-stop", "retry-then-delete")
+COLUMNS = ("complete", "file-missing", "file-truncated", "manifest-missing", "trial-dir-missing", "s3-5xx", "s3-unreachable")
+# What the verifier must report in each broken column (a problem kind of verification.py).
+EXPECTED_KIND = {
+    "file-missing": "missing-file",
+    "file-truncated": "size-mismatch",
+    "manifest-missing": "missing-manifest",
+    "trial-dir-missing": "missing-trial",
+    "s3-5xx": "s3-error",
+    "s3-unreachable": "s3-error",
+}
+MUTATING = frozenset({"delete_object", "delete_objects", "put_object", "copy_object", "upload_file", "upload_fileobj"})
+
+
+@dataclass
+class Seen:
+    """One verification the operator ran: what it was asked and what it found."""
+
+    root: str
+    verified: bool
+    checked: int
+    kinds: frozenset[str]
+    at: float
+
+
+@dataclass
+class Router:
+    """The operator's S3 client factory: each cell's endpoint name maps to moto, a 503 server or a closed port.
+    Every client records the S3 operations the operator called on it."""
+
+    healthy_url: str
+    failing_url: str
+    closed_url: str
+    broken: dict[str, str] = field(default_factory=dict)  # endpoint -> "s3-5xx" | "s3-unreachable"
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    _clients: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, endpoint: str, region: str) -> Any:
+        mode = self.broken.get(endpoint, "healthy")
+        url = {"healthy": self.healthy_url, "s3-5xx": self.failing_url, "s3-unreachable": self.closed_url}[mode]
+        with self._lock:
+            key = (url, region)
+            if key not in self._clients:
+                self._clients[key] = make_s3_client(S3ClientConfig(endpoint_url=url, region=region or "us-east-1", max_attempts=1))
+            return _Recording(self._clients[key], endpoint, self.calls)
+
+
+class _Recording:
+    def __init__(self, client: Any, endpoint: str, calls: list[tuple[str, str]]) -> None:
+        self._client, self._endpoint, self._calls = client, endpoint, calls
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if callable(attr):
+            self._calls.append((self._endpoint, name))
+        return attr
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def matrix(s3_server: Any) -> Iterator[tuple[OperatorEnv, Router, list[Seen]]]:
+    with FaultyS3Server(503, "ServiceUnavailable", "S3 is answering 5xx (injected)") as faulty:
+        env, stop = start_operator_env(s3_server)
+        router = Router(s3_server.endpoint_url, faulty.endpoint_url, f"http://127.0.0.1:{_closed_port()}")
+        seen: list[Seen] = []
+        controller = env.operator.controller
+        real_verify = controller.verify
+
+        def spy(client: Any, root: str, **kwargs: Any) -> Any:
+            result = real_verify(client, root, **kwargs)
+            seen.append(Seen(root, result.verified, result.checked, frozenset(p.kind for p in result.problems), time.monotonic()))
+            return result
+
+        controller.verify = spy
+        controller.s3_client_for = router
+        try:
+            yield env, router, seen
+        finally:
+            stop()
+
+
+@dataclass
+class Cell:
+    row: str
+    column: str
+    env: OperatorEnv
+    router: Router
+    seen: list[Seen]
+    index: int
+    name: str = ""
+    endpoint: str = ""
+    synthetic: SyntheticSweep | None = None
+    root: str = ""
+
+    def verifications(self, since: float = 0.0) -> list[Seen]:
+        return [s for s in list(self.seen) if s.root == self.root and s.at >= since]
+
+    def listing(self) -> dict[str, int]:
+        assert self.synthetic is not None
+        bucket, prefix = self.synthetic.bucket, self.root.split("/", 3)[3]
+        pages = self.env.s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+
+def _apply(cell: Cell) -> None:
+    env = cell.env
+    cell.endpoint = f"http://127.0.0.1:{20000 + cell.index}"  # a name the router maps; never dialled as such
+    changes: dict[str, Any] = {"spec__storage__endpointUrl": cell.endpoint}
+    outcomes: tuple[Outcome, ...] = (Outcome.hang(),)
+    if cell.row == "kuberay-deletes-cluster":
+        outcomes = (Outcome.succeed(4.0, startup=0.3),)
+    elif cell.row == "deadline-stop":
+        changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}
+    elif cell.row == "retry-then-delete":
+        changes["spec__failurePolicy__jobRetries"] = 1
+        outcomes = (Outcome.fail(3.0), Outcome.hang())
+    doc = env.new_sweep(f"m{cell.index:02d}", **changes)
+    cell.name = doc["metadata"]["name"]
+    env.runner.script(cell.name, *outcomes)
+    env.apply(doc)
+    bucket, prefix = env.run_root(cell.name)
+    cell.root = f"s3://{bucket}/{prefix}"
+    cell.synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+
+
+def _break(cell: Cell) -> str:
+    """Put the run into the cell's column; returns the key the verifier must name (or "")."""
+    synthetic = cell.synthetic
+    assert synthetic is not None
+    if cell.column == "file-missing":
+        return synthetic.delete_file()
+    if cell.column == "file-truncated":
+        return synthetic.truncate_file()
+    if cell.column == "manifest-missing":
+        return synthetic.delete_manifest()
+    if cell.column == "trial-dir-missing":
+        prefix = synthetic.trial_prefix(synthetic.trials[-1])
+        for key in [k for k in cell.listing() if k.startswith(prefix)]:
+            cell.env.s3_client.delete_object(Bucket=synthetic.bucket, Key=key)
+        return prefix
+    if cell.column in ("s3-5xx", "s3-unreachable"):
+        cell.router.broken[cell.endpoint] = cell.column
+    return ""
+
+
+def _repair(cell: Cell) -> None:
+    cell.router.broken.pop(cell.endpoint, None)
+    if cell.column not in ("complete", "s3-5xx", "s3-unreachable"):
+        bucket, prefix = cell.synthetic.bucket, cell.root.split("/", 3)[3]  # type: ignore[union-attr]
+        cell.synthetic = write_sweep(cell.env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+
+
+def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
+    """Trigger the row's deletion; returns (what is held, a reader of it)."""
+    env, name = cell.env, cell.name
+    if cell.row == "delete-sweep":
+        env.wait_phase(name, "Running")
+        env.delete_sweep(name)
+        return "TrainingSweep", lambda: env.sweep(name)
+    if cell.row == "delete-rayjob":
+        rayjob = env.wait_phase(name, "Running")["rayJobName"]
+        env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
+        return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
+    if cell.row == "kuberay-deletes-cluster":  # shutdownAfterJobFinishes + ttlSecondsAfterFinished: KubeRay deletes it
+        cluster = env.wait_status(name, lambda s: s.get("rayClusterName"), "a cluster")["rayClusterName"]
+        return "RayCluster", lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster)
+    if cell.row == "deadline-stop":  # the operator deletes the RayJob once deadline + graceful window passed
+        rayjob = env.wait_phase(name, "Running")["rayJobName"]
+        return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
+    # retry-then-delete: the first attempt fails; KubeRay deletes its cluster to retry (the guard holds it until the
+    # run verifies), the counters move, and then the user deletes the RayJob, whose jobStatus was reset.
+    status = env.wait_status(name, lambda s: s.get("rayClusterName"), "a cluster")
+    first_cluster, rayjob = status["rayClusterName"], status["rayJobName"]
+    wait_for(lambda: int(((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("status") or {}).get("failed") or 0) >= 1,
+             TIMEOUT, what=f"{name}: the first attempt failed")
+    if cell.column != "complete":
+        wait_for(lambda: ((env.get(constants.RAYCLUSTER_PLURAL, first_cluster) or {}).get("metadata") or {}).get("deletionTimestamp"),
+                 TIMEOUT, what=f"{name}: KubeRay deleting the failed attempt's cluster")
+    env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
+    return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
+
+
+def _run_cell(cell: Cell) -> None:
+    _apply(cell)
+    env = cell.env
+    before = cell.listing()
+    key = _break(cell)
+    broken_at = time.monotonic()
+    after_break = cell.listing()
+    kind, held = _held_object(cell)
+    if cell.column == "complete":
+        wait_for(lambda: held() is None, TIMEOUT * 1.5, what=f"{cell.name}: {kind} released")
+        good = [s for s in cell.verifications() if s.verified and s.checked == 4]
+        assert good, f"released without a verification that saw the 4 checkpoints: {cell.verifications()}"
+    else:
+        expected = EXPECTED_KIND[cell.column]
+        wait_for(lambda: (held() or {}).get("metadata", {}).get("deletionTimestamp"), TIMEOUT * 1.5,
+                 what=f"{cell.name}: {kind} being deleted")
+        # "Still held" is judged after two re-checks that saw the problem, not after a sleep.
+        wait_for(lambda: len([s for s in cell.verifications(broken_at) if expected in s.kinds and not s.verified]) >= 2,
+                 TIMEOUT, what=f"{cell.name}: two verifications reporting {expected}")
+        assert held() is not None, f"{kind} released while the run reports {expected}"
+        for s in cell.verifications(broken_at):
+            assert not s.verified, f"a verification passed while the run was broken: {s}"
+        env.wait_status(cell.name, lambda s: any(
+            c["type"] == "CheckpointsVerified" and c["status"] == "False" and (not key or key.split("/")[-1] in c["message"]
+                                                                                or expected in c["message"])
+            for c in s.get("conditions") or []), f"CheckpointsVerified=False naming {expected}")
+        _repair(cell)
+        wait_for(lambda: held() is None, TIMEOUT, what=f"{cell.name}: {kind} released after the repair")
+        assert any(s.verified and s.checked == 4 for s in cell.verifications(broken_at)), "released by a verified check"
+    # Nothing under the run root was deleted or written by the operator (the repair rewrote what the test broke).
+    mutations = [c for c in cell.router.calls if c[0] == cell.endpoint and c[1] in MUTATING]
+    assert not mutations, f"the operator changed S3: {mutations}"
+    after = cell.listing()
+    assert set(after_break) <= set(after), f"objects vanished: {sorted(set(after_break) - set(after))}"
+    if cell.column == "complete":
+        assert after == before
+
+
+def test_guard_fault_matrix(matrix: tuple[OperatorEnv, Router, list[Seen]]) -> None:
+    """R22: every row x column cell (issue 12's matrix); a table of the failing cells on failure."""
+    env, router, seen = matrix
+    cells = [Cell(row, column, env, router, seen, i) for i, (row, column) in
+             enumerate((r, c) for r in ROWS for c in COLUMNS)]
+    failures: dict[tuple[str, str], str] = {}
+
+    def run(cell: Cell) -> None:
+        try:
+            _run_cell(cell)
+        except BaseException as exc:  # collected: one cell's failure must not hide the others
+            failures[(cell.row, cell.column)] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+        finally:
+            env.runner.script(cell.name or f"m{cell.index:02d}", Outcome.succeed())
+
+    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
+        list(pool.map(run, cells))
+    assert not failures, "\n".join(f"[{r} x {c}] {text}" for (r, c), text in sorted(failures.items()))
+    assert len(seen) >= len(cells), "every cell ran the verifier"
