@@ -146,6 +146,9 @@ def test_defaults_apply_top_down_and_replace_non_nullable_nulls(sweeps: CrdSchem
      'must be of type integer,string: "boolean"'),
     ({"spec.tune.mode": DELETE},
      'spec.tune.mode: Invalid value: "object": tune.metric and tune.mode must be set together'),
+    ({"spec.deadlines.startupSeconds": 30000},  # `!has(..) || ..`: cel-python's compiled runner got it wrong
+     'spec.deadlines.startupSeconds: Invalid value: "object": deadlines.startupSeconds must be less than '
+     "deadlines.activeSeconds"),
     ({"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 60},
      'spec.deletion.maxRetryBackoffSeconds: Invalid value: "object": deletion.maxRetryBackoffSeconds must be >= '
      "deletion.retryBackoffSeconds"),

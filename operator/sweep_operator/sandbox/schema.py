@@ -694,7 +694,6 @@ class CelCompiler:
 
         logging.getLogger("celpy").setLevel(logging.CRITICAL)
         self._celpy = celpy
-        self._compiled_env = celpy.Environment(runner_class=celpy.CompiledRunner)
         self._interpreted_env = celpy.Environment()
         self.functions = _k8s_functions()
         self.known_functions = _CEL_MACROS | set(self.functions)
@@ -717,12 +716,7 @@ class CelCompiler:
             ast = self._interpreted_env.compile(text)
         except Exception as e:  # celpy's CELParseError
             raise SchemaError(f"{where}: compilation failed: {e}") from e
-        uses_library = any(n in self.functions for n in _CEL_CALL.findall(_strip_strings(text)))
-        if not uses_library:
-            try:
-                return self._compiled_env.program(self._compiled_env.compile(text))
-            except Exception:
-                pass  # cel-python's transpiler does not take every expression: the interpreter does
+        # cel-python's CompiledRunner is faster but wrong on `!has(...)` (0.5.0): the interpreter only
         return self._interpreted_env.program(ast, functions=self.functions)
 
     @staticmethod
