@@ -900,6 +900,11 @@ def ready_cluster_status(cluster: Obj) -> Obj:
     }
 
 
+def submission_mode(spec: Mapping[str, Any]) -> str:
+    """spec.submissionMode, with the default the API server applies from the v1.7.0 CRD (K8sJobMode)."""
+    return str(spec.get("submissionMode") or "K8sJobMode")
+
+
 def cluster_for(rayjob: Obj, name: str) -> Obj:
     """rayjob_controller.go constructRayClusterForRayJob: the RayJob's labels (maps.Copy) plus originated-from-cr-name,
     originated-from-crd and job-submission-mode; ALL its annotations (maps.Copy, v1.7.0 line 1005); a deep copy of
@@ -908,10 +913,10 @@ def cluster_for(rayjob: Obj, name: str) -> Obj:
     labels = dict(meta.get("labels") or {})
     labels[constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME] = meta["name"]
     labels[constants.RAY_LABEL_ORIGINATED_FROM_CRD] = constants.RAYJOB_KIND
-    labels[LABEL_SUBMISSION_MODE] = str(spec.get("submissionMode", ""))
+    labels[LABEL_SUBMISSION_MODE] = submission_mode(spec)
     annotations = dict(meta.get("annotations") or {})
     cluster_spec = copy.deepcopy(spec["rayClusterSpec"])
-    if spec.get("submissionMode") == "SidecarMode":
+    if submission_mode(spec) == "SidecarMode":
         annotations["ray.io/disable-provisioned-head-restart"] = "true"
         cluster_spec.setdefault("headGroupSpec", {}).setdefault("template", {}).setdefault("spec", {})[
             "restartPolicy"] = "Never"
@@ -983,7 +988,7 @@ def validate_rayjob(rayjob: Mapping[str, Any]) -> tuple[str, str] | None:
     spec_error = _rayjob_spec_error(spec)
     if spec_error:
         return "InvalidRayJobSpec", spec_error
-    if status.get("jobDeploymentStatus") == "Waiting" and spec.get("submissionMode") != "InteractiveMode":
+    if status.get("jobDeploymentStatus") == "Waiting" and submission_mode(spec) != "InteractiveMode":
         return "InvalidRayJobStatus", ("The RayJob status is invalid: JobDeploymentStatus cannot be `Waiting` when "
                                        "SubmissionMode is not InteractiveMode")
     return None
@@ -994,7 +999,7 @@ def _rayjob_spec_error(spec: Mapping[str, Any]) -> str | None:
     shutdown = bool(spec.get("shutdownAfterJobFinishes"))
     ttl = int(spec.get("ttlSecondsAfterFinished") or 0)
     selector = spec.get("clusterSelector") or {}
-    mode = spec.get("submissionMode", "K8sJobMode")
+    mode = submission_mode(spec)
     backoff = spec.get("backoffLimit")
     if spec.get("suspend") and not shutdown:
         return invalid + "a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended"
@@ -1178,6 +1183,9 @@ class KubeRayStandIn:
         self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (its cluster's uid, the run on it)
         self._failures: dict[Key, int] = {}
         self._lock = threading.Lock()
+        # per RayJob, the resourceVersion the last finished reconcile read: what "it has looked again" waits on
+        self.reconciled: dict[Key, int] = {}
+        self._reading: dict[Key, int] = {}
 
     # ---- lifecycle
 
@@ -1244,6 +1252,8 @@ class KubeRayStandIn:
                 logger.log(logging.DEBUG if expected else logging.WARNING,
                            "reconcile %s/%s failed (%r); retrying in %.2fs", *key, e, delay)
             finally:
+                if key in self._reading:
+                    self.reconciled[key] = self._reading.pop(key)
                 self.queue.done(key)
             if delay is not None:
                 self.queue.add_after(key, delay)
@@ -1255,6 +1265,7 @@ class KubeRayStandIn:
         rayjob = self.rayjobs.get(*key)
         if rayjob is None:
             return None  # "RayJob resource not found": its cluster goes by ownerReference GC, the run with it
+        self._reading[key] = _rv(rayjob)
         meta, spec = rayjob["metadata"], rayjob.get("spec") or {}
         if spec.get("managedBy") not in (None, "", KUBERAY_MANAGED_BY):
             return None  # ManagedByExternalController: "Skipping RayJob managed by a custom controller"
@@ -1335,7 +1346,7 @@ class KubeRayStandIn:
         name, spec, status = rayjob["metadata"]["name"], rayjob.get("spec") or {}, step.status
         if not (not status.get("jobId") or not status.get("rayClusterName") or not status.get("jobStatus")):
             return
-        if spec.get("submissionMode") != "InteractiveMode" and not status.get("jobId"):
+        if submission_mode(spec) != "InteractiveMode" and not status.get("jobId"):
             status["jobId"] = spec.get("jobId") or f"{name}-{random_suffix()}"
         if not status.get("rayClusterName"):
             selector = spec.get("clusterSelector") or {}
@@ -1390,7 +1401,7 @@ class KubeRayStandIn:
                 return True
             meta = cluster["metadata"]
             status["dashboardURL"] = f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:8265"
-        mode = spec.get("submissionMode", "K8sJobMode")
+        mode = submission_mode(spec)
         if mode == "InteractiveMode":
             status["jobDeploymentStatus"] = "Waiting"
             return True
@@ -1421,7 +1432,7 @@ class KubeRayStandIn:
         if cluster is None:
             step.wake_in(self.poll_interval)
             return False
-        mode = spec.get("submissionMode", "K8sJobMode")
+        mode = submission_mode(spec)
         submitter: Obj | None = None
         if mode == "K8sJobMode":
             submitter = self._get_submitter(rayjob)
@@ -1738,7 +1749,7 @@ class KubeRayStandIn:
 
     def _delete_submitter(self, rayjob: Obj) -> bool:
         """deleteSubmitterJob: HTTPMode and SidecarMode have none; else delete it (Background) and wait until gone."""
-        if (rayjob.get("spec") or {}).get("submissionMode", "K8sJobMode") in ("HTTPMode", "SidecarMode"):
+        if submission_mode(rayjob.get("spec") or {}) in ("HTTPMode", "SidecarMode"):
             return True
         job = self._get_submitter(rayjob)
         if job is None:
