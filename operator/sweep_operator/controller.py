@@ -31,6 +31,7 @@ from .guard import (
     decide_before_verification,
     problems_message,
     skip_requested,
+    status_target,
     target_of,
 )
 from .kube import Conflict, KubeApi
@@ -944,7 +945,7 @@ class SweepController:
 
     def _run_target(self, body: Mapping[str, Any]) -> GuardTarget | None:
         """What this sweep's run writes to: recorded at admission, else derived from the spec's structure."""
-        return _status_target(body) or self._spec_target(body)
+        return status_target(body) or self._spec_target(body)
 
     def _finish(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
         """At a terminal phase: final result from `_sweep/result.json`, then verify checkpoints once, judged by the
@@ -1177,7 +1178,7 @@ class SweepController:
         if target is None:
             target = _head_env_target(body)
         if target is None and sweep is not None and _status(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID):
-            target = _status_target(sweep)
+            target = status_target(sweep)
         if target is None:
             how = "no run root found for this cluster (no guard annotation, RayJob, head SWEEP_RUN_ROOT or sweep record)"
         facts = GuardFacts(
@@ -1214,7 +1215,7 @@ class SweepController:
             if status.get(key):
                 started += (record,)
         target = (target_of(rayjob) or self._legacy_target(rayjob)) if rayjob else None
-        target = target or _status_target(body) or self._spec_target(body)
+        target = target or status_target(body) or self._spec_target(body)
         unknown = ""
         if target is None:
             unknown = (f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
@@ -1437,18 +1438,6 @@ def _started_records(rayjob: Mapping[str, Any] | None) -> tuple[str, ...]:
 def _sweep_name_of(obj: Mapping[str, Any], target: GuardTarget | None) -> str:
     labels = _meta(obj).get("labels") or {}
     return labels.get(constants.LABEL_SWEEP) or (target.sweep if target else "")
-
-
-def _status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
-    """The guard facts the sweep's status recorded at admission."""
-    status = _status(sweep)
-    guard = status.get("guard") or {}
-    root = guard.get("runRoot")
-    if not isinstance(root, str) or not root.startswith("s3://"):
-        return None
-    return GuardTarget(root, guard.get("endpointUrl") or "", guard.get("region") or "", guard.get("verify") is not False,
-                       int(guard.get("timeoutSeconds") or DEFAULT_VERIFICATION_TIMEOUT_SECONDS), _meta(sweep).get("name", ""),
-                       status.get("runId") or "")
 
 
 def _head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:

@@ -78,6 +78,18 @@ def target_of(obj: Mapping[str, Any]) -> GuardTarget | None:
     return GuardTarget.from_annotation(annotations.get(constants.ANNOTATION_GUARD))
 
 
+def status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
+    """The guard facts a sweep's status recorded at admission (status.guard)."""
+    status = sweep.get("status") or {}
+    guard = status.get("guard") or {}
+    root = guard.get("runRoot")
+    if not isinstance(root, str) or not root.startswith("s3://"):
+        return None
+    return GuardTarget(root, guard.get("endpointUrl") or "", guard.get("region") or "", guard.get("verify") is not False,
+                       int(guard.get("timeoutSeconds") or 900), (sweep.get("metadata") or {}).get("name", ""),
+                       status.get("runId") or "")
+
+
 @dataclass(frozen=True)
 class GuardFacts:
     """Everything a deletion decision depends on, gathered before deciding (no I/O after)."""

@@ -1,0 +1,258 @@
+"""`sweepctl release NAME --reason TEXT [--force]` and `sweepctl guarded`: the way out of a stuck guard finalizer
+when no operator can release it (its Role deleted with the namespace, the chart uninstalled); docs/runbook.md.
+
+`release` runs the guard's own decision (guard.decide_*) with the caller's S3 credentials and removes the finalizer
+only from objects already being deleted; `--force` skips verification and records who and why (Event, annotation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+
+RELEASER = "sweepctl-release"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("release", help="release a sweep's objects held by the checkpoint guard (verifies first)")
+    p.add_argument("name", help="the TrainingSweep (its RayJobs and RayClusters are found by label and annotation)")
+    p.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("--reason", required=True, help="why (recorded in the Events; required with --force)")
+    p.add_argument("--force", action="store_true", help="release WITHOUT verification; who and why are recorded")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint to verify against (default: the run's recorded one)")
+    p.set_defaults(func=run)
+    g = subparsers.add_parser("guarded", help="list objects the checkpoint guard's finalizer still holds (exit 1 if any)")
+    g.add_argument("-n", "--namespace", default=None)
+    g.add_argument("-A", "--all-namespaces", action="store_true")
+    g.add_argument("--kubeconfig")
+    g.add_argument("--context")
+    g.set_defaults(func=run_guarded)
+
+
+@dataclass
+class Held:
+    kind: str
+    plural: str
+    group: str
+    version: str
+    obj: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.obj["metadata"]["name"]
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.obj["metadata"].get("deletionTimestamp"))
+
+
+def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
+    import kubernetes
+    from kubernetes import config
+
+    try:
+        _contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+    except (config.ConfigException, OSError, TypeError) as exc:
+        raise UsageError(f"no usable kubeconfig: {exc}") from None
+    context = (active or {}).get("context", {})
+    namespace = getattr(args, "namespace", None) or context.get("namespace") or "default"
+    return (kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), namespace,
+            context.get("user") or "")
+
+
+def _kinds() -> list[tuple[str, str, str, str]]:
+    from .. import constants
+
+    return [
+        (constants.KIND, constants.GROUP, constants.VERSION, constants.PLURAL),
+        (constants.RAYJOB_KIND, constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL),
+        (constants.RAYCLUSTER_KIND, constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYCLUSTER_PLURAL),
+    ]
+
+
+def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -> list[Held]:
+    """Objects carrying the guard's finalizer (of one sweep: by name, label or guard annotation)."""
+    from .. import constants
+    from ..guard import target_of
+
+    held = []
+    for kind, group, version, plural in _kinds():
+        if namespace is None:
+            items = custom.list_cluster_custom_object(group, version, plural).get("items") or []
+        else:
+            items = custom.list_namespaced_custom_object(group, version, namespace, plural).get("items") or []
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            if constants.FINALIZER not in (meta.get("finalizers") or []):
+                continue
+            if sweep is not None:
+                target = target_of(obj)
+                belongs = (meta.get("name") == sweep if kind == constants.KIND else
+                           (meta.get("labels") or {}).get(constants.LABEL_SWEEP) == sweep or (target and target.sweep == sweep))
+                if not belongs:
+                    continue
+            held.append(Held(kind, plural, group, version, obj))
+    return held
+
+
+def _target(held: list[Held]) -> Any:
+    from ..guard import status_target, target_of
+
+    for item in held:
+        target = target_of(item.obj) or (status_target(item.obj) if item.kind == "TrainingSweep" else None)
+        if target is not None:
+            return target
+    return None
+
+
+def _who(core: Any, kube_user: str) -> str:
+    """The API's name for the caller (SelfSubjectReview) when it tells, else the kubeconfig user and login."""
+    try:
+        from kubernetes import client
+
+        review = client.AuthenticationV1Api(core.api_client).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
+                                                                                           "kind": "SelfSubjectReview"})
+        name = review.status.user_info.username
+        if name:
+            return str(name)
+    except Exception:  # older servers and the sandbox's emulator have no SelfSubjectReview
+        pass
+    login = getpass.getuser()
+    return f"{kube_user or 'unknown kubeconfig user'} (login {login})"
+
+
+def _event(core: Any, item: Held, type_: str, reason: str, message: str) -> None:
+    meta = item.obj["metadata"]
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
+        "involvedObject": {"apiVersion": item.obj.get("apiVersion"), "kind": item.kind, "name": meta["name"],
+                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+        "type": type_, "reason": reason, "message": message[:1024], "source": {"component": RELEASER},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1, "reportingComponent": RELEASER,
+    }
+    core.create_namespaced_event(meta.get("namespace") or "default", body)
+
+
+def _remove_finalizer(custom: Any, item: Held) -> None:
+    from .. import constants
+
+    meta = item.obj["metadata"]
+    finalizers = meta.get("finalizers") or []
+    index = finalizers.index(constants.FINALIZER)
+    patch = [{"op": "test", "path": f"/metadata/finalizers/{index}", "value": constants.FINALIZER},
+             {"op": "remove", "path": f"/metadata/finalizers/{index}"}]
+    custom.api_client.set_default_header("Content-Type", "application/json-patch+json")
+    try:
+        custom.patch_namespaced_custom_object(item.group, item.version, meta.get("namespace") or "default", item.plural,
+                                              meta["name"], patch)
+    finally:
+        custom.api_client.default_headers.pop("Content-Type", None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import constants
+    from ..guard import GuardFacts, Hold, Release, decide_before_verification
+
+    if not args.reason.strip():
+        raise UsageError("--reason: say why (it is recorded)")
+    custom, core, namespace, kube_user = _clients(args)
+    try:
+        held = held_objects(custom, namespace, args.name)
+    except Exception as exc:
+        print(f"sweepctl release: cannot read the cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not held:
+        print(f"sweepctl release: nothing of sweep {namespace}/{args.name} carries {constants.FINALIZER}")
+        return EXIT_OK
+    deleting = [h for h in held if h.deleting]
+    for item in held:
+        if not item.deleting:
+            print(f"  {item.kind} {item.name}: not being deleted; left guarded (delete it, and the guard verifies)")
+    if not deleting:
+        print("sweepctl release: nothing is being deleted; nothing to release", file=sys.stderr)
+        return EXIT_USAGE
+    if args.force:
+        who = _who(core, kube_user)
+        record = json.dumps({"by": who, "reason": args.reason, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        for item in deleting:
+            meta = item.obj["metadata"]
+            custom.patch_namespaced_custom_object(item.group, item.version, meta.get("namespace") or "default", item.plural,
+                                                  meta["name"], {"metadata": {"annotations": {constants.ANNOTATION_FORCE_RELEASED: record}}})
+            _event(core, item, "Warning", "CheckpointGuardForceReleased",
+                   f"{item.kind} {item.name} released WITHOUT checkpoint verification by {who}: {args.reason}")
+            _remove_finalizer(custom, item)
+            print(f"  {item.kind} {item.name}: released WITHOUT verification (recorded: {who}: {args.reason})")
+        return EXIT_OK
+    target = _target(held)
+    facts = GuardFacts("TrainingSweep", args.name, target=target,
+                       target_unknown="" if target else "no object of this sweep records its run root")
+    decision = decide_before_verification(facts, attempt=0, base_backoff=0, max_backoff=0)
+    if isinstance(decision, Release):
+        verdict, detail = decision, decision.reason
+    elif isinstance(decision, Hold):
+        print(f"sweepctl release: held: {decision.reason}", file=sys.stderr)
+        return EXIT_FAILED
+    else:
+        verdict, detail = _verify(target, args.endpoint_url)
+        if not isinstance(verdict, Release):
+            print(f"sweepctl release: not released: {detail}", file=sys.stderr)
+            return EXIT_FAILED
+    for item in deleting:
+        reason = "CheckpointGuardBypassed" if verdict.audit else "CheckpointGuardReleased"
+        _event(core, item, "Warning" if verdict.audit else "Normal", reason,
+               f"{item.kind} {item.name} released by sweepctl release ({args.reason}): {verdict.reason}")
+        _remove_finalizer(custom, item)
+        print(f"  {item.kind} {item.name}: released: {verdict.reason}")
+    return EXIT_OK
+
+
+def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
+    """Verify the run root with the caller's credentials; (the guard's decision, a line saying why)."""
+    from .. import s3_layout
+    from ..guard import decide_after_verification, problems_message
+    from ..s3 import S3ClientConfig, make_s3_client
+    from ..verification import verify_sweep_checkpoints
+
+    client = make_s3_client(S3ClientConfig(endpoint_url=endpoint_override or target.endpoint_url, region=target.region))
+    result = verify_sweep_checkpoints(client, target.run_root, timeout_seconds=target.timeout_seconds)
+    docs = []
+    readable = True
+    layout = s3_layout.RunLayout(target.run_root)
+    for location in (layout.status_path, layout.result_path):
+        uri = s3_layout.S3Uri.parse(location)
+        try:
+            docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
+        except Exception as exc:
+            docs.append(None)
+            code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code") or "")
+            readable = readable and code in ("NoSuchKey", "404")
+    decision = decide_after_verification(result, attempt=0, base_backoff=0, max_backoff=0, progress=docs[0],
+                                         final=docs[1], progress_readable=readable)
+    return decision, decision.reason or problems_message(result.problems)
+
+
+def run_guarded(args: argparse.Namespace) -> int:
+    custom, _core, namespace, _user = _clients(args)
+    held = held_objects(custom, None if args.all_namespaces else namespace)
+    if not held:
+        print("no object carries the checkpoint guard's finalizer")
+        return EXIT_OK
+    for item in held:
+        meta = item.obj["metadata"]
+        state = "being deleted" if item.deleting else "guarded"
+        print(f"{meta.get('namespace')}/{item.kind}/{item.name}: {state}")
+    print(f"{len(held)} object(s) still guarded: delete the TrainingSweeps first and let the operator verify them "
+          "(docs/runbook.md)", file=sys.stderr)
+    return EXIT_FAILED
