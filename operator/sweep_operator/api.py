@@ -324,6 +324,9 @@ class ReplicasStatus(StatusModel):
     workers: int | None = Field(None, description="Worker pods the sweep may use (workers x maxConcurrentTrials).")
     gpus: int | None = Field(None, description="GPUs the sweep may use.")
     cap: int | None = Field(None, description="maxReplicas rendered on the worker group.")
+    namespace_budget: str | None = Field(
+        None, description="GPUs admitted in the sweep's namespace / its budget (maxGpusPerNamespace) at admission, e.g. 12/32."
+    )
 
 
 class Condition(StatusModel):

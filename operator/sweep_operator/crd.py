@@ -91,6 +91,22 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
     {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide only (priority 1): what a platform team checks across sweeps.
+    {"name": "GPUs", "type": "integer", "jsonPath": ".status.replicas.gpus", "priority": 1, "description": "GPUs admitted to the sweep"},
+    {
+        "name": "NS-Budget",
+        "type": "string",
+        "jsonPath": ".status.replicas.namespaceBudget",
+        "priority": 1,
+        "description": "GPUs admitted in the namespace / its budget, at the sweep's admission",
+    },
+    {
+        "name": "Verified-At",
+        "type": "date",
+        "jsonPath": ".status.checkpoints.verifiedAt",
+        "priority": 1,
+        "description": "When the checkpoints were last verified in S3",
+    },
 ]
 
 
