@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Tuple
 
 from ray.tune import Callback
 
@@ -24,6 +24,8 @@ from .trainable import CONTEXT_KEY
 logger = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 5.0
+# What read_ray_demand returns: placement groups, node totals, task/actor demand, pending and failed launches.
+DemandReader = Callable[[], Tuple[dict, list, list, int, int]]
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # what TuneReportCallback adds to rank 0's metrics (R18)
 # Tune trial states -> the TrainingSweep's trial counts (a paused trial waits like a pending one).
 _STATE_KEYS = {"PENDING": "pending", "PAUSED": "pending", "RUNNING": "running", "TERMINATED": "terminated", "ERROR": "errored"}
@@ -71,14 +73,151 @@ def best_trial(trials: Iterable[TrialSummary], metric: str | None, mode: str | N
 
 
 def status_document(
-    trials: list[TrialSummary], metric: str | None, mode: str | None, *, phase: str = "Running"
+    trials: list[TrialSummary],
+    metric: str | None,
+    mode: str | None,
+    *,
+    phase: str = "Running",
+    pending: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """`_sweep/status.json`. `trialResults` names every trial's latest checkpoint: the verifier reads it to know
+    which trials must have checkpoints even when their train/ directory is gone; `pending` says what Ray waits for."""
+    document: dict[str, Any] = {
         "phase": phase,
         "trials": trial_counts(trials),
         "bestTrial": best_trial(trials, metric, mode),
+        "trialResults": [{"id": t.id, "status": t.status, "checkpointUri": t.checkpoint_uri} for t in trials],
         "updatedAt": utc_now(),
     }
+    if pending is not None:
+        document["pending"] = pending
+    return document
+
+
+# ------------------------------------------------------------------------------ what Ray waits for (R20)
+
+PENDING_PG_STATES = ("PENDING", "RESCHEDULING")
+_MAX_DEMANDS = 10
+
+
+def _resources(bundle: Any) -> dict[str, float]:
+    """A bundle without Ray's implicit per-node and bookkeeping resources."""
+    if not isinstance(bundle, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in bundle.items()
+        if isinstance(v, (int, float)) and v and not str(k).startswith(("node:", "bundle_group", "CPU_group", "GPU_group"))
+        and "_group_" not in str(k)
+    }
+
+
+def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(k, 0.0) >= v for k, v in bundle.items())
+
+
+def summarize_pending(
+    pending_trials: dict[str, float],
+    placement_groups: dict[str, Any],
+    node_totals: list[dict[str, float]],
+    task_demand: list[tuple[dict[str, float], int]],
+    first_seen: dict[str, float],
+    now: float,
+    *,
+    pending_launches: int = 0,
+    failed_launches: int = 0,
+) -> dict[str, Any]:
+    """The `pending` block of status.json from what Ray reports (pure, R20).
+
+    `pending_trials`: {trial id: seconds pending}; `placement_groups`: `ray.util.placement_group_table()`;
+    `node_totals`: each alive node's total resources; `task_demand`: unmet task/actor demand from the autoscaler's
+    cluster status (bundle, count). `first_seen` ({placement group id: when first seen pending}) is updated in place,
+    so a group's age is measured across status writes. A bundle that fits no alive node is `infeasible`: only a new
+    node (the autoscaler, KubeRay's worker group) can satisfy it."""
+    waiting: list[dict[str, Any]] = []
+    seen_now: set[str] = set()
+    for pg_id, info in sorted(placement_groups.items()):
+        if not isinstance(info, dict) or info.get("state") not in PENDING_PG_STATES:
+            continue
+        seen_now.add(pg_id)
+        since = first_seen.setdefault(pg_id, now)
+        raw = info.get("bundles") or {}
+        bundles = [_resources(b) for _, b in sorted(raw.items())] if isinstance(raw, dict) else [_resources(b) for b in raw]
+        strategy = str(info.get("strategy") or "")
+        if strategy == "STRICT_PACK":
+            total: dict[str, float] = {}
+            for bundle in bundles:
+                for k, v in bundle.items():
+                    total[k] = total.get(k, 0.0) + v
+            infeasible = not any(_fits(total, node) for node in node_totals)
+        else:
+            infeasible = any(not any(_fits(b, node) for node in node_totals) for b in bundles)
+        waiting.append(
+            {
+                "kind": "placementGroup",
+                "name": str(info.get("name") or ""),
+                "bundles": bundles,
+                "strategy": strategy,
+                "pendingSeconds": round(now - since, 1),
+                "infeasible": infeasible,
+            }
+        )
+    for pg_id in list(first_seen):
+        if pg_id not in seen_now:
+            del first_seen[pg_id]
+    for bundle, count in task_demand[:_MAX_DEMANDS]:
+        clean = _resources(bundle)
+        if clean and count > 0:
+            waiting.append(
+                {"kind": "tasksAndActors", "bundle": clean, "count": int(count), "infeasible": not any(_fits(clean, n) for n in node_totals)}
+            )
+    waiting.sort(key=lambda w: -w.get("pendingSeconds", 0.0))
+    cluster: dict[str, float] = {}
+    for node in node_totals:
+        for k, v in _resources(node).items():
+            if not k.startswith(("memory", "object_store_memory")):
+                cluster[k] = cluster.get(k, 0.0) + v
+    return {
+        "trials": len(pending_trials),
+        "oldestPendingSeconds": round(max(pending_trials.values()), 1) if pending_trials else 0.0,
+        "waitingFor": waiting[:_MAX_DEMANDS],
+        "clusterResources": dict(sorted(cluster.items())),
+        "pendingLaunches": pending_launches,
+        "failedLaunches": failed_launches,
+    }
+
+
+def read_ray_demand() -> tuple[dict[str, Any], list[dict[str, float]], list[tuple[dict[str, float], int]], int, int]:
+    """(placement groups, alive nodes' totals, task/actor demand, pending launches, failed launches) from the connected
+    Ray: the GCS's placement-group table (no dashboard needed) and the autoscaler's cluster status, which a local Ray
+    serves too. Every part is best effort: what cannot be read is left empty."""
+    import ray
+
+    groups: dict[str, Any] = {}
+    nodes: list[dict[str, float]] = []
+    demand: list[tuple[dict[str, float], int]] = []
+    pending_launches = failed_launches = 0
+    if not ray.is_initialized():
+        return groups, nodes, demand, pending_launches, failed_launches
+    try:
+        groups = dict(ray.util.placement_group_table())
+    except Exception as exc:  # progress is best effort; never fail the sweep on it
+        logger.debug("placement group table unavailable: %s", exc)
+    try:
+        nodes = [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+    except Exception as exc:
+        logger.debug("node table unavailable: %s", exc)
+    try:
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=5)
+        for item in status.resource_demands.ray_task_actor_demand:
+            demand += [(dict(b.bundle), int(b.count)) for b in item.bundles_by_count]
+        pending_launches = sum(int(getattr(launch, "count", 1) or 1) for launch in status.pending_launches)
+        failed_launches = sum(int(getattr(launch, "count", 1) or 1) for launch in status.failed_launches)
+    except Exception as exc:
+        logger.debug("autoscaler cluster status unavailable: %s", exc)
+    return groups, nodes, demand, pending_launches, failed_launches
 
 
 def result_document(
@@ -138,6 +277,7 @@ class SweepProgressCallback(Callback):
         mode: str | None,
         interval_s: float = STATUS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        demand_reader: DemandReader | None = read_ray_demand,
     ):
         self.layout = layout
         self.metric = metric
@@ -147,15 +287,33 @@ class SweepProgressCallback(Callback):
         self._clock = clock
         self._last_write = -math.inf
         self._writer: threading.Thread | None = None
+        self._demand_reader = demand_reader
+        self._trial_pending_since: dict[str, float] = {}
+        self._group_pending_since: dict[str, float] = {}  # touched by the one writer thread only
 
     def __getstate__(self) -> dict[str, Any]:
-        # Tune pickles its callbacks with the experiment; live trials and threads stay behind.
-        return {**self.__dict__, "trials": [], "_writer": None}
+        # Tune pickles its callbacks with the experiment; live trials, threads and clocks stay behind.
+        return {**self.__dict__, "trials": [], "_writer": None, "_trial_pending_since": {}, "_group_pending_since": {}}
 
     def summaries(self) -> list[TrialSummary]:
         return [summarize_trial(t, self.metric, self.mode, self.layout.root) for t in self.trials]
 
-    def _write(self, document: dict[str, Any]) -> None:
+    def pending_trials(self, trials: list[Any], now: float) -> dict[str, float]:
+        """{trial id: seconds it has been PENDING}, measured from when this callback first saw it pending."""
+        pending = {str(t.trial_id) for t in trials if t.status == "PENDING"}
+        self._trial_pending_since = {tid: self._trial_pending_since.get(tid, now) for tid in pending}
+        return {tid: now - since for tid, since in self._trial_pending_since.items()}
+
+    def _write(self, document: dict[str, Any], pending_trials: dict[str, float] | None = None, now: float = 0.0) -> None:
+        if self._demand_reader is not None and pending_trials is not None:
+            try:
+                groups, nodes, demand, launching, failed = self._demand_reader()
+                document["pending"] = summarize_pending(
+                    pending_trials, groups, nodes, demand, self._group_pending_since, now,
+                    pending_launches=launching, failed_launches=failed,
+                )  # fmt: skip
+            except Exception as exc:  # what Ray waits for is a diagnosis: never worth failing a status write
+                logger.warning("could not read Ray's resource demand: %s", exc)
         try:
             storage.write_json(self.layout.status_path, document)
         except OSError as exc:  # progress is best effort; the sweep itself must not fail on it
@@ -173,9 +331,10 @@ class SweepProgressCallback(Callback):
             return
         if self._writer is not None and self._writer.is_alive():
             return
-        self._last_write = self._clock()
+        now = self._last_write = self._clock()
         document = status_document(self.summaries(), self.metric, self.mode)
-        self._writer = threading.Thread(target=self._write, args=(document,), name="sweep-status", daemon=True)
+        pending = self.pending_trials(self.trials, now)
+        self._writer = threading.Thread(target=self._write, args=(document, pending, now), name="sweep-status", daemon=True)
         self._writer.start()
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:

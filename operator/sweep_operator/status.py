@@ -181,9 +181,12 @@ def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def progress_patch(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """Status fields from a run's `_sweep/status.json` or `_sweep/result.json`."""
+    """Status fields from a run's `_sweep/status.json` or `_sweep/result.json`; `waitingFor` is cleared (None: the
+    merge patch removes it) as soon as nothing is pending, and by result.json, which has no `pending` block."""
+    from .ray_demand import waiting_for
+
     counts = trial_counts(doc)
-    patch: dict[str, Any] = {"trials": counts, "trialsSummary": trials_summary(counts)}
+    patch: dict[str, Any] = {"trials": counts, "trialsSummary": trials_summary(counts), "waitingFor": waiting_for(doc)}
     best = best_trial(doc)
     if best:
         patch["bestTrial"] = best

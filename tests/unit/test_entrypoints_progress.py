@@ -128,3 +128,98 @@ def test_progress_callback_pickles_without_its_trials_or_writer_thread(tmp_path:
     restored = pickle.loads(pickle.dumps(callback))
     callback.flush()
     assert restored.trials == [] and restored.layout == callback.layout and restored.metric == "val_loss"
+
+
+# ------------------------------------------------------------------------------ what Ray waits for (R20)
+
+# Shaped like ray.util.placement_group_table() in ray 2.58.0 (ray/_private/state.py _gen_placement_group_info).
+PG_TABLE = {
+    "aa01": {"placement_group_id": "aa01", "name": "", "bundles": {0: {"CPU": 2.0}, 1: {"CPU": 2.0}}, "strategy": "PACK", "state": "PENDING"},
+    "aa02": {"placement_group_id": "aa02", "name": "", "bundles": {0: {"GPU": 1.0, "CPU": 4.0}}, "strategy": "PACK", "state": "PENDING"},
+    "aa03": {"placement_group_id": "aa03", "name": "", "bundles": {0: {"CPU": 0.0, "sweep_trial_driver": 1.0}}, "strategy": "PACK", "state": "CREATED"},
+}
+NODES = [{"CPU": 6.0, "memory": 1e9, "object_store_memory": 1e8, "sweep_trial_driver": 2.0, "node:127.0.0.1": 1.0}]
+
+
+def test_pending_block_names_what_ray_waits_for_and_which_bundle_no_node_can_hold_R20() -> None:
+    first_seen = {"aa01": 40.0}
+    block = progress_summarize(first_seen)
+    assert block["trials"] == 2 and block["oldestPendingSeconds"] == 120.0
+    groups = [w for w in block["waitingFor"] if w["kind"] == "placementGroup"]
+    assert [(g["bundles"], g["pendingSeconds"], g["infeasible"]) for g in groups] == [
+        ([{"CPU": 2.0}, {"CPU": 2.0}], 60.0, False),  # waits for CPUs other trials hold
+        ([{"CPU": 4.0, "GPU": 1.0}], 0.0, True),  # no node has a GPU: only a new node helps
+    ]
+    (tasks,) = [w for w in block["waitingFor"] if w["kind"] == "tasksAndActors"]
+    assert tasks == {"kind": "tasksAndActors", "bundle": {"CPU": 1.0}, "count": 3, "infeasible": False}
+    assert block["clusterResources"] == {"CPU": 6.0, "sweep_trial_driver": 2.0}
+    assert set(first_seen) == {"aa01", "aa02"}  # the created group is not waited for
+
+
+def progress_summarize(first_seen: dict[str, float]) -> dict[str, Any]:
+    from training_entrypoints.progress import summarize_pending
+
+    return summarize_pending({"t1": 120.0, "t2": 30.0}, PG_TABLE, NODES, [({"CPU": 1.0}, 3)], first_seen, 100.0, failed_launches=1)
+
+
+def test_status_pending_block_becomes_waiting_for_and_clears_when_nothing_waits_R20() -> None:
+    """The operator's pure mapping: one line naming trials, ages, bundles and the hopeless one; None clears it (the
+    merge patch removes the field), and result.json, which has no pending block, clears it too."""
+    doc = status_document([TrialSummary("t1", "PENDING"), TrialSummary("t2", "PENDING")], "val_loss", "min", pending=progress_summarize({}))
+    text = progress_patch(json.loads(json.dumps(doc)))["waitingFor"]
+    assert text.startswith("2 trial(s) pending (oldest for 120s); Ray is waiting for placement group PACK of 2 x {CPU: 2} pending 0s")
+    assert "placement group PACK of 1 x {CPU: 4, GPU: 1} pending 0s; no node can hold it: the autoscaler must add one" in text
+    assert "3 task(s)/actor(s) of {CPU: 1}" in text and "1 node launch(es) failed" in text
+    assert text.endswith("the cluster has {CPU: 6, sweep_trial_driver: 2}")
+    idle = status_document(TRIALS, "val_loss", "min", pending={"trials": 0, "waitingFor": [], "failedLaunches": 0})
+    assert progress_patch(idle)["waitingFor"] is None
+    final = result_document(TRIALS, "val_loss", "min", run={"namespace": "ns", "sweep": "s", "runId": "r"})
+    assert progress_patch(final)["waitingFor"] is None
+
+
+def test_progress_callback_writes_the_pending_block_with_ages_across_writes_R20(tmp_path: Path) -> None:
+    now = [100.0]
+    layout = RunLayout(str(tmp_path / "run"))
+    reads: list[int] = []
+
+    def demand() -> tuple[dict, list, list, int, int]:
+        reads.append(1)
+        return {"aa01": PG_TABLE["aa01"]}, NODES, [], 0, 0
+
+    callback = SweepProgressCallback(layout, "val_loss", "min", interval_s=5.0, clock=lambda: now[0], demand_reader=demand)
+    callback.on_step_end(1, [fake_trial("a", "PENDING", None), fake_trial("b", "RUNNING", None)])
+    callback.flush()
+    now[0] += 30
+    callback.on_step_end(2, [fake_trial("a", "PENDING", None), fake_trial("b", "RUNNING", None)])
+    callback.flush()
+    pending = json.loads(Path(layout.status_path).read_text())["pending"]
+    assert (pending["trials"], pending["oldestPendingSeconds"]) == (1, 30.0)
+    assert pending["waitingFor"][0]["pendingSeconds"] == 30.0 and len(reads) == 2
+    now[0] += 30
+    callback.on_step_end(3, [fake_trial("a", "RUNNING", None), fake_trial("b", "RUNNING", None)])
+    callback.flush()
+    assert json.loads(Path(layout.status_path).read_text())["pending"]["trials"] == 0
+
+
+def test_a_failing_demand_reader_never_costs_the_status_write(tmp_path: Path) -> None:
+    layout = RunLayout(str(tmp_path / "run"))
+
+    def broken() -> tuple[dict, list, list, int, int]:
+        raise RuntimeError("GCS unavailable")
+
+    callback = SweepProgressCallback(layout, "val_loss", "min", demand_reader=broken)
+    callback.on_step_end(1, [fake_trial("a", "PENDING", None)])
+    callback.flush()
+    doc = json.loads(Path(layout.status_path).read_text())
+    assert doc["trials"]["pending"] == 1 and "pending" not in doc
+
+
+def test_status_file_names_every_trials_checkpoint_for_the_verifier() -> None:
+    """Issue 12, defect 6: the verifier learns from status.json which trials must have checkpoints."""
+    from sweep_operator.verification import recorded_checkpoints
+
+    doc = status_document(TRIALS, "val_loss", "min")
+    assert recorded_checkpoints(json.dumps(doc).encode(), "status.json") == {
+        "t0": "s3://b/p/ns/s-r/train/t0/checkpoint_epoch-000002",
+        "t1": "s3://b/p/ns/s-r/train/t1/checkpoint_epoch-000002",
+    }
