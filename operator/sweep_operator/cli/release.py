@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint to verify against (default: the run's recorded one)")
     p.set_defaults(func=run)
     g = subparsers.add_parser("guarded", help="list objects the checkpoint guard's finalizer still holds (exit 1 if any)")
-    g.add_argument("-n", "--namespace", default=None)
+    g.add_argument("-n", "--namespace", action="append", default=None, help="a namespace to check (repeatable)")
     g.add_argument("-A", "--all-namespaces", action="store_true")
     g.add_argument("--kubeconfig")
     g.add_argument("--context")
@@ -56,16 +56,23 @@ class Held:
 
 
 def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
+    import os
+
     import kubernetes
     from kubernetes import config
 
+    if not args.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config()  # the chart's uninstall hook: the pod's service account
+        api_client = kubernetes.client.ApiClient()
+        return kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), "default", ""
     try:
         _contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
         api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
     except (config.ConfigException, OSError, TypeError) as exc:
         raise UsageError(f"no usable kubeconfig: {exc}") from None
     context = (active or {}).get("context", {})
-    namespace = getattr(args, "namespace", None) or context.get("namespace") or "default"
+    namespace = getattr(args, "namespace", None)
+    namespace = (namespace[0] if isinstance(namespace, list) else namespace) or context.get("namespace") or "default"
     return (kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), namespace,
             context.get("user") or "")
 
@@ -245,7 +252,10 @@ def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
 
 def run_guarded(args: argparse.Namespace) -> int:
     custom, _core, namespace, _user = _clients(args)
-    held = held_objects(custom, None if args.all_namespaces else namespace)
+    if args.all_namespaces:
+        held = held_objects(custom, None)
+    else:
+        held = [h for ns in (args.namespace or [namespace]) for h in held_objects(custom, ns)]
     if not held:
         print("no object carries the checkpoint guard's finalizer")
         return EXIT_OK
