@@ -370,6 +370,7 @@ class SweepStatus(StatusModel):
     trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
     trials_summary: str | None = Field(None, description="finished/total, e.g. 3/8.")
     best_trial: BestTrial | None = Field(None, description="Best trial so far.")
+    waiting_for: str | None = Field(None, description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).")
     checkpoints: CheckpointsStatus | None = Field(None, description="Checkpoint verification (R22).")
     replicas: ReplicasStatus | None = Field(None, description="Admitted demand and rendered cap.")
     message: str | None = Field(None, description="Latest human-readable message.")
