@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,12 @@ class FakeVerifier:
     verified: bool = True
     calls: list[str] = field(default_factory=list)
     findings: list[Finding] | None = None  # what an unverified result reports (default: a missing file)
+    result: FakeResult | None = None  # when set, returned as it is
 
     def __call__(self, client: Any, root: str, **_: Any) -> FakeResult:
         self.calls.append(root)
+        if self.result is not None:
+            return self.result
         if self.verified:
             return FakeResult(True)
         findings = self.findings or [Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent")]
@@ -86,6 +90,7 @@ class World:
     clock: Clock
     events: list[tuple[str, str, str, str]]
     controller: SweepController
+    s3_clients: list[tuple[str, str]] = field(default_factory=list)  # (endpoint, region) of every S3 client asked for
 
     def sweep(self, name: str, namespace: str = "ml") -> dict[str, Any]:
         obj = self.kube.get_sweep(namespace, name)
@@ -116,16 +121,23 @@ class World:
 def world() -> World:
     kube, s3, verifier, clock = FakeKube(), FakeS3(), FakeVerifier(), Clock()
     events: list[tuple[str, str, str, str]] = []
-    settings = Settings(limits=OperatorLimits(max_gpus_per_namespace=8), status_poll_seconds=0)
+    s3_clients: list[tuple[str, str]] = []
+    settings = Settings(limits=OperatorLimits(max_gpus_per_namespace=8), status_poll_seconds=0,
+                        s3_endpoint_url="https://operator-default.example", s3_region="eu-west-1")
+
+    def s3_for(endpoint: str, region: str) -> FakeS3:
+        s3_clients.append((endpoint, region))
+        return s3
+
     controller = SweepController(
         settings,
         kube,  # type: ignore[arg-type]
-        lambda endpoint, region: s3,
+        s3_for,
         lambda body, type_, reason, message: events.append((body["metadata"]["name"], type_, reason, message)),
         verifier=verifier,
         clock=clock,
     )
-    return World(kube, s3, verifier, clock, events, controller)
+    return World(kube, s3, verifier, clock, events, controller, s3_clients)
 
 
 def add_sweep(world: World, name: str, created: str = "2026-12-02T12:00:00Z", **changes: Any) -> dict[str, Any]:
@@ -785,3 +797,136 @@ def test_the_ledger_counts_a_run_whose_status_write_was_lost(world: World) -> No
     world.kube.ensure_finalizer(world.sweep("second"))
     restarted.reconcile_sweep(world.sweep("second"))
     assert world.status("second")["phase"] == "Queued", "the lost run's 8 GPUs still count"
+
+
+# ------------------------------------------------------------------ issue 12: the guard and the lifecycle
+
+
+def test_a_retry_after_a_long_attempt_is_not_killed_by_the_startup_clock(world: World) -> None:
+    """Defect 2: during Retrying KubeRay keeps the failed attempt's startTime (rayjob_controller.go, the Retrying
+    branch); the startup clock is per attempt and starts again with the next attempt's startTime."""
+    add_sweep(world, "digits", **{"spec.failurePolicy.jobRetries": 2, "spec.deadlines.startupSeconds": 600})
+    status = world.reconcile("digits")
+    name = status["rayJobName"]
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", startTime="2026-11-30T00:00:00Z")
+    world.reconcile("digits")
+    world.clock.now = T0 + 3600  # the first attempt trained for an hour, then failed
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Retrying", jobStatus="", failed=1)
+    status = world.reconcile("digits")
+    assert status["phase"] == "Starting", status["message"]
+    assert ("delete_rayjob", name) not in world.kube.calls
+    world.clock.now = T0 + 3700  # the next attempt starts: a fresh startup clock
+    second = datetime.fromtimestamp(T0 + 3690, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Initializing", startTime=second)
+    status = world.reconcile("digits")
+    assert status["phase"] == "Starting" and status["attemptStartedAt"] == second
+    world.clock.now = T0 + 3690 + 601  # startupSeconds after the second attempt's start
+    status = world.reconcile("digits")
+    assert status["phase"] == "Failed" and "startupSeconds=600" in status["message"]
+
+
+def test_a_retried_rayjob_whose_job_status_was_reset_is_verified(world: World) -> None:
+    """Defect 3: jobStatus is "" again while KubeRay retries; the RayJob's annotation names the run, so the guard
+    verifies (and holds an unverified run) whatever jobStatus says."""
+    status = ran(world)
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Retrying", jobStatus="", failed=1)
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    world.verifier.verified = False
+    with pytest.raises(RetryLater, match="missing-file"):
+        world.controller.guard_rayjob_deletion(rayjob, attempt=0)
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{status['runId']}"]
+
+
+def test_a_sweep_whose_rayjob_is_gone_is_verified_from_its_status(world: World) -> None:
+    """Defect 3: the RayJob was deleted (and released) earlier; status.guard still names the run root."""
+    status = ran(world)
+    del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    world.verifier.verified = False
+    with pytest.raises(RetryLater, match="missing-file"):
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{status['runId']}"]
+
+
+def test_a_sweep_over_todays_caps_is_still_verified(world: World) -> None:
+    """Defect 3: the caps were lowered after admission, so the spec no longer parses with them; the run is still
+    known (status.guard) and verified, never released as "never started"."""
+    status = ran(world)
+    world.controller.settings = Settings(limits=OperatorLimits(max_workers_per_sweep=1), status_poll_seconds=0)
+    world.controller._parsed = type(world.controller._parsed)(16)
+    world.verifier.verified = False
+    with pytest.raises(RetryLater):
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{status['runId']}"]
+
+
+def test_a_sweep_without_any_run_record_is_held_with_the_reason(world: World) -> None:
+    """Defect 3: a run id in status but no root recorded and no spec to derive one: hold, say why."""
+    status = ran(world)
+    del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    sweep = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    sweep["status"].pop("guard")
+    sweep["spec"]["storage"] = {"uri": 7}
+    with pytest.raises(RetryLater, match="no recorded run root") as held:
+        world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    assert "sweepctl release" in str(held.value) and world.verifier.calls == []
+    verified = next(c for c in world.status("digits")["conditions"] if c["type"] == "CheckpointsVerified")
+    assert verified["status"] == "False" and "no recorded run root" in verified["message"]
+
+
+def test_the_cluster_guard_verifies_with_the_sweeps_own_storage_not_the_operators(world: World) -> None:
+    """Defect 4: the RayJob is gone (normal cascade); the cluster's copy of the guard annotation names the
+    sweep's endpoint and region."""
+    add_sweep(world, "digits", **{"spec.storage.endpointUrl": "https://minio.team-a.example", "spec.storage.region": "ap-south-1"})
+    status = world.reconcile("digits")
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    assert rayjob is not None
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+               "metadata": {"name": f"{status['rayJobName']}-abcde", "namespace": "ml",
+                            "labels": dict(rayjob["metadata"]["labels"]), "annotations": dict(rayjob["metadata"]["annotations"]),
+                            "finalizers": [constants.FINALIZER]},
+               "spec": {"headGroupSpec": {}, "workerGroupSpecs": []}}
+    del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
+    world.s3_clients.clear()
+    world.verifier.verified = False
+    with pytest.raises(RetryLater):
+        world.controller.guard_raycluster_deletion(cluster, attempt=0)
+    assert world.verifier.calls == [f"s3://bucket/sweeps/ml/digits-{status['runId']}"]
+    assert world.s3_clients and set(world.s3_clients) == {("https://minio.team-a.example", "ap-south-1")}
+
+
+def test_a_run_that_wrote_nothing_but_its_status_is_released_with_an_audit(world: World) -> None:
+    """Defect 5: a bad trainLoop fails before any checkpoint; the driver's status says none was reported; the
+    cluster is released (never held forever) with a Warning Event, after verification ran."""
+    status = ran(world)
+    root = f"bucket/sweeps/ml/digits-{status['runId']}"
+    world.s3.objects[f"{root}/_sweep/status.json"] = json.dumps({"phase": "Failed", "trials": {"total": 0}}).encode()
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED")
+    world.verifier.result = FakeResult(True, checked=0)
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    reason = world.controller.guard_rayjob_deletion(rayjob, attempt=0)
+    assert "nothing to protect" in reason and world.verifier.calls
+    audits = [e for e in world.events if e[2] == "CheckpointGuardBypassed"]
+    assert audits and "nothing to protect" in audits[0][3]
+    # The same run with a checkpoint reported but none found is held.
+    world.s3.objects[f"{root}/_sweep/status.json"] = json.dumps(
+        {"bestTrial": {"id": "t1", "checkpointUri": f"s3://{root}/train/t1/checkpoint_epoch-000000"}}).encode()
+    with pytest.raises(RetryLater, match="reported 1"):
+        world.controller.guard_rayjob_deletion(rayjob, attempt=0)
+
+
+def test_a_graceful_stop_at_the_deadline_ends_deadline_exceeded_not_succeeded(world: World) -> None:
+    """Defect 8: Tune's budget stopped the trials, the driver exited 0 and the RayJob completed; result.json says
+    deadlineReached. The sweep ends DeadlineExceeded, its checkpoints verified, Ready=False."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    root = f"bucket/sweeps/ml/digits-{status['runId']}"
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.reconcile("digits")
+    world.s3.objects[f"{root}/_sweep/result.json"] = json.dumps({"deadlineReached": True, "trials": {"total": 4, "terminated": 4}}).encode()
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    status = world.reconcile("digits")
+    assert status["phase"] == "DeadlineExceeded"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["DeadlineExceeded"]["status"], conditions["DeadlineExceeded"]["reason"]) == ("True", "GracefulStop")
+    assert conditions["CheckpointsVerified"]["status"] == "True" and conditions["Ready"]["status"] == "False"
+    assert world.verifier.calls == [f"s3://{root}"]
