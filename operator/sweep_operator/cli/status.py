@@ -1,4 +1,4 @@
-"""`sweepctl status NAME [-n NAMESPACE] [--kubeconfig F] [--json]`: a TrainingSweep's status, read from the cluster."""
+"""`sweepctl status NAME [-n NAMESPACE] [--kubeconfig F] [--context C] [--json]`: a TrainingSweep's status, read from the cluster."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name")
     p.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument("--json", action="store_true", help="print the status object as JSON")
     p.set_defaults(func=run)
 
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        api_client = config.new_client_from_config(config_file=args.kubeconfig)
+        if args.context:
+            active = next((c for c in contexts if c.get("name") == args.context), None)
+            if active is None:
+                raise UsageError(f"--context {args.context!r}: no such context in the kubeconfig")
+        api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
     except (config.ConfigException, OSError, TypeError) as exc:
         raise UsageError(f"no usable kubeconfig: {exc}") from None
     namespace = args.namespace or (active or {}).get("context", {}).get("namespace") or "default"

@@ -1,0 +1,172 @@
+"""`kubectl sweep status|report|verify|resume|validate|render NAME`: sweepctl as a kubectl plugin (`kubectl-sweep`).
+
+Honours kubectl's `-n/--namespace`, `--context` and `--kubeconfig` flags and `KUBECONFIG` (several files merged,
+as kubectl does); each verb runs the sweepctl subcommand on the named TrainingSweep.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any, Sequence
+
+from .common import EXIT_FAILED, EXIT_USAGE
+
+VERBS = ("status", "report", "verify", "resume", "validate", "render")
+USAGE = """usage: kubectl sweep VERB NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [OPTIONS]
+
+verbs:
+  status NAME     phase, trials, best trial, checkpoints and conditions of a TrainingSweep
+  report NAME     learning curves, hyper-parameters and timeline: report.html + PNGs (--out DIR)
+  verify NAME     verify the sweep's checkpoints in S3 (its run root, endpoint and region from its status)
+  resume NAME     resume a run from its checkpoints (not yet supported)
+  validate NAME   check the live TrainingSweep (or -f FILE) offline: schema, semantics, caps, bundle fit
+  render NAME     the RayJob the operator renders for the live TrainingSweep (or -f FILE)
+
+Options after NAME go to the sweepctl subcommand (`sweepctl VERB --help`)."""
+
+
+def _split_globals(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """kubectl's connection flags (anywhere, `--flag value` or `--flag=value`) apart from the rest."""
+    names = {"-n": "namespace", "--namespace": "namespace", "--context": "context", "--kubeconfig": "kubeconfig"}
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        flag, eq, value = item.partition("=")
+        if flag in names and eq:
+            found[names[flag]] = value
+        elif item in names:
+            if i + 1 >= len(items):
+                raise SystemExit(_usage_error(f"{item} needs a value"))
+            found[names[item]] = items[i + 1]
+            i += 1
+        elif item.startswith("-n") and len(item) > 2 and not item.startswith("--"):
+            found["namespace"] = item[2:]
+        else:
+            rest.append(item)
+        i += 1
+    return found, rest
+
+
+def _usage_error(message: str) -> int:
+    print(f"kubectl sweep: {message}\n\n{USAGE}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _connection_flags(found: dict[str, str], *, context: bool = True) -> list[str]:
+    flags = []
+    for key in ("namespace", "kubeconfig") + (("context",) if context else ()):
+        if key in found:
+            flags += [f"--{key}", found[key]]
+    return flags
+
+
+def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
+    import kubernetes
+    from kubernetes import config
+
+    from .. import constants
+
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=found.get("kubeconfig"))
+        if found.get("context"):
+            active = next((c for c in contexts if c.get("name") == found["context"]), None)
+            if active is None:
+                return _usage_error(f"--context {found['context']!r}: no such context in the kubeconfig")
+        api_client = config.new_client_from_config(config_file=found.get("kubeconfig"), context=found.get("context"))
+    except (config.ConfigException, OSError, TypeError) as exc:
+        print(f"kubectl sweep: no usable kubeconfig: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = found.get("namespace") or (active or {}).get("context", {}).get("namespace") or "default"
+    try:
+        return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+        )
+    except kubernetes.client.ApiException as exc:
+        print(f"kubectl sweep: TrainingSweep {namespace}/{name}: {exc.reason} ({exc.status})", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # connection refused, DNS, TLS
+        print(f"kubectl sweep: cannot reach the cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _manifest_file(sweep: dict[str, Any]) -> str:
+    """The live sweep as a manifest file for validate/render (status and server-set metadata dropped)."""
+    import yaml
+
+    meta = sweep.get("metadata") or {}
+    doc = {
+        "apiVersion": sweep.get("apiVersion"), "kind": sweep.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)},
+        "spec": sweep.get("spec") or {},
+    }
+    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="kubectl-sweep-", delete=False)
+    with handle:
+        yaml.safe_dump(doc, handle, sort_keys=False)
+    return handle.name
+
+
+def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str] | int:
+    """The sweepctl command line a plugin verb runs (an exit code when it needs no sweepctl run)."""
+    if verb == "resume":
+        print("kubectl sweep resume: not yet supported (resuming a run from its checkpoints is a later issue); "
+              "re-create the sweep to start a new run", file=sys.stderr)
+        return EXIT_USAGE
+    if not rest:
+        return _usage_error(f"{verb}: name a TrainingSweep")
+    name, options = rest[0], rest[1:]
+    if verb == "status":
+        return ["status", name, *_connection_flags(found), *options]
+    if verb == "report":
+        return ["report", name, *_connection_flags(found), *options]
+    if verb in ("validate", "render") and (name in ("-f", "--filename") or name.startswith("--filename=")):
+        return [verb, *rest]
+    sweep = _live_sweep(found, name)
+    if isinstance(sweep, int):
+        return sweep
+    status = sweep.get("status") or {}
+    if verb == "verify":
+        from .report import _run_root_of
+
+        root, endpoint, region = _run_root_of(sweep)
+        if not root:
+            print(f"kubectl sweep verify: TrainingSweep {name} has no run yet (phase {status.get('phase', 'Pending')})", file=sys.stderr)
+            return EXIT_FAILED
+        extra = (["--endpoint-url", endpoint] if endpoint and "--endpoint-url" not in options else []) + (
+            ["--region", region] if region and "--region" not in options else [])
+        return ["verify", root, *extra, *options]
+    manifest = _manifest_file(sweep)
+    if verb == "render" and status.get("runId") and "--run-id" not in options:
+        options = ["--run-id", status["runId"], *options]
+    return [verb, "-f", manifest, *options]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import main as sweepctl
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else EXIT_USAGE
+    verb, tail = args[0], args[1:]
+    if verb not in VERBS:
+        return _usage_error(f"unknown verb {verb!r} (one of {', '.join(VERBS)})")
+    found, rest = _split_globals(tail)
+    command = sweepctl_argv(verb, found, rest)
+    if isinstance(command, int):
+        return command
+    try:
+        return sweepctl(command)
+    finally:
+        if verb in ("validate", "render") and "-f" in command:
+            path = command[command.index("-f") + 1]
+            if os.path.basename(path).startswith("kubectl-sweep-"):
+                os.unlink(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

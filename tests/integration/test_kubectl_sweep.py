@@ -1,0 +1,173 @@
+"""`kubectl sweep ...` through the real kubectl binary (it finds the `kubectl-sweep` plugin on PATH) against the
+Kubernetes API emulator, with the sweep's run root (a real run's records) in moto S3; `kubectl get tsw -o wide`;
+`sweepctl report NAME` from the cluster and from S3 alone."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from sweep_operator import constants
+from sweep_operator.cli import main as sweepctl
+from sweep_operator.sandbox.emulator import EmulatorServer, kubeconfig_document
+from tests.support.report_fixture import FIXTURE, upload_run_root
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+KUBECTL = BIN / "kubectl"
+RESULT = json.loads((FIXTURE / "_sweep" / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmulatorServer]:
+    with EmulatorServer() as srv:
+        yield srv
+
+
+class World:
+    def __init__(self, server: EmulatorServer, namespace: str, name: str, root: str, endpoint: str, kubeconfig: Path, s3: Any, bucket: str):
+        self.server, self.namespace, self.name, self.root, self.endpoint = server, namespace, name, root, endpoint
+        self.kubeconfig, self.s3, self.bucket = kubeconfig, s3, bucket
+        self.merged = ""  # KUBECONFIG as a list of two files
+
+    def kubectl(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        environ = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "HOME": str(self.kubeconfig.parent)}
+        return subprocess.run([str(KUBECTL), *args], env={**environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def world(server: EmulatorServer, s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> World:
+    """A TrainingSweep whose status is what the operator writes for the fixture's run (no operator needed to read
+    it), the run root in S3, and a kubeconfig of two files, as KUBECONFIG may list: a current context that goes
+    nowhere, and the emulator's context `emu` whose namespace is the sweep's."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    namespace, name = f"team-{uuid.uuid4().hex[:6]}", "digits-asha"
+    s3 = s3_server.client()
+    bucket = f"rep-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    root = upload_run_root(s3, bucket, f"sweeps/{namespace}/{name}-rep001")
+    api = server.api_client()
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    doc = yaml.safe_load((REPO / "tests" / "support" / "fixtures" / "report-sweep.yaml").read_text())
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"]["storage"].update(uri=f"s3://{bucket}/sweeps", endpointUrl=s3_server.endpoint_url)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, doc)
+    status = {
+        "phase": "Succeeded", "runId": "rep001", "rayJobName": f"{name}-rep001", "message": "sweep succeeded",
+        "startedAt": "2026-12-03T11:47:00Z", "trainingStartedAt": "2026-12-03T11:47:15Z", "deadlineAt": "2026-12-03T12:17:00Z",
+        "finishedAt": RESULT["finishedAt"], "trialsSummary": "4/4",
+        "bestTrial": RESULT["bestTrial"], "replicas": {"workers": 1, "gpus": 0, "cap": 1, "namespaceBudget": "0/32"},
+        "checkpoints": {"verified": True, "checked": 5, "bytes": 1, "verifiedAt": "2026-12-03T11:49:10Z", "problems": []},
+        "guard": {"runRoot": root, "endpointUrl": s3_server.endpoint_url, "region": "us-east-1", "verify": True, "timeoutSeconds": 60},
+    }
+    custom.patch_namespaced_custom_object_status(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status})
+    home = tmp_path_factory.mktemp("kube")
+    elsewhere = kubeconfig_document("http://127.0.0.1:9", context="elsewhere")
+    emu = kubeconfig_document(server.url, context="emu", namespace=namespace)
+    emu.pop("current-context")
+    (home / "a.yaml").write_text(yaml.safe_dump(elsewhere))
+    (home / "b.yaml").write_text(yaml.safe_dump(emu))
+    kubeconfig = home / "config"
+    kubeconfig.write_text(yaml.safe_dump({**emu, "current-context": "emu"}))
+    world = World(server, namespace, name, root, s3_server.endpoint_url, kubeconfig, s3, bucket)
+    world.merged = f"{home / 'a.yaml'}{os.pathsep}{home / 'b.yaml'}"
+    return world
+
+
+def test_kubectl_finds_the_plugin_and_sweep_status_reads_the_sweep(world: World) -> None:
+    listed = world.kubectl("plugin", "list")
+    assert str(BIN / "kubectl-sweep") in listed.stdout, listed.stdout + listed.stderr
+    done = world.kubectl("sweep", "status", world.name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"TrainingSweep {world.namespace}/{world.name}" in done.stdout
+    assert "phase:       Succeeded" in done.stdout and RESULT["bestTrial"]["id"] in done.stdout
+
+
+def test_sweep_status_honours_kubeconfig_lists_context_and_namespace(world: World) -> None:
+    merged = {"KUBECONFIG": world.merged}
+    # The merged files' current context (the first file's) points nowhere: --context picks the emulator.
+    nowhere = world.kubectl("sweep", "status", world.name, env=merged)
+    assert nowhere.returncode == 1 and "cannot reach the cluster" in nowhere.stderr
+    done = world.kubectl("sweep", "status", world.name, "--context", "emu", env=merged)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "phase:       Succeeded" in done.stdout
+    other = world.kubectl("sweep", "status", world.name, "--context=emu", "-n", "default", env=merged)
+    assert other.returncode == 1 and f"TrainingSweep default/{world.name}: Not Found" in other.stderr
+    named = world.kubectl("sweep", "status", world.name, f"--namespace={world.namespace}", "--context", "emu", "--json", env=merged)
+    assert json.loads(named.stdout)["runId"] == "rep001"
+    wrong = world.kubectl("sweep", "status", world.name, "--context", "nope", env=merged)
+    assert wrong.returncode == 2 and "no such context" in wrong.stderr
+
+
+def test_sweep_verify_render_validate_and_resume(world: World) -> None:
+    verify = world.kubectl("sweep", "verify", world.name)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert f"VERIFIED {world.root}: 5 checkpoint(s)" in verify.stdout
+    render = world.kubectl("sweep", "render", world.name)
+    assert render.returncode == 0, render.stderr
+    rayjob = yaml.safe_load(render.stdout)
+    assert rayjob["kind"] == "RayJob" and rayjob["metadata"]["name"] == f"{world.name}-rep001"
+    validate = world.kubectl("sweep", "validate", world.name)
+    assert validate.returncode == 0, validate.stdout + validate.stderr
+    resume = world.kubectl("sweep", "resume", world.name)
+    assert resume.returncode == 2 and "not yet supported" in resume.stderr
+    unknown = world.kubectl("sweep", "delete", world.name)
+    assert unknown.returncode == 2 and "unknown verb" in unknown.stderr
+
+
+def test_get_tsw_wide_shows_gpus_namespace_budget_and_verification_time(world: World) -> None:
+    plain = world.kubectl("get", "tsw")
+    wide = world.kubectl("get", "tsw", "-o", "wide")
+    assert plain.returncode == 0 and wide.returncode == 0, plain.stderr + wide.stderr
+    header, row = wide.stdout.splitlines()[:2]
+    columns = header.split()
+    assert columns[-3:] == ["GPUS", "NS-BUDGET", "VERIFIED-AT"], header
+    assert "GPUS" not in plain.stdout.splitlines()[0]
+    values = row.split()
+    assert values[columns.index("NS-BUDGET")] == "0/32" and values[columns.index("GPUS")] == "0"
+    assert values[columns.index("VERIFIED-AT")] not in ("", "<none>")  # an age, like AGE
+
+
+def test_report_from_the_cluster_reads_status_and_s3(world: World, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = world.kubectl("sweep", "report", world.name, "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["root"] == world.root
+    curves = {t["trial"]: t for t in data["learningCurves"]["trials"]}
+    for trial in RESULT["trialResults"]:
+        rows = [json.loads(line) for line in (FIXTURE / "tune" / trial["id"] / "result.json").read_text().splitlines()]
+        assert curves[trial["id"]]["values"] == [r["val_loss"] for r in rows]
+    assert [t["trial"] for t in curves.values() if t["best"]] == [RESULT["bestTrial"]["id"]]
+    # The status' times make the phases; the verifier's own pass lists the checkpoints it found.
+    assert {s["label"] for s in data["timeline"]["spans"] if s["kind"] == "phase"} == {"Starting", "Running"}
+    assert {m["kind"] for m in data["timeline"]["markers"]} >= {"deadline", "verification", "finished"}
+    committed = sorted((c["trial"], c["checkpoint"]) for c in data["checkpoints"] if c["status"] == "verified")
+    assert len(committed) == 5 and (RESULT["bestTrial"]["id"], "checkpoint_epoch-000005") in committed
+    assert "VERIFIED at" in (out / "report.html").read_text()
+
+
+def test_report_from_s3_alone_after_the_cluster_is_gone(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = sweepctl(["report", "--storage", world.root, "--endpoint-url", world.endpoint, "--region", "us-east-1",
+                     "--kubeconfig", str(tmp_path / "absent"), "--out", str(tmp_path / "r")])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert sum(len(t["values"]) for t in data["learningCurves"]["trials"]) == 9
+    assert len([c for c in data["checkpoints"] if c["status"] == "verified"]) == 5
+    assert not [s for s in data["timeline"]["spans"] if s["kind"] == "attempt"]  # no status: no attempts known

@@ -1,0 +1,29 @@
+"""Puts the real run root of tests/support/fixtures/report_run_root (4 trials, ASHA, see report-sweep.yaml) into
+an S3 bucket as the run wrote it: paths under the root as Ray and our entrypoint record them for S3, and each
+checkpoint file the fixture leaves out uploaded as bytes of its manifest's listed size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report_run_root"
+PLACEHOLDER = "@RUN_ROOT@"
+
+
+def upload_run_root(client: Any, bucket: str, prefix: str) -> str:
+    """Upload under `s3://bucket/prefix`; returns that run root URI."""
+    root = f"s3://{bucket}/{prefix}"
+    for path in sorted(p for p in FIXTURE.rglob("*") if p.is_file()):
+        relative = path.relative_to(FIXTURE).as_posix()
+        text = path.read_text()
+        # Tune's records carry the scheme-less path TuneReportCallback forwards (R18); our _sweep files full URIs.
+        text = text.replace(PLACEHOLDER, root if relative.startswith("_sweep/") else root.removeprefix("s3://"))
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{relative}", Body=text.encode())
+        if path.name == "_manifest.json":
+            for entry in json.loads(text)["files"]:
+                if not (path.parent / entry["path"]).exists():
+                    key = f"{prefix}/{path.parent.relative_to(FIXTURE).as_posix()}/{entry['path']}"
+                    client.put_object(Bucket=bucket, Key=key, Body=b"\0" * entry["size"])
+    return root
