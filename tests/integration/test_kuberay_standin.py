@@ -741,6 +741,36 @@ def test_pending_pods_show_insufficient_gpu_from_the_scheduler(kube: Cluster, ru
     assert kube.status("gpu")["jobDeploymentStatus"] == "Initializing"  # stuck until a deadline
 
 
+def test_gpu_workers_autoscaled_from_zero_leave_the_rayjob_running(kube: Cluster, runner: ScriptedRunner) -> None:
+    """RC calculateStatus: state ready once pods == desired workers + head and all run, and never taken back; with
+    replicas 0 (an autoscaled group at minReplicas 0) the head alone makes the cluster ready, so RJ's Initializing
+    branch goes Running and the Ray job (its driver on the head) is RUNNING while the GPU workers the autoscaler
+    asks for stay Pending. The stand-in models the autoscaler's demand as pending pods, not as a replicas change."""
+    runner.script("zero", Outcome.pending(PendingReason.INSUFFICIENT_GPU))
+    body = rayjob_body("zero")
+    body["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] = True
+    body["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(replicas=0, minReplicas=0)
+    kube.custom.create_namespaced_custom_object(*RAY, kube.ns, "rayjobs", body)
+    status = wait_for(lambda: (s := kube.status("zero")).get("jobStatus") == "RUNNING" and s, 10, what="RUNNING")
+    assert status["jobDeploymentStatus"] == "Running" and status["rayClusterStatus"]["state"] == "ready"
+    (worker,) = [p for p in _settled_pods(kube, status["rayClusterName"], 2)
+                 if p.metadata.labels["ray.io/node-type"] == "worker"]
+    assert worker.status.phase == "Pending" and worker.status.conditions[0].reason == "Unschedulable"
+    assert kube.cluster(status["rayClusterName"])["status"]["state"] == "ready"
+
+
+def test_rayclusterspec_changes_on_the_rayjob_do_not_reach_the_cluster(kube: Cluster, runner: ScriptedRunner) -> None:
+    """RJ getOrCreateRayClusterInstance: "Disregard changes in RayClusterSpec of RayJob": the cluster keeps the spec
+    it was created with (a retry's new cluster takes the edited one)."""
+    runner.script("edit", Outcome.hang())
+    kube.submit("edit")
+    name = kube.until("edit", "Running")["rayClusterName"]
+    kube.patch("rayjobs", "edit", {"spec": {"rayClusterSpec": {"workerGroupSpecs": [
+        {**kube.rayjob("edit")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0], "replicas": 3}]}}})
+    looked_again(kube_standin(kube), kube, "edit")
+    assert kube.cluster(name)["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
 def test_pending_pods_show_image_pull_back_off_from_the_kubelet(kube: Cluster, runner: ScriptedRunner) -> None:
     """R6, R20: containers waiting in ImagePullBackOff, with ErrImagePull events (the kubelet, not KubeRay)."""
     runner.script("pull", Outcome.pending(PendingReason.IMAGE_PULL, workers=1))

@@ -1451,13 +1451,18 @@ class KubeRayStandIn:
                 return True
         run = self._run_for(key, rayjob, cluster)
         poll = run.poll()
-        if poll.phase is RunPhase.STARTING:
+        phase = poll.phase
+        if phase is RunPhase.STARTING and _ready_before_demand(cluster, poll.pending_pods):
+            # The driver runs on the head (Ray job RUNNING); the workers its trials ask for stay Pending
+            cluster = self._autoscaler_demand(cluster, poll.pending_pods)
+            phase = RunPhase.RUNNING
+        elif phase is RunPhase.STARTING:
             # GetJobInfo: the Ray job is not on the cluster yet (not submitted, or the cluster is new): requeue
             step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
             return False
         job_status = {RunPhase.PENDING: JobStatus.PENDING, RunPhase.RUNNING: JobStatus.RUNNING,
                       RunPhase.SUCCEEDED: JobStatus.SUCCEEDED, RunPhase.FAILED: JobStatus.FAILED,
-                      RunPhase.STOPPED: JobStatus.STOPPED}[poll.phase].value
+                      RunPhase.STOPPED: JobStatus.STOPPED}[phase].value
         terminal = job_status in TERMINAL_JOB
         finished_at = None
         if submitter is not None:
@@ -1661,6 +1666,12 @@ class KubeRayStandIn:
             step.wake_in(self.poll_interval)
             return cluster
         poll = run.poll()
+        if poll.phase is RunPhase.STARTING and _ready_before_demand(cluster, poll.pending_pods):
+            # calculateStatus: pods == desired workers (0) + head, all running -> ready; the workers the job needs
+            # come later, from the autoscaler, and are stuck then (see _running)
+            if (cluster.get("status") or {}).get("state") != "ready":
+                cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
+            return cluster
         if poll.phase is RunPhase.STARTING:
             if poll.pending_pods is not None:
                 stuck = self.pods.stuck(cluster, poll.pending_pods)
@@ -1675,6 +1686,21 @@ class KubeRayStandIn:
         if (cluster.get("status") or {}).get("state") != "ready":
             cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
         return cluster
+
+    def _autoscaler_demand(self, cluster: Obj, pending: PendingPods | None) -> Obj:
+        """The autoscaler asks for workers that do not start: pending pods and their Events; the cluster stays
+        `ready` (calculateStatus never takes it back) and RayClusterProvisioned stays True (set once)."""
+        if pending is None or cluster["metadata"].get("deletionTimestamp"):
+            return cluster
+        stuck = self.pods.stuck(cluster, pending)
+        if stuck is None:
+            return cluster
+        status = dict(cluster.get("status") or {})
+        status.update(desiredWorkerReplicas=stuck["desiredWorkerReplicas"], availableWorkerReplicas=0,
+                      readyWorkerReplicas=0)
+        failures = [c for c in stuck["conditions"] if c["type"] == "ReplicaFailure"]
+        status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] != "ReplicaFailure"] + failures
+        return self._set_cluster_status(cluster, status)
 
     def _set_cluster_status(self, cluster: Obj, status: Obj) -> Obj:
         patched = self.api.patch(constants.RAYCLUSTER_PLURAL, cluster, {"status": status}, status=True)
@@ -1817,6 +1843,15 @@ class KubeRayStandIn:
         patch = {k: status.get(k) for k in set(status) | set(before) if status.get(k) != before.get(k)}
         self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch},
                                              status=True, guarded=True))
+
+
+def _ready_before_demand(cluster: Obj, pending: PendingPods | None) -> bool:
+    """Whether a start that the run reports stuck still makes the cluster `ready` first: no worker is desired yet
+    (replicas 0, an autoscaled group at its minimum of 0) and the head pod runs (not an image-pull failure)."""
+    if pending is None or pending.reason is PendingReason.IMAGE_PULL:
+        return False
+    groups = (cluster.get("spec") or {}).get("workerGroupSpecs") or []
+    return sum(_worker_count(g) for g in groups) == 0
 
 
 def _omit_empty(status: Mapping[str, Any]) -> Obj:
