@@ -204,3 +204,29 @@ def test_status_writes_are_pruned_and_validated_and_spec_writes_ignore_status(se
     assert main["status"]["phase"] == "Running" and main["metadata"]["generation"] == 2
     _, _, headers = custom.patch_namespaced_custom_object_with_http_info(G, V, ns, P, "st", {"spec": {"zzz": 1}})
     assert 'unknown field \\"spec.zzz\\"' in headers.get("Warning", "")
+
+
+def test_a_new_default_in_the_crd_reaches_stored_objects_on_read(server: EmulatorServer, ns: str) -> None:
+    """The CR codec defaults what it decodes from etcd (apiextensions-apiserver customresource_handler.go,
+    structuraldefaulting.Default in the storage decoder): objects stored before the default read with it."""
+    import copy
+
+    import kubernetes.client
+
+    from sweep_operator.crd import build_crd
+
+    custom = kubernetes.client.CustomObjectsApi(server.api_client())
+    created = custom.create_namespaced_custom_object(G, V, ns, P, cpu_sweep("old", ns))
+    assert "image" in created["spec"]
+    crd = build_crd()
+    updated = copy.deepcopy(crd)
+    schema = updated["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    schema["extraKnob"] = {"type": "string", "default": "on", "description": "a field added later"}
+    crds = ("apiextensions.k8s.io", "v1", "customresourcedefinitions", crd["metadata"]["name"])
+    try:
+        custom.patch_cluster_custom_object(*crds, {"spec": {"versions": updated["spec"]["versions"]}})
+        read = custom.get_namespaced_custom_object(G, V, ns, P, "old")
+        assert read["spec"]["extraKnob"] == "on"
+        assert read["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    finally:
+        custom.patch_cluster_custom_object(*crds, {"spec": {"versions": crd["spec"]["versions"]}})

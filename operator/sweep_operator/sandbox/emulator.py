@@ -886,9 +886,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # ---- registration
 
     def register(self, resource_type: ResourceType) -> None:
-        """Serve a resource (discovery included)."""
+        """Serve a resource (discovery included).
+
+        A new schema for a kind already served defaults its stored objects, as the apiserver defaults what it reads
+        from etcd (customresource codec: structuraldefaulting.Default on decode); resourceVersions stay.
+        """
+        previous = self._types.get(resource_type.key)
         self._types[resource_type.key] = resource_type
         self.resources[resource_type.key] = resource_type.info()
+        if previous is not None and resource_type.schema is not None and previous.schema is not resource_type.schema:
+            for key in self._live_keys.get(resource_type.key, ()):
+                resource_type.schema.apply_defaults(self.objects[key].raw)
 
     def install_crd(self, crd: Mapping[str, Any]) -> None:
         """Register a CRD's resources and store the CRD object, as applying it to a real cluster would."""
