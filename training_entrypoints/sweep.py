@@ -18,7 +18,7 @@ from sweep_operator import constants, s3_layout
 from sweep_operator.problems import SpecError
 from sweep_operator.runspec import RunSpec, deadline_from_env
 
-from . import storage
+from . import preflight, storage
 from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
 from .trainable import load_train_loop, make_trial_driver, trial_driver_resources, worker_resources
@@ -287,6 +287,12 @@ def main(env: Mapping[str, str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"sweep: {line}", file=sys.stderr)
         return EXIT_INPUT
+    run_root = plan.run_spec.run_root
+    try:
+        # Before anything else touches the run root: a missing permission fails here, in seconds, naming the action.
+        preflight.check_run_root(run_root)
+    except preflight.PreflightError as exc:
+        return _preflight_failed(run_root, exc)
     mode = current_run_mode(plan.run_spec)
     if mode is RunMode.FINISHED:
         print(
@@ -299,9 +305,21 @@ def main(env: Mapping[str, str] | None = None) -> int:
 
     connect_ray(plan)
     try:
+        try:
+            preflight.check_gpu_workers(plan.run_spec)
+        except preflight.PreflightError as exc:
+            return _preflight_failed(run_root, exc)
         return run_sweep(plan, mode)
     finally:
         ray.shutdown()
+
+
+def _preflight_failed(run_root: str, exc: preflight.PreflightError) -> int:
+    print(f"sweep: {exc}", file=sys.stderr)
+    recorded = preflight.record_failure(run_root, exc.failure)
+    where = s3_layout.RunLayout(run_root).status_path
+    print(f"sweep: the failure is {'recorded in' if recorded else 'not recorded (no write access) in'} {where}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

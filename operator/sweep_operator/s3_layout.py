@@ -8,6 +8,7 @@
                                              per rank; the manifest document: checkpoint_manifest.py)
       _sweep/status.json                     progress written by the driver every few seconds
       _sweep/result.json                     final best trial + its checkpoint URI
+      _sweep/preflight-<token>.json          the driver's storage probe, deleted at once; _sweep/gpu-preflight/
 
 Every run gets its own prefix (R16): a new runId is a new run; resuming means reusing a runId on purpose.
 The same layout works for an `s3://` root and for a local directory (run-local).
@@ -26,6 +27,7 @@ TRAIN_DIR: Final = "train"
 SWEEP_META_DIR: Final = "_sweep"
 STATUS_FILE: Final = "status.json"
 RESULT_FILE: Final = "result.json"
+PREFLIGHT_PREFIX: Final = "preflight-"
 SNAPSHOT_FILE: Final = "checkpoint_manager_snapshot.json"
 MANIFEST_FILE: Final = "_manifest.json"
 CHECKPOINT_DIR_PREFIX: Final = "checkpoint_"
@@ -185,6 +187,10 @@ class RunLayout:
     @property
     def result_path(self) -> str:
         return join(self.meta_dir, RESULT_FILE)
+
+    def preflight_path(self, token: str) -> str:
+        """The driver's pre-flight probe (written, read, listed and deleted before the first trial)."""
+        return join(self.meta_dir, f"{PREFLIGHT_PREFIX}{token}.json")
 
 
 # Keys relative to a run root, for code that lists a bucket once and matches in memory (the verifier).
