@@ -1,4 +1,5 @@
-"""Per-rank facts of real 2-worker CPU TorchTrainer runs (Train V2, gloo): R3 on the digits loop, R10 sharded saves.
+"""Real local Ray: per-rank facts of 2-worker CPU TorchTrainer runs (Train V2, gloo) for R3 on the digits loop and
+R10 sharded saves; what Ray reports waiting for (R20).
 
 One local Ray serves both; each run is one TorchTrainer.fit() shared by the assertions about it. The R3 facts are
 recorded from outside the loop (tests.support.rank_probes), so removing `prepare_model`, `prepare_data_loader` or
@@ -206,3 +207,33 @@ def test_a_sharded_checkpoint_restores_bit_identical_on_every_rank_R10_R7(sharde
             assert torch.equal(restored["optimizer"]["state"][index]["momentum_buffer"], buffers["momentum_buffer"])
     other = torch.load(sharded_run.facts / "saved-rank-1-epoch-1.pt", weights_only=True)["model"]["weight"]
     assert not torch.equal(torch.load(sharded_run.facts / "restored-rank-0.pt", weights_only=True)["model"]["weight"], other)
+
+
+# ----------------------------------------------------------------------------------------- R20
+
+
+@pytest.mark.timeout(120)
+def test_a_placement_group_no_node_can_hold_is_reported_with_what_ray_waits_for_R20(ray_local: None) -> None:
+    """A real local Ray asked for a bundle beyond any node: the driver's reader finds it pending in the GCS, the
+    pending block marks it infeasible, and the operator's status line names it."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from sweep_operator.status import progress_patch
+    from training_entrypoints.progress import read_ray_demand, summarize_pending
+
+    group = placement_group([{"CPU": 1.0}, {"CPU": 64.0}], strategy="PACK")
+    try:
+        groups, nodes, demand, launching, failed = read_ray_demand()
+        assert group.id.hex() in groups and groups[group.id.hex()]["state"] == "PENDING"
+        first_seen = {group.id.hex(): 0.0}
+        block = summarize_pending({"t1": 42.0}, groups, nodes, demand, first_seen, 5.0, pending_launches=launching, failed_launches=failed)
+        (mine,) = [w for w in block["waitingFor"] if w.get("bundles") == [{"CPU": 1.0}, {"CPU": 64.0}]]
+        assert mine["infeasible"] is True and mine["pendingSeconds"] == 5.0 and mine["strategy"] == "PACK"
+        assert block["clusterResources"]["CPU"] == 4.0
+        text = progress_patch({"trials": {"pending": 1, "total": 1}, "pending": block})["waitingFor"]
+        assert "1 trial(s) pending (oldest for 42s)" in text
+        assert "placement group PACK of {CPU: 1} + {CPU: 64} pending 5s; no node can hold it" in text
+    finally:
+        remove_placement_group(group)
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"
