@@ -136,13 +136,14 @@ class RunHandle(Protocol):
         ...
 
     def stop(self) -> None:
-        """Stop the attempt (suspend, retry, deadline, deletion, stand-in stop); idempotent."""
+        """Stop the attempt (KubeRay's StopJob on a RayJob deletion, its cluster gone, stand-in stop); idempotent."""
         ...
 
 
 class JobRunner(Protocol):
-    """The seam for what runs a RayJob's entrypoint. `start` is called once per attempt, when the attempt's
-    RayCluster exists (the RayJob is Initializing; attempt = status.failed). The scripted runner follows a script;
+    """The seam for what runs a RayJob's entrypoint. `start` is called once per RayCluster object (uid): once per
+    attempt, and again when a cluster is recreated under a Running RayJob (attempt = status.failed). A run lives as
+    long as its cluster object, as the job on real pods would. The scripted runner follows a script;
     the sandbox's real runner runs spec.entrypoint with spec.runtimeEnvYAML's env_vars on a local Ray instance and
     reports STARTING until Ray is up, RUNNING while the process lives, SUCCEEDED/FAILED by its exit code."""
 
@@ -171,12 +172,14 @@ class Outcome:
 
     @classmethod
     def hang(cls, *, startup: float = 0.0) -> Outcome:
-        """RUNNING until stopped (a deadline, a suspend, a deletion)."""
+        """RUNNING until stopped: a RayJob deletion (StopJob) or its cluster gone; a deadline alone does not."""
         return cls("hang", math.inf, startup)
 
     @classmethod
     def pending(cls, reason: PendingReason = PendingReason.INSUFFICIENT_GPU, **pods: Any) -> Outcome:
-        """The cluster never becomes ready; its pods stay Pending for `reason`."""
+        """The pods never start for `reason`. With workers desired (replicas > 0) the cluster never becomes ready
+        and the RayJob stays Initializing; with replicas 0 (autoscaled from minReplicas 0) the head alone makes it
+        ready, the RayJob runs (jobStatus RUNNING) and the workers the job asks for stay Pending, as in KubeRay."""
         return cls("pending", 0.0, math.inf, pending_pods=PendingPods(reason, **pods))
 
 
