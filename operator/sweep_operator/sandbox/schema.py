@@ -559,15 +559,17 @@ def _validate_array(value: list[Any], node: Node, path: str, errors: list[FieldE
             validate(item, node.items, f"{path}[{index}]", errors)
 
 
-def validate_list_types(value: Any, node: Node | None, path: str, errors: list[FieldError]) -> None:
-    """Duplicate keys of list-type map and set lists (pkg/apiserver/schema/listtype/validation.go)."""
-    if node is None:
+def validate_list_types(value: Any, node: Node | None, path: str, errors: list[FieldError], old: Any = _OMIT) -> None:
+    """Duplicate keys of list-type map and set lists (pkg/apiserver/schema/listtype/validation.go), ratcheted:
+    a value unchanged from `old` is not looked at again (strategy.go ValidateUpdate validates only new lists)."""
+    if node is None or (old is not _OMIT and old == value):
         return
     if isinstance(value, dict):
+        old_map = old if isinstance(old, dict) else {}
         for key, item in value.items():
             child = node.properties.get(key) or node.additional
             if child is not None and isinstance(item, dict | list):
-                validate_list_types(item, child, _join(path, key), errors)
+                validate_list_types(item, child, _join(path, key), errors, old_map.get(key, _OMIT))
     elif isinstance(value, list):
         if node.list_type == "map" and node.list_map_keys:
             seen: set[str] = set()
@@ -986,7 +988,7 @@ class CrdSchema:
                 validate(obj["status"], self.status, "status", errors, old_status)
         else:
             validate(body, self.body, "", errors, old_body)
-        validate_list_types(body, self.root, "", errors)
+        validate_list_types(body, self.root, "", errors, old_body)
         if self.cel is not None:
             if any(e.type in _BLOCKING for e in errors):
                 errors.append(FieldError("FieldValueInvalid", "<nil>", None, _NOT_CHECKED))
