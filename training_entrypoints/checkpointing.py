@@ -2,6 +2,8 @@
 
 `Checkpoint.from_directory()` only references the files you wrote (R7), so `save_state` writes all of it plus a
 `_manifest.json` of sizes and hashes; `report_epoch` is the once-per-epoch call every rank makes (R8, R10).
+State sharded across ranks (FSDP-style) goes through `report_sharded_epoch` / `load_shard`: one shard and one manifest
+per rank in the same checkpoint, the world size recorded (R10).
 """
 
 from __future__ import annotations
