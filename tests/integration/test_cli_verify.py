@@ -69,6 +69,17 @@ def test_missing_file_exits_1_listing_the_problem(capsys: pytest.CaptureFixture[
     assert doc["problems"] == [{"kind": "missing-file", "key": key, "detail": doc["problems"][0]["detail"]}]
 
 
+def test_a_deleted_trial_directory_exits_1_naming_the_trial_and_the_record(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep
+) -> None:
+    """Issue 12, defect 6: train/<trial>/ gone, the run's records name its checkpoint: not verified."""
+    prefix = sweep.delete_trial_dir(sweep.trials[1])
+    code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 1
+    assert f"  missing-trial: s3://{sweep.bucket}/{prefix}: no object under train/{sweep.trials[1]}/, but" in out
+    assert out.splitlines()[-1].startswith(f"NOT VERIFIED {sweep.root_uri}: 1 problem(s)")
+
+
 def test_corruption_fails_only_with_deep(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
     """R22: --deep compares sha256; sizes alone pass a same-size corruption."""
     sweep.corrupt_file()
