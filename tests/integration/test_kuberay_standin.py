@@ -338,7 +338,7 @@ def test_default_backoff_limit_zero_never_retries(kube: Cluster, runner: Scripte
 def test_retrying_waits_until_a_guarded_cluster_is_really_gone(kube: Cluster, runner: ScriptedRunner) -> None:
     """RJ Retrying branch: deleteClusterResources deletes once, then waits while the cluster has a deletionTimestamp
     (our guard's finalizer holds it); its pods, and so the run, keep going until the object is gone."""
-    runner.script("held", Outcome.fail(0.4), Outcome.hang())
+    runner.script("held", Outcome.fail(1.5), Outcome.hang())
     kube.submit("held", backoffLimit=1)
     first = kube.until("held", "Running")["rayClusterName"]
     kube.guard(first)
@@ -359,7 +359,7 @@ def test_pre_running_deadline_fails_an_attempt_and_is_retried(kube: Cluster, run
     checkBackoffLimitAndUpdateStatusIfNeeded excludes only DeadlineExceeded and JobStatusCheckTimeoutExceeded, so
     v1.7.0 DOES retry it (docs/KUBERAY-KUEUE.md says otherwise; the source decides)."""
     runner.script("late", Outcome.pending(PendingReason.INSUFFICIENT_GPU), Outcome.succeed(0.1))
-    kube.submit("late", preRunningDeadlineSeconds=1, backoffLimit=1)
+    kube.submit("late", preRunningDeadlineSeconds=2, backoffLimit=1)  # startTime has whole seconds: margin
     status = kube.until("late", "Complete", timeout=15)
     assert (status["failed"], status["succeeded"]) == (1, 1)
     failed = next(s for s in kube.states("late") if s.get("jobDeploymentStatus") == "Retrying")
@@ -398,7 +398,7 @@ def test_deadline_then_shutdown_ends_the_job_only_when_the_cluster_is_gone(kube:
     """RJ checkActiveDeadlineAndUpdateStatusIfNeeded then handleShutdownAfterJobFinishes: the cluster is deleted
     ttlSecondsAfterFinished after endTime; with the guard's finalizer on it, its pods (the run) keep going."""
     runner.script("cut", Outcome.hang())
-    kube.submit("cut", activeDeadlineSeconds=1)
+    kube.submit("cut", activeDeadlineSeconds=3)  # time to put the guard on first
     name = kube.until("cut", "Running")["rayClusterName"]
     kube.guard(name)
     kube.until("cut", "Failed")
@@ -461,7 +461,7 @@ def test_deleting_a_running_rayjob_removes_its_cluster_through_garbage_collectio
 def test_a_deleting_raycluster_is_not_reconciled(kube: Cluster, runner: ScriptedRunner) -> None:
     """RC rayClusterReconcile: "RayCluster is being deleted, just ignore" (no pods, no status, no scaling) while a
     finalizer holds it; RJ getOrCreateRayClusterInstance still finds it, so the RayJob waits in Initializing."""
-    runner.script("frozen", Outcome.succeed(0.1, startup=0.5))
+    runner.script("frozen", Outcome.succeed(0.1, startup=1.5))
     kube.submit("frozen")
     name = wait_for(lambda: (n := kube.status("frozen").get("rayClusterName")) and kube.cluster(n) and n, 10,
                     what="the cluster")
@@ -496,7 +496,7 @@ def test_a_cluster_deleted_under_a_running_rayjob_is_recreated_with_the_same_nam
 def test_cluster_deletion_on_finish_is_held_by_a_finalizer_until_released(kube: Cluster, runner: ScriptedRunner) -> None:
     """RJ handleShutdownAfterJobFinishes -> deleteClusterResources: a real delete, which the guard's finalizer holds;
     the RayJob stays Complete, its status unchanged."""
-    runner.script("guarded", Outcome.succeed(0.5))
+    runner.script("guarded", Outcome.succeed(1.5))
     kube.submit("guarded")
     name = kube.until("guarded", "Running")["rayClusterName"]
     kube.guard(name)
