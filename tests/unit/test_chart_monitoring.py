@@ -74,6 +74,16 @@ def test_monitoring_is_off_by_default() -> None:
     assert not [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-dashboard")]
 
 
+def test_the_chart_lints_clean_with_monitoring_on() -> None:
+    import helm_python as helm
+
+    from tests.unit.test_chart import CHART
+
+    report = helm.lint(CHART, MONITORING, strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], problems or report["errors"]
+
+
 def test_the_dashboard_configmap_carries_the_sidecar_label_and_valid_json() -> None:
     (configmap,) = [d for d in of_kind(list(monitoring_docs()), "ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
