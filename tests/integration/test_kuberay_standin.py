@@ -327,6 +327,37 @@ def test_failure_beyond_the_backoff_limit_is_final(kube: Cluster, runner: Script
     assert status["reason"] == "AppFailed" and status["message"] == "Traceback: boom"
 
 
+def test_a_stopped_ray_job_completes_the_rayjob(kube: Cluster, runner: ScriptedRunner) -> None:
+    """RJ Running branch: IsJobTerminal(STOPPED) and the submitter finished -> Complete, reason empty (only FAILED
+    makes Failed/AppFailed); `ray job stop` by someone is the run's stop() here. Operator: Complete + STOPPED."""
+    runner.script("halted", Outcome.hang())
+    kube.submit("halted")
+    kube.until("halted", "Running")
+    (run,) = runs_of(runner, kube, "halted")
+    run.stop()
+    status = kube.until("halted", "Complete")
+    assert status["jobStatus"] == "STOPPED" and "reason" not in status
+    assert (status["failed"], status["succeeded"]) == (0, 0)
+
+
+def test_a_failed_submitter_job_fails_the_rayjob_with_submission_failed(kube: Cluster, runner: ScriptedRunner) -> None:
+    """RJ checkSubmitterAndUpdateStatusIfNeeded / checkK8sJobStatus: the submitter Job's Failed condition makes the
+    RayJob Failed, reason SubmissionFailed (AppFailed only if jobStatus was FAILED), message from the condition."""
+    import kubernetes.client
+
+    runner.script("unsent", Outcome.hang())
+    kube.submit("unsent")
+    kube.until("unsent", "Running")
+    failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+              "message": "Job has reached the specified backoff limit", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    kubernetes.client.BatchV1Api(kube.server.api_client()).patch_namespaced_job_status(
+        "unsent", kube.ns, {"status": {"conditions": [failed], "failed": 3}})
+    status = kube.until("unsent", "Failed")
+    assert status["reason"] == "SubmissionFailed"
+    assert status["message"] == ("Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached "
+                                 "the specified backoff limit")
+
+
 def test_default_backoff_limit_zero_never_retries(kube: Cluster, runner: ScriptedRunner) -> None:
     """The CRD defaults spec.backoffLimit to 0; RJ checkBackoffLimitAndUpdateStatusIfNeeded: 1 < 0+1 is false."""
     runner.script("once", Outcome.fail(0.05))
@@ -574,6 +605,17 @@ def test_deletion_rules_delete_workers_suspends_the_worker_groups(kube: Cluster,
     wait_for(lambda: all(g.get("suspend") for g in kube.cluster(name)["spec"]["workerGroupSpecs"]), 10,
              what="the worker groups to be suspended")
     assert kube.events(**{"involvedObject.name": "lean", "reason": "UpdatedRayCluster"})
+
+
+def test_legacy_deletion_policy_deletes_the_cluster_on_success(kube: Cluster, runner: ScriptedRunner) -> None:
+    """RJ handleLegacyDeletionPolicy: onSuccess / onFailure chosen by jobStatus, after the global
+    ttlSecondsAfterFinished (0 here: a TTL needs shutdownAfterJobFinishes, which DeleteNone refuses)."""
+    runner.script("legacy", Outcome.succeed(0.05))
+    strategy = {"onSuccess": {"policy": "DeleteCluster"}, "onFailure": {"policy": "DeleteNone"}}
+    kube.submit("legacy", shutdownAfterJobFinishes=False, deletionStrategy=strategy)
+    name = kube.until("legacy", "Complete")["rayClusterName"]
+    wait_for(lambda: kube.cluster(name) is None, 6, what="onSuccess DeleteCluster")
+    assert kube.rayjob("legacy")
 
 
 # ---- validation (ValidationFailed)
