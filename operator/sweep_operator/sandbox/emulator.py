@@ -144,6 +144,7 @@ class _InvalidObject(Exception):
         self.status = status
 
 
+_MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json")
 _FIELD_VALIDATION = {"": "Warn", "Warn": "Warn", "Strict": "Strict", "Ignore": "Ignore"}
 
 
@@ -1483,6 +1484,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         *,
         defaults: bool = True,
         status_only: bool = False,
+        keys: set[str] | None = None,
     ) -> None:
         """Prune and default a request's object in place as the CR codec does; Strict refuses unknown fields.
 
@@ -1490,7 +1492,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         BadRequest through transformDecodeError; Warn sends one `Warning: 299` header per field.
         """
         assert resource_type.schema is not None
-        pruned = resource_type.schema.decode(data, defaults=defaults, status_only=status_only)
+        pruned = resource_type.schema.decode(data, defaults=defaults, status_only=status_only, keys=keys)
         if not pruned or directive == "Ignore":
             return
         messages = crd_schema.unknown_field_messages(pruned)
@@ -1544,9 +1546,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             new = self._apply_change(resource_type, old, data, mode)
             if resource_type.schema is not None:
                 status_only = target.subresource == "status"
+                touched = None
+                if mode in _MERGE_PATCHES and isinstance(data, dict) and None not in data.values():
+                    # the stored object is decoded already: only what the patch reaches needs it again
+                    touched = {"status"} if status_only else set(data) - {"apiVersion", "kind"}
+                elif mode != "replace":
+                    touched = {"status"} if status_only else None
                 if mode != "replace":  # a merged object shares parts with the stored one: decode a copy
-                    new = _json_copy(new) if not status_only else {**new, "status": _json_copy(new.get("status"))}
-                self._decode(resource_type, new, directive, warnings, status_only=status_only)
+                    new = {**new, **{k: _json_copy(new[k]) for k in touched if k in new}} if touched is not None \
+                        else _json_copy(new)
+                self._decode(resource_type, new, directive, warnings, status_only=status_only, keys=touched)
         if target.subresource is None and "status" in resource_type.subresources:
             new = {**new, "status": old["status"]} if "status" in old else {k: v for k, v in new.items() if k != "status"}
         elif target.subresource == "status":

@@ -950,11 +950,23 @@ class CrdSchema:
         self.body = Node(**{**self.root.__dict__, "rules": [], "properties": {
             k: v for k, v in self.root.properties.items() if k not in _ROOT_FIELDS}})
 
-    def decode(self, obj: Obj, *, defaults: bool = True, status_only: bool = False) -> list[str]:
+    def decode(
+        self, obj: Obj, *, defaults: bool = True, status_only: bool = False, keys: set[str] | None = None
+    ) -> list[str]:
         """Prune unknown fields and apply defaults in place, as decoding a request body does; returns the pruned.
 
-        `status_only` decodes just `status` (a /status write keeps nothing else of the body).
+        `status_only` decodes just `status` (a /status write keeps nothing else of the body); `keys` just those
+        top-level fields (a merge patch over an object decoded before).
         """
+        if keys is not None and not status_only:
+            view = {k: obj[k] for k in keys if k in obj}
+            pruned = prune(view, self.root, root=True)
+            for key in [k for k in keys if k in obj and k not in view]:
+                del obj[key]
+            if defaults:
+                default(view, self.root)
+                obj.update({k: v for k, v in view.items() if k in keys or k not in obj})
+            return pruned
         if status_only:
             if self.status is None or not isinstance(obj.get("status"), dict):
                 return []

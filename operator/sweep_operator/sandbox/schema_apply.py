@@ -172,32 +172,155 @@ def _overlaps(a: Path, b: Path) -> bool:
 # ---- updates and applies
 
 
+def _tree_of(value: Any) -> Obj:
+    """fieldsV1 of a whole value (a create): the object's shape, maps as f: keys, everything else a leaf."""
+    if isinstance(value, dict) and value:
+        return {f"f:{k}": _tree_of(v) for k, v in value.items()}
+    return {}
+
+
+def _scoped_tree(obj: Obj, subresource: str | None) -> Obj:
+    if subresource == "status":
+        return {"f:status": _tree_of(obj["status"])} if "status" in obj else {}
+    tree: Obj = {}
+    for key, value in obj.items():
+        if key in ("apiVersion", "kind", "status"):
+            continue
+        if key == "metadata":
+            meta: Obj = {}
+            for meta_key in ("labels", "annotations"):
+                if isinstance(value, dict) and value.get(meta_key):
+                    meta[f"f:{meta_key}"] = _tree_of(value[meta_key])
+            if isinstance(value, dict) and value.get("finalizers"):
+                meta["f:finalizers"] = {}
+            if meta:
+                tree["f:metadata"] = meta
+            continue
+        tree[f"f:{key}"] = _tree_of(value)
+    return tree
+
+
+def _diff(old: Any, new: Any, prefix: Path, changed: set[Path], gone: set[Path]) -> None:
+    """Leaves set or changed (`changed`) and leaves removed (`gone`) between two values, equal subtrees skipped."""
+    if old is new or (type(old) is type(new) and old == new):
+        return
+    if isinstance(old, dict) and isinstance(new, dict) and old and new:
+        for key, value in new.items():
+            if key in old:
+                _diff(old[key], value, (*prefix, key), changed, gone)
+            else:
+                changed |= leaf_paths(value, (*prefix, key))
+        for key in old.keys() - new.keys():
+            gone |= leaf_paths(old[key], (*prefix, key))
+        return
+    if new is _MISSING:
+        gone |= leaf_paths(old, prefix) if old is not _MISSING else set()
+        return
+    if isinstance(old, dict) and old:
+        gone |= leaf_paths(old, prefix)
+    changed |= leaf_paths(new, prefix) or {prefix}
+
+
+def _scoped_diff(old: Obj, new: Obj, subresource: str | None) -> tuple[set[Path], set[Path]]:
+    changed: set[Path] = set()
+    gone: set[Path] = set()
+    if subresource == "status":
+        _diff(old.get("status", _MISSING), new.get("status", _MISSING), ("status",), changed, gone)
+        return changed, gone
+    for key in (new.keys() | old.keys()) - {"apiVersion", "kind", "status", "metadata"}:
+        _diff(old.get(key, _MISSING), new.get(key, _MISSING), (key,), changed, gone)
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    for meta_key in ("labels", "annotations"):
+        _diff(old_meta.get(meta_key) or _MISSING, new_meta.get(meta_key) or _MISSING, ("metadata", meta_key),
+              changed, gone)
+    old_finalizers, new_finalizers = old_meta.get("finalizers") or [], new_meta.get("finalizers") or []
+    if old_finalizers != new_finalizers:
+        (changed if new_finalizers else gone).add(("metadata", "finalizers"))
+    return changed, gone
+
+
+def _trie(paths: Iterable[Path]) -> Obj:
+    trie: Obj = {}
+    for path in paths:
+        node = trie
+        for key in path:
+            node = node.setdefault(key, {})
+        node[None] = True
+    return trie
+
+
+def _tree_without(tree: Obj, trie: Obj) -> Obj:
+    """A fieldsV1 tree less the paths of `trie` (a removed path takes what is below it)."""
+    result: Obj = {}
+    for key, sub in tree.items():
+        branch = trie.get(key[2:]) if key.startswith("f:") else None
+        if branch is None:
+            result[key] = sub
+        elif None in branch:
+            continue
+        elif not sub:
+            result[key] = sub  # an atomic leaf owned whole: a deeper change is no change of it
+        else:
+            kept = _tree_without(sub, branch)
+            if kept:
+                result[key] = kept
+    return result
+
+
+def _tree_with(tree: Obj, paths: Iterable[Path]) -> Obj:
+    result = json.loads(json.dumps(tree))
+    for path in paths:
+        node = result
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return result
+
+
 def record(new: Obj, old: Obj | None, manager: str, api_version: str, subresource: str | None = None) -> None:
-    """An Update operation: `manager` takes the fields it changed from everyone (fieldmanager's update path)."""
-    now_paths = scoped_paths(new, subresource)
+    """An Update operation: `manager` takes the fields it changed from everyone (fieldmanager's update path).
+
+    Works on the fieldsV1 trees along the changed paths only: a status write to a RayJob does not re-read the
+    ownership of its pod templates.
+    """
+    status_scope = subresource == "status"
     if old is None:
-        changed = now_paths
-    else:
-        changed = {p for p in now_paths if get_path(old, p) != get_path(new, p)}
-    entries = []
-    for entry in _entries(old if old is not None else new):
-        owned = parse_fields_v1(entry.get("fieldsV1") or {})
-        entry_scope_status = entry.get("subresource") == "status"
-        if entry_scope_status == (subresource == "status"):
-            owned = {p for p in owned if p not in changed and get_path(new, p) is not _MISSING}
-        entries.append({**entry, "fieldsV1": fields_v1(owned)})
+        mine_tree = _scoped_tree(new, subresource)
+        entries: list[Obj] = []
+        if mine_tree:
+            entries.append(_entry(manager, api_version, subresource, mine_tree))
+        _write_entries(new, entries)
+        return
+    changed, gone = _scoped_diff(old, new, subresource)
+    entries = _entries(old)
+    if not changed and not gone:
+        _write_entries(new, entries)
+        return
+    trie = _trie(changed | gone)
+    updated = []
+    mine = None
+    for entry in entries:
+        if (entry.get("subresource") == "status") != status_scope:
+            updated.append(entry)
+            continue
+        entry = {**entry, "fieldsV1": _tree_without(entry.get("fieldsV1") or {}, trie)}
+        if entry["manager"] == manager and entry.get("operation") == "Update":
+            mine = entry
+        updated.append(entry)
     if changed:
-        mine = next((e for e in entries if e["manager"] == manager and e.get("operation") == "Update"
-                     and e.get("subresource") == subresource), None)
         if mine is None:
-            mine = {"manager": manager, "operation": "Update", "apiVersion": api_version, "time": _now(),
-                    "fieldsType": "FieldsV1", "fieldsV1": {}}
-            if subresource:
-                mine["subresource"] = subresource
-            entries.append(mine)
-        mine["fieldsV1"] = fields_v1(parse_fields_v1(mine["fieldsV1"]) | changed)
+            mine = _entry(manager, api_version, subresource, {})
+            updated.append(mine)
+        mine["fieldsV1"] = _tree_with(mine["fieldsV1"], changed)
         mine["time"] = _now()
-    _write_entries(new, entries)
+    _write_entries(new, updated)
+
+
+def _entry(manager: str, api_version: str, subresource: str | None, tree: Obj) -> Obj:
+    entry = {"manager": manager, "operation": "Update", "apiVersion": api_version, "time": _now(),
+             "fieldsType": "FieldsV1", "fieldsV1": tree}
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
 
 
 def apply(
