@@ -73,6 +73,7 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
         )
         assert final["phase"] == "Succeeded" and final["checkpoints"]["verified"] is True, final
         s3 = sandbox.s3.client()
+        _report_matches_what_tune_recorded(sandbox, s3, name, final, tmp_path)
         prefix = f"sweeps/default/{name}-{final['runId']}/train/"
         keys = [o["Key"] for o in s3.list_objects_v2(Bucket=sandbox.bucket, Prefix=prefix)["Contents"]]
         victim = next(k for k in keys if "/checkpoint_epoch-" in k and not k.endswith(("/", ".json")))
@@ -105,6 +106,24 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
             return sweep_gone and not items[1] and not items[2]
 
         wait_for(all_gone, 120, what="sweep, RayJob and RayCluster released after the restore")
+
+
+def _report_matches_what_tune_recorded(sandbox: Any, s3: Any, name: str, status: dict[str, Any], tmp_path: Path) -> None:
+    """`sweepctl report NAME` on a real sandbox sweep (issue 17): its curve is the val_loss Tune recorded."""
+    import json
+
+    from sweep_operator.cli import main as sweepctl
+
+    assert sweepctl(["report", name, "--kubeconfig", str(sandbox.kubeconfig), "--out", str(tmp_path / "report")]) == 0
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    prefix = f"sweeps/default/{name}-{status['runId']}/tune/"
+    (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=sandbox.bucket, Prefix=prefix)["Contents"] if o["Key"].endswith("/result.json")]
+    rows = [json.loads(line) for line in s3.get_object(Bucket=sandbox.bucket, Key=key)["Body"].read().decode().splitlines() if line]
+    (curve,) = data["learningCurves"]["trials"]
+    assert curve["best"] and curve["trial"] == status["bestTrial"]["id"]
+    assert curve["values"] == [r["val_loss"] for r in rows] and curve["epochs"] == [float(r["epoch"]) for r in rows]
+    assert [c["status"] for c in data["checkpoints"]] == ["verified"]
+    assert (tmp_path / "report" / "report.html").stat().st_size > 10_000
 
 
 def _exists(api: Any, name: str) -> bool:
