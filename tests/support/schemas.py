@@ -41,7 +41,8 @@ def require_kuberay_crds() -> Path:
     if directory is not None:
         return directory
     where = f"$KUBERAY_CRDS={os.environ['KUBERAY_CRDS']}" if os.environ.get("KUBERAY_CRDS") else str(KUBERAY_SCHEMAS)
-    message = f"KubeRay CRD schemas not found in {where}. {HOW_TO_GET}"
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]  # the skip summary names the helper's line
+    message = f"{test + ': ' if test else ''}KubeRay CRD schemas not found in {where}. {HOW_TO_GET}"
     if os.environ.get(REQUIRE_VARIABLE) == "1":
         pytest.fail(f"{message} ({REQUIRE_VARIABLE}=1: required here)", pytrace=False)
     pytest.skip(message)
