@@ -104,7 +104,8 @@ def test_timeline_from_the_sweep_status_has_phases_attempts_deadline_and_verific
     assert {m.kind: m.at for m in line.markers if m.kind in ("deadline", "verification")} == {
         "deadline": t("2026-12-03T12:15:00Z"), "verification": t("2026-12-03T11:49:07Z")
     }
-    records.events = [{"time": "2026-12-03T11:45:01Z", "reason": "CreatedRayCluster"}, {"time": "2026-12-03T11:46:00Z", "reason": "Retrying"}]
+    records.events = [{"time": "2026-12-03T11:46:00Z", "reason": "CreatedRayCluster"}, {"time": "2026-12-03T11:45:30Z", "reason": "Running"},
+                      {"time": "2026-12-03T11:45:01Z", "reason": "CreatedRayCluster"}]
     attempts = [s for s in timeline(records, now=2_000_000_000.0).spans if s.kind == "attempt"]
     assert [(s.label, s.start, s.end) for s in attempts] == [
         ("attempt 1", t("2026-12-03T11:45:01Z"), t("2026-12-03T11:46:00Z")),

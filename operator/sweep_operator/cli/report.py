@@ -318,7 +318,8 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     status, meta = records.status, (records.sweep or {}).get("metadata") or {}
     created = _ts(meta.get("creationTimestamp"))
     queued, started, training = _ts(status.get("queuedAt")), _ts(status.get("startedAt")), _ts(status.get("trainingStartedAt"))
-    finished = _ts(status.get("finishedAt")) or _ts((records.result or {}).get("finishedAt"))
+    # With the sweep at hand its status says whether it ended; result.json alone says so only without it.
+    finished = _ts(status.get("finishedAt")) if records.sweep is not None else _ts((records.result or {}).get("finishedAt"))
     trial_spans = []
     for trial, rows in sorted(records.trial_results.items()):
         stamps = [(_finite(r.get("timestamp")), _finite(r.get("time_total_s")) or 0.0) for r in rows]
@@ -335,7 +336,9 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     running_from = training or (run_start if started is None else None)
     if running_from is not None:
         spans.append(Span("phase", "Running", running_from, finished, "phase"))
-    attempts = [e for e in records.events if e.get("reason") in ("Created", "CreatedRayCluster", "Retrying", "AttemptStarted")]
+    # KubeRay creates a RayCluster per attempt and says so on the RayJob (rayjob_controller.go: CreatedRayCluster).
+    attempts = sorted((e for e in records.events if e.get("reason") == "CreatedRayCluster" and _ts(e.get("time")) is not None),
+                      key=lambda e: _ts(e.get("time")) or 0.0)
     for i, event in enumerate(attempts):
         at = _ts(event.get("time"))
         nxt = _ts(attempts[i + 1].get("time")) if i + 1 < len(attempts) else finished
