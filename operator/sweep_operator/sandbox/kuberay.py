@@ -1184,6 +1184,7 @@ class KubeRayStandIn:
         self._workers = [threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True)
                          for i in range(workers)]
         self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (its cluster's uid, the run on it)
+        self._gone: set[str] = set()  # uids of clusters the watch saw deleted (a stale cache read starts no run)
         self._failures: dict[Key, int] = {}
         self._lock = threading.Lock()
         # per RayJob, the resourceVersion the last finished reconcile read: what "it has looked again" waits on
@@ -1237,6 +1238,7 @@ class KubeRayStandIn:
         """The cluster object is gone, so are its pods (ownerReference GC): the run on it ends."""
         uid = cluster["metadata"].get("uid")
         with self._lock:
+            self._gone.add(uid)
             gone = [key for key, (cluster_uid, _) in self._runs.items() if cluster_uid == uid]
             handles = [self._runs.pop(key)[1] for key in gone]
         for handle in handles:
@@ -1665,7 +1667,7 @@ class KubeRayStandIn:
         """raycluster_controller.go's share: pods and status as the run reports the cluster's start. A cluster with
         a deletionTimestamp is not reconciled ("RayCluster is being deleted, just ignore"): nothing changes."""
         run = self._run_for(key, rayjob, cluster)
-        if cluster["metadata"].get("deletionTimestamp"):
+        if cluster["metadata"].get("deletionTimestamp") or run is _NO_RUN:
             step.wake_in(self.poll_interval)
             return cluster
         poll = run.poll()
@@ -1807,8 +1809,11 @@ class KubeRayStandIn:
         cluster_uid = cluster["metadata"].get("uid", cluster["metadata"]["name"])
         with self._lock:
             current = self._runs.get(key)
+            gone = cluster_uid in self._gone
         if current is not None and current[0] == cluster_uid:
             return current[1]
+        if gone:
+            return _NO_RUN  # the cache still had a cluster that is gone: no pods, no job; the next reconcile recreates
         if current is not None:
             current[1].stop()
         handle = self.runner.start(rayjob, cluster["metadata"]["name"])
@@ -1846,6 +1851,19 @@ class KubeRayStandIn:
         patch = {k: status.get(k) for k in set(status) | set(before) if status.get(k) != before.get(k)}
         self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch},
                                              status=True, guarded=True))
+
+
+class _NoRun:
+    """The run on a cluster that is already gone: its job is not found (GetJobInfo fails), nothing to stop."""
+
+    def poll(self) -> JobPoll:
+        return JobPoll(RunPhase.STARTING)
+
+    def stop(self) -> None:
+        return None
+
+
+_NO_RUN = _NoRun()
 
 
 def _ready_before_demand(cluster: Obj, pending: PendingPods | None) -> bool:
