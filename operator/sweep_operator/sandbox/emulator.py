@@ -1446,7 +1446,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         warnings: list[str] | None = None,
         manager: str = "",
     ) -> Obj:
-        data = copy.deepcopy(data)
+        data = _json_copy(data)
         if resource_type.schema is not None:
             self._decode(resource_type, data, directive, warnings)
         body_ns = (data.get("metadata") or {}).get("namespace")

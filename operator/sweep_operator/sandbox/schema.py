@@ -267,6 +267,8 @@ class Node:
     list_map_keys: tuple[str, ...] = ()
     rules: list[Rule] = field(default_factory=list)
     rules_below: bool = False  # some descendant has x-kubernetes-validations
+    defaulted: tuple[tuple[str, Node], ...] = ()  # properties with a default
+    list_types_below: bool = False  # this node or a descendant is a list-type map or set
     raw: Obj = field(default_factory=dict)
 
     def child(self, key: str) -> Node | None:
@@ -339,6 +341,8 @@ def compile_node(raw: Mapping[str, Any], path: str = "", cel: CelCompiler | None
         node.rules.append(rule)
     children = [*node.properties.values(), *(c for c in (node.additional, node.items) if c is not None)]
     node.rules_below = any(c.rules or c.rules_below for c in children)
+    node.defaulted = tuple((k, c) for k, c in node.properties.items() if c.has_default)
+    node.list_types_below = node.list_type in ("map", "set") or any(c.list_types_below for c in children)
     return node
 
 
@@ -396,10 +400,12 @@ def default(obj: Any, node: Node | None) -> None:
     if node is None:
         return
     if isinstance(obj, dict):
-        for key, child in node.properties.items():
-            if key in obj and obj[key] is None and not child.nullable:
+        for key in [k for k, v in obj.items() if v is None]:
+            child = node.properties.get(key)
+            if child is not None and not child.nullable:
                 del obj[key]
-            if key not in obj and child.has_default:
+        for key, child in node.defaulted:
+            if key not in obj:
                 obj[key] = json.loads(json.dumps(child.default))
         if node.additional is not None:
             for key in [k for k, v in obj.items() if v is None and k not in node.properties]:
@@ -562,7 +568,7 @@ def _validate_array(value: list[Any], node: Node, path: str, errors: list[FieldE
 def validate_list_types(value: Any, node: Node | None, path: str, errors: list[FieldError], old: Any = _OMIT) -> None:
     """Duplicate keys of list-type map and set lists (pkg/apiserver/schema/listtype/validation.go), ratcheted:
     a value unchanged from `old` is not looked at again (strategy.go ValidateUpdate validates only new lists)."""
-    if node is None or (old is not _OMIT and old == value):
+    if node is None or not node.list_types_below or (old is not _OMIT and old == value):
         return
     if isinstance(value, dict):
         old_map = old if isinstance(old, dict) else {}
