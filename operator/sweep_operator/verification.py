@@ -2,7 +2,8 @@
 
 Ray's `checkpoint_manager_snapshot.json` names each trial's committed checkpoints, our manifests name
 their files; the run's `train/` is listed once (one paginated pass; each trial's reads start as soon as the listing
-has passed it) and compared in memory.
+has passed it) and compared in memory. Which trials must have checkpoints comes from the records that survive a
+deleted `train/<trial>/`: `_sweep/status.json`, `_sweep/result.json` and Tune's `tune/experiment_state-*.json`.
 """
 
 from __future__ import annotations
