@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import constants
 from .api import TERMINAL_PHASES, Phase
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
@@ -158,7 +159,7 @@ class OperatorMetrics:
         """The guard holds `body`'s deletion; its age counts from the deletionTimestamp (restart-proof)."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
-        sweep = sweep or ((meta.get("labels") or {}).get("sweeps.dev/sweep")) or (name if kind == "TrainingSweep" else "")
+        sweep = sweep or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or (name if kind == "TrainingSweep" else "")
         since = _parse_time(meta.get("deletionTimestamp")) or self._clock()
         self.guard_holds.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
         with self._lock:
