@@ -128,6 +128,10 @@ def test_plain_kubectl_apply_validates_on_the_server_and_refuses_unknown_fields(
     assert warned.returncode == 0 and 'Warning: unknown field "spec.tune.numSampels"' in warned.stderr
     stored = yaml.safe_load(kubectl("get", "tsw", "typo", "-o", "yaml").stdout)
     assert "numSampels" not in stored["spec"]["tune"] and stored["spec"]["tune"]["numSamples"] == 8
+    # on an existing object kubectl patches: handlers/patch.go answers 422 on the field `patch` quoting the result
+    patched = kubectl("apply", "-f", "-", stdin=manifest(changed(doc, {"spec.tune.numSampels": 5}), ns))
+    assert patched.returncode != 0 and "The request is invalid: patch: Invalid value: " in patched.stderr
+    assert 'strict decoding error: unknown field \"spec.tune.numSampels\"' in patched.stderr
     assert stored["spec"]["deletion"]["maxRetryBackoffSeconds"] == 600  # a schema default, applied by the server
 
 

@@ -1485,6 +1485,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         defaults: bool = True,
         status_only: bool = False,
         keys: set[str] | None = None,
+        patched: str | None = None,
     ) -> None:
         """Prune and default a request's object in place as the CR codec does; Strict refuses unknown fields.
 
@@ -1496,6 +1497,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if not pruned or directive == "Ignore":
             return
         messages = crd_schema.unknown_field_messages(pruned)
+        if directive == "Strict" and patched is not None:
+            # handlers/patch.go jsonPatcher.applyPatchToCurrentObject: NewInvalid with no kind or name, one cause
+            # on the field `patch` quoting the patched object
+            error = crd_schema.FieldError("FieldValueInvalid", "patch", patched,
+                                          f"strict decoding error: {', '.join(messages)}")
+            raise _InvalidObject(crd_schema.invalid_status("", "", "", [error]))
         if directive == "Strict":
             raise ApiError(
                 400,
@@ -1555,7 +1562,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 if mode != "replace":  # a merged object shares parts with the stored one: decode a copy
                     new = {**new, **{k: _json_copy(new[k]) for k in touched if k in new}} if touched is not None \
                         else _json_copy(new)
-                self._decode(resource_type, new, directive, warnings, status_only=status_only, keys=touched)
+                patched = None
+                if mode != "replace" and directive == "Strict":  # what a strict refusal of a patch quotes
+                    patched = json.dumps({**new, "metadata": {k: v for k, v in new["metadata"].items()
+                                                              if k != "managedFields"}},
+                                         sort_keys=True, separators=(",", ":"))
+                self._decode(resource_type, new, directive, warnings, status_only=status_only, keys=touched,
+                             patched=patched)
         if target.subresource is None and "status" in resource_type.subresources:
             new = {**new, "status": old["status"]} if "status" in old else {k: v for k, v in new.items() if k != "status"}
         elif target.subresource == "status":
