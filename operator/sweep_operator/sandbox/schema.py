@@ -81,8 +81,10 @@ def go_number(value: float | int) -> str:
     """Go's %v of a float64/int64: integral floats print without a fraction, big and tiny ones with an exponent."""
     if isinstance(value, int):
         return str(value)
-    if value != value or value in (float("inf"), float("-inf")):
-        return {True: "+Inf", False: "-Inf"}[value > 0] if value == value else "NaN"
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
     if value.is_integer() and abs(value) < 1e21:
         return str(int(value))
     text = repr(value)
@@ -148,9 +150,9 @@ _RFC3339 = re.compile(
 )
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DURATION = re.compile(r"^(-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d|w))+$")
+# strfmt's hostname pattern without its Unicode classes (no CRD here uses non-ASCII host names)
 _HOSTNAME = re.compile(
-    r"^([a-zA-Z0-9\p{S}\p{L}]((-?[a-zA-Z0-9\p{S}\p{L}]{0,62})?)|([a-zA-Z0-9\p{S}\p{L}](([a-zA-Z0-9-\p{S}\p{L}]{0,61}"
-    r"[a-zA-Z0-9\p{S}\p{L}])?)(\.)){1,}([a-zA-Z\p{L}]){2,63})$".replace(r"\p{S}", "").replace(r"\p{L}", "")
+    r"^([a-zA-Z0-9]((-?[a-zA-Z0-9]{0,62})?)|([a-zA-Z0-9](([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)(\.)){1,}([a-zA-Z]){2,63})$"
 )
 
 
@@ -269,7 +271,6 @@ class Node:
     rules_below: bool = False  # some descendant has x-kubernetes-validations
     defaulted: tuple[tuple[str, Node], ...] = ()  # properties with a default
     list_types_below: bool = False  # this node or a descendant is a list-type map or set
-    raw: Obj = field(default_factory=dict)
 
     def child(self, key: str) -> Node | None:
         node = self.properties.get(key)
@@ -289,7 +290,7 @@ class SchemaError(ValueError):
 
 def compile_node(raw: Mapping[str, Any], path: str = "", cel: CelCompiler | None = None) -> Node:
     """Compile one openAPIV3Schema (sub)tree; `path` names it in SchemaError messages."""
-    node = Node(raw=dict(raw))
+    node = Node()
     node.type = str(raw.get("type", ""))
     node.description = str(raw.get("description", ""))
     node.nullable = bool(raw.get("nullable", False))
