@@ -1445,7 +1445,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         directive: str = "Warn",
         warnings: list[str] | None = None,
         manager: str = "",
+        applied_by: Obj | None = None,
     ) -> Obj:
+        """Create an object; `applied_by` is the managedFields entry of a server-side apply that creates it."""
         data = _json_copy(data)
         if resource_type.schema is not None:
             self._decode(resource_type, data, directive, warnings)
@@ -1467,7 +1469,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             raise ApiError(409, "AlreadyExists", f'{resource_type.qualified} "{name}" already exists', details)
         if resource_type.schema is not None:
             self._admit(resource_type, obj, None)
-            if manager:
+            if applied_by is not None:
+                obj["metadata"]["managedFields"] = [applied_by]
+            elif manager:
                 managed_fields.record(obj, None, manager, resource_type.api_version)
         if namespace is not None and self.auto_create_namespaces:
             self._ensure_namespace(namespace)
@@ -1601,11 +1605,10 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if resource_type.schema is not None:
             self._decode(resource_type, applied, directive, warnings, defaults=False)
         owned = managed_fields.scoped_paths(applied, None)
-        created = self.create_object(resource_type, namespace, applied, directive=directive, warnings=warnings)
         entry = {"manager": manager, "operation": "Apply", "apiVersion": resource_type.api_version,
                  "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": managed_fields.fields_v1(owned)}
-        created["metadata"]["managedFields"] = [entry]
-        return created
+        return self.create_object(resource_type, namespace, applied, directive=directive, warnings=warnings,
+                                  applied_by=entry)
 
     def _merged_metadata(self, resource_type: ResourceType, old: Obj, new: Obj) -> Obj:
         """`new` with the server-owned metadata replace_object will restore (validation sees the stored name)."""
