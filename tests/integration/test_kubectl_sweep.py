@@ -171,3 +171,12 @@ def test_report_from_s3_alone_after_the_cluster_is_gone(world: World, tmp_path: 
     assert sum(len(t["values"]) for t in data["learningCurves"]["trials"]) == 9
     assert len([c for c in data["checkpoints"] if c["status"] == "verified"]) == 5
     assert not [s for s in data["timeline"]["spans"] if s["kind"] == "attempt"]  # no status: no attempts known
+
+
+def test_report_says_why_when_s3_refuses(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = f"s3://no-such-{uuid.uuid4().hex[:8]}/sweeps/ns/s-r1"
+    code = sweepctl(["report", "--storage", missing, "--endpoint-url", world.endpoint, "--out", str(tmp_path / "r")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"sweepctl report: cannot read {missing}" in err and "NoSuchBucket" in err, err
+    assert not (tmp_path / "r").exists()

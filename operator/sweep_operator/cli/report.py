@@ -98,8 +98,9 @@ class S3Store:
     def read(self, relative: str) -> bytes | None:
         try:
             return self.client.get_object(Bucket=self.uri.bucket, Key=self.uri.join(relative).key)["Body"].read()
-        except Exception as exc:  # absent (NoSuchKey) or unreadable: the report shows what it could read
-            if "NoSuchKey" in type(exc).__name__ or "NoSuchKey" in str(exc) or "404" in str(exc):
+        except Exception as exc:  # absent: the report shows what there is; any other S3 error is reported
+            code = (getattr(exc, "response", None) or {}).get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
                 return None
             raise
 
