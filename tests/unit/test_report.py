@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import shutil
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,10 @@ def tune_rows(root: Path, trial: str) -> list[dict[str, Any]]:
 
 def result_doc(root: Path = FIXTURE) -> dict[str, Any]:
     return json.loads((root / "_sweep" / "result.json").read_text())
+
+
+def unix(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def records_of(root: Path) -> Any:
@@ -81,7 +86,7 @@ def test_timeline_spans_each_trial_from_tunes_timestamps() -> None:
     ordered = sorted(trials.values(), key=lambda s: s.start)
     assert all(a.end <= b.start + 1.0 for a, b in zip(ordered, ordered[1:]))
     (finished,) = [m for m in line.markers if m.kind == "finished"]
-    assert finished.at == pytest.approx(__import__("datetime").datetime.fromisoformat(result_doc()["finishedAt"].replace("Z", "+00:00")).timestamp())
+    assert finished.at == unix(result_doc()["finishedAt"])
 
 
 def test_timeline_from_the_sweep_status_has_phases_attempts_deadline_and_verification() -> None:
@@ -94,7 +99,7 @@ def test_timeline_from_the_sweep_status_has_phases_attempts_deadline_and_verific
     }
     line = timeline(records, now=2_000_000_000.0)
     phases = {s.label: (s.start, s.end) for s in line.spans if s.kind == "phase"}
-    t = lambda text: __import__("datetime").datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()  # noqa: E731
+    t = unix
     assert phases == {
         "Queued": (t("2026-12-03T11:40:01Z"), t("2026-12-03T11:45:00Z")),
         "Starting": (t("2026-12-03T11:45:00Z"), t("2026-12-03T11:47:10Z")),
