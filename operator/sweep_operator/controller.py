@@ -227,6 +227,7 @@ class SweepController:
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics | None = None,
         reconcile_workers: int = 0,
+        verification_pool: Any = None,
     ):
         """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
         queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
@@ -254,6 +255,8 @@ class SweepController:
         self._parsed = _Lru(_PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
         self._caps: dict[tuple[str, str, str], int] = {}  # (namespace, sweep, runId) -> worker-group cap
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
+        # A concurrent.futures executor every verification runs on (bounded: handlers.build_controller); None: inline.
+        self.verification_pool = verification_pool
         self.queue: WorkQueue[tuple[str, str]] | None = (
             WorkQueue(self._reconcile_key, workers=reconcile_workers) if reconcile_workers else None
         )
@@ -321,7 +324,7 @@ class SweepController:
         hit = self._parsed.get(key)
         if hit is _MISSING:
             try:
-                hit = parse_sweep(dict(body), self.settings.limits)
+                hit = parse_sweep(dict(body), self.settings.limits, self.settings.tenancy)
             except SpecError as exc:
                 hit = tuple(exc.problems)
             self._parsed.put(key, hit)
@@ -777,7 +780,7 @@ class SweepController:
         if facts.running and not status.get("trainingStartedAt"):
             patch["trainingStartedAt"] = rfc3339(self._now())
         graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
-        if facts.start_time and facts.deployment_status != "Retrying" and facts.start_time != status.get("attemptStartedAt"):
+        if facts.start_time and facts.deployment_status not in ("Retrying", "") and facts.start_time != status.get("attemptStartedAt"):
             patch["attemptStartedAt"] = facts.start_time
         if new_phase == "Succeeded" and self._stopped_at_deadline(body, status):
             # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
@@ -801,7 +804,11 @@ class SweepController:
             conditions.append(("DeadlineExceeded", True, "GracefulStop",
                                f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
                                f"the operator stops RayJob {facts.name} if it still runs {graceful}s after it"))
-        elif new_phase == "Starting" and admitted is not None and _startup_overdue(facts, status, now, admitted.deadlines.startup_seconds):
+        elif (new_phase in ("Starting", "Running") and admitted is not None
+              and not _trials_started(self._running_progress(sweep, new_phase, status, patch))
+              and _startup_overdue(facts, status, now, admitted.deadlines.startup_seconds)):
+            # KubeRay reports Running once the head is up and the submitter exists (K8sJobMode), with the GPU
+            # workers still Pending: the attempt has started only when a trial runs.
             diagnosis = self._diagnose(namespace, facts, admitted)
             new_phase = "Failed"
             message = (
@@ -837,8 +844,7 @@ class SweepController:
         patch = {k: v for k, v in patch.items() if v is not None or k in status}
         if new_phase == "Running":
             conditions.append(("Running", True, "Running", f"Ray job {facts.job_status or 'RUNNING'} on {facts.cluster_name}"))
-            if sweep is not None:
-                patch.update(self._progress(sweep, status, force=False))
+            self._running_progress(sweep, new_phase, status, patch)
         elif new_phase == "Starting":
             conditions.append(("Running", False, "Starting", self._phase_message(new_phase, facts)))
         elif new_phase == "Suspended":
@@ -853,6 +859,13 @@ class SweepController:
         if is_terminal(new_phase):
             self._release_and_admit_next(namespace, name)
             self._finish(body, {**status, **patch})
+
+    def _running_progress(self, sweep: Sweep | None, phase: str, status: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        """Poll the run's progress into `patch` while Running (at most every status_poll_seconds); the trial
+        counts known after it."""
+        if phase == "Running" and sweep is not None and "trials" not in patch:
+            patch.update(self._progress(sweep, status, force=False))
+        return patch.get("trials") or status.get("trials") or {}
 
     def _stopped_at_deadline(self, body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""
@@ -991,13 +1004,17 @@ class SweepController:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
         object vanished (one listing pass is cheap next to the data it protects)."""
         started = time.monotonic()
-        result = self.verify(
-            self.s3_client_for(target.endpoint_url, target.region),
-            target.run_root,
-            concurrency=self.settings.verify_concurrency,
-            timeout_seconds=target.timeout_seconds,
-            min_retention_days=self.settings.min_retention_days,
-        )
+        args = (self.s3_client_for(target.endpoint_url, target.region), target.run_root)
+        options = {
+            "concurrency": self.settings.verify_concurrency,
+            # Targets recorded before a lower cap was set are held to it too.
+            "timeout_seconds": min(target.timeout_seconds, self.settings.limits.max_verification_timeout_seconds),
+            "min_retention_days": self.settings.min_retention_days,
+        }
+        if self.verification_pool is not None:
+            result = self.verification_pool.submit(self.verify, *args, **options).result()
+        else:
+            result = self.verify(*args, **options)
         self.metrics.verification_finished(target.run_root, time.monotonic() - started, result.verified)
         return result
 
@@ -1408,11 +1425,16 @@ def _deadline_passed(now: float, deadline: float, grace: float) -> bool:
     return now >= deadline + grace
 
 
+def _trials_started(trials: Mapping[str, Any]) -> bool:
+    return any(int(trials.get(state) or 0) > 0 for state in ("running", "terminated", "errored"))
+
+
 def _startup_overdue(facts: RayJobFacts, status: Mapping[str, Any], now: float, startup_seconds: float) -> bool:
     """Per attempt: timed from the attempt's start (KubeRay's status.startTime, set at New -> Initializing). While
-    KubeRay is Retrying, startTime still holds the failed attempt's value and the next attempt has not begun
-    (rayjob_controller.go: the Retrying branch), so no startup clock runs; the sweep-wide deadline still does."""
-    if facts.deployment_status == "Retrying":
+    KubeRay is Retrying, and in the New state after it, startTime still holds the failed attempt's value and the
+    next attempt has not begun (rayjob_controller.go: the Retrying branch), so no startup clock runs then; the
+    sweep-wide deadline still does."""
+    if facts.deployment_status in ("Retrying", "") and facts.failed > 0:
         return False
     started = [t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(facts.start_time)) if t]
     return bool(started) and now - max(started) > startup_seconds

@@ -14,8 +14,11 @@ import logging
 import os
 import random
 import re
+import ssl
 import sys
 import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -113,13 +116,35 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
     kopf_settings.watching.server_timeout = 300
     kopf_settings.networking.request_timeout = 60
     if settings.webhook_port:
-        kopf_settings.admission.server = kopf.WebhookServer(
+        kopf_settings.admission.server = ReloadingWebhookServer(
             addr="0.0.0.0",
             port=settings.webhook_port,
             certfile=os.path.join(settings.webhook_cert_dir, "tls.crt"),
             pkeyfile=os.path.join(settings.webhook_cert_dir, "tls.key"),
+            file_check_interval=settings.webhook_cert_check_seconds,
         )
         # admission.managed stays unset: the chart owns the ValidatingWebhookConfiguration.
+
+
+class ReloadingWebhookServer(kopf.WebhookServer):
+    """kopf's admission server, which re-reads its certificate files every `file_check_interval` seconds and
+    restarts its listener on a change (kopf/_kits/webhooks.py WebhookServer.__call__). A pair read mid-rotation
+    (a new tls.crt beside the old tls.key: a Secret mounted by subPath or copied file by file) does not load;
+    kopf's server would then die and every create be refused under failurePolicy Fail. This one keeps serving
+    the last good pair, and the next change (the matching key) brings the new one."""
+
+    _last_good: tuple[bytes | None, ssl.SSLContext | None] | None = None
+
+    def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
+        try:
+            built = super()._build_ssl()
+        except (ssl.SSLError, OSError) as exc:
+            if self._last_good is None:
+                raise
+            log.warning("webhook certificate %s does not load (%s); serving the previous one", self.certfile, exc)
+            return self._last_good
+        self._last_good = built
+        return built
 
 
 def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
@@ -163,8 +188,11 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
 
+        # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
+        # wait on S3 in those threads, and the API server's admission call must never queue behind them.
+        # admission_problems is pure (parse and compare; no S3, no API call).
         @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
-        def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
+        async def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
             problems = controller.admission_problems(body, old)
             if problems:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
@@ -227,29 +255,51 @@ def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> No
         controller.request_reconcile(meta.get("namespace") or "default", name)
 
 
+class S3ClientCache:
+    """One S3 client per (endpoint, region), at most `size` of them, the least recently used dropped first.
+    Bounded: endpoints come from sweeps (allowlisted by settings.tenancy, but the list may be wide), and each
+    client holds a connection pool. A caller still holding a dropped client keeps using it."""
+
+    def __init__(self, size: int, build: Callable[[str, str], Any]) -> None:
+        self.size = size
+        self._build = build
+        self._clients: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, endpoint: str, region: str) -> Any:
+        with self._lock:  # boto3 clients are thread-safe once built; building one is not
+            key = (endpoint, region)
+            if key in self._clients:
+                self._clients.move_to_end(key)
+                return self._clients[key]
+            while len(self._clients) >= self.size:
+                self._clients.popitem(last=False)
+            client = self._clients[key] = self._build(endpoint, region)
+            return client
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+
 def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:
     """The controller with real clients: Kubernetes from `api_client`, S3 from the shared factory."""
     from .s3 import S3ClientConfig, make_s3_client
 
-    clients: dict[tuple[str, str], Any] = {}
-    lock = threading.Lock()
+    def build(endpoint: str, region: str) -> Any:
+        return make_s3_client(
+            S3ClientConfig(
+                endpoint_url=endpoint,
+                region=region,
+                max_pool_connections=max(16, settings.verify_concurrency),
+                parse_timestamps=False,  # the verifier reads no timestamp; parsing them dominates big listings
+            )
+        )
 
-    def s3_client_for(endpoint: str, region: str) -> Any:
-        with lock:  # boto3 clients are thread-safe once built; building one is not
-            key = (endpoint, region)
-            if key not in clients:
-                clients[key] = make_s3_client(
-                    S3ClientConfig(
-                        endpoint_url=endpoint,
-                        region=region,
-                        max_pool_connections=max(16, settings.verify_concurrency),
-                        parse_timestamps=False,  # the verifier reads no timestamp; parsing them dominates big listings
-                    )
-                )
-            return clients[key]
-
+    # Verifications share no thread with reconciles or the webhook; at most verification_workers wait on S3.
+    pool = ThreadPoolExecutor(max_workers=settings.verification_workers, thread_name_prefix="verify")
     return SweepController(
-        settings, KubeApi(api_client), s3_client_for, post_event, metrics=metrics, reconcile_workers=RECONCILE_WORKERS
+        settings, KubeApi(api_client), S3ClientCache(settings.s3_client_cache_size, build), post_event,
+        metrics=metrics, reconcile_workers=RECONCILE_WORKERS, verification_pool=pool,
     )
 
 
@@ -267,6 +317,8 @@ async def operate(
         await _run_kopf(wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint)
     finally:
         wiring.controller.close()
+        if wiring.controller.verification_pool is not None:
+            wiring.controller.verification_pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def _run_kopf(

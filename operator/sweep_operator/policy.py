@@ -15,7 +15,7 @@ from decimal import Decimal
 from . import instance_types
 from .api import SweepSpec, parse_quantity
 from .problems import Problem
-from .settings import OperatorLimits
+from .settings import OperatorLimits, TenancyPolicy
 
 
 @dataclass(frozen=True)
@@ -162,12 +162,46 @@ def cap_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
                 f"{spec.deadlines.startup_seconds}s must be less than the active deadline ({source} = {active}s)",
             )
         )
+    timeout = spec.deletion.verification_timeout_seconds
+    if timeout > limits.max_verification_timeout_seconds:
+        problems.append(
+            Problem(
+                "spec.deletion.verificationTimeoutSeconds",
+                f"{timeout}s exceeds maxVerificationTimeoutSeconds {limits.max_verification_timeout_seconds}s",
+            )
+        )
     if spec.deadlines.graceful_stop_seconds >= active:
         problems.append(
             Problem(
                 "spec.deadlines.gracefulStopSeconds",
                 f"{spec.deadlines.graceful_stop_seconds}s must be less than the active deadline "
                 f"({source} = {active}s)",
+            )
+        )
+    return problems
+
+
+def tenancy_problems(spec: SweepSpec, namespace: str, tenancy: TenancyPolicy) -> list[Problem]:
+    """The operator's allowlists: the service account the sweep's pods run as, and the S3 endpoint the operator
+    itself will call with its own credentials for this sweep (an unchecked one is a request-forgery path)."""
+    problems = []
+    account = spec.storage.service_account_name
+    if not tenancy.service_account_allowed(namespace, account):
+        allowed = tenancy.service_accounts_for(namespace)
+        problems.append(
+            Problem(
+                "spec.storage.serviceAccountName",
+                f"got {account!r}; not allowed in namespace {namespace!r}; allowed: "
+                + (", ".join(allowed) if allowed else "none (no service account is allowed in this namespace)"),
+            )
+        )
+    endpoint = spec.storage.endpoint_url
+    if not tenancy.endpoint_allowed(endpoint):
+        problems.append(
+            Problem(
+                "spec.storage.endpointUrl",
+                f"got {endpoint!r}; its host is not an allowed S3 endpoint; allowed hosts: "
+                f"{', '.join(tenancy.allowed_endpoint_hosts)} (or leave it empty for the operator's default)",
             )
         )
     return problems

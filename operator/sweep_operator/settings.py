@@ -7,8 +7,11 @@ nothing reads `os.environ` at import time.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from pydantic.alias_generators import to_camel
 
@@ -35,6 +38,9 @@ class OperatorLimits:
     max_gpus_per_namespace: int = field(default=32, metadata=_env("SWEEP_MAX_GPUS_PER_NAMESPACE"))
     max_active_seconds: int = field(default=3 * 24 * 3600, metadata=_env("SWEEP_MAX_ACTIVE_SECONDS"))
     default_active_seconds: int = field(default=6 * 3600, metadata=_env("SWEEP_DEFAULT_ACTIVE_SECONDS"))
+    # Longest spec.deletion.verificationTimeoutSeconds a sweep may ask for: one slow bucket holds a verification
+    # thread at most this long.
+    max_verification_timeout_seconds: int = field(default=1800, metadata=_env("SWEEP_MAX_VERIFICATION_TIMEOUT_SECONDS"))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -57,11 +63,71 @@ class OperatorLimits:
         return cls(**{known[k]: v for k, v in data.items()})
 
 
+_SERVICE_ACCOUNT_ENTRY = re.compile(r"^(\*|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_HOST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(:\d{1,5})?$")
+
+
+@dataclass(frozen=True)
+class TenancyPolicy:
+    """Who may aim a sweep where (issue 15): the service accounts its pods may run as, the S3 endpoints the
+    operator may call for it with its own credentials. Empty lists allow anything (the single-team default)."""
+
+    # `namespace/name` or `*/name` entries: spec.storage.serviceAccountName must match one for the sweep's namespace.
+    allowed_service_accounts: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_ALLOWED_SERVICE_ACCOUNTS"))
+    # `host`, `host:port` or `*.suffix` entries: spec.storage.endpointUrl's host must match one.
+    allowed_endpoint_hosts: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_ALLOWED_ENDPOINT_HOSTS"))
+
+    def __post_init__(self) -> None:
+        for entry in self.allowed_service_accounts:
+            if not _SERVICE_ACCOUNT_ENTRY.match(entry):
+                raise SettingsError(
+                    f"allowedServiceAccounts (SWEEP_ALLOWED_SERVICE_ACCOUNTS): got {entry!r}; "
+                    "entries are namespace/name or */name"
+                )
+        for entry in self.allowed_endpoint_hosts:
+            if not _HOST_ENTRY.match(entry):
+                raise SettingsError(
+                    f"allowedEndpointHosts (SWEEP_ALLOWED_ENDPOINT_HOSTS): got {entry!r}; "
+                    "entries are host, host:port or *.domain (lowercase)"
+                )
+
+    def service_accounts_for(self, namespace: str) -> list[str]:
+        """The names allowed in `namespace` (empty: any, when no allowlist is set)."""
+        names = []
+        for entry in self.allowed_service_accounts:
+            scope, _, name = entry.partition("/")
+            if scope in ("*", namespace):
+                names.append(name)
+        return sorted(set(names))
+
+    def service_account_allowed(self, namespace: str, name: str) -> bool:
+        return not self.allowed_service_accounts or name in self.service_accounts_for(namespace)
+
+    def endpoint_allowed(self, url: str) -> bool:
+        """An empty endpoint (AWS S3 itself) is always allowed; otherwise its host (or host:port) must match."""
+        if not url or not self.allowed_endpoint_hosts:
+            return True
+        parts = urlsplit(url)
+        try:
+            host, port = (parts.hostname or "").lower(), parts.port
+        except ValueError:
+            return False
+        candidates = {host} | ({f"{host}:{port}"} if port else set())
+        for entry in self.allowed_endpoint_hosts:
+            if entry.startswith("*."):
+                if any(fnmatch.fnmatchcase(c, entry) and ":" not in c for c in candidates):
+                    return True
+            elif entry in candidates:
+                return True
+        return False
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the operator reads at startup."""
 
     limits: OperatorLimits = field(default_factory=OperatorLimits)
+    tenancy: TenancyPolicy = field(default_factory=TenancyPolicy)
     # Namespaces to watch, comma-separated; empty: the whole cluster.
     namespaces: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_WATCH_NAMESPACES"))
     # S3 defaults for sweeps that leave storage.region / storage.endpointUrl empty (and for the verifier).
@@ -73,6 +139,10 @@ class Settings:
     reconcile_seconds: float = field(default=10.0, metadata=_env("SWEEP_RECONCILE_SECONDS"))
     # Concurrent S3 listings in one verification.
     verify_concurrency: int = field(default=8, metadata=_env("SWEEP_VERIFY_CONCURRENCY"))
+    # Verifications running at once, operator-wide (a dedicated pool: a slow bucket cannot take every thread).
+    verification_workers: int = field(default=4, metadata=_env("SWEEP_VERIFICATION_WORKERS"))
+    # S3 clients kept (least recently used dropped first), one per (endpoint, region) pair.
+    s3_client_cache_size: int = field(default=32, metadata=_env("SWEEP_S3_CLIENT_CACHE_SIZE"))
     # Minimum retention (days) below which bucket lifecycle rules raise verification warnings.
     min_retention_days: int = field(default=30, metadata=_env("SWEEP_MIN_RETENTION_DAYS"))
     # RayJob ttlSecondsAfterFinished: KubeRay deletes the RayCluster this long after the job ends (the guard holds it).
@@ -85,12 +155,22 @@ class Settings:
     # kopf's admission webhook server (0: off); TLS cert/key (tls.crt, tls.key) mounted from a Secret.
     webhook_port: int = field(default=0, metadata=_env("SWEEP_WEBHOOK_PORT"))
     webhook_cert_dir: str = field(default="/etc/sweep-operator/webhook-tls", metadata=_env("SWEEP_WEBHOOK_CERT_DIR"))
+    # How often the mounted certificate files are re-read; a renewed pair is served without a restart.
+    webhook_cert_check_seconds: float = field(default=10.0, metadata=_env("SWEEP_WEBHOOK_CERT_CHECK_SECONDS"))
+
+    def __post_init__(self) -> None:
+        for name in ("verification_workers", "s3_client_cache_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                env = next(f.metadata["env"] for f in dataclasses.fields(self) if f.name == name)
+                raise SettingsError(f"{to_camel(name)} ({env}): got {value!r}; must be an integer >= 1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Settings from environment variables (absent ones keep their defaults)."""
         limits = _from_env(OperatorLimits, env)
-        return _from_env(cls, env, limits=limits)
+        tenancy = _from_env(TenancyPolicy, env)
+        return _from_env(cls, env, limits=limits, tenancy=tenancy)
 
 
 def _convert(raw: str, default: Any, name: str) -> Any:

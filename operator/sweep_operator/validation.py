@@ -16,9 +16,9 @@ from pydantic import BaseModel, ValidationError
 from . import constants
 from .api import SweepSpec
 from .paramspace import distributions
-from .policy import bundle_fit_problems, cap_problems
+from .policy import bundle_fit_problems, cap_problems, tenancy_problems
 from .problems import Problem, SpecError
-from .settings import OperatorLimits
+from .settings import OperatorLimits, TenancyPolicy
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PARAM_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -289,8 +289,9 @@ def parse_spec(data: Any) -> SweepSpec:
     return spec
 
 
-def parse_sweep(obj: Any, limits: OperatorLimits | None = None) -> Sweep:
-    """Parse a whole TrainingSweep object; with `limits`, per-sweep caps and bundle fit are checked too."""
+def parse_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: TenancyPolicy | None = None) -> Sweep:
+    """Parse a whole TrainingSweep object; per-sweep caps (`limits`, else the defaults), bundle fit and, with
+    `tenancy`, the operator's service-account and endpoint allowlists are checked too."""
     if not isinstance(obj, dict):
         raise SpecError([Problem("(document)", f"got {_fmt(obj)}; expected a TrainingSweep object")])
     problems = _metadata_problems(obj)
@@ -306,6 +307,8 @@ def parse_sweep(obj: Any, limits: OperatorLimits | None = None) -> Sweep:
     if spec is not None:
         problems += bundle_fit_problems(spec)
         problems += cap_problems(spec, limits or OperatorLimits())
+        if tenancy is not None and isinstance(obj.get("metadata"), dict):
+            problems += tenancy_problems(spec, obj["metadata"].get("namespace") or "default", tenancy)
     if problems:
         raise SpecError(problems)
     assert spec is not None
@@ -322,10 +325,10 @@ def parse_sweep(obj: Any, limits: OperatorLimits | None = None) -> Sweep:
     )
 
 
-def validate_sweep(obj: Any, limits: OperatorLimits | None = None) -> list[Problem]:
+def validate_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: TenancyPolicy | None = None) -> list[Problem]:
     """Every problem with a TrainingSweep object (empty when valid)."""
     try:
-        parse_sweep(obj, limits)
+        parse_sweep(obj, limits, tenancy)
     except SpecError as exc:
         return exc.problems
     return []
