@@ -152,7 +152,7 @@ def _apply(cell: Cell) -> None:
     if cell.row == "kuberay-deletes-cluster":
         outcomes = (Outcome.succeed(8.0, startup=1.0),)
     elif cell.row == "deadline-stop":
-        changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}
+        changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 60, "gracefulStopSeconds": 2}
     elif cell.row == "retry-then-delete":
         changes["spec__failurePolicy__jobRetries"] = 1
         outcomes = (Outcome.fail(8.0, startup=1.0), Outcome.hang())

@@ -74,7 +74,10 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     assert rayjob["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
     assert constants.FINALIZER in rayjob["metadata"]["finalizers"]
     for key in ("entrypoint", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "preRunningDeadlineSeconds", "backoffLimit", "rayClusterSpec"):
-        assert rayjob["spec"][key] == expected["spec"][key], key
+        # The API server adds the CRD's defaults (numOfHosts, container port protocols): what was rendered must
+        # all be there, unchanged.
+        assert_rendered_within(expected["spec"][key], rayjob["spec"][key], f"spec.{key}")
+    assert rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] == expected["metadata"]["annotations"][constants.ANNOTATION_GUARD]
     env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
     assert int(env_vars[constants.ENV_DEADLINE_AT]) > time.time()
 
@@ -91,6 +94,21 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     assert status["bestTrial"]["checkpointUri"].startswith(f"s3://{bucket}/{prefix}/train/")
     assert status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
     wait_for(lambda: {"Starting", "Running", "Succeeded"} <= set(env.event_reasons(name)), TIMEOUT, what="an Event per transition")
+
+
+def assert_rendered_within(rendered: Any, stored: Any, path: str) -> None:
+    """Every field rendered is stored with the same value (the server may only add defaults)."""
+    if isinstance(rendered, dict):
+        assert isinstance(stored, dict), path
+        for key, value in rendered.items():
+            assert key in stored, f"{path}.{key} pruned by the API server"
+            assert_rendered_within(value, stored[key], f"{path}.{key}")
+    elif isinstance(rendered, list):
+        assert isinstance(stored, list) and len(stored) == len(rendered), path
+        for i, (a, b) in enumerate(zip(rendered, stored)):
+            assert_rendered_within(a, b, f"{path}[{i}]")
+    else:
+        assert rendered == stored, f"{path}: rendered {rendered!r}, stored {stored!r}"
 
 
 # ------------------------------------------------------------------------------------------ guard

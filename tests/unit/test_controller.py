@@ -644,9 +644,9 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, 
     calls: list[str] = []
     real_parse = controller_module.parse_sweep
 
-    def counting_parse(obj: Any, limits: Any = None) -> Any:
+    def counting_parse(obj: Any, *args: Any) -> Any:
         calls.append(obj["metadata"]["name"])
-        return real_parse(obj, limits)
+        return real_parse(obj, *args)
 
     monkeypatch.setattr(controller_module, "parse_sweep", counting_parse)
     add_sweep(world, "digits")
@@ -930,3 +930,28 @@ def test_a_graceful_stop_at_the_deadline_ends_deadline_exceeded_not_succeeded(wo
     assert (conditions["DeadlineExceeded"]["status"], conditions["DeadlineExceeded"]["reason"]) == ("True", "GracefulStop")
     assert conditions["CheckpointsVerified"]["status"] == "True" and conditions["Ready"]["status"] == "False"
     assert world.verifier.calls == [f"s3://{root}"]
+
+
+def test_a_running_rayjob_whose_trials_never_start_fails_at_the_startup_deadline(world: World) -> None:
+    """R6, R20: KubeRay reports Running once the head is up (K8sJobMode: once the submitter exists) while the GPU
+    workers are Pending; the startup clock stops only when a trial runs."""
+    add_sweep(world, "digits", **{"spec.deadlines.startupSeconds": 60})
+    status = world.reconcile("digits")
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING",
+                                 rayClusterName=f"{status['rayJobName']}-x7k2p")
+    assert world.reconcile("digits")["phase"] == "Running"
+    world.clock.now = T0 + 61
+    status = world.reconcile("digits")
+    assert status["phase"] == "Failed" and "startupSeconds=60" in status["message"]
+    assert ("delete_rayjob", status["rayJobName"]) in world.kube.calls
+
+
+def test_a_running_trial_stops_the_startup_clock(world: World) -> None:
+    add_sweep(world, "digits", **{"spec.deadlines.startupSeconds": 60})
+    status = world.reconcile("digits")
+    world.s3.objects[f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json"] = json.dumps(
+        {"trials": {"total": 2, "running": 1, "pending": 1}}).encode()
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
+    world.reconcile("digits")
+    world.clock.now = T0 + 600
+    assert world.reconcile("digits")["phase"] == "Running"
