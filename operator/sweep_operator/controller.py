@@ -616,7 +616,8 @@ class SweepController:
                     "queuedAt": status.get("queuedAt") or rfc3339(self._now()),
                     "message": f"queued: {decision.reason}",
                     "observedGeneration": generation,
-                    "replicas": {"workers": decision.demand.workers, "gpus": decision.demand.gpus},
+                    "replicas": {"workers": decision.demand.workers, "gpus": decision.demand.gpus,
+                                 "namespaceBudget": self._namespace_budget(namespace)},
                     "conditions": self._conditions(status, generation, ("Admitted", False, "Queued", decision.reason)),
                 },
             )
@@ -672,7 +673,8 @@ class SweepController:
                           "verify": target.verify, "timeoutSeconds": target.timeout_seconds},
                 "startedAt": rfc3339(datetime.fromtimestamp(started_at, tz=timezone.utc)),
                 "deadlineAt": rfc3339(datetime.fromtimestamp(deadline_at, tz=timezone.utc)),
-                "replicas": {"workers": demand.workers, "gpus": demand.gpus, "cap": cap},
+                "replicas": {"workers": demand.workers, "gpus": demand.gpus, "cap": cap,
+                             "namespaceBudget": self._namespace_budget(sweep.namespace)},
                 "trials": {"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
                 "trialsSummary": "0/0",
                 "message": message,
@@ -686,6 +688,10 @@ class SweepController:
                 ),
             },
         )
+
+    def _namespace_budget(self, namespace: str) -> str:
+        """`<GPUs admitted>/<maxGpusPerNamespace>` in the namespace (the -o wide NS-BUDGET column)."""
+        return f"{self.ledger.in_use(namespace).gpus}/{self.settings.limits.max_gpus_per_namespace}"
 
     def _create_failed(self, body: Mapping[str, Any], status: dict[str, Any], exc: Exception) -> None:
         """Free the budget, say why in status and an Event, and try again with backoff."""

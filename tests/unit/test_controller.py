@@ -151,7 +151,7 @@ def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
     status = world.reconcile("digits")
     assert status["phase"] == "Starting"
     assert status["runId"] and status["rayJobName"] == f"digits-{status['runId']}"
-    assert status["replicas"] == {"workers": 4, "gpus": 4, "cap": 4}
+    assert status["replicas"] == {"workers": 4, "gpus": 4, "cap": 4, "namespaceBudget": "4/8"}
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     assert rayjob is not None and rayjob["metadata"]["ownerReferences"][0]["uid"] == world.sweep("digits")["metadata"]["uid"]
     env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
@@ -955,3 +955,12 @@ def test_a_running_trial_stops_the_startup_clock(world: World) -> None:
     world.reconcile("digits")
     world.clock.now = T0 + 600
     assert world.reconcile("digits")["phase"] == "Running"
+
+
+def test_status_shows_the_namespace_budget_used(world: World) -> None:
+    """kubectl get tsw -o wide's NS-BUDGET: GPUs admitted in the namespace against maxGpusPerNamespace."""
+    add_sweep(world, "first", created="2026-12-02T12:00:00Z")
+    assert world.reconcile("first")["replicas"]["namespaceBudget"] == "4/8"
+    add_sweep(world, "second", created="2026-12-02T12:01:00Z", **{"spec.tune.maxConcurrentTrials": 4})
+    status = world.reconcile("second")
+    assert status["phase"] == "Queued" and status["replicas"]["namespaceBudget"] == "4/8"
