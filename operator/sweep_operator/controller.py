@@ -244,7 +244,7 @@ class SweepController:
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self._unfinished_runs)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
-        self._create_failures: dict[tuple[str, str], int] = {}  # (namespace, sweep) -> failed RayJob creates in a row
+        self._create_failures: dict[tuple[str, str], tuple[int, float]] = {}  # (ns, sweep) -> (failed creates in a row, retry at)
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
         self._in_flight: dict[str, _InFlight] = {}
@@ -594,6 +594,10 @@ class SweepController:
                 },
             )
             return
+        with self._memory_lock:
+            failed = self._create_failures.get((namespace, name))
+        if failed is not None and self.clock() < failed[1]:
+            return  # the last create failed; its backoff has not passed (its timer, or a later tick, comes back)
         decision = self.ledger.decide(namespace, name, meta.get("creationTimestamp") or "", sweep.spec, self.settings.limits)
         if isinstance(decision, Reject):
             self._patch_status(
@@ -699,8 +703,9 @@ class SweepController:
         namespace, name = meta.get("namespace") or "default", meta["name"]
         self.ledger.release(namespace, name)
         with self._memory_lock:
-            failures = self._create_failures[(namespace, name)] = self._create_failures.get((namespace, name), 0) + 1
-        delay = backoff_seconds(failures - 1, CREATE_RETRY_BASE_SECONDS, CREATE_RETRY_MAX_SECONDS)
+            failures = self._create_failures.get((namespace, name), (0, 0.0))[0] + 1
+            delay = backoff_seconds(failures - 1, CREATE_RETRY_BASE_SECONDS, CREATE_RETRY_MAX_SECONDS)
+            self._create_failures[(namespace, name)] = (failures, self.clock() + delay)
         detail = _api_error_text(exc)
         message = f"creating the RayJob failed ({failures} in a row): {detail}; retrying in {delay:g}s"
         log.warning("sweep %s/%s: %s", namespace, name, message)

@@ -780,7 +780,11 @@ def test_a_failed_rayjob_create_frees_the_budget_says_why_and_is_retried(world: 
     assert "RayJobCreateFailed" in world.reasons("digits")
     assert world.controller.ledger.in_use("ml").gpus == 0, "the budget is released"
     world.kube.create_rayjob = real_create  # type: ignore[method-assign]
-    assert world.reconcile("digits")["phase"] == "Starting", "the next reconcile (a tick or the backoff) retries"
+    creates = len([c for c in world.kube.calls if c[0] == "create_rayjob"])
+    assert world.reconcile("digits")["phase"] == "Pending", "within the backoff nothing is retried"
+    assert len([c for c in world.kube.calls if c[0] == "create_rayjob"]) == creates
+    world.clock.now += 5  # CREATE_RETRY_BASE_SECONDS
+    assert world.reconcile("digits")["phase"] == "Starting", "after the backoff the next reconcile retries"
 
 
 def test_the_ledger_counts_a_run_whose_status_write_was_lost(world: World) -> None:
