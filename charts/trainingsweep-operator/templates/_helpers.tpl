@@ -47,7 +47,11 @@ app.kubernetes.io/part-of: trainingsweep-operator
 
 {{/* The operator image reference. */}}
 {{- define "tso.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* "true" when the operator watches the whole cluster (no watchNamespaces). */}}
@@ -80,7 +84,10 @@ app.kubernetes.io/part-of: trainingsweep-operator
 {{/* Namespaces that get the sweep-runner ServiceAccount, as a list. */}}
 {{- define "tso.runnerNamespaces" -}}
 {{- $ns := .Values.runner.serviceAccount.namespaces | default .Values.watchNamespaces | default (list .Release.Namespace) -}}
-{{- toJson $ns -}}
+{{- if .Values.runner.serviceAccount.perNamespace -}}
+{{- $ns = concat (.Values.runner.serviceAccount.namespaces | default .Values.watchNamespaces | default list) (keys .Values.runner.serviceAccount.perNamespace) -}}
+{{- end -}}
+{{- toJson ($ns | uniq | sortAlpha) -}}
 {{- end -}}
 
 {{/*
