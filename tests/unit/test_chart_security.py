@@ -1,0 +1,127 @@
+"""Chart hardening for many teams on one cluster (issue 15): per-namespace runner roles, the tenancy allowlists in
+the ConfigMap, the webhook's cert-manager CA chain, readiness beside liveness, the operator's NetworkPolicy and
+an image pinned by digest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+
+from sweep_operator.settings import Settings
+from tests.unit.test_chart import (
+    CHART, NAMESPACE, RELEASE, _chart, of_kind, one, operator_container, render_values, settings_env,
+)
+
+ROLE = "arn:aws:iam::123456789012:role/sweep-runner"
+ROLE_A = "arn:aws:iam::123456789012:role/sweep-runner-team-a"
+ROLE_B = "arn:aws:iam::123456789012:role/sweep-runner-team-b"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def runners(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {a["metadata"]["namespace"]: a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "sweep-runner"}
+
+
+def test_each_namespace_gets_a_runner_account_with_its_own_role() -> None:
+    docs = render_values({
+        "watchNamespaces": ["team-a", "team-b", "team-c"],
+        "runner": {"serviceAccount": {"create": True, "roleArn": ROLE, "annotations": {"owner": "platform"},
+                                      "perNamespace": {"team-a": {"roleArn": ROLE_A},
+                                                       "team-b": {"roleArn": ROLE_B, "annotations": {"owner": "team-b"}}}}},
+    })
+    found = runners(docs)
+    assert sorted(found) == ["team-a", "team-b", "team-c"]
+    assert found["team-a"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_A, "owner": "platform"}
+    assert found["team-b"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_B, "owner": "team-b"}
+    assert found["team-c"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE, "owner": "platform"}
+
+
+def test_per_namespace_roles_alone_name_the_namespaces() -> None:
+    docs = render_values({"runner": {"serviceAccount": {"create": True, "perNamespace": {"team-b": {"roleArn": ROLE_B},
+                                                                                      "team-a": {"roleArn": ROLE_A}}}}})
+    found = runners(docs)
+    assert sorted(found) == ["team-a", "team-b"]
+    assert found["team-a"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_A}
+
+
+def test_tenancy_allowlists_reach_the_operator_through_the_configmap() -> None:
+    docs = render_values({"tenancy": {"allowedServiceAccounts": ["*/sweep-runner", "team-a/team-a-runner"],
+                                      "allowedEndpointHosts": ["*.amazonaws.com", "minio.storage.svc:9000"]},
+                          "limits": {"maxVerificationTimeoutSeconds": 600},
+                          "verification": {"workers": 2}, "s3": {"clientCacheSize": 8}})
+    settings = Settings.from_env(settings_env(docs))
+    assert settings.tenancy.allowed_service_accounts == ("*/sweep-runner", "team-a/team-a-runner")
+    assert settings.tenancy.allowed_endpoint_hosts == ("*.amazonaws.com", "minio.storage.svc:9000")
+    assert settings.limits.max_verification_timeout_seconds == 600
+    assert (settings.verification_workers, settings.s3_client_cache_size) == (2, 8)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"tenancy": {"allowedServiceAccounts": ["sweep-runner"]}},  # no namespace part
+        {"tenancy": {"allowedEndpointHosts": ["https://minio:9000"]}},  # a URL, not a host
+        {"image": {"digest": "sha256:short"}},
+        {"runner": {"serviceAccount": {"perNamespace": {"Team_A": {"roleArn": ROLE_A}}}}},
+        {"runner": {"serviceAccount": {"perNamespace": {"team-a": {"roleArn": "not-an-arn"}}}}},
+        {"guardPolicy": {"validationActions": ["Block"]}},
+        {"guardPolicy": {"allowedGroups": ["x' || true || '"]}},  # would break out of the CEL string
+    ],
+)
+def test_bad_security_values_are_refused(values: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        _chart().render(values, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_chart().merge_values(values), json.loads((CHART / "values.schema.json").read_text()))
+
+
+def test_the_default_webhook_certificate_is_signed_by_the_charts_ca_and_renewed_without_a_restart() -> None:
+    docs = render_values({})
+    issuers = {i["metadata"]["name"]: i["spec"] for i in of_kind(docs, "Issuer")}
+    certificates = {c["metadata"]["name"]: c["spec"] for c in of_kind(docs, "Certificate")}
+    (ca_name,) = [n for n, c in certificates.items() if c.get("isCA")]
+    ca = certificates[ca_name]
+    assert issuers[ca["issuerRef"]["name"]] == {"selfSigned": {}}
+    (ca_issuer,) = [n for n, spec in issuers.items() if spec.get("ca", {}).get("secretName") == ca["secretName"]]
+    (serving_name,) = [n for n, c in certificates.items() if not c.get("isCA")]
+    serving = certificates[serving_name]
+    assert serving["issuerRef"] == {"kind": "Issuer", "name": ca_issuer}
+    assert serving["privateKey"]["rotationPolicy"] == "Always"
+    assert (serving["duration"], serving["renewBefore"], ca["duration"]) == ("2160h", "360h", "43800h")
+    webhook = one(docs, "ValidatingWebhookConfiguration")
+    assert webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{serving_name}"
+    assert settings_env(docs)["SWEEP_WEBHOOK_CERT_CHECK_SECONDS"] == "10"
+    assert Settings.from_env(settings_env(docs)).webhook_cert_check_seconds == 10.0
+
+
+def test_readiness_probe_beside_liveness() -> None:
+    container = operator_container(render_values({}))
+    assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert container["readinessProbe"]["periodSeconds"] == 10
+
+
+def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
+    docs = render_values({})
+    policy = one(docs, "NetworkPolicy")
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == ["webhook", "metrics"]
+    named = {p["name"] for p in operator_container(docs)["ports"]}
+    assert set(ports) <= named and "liveness" not in ports
+    scoped = render_values({"networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}})
+    (_, metrics_rule) = one(scoped, "NetworkPolicy")["spec"]["ingress"]
+    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    closed = one(render_values({"webhook": {"enabled": False}, "metrics": {"enabled": False}}), "NetworkPolicy")
+    assert closed["spec"]["ingress"] == []
+
+
+def test_image_digest_pins_the_image() -> None:
+    assert operator_container(render_values({}))["image"] == "ghcr.io/trainingsweep/trainingsweep-operator:0.1.0"
+    pinned = operator_container(render_values({"image": {"digest": DIGEST, "tag": "ignored"}}))
+    assert pinned["image"] == f"ghcr.io/trainingsweep/trainingsweep-operator@{DIGEST}"
