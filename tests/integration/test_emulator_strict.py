@@ -244,3 +244,21 @@ def test_every_example_manifest_passes_plain_kubectl_apply(kubectl: Any, ns: str
         doc = yaml.safe_load(path.read_text())
         done = kubectl("apply", "-f", "-", stdin=manifest(doc, ns))
         assert done.returncode == 0 and "created" in done.stdout, (path.name, done.stderr)
+
+
+def test_server_dry_run_validates_and_stores_nothing(kubectl: Any, ns: str) -> None:
+    """dryRun=All (kubectl --dry-run=server): admission and validation run, storage does not
+    (apiserver registry/generic/registry/dryrun.go DryRunnableStorage)."""
+    created = kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest(cpu_sweep("dry"), ns))
+    assert created.returncode == 0 and "created (server dry run)" in created.stdout, created.stderr
+    assert "NotFound" in kubectl("get", "tsw", "dry").stderr
+    refused = kubectl("apply", "--dry-run=server", "-f", "-",
+                      stdin=manifest(changed(cpu_sweep("dry"), {"spec.trial.workers": 0}), ns))
+    assert refused.returncode != 0 and "spec.trial.workers: Invalid value: 0" in refused.stderr
+    assert kubectl("apply", "-f", "-", stdin=manifest(cpu_sweep("dry"), ns)).returncode == 0
+    edited = kubectl("apply", "--dry-run=server", "-f", "-",
+                     stdin=manifest(changed(cpu_sweep("dry"), {"spec.tune.numSamples": 3}), ns))
+    assert edited.returncode == 0 and "configured (server dry run)" in edited.stdout, edited.stderr
+    assert kubectl("get", "tsw", "dry", "-o", "jsonpath={.spec.tune.numSamples}").stdout == "8"
+    assert kubectl("delete", "tsw", "dry", "--dry-run=server").returncode == 0
+    assert kubectl("get", "tsw", "dry", "-o", "name").stdout.strip().endswith("/dry")

@@ -157,6 +157,14 @@ def _field_validation(query: Mapping[str, str]) -> str:
     return _FIELD_VALIDATION[value]
 
 
+def _dry_run(query: Mapping[str, str]) -> bool:
+    """dryRun=All (kubectl --dry-run=server): every stage but storage (handlers/rest.go dryRun validation)."""
+    value = query.get("dryRun", "")
+    if value not in ("", "All"):
+        raise ApiError(400, "BadRequest", f"Invalid dry run value: {value!r}; valid values are: All")
+    return value == "All"
+
+
 def _field_manager(query: Mapping[str, str], raw: aiohttp.web.BaseRequest) -> str:
     """fieldManager, else the User-Agent's product (handlers/rest.go prefixFromUserAgent)."""
     if query.get("fieldManager"):
@@ -1128,6 +1136,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(self._delete_collection(resource_type, target, query))
         data = request.data
         directive = _field_validation(query)
+        dry_run = _dry_run(query)
         warnings: list[str] = []
         if verb == "get":
             if target.subresource not in (None, "status"):
@@ -1138,7 +1147,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")
             created = self.create_object(resource_type, target.namespace, data, directive=directive,
-                                         warnings=warnings, manager=_field_manager(query, raw))
+                                         warnings=warnings, manager=_field_manager(query, raw), dry_run=dry_run)
             return aiohttp.web.json_response(created, status=201, headers=_warning_headers(warnings))
         if verb in ("patch", "update"):
             content_type = raw.headers.get("Content-Type", "application/json").split(";")[0].strip()
@@ -1146,13 +1155,15 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 data = _yaml_body(request.body)
             obj = self._update(resource_type, target, data, content_type if verb == "patch" else "replace",
                                directive=directive, warnings=warnings, manager=_field_manager(query, raw),
-                               force=query.get("force") in ("true", "1"))
+                               force=query.get("force") in ("true", "1"), dry_run=dry_run)
             return aiohttp.web.json_response(obj, headers=_warning_headers(warnings))
         if verb == "delete":
             options = dict(data) if isinstance(data, dict) else {}
             for key in ("propagationPolicy", "gracePeriodSeconds"):
                 if key in query:
                     options.setdefault(key, query[key])
+            if dry_run or "All" in (options.get("dryRun") or []):  # DeleteOptions carry it in the body
+                return aiohttp.web.json_response(self.get_object(resource_type, target.namespace, target.name or ""))
             obj, gone = self.delete_object(resource_type, target.namespace, target.name or "", options)
             waits_for_dependents = not gone and _foreground(options)
             return aiohttp.web.json_response(obj, status=202 if waits_for_dependents else 200)
@@ -1446,6 +1457,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         warnings: list[str] | None = None,
         manager: str = "",
         applied_by: Obj | None = None,
+        dry_run: bool = False,
     ) -> Obj:
         """Create an object; `applied_by` is the managedFields entry of a server-side apply that creates it."""
         data = _json_copy(data)
@@ -1473,6 +1485,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 obj["metadata"]["managedFields"] = [applied_by]
             elif manager:
                 managed_fields.record(obj, None, manager, resource_type.api_version)
+        if dry_run:
+            return obj  # dryRun=All: admitted, named and stamped, never stored
         if namespace is not None and self.auto_create_namespaces:
             self._ensure_namespace(namespace)
         return self._store_new(resource_type, namespace, obj)
@@ -1541,6 +1555,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         warnings: list[str] | None = None,
         manager: str = "",
         force: bool = False,
+        dry_run: bool = False,
     ) -> Obj:
         namespace = target.namespace if resource_type.namespaced else None
         name = target.name or ""
@@ -1548,7 +1563,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({target.subresource})")
         if mode == "application/apply-patch+yaml" and self._current(resource_type, namespace, name) is None \
                 and target.subresource is None:
-            return self._apply_create(resource_type, namespace, name, data, manager, directive, warnings)
+            return self._apply_create(resource_type, namespace, name, data, manager, directive, warnings, dry_run)
         old = self.get_object(resource_type, namespace, name)
         if mode == "application/apply-patch+yaml":
             new = self._server_side_apply(resource_type, old, data, manager, force, target.subresource, directive,
@@ -1585,7 +1600,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 managed_fields.record(new, old, manager, resource_type.api_version, target.subresource)
             merged = self._merged_metadata(resource_type, old, new)
             self._admit(resource_type, merged, old, status_only=target.subresource == "status")
-        return self.replace_object(resource_type, old, new)
+        return self.replace_object(resource_type, old, new, dry_run=dry_run)
 
     def _apply_create(
         self,
@@ -1596,6 +1611,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         manager: str,
         directive: str,
         warnings: list[str] | None,
+        dry_run: bool = False,
     ) -> Obj:
         """An apply to a missing object creates it, the applier owning what it sent (handlers/patch.go)."""
         if not isinstance(data, dict):
@@ -1608,7 +1624,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         entry = {"manager": manager, "operation": "Apply", "apiVersion": resource_type.api_version,
                  "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": managed_fields.fields_v1(owned)}
         return self.create_object(resource_type, namespace, applied, directive=directive, warnings=warnings,
-                                  applied_by=entry)
+                                  applied_by=entry, dry_run=dry_run)
 
     def _merged_metadata(self, resource_type: ResourceType, old: Obj, new: Obj) -> Obj:
         """`new` with the server-owned metadata replace_object will restore (validation sees the stored name)."""
@@ -1679,8 +1695,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 {"name": old["metadata"]["name"], "group": resource_type.group, "kind": resource_type.plural},
             )
 
-    def replace_object(self, resource_type: ResourceType, old: Obj, new: Obj) -> Obj:
-        """Commit `new` in place of `old`, keeping server-owned metadata; finish a released deletion."""
+    def replace_object(self, resource_type: ResourceType, old: Obj, new: Obj, dry_run: bool = False) -> Obj:
+        """Commit `new` in place of `old`, keeping server-owned metadata; finish a released deletion.
+
+        `dry_run` (dryRun=All) stops short of the commit: the answer is what would be stored.
+        """
         meta = dict(new.get("metadata") or {})
         old_meta = old["metadata"]
         for owned in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
@@ -1711,6 +1730,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             # status subresource) moves the generation
             meta["generation"] = int(old_meta.get("generation", 1)) + 1
         namespace = meta.get("namespace") if resource_type.namespaced else None
+        if dry_run:
+            return new
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and not _namespace_terminating(new):
             self._commit(resource_type, namespace, None, {**new})
             return new
