@@ -256,3 +256,27 @@ def test_apply_removes_fields_the_applier_stopped_sending() -> None:
     second = schema_apply.apply(first, {"metadata": {"name": "a"}, "spec": {"image": "i"}}, "kubectl", "v", False,
                                 None)
     assert "suspend" not in second["spec"] and second["spec"]["image"] == "i"
+
+
+def test_without_kuberay_crds_the_minimal_definitions_serve(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A fresh clone has no ../shared: RayJob/RayCluster are served from the built-in minimal CRDs."""
+    monkeypatch.setenv("KUBERAY_CRDS", str(tmp_path))
+    assert emulator.kuberay_crd_dir() is None
+    assert emulator.kuberay_crds() is emulator.KUBERAY_CRDS
+    built = emulator.build_emulator()
+    rayjobs = built.resource_type("ray.io", "v1", "rayjobs")
+    assert rayjobs is not None and rayjobs.schema is not None
+    job = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j"}, "spec": {"anything": 1}}
+    assert rayjobs.schema.decode(job) == [] and rayjobs.schema.errors(job) == []
+
+
+@pytest.mark.skipif(emulator.kuberay_crd_dir() is None, reason="KubeRay's CRDs are not beside the repository")
+def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
+    """ray.io_rayjobs.yaml v1 (KubeRay v1.7.0): an unknown spec field is pruned, a known one kept."""
+    built = emulator.build_emulator()
+    rayjobs = built.resource_type("ray.io", "v1", "rayjobs")
+    assert rayjobs is not None and rayjobs.schema is not None
+    job = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j"},
+           "spec": {"entrypoint": "python x.py", "notAField": 1}}
+    assert rayjobs.schema.decode(job) == ["spec.notAField"] and job["spec"]["entrypoint"] == "python x.py"
+    assert built.resource_type("ray.io", "v1alpha1", "rayjobs") is not None  # KubeRay serves v1alpha1 too

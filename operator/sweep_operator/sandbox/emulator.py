@@ -422,10 +422,13 @@ KUBERAY_CRDS: tuple[Obj, ...] = (
 
 
 def kuberay_crd_dir() -> Path | None:
-    """$KUBERAY_CRDS, else ../shared/schemas/kuberay beside the repository (absent in a fresh clone)."""
+    """$KUBERAY_CRDS when set (only there), else ../shared/schemas/kuberay beside the repository (absent in a fresh
+    clone); None when neither holds both files."""
     configured = os.environ.get("KUBERAY_CRDS")
-    candidates = [Path(configured)] if configured else []
-    candidates.append(Path(__file__).resolve().parents[3].parent / "shared" / "schemas" / "kuberay")
+    if configured is not None:
+        candidates = [Path(configured)] if configured else []
+    else:
+        candidates = [Path(__file__).resolve().parents[3].parent / "shared" / "schemas" / "kuberay"]
     for candidate in candidates:
         if (candidate / "ray.io_rayjobs.yaml").is_file() and (candidate / "ray.io_rayclusters.yaml").is_file():
             return candidate
