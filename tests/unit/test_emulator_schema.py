@@ -280,3 +280,25 @@ def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
            "spec": {"entrypoint": "python x.py", "notAField": 1}}
     assert rayjobs.schema.decode(job) == ["spec.notAField"] and job["spec"]["entrypoint"] == "python x.py"
     assert built.resource_type("ray.io", "v1alpha1", "rayjobs") is not None  # KubeRay serves v1alpha1 too
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"labels": {"sweeps.dev/run": "a" * 64}},
+     f'metadata.labels: Invalid value: "{"a" * 64}": must be no more than 63 characters'),
+    ({"labels": {"sweeps.dev/run": "has space"}},
+     'metadata.labels: Invalid value: "has space": a valid label must be an empty string or consist of'),
+    ({"labels": {"bad key": "x"}}, 'metadata.labels: Invalid value: "bad key": name part must consist of'),
+    ({"annotations": {"Sweeps.Dev/x": "1", "/x": "1"}}, 'metadata.annotations: Invalid value: "/x": prefix part'),
+    ({"finalizers": ["sweeps.dev/guard", "not a finalizer"]},
+     'metadata.finalizers[1]: Invalid value: "not a finalizer": name part must consist of'),
+])
+def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], message: str) -> None:
+    """apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaAccessor: labels (ValidateLabels),
+    annotations (ValidateAnnotations: keys lower-cased, 256 KiB in all) and finalizers (qualified names)."""
+    from sweep_operator.sandbox.schema import object_meta_errors
+
+    errors = [str(e) for e in object_meta_errors({"name": "a", **meta})]
+    assert len(errors) == 1 and errors[0].startswith(message), errors
+    assert object_meta_errors({"labels": {"sweeps.dev/sweep": "digits-cpu", "empty": ""},
+                               "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                               "finalizers": ["sweeps.dev/checkpoint-guard", "kubernetes"]}) == []

@@ -1482,6 +1482,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if self._current(resource_type, namespace, name) is not None:
             details = {"name": name, "group": resource_type.group, "kind": resource_type.plural}
             raise ApiError(409, "AlreadyExists", f'{resource_type.qualified} "{name}" already exists', details)
+        if resource_type.schema is None:
+            self._admit_meta(resource_type, obj)
         if resource_type.schema is not None:
             self._admit(resource_type, obj, None)
             if applied_by is not None:
@@ -1542,6 +1544,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             name = obj["metadata"].get("name", "")
             raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
 
+    def _admit_meta(self, resource_type: ResourceType, obj: Obj) -> None:
+        """The ObjectMeta checks every built-in kind's strategy runs (labels, annotations, finalizers)."""
+        errors = crd_schema.object_meta_errors(obj.get("metadata") or {})
+        if errors:
+            name = obj["metadata"].get("name", "")
+            raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
+
     def _ensure_namespace(self, namespace: str) -> None:
         ns_type = self._type_for("", "v1", "namespaces")
         if self._current(ns_type, None, namespace) is None:
@@ -1598,6 +1607,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             new["metadata"] = {**old["metadata"], "managedFields": (new.get("metadata") or {}).get("managedFields")}
             if new["metadata"]["managedFields"] is None:
                 del new["metadata"]["managedFields"]
+        if resource_type.schema is None and new.get("metadata") != old.get("metadata"):
+            self._admit_meta(resource_type, new)
         if resource_type.schema is not None:
             if mode != "application/apply-patch+yaml" and manager:
                 managed_fields.record(new, old, manager, resource_type.api_version, target.subresource)
