@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from . import constants, s3_layout
+from . import audit, constants, s3_layout
 from .api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
 from .diagnosis import diagnose_startup
 from .guard import (
@@ -1314,6 +1314,8 @@ class SweepController:
             self.emit(body, "Warning", "CheckpointGuardBypassed", message)
             if sweep_body is not None and sweep_body is not body:
                 self.emit(sweep_body, "Warning", "CheckpointGuardBypassed", message)
+            if facts.skip:  # the escape hatch: a metric, a log line naming its setter, the sweep's condition
+                audit.record_bypass(self, facts.kind, body, sweep_body)
         else:
             self.emit(body, "Normal", "CheckpointGuardReleased", f"{facts.kind} {name} deletion released: {decision.reason}")
         return decision

@@ -139,6 +139,10 @@ class OperatorMetrics:
             "trainingsweep_guard_holds", "Deletions held by the checkpoint guard (one per hold, retries included)",
             ["namespace", "sweep", "kind"], registry=self.registry,
         )
+        self.guard_bypasses = Counter(
+            "trainingsweep_guard_bypasses", "Deletions released through the escape hatch, unverified (issue 15)",
+            ["namespace", "sweep", "kind"], registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
 
     # ------------------------------------------------------------------ events of the controller
@@ -165,6 +169,9 @@ class OperatorMetrics:
         with self._lock:
             held = self._holds.get((kind, namespace, name))
             self._holds[(kind, namespace, name)] = _Hold(namespace, sweep, min(since, held.since) if held else since)
+
+    def guard_bypassed(self, kind: str, namespace: str, sweep: str) -> None:
+        self.guard_bypasses.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
 
     def guard_released(self, kind: str, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}

@@ -1,0 +1,66 @@
+"""Every use of the checkpoint guard's escape hatch, recorded: a metric, a log line naming who set it (as far as
+the API says), and the sweep's CheckpointsVerified condition (issue 15)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from . import constants
+
+log = logging.getLogger(__name__)
+
+BYPASS_REASON = "VerificationBypassed"
+
+
+def annotation_setters(body: Mapping[str, Any], key: str = constants.ANNOTATION_SKIP_VERIFICATION) -> list[str]:
+    """The field managers that own `metadata.annotations[key]` (server-side apply's managedFields: `kubectl
+    annotate` shows as `kubectl-annotate`, an SSA user by the `--field-manager` it chose). Kubernetes records no
+    user name on an object; the API server's audit log has it. Empty when no manager owns it."""
+    owners = []
+    for entry in (body.get("metadata") or {}).get("managedFields") or []:
+        fields = ((entry.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations") or {}
+        if f"f:{key}" in fields:
+            owners.append(str(entry.get("manager") or "unknown"))
+    return sorted(set(owners))
+
+
+def describe_setter(*bodies: Mapping[str, Any] | None) -> str:
+    """Who set the escape hatch on any of the objects, for the log line and the condition."""
+    parts = []
+    for body in bodies:
+        if not body:
+            continue
+        meta = body.get("metadata") or {}
+        if constants.ANNOTATION_SKIP_VERIFICATION not in (meta.get("annotations") or {}):
+            continue
+        owners = annotation_setters(body)
+        where = f"{body.get('kind') or 'object'} {meta.get('name')}"
+        parts.append(f"{where} (field manager {', '.join(owners)})" if owners else f"{where} (field manager unknown)")
+    return "; ".join(parts) or "unknown"
+
+
+def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_body: Mapping[str, Any] | None) -> None:
+    """Called by SweepController._guard when a deletion is released because the escape hatch is set."""
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    sweep = ((sweep_body or {}).get("metadata") or {}).get("name") or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or ""
+    setter = describe_setter(body, sweep_body)
+    controller.metrics.guard_bypassed(kind, namespace, sweep)
+    log.warning(
+        "checkpoint guard BYPASSED: %s %s/%s released without verification through %s; set on %s",
+        kind, namespace, meta.get("name"), constants.ANNOTATION_SKIP_VERIFICATION, setter,
+    )
+    if sweep_body is None:
+        return
+    sweep_meta = sweep_body.get("metadata") or {}
+    message = (f"{kind} {meta.get('name')} released without checkpoint verification: "
+               f"{constants.ANNOTATION_SKIP_VERIFICATION} set on {setter}")
+    try:
+        controller.kube.patch_sweep_status(
+            namespace, sweep_meta["name"],
+            {"conditions": controller._conditions(sweep_body.get("status") or {}, sweep_meta.get("generation"),
+                                                  ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]))},
+        )
+    except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
+        log.warning("cannot record the bypass on sweep %s/%s: %s", namespace, sweep_meta.get("name"), exc)
