@@ -262,3 +262,27 @@ def test_server_dry_run_validates_and_stores_nothing(kubectl: Any, ns: str) -> N
     assert kubectl("get", "tsw", "dry", "-o", "jsonpath={.spec.tune.numSamples}").stdout == "8"
     assert kubectl("delete", "tsw", "dry", "--dry-run=server").returncode == 0
     assert kubectl("get", "tsw", "dry", "-o", "name").stdout.strip().endswith("/dry")
+
+
+def test_custom_resources_take_no_unconditional_update_nor_a_create_with_a_resource_version(
+    server: EmulatorServer, ns: str
+) -> None:
+    """customresource/strategy.go AllowUnconditionalUpdate() false -> registry/store.go Update's
+    `metadata.resourceVersion: Invalid value: 0x0: must be specified for an update`; storage/etcd3/store.go Create:
+    `resourceVersion should not be set on objects to be created`."""
+    import kubernetes.client
+
+    custom = kubernetes.client.CustomObjectsApi(server.api_client())
+    created = custom.create_namespaced_custom_object(G, V, ns, P, cpu_sweep("rv", ns))
+    body = {**created, "metadata": {k: v for k, v in created["metadata"].items() if k != "resourceVersion"}}
+    with pytest.raises(kubernetes.client.ApiException) as unconditional:
+        custom.replace_namespaced_custom_object(G, V, ns, P, "rv", body)
+    assert unconditional.value.status == 422
+    assert ('trainingsweeps.sweeps.dev \\"rv\\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be '
+            "specified for an update") in unconditional.value.body
+    replaced = custom.replace_namespaced_custom_object(G, V, ns, P, "rv", created)  # with it, fine
+    assert replaced["metadata"]["name"] == "rv"
+    with pytest.raises(kubernetes.client.ApiException) as recreated:
+        custom.create_namespaced_custom_object(G, V, ns, P, {**created, "metadata": {
+            "name": "rv2", "resourceVersion": created["metadata"]["resourceVersion"]}})
+    assert recreated.value.status == 500 and "should not be set on objects to be created" in recreated.value.body

@@ -1477,6 +1477,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             namespace = namespace or body_ns or "default"
         else:
             namespace = None
+        if (data.get("metadata") or {}).get("resourceVersion"):
+            # storage/etcd3/store.go Create, surfaced as an internal error by the generic registry
+            raise ApiError(500, "InternalError", "resourceVersion should not be set on objects to be created")
         obj = self._stamp_new(resource_type, namespace, data)
         name = obj["metadata"]["name"]
         if self._current(resource_type, namespace, name) is not None:
@@ -1683,6 +1686,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             raise ApiError(400, "BadRequest", "the request body must be a JSON object")
         self._check_precondition(resource_type, old, data)
         if mode == "replace":
+            if resource_type.custom and not (data.get("metadata") or {}).get("resourceVersion"):
+                # customresource/strategy.go AllowUnconditionalUpdate is false: registry/store.go Update refuses
+                error = crd_schema.FieldError("FieldValueInvalid", "metadata.resourceVersion",
+                                              crd_schema.GoLiteral("0x0"), "must be specified for an update")
+                raise _InvalidObject(crd_schema.invalid_status(resource_type.plural, resource_type.group,
+                                                               old["metadata"]["name"], [error]))
             return copy.deepcopy(data)  # server-owned metadata is restored by replace_object (managedFields kept)
         if mode == "application/strategic-merge-patch+json" and resource_type.custom:
             raise ApiError(

@@ -46,6 +46,8 @@ _OMIT = object()
 
 def go_value(value: Any) -> str:
     """A value as field.Error.ErrorBody prints it (%q for strings, %v for numbers and bools, %#v otherwise)."""
+    if isinstance(value, GoLiteral):
+        return str(value)
     if value is None:
         return '"null"'  # ErrorBody turns a nil value into the string "null", then quotes it
     if isinstance(value, bool):
@@ -93,6 +95,10 @@ def go_number(value: float | int) -> str:
         sign = "-" if exponent.startswith("-") else "+"
         return f"{mantissa}e{sign}{exponent.lstrip('+-').zfill(2)}"
     return text
+
+
+class GoLiteral(str):
+    """A bad value printed verbatim (a uint64 zero prints as 0x0 under %#v)."""
 
 
 @dataclass(frozen=True)
