@@ -44,7 +44,17 @@ def _quantity(value: Any) -> str:
 
 
 # A positive Kubernetes quantity, kept as the user wrote it (ints become strings).
-Quantity = Annotated[str, BeforeValidator(_quantity), Field(json_schema_extra={"x-quantity": True})]
+Quantity = Annotated[str, BeforeValidator(_quantity), Field(max_length=64, json_schema_extra={"x-quantity": True})]
+
+# Size limits on every spec string, list and map (issue 15): the API server refuses an oversized object before
+# any controller or CEL rule spends time on it. Patterns here go to the CRD only; the validators below check
+# the same forms in the parser with messages that name what is allowed.
+TRAIN_LOOP_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+STORAGE_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+REGION_PATTERN = r"^([a-z]{2}(-[a-z]+)+-[0-9]+)?$"
+ENDPOINT_PATTERN = r"^(https?://[^\s/]+(:[0-9]+)?/?)?$"
+NAME_MAX = 128  # metric and attribute names
 
 
 def _train_loop(value: str) -> str:
@@ -103,7 +113,9 @@ class SchedulerSpec(ApiModel):
         "(R18), so PBT could never exploit and every trial would train as under fifo.",
     )
     time_attr: str = Field(
-        "training_iteration", description="Metric used as time by the scheduler (asha, hyperband, median, pbt)."
+        "training_iteration",
+        max_length=NAME_MAX,
+        description="Metric used as time by the scheduler (asha, hyperband, median, pbt).",
     )
     max_t: int = Field(100, ge=1, description="asha/hyperband: maximum time units per trial.")
     grace_period: int = Field(1, ge=1, description="asha/median: time units before a trial may be stopped.")
@@ -119,6 +131,7 @@ class TuneSpec(ApiModel):
     metric: str | None = Field(
         None,
         min_length=1,
+        max_length=NAME_MAX,
         description="Metric the train loop reports (e.g. val_loss). Required by every scheduler but fifo "
         "and by optuna; without it no best trial is chosen.",
     )
@@ -154,9 +167,11 @@ class TrialSpec(ApiModel):
 
 
 class Toleration(ApiModel):
-    key: str = Field("", description="Taint key the toleration applies to; empty with Exists matches all.")
+    key: str = Field(
+        "", max_length=317, description="Taint key the toleration applies to; empty with Exists matches all."
+    )
     operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal or Exists.")
-    value: str = Field("", description="Taint value (Equal only).")
+    value: str = Field("", max_length=63, description="Taint value (Equal only).")
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
         "", description="Taint effect to match; empty matches all."
     )
@@ -166,14 +181,16 @@ class Toleration(ApiModel):
 class WorkerGroupSpec(ApiModel):
     instance_type: str = Field(
         "",
+        max_length=64,
         description="EKS instance type of the GPU nodes (e.g. g5.2xlarge). Every worker must fit one node (R14). "
         "Required when trial.resourcesPerWorker.gpu > 0.",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict,
+        max_length=32,
         description="Extra node labels for worker pods; node.kubernetes.io/instance-type is added from instanceType.",
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for worker pods.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for worker pods.")
     min_replicas: int = Field(0, ge=0, description="Worker pods kept even when idle (autoscaler minimum).")
 
 
@@ -185,14 +202,27 @@ class HeadSpec(ApiModel):
 class StorageSpec(ApiModel):
     uri: Annotated[str, AfterValidator(_storage_uri)] = Field(
         ...,
+        max_length=1024,
+        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
         description="s3://bucket/prefix where every run gets <namespace>/<sweep>-<runId>/ (R11, R16).",
     )
-    region: str = Field("", description="AWS region of the bucket; empty: the SDK's default chain.")
+    region: str = Field(
+        "",
+        max_length=32,
+        json_schema_extra={"pattern": REGION_PATTERN},
+        description="AWS region of the bucket; empty: the SDK's default chain.",
+    )
     endpoint_url: str = Field(
-        "", description="S3-compatible endpoint (MinIO, a local test server); empty: AWS S3."
+        "",
+        max_length=512,
+        json_schema_extra={"pattern": ENDPOINT_PATTERN},
+        description="S3-compatible endpoint (MinIO, a local test server); empty: AWS S3. The operator may "
+        "allow only some hosts (its allowedEndpointHosts setting).",
     )
     service_account_name: str = Field(
         "sweep-runner",
+        max_length=253,
+        json_schema_extra={"pattern": DNS_SUBDOMAIN_PATTERN},
         description="Service account of the head, worker and submitter pods (its IRSA role grants the bucket).",
     )
 
@@ -200,7 +230,7 @@ class StorageSpec(ApiModel):
 class CheckpointsSpec(ApiModel):
     num_to_keep: int = Field(2, ge=1, description="Checkpoints kept per trial (the latest is always kept).")
     score_attribute: str | None = Field(
-        None, min_length=1, description="Metric that ranks checkpoints; unset: tune.metric."
+        None, min_length=1, max_length=NAME_MAX, description="Metric that ranks checkpoints; unset: tune.metric."
     )
     score_order: Literal["min", "max"] | None = Field(
         None, description="min or max for scoreAttribute; unset: tune.mode."
@@ -250,15 +280,21 @@ class DeletionSpec(ApiModel):
 
 
 class SweepSpec(ApiModel):
-    image: str = Field(..., min_length=1, description="Training image with ray 2.58.0 and this package.")
+    image: str = Field(
+        ..., min_length=1, max_length=512, description="Training image with ray 2.58.0 and this package."
+    )
     ray_version: Literal["2.58.0"] = Field(
         constants.SUPPORTED_RAY_VERSION, description="Ray version of the image; only 2.58.0 is supported (R1)."
     )
     train_loop: Annotated[str, AfterValidator(_train_loop)] = Field(
-        ..., description="module:function of the per-worker train loop in the image."
+        ...,
+        max_length=256,
+        json_schema_extra={"pattern": TRAIN_LOOP_PATTERN},
+        description="module:function of the per-worker train loop in the image.",
     )
     param_space: dict[str, ParamValue] = Field(
         default_factory=dict,
+        max_length=64,
         description="Hyper-parameters: a constant, or one of {choice: [..]}, {grid: [..]}, {uniform: [lo, hi]}, "
         "{loguniform: [lo, hi]}, {randint: [lo, hi]}, {quniform: [lo, hi, q]}.",
     )

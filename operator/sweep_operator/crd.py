@@ -157,8 +157,15 @@ def _type_schema(annotation: Any, info: FieldInfo | None) -> dict[str, Any]:
     raise TypeError(f"no CRD schema for {annotation!r}")
 
 
-def _constraints(info: FieldInfo) -> dict[str, Any]:
+# A pydantic max_length, by the JSON type it bounds.
+_MAX_KEYWORD = {"array": "maxItems", "object": "maxProperties"}
+
+
+def _constraints(info: FieldInfo, json_type: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "pattern" in extra:  # CRD-only patterns (api.py: the parser checks the same form with its own message)
+        out["pattern"] = extra["pattern"]
     for meta in info.metadata:
         if isinstance(meta, annotated_types.Ge):
             out["minimum"] = meta.ge
@@ -169,6 +176,8 @@ def _constraints(info: FieldInfo) -> dict[str, Any]:
             out["maximum"] = meta.le
         elif isinstance(meta, annotated_types.MinLen):
             out["minLength"] = meta.min_length
+        elif isinstance(meta, annotated_types.MaxLen):
+            out[_MAX_KEYWORD.get(json_type or "", "maxLength")] = meta.max_length
     return out
 
 
@@ -192,7 +201,7 @@ def model_schema(model: type[BaseModel], with_defaults: bool = True) -> dict[str
         key = info.alias or name
         prop = {"description": info.description or ""}
         prop.update(_type_schema(info.annotation, info))
-        prop.update(_constraints(info))
+        prop.update(_constraints(info, prop.get("type")))
         if info.is_required():
             required.append(key)
         elif with_defaults:

@@ -113,6 +113,11 @@ def _pydantic_problem(err: dict[str, Any]) -> Problem:
         return Problem(path, f"got {_fmt(given)}; must be a number")
     if kind.startswith("bool_"):
         return Problem(path, f"got {_fmt(given)}; must be true or false")
+    if kind == "string_too_long":
+        return Problem(path, f"got {len(given)} characters; at most {ctx.get('max_length')} allowed")
+    if kind == "too_long":
+        what = "entries" if isinstance(given, dict) else "characters" if isinstance(given, str) else "items"
+        return Problem(path, f"got {len(given)} {what}; at most {ctx.get('max_length')} allowed")
     if kind.startswith("string_"):
         if kind == "string_too_short":
             return Problem(path, f"got {_fmt(given)}; must not be empty")

@@ -183,6 +183,55 @@ def test_crd_schema_refuses_what_the_api_server_would(changes: dict[str, Any], c
     assert errors(crd_validator, changed(cpu_sweep(), changes))
 
 
+# Size limits and patterns (issue 15): the API server refuses these before the operator sees them, and the
+# validator (webhook, sweepctl validate) refuses the same, naming the field.
+SIZE_AND_PATTERN_CASES = {
+    "image too long": ({"spec.image": "r.example/" + "a" * 600}, "spec.image"),
+    "trainLoop too long": ({"spec.trainLoop": "m" * 300 + ":f"}, "spec.trainLoop"),
+    "trainLoop not module:function": ({"spec.trainLoop": "pkg.mod.fn"}, "spec.trainLoop"),
+    "trainLoop with spaces": ({"spec.trainLoop": "pkg.mod: fn"}, "spec.trainLoop"),
+    "uri not s3": ({"spec.storage.uri": "https://bucket/prefix"}, "spec.storage.uri"),
+    "uri without prefix": ({"spec.storage.uri": "s3://bucket/"}, "spec.storage.uri"),
+    "uri too long": ({"spec.storage.uri": "s3://bucket/" + "p" * 1100}, "spec.storage.uri"),
+    "service account not a name": ({"spec.storage.serviceAccountName": "Runner_A"}, "spec.storage.serviceAccountName"),
+    "endpoint with a path": ({"spec.storage.endpointUrl": "http://minio:9000/evil/path"}, "spec.storage.endpointUrl"),
+    "region not a region": ({"spec.storage.region": "oregon"}, "spec.storage.region"),
+    "paramSpace too many": ({"spec.paramSpace": {f"p{i}": 1 for i in range(65)}}, "spec.paramSpace"),
+    "tolerations too many": ({"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]}, "spec.workerGroup.tolerations"),
+    "nodeSelector too many": ({"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}}, "spec.workerGroup.nodeSelector"),
+    "quantity too long": ({"spec.trial.resourcesPerWorker.memory": "1" * 65}, "spec.trial.resourcesPerWorker.memory"),
+    "metric too long": ({"spec.tune.metric": "m" * 129}, "spec.tune.metric"),
+}
+
+
+@pytest.mark.parametrize(("changes", "path"), SIZE_AND_PATTERN_CASES.values(), ids=SIZE_AND_PATTERN_CASES.keys())
+def test_size_limits_and_patterns_are_refused_by_the_crd_and_the_validator(
+    changes: dict[str, Any], path: str, crd_validator: Any
+) -> None:
+    doc = changed(cpu_sweep(), changes)
+    assert errors(crd_validator, doc), "the CRD schema admits it"
+    assert path in {p.path for p in validate_sweep(doc)}
+
+
+def test_every_spec_string_list_and_map_is_bounded() -> None:
+    spec = openapi_schema()["properties"]["spec"]
+    unbounded = []
+    for path, prop, _ in walk(spec):
+        kind = prop.get("type") or ("int-or-string" if prop.get("x-kubernetes-int-or-string") else None)
+        if kind == "string" and "enum" not in prop and "maxLength" not in prop:
+            unbounded.append(path)
+        if kind == "int-or-string" and "maxLength" not in prop:
+            unbounded.append(path)
+        if kind == "array" and "maxItems" not in prop:
+            unbounded.append(path)
+        if kind == "object" and "properties" not in prop and "maxProperties" not in prop:
+            unbounded.append(path)  # a map
+    assert unbounded == []
+    props = spec["properties"]
+    assert props["trainLoop"]["pattern"] and props["storage"]["properties"]["uri"]["pattern"].startswith("^s3://")
+    assert props["storage"]["properties"]["serviceAccountName"]["pattern"]
+
+
 def test_crd_defaults_match_the_model_defaults() -> None:
     """The API server's defaults (from the CRD) and the parser's defaults are the same values."""
     from sweep_operator.api import SweepSpec

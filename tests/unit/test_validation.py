@@ -67,6 +67,18 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str, str]] = [
     ("over-worker-cap", {"spec.trial.workers": 10}, "spec.trial.workers", "maxWorkersPerSweep 16"),
     ("toleration-exists-with-value", {"spec.workerGroup.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "spec.workerGroup.tolerations[0].value", "Exists"),
     ("score-attribute-without-order", {"spec.checkpoints": {"scoreAttribute": "acc"}, "spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.scheduler": {"type": "fifo"}}, "spec.checkpoints.scoreOrder", "'acc'"),
+    # Size limits (issue 15): every string, list and map is bounded, in the CRD and here.
+    ("image-too-long", {"spec.image": "registry.example/" + "a" * 600}, "spec.image", "at most 512"),
+    ("train-loop-too-long", {"spec.trainLoop": "m" * 300 + ":f"}, "spec.trainLoop", "at most 256"),
+    ("storage-uri-too-long", {"spec.storage.uri": "s3://bucket/" + "p" * 1100}, "spec.storage.uri", "at most 1024"),
+    ("metric-name-too-long", {"spec.tune.metric": "m" * 129}, "spec.tune.metric", "at most 128"),
+    ("param-space-too-many", {"spec.paramSpace": {f"p{i}": 1 for i in range(65)}}, "spec.paramSpace", "65 entries; at most 64"),
+    ("tolerations-too-many", {"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]}, "spec.workerGroup.tolerations", "33 items; at most 32"),
+    ("node-selector-too-many", {"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}}, "spec.workerGroup.nodeSelector", "at most 32"),
+    ("quantity-too-long", {"spec.head.memory": "1" * 65}, "spec.head.memory", "at most 64"),
+    ("toleration-value-too-long", {"spec.workerGroup.tolerations": [{"key": "k", "value": "v" * 64}]}, "spec.workerGroup.tolerations[0].value", "at most 63"),
+    ("service-account-not-a-name", {"spec.storage.serviceAccountName": "Runner_A"}, "spec.storage.serviceAccountName", "DNS-1123"),
+    ("verification-timeout-over-cap", {"spec.deletion.verificationTimeoutSeconds": 7200}, "spec.deletion.verificationTimeoutSeconds", "maxVerificationTimeoutSeconds 1800"),
 ]
 
 
