@@ -66,7 +66,8 @@ def assert_runs_as_non_root_numeric_user(steps: list[Instruction]) -> None:
 def test_operator_image_is_slim_python_running_as_a_numeric_non_root_user() -> None:
     steps = instructions(DOCKER / "Dockerfile.operator")
     for base in arguments_of(steps, "FROM"):
-        assert base.split()[0] == "python:3.12-slim", base
+        # an exact patch release of 3.12 slim (issue 15 pins bases), optionally by digest too
+        assert re.fullmatch(r"python:3\.12\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", base.split()[0]), base
     final = final_stage(DOCKER / "Dockerfile.operator")
     assert_runs_as_non_root_numeric_user(final)
     # The same uid the chart's securityContext uses, so runAsUser and the image agree.
