@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .schema_cel import CelError, compile_fast
+
 Obj = dict[str, Any]
 
 # metav1.ObjectMeta's JSON fields: what decoding a CR's metadata (or an embedded resource's) keeps.
@@ -227,8 +229,10 @@ class Rule:
     reason: str = ""
     optional_old_self: bool = False
     uses_old_self: bool = False
-    program: Any = None
+    program: Any = None  # cel-python's
     message_program: Any = None
+    fast: Any = None  # schema_cel's closure when the rule is in its subset (checked against cel-python's by a test)
+    fast_message: Any = None
 
     def default_message(self) -> str:
         """cel/validation.go ruleMessageOrDefault."""
@@ -717,10 +721,12 @@ class CelCompiler:
     def compile_rule(self, rule: Rule, node: Node, path: str) -> None:
         where = f"{path or '<root>'} x-kubernetes-validations {rule.rule!r}"
         rule.program = self._program(rule.rule, where)
+        rule.fast = compile_fast(rule.rule)
         rule.uses_old_self = bool(re.search(r"\boldSelf\b", rule.rule))
         self._check_references(rule.rule, node, where)
         if rule.message_expression:
             rule.message_program = self._program(rule.message_expression, f"{where} messageExpression")
+            rule.fast_message = compile_fast(rule.message_expression)
         if rule.field_path and not _valid_field_path(rule.field_path, node):
             raise SchemaError(f"{where}: fieldPath {rule.field_path!r} does not name a declared field")
 
@@ -792,6 +798,12 @@ def _cel_error(rule: Rule, path: str, node: Node, detail: str, value: Any) -> Fi
 
 def _cel_error_text(error: Any) -> str:
     """cel-go's wording for the runtime errors a rule meets most (`no such key: metric`)."""
+    if isinstance(error, CelError):
+        text = str(error)
+        if text == "no such overload":
+            return ("'no such overload': call arguments did not match a supported operator, function or macro "
+                    "signature")
+        return text
     text = repr(getattr(error, "args", error))
     match = re.search(r"no such member in mapping: '([^']*)'", text)
     if match:
@@ -880,15 +892,18 @@ def _evaluate(
 def _evaluate_now(
     value: Any, node: Node, rules: list[Rule], path: str, errors: list[FieldError], cel: CelCompiler, old: Any
 ) -> None:
-    activation = {"self": cel.to_cel(value)}
     has_old = old is not _OMIT
-    if has_old:
-        activation["oldSelf"] = cel.to_cel(old)
+    plain = {"self": value, "oldSelf": old} if has_old else {"self": value}
+    activation: dict[str, Any] | None = None
     for rule in rules:
         if rule.uses_old_self and not has_old and not rule.optional_old_self:
             continue  # a transition rule runs only on an update with a correlated old value
+        if rule.fast is None and activation is None:
+            activation = {name: cel.to_cel(v) for name, v in plain.items()}
         try:
-            result = rule.program.evaluate(activation)
+            result = rule.fast(plain) if rule.fast is not None else rule.program.evaluate(activation)
+            if rule.fast is not None and not isinstance(result, bool):
+                raise CelError("no such overload")
         except Exception as e:
             errors.append(FieldError("FieldValueInvalid", path, node.cel_type,
                                      f"{_cel_error_text(e)} evaluating rule: {rule.error_string()}"))
@@ -902,7 +917,11 @@ def _evaluate_now(
         detail = rule.default_message()
         if rule.message_program is not None:
             try:
-                message = rule.message_program.evaluate(activation)
+                if rule.fast_message is not None:
+                    message = rule.fast_message(plain)
+                else:
+                    activation = activation or {name: cel.to_cel(v) for name, v in plain.items()}
+                    message = rule.message_program.evaluate(activation)
                 if isinstance(message, str) and message.strip() and "\n" not in message:
                     detail = message.strip()
             except Exception:

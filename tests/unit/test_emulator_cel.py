@@ -1,0 +1,124 @@
+"""The emulator's fast CEL subset (sandbox/schema_cel.py) against cel-python on every rule it takes."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from sweep_operator.sandbox import emulator
+from sweep_operator.sandbox.schema import CelCompiler, _json_type
+from sweep_operator.sandbox.schema_cel import CelError, compile_fast
+from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
+
+
+def outcome_fast(program: Any, env: dict[str, Any]) -> Any:
+    try:
+        return program(env)
+    except CelError:
+        return "error"
+
+
+def outcome_celpy(cel: CelCompiler, text: str, env: dict[str, Any]) -> Any:
+    program = cel._program(text, "test")
+    try:
+        result = program.evaluate({k: cel.to_cel(v) for k, v in env.items()})
+    except Exception:
+        return "error"
+    if isinstance(result, Exception):
+        return "error"
+    return bool(result) if type(result).__name__ == "BoolType" else result
+
+
+def spec_corpus() -> list[Any]:
+    """Sweep specs as the apiserver hands them to the rules (defaulted, schema-typed), breaking every rule.
+
+    Only schema-typed values: there cel-python is laxer than cel-go (has() over a missing map, 1.0 == 0 an error),
+    cases test_fast_subset_semantics_follow_cel_spec pins to cel-go's behaviour.
+    """
+    schema = emulator.compiled_schema("TrainingSweep", "sweeps.dev", emulator.sweep_crd()["spec"]["versions"][0])
+    variants = [
+        {}, {"spec.tune.mode": DELETE}, {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE},
+        {"spec.tune.scheduler": {"type": "asha", "gracePeriod": 9, "maxT": 3}}, {"spec.tune.searcher": {"type": "optuna"}},
+        {"spec.workerGroup.minReplicas": 99}, {"spec.deadlines.activeSeconds": DELETE},
+        {"spec.deadlines.startupSeconds": 99999}, {"spec.deadlines.gracefulStopSeconds": 99999},
+        {"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 1},
+    ]
+    specs = []
+    for base, change in itertools.product((cpu_sweep(), gpu_sweep()), variants):
+        doc = changed(base, change)
+        schema.decode(doc)
+        assert not [e for e in schema.errors(doc) if e.type != "FieldValueInvalid"]  # no type error: CEL runs
+        specs.append(doc["spec"])
+    return specs
+
+
+def rules_of_loaded_crds() -> list[tuple[str, str, str]]:
+    """(where, schema type of the rule's node, rule) for every rule of every CRD the emulator loads."""
+    found = []
+    for crd in [emulator.sweep_crd(), *emulator.kuberay_crds()]:
+        for version in crd["spec"]["versions"]:
+            compiled = emulator.compiled_schema(crd["spec"]["names"]["kind"], crd["spec"]["group"], version)
+            stack = [("", compiled.root)]
+            while stack:
+                path, node = stack.pop()
+                found += [(f"{crd['metadata']['name']}:{path}", node.type, rule.rule) for rule in node.rules]
+                stack += [(f"{path}.{k}", c) for k, c in node.properties.items()]
+                stack += [(f"{path}[*]", c) for c in (node.additional, node.items) if c is not None]
+    return sorted(set(found))
+
+
+VALUES: list[Any] = [
+    {}, {"jobStatus": "SUCCEEDED"}, {"jobDeploymentStatus": "Complete"},
+    {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed"}, {"onSuccess": {"policy": "DeleteCluster"}},
+    {"onSuccess": {}, "onFailure": {}}, {"deletionRules": []}, {"onSuccess": {}, "deletionRules": [{}]},
+    "ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue", "other", "redis", "", 3, None,
+]
+
+
+@pytest.mark.parametrize(("where", "node_type", "rule"), rules_of_loaded_crds())
+def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str, node_type: str, rule: str) -> None:
+    """The subset evaluator replaces cel-python only where both give the same answer (result or error), on values
+    of the rule's schema type (the only ones that reach a rule: a type error blocks CEL, strategy.go)."""
+    program = compile_fast(rule)
+    if program is None:
+        pytest.skip("outside the fast subset: cel-python evaluates it")
+    cel = CelCompiler()
+    corpus = spec_corpus() if where.startswith("trainingsweeps") else VALUES
+    corpus = [v for v in corpus if _json_type(v) == node_type or (node_type == "number" and _json_type(v) == "integer")]
+    assert corpus, (where, node_type)
+    for value, old in itertools.product(corpus, [None, *corpus[:3]]):
+        env = {"self": value} if old is None else {"self": value, "oldSelf": old}
+        assert outcome_fast(program, env) == outcome_celpy(cel, rule, env), (rule, value, old)
+
+
+@pytest.mark.parametrize(("expression", "wanted"), [
+    ("1 == 1.0", True),  # heterogeneous numeric equality (cel-go, as Kubernetes enables it)
+    ("true == 1", False),  # a bool is no number
+    ("2 < 2.5", True),
+    ("7 / -2 == -3 && -7 % 2 == -1", True),  # truncated division, as Go
+    ("'b' > 'a' && 'a' + 'b' == 'ab'", True),
+    ("[1, 2] == [1, 2] && 2 in [1, 2] && !(3 in [1, 2])", True),
+    ("true || self.missing", True),  # errors absorbed by ||
+    ("self.missing && false", False),  # and by &&
+    ("false || self.missing", "error"),
+    ("1 + 2.0 == 3.0", "error"),  # no implicit int/double arithmetic
+    ("has(self.a) ? self.a.b == 1 : false", True),
+    ("!has(self.x) || self.x > 0", True),
+    ("self.a.c", "error"),
+    ("1 / 0 == 1", "error"),
+    ("has(self.missing.x)", "error"),  # has() tests the last field only: the operand errors (cel-go)
+    ("self.a.b == 1.0", True),
+])
+def test_fast_subset_semantics_follow_cel_spec(expression: str, wanted: Any) -> None:
+    """cel-spec langdef.md: logical operators, equality, arithmetic, has() and errors."""
+    program = compile_fast(expression)
+    assert program is not None
+    assert outcome_fast(program, {"self": {"a": {"b": 1}}}) == wanted
+
+
+def test_expressions_outside_the_subset_are_left_to_cel_python() -> None:
+    for expression in ("self.size() > 0", "self.all(x, x > 0)", "int(self) > 1", "self.matches('^a')",
+                       "'\\u00e9' == self", "[1,2].isSorted()"):
+        assert compile_fast(expression) is None, expression
