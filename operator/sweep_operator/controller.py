@@ -840,6 +840,7 @@ class SweepController:
         if new_phase == "DeadlineExceeded" and facts.reason == "DeadlineExceeded" and not any(c[0] == "DeadlineExceeded" for c in conditions):
             message = f"KubeRay stopped RayJob {facts.name}: activeDeadlineSeconds exceeded"
             conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
+            self.metrics.deadline_stopped(namespace, name)
         if new_phase != phase and not conditions:
             message = self._phase_message(new_phase, facts)
         patch.update(

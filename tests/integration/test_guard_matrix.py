@@ -152,7 +152,7 @@ def _apply(cell: Cell) -> None:
     if cell.row == "kuberay-deletes-cluster":
         outcomes = (Outcome.succeed(8.0, startup=1.0),)
     elif cell.row == "deadline-stop":
-        changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 60, "gracefulStopSeconds": 2}
+        changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}
     elif cell.row == "retry-then-delete":
         changes["spec__failurePolicy__jobRetries"] = 1
         outcomes = (Outcome.fail(8.0, startup=1.0), Outcome.hang())
@@ -163,6 +163,8 @@ def _apply(cell: Cell) -> None:
     bucket, prefix = env.run_root(cell.name)
     cell.root = f"s3://{bucket}/{prefix}"
     cell.synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    if cell.row == "deadline-stop":
+        env.report_trials_running(bucket, prefix)  # the startup clock (20 s) stops before the deadline (30 s)
 
 
 def _break(cell: Cell) -> str:

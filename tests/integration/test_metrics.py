@@ -97,6 +97,7 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
         env.apply(late)
         bucket, prefix = env.run_root(late["metadata"]["name"], NS)
         write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+        env.report_trials_running(bucket, prefix)  # a trial runs: the startup clock (20 s) stops before the deadline
 
         first = env.new_sweep("first", namespace=NS, gpu=True, spec__tune__maxConcurrentTrials=1)
         second = env.new_sweep("second", namespace=NS, gpu=True, spec__tune__maxConcurrentTrials=1)

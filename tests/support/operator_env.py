@@ -132,6 +132,14 @@ class OperatorEnv:
             constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"metadata": {"annotations": annotations}}
         )
 
+    def report_trials_running(self, bucket: str, prefix: str, running: int = 1) -> None:
+        """Write the driver's `_sweep/status.json` as a run with trials running: scripted jobs write nothing, and
+        the startup clock stops only when a trial runs."""
+        import json
+
+        doc = {"phase": "Running", "trials": {"total": running, "running": running}, "updatedAt": "2026-12-02T10:00:00Z"}
+        self.s3_client.put_object(Bucket=bucket, Key=f"{prefix}/_sweep/status.json", Body=json.dumps(doc).encode())
+
     def run_root(self, name: str, namespace: str = "default") -> tuple[str, str]:
         """(bucket, prefix) of the sweep's current run."""
         run_id = self.wait_status(name, lambda s: s.get("runId"), "runId", namespace)["runId"]
