@@ -1,7 +1,7 @@
 """A Kubernetes API on 127.0.0.1 for the sandbox and the tests: kmock's emulator with its gaps closed.
 
-Adds what kopf, kubectl and the kubernetes client rely on (object metadata, resourceVersion watches, status
-subresource, selectors, server-side tables, ownerReference garbage collection) and injectable API errors.
+Adds what kopf, kubectl and the kubernetes client rely on (metadata, resourceVersion watches, subresources, tables,
+garbage collection, OpenAPI, server-side apply) and custom resources as strict as kube-apiserver (schema.py).
 """
 
 from __future__ import annotations
@@ -1672,7 +1672,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if resource_type.schema is not None:
             self._decode(resource_type, applied, directive, warnings, defaults=False)
         return managed_fields.apply(old, applied, manager, resource_type.api_version, force, subresource,
-                                    strip_defaults=resource_type.schema)
+                                    defaults=resource_type.schema)
 
     def _apply_change(self, resource_type: ResourceType, old: Obj, data: Any, mode: str) -> Obj:
         if mode == "application/json-patch+json":

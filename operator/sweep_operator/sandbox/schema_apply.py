@@ -325,7 +325,7 @@ def _entry(manager: str, api_version: str, subresource: str | None, tree: Obj) -
 
 def apply(
     old: Obj, applied: Obj, manager: str, api_version: str, force: bool, subresource: str | None,
-    strip_defaults: Any = None,
+    defaults: Any = None,
 ) -> Obj:
     """Merge an applied configuration into `old` by ownership; raises ApplyConflict unless `force`.
 
@@ -377,6 +377,6 @@ def apply(
         entry["subresource"] = subresource
     new_entries.append(entry)
     _write_entries(result, new_entries)
-    if strip_defaults is not None:
-        strip_defaults.apply_defaults(result)
+    if defaults is not None:  # the merged object is defaulted, the applier's field set is what it sent
+        defaults.apply_defaults(result)
     return result
