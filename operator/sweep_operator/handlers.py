@@ -192,7 +192,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         # wait on S3 in those threads, and the API server's admission call must never queue behind them.
         # admission_problems is pure (parse and compare; no S3, no API call).
         @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
-        async def sweep_admission(body: kopf.Body, old: Any, **_: Any) -> None:
+        async def sweep_admission(body: kopf.Body, old: Any, userinfo: Any = None, **_: Any) -> None:
+            _log_escape_hatch(body, old, userinfo)
             problems = controller.admission_problems(body, old)
             if problems:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
@@ -229,6 +230,20 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         return _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
 
     return registry
+
+
+def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
+    """The webhook is the one place the API names the user: say who sets the escape hatch on a sweep it sees
+    (creates and spec changes; the guard's ValidatingAdmissionPolicy decides whether they may)."""
+    def skip(obj: Mapping[str, Any] | None) -> str | None:
+        return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(constants.ANNOTATION_SKIP_VERIFICATION)
+
+    if skip(body) is not None and skip(body) != skip(old):
+        meta = body.get("metadata") or {}
+        user = (userinfo or {}).get("username") or "unknown"
+        log.warning("escape hatch %s=%r set on TrainingSweep %s/%s by %s (groups %s)",
+                    constants.ANNOTATION_SKIP_VERIFICATION, skip(body), meta.get("namespace"), meta.get("name"),
+                    user, ", ".join((userinfo or {}).get("groups") or []) or "none")
 
 
 async def _off_loop_unless_queued(controller: SweepController, fn: Callable[..., None], *args: Any) -> None:

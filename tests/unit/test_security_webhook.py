@@ -5,9 +5,13 @@ thread pool where the guards wait on S3: kopf/_core/actions/invocation.py invoke
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import kopf
+import pytest
+
+from sweep_operator import constants
 
 from sweep_operator.handlers import WEBHOOK_ID, OperatorWiring, ReloadingWebhookServer, build_registry, configure_kopf
 from sweep_operator.settings import Settings
@@ -44,3 +48,23 @@ def test_the_validation_handler_is_a_coroutine_that_refuses_with_the_problems() 
     else:
         raise AssertionError("the handler admitted a refused sweep")
     assert controller.asked == [{"spec": {}}]
+
+
+def test_the_webhook_logs_who_sets_the_escape_hatch(caplog: pytest.LogCaptureFixture) -> None:
+    controller = NoController()
+    registry = build_registry(OperatorWiring(Settings(webhook_port=9443), controller))  # type: ignore[arg-type]
+    (handler,) = [h for h in registry._webhooks.get_all_handlers() if h.id == WEBHOOK_ID]
+    body = {"metadata": {"name": "digits", "namespace": "team-a",
+                         "annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}, "spec": {}}
+    userinfo = {"username": "alice@team-a", "groups": ["team-a:developers"]}
+    with caplog.at_level(logging.WARNING, logger="sweep_operator.handlers"):
+        try:
+            asyncio.run(handler.fn(body=body, old=None, userinfo=userinfo))
+        except kopf.AdmissionError:
+            pass
+        try:  # a spec change that leaves the annotation as it was: not a new use
+            asyncio.run(handler.fn(body=body, old=body, userinfo=userinfo))
+        except kopf.AdmissionError:
+            pass
+    (line,) = [r.getMessage() for r in caplog.records if "escape hatch" in r.getMessage()]
+    assert "team-a/digits" in line and "alice@team-a" in line and "team-a:developers" in line
