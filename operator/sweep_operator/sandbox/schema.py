@@ -281,6 +281,7 @@ class Node:
     rules_below: bool = False  # some descendant has x-kubernetes-validations
     defaulted: tuple[tuple[str, Node], ...] = ()  # properties with a default
     list_types_below: bool = False  # this node or a descendant is a list-type map or set
+    scalar_checks: bool = True  # a string or number here has more to pass than its type
 
     def child(self, key: str) -> Node | None:
         node = self.properties.get(key)
@@ -354,6 +355,9 @@ def compile_node(raw: Mapping[str, Any], path: str = "", cel: CelCompiler | None
     node.rules_below = any(c.rules or c.rules_below for c in children)
     node.defaulted = tuple((k, c) for k, c in node.properties.items() if c.has_default)
     node.list_types_below = node.list_type in ("map", "set") or any(c.list_types_below for c in children)
+    node.scalar_checks = any(v is not None for v in (
+        node.enum, node.pattern, node.min_length, node.max_length, node.minimum, node.maximum, node.multiple_of,
+        FORMATS.get(node.format)))
     return node
 
 
@@ -392,10 +396,13 @@ def prune(obj: Any, node: Node | None, path: str = "", *, root: bool = False, pr
                     del obj[key]
                     pruned.append(_join(path, key))
                 continue
-            prune(obj[key], child, _join(path, key), pruned=pruned)
+            value = obj[key]
+            if isinstance(value, dict | list):  # scalars have nothing to prune
+                prune(value, child, _join(path, key), pruned=pruned)
     elif isinstance(obj, list) and node.items is not None:
         for index, item in enumerate(obj):
-            prune(item, node.items, f"{path}[{index}]", pruned=pruned)
+            if isinstance(item, dict | list):
+                prune(item, node.items, f"{path}[{index}]", pruned=pruned)
     return pruned
 
 
@@ -490,7 +497,7 @@ def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: A
         errors.append(FieldError("FieldValueTypeInvalid", path, actual,
                                  f'{path} in body must be of type {type_name}: "{actual}"'))
         return
-    if value is None:
+    if value is None or not (node.scalar_checks or isinstance(value, dict | list)):
         return
     if isinstance(value, str):
         _validate_string(value, node, path, errors)
