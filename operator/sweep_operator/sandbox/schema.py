@@ -410,6 +410,11 @@ def prune(obj: Any, node: Node | None, path: str = "", *, root: bool = False, pr
 # Defaulting (pkg/apiserver/schema/defaulting/algorithm.go Default and prunenulls.go)
 
 
+def _copy(value: Any) -> Any:
+    """A default's own copy (scalars are immutable)."""
+    return json.loads(json.dumps(value)) if isinstance(value, dict | list) else value
+
+
 def default(obj: Any, node: Node | None) -> None:
     """Fill absent fields with their schema defaults, in place, top-down (a defaulted {} gets its own defaults).
 
@@ -424,12 +429,12 @@ def default(obj: Any, node: Node | None) -> None:
                 del obj[key]
         for key, child in node.defaulted:
             if key not in obj:
-                obj[key] = json.loads(json.dumps(child.default))
+                obj[key] = _copy(child.default)
         if node.additional is not None:
             for key in [k for k, v in obj.items() if v is None and k not in node.properties]:
                 if not node.additional.nullable:
                     if node.additional.has_default:
-                        obj[key] = json.loads(json.dumps(node.additional.default))
+                        obj[key] = _copy(node.additional.default)
                     else:
                         del obj[key]
         for key, value in obj.items():
@@ -438,7 +443,7 @@ def default(obj: Any, node: Node | None) -> None:
     elif isinstance(obj, list) and node.items is not None:
         for index, item in enumerate(obj):
             if item is None and node.items.has_default and not node.items.nullable:
-                obj[index] = json.loads(json.dumps(node.items.default))
+                obj[index] = _copy(node.items.default)
             elif isinstance(item, dict | list):
                 default(item, node.items)
 
