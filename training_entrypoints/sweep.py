@@ -68,15 +68,18 @@ class SweepPlan:
     deadline_at: float | None
 
 
-def plan_sweep(env: Mapping[str, str]) -> SweepPlan:
-    """Parse SWEEP_RUN_SPEC and SWEEP_DEADLINE_AT and build the search; EntrypointError/SpecError/ValueError on bad input."""
+def plan_sweep(env: Mapping[str, str], *, load_user_code: bool = True) -> SweepPlan:
+    """Parse SWEEP_RUN_SPEC and SWEEP_DEADLINE_AT and build the search; EntrypointError/SpecError/ValueError on bad input.
+
+    `load_user_code=False` leaves the trainLoop's import to the caller (main records the run's status first)."""
     run_spec = RunSpec.from_env(env)
     deadline_at = deadline_from_env(env)
     require_train_v2()
     spec = run_spec.spec
     if spec.tune.metric and not spec.tune.mode:
         raise EntrypointError(f"spec.tune.mode: required with metric {spec.tune.metric!r}")
-    load_train_loop(spec.train_loop)  # the image must have it; fail here rather than in every trial
+    if load_user_code:
+        load_train_loop(spec.train_loop)  # the image must have it; fail here rather than in every trial
     return SweepPlan(
         run_spec=run_spec,
         param_space=build_param_space(spec.param_space),
@@ -282,7 +285,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     env = os.environ if env is None else env
     try:
-        plan = plan_sweep(env)
+        plan = plan_sweep(env, load_user_code=False)
     except (EntrypointError, SpecError, ValueError) as exc:
         for line in str(exc).splitlines():
             print(f"sweep: {line}", file=sys.stderr)
@@ -293,6 +296,17 @@ def main(env: Mapping[str, str] | None = None) -> int:
         preflight.check_run_root(run_root)
     except preflight.PreflightError as exc:
         return _preflight_failed(run_root, exc)
+    # The run's status exists before any user code runs: the checkpoint guard reads "no checkpoint reported" from
+    # it, and a trainLoop that fails at import then never leaves a cluster held for nothing.
+    first_attempt = _record_start(plan)
+    try:
+        load_train_loop(plan.run_spec.spec.train_loop)
+    except (EntrypointError, SpecError, ValueError) as exc:
+        for line in str(exc).splitlines():
+            print(f"sweep: {line}", file=sys.stderr)
+        if first_attempt:
+            _record_failure(plan, str(exc))
+        return EXIT_INPUT
     mode = current_run_mode(plan.run_spec)
     if mode is RunMode.FINISHED:
         print(
@@ -312,6 +326,22 @@ def main(env: Mapping[str, str] | None = None) -> int:
         return run_sweep(plan, mode)
     finally:
         ray.shutdown()
+
+
+def _record_start(plan: SweepPlan) -> bool:
+    """Write `_sweep/status.json` (no trial yet) unless an earlier attempt of this run wrote one, whose records of
+    reported checkpoints must stay; True on the run's first attempt."""
+    layout, spec = plan.run_spec.layout, plan.run_spec.spec
+    if storage.exists(layout.status_path):
+        return False
+    storage.write_json(layout.status_path, status_document([], spec.tune.metric, spec.tune.mode, phase="Starting"))
+    return True
+
+
+def _record_failure(plan: SweepPlan, message: str) -> None:
+    layout, spec = plan.run_spec.layout, plan.run_spec.spec
+    document = {**status_document([], spec.tune.metric, spec.tune.mode, phase="Failed"), "message": message}
+    storage.write_json(layout.status_path, document)
 
 
 def _preflight_failed(run_root: str, exc: preflight.PreflightError) -> int:

@@ -65,7 +65,16 @@ def test_bad_values_fail_before_any_trial_R2_R13(
     assert expected in done.stderr
     assert "Traceback" not in done.stderr
     assert "Started a local Ray instance" not in done.stdout + done.stderr
-    assert not any(tmp_path.iterdir()), "nothing may be written before the input is known to be good"
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    if case == "train loop missing":
+        # The run's status is written before user code is imported (issue 12, defect 5): the guard reads from it
+        # that no checkpoint was ever reported, and releases the cluster (audited) instead of holding it.
+        layout = RunLayout(str(tmp_path / "default" / "digits-cpu-bad1"))
+        status = json.loads(Path(layout.status_path).read_text())
+        assert status["phase"] == "Failed" and expected in status["message"] and status["trials"]["total"] == 0
+        assert written == [str(Path(layout.status_path).relative_to(tmp_path))], written
+    else:
+        assert not written, "nothing may be written before the input is known to be good"
     assert time.monotonic() - started < 60
 
 
