@@ -989,6 +989,11 @@ class SweepController:
             patch.update(progress_patch(result))
         elif progress:
             patch.update(progress_patch(progress))
+        said = (progress or {}).get("message") if status.get("phase") == "Failed" else None
+        if isinstance(said, str) and said and said not in (status.get("message") or ""):
+            # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does
+            # not import): KubeRay only knows the exit code.
+            patch["message"] = f"{status.get('message') or 'failed'}; the driver says: {said}"[:2000]
         verification = self._verify_target(target)
         judged = decide_after_verification(verification, attempt=0, base_backoff=1, max_backoff=1,
                                            progress=progress, final=result)

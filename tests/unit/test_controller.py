@@ -968,3 +968,17 @@ def test_status_shows_the_namespace_budget_used(world: World) -> None:
     add_sweep(world, "second", created="2026-12-02T12:01:00Z", **{"spec.tune.maxConcurrentTrials": 4})
     status = world.reconcile("second")
     assert status["phase"] == "Queued" and status["replicas"]["namespaceBudget"] == "4/8"
+
+
+def test_a_failed_run_says_what_the_driver_recorded(world: World) -> None:
+    """A pre-flight refusal (or a trainLoop that does not import) is in the driver's status.json; KubeRay only has
+    the exit code. The sweep's message carries both."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    world.s3.objects[f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json"] = json.dumps(
+        {"phase": "Failed", "trials": {"total": 0}, "message": "pre-flight: s3:PutObject denied on s3://bucket/sweeps/ml/x"}).encode()
+    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED",
+                                 message="Job entrypoint command failed with exit code 1")
+    status = world.reconcile("digits")
+    assert status["phase"] == "Failed"
+    assert "exit code 1" in status["message"] and "s3:PutObject denied" in status["message"]
