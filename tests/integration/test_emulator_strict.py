@@ -286,3 +286,15 @@ def test_custom_resources_take_no_unconditional_update_nor_a_create_with_a_resou
         custom.create_namespaced_custom_object(G, V, ns, P, {**created, "metadata": {
             "name": "rv2", "resourceVersion": created["metadata"]["resourceVersion"]}})
     assert recreated.value.status == 500 and "should not be set on objects to be created" in recreated.value.body
+
+
+def test_pruned_fields_are_recorded_for_tests_to_assert_on(server: EmulatorServer, ns: str) -> None:
+    """What a real server drops silently (Warn: a warning header no client library shows) is kept in
+    `emulator.unknown_fields`, so a component's test can assert it writes nothing the schema lacks."""
+    import kubernetes.client
+
+    custom = kubernetes.client.CustomObjectsApi(server.api_client())
+    custom.create_namespaced_custom_object(G, V, ns, P, cpu_sweep("pr", ns))
+    custom.patch_namespaced_custom_object_status(G, V, ns, P, "pr", {"status": {"phase": "Running",
+                                                                                "startedAtt": "typo"}})
+    assert (f"{P}.{G}", "status.startedAtt") in server.call(lambda: list(server.emulator.unknown_fields))

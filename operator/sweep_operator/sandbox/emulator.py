@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import copy
 import datetime
 import functools
@@ -889,6 +890,10 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     _gc_task: asyncio.Task[None] | None = attrs.field(default=None, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _openapi_cache: tuple[Any, dict[str, tuple[str, bytes]], bytes] | None = attrs.field(default=None, init=False)
+    # (resource, field path) of every unknown field a write sent and the server pruned (Warn or Ignore), newest
+    # last: a test can assert its component writes nothing a real server would drop
+    unknown_fields: collections.deque[tuple[str, str]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=1000), init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1520,7 +1525,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         """
         assert resource_type.schema is not None
         pruned = resource_type.schema.decode(data, defaults=defaults, status_only=status_only, keys=keys)
-        if not pruned or directive == "Ignore":
+        if not pruned:
+            return
+        if directive != "Strict":
+            self.unknown_fields.extend((resource_type.qualified, path) for path in pruned)
+        if directive == "Ignore":
             return
         messages = crd_schema.unknown_field_messages(pruned)
         if directive == "Strict" and patched is not None:
