@@ -129,9 +129,9 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
 class ReloadingWebhookServer(kopf.WebhookServer):
     """kopf's admission server, which re-reads its certificate files every `file_check_interval` seconds and
     restarts its listener on a change (kopf/_kits/webhooks.py WebhookServer.__call__). A pair read mid-rotation
-    (a new tls.crt beside the old tls.key: a Secret mounted by subPath or copied file by file) does not load;
-    kopf's server would then die and every create be refused under failurePolicy Fail. This one keeps serving
-    the last good pair, and the next change (the matching key) brings the new one."""
+    (a new tls.crt beside the old tls.key: files copied one by one, where kubelet's Secret volume swaps both
+    at once) does not load; kopf's server would then die and every create be refused under failurePolicy Fail.
+    This one keeps serving the last good pair, and the next change (the matching key) brings the new one."""
 
     _last_good: tuple[bytes | None, ssl.SSLContext | None] | None = None
 
