@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
 
 from sweep_operator import constants
 from sweep_operator.api import SweepSpec, parse_quantity
@@ -121,8 +120,9 @@ def fit_problem(spec: SweepSpec, size: LocalRaySize) -> str | None:
 
 def runtime_env_vars(rayjob: Mapping[str, Any]) -> dict[str, str]:
     """`spec.runtimeEnvYAML.env_vars` of a rendered RayJob."""
-    runtime_env = yaml.safe_load(rayjob["spec"].get("runtimeEnvYAML") or "") or {}
-    return {str(k): str(v) for k, v in (runtime_env.get("env_vars") or {}).items()}
+    from sweep_operator.runtime_env import env_vars_of
+
+    return env_vars_of(rayjob)
 
 
 def container_env(rayjob: Mapping[str, Any]) -> dict[str, str]:

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from . import audit, constants, s3_layout
 from .api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
 from .diagnosis import diagnose_startup
@@ -41,6 +39,7 @@ from .policy import Admit, Queue, Reject, demand_of, effective_active_seconds
 from .problems import SpecError
 from .rendering import RenderContext, build_rayjob, guard_target, new_run_id, rayjob_name, run_id_for, worker_group_cap
 from .runspec import RunSpec
+from .runtime_env import deadline_of, run_spec_of
 from .settings import Settings
 from .status import (
     JOB_RUNNING,
@@ -65,8 +64,6 @@ Verifier = Callable[..., Any]
 
 WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
 RAN_JOB_STATUSES = frozenset({JOB_RUNNING, "SUCCEEDED", "FAILED", "STOPPED"})
-# libyaml's safe loader where PyYAML has it: the pure-Python one spent ~2 ms per RayJob read (most of a reconcile).
-_YAML_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class RetryLater(Exception):
@@ -126,37 +123,6 @@ class _Lru:
 
 
 _PARSE_CACHE_SIZE = 4096
-# Every RayJob event and reconcile asks for a run spec; a run's runtime env never changes, so each is parsed once.
-_RUN_SPECS = _Lru(_PARSE_CACHE_SIZE)
-
-
-def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
-    """The run spec a RayJob carries in its runtime env (None when absent or unreadable)."""
-    runtime_env = (rayjob.get("spec") or {}).get("runtimeEnvYAML") or ""
-    if not isinstance(runtime_env, str):
-        return None
-    digest = hashlib.sha256(runtime_env.encode()).digest()
-    parsed = _RUN_SPECS.get(digest)
-    if parsed is _MISSING:
-        parsed = _run_spec_from_runtime_env(runtime_env)
-        _RUN_SPECS.put(digest, parsed)
-    return parsed
-
-
-def _run_spec_from_runtime_env(runtime_env: str) -> RunSpec | None:
-    try:
-        env = yaml.load(runtime_env, Loader=_YAML_SAFE_LOADER) or {}
-        return RunSpec.from_json(env["env_vars"][constants.ENV_RUN_SPEC])
-    except (KeyError, TypeError, ValueError, yaml.YAMLError):
-        return None
-
-
-def deadline_of(rayjob: Mapping[str, Any]) -> float | None:
-    try:
-        env = yaml.load((rayjob.get("spec") or {}).get("runtimeEnvYAML") or "", Loader=_YAML_SAFE_LOADER) or {}
-        return float(env["env_vars"][constants.ENV_DEADLINE_AT])
-    except (KeyError, TypeError, ValueError, yaml.YAMLError):
-        return None
 
 
 # What a reconcile reads from a RayJob's spec; the rest (the cluster spec with its pod templates) is most of

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from . import constants
+from . import constants, runtime_env
 from .api import SweepSpec
 from .guard import GuardTarget
 from .policy import demand_of, effective_active_seconds
-from .runspec import RunSpec, build_run_spec
+from .runspec import build_run_spec
 from .settings import OperatorLimits, Settings
 from .validation import Sweep
 
@@ -115,23 +115,7 @@ def _resources(cpu: str, memory: str, gpu: int = 0) -> dict[str, Any]:
     return {"requests": dict(limits), "limits": limits}  # requests = limits (R15)
 
 
-# libyaml's emitter when PyYAML has it (the wheels do): the pure-Python one was 8% of the operator's CPU while
-# admitting a burst of sweeps. Same document for these inputs (ASCII JSON and digits under fixed keys; tested).
-_FAST_SAFE_DUMPER: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-def runtime_env_yaml(run_spec: RunSpec, deadline_at: int | None) -> str:
-    spec = run_spec.spec
-    env_vars = {
-        constants.ENV_RUN_SPEC: run_spec.to_json(),
-        # V2 is the default in 2.58; stating it keeps a base image's setting from flipping it (R2).
-        constants.ENV_TRAIN_V2: "1",
-        # An unsatisfiable ScalingConfig fails after the startup budget instead of waiting forever (R6, R12).
-        constants.ENV_WORKER_GROUP_START_TIMEOUT: str(spec.deadlines.startup_seconds),
-    }
-    if deadline_at is not None:
-        env_vars[constants.ENV_DEADLINE_AT] = str(int(deadline_at))
-    return yaml.dump({"env_vars": env_vars}, Dumper=_FAST_SAFE_DUMPER, sort_keys=True, width=1_000_000)
+runtime_env_yaml = runtime_env.encode  # the codec lives in runtime_env, beside its decoder
 
 
 @dataclass(frozen=True)

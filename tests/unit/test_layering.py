@@ -14,6 +14,7 @@ PURE_CORES = [
     "sweep_operator.ledger",
     "sweep_operator.rendering",
     "sweep_operator.runspec",
+    "sweep_operator.runtime_env",
     "sweep_operator.s3_layout",
     "sweep_operator.status",
     "sweep_operator.diagnosis",
@@ -49,3 +50,25 @@ def test_handlers_is_the_kopf_shell() -> None:
         capture_output=True, text=True, timeout=120,
     )
     assert done.stdout.strip() == "True", done.stderr
+
+
+CONTRACTS = [  # what the training image shares with the operator: importable with neither kopf nor the clients
+    "sweep_operator.runtime_env",
+    "sweep_operator.runspec",
+    "sweep_operator.s3_layout",
+    "sweep_operator.checkpoint_manifest",
+    "sweep_operator.guard",
+]
+
+
+def test_contracts_shared_with_the_training_image_import_no_kopf_kubernetes_or_boto3() -> None:
+    code = (
+        "import importlib, sys\n"
+        f"for name in {CONTRACTS!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    for client in ('kopf', 'kubernetes', 'boto3', 'botocore'):\n"
+        "        assert client not in sys.modules, f'{name} pulled in {client}'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
