@@ -58,16 +58,17 @@ class PolicyEvaluator:
         return any(group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"] for r in self.rules)
 
     def review(self, *, resource: str, operation: str, user: tuple[str, list[str]], new: dict[str, Any],
-               old: dict[str, Any] | None = None) -> Decision:
+               old: dict[str, Any] | None = None, subresource: str = "") -> Decision:
         group = "sweeps.dev" if resource == "trainingsweeps" else "ray.io"
-        if not self._matches(group, resource, operation):
+        # resourceRules name a subresource as "resource/subresource" (admissionregistration/v1 RuleWithOperations).
+        if not self._matches(group, f"{resource}/{subresource}" if subresource else resource, operation):
             return Decision(False, ())
         username, groups = user
         activation: dict[str, Any] = {
             "object": self.cel.to_cel(new),
             "oldObject": self.cel.to_cel(old),
             "request": self.cel.to_cel({"operation": operation, "userInfo": {"username": username, "groups": groups},
-                                        "resource": {"group": group, "resource": resource}}),
+                                        "resource": {"group": group, "resource": resource}, "subResource": subresource}),
         }
         for condition in self.conditions:
             if not self._evaluate(condition, activation):
@@ -220,3 +221,16 @@ def test_the_binding_denies_and_follows_the_watched_namespaces() -> None:
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
     ]
     assert not of_kind(render_values({"guardPolicy": {"enabled": False}}), "ValidatingAdmissionPolicy")
+
+
+@pytest.mark.parametrize("resource", RESOURCES)
+def test_only_the_operator_and_kuberay_write_status(policy: PolicyEvaluator, resource: str) -> None:
+    """A forged status.guard would aim the guard (and the operator's credentials) elsewhere."""
+    old = guarded("TrainingSweep")
+    new = {**copy.deepcopy(old), "status": {"guard": {"runRoot": "s3://other/x", "endpointUrl": "http://10.0.0.1"}}}
+    (message,) = policy.review(resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="status").denials
+    assert "status" in message and "alice@team-a" in message
+    for trusted in (OPERATOR, KUBERAY):
+        assert policy.review(resource=resource, operation="UPDATE", user=(trusted, []), old=old, new=new,
+                             subresource="status").allowed
+    assert not policy.review(resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="scale").matched
