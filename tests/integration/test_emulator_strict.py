@@ -1,4 +1,7 @@
-"""The strict emulator through the real kubectl: refusals naming the field, explain, tables, server-side apply."""
+"""The strict emulator through the real kubectl: refusals naming the field, explain, tables, server-side apply.
+
+Sources named below are kubernetes/kubernetes paths under staging/src/k8s.io/.
+"""
 
 from __future__ import annotations
 
@@ -97,9 +100,10 @@ def test_kubectl_apply_of_invalid_sweeps_prints_the_servers_refusal_naming_the_f
 ) -> None:
     """27 invalid TrainingSweeps, schema and CEL rules alike, through plain `kubectl apply -f` (no flag).
 
-    Models apiextensions-apiserver registry/customresource/strategy.go Validate (schema validation through
-    validation.go kubeOpenAPIResultToFieldErrors, CEL through schema/cel/validation.go validateExpressions with
-    fieldPath) and apimachinery api/errors NewInvalid; kubectl prints `The <Kind> "<name>" is invalid: ...`.
+    Models apiextensions-apiserver/pkg/registry/customresource/strategy.go Validate (schema validation through
+    apiextensions-apiserver/pkg/apiserver/validation/validation.go kubeOpenAPIResultToFieldErrors, CEL through
+    apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go validateExpressions with fieldPath) and
+    apimachinery/pkg/api/errors/errors.go NewInvalid; kubectl prints `The <Kind> "<name>" is invalid: ...`.
     """
     assert len(INVALID) >= 20
     for factory, changes, field_path, text in INVALID:
@@ -115,9 +119,10 @@ def test_kubectl_apply_of_invalid_sweeps_prints_the_servers_refusal_naming_the_f
 
 
 def test_plain_kubectl_apply_validates_on_the_server_and_refuses_unknown_fields(kubectl: Any, ns: str) -> None:
-    """kubectl's default --validate=strict: cli-runtime query_param_verifier_v3.go finds fieldValidation on the
-    kind's PATCH in /openapi/v3 and sends fieldValidation=Strict; apiserver handlers/create.go answers a strict
-    decoding error with 400 (transformDecodeError); Warn answers `Warning: unknown field` and prunes."""
+    """kubectl's default --validate=strict: cli-runtime/pkg/resource/query_param_verifier_v3.go HasSupport finds
+    fieldValidation on the kind's PATCH in /openapi/v3 and sends fieldValidation=Strict;
+    apiserver/pkg/endpoints/handlers/create.go answers a strict decoding error with 400 (transformDecodeError); Warn
+    answers `Warning: unknown field` and prunes."""
     doc = cpu_sweep("typo")
     doc["spec"]["tune"]["numSampels"] = 4
     strict = kubectl("apply", "-f", "-", stdin=manifest(doc, ns))
@@ -136,7 +141,8 @@ def test_plain_kubectl_apply_validates_on_the_server_and_refuses_unknown_fields(
 
 
 def test_kubectl_explain_prints_our_field_descriptions(kubectl: Any) -> None:
-    """kubectl explain reads /openapi/v3/apis/sweeps.dev/v1alpha1 (apiextensions controller/openapi/builder)."""
+    """kubectl explain reads /openapi/v3/apis/sweeps.dev/v1alpha1
+    (apiextensions-apiserver/pkg/controller/openapi/builder/builder.go)."""
     from sweep_operator.crd import build_crd
 
     explained = kubectl("explain", "trainingsweep.spec.deadlines")
@@ -151,7 +157,8 @@ def test_kubectl_explain_prints_our_field_descriptions(kubectl: Any) -> None:
 
 
 def test_kubectl_get_tsw_prints_the_server_side_table(kubectl: Any, server: EmulatorServer, ns: str) -> None:
-    """apiextensions-apiserver tableconvertor: the CRD's additionalPrinterColumns, as Table rows."""
+    """apiextensions-apiserver/pkg/registry/customresource/tableconvertor/tableconvertor.go ConvertToTable: the CRD's
+    additionalPrinterColumns, as Table rows."""
     assert kubectl("apply", "-f", "-", stdin=manifest(cpu_sweep("t"), ns)).returncode == 0
     import kubernetes.client
 
@@ -164,8 +171,9 @@ def test_kubectl_get_tsw_prints_the_server_side_table(kubectl: Any, server: Emul
 
 
 def test_server_side_apply_reports_conflicts_and_force_takes_the_fields(kubectl: Any, ns: str) -> None:
-    """fieldmanager/internal/conflict.go NewConflictError (409, `conflict with "<manager>" using <version>`);
-    --force-conflicts takes ownership (structured-merge-diff merge.Updater.Apply with force)."""
+    """apimachinery/pkg/util/managedfields/internal/conflict.go NewConflictError (409, `conflict with "<manager>" using
+    <version>`); --force-conflicts takes ownership (kubernetes-sigs/structured-merge-diff merge/update.go
+    Updater.Apply with force)."""
     assert kubectl("apply", "-f", "-", stdin=manifest(cpu_sweep("ssa"), ns)).returncode == 0
     edited = manifest(changed(cpu_sweep("ssa"), {"spec.tune.numSamples": 5}), ns)
     refused = kubectl("apply", "--server-side", "-f", "-", stdin=edited)
@@ -188,9 +196,9 @@ def test_server_side_apply_reports_conflicts_and_force_takes_the_fields(kubectl:
 
 
 def test_status_writes_are_pruned_and_validated_and_spec_writes_ignore_status(server: EmulatorServer, ns: str) -> None:
-    """customresource/status_strategy.go PrepareForUpdate (only status kept) and ValidateUpdate; strategy.go
-    PrepareForUpdate (status kept from the stored object; generation moves on spec changes only); the Warn
-    default sends `Warning: 299` headers (apiserver/pkg/warning)."""
+    """apiextensions-apiserver/pkg/registry/customresource/status_strategy.go PrepareForUpdate (only status kept) and
+    ValidateUpdate; strategy.go PrepareForUpdate (status kept from the stored object; generation moves on spec
+    changes only); the Warn default sends `Warning: 299` headers (apiserver/pkg/warning)."""
     import kubernetes.client
 
     api = server.api_client()
@@ -211,8 +219,9 @@ def test_status_writes_are_pruned_and_validated_and_spec_writes_ignore_status(se
 
 
 def test_a_new_default_in_the_crd_reaches_stored_objects_on_read(server: EmulatorServer, ns: str) -> None:
-    """The CR codec defaults what it decodes from etcd (apiextensions-apiserver customresource_handler.go,
-    structuraldefaulting.Default in the storage decoder): objects stored before the default read with it."""
+    """The CR codec defaults what it decodes from etcd
+    (apiextensions-apiserver/pkg/apiserver/customresource_handler.go, structuraldefaulting.Default in the storage
+    decoder): objects stored before the default read with it."""
     import copy
 
     import kubernetes.client
@@ -237,7 +246,8 @@ def test_a_new_default_in_the_crd_reaches_stored_objects_on_read(server: Emulato
 
 
 def test_every_example_manifest_passes_plain_kubectl_apply(kubectl: Any, ns: str) -> None:
-    """The README's examples against the strict server (strategy.go Validate, CEL rules included)."""
+    """The README's examples against the strict server (apiextensions-apiserver/pkg/registry/customresource/strategy.go
+    Validate, CEL rules included)."""
     examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
     assert examples
     for path in examples:
@@ -248,7 +258,7 @@ def test_every_example_manifest_passes_plain_kubectl_apply(kubectl: Any, ns: str
 
 def test_server_dry_run_validates_and_stores_nothing(kubectl: Any, ns: str) -> None:
     """dryRun=All (kubectl --dry-run=server): admission and validation run, storage does not
-    (apiserver registry/generic/registry/dryrun.go DryRunnableStorage)."""
+    (apiserver/pkg/registry/generic/registry/dryrun.go DryRunnableStorage)."""
     created = kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest(cpu_sweep("dry"), ns))
     assert created.returncode == 0 and "created (server dry run)" in created.stdout, created.stderr
     assert "NotFound" in kubectl("get", "tsw", "dry").stderr
@@ -267,8 +277,10 @@ def test_server_dry_run_validates_and_stores_nothing(kubectl: Any, ns: str) -> N
 def test_custom_resources_take_no_unconditional_update_nor_a_create_with_a_resource_version(
     server: EmulatorServer, ns: str
 ) -> None:
-    """customresource/strategy.go AllowUnconditionalUpdate() false -> registry/store.go Update's
-    `metadata.resourceVersion: Invalid value: 0x0: must be specified for an update`; storage/etcd3/store.go Create:
+    """apiextensions-apiserver/pkg/registry/customresource/strategy.go AllowUnconditionalUpdate() false ->
+    apiserver/pkg/registry/generic/registry/store.go Update's
+    `metadata.resourceVersion: Invalid value: 0x0: must be specified for an update`;
+    apiserver/pkg/storage/etcd3/store.go Create:
     `resourceVersion should not be set on objects to be created`."""
     import kubernetes.client
 

@@ -80,7 +80,8 @@ VALUES: list[Any] = [
 @pytest.mark.parametrize(("where", "node_type", "rule"), rules_of_loaded_crds())
 def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str, node_type: str, rule: str) -> None:
     """The subset evaluator replaces cel-python only where both give the same answer (result or error), on values
-    of the rule's schema type (the only ones that reach a rule: a type error blocks CEL, strategy.go)."""
+    of the rule's schema type (the only ones that reach a rule: kubernetes/kubernetes apiextensions-apiserver
+    pkg/registry/customresource/strategy.go hasBlockingErr)."""
     program = compile_fast(rule)
     if program is None:
         pytest.skip("outside the fast subset: cel-python evaluates it")
@@ -112,7 +113,8 @@ def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str,
     ("self.a.b == 1.0", True),
 ])
 def test_fast_subset_semantics_follow_cel_spec(expression: str, wanted: Any) -> None:
-    """cel-spec langdef.md: logical operators, equality, arithmetic, has() and errors."""
+    """google/cel-spec doc/langdef.md (and google/cel-go as Kubernetes configures it): logical operators, equality,
+    arithmetic, has() and errors."""
     program = compile_fast(expression)
     assert program is not None
     assert outcome_fast(program, {"self": {"a": {"b": 1}}}) == wanted

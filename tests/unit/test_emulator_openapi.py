@@ -11,9 +11,9 @@ def sweep_type() -> emulator.ResourceType:
 
 
 def test_the_patch_operation_carries_the_kind_and_field_validation() -> None:
-    """cli-runtime resource/query_param_verifier_v3.go supportsQueryParamV3: a PATCH whose
-    x-kubernetes-group-version-kind is the kind and whose parameters name fieldValidation; without it kubectl
-    falls back to client-side validation from /openapi/v2."""
+    """kubernetes/kubernetes staging/src/k8s.io/cli-runtime/pkg/resource/query_param_verifier_v3.go
+    supportsQueryParamV3: a PATCH whose x-kubernetes-group-version-kind is the kind and whose parameters name
+    fieldValidation; without it kubectl falls back to client-side validation from /openapi/v2."""
     document = openapi.group_version_document([sweep_type()])
     patch = document["paths"]["/apis/sweeps.dev/v1alpha1/namespaces/{namespace}/trainingsweeps/{name}"]["patch"]
     assert patch["x-kubernetes-group-version-kind"] == {"group": "sweeps.dev", "kind": "TrainingSweep",
@@ -24,8 +24,9 @@ def test_the_patch_operation_carries_the_kind_and_field_validation() -> None:
 
 
 def test_the_published_schema_is_the_crds_with_object_meta_referenced() -> None:
-    """apiextensions-apiserver controller/openapi/builder/builder.go: metadata refers to ObjectMeta, the GVK
-    extension is a list, and the CRD's descriptions are what kubectl explain prints."""
+    """kubernetes/kubernetes staging/src/k8s.io/apiextensions-apiserver/pkg/controller/openapi/builder/builder.go
+    BuildOpenAPIV3: metadata refers to ObjectMeta, the GVK extension is a list, and the CRD's descriptions are what
+    kubectl explain prints."""
     document = openapi.group_version_document([sweep_type()])
     schemas = document["components"]["schemas"]
     published = schemas["dev.sweeps.v1alpha1.TrainingSweep"]
@@ -41,7 +42,8 @@ def test_the_published_schema_is_the_crds_with_object_meta_referenced() -> None:
 
 
 def test_swagger_v2_refers_to_definitions() -> None:
-    """kube-openapi's v2 builder: #/definitions/ references, no `nullable`."""
+    """kubernetes/kube-openapi pkg/builder/openapi.go (v2) and apiextensions builder.go BuildOpenAPIV2: #/definitions/
+    references, no `nullable`."""
     document = openapi.swagger_document([sweep_type()])
     assert document["swagger"] == "2.0"
     published = document["definitions"]["dev.sweeps.v1alpha1.TrainingSweep"]
@@ -51,7 +53,8 @@ def test_swagger_v2_refers_to_definitions() -> None:
 
 
 def test_definition_names_reverse_the_group() -> None:
-    """The apiserver's definition namer (util/openapi: the group reversed, k8s.io groups as io.k8s.api.*)."""
+    """apiserver/pkg/endpoints/openapi/openapi.go (kubernetes/kubernetes staging) definition namer ( the group
+    reversed, k8s.io groups as io.k8s.api.*)."""
     assert openapi.definition_name("sweeps.dev", "v1alpha1", "TrainingSweep") == "dev.sweeps.v1alpha1.TrainingSweep"
     assert openapi.definition_name("ray.io", "v1", "RayJob") == "io.ray.v1.RayJob"
     assert openapi.definition_name("", "v1", "Pod") == "io.k8s.api.core.v1.Pod"

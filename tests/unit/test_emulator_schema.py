@@ -1,4 +1,7 @@
-"""The emulator's structural-schema logic (sandbox/schema.py, schema_apply.py): pure, no server."""
+"""The emulator's structural-schema logic (sandbox/schema.py, schema_apply.py): pure, no server.
+
+Sources named below are kubernetes/kubernetes paths under staging/src/k8s.io/ unless another repository is named.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def every_loaded_crd() -> list[dict[str, Any]]:
 def test_every_cel_rule_of_every_crd_the_emulator_loads_compiles() -> None:
     """A rule cel-python cannot compile, or that names an unknown function or field, fails here (never silently).
 
-    Models apiextensions-apiserver pkg/apiserver/schema/cel/compilation.go Compile (a CRD with such a rule is
+    Models apiextensions-apiserver/pkg/apiserver/schema/cel/compilation.go Compile (a CRD with such a rule is
     refused by the real server's CRD validation).
     """
     counted = 0
@@ -59,7 +62,8 @@ def test_every_cel_rule_of_every_crd_the_emulator_loads_compiles() -> None:
     ("self.image ==", "compilation failed"),
 ])
 def test_a_rule_that_would_not_compile_on_the_apiserver_is_refused(rule: str, wanted: str) -> None:
-    """cel/compilation.go: undeclared references and undefined fields are compile errors (cel-go's checker)."""
+    """apiextensions-apiserver/pkg/apiserver/schema/cel/compilation.go Compile: undeclared references and undefined
+    fields are compile errors (cel-go's checker)."""
     spec = copy.deepcopy(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
     spec["x-kubernetes-validations"] = [{"rule": rule}]
     with pytest.raises(SchemaError, match=wanted):
@@ -67,7 +71,8 @@ def test_a_rule_that_would_not_compile_on_the_apiserver_is_refused(rule: str, wa
 
 
 def test_kubernetes_cel_library_functions_missing_from_cel_python_are_provided() -> None:
-    """k8s.io/apiserver/pkg/cel/library lists.go (isSorted, sum, min, max, indexOf) and strings (lowerAscii...)."""
+    """apiserver/pkg/cel/library/lists.go (isSorted, sum, min, max, indexOf); cel-go ext/strings.go (lowerAscii,
+    split)."""
     schema = CrdSchema("K", "g", {
         "type": "object",
         "properties": {"xs": {"type": "array", "items": {"type": "integer"}}, "s": {"type": "string"}},
@@ -88,7 +93,8 @@ def test_kubernetes_cel_library_functions_missing_from_cel_python_are_provided()
 
 
 def test_unknown_fields_are_pruned_and_preserve_unknown_fields_kept(sweeps: CrdSchema) -> None:
-    """pkg/apiserver/schema/pruning/algorithm.go PruneWithOptions; metadata pruned to ObjectMeta."""
+    """apiextensions-apiserver/pkg/apiserver/schema/pruning/algorithm.go PruneWithOptions; metadata pruned to
+    ObjectMeta."""
     obj = cpu_sweep()
     obj["spec"]["bogus"] = 1
     obj["spec"]["tune"]["typo"] = {"x": 1}
@@ -102,7 +108,8 @@ def test_unknown_fields_are_pruned_and_preserve_unknown_fields_kept(sweeps: CrdS
 
 
 def test_embedded_resource_keeps_type_meta_and_prunes_its_metadata() -> None:
-    """pruning/algorithm.go: x-kubernetes-embedded-resource keeps apiVersion/kind/metadata, metadata as ObjectMeta."""
+    """apiextensions-apiserver/pkg/apiserver/schema/pruning/algorithm.go prune: x-kubernetes-embedded-resource keeps
+    apiVersion/kind/metadata, metadata as ObjectMeta."""
     node = compile_node({"type": "object", "properties": {"template": {
         "type": "object", "x-kubernetes-embedded-resource": True,
         "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}}}})
@@ -115,7 +122,8 @@ def test_embedded_resource_keeps_type_meta_and_prunes_its_metadata() -> None:
 
 
 def test_defaults_apply_top_down_and_replace_non_nullable_nulls(sweeps: CrdSchema) -> None:
-    """pkg/apiserver/schema/defaulting/algorithm.go Default and prunenulls.go PruneNonNullableNullsWithoutDefaults."""
+    """apiextensions-apiserver/pkg/apiserver/schema/defaulting/algorithm.go Default and prunenulls.go
+    PruneNonNullableNullsWithoutDefaults."""
     obj = changed(cpu_sweep(), {"spec.tune.scheduler": DELETE, "spec.deletion": DELETE, "spec.suspend": None})
     sweeps.decode(obj)
     assert obj["spec"]["tune"]["scheduler"]["type"] == "fifo"  # defaulted {} got its own defaults
@@ -155,26 +163,31 @@ def test_defaults_apply_top_down_and_replace_non_nullable_nulls(sweeps: CrdSchem
      "deletion.retryBackoffSeconds"),
 ])
 def test_refusals_read_as_the_apiserver_writes_them(sweeps: CrdSchema, changes: dict[str, Any], message: str) -> None:
-    """validation.go kubeOpenAPIResultToFieldErrors over kube-openapi's messages; cel/validation.go for rules;
-    apimachinery field.Error.Error() for the text."""
+    """apiextensions-apiserver/pkg/apiserver/validation/validation.go kubeOpenAPIResultToFieldErrors over
+    kubernetes/kube-openapi pkg/validation/errors/schema.go messages;
+    apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go for rules;
+    apimachinery/pkg/util/validation/field/errors.go Error.Error() for the text."""
     assert admitted(sweeps, changed(cpu_sweep(), changes))[0] == message
 
 
 def test_schema_errors_that_block_cel_say_so(sweeps: CrdSchema) -> None:
-    """customresource/strategy.go hasBlockingErr: a Required/type/enum error keeps the rules from running."""
+    """apiextensions-apiserver/pkg/registry/customresource/strategy.go hasBlockingErr: a Required/type/enum error keeps
+    the rules from running."""
     errors = admitted(sweeps, changed(cpu_sweep(), {"spec.image": DELETE, "spec.tune.mode": DELETE}))
     assert errors == ["spec.image: Required value", '<nil>: Invalid value: "null": some validation rules were not '
                       "checked because the object was invalid; correct the existing errors to complete validation"]
 
 
 def test_metadata_name_must_be_a_dns_subdomain(sweeps: CrdSchema) -> None:
-    """apimachinery ValidateObjectMeta with NameIsDNSSubdomain, as the CR strategy calls it."""
+    """apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaAccessor with NameIsDNSSubdomain, as
+    apiextensions-apiserver/pkg/registry/customresource/validator.go Validate calls it."""
     errors = admitted(sweeps, changed(cpu_sweep(), {"metadata.name": "Digits_CPU"}))
     assert errors[0].startswith('metadata.name: Invalid value: "Digits_CPU": a lowercase RFC 1123 subdomain')
 
 
 def test_invalid_status_is_the_422_body_kubectl_prints(sweeps: CrdSchema) -> None:
-    """apimachinery/pkg/api/errors NewInvalid: `<Kind>.<group> "<name>" is invalid: [a, b]`, causes per field."""
+    """apimachinery/pkg/api/errors/errors.go NewInvalid: `<Kind>.<group> "<name>" is invalid: [a, b]`, causes per
+    field."""
     obj = changed(gpu_sweep(), {"spec.tune.numSamples": 0, "spec.trial.workers": 0})
     sweeps.decode(obj)
     status = invalid_status("TrainingSweep", "sweeps.dev", "digits", sweeps.errors(obj))
@@ -185,7 +198,8 @@ def test_invalid_status_is_the_422_body_kubectl_prints(sweeps: CrdSchema) -> Non
 
 
 def test_field_error_bodies_print_values_as_go_does() -> None:
-    """field.Error.ErrorBody: %q strings, %v numbers, Required/Forbidden/TooLong without the value."""
+    """apimachinery/pkg/util/validation/field/errors.go Error.ErrorBody: %q strings, %v numbers,
+    Required/Forbidden/TooLong without the value."""
     assert FieldError("FieldValueInvalid", "a", 0.5, "d").body() == "Invalid value: 0.5: d"
     assert FieldError("FieldValueInvalid", "a", 4.0, "d").body() == "Invalid value: 4: d"
     assert FieldError("FieldValueTooLong", "a", "xxx", "may not be longer than 2").body() == \
@@ -195,7 +209,8 @@ def test_field_error_bodies_print_values_as_go_does() -> None:
 
 
 def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdSchema) -> None:
-    """status_strategy.go ValidateUpdate (status schema only) and schema/validation/ratcheting.go."""
+    """apiextensions-apiserver/pkg/registry/customresource/status_strategy.go ValidateUpdate (status schema only) and
+    apiextensions-apiserver/pkg/apiserver/schema/validation/ratcheting.go."""
     stored = cpu_sweep()
     sweeps.decode(stored)
     update = {**copy.deepcopy(stored), "status": {"phase": "Bogus"}}
@@ -212,7 +227,8 @@ def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdS
 
 
 def test_kuberay_transition_rule_makes_managed_by_immutable() -> None:
-    """ray.io_rayjobs.yaml spec.managedBy: `self == oldSelf` (a transition rule, cel/validation.go oldSelf)."""
+    """ray-project/kuberay ray-operator/config/crd/bases/ray.io_rayjobs.yaml spec.managedBy: `self == oldSelf` (a
+    transition rule: apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go with oldSelf)."""
     require_kuberay_crds()  # skips saying how to get them; fails under SWEEPS_REQUIRE_KUBERAY_CRDS=1 (.ci/run)
     rayjobs = next(c for c in emulator.kuberay_crds() if c["spec"]["names"]["kind"] == "RayJob")
     version = next(v for v in rayjobs["spec"]["versions"] if v["name"] == "v1")
@@ -230,7 +246,8 @@ def test_kuberay_transition_rule_makes_managed_by_immutable() -> None:
 
 
 def test_apply_conflict_names_the_field_and_the_updater() -> None:
-    """fieldmanager/internal/conflict.go NewConflictError and printManager (an Update manager `using` its version)."""
+    """apimachinery/pkg/util/managedfields/internal/conflict.go NewConflictError and printManager (an Update manager
+    `using` its version)."""
     stored = {"apiVersion": "sweeps.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "a"},
               "spec": {"tune": {"numSamples": 2}, "image": "i"}}
     schema_apply.record(stored, None, "kubectl-client-side-apply", "sweeps.dev/v1alpha1")
@@ -249,7 +266,8 @@ def test_apply_conflict_names_the_field_and_the_updater() -> None:
 
 
 def test_apply_removes_fields_the_applier_stopped_sending() -> None:
-    """structured-merge-diff merge.Updater.Apply: a field only this applier owned goes when it is dropped."""
+    """kubernetes-sigs/structured-merge-diff merge/update.go Updater.Apply: a field only this applier owned goes when
+    it is dropped."""
     stored = {"metadata": {"name": "a"}, "spec": {"image": "i"}}
     first = schema_apply.apply(stored, {"metadata": {"name": "a"}, "spec": {"image": "i", "suspend": True}},
                                "kubectl", "v", False, None)
@@ -272,7 +290,8 @@ def test_without_kuberay_crds_the_minimal_definitions_serve(monkeypatch: pytest.
 
 @pytest.mark.skipif(emulator.kuberay_crd_dir() is None, reason="KubeRay's CRDs are not beside the repository")
 def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
-    """ray.io_rayjobs.yaml v1 (KubeRay v1.7.0): an unknown spec field is pruned, a known one kept."""
+    """ray-project/kuberay ray-operator/config/crd/bases/ray.io_rayjobs.yaml v1 (v1.7.0): an unknown spec field is
+    pruned, a known one kept."""
     built = emulator.build_emulator()
     rayjobs = built.resource_type("ray.io", "v1", "rayjobs")
     assert rayjobs is not None and rayjobs.schema is not None
