@@ -424,15 +424,12 @@ KUBERAY_CRDS: tuple[Obj, ...] = (
 
 def kuberay_crd_dir() -> Path | None:
     """$KUBERAY_CRDS when set (only there), else ../shared/schemas/kuberay beside the repository (absent in a fresh
-    clone); None when neither holds both files."""
-    configured = os.environ.get("KUBERAY_CRDS")
-    if configured is not None:
-        candidates = [Path(configured)] if configured else []
-    else:
-        candidates = [Path(__file__).resolve().parents[3].parent / "shared" / "schemas" / "kuberay"]
-    for candidate in candidates:
-        if (candidate / "ray.io_rayjobs.yaml").is_file() and (candidate / "ray.io_rayclusters.yaml").is_file():
-            return candidate
+    clone); None when that directory lacks either file."""
+    configured = os.environ.get("KUBERAY_CRDS")  # as tests/support/schemas.py kuberay_crd_dir reads it
+    candidate = Path(configured) if configured else Path(__file__).resolve().parents[3].parent / "shared" / "schemas" \
+        / "kuberay"
+    if (candidate / "ray.io_rayjobs.yaml").is_file() and (candidate / "ray.io_rayclusters.yaml").is_file():
+        return candidate
     return None
 
 
