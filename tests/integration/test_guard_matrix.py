@@ -148,14 +148,15 @@ def _apply(cell: Cell) -> None:
     cell.endpoint = f"http://127.0.0.1:{20000 + cell.index}"  # a name the router maps; never dialled as such
     changes: dict[str, Any] = {"spec__storage__endpointUrl": cell.endpoint}
     outcomes: tuple[Outcome, ...] = (Outcome.hang(),)
-    # The rows KubeRay triggers on its own clock leave the test seconds to break the run first (checked below).
+    # The rows where KubeRay acts on a job's end: the attempt runs until the test ends it (`_end_attempt`), after
+    # the run is broken, so no timer races the break on a busy machine.
     if cell.row == "kuberay-deletes-cluster":
-        outcomes = (Outcome.succeed(8.0, startup=1.0),)
+        outcomes = (Outcome.succeed(3600.0),)
     elif cell.row == "deadline-stop":
         changes["spec__deadlines"] = {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}
     elif cell.row == "retry-then-delete":
         changes["spec__failurePolicy__jobRetries"] = 1
-        outcomes = (Outcome.fail(8.0, startup=1.0), Outcome.hang())
+        outcomes = (Outcome.fail(3600.0), Outcome.hang())
     doc = env.new_sweep(f"m{cell.index:02d}", **changes)
     cell.name = doc["metadata"]["name"]
     env.runner.script(cell.name, *outcomes)
@@ -194,27 +195,53 @@ def _repair(cell: Cell) -> None:
         cell.synthetic = write_sweep(cell.env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
 
 
+def _end_attempt(cell: Cell, rayjob: str, outcome: Outcome) -> None:
+    """End the RayJob's running scripted attempt now with `outcome`, and touch the RayJob so the stand-in (which
+    re-polls a long run only on an event) looks again."""
+    env = cell.env
+    for run in list(env.runner.runs):
+        if run.rayjob_key == ("default", rayjob) and not run.stopped:
+            run.outcome = outcome
+    env.custom.patch_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL,
+                                              rayjob, {"metadata": {"annotations": {"test.sweeps.dev/nudge": str(time.monotonic())}}})
+
+
 def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
     """Trigger the row's deletion; returns (what is held, a reader of it)."""
     env, name = cell.env, cell.name
     if cell.row == "delete-sweep":
-        env.wait_phase(name, "Running")
+        env.wait_phase(name, "Running", timeout=TIMEOUT * 2)
         env.delete_sweep(name)
         return "TrainingSweep", lambda: env.sweep(name)
     if cell.row == "delete-rayjob":
-        rayjob = env.wait_phase(name, "Running")["rayJobName"]
+        rayjob = env.wait_phase(name, "Running", timeout=TIMEOUT * 2)["rayJobName"]
         env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
         return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
     if cell.row == "kuberay-deletes-cluster":  # shutdownAfterJobFinishes + ttlSecondsAfterFinished: KubeRay deletes it
-        cluster = env.wait_status(name, lambda s: s.get("rayClusterName"), "a cluster")["rayClusterName"]
+        status = env.wait_phase(name, "Running", timeout=TIMEOUT * 2)
+        cluster = status["rayClusterName"]
+        _end_attempt(cell, status["rayJobName"], Outcome.succeed(0.0))
         return "RayCluster", lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster)
-    if cell.row == "deadline-stop":  # the operator deletes the RayJob once deadline + graceful window passed
-        rayjob = env.wait_phase(name, "Running")["rayJobName"]
-        return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
+    if cell.row == "deadline-stop":
+        # Two clocks end the run: the operator deletes the RayJob once the sweep's deadline and graceful window passed;
+        # KubeRay's activeDeadlineSeconds (per attempt, from a slightly later start) marks the RayJob Failed and, with
+        # shutdownAfterJobFinishes, deletes the cluster after the TTL. Whichever comes first, its object is held.
+        status = env.wait_phase(name, "Running", timeout=TIMEOUT * 2)
+        rayjob, cluster = status["rayJobName"], status["rayClusterName"]
+        readers = {"RayJob": lambda: env.get(constants.RAYJOB_PLURAL, rayjob),
+                   "RayCluster": lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster)}
+        def deleting(read: Callable[[], dict[str, Any] | None]) -> bool:
+            obj = read()
+            return obj is None or bool(obj["metadata"].get("deletionTimestamp"))  # gone: deleted and released
+
+        first = wait_for(lambda: next((k for k, read in readers.items() if deleting(read)), None),
+                         TIMEOUT * 2, what=f"{name}: a deadline deleting the RayJob or its cluster")
+        return first, readers[first]
     # retry-then-delete: the first attempt fails; KubeRay deletes its cluster to retry (the guard holds it until the
     # run verifies), the counters move, and then the user deletes the RayJob, whose jobStatus was reset.
-    status = env.wait_status(name, lambda s: s.get("rayClusterName"), "a cluster")
+    status = env.wait_phase(name, "Running", timeout=TIMEOUT * 2)
     first_cluster, rayjob = status["rayClusterName"], status["rayJobName"]
+    _end_attempt(cell, rayjob, Outcome.fail(0.0))
     wait_for(lambda: int(((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("status") or {}).get("failed") or 0) >= 1,
              TIMEOUT, what=f"{name}: the first attempt failed")
     if cell.column != "complete":
