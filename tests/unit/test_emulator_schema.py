@@ -321,3 +321,24 @@ def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], m
     assert object_meta_errors({"labels": {"sweeps.dev/sweep": "digits-cpu", "empty": ""},
                                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
                                "finalizers": ["sweeps.dev/checkpoint-guard", "kubernetes"]}) == []
+
+
+def test_message_expression_reason_and_field_path_shape_the_cel_refusal() -> None:
+    """apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go validateExpressions: messageExpression (its
+    value, or the message when it fails), reason (fieldErrorForReason) and fieldPath (appended to the rule's path);
+    a transition rule runs only on an update."""
+    schema = CrdSchema("K", "g", {"type": "object", "properties": {"spec": {
+        "type": "object",
+        "properties": {"replicas": {"type": "integer"}, "mode": {"type": "string"}},
+        "x-kubernetes-validations": [
+            {"rule": "self.replicas <= 3", "messageExpression": "'replicas ' + string(self.replicas) + ' > 3'",
+             "fieldPath": ".replicas"},
+            {"rule": "self.mode != 'x'", "message": "mode x is refused", "messageExpression": "self.nope",
+             "reason": "FieldValueForbidden", "fieldPath": ".mode"},
+            {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"},
+        ]}}})
+    obj = {"metadata": {"name": "a"}, "spec": {"replicas": 5, "mode": "x"}}
+    assert [str(e) for e in schema.errors(obj)] == [
+        'spec.replicas: Invalid value: "object": replicas 5 > 3', "spec.mode: Forbidden: mode x is refused"]
+    old = {"metadata": {"name": "a"}, "spec": {"replicas": 1, "mode": "y"}}
+    assert "spec: Invalid value: \"object\": mode is immutable" in [str(e) for e in schema.errors(obj, old)]
