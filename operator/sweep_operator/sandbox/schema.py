@@ -453,8 +453,15 @@ def default(obj: Any, node: Node | None) -> None:
 # kubeOpenAPIResultToFieldErrors converts them)
 
 
+_TYPE_NAMES: dict[type, str] = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string",
+                                list: "array", dict: "object"}
+
+
 def _json_type(value: Any) -> str:
     """The name kube-openapi's type validator reports for a value (swag's JSON type)."""
+    name = _TYPE_NAMES.get(type(value))
+    if name is not None:
+        return name
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -470,16 +477,14 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
-def _type_ok(node: Node, value: Any) -> bool:
-    if value is None:
+def _type_ok(node: Node, value: Any, actual: str | None = None) -> bool:
+    actual = actual or _json_type(value)
+    if actual == "null":
         return node.nullable
     if node.int_or_string:
-        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+        return actual in ("string", "integer")
     kind = node.type
-    if not kind:
-        return True
-    actual = _json_type(value)
-    return actual == kind or (kind == "number" and actual == "integer")
+    return not kind or actual == kind or (kind == "number" and actual == "integer")
 
 
 def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: Any = _OMIT) -> None:
@@ -490,7 +495,8 @@ def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: A
     """
     if old is not _OMIT and old == value and type(old) is type(value):
         return
-    if not _type_ok(node, value):
+    actual = _TYPE_NAMES.get(type(value)) or _json_type(value)
+    if not _type_ok(node, value, actual):
         if value is None and not node.nullable:
             # InvalidType with a "null" value: `must be of type string: "null"`
             type_name = "integer,string" if node.int_or_string else node.type
@@ -498,23 +504,22 @@ def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: A
                                      f'{path} in body must be of type {type_name}: "null"'))
             return
         type_name = "integer,string" if node.int_or_string else node.type
-        actual = _json_type(value)
         errors.append(FieldError("FieldValueTypeInvalid", path, actual,
                                  f'{path} in body must be of type {type_name}: "{actual}"'))
         return
-    if value is None or not (node.scalar_checks or isinstance(value, dict | list)):
+    if actual == "null" or not (node.scalar_checks or actual in ("object", "array")):
         return
-    if isinstance(value, str):
+    if actual == "string":
         _validate_string(value, node, path, errors)
-    elif isinstance(value, int | float) and not isinstance(value, bool):
+    elif actual in ("integer", "number"):
         _validate_number(value, node, path, errors)
     if node.enum is not None and value not in node.enum:
         values = [v if isinstance(v, str) else json.dumps(v) for v in node.enum]
         errors.append(FieldError("FieldValueNotSupported", path, value,
                                  "supported values: " + ", ".join(json.dumps(v) for v in values)))
-    if isinstance(value, dict):
+    if actual == "object":
         _validate_object(value, node, path, errors, old)
-    elif isinstance(value, list):
+    elif actual == "array":
         _validate_array(value, node, path, errors, old)
 
 
