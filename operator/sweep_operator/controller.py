@@ -960,7 +960,8 @@ class SweepController:
             # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does
             # not import): KubeRay only knows the exit code.
             patch["message"] = f"{status.get('message') or 'failed'}; the driver says: {said}"[:2000]
-        verification = self._verify_target(target)
+        # Inline: a reconcile worker queued behind the guards' verifications would stall deadlines (guard matrix).
+        verification = self._verify_target(target, pooled=False)
         judged = decide_after_verification(verification, attempt=0, base_backoff=1, max_backoff=1,
                                            progress=progress, final=result)
         verified = verification.verified and verification.checked > 0 and isinstance(judged, Release) and not judged.audit
@@ -983,7 +984,7 @@ class SweepController:
         if not verified:
             self.emit(body, "Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text)
 
-    def _verify_target(self, target: GuardTarget) -> Any:
+    def _verify_target(self, target: GuardTarget, *, pooled: bool = True) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
         object vanished (one listing pass is cheap next to the data it protects)."""
         started = time.monotonic()
@@ -994,7 +995,7 @@ class SweepController:
             "timeout_seconds": min(target.timeout_seconds, self.settings.limits.max_verification_timeout_seconds),
             "min_retention_days": self.settings.min_retention_days,
         }
-        if self.verification_pool is not None:
+        if pooled and self.verification_pool is not None:
             result = self.verification_pool.submit(self.verify, *args, **options).result()
         else:
             result = self.verify(*args, **options)

@@ -139,8 +139,9 @@ class Settings:
     reconcile_seconds: float = field(default=10.0, metadata=_env("SWEEP_RECONCILE_SECONDS"))
     # Concurrent S3 listings in one verification.
     verify_concurrency: int = field(default=8, metadata=_env("SWEEP_VERIFY_CONCURRENCY"))
-    # Verifications running at once, operator-wide (a dedicated pool: a slow bucket cannot take every thread).
-    verification_workers: int = field(default=4, metadata=_env("SWEEP_VERIFICATION_WORKERS"))
+    # The checkpoint guard's verifications running at once, on a pool of their own (bounds the S3 connections and
+    # threads a slow bucket holds; the webhook never waits on it).
+    verification_workers: int = field(default=8, metadata=_env("SWEEP_VERIFICATION_WORKERS"))
     # S3 clients kept (least recently used dropped first), one per (endpoint, region) pair.
     s3_client_cache_size: int = field(default=32, metadata=_env("SWEEP_S3_CLIENT_CACHE_SIZE"))
     # Minimum retention (days) below which bucket lifecycle rules raise verification warnings.

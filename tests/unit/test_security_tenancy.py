@@ -223,3 +223,35 @@ def test_the_s3_client_cache_is_bounded_and_drops_the_least_recently_used() -> N
     cache("https://b.example", "us-west-2")
     assert built == [("https://a.example", "us-west-2"), ("https://b.example", "us-west-2"),
                      ("https://c.example", "us-west-2"), ("https://b.example", "us-west-2")]
+
+
+def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() -> None:
+    """Every guard verification worker is stuck on a hung bucket: a sweep that just succeeded still gets its
+    checkpoints verified and its status written by the reconcile (a reconcile worker waiting in the guard's queue
+    would stall every tenant's deadlines)."""
+    from tests.unit.test_controller import Clock, FakeS3, FakeVerifier
+
+    kube, s3, verifier = FakeKube(), FakeS3(), FakeVerifier()
+    release = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    stuck = pool.submit(release.wait, 60)
+    made = SweepController(Settings(status_poll_seconds=0), kube, lambda e, r: s3, lambda *a: None,  # type: ignore[arg-type]
+                           verifier=verifier, clock=Clock(), verification_pool=pool)
+    try:
+        doc = changed(gpu_sweep(name="digits"), {})
+        doc["metadata"]["namespace"] = "ml"
+        kube.ensure_finalizer(kube.add("TrainingSweep", doc))
+        made.reconcile_sweep(kube.get_sweep("ml", "digits"))
+        name = kube.get_sweep("ml", "digits")["status"]["rayJobName"]
+        kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+        for obj in [o for (kind, _, _), o in kube.objects.items() if kind == "RayJob"]:
+            made.observe_rayjob(obj)
+        done = threading.Event()
+        threading.Thread(target=lambda: (made.reconcile_sweep(kube.get_sweep("ml", "digits")), done.set()), daemon=True).start()
+        assert done.wait(10), "the reconcile waited on the guard's verification pool"
+        status = kube.get_sweep("ml", "digits")["status"]
+        assert status["phase"] == "Succeeded" and status["checkpoints"]["verified"] is True
+        assert not stuck.done()
+    finally:
+        release.set()
+        pool.shutdown()
