@@ -183,8 +183,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             )
 
     @kopf.on.delete(**SWEEPS, registry=registry)
-    def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
-        return _guarded(lambda: controller.guard_sweep_deletion(body, retry))
+    def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        _guarded(lambda: controller.guard_sweep_deletion(body, retry))
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
 
@@ -213,8 +213,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
 
     @kopf.on.delete(**RAYJOBS, when=ours, registry=registry)
-    def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
-        return _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
+    def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
 
     # kopf puts the guard's finalizer on each of our RayClusters as it appears (the deletion handler below needs
     # it); this handler only sets back a worker group raised above the run's cap.
@@ -226,8 +226,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
 
     @kopf.on.delete(**RAYCLUSTERS, when=ours, registry=registry)
-    def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> str:
-        return _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
+    def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
 
     return registry
 
@@ -255,11 +255,15 @@ async def _off_loop_unless_queued(controller: SweepController, fn: Callable[...,
         await asyncio.to_thread(fn, *args)
 
 
-def _guarded(decide: Callable[[], str]) -> str:
+def _guarded(decide: Callable[[], str]) -> None:
+    """The guard's decision; a hold becomes kopf's TemporaryError (the finalizer stays, kopf retries after the
+    delay). Nothing is returned to kopf: it would store a return value under `status.<handler id>`, which our CRDs'
+    schemas do not have (a real API server prunes it); the reason is in the guard's Events and status."""
     try:
-        return decide()
+        reason = decide()
     except RetryLater as hold:
         raise kopf.TemporaryError(str(hold), delay=hold.delay) from None
+    log.info("checkpoint guard released: %s", reason)
 
 
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
@@ -270,18 +274,42 @@ def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> No
         controller.request_reconcile(meta.get("namespace") or "default", name)
 
 
+class RefusedEndpoint:
+    """The S3 client for an endpoint off the operator's allowlist: every call fails as S3 refuses (AccessDenied),
+    so nothing is sent there. Admission refuses such sweeps; this covers the endpoints that reach the operator
+    another way (a guard annotation or status.guard written before the guard policy, or with it off): the
+    verifier reports the refusal and the guard holds."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def __getattr__(self, name: str) -> Any:
+        from botocore.exceptions import ClientError
+
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": f"endpoint {self.endpoint} is not in the "
+                                         "operator's allowedEndpointHosts; nothing was sent to it"}}, name)
+
+        return refuse
+
+
 class S3ClientCache:
     """One S3 client per (endpoint, region), at most `size` of them, the least recently used dropped first.
     Bounded: endpoints come from sweeps (allowlisted by settings.tenancy, but the list may be wide), and each
-    client holds a connection pool. A caller still holding a dropped client keeps using it."""
+    client holds a connection pool. A caller still holding a dropped client keeps using it. With `allowed`,
+    an endpoint it refuses gets a RefusedEndpoint instead (never cached)."""
 
-    def __init__(self, size: int, build: Callable[[str, str], Any]) -> None:
+    def __init__(self, size: int, build: Callable[[str, str], Any], allowed: Callable[[str], bool] | None = None) -> None:
         self.size = size
         self._build = build
+        self._allowed = allowed
         self._clients: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def __call__(self, endpoint: str, region: str) -> Any:
+        if self._allowed is not None and not self._allowed(endpoint):
+            log.warning("S3 endpoint %s is not allowed (allowedEndpointHosts); refusing to call it", endpoint)
+            return RefusedEndpoint(endpoint)
         with self._lock:  # boto3 clients are thread-safe once built; building one is not
             key = (endpoint, region)
             if key in self._clients:
@@ -313,7 +341,11 @@ def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetri
     # Verifications share no thread with reconciles or the webhook; at most verification_workers wait on S3.
     pool = ThreadPoolExecutor(max_workers=settings.verification_workers, thread_name_prefix="verify")
     return SweepController(
-        settings, KubeApi(api_client), S3ClientCache(settings.s3_client_cache_size, build), post_event,
+        settings, KubeApi(api_client),
+        # The operator's own default endpoint is the platform's choice; every other one must be allowlisted.
+        S3ClientCache(settings.s3_client_cache_size, build,
+                      allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e)),
+        post_event,
         metrics=metrics, reconcile_workers=RECONCILE_WORKERS, verification_pool=pool,
     )
 

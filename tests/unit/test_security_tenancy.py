@@ -255,3 +255,24 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learnt_it() -> None:
+    """A guard target written before the guard policy (or with it off) may still name a forged endpoint: the
+    client cache hands out a client that refuses every call, the real verifier reports it and nothing is sent."""
+    from sweep_operator.handlers import RefusedEndpoint
+    from sweep_operator.verification import verify_sweep_checkpoints
+
+    built: list[str] = []
+    settings = Settings(tenancy=TENANCY, s3_endpoint_url="http://minio.default.svc:9000")
+    cache = S3ClientCache(4, lambda endpoint, region: built.append(endpoint) or object(),
+                          allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e))
+    refused = cache("http://169.254.169.254", "us-west-2")
+    assert isinstance(refused, RefusedEndpoint) and built == [] and len(cache) == 0
+    cache(settings.s3_endpoint_url, "")  # the operator's own default is the platform's choice
+    cache("https://s3.us-west-2.amazonaws.com", "us-west-2")
+    assert built == [settings.s3_endpoint_url, "https://s3.us-west-2.amazonaws.com"]
+    result = verify_sweep_checkpoints(refused, "s3://bucket/sweeps/team-a/digits-r1", concurrency=2,
+                                      timeout_seconds=10, min_retention_days=30)
+    assert not result.verified and result.checked == 0
+    assert any("169.254.169.254" in p.detail and "allowedEndpointHosts" in p.detail for p in result.problems)
