@@ -113,9 +113,10 @@ class TenancyPolicy:
         except ValueError:
             return False
         candidates = {host} | ({f"{host}:{port}"} if port else set())
+        # An entry without a port allows the host on any port; `*.` matches subdomains only (not the domain).
         for entry in self.allowed_endpoint_hosts:
             if entry.startswith("*."):
-                if any(fnmatch.fnmatchcase(c, entry) and ":" not in c for c in candidates):
+                if any(fnmatch.fnmatchcase(c, entry) for c in candidates):
                     return True
             elif entry in candidates:
                 return True

@@ -99,6 +99,7 @@ def test_a_namespace_with_no_allowed_account_says_so() -> None:
         "https://amazonaws.com.attacker.example",
         "https://amazonaws.com",  # *.amazonaws.com means a subdomain
         "http://127.0.0.1:9090",
+        "http://s3.amazonaws.com@169.254.169.254",  # userinfo: the host is what follows the '@'
     ],
 )
 def test_an_endpoint_outside_the_allowed_hosts_is_refused(endpoint: str) -> None:
@@ -276,3 +277,11 @@ def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learn
                                       timeout_seconds=10, min_retention_days=30)
     assert not result.verified and result.checked == 0
     assert any("169.254.169.254" in p.detail and "allowedEndpointHosts" in p.detail for p in result.problems)
+
+
+def test_an_entry_with_a_port_allows_that_port_only() -> None:
+    tenancy = TenancyPolicy(allowed_endpoint_hosts=("*.corp.example:9000", "minio.svc"))
+    assert tenancy.endpoint_allowed("http://s3.corp.example:9000")
+    assert not tenancy.endpoint_allowed("http://s3.corp.example:9001") and not tenancy.endpoint_allowed("http://s3.corp.example")
+    assert tenancy.endpoint_allowed("http://minio.svc:9000") and tenancy.endpoint_allowed("https://minio.svc")
+    assert not tenancy.endpoint_allowed("http://minio.svc.attacker.example")
