@@ -94,6 +94,7 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     assert status["bestTrial"]["checkpointUri"].startswith(f"s3://{bucket}/{prefix}/train/")
     assert status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
     wait_for(lambda: {"Starting", "Running", "Succeeded"} <= set(env.event_reasons(name)), TIMEOUT, what="an Event per transition")
+    assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
 
 
 def assert_rendered_within(rendered: Any, stored: Any, path: str) -> None:

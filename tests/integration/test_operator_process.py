@@ -70,8 +70,9 @@ def test_operator_process_serves_liveness_and_metrics_and_reconciles(emulator: E
         assert api.get_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL, status)
         code, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
         assert code == 200
-        assert 'trainingsweep_sweeps{phase="Starting"} 1.0' in body
-        for name in ("trainingsweep_reconcile_seconds", "trainingsweep_verification_seconds", "trainingsweep_deadline_stops_total", "trainingsweep_queued_sweeps"):
+        assert 'trainingsweep_sweeps{namespace="default",phase="Starting"} 1.0' in body
+        for name in ("trainingsweep_reconcile_duration_seconds", "trainingsweep_verification_duration_seconds",
+                     "trainingsweep_deadline_stops_total", "trainingsweep_queued_sweeps"):
             assert name in body, name
         # A setting the operator could not use stops it at startup with the variable named.
         bad = subprocess.run(

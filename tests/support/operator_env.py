@@ -132,6 +132,11 @@ class OperatorEnv:
             constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"metadata": {"annotations": annotations}}
         )
 
+    def pruned(self) -> list[tuple[str, str]]:
+        """Fields any write sent that the API server's schemas pruned (kind, path): the operator and the stand-in
+        must write none, since a real server drops them silently (issue 12, defect 1)."""
+        return list(self.server.emulator.unknown_fields)
+
     def report_trials_running(self, bucket: str, prefix: str, running: int = 1) -> None:
         """Write the driver's `_sweep/status.json` as a run with trials running: scripted jobs write nothing, and
         the startup clock stops only when a trial runs."""
