@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -210,6 +211,7 @@ class SweepController:
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self._unfinished_runs)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
+        self._finishing: set[tuple[str, str]] = set()  # sweeps whose end-of-run verification is on the pool
         self._create_failures: dict[tuple[str, str], tuple[int, float]] = {}  # (ns, sweep) -> (failed creates in a row, retry at)
         self.memory = _Memory()
         self._memory_lock = threading.Lock()
@@ -223,6 +225,12 @@ class SweepController:
         self._rayjob_facts: dict[str, tuple[Any, ...]] = {}
         # A concurrent.futures executor every verification runs on (bounded: handlers.build_controller); None: inline.
         self.verification_pool = verification_pool
+        # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
+        # and neither holds a reconcile worker while a bucket is slow.
+        self.finish_pool: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=FINISH_VERIFICATION_WORKERS, thread_name_prefix="finish-verify")
+            if verification_pool is not None else None
+        )
         self.queue: WorkQueue[tuple[str, str]] | None = (
             WorkQueue(self._reconcile_key, workers=reconcile_workers) if reconcile_workers else None
         )
@@ -331,9 +339,11 @@ class SweepController:
         self.reconcile_sweep({"metadata": {"namespace": key[0], "name": key[1]}})
 
     def close(self) -> None:
-        """Stop the work queue's threads (the operator is stopping)."""
+        """Stop the work queue's threads and the end-of-run verification pool (the operator is stopping)."""
         if self.queue is not None:
             self.queue.stop()
+        if self.finish_pool is not None:
+            self.finish_pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     def _key(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -730,7 +740,7 @@ class SweepController:
         if is_terminal(phase):
             self._release_and_admit_next(namespace, name)
             if not (status.get("checkpoints") or {}).get("verifiedAt"):
-                self._finish(body, status)
+                self._finish_soon(body, status)
             return
         rayjob = self._rayjob_for_reconcile(namespace, status.get("rayJobName") or "")
         run_spec = run_spec_of(rayjob) if rayjob else None
@@ -836,7 +846,7 @@ class SweepController:
         self._patch_status(body, status, patch)
         if is_terminal(new_phase):
             self._release_and_admit_next(namespace, name)
-            self._finish(body, {**status, **patch})
+            self._finish_soon(body, {**status, **patch})
 
     def _running_progress(self, sweep: Sweep | None, phase: str, status: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         """Poll the run's progress into `patch` while Running (at most every status_poll_seconds); the trial
@@ -937,6 +947,44 @@ class SweepController:
     def _run_target(self, body: Mapping[str, Any]) -> GuardTarget | None:
         """What this sweep's run writes to: recorded at admission, else derived from the spec's structure."""
         return status_target(body) or self._spec_target(body)
+
+    def _finish_soon(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        """The end-of-run verification, off the reconcile worker when there is a verification pool (a slow bucket
+        would hold the worker, and every tenant's reconciles behind it, for up to the verification timeout)."""
+        if self.finish_pool is None:
+            self._finish(body, status)
+            return
+        key = self._key(body)
+        with self._memory_lock:
+            if key in self._finishing:
+                return
+            self._finishing.add(key)
+        try:
+            self.finish_pool.submit(self._finish_fresh, key)
+        except RuntimeError:  # the pool is shut down: the operator is stopping; the next one verifies
+            with self._memory_lock:
+                self._finishing.discard(key)
+
+    def _finish_fresh(self, key: tuple[str, str]) -> None:
+        """`_finish` on the newest copy of the sweep, while it is still ended and unverified (pool thread)."""
+        try:
+            for attempt in range(3):
+                fresh = self._known_sweep(*key, reread=attempt > 0)
+                if fresh is None or _meta(fresh).get("deletionTimestamp"):
+                    return
+                status = _status(fresh)
+                if not is_terminal(status.get("phase")) or (status.get("checkpoints") or {}).get("verifiedAt"):
+                    return
+                try:
+                    self._finish(fresh, status)
+                    return
+                except _Stale:
+                    continue
+        except Exception:  # a tick comes back while verifiedAt is unset
+            log.exception("sweep %s/%s: the end-of-run verification failed", *key)
+        finally:
+            with self._memory_lock:
+                self._finishing.discard(key)
 
     def _finish(self, body: Mapping[str, Any], status: dict[str, Any]) -> None:
         """At a terminal phase: final result from `_sweep/result.json`, then verify checkpoints once, judged by the
@@ -1391,6 +1439,7 @@ class SweepController:
         return []
 
 
+FINISH_VERIFICATION_WORKERS = 2
 CREATE_RETRY_BASE_SECONDS = 5.0
 CREATE_RETRY_MAX_SECONDS = 300.0
 

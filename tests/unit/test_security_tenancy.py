@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sweep_operator.sandbox.emulator import wait_for
 from sweep_operator.controller import SweepController
 from sweep_operator.guard import GuardTarget
 from sweep_operator.handlers import S3ClientCache
@@ -250,12 +251,54 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
         done = threading.Event()
         threading.Thread(target=lambda: (made.reconcile_sweep(kube.get_sweep("ml", "digits")), done.set()), daemon=True).start()
         assert done.wait(10), "the reconcile waited on the guard's verification pool"
-        status = kube.get_sweep("ml", "digits")["status"]
-        assert status["phase"] == "Succeeded" and status["checkpoints"]["verified"] is True
+        assert kube.get_sweep("ml", "digits")["status"]["phase"] == "Succeeded"
+        # The end-of-run verification runs on its own pool: not behind the stuck guard, not on the reconcile worker.
+        status = wait_for(lambda: (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verified") is True
+                          and kube.get_sweep("ml", "digits")["status"], 10, what="the end-of-run verification")
+        assert status["checkpoints"]["verified"] is True and verifier.calls
         assert not stuck.done()
     finally:
         release.set()
         pool.shutdown()
+        made.close()
+
+
+def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
+    """Issue 15, item 5: the end-of-run verification of a sweep whose bucket hangs runs on the finish pool; the
+    reconcile that saw the sweep end returns at once, and the status is written when the verification returns."""
+    from tests.unit.test_controller import Clock, FakeResult, FakeS3
+
+    kube, s3, gate = FakeKube(), FakeS3(), threading.Event()
+    entered: list[str] = []
+
+    def hanging_verifier(client: Any, root: str, **_: Any) -> Any:
+        entered.append(threading.current_thread().name)
+        gate.wait(30)
+        return FakeResult(True)
+
+    made = SweepController(Settings(status_poll_seconds=0), kube, lambda e, r: s3, lambda *a: None,  # type: ignore[arg-type]
+                           verifier=hanging_verifier, clock=Clock(), verification_pool=ThreadPoolExecutor(max_workers=1))
+    try:
+        doc = changed(gpu_sweep(name="digits"), {})
+        doc["metadata"]["namespace"] = "ml"
+        kube.ensure_finalizer(kube.add("TrainingSweep", doc))
+        made.reconcile_sweep(kube.get_sweep("ml", "digits"))
+        name = kube.get_sweep("ml", "digits")["status"]["rayJobName"]
+        kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+        for obj in [o for (kind, _, _), o in kube.objects.items() if kind == "RayJob"]:
+            made.observe_rayjob(obj)
+        made.reconcile_sweep(kube.get_sweep("ml", "digits"))  # returns although the verifier hangs
+        wait_for(lambda: entered, 10, what="the verification started")
+        assert entered[0].startswith("finish-verify")
+        assert not (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verifiedAt")
+        made.reconcile_sweep(kube.get_sweep("ml", "digits"))  # a tick meanwhile starts no second verification
+        gate.set()
+        wait_for(lambda: (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verifiedAt"), 10,
+                 what="the status written after the verification")
+        assert len(entered) == 1
+    finally:
+        gate.set()
+        made.close()
 
 
 def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learnt_it() -> None:
