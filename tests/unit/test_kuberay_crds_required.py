@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-from tests.support.schemas import KUBERAY_CRD_FILES, REQUIRE_VARIABLE, kuberay_crd_dir
+from tests.support.schemas import KUBERAY_CRD_FILES, REQUIRE_VARIABLE, require_kuberay_crds
 
 REPO = Path(__file__).resolve().parents[2]
 SUBSET = "tests/unit/test_rendering.py::test_schema_check_catches_a_misspelt_field"
@@ -40,9 +39,7 @@ def test_schema_tests_skip_with_directions_without_the_crds_and_fail_when_requir
 
 
 def test_a_directory_named_by_kuberay_crds_is_used(tmp_path: Path) -> None:
-    source = kuberay_crd_dir()
-    if source is None:
-        pytest.skip("no KubeRay CRDs on this machine to copy (see tests/support/schemas.py for how to get them)")
+    source = require_kuberay_crds()  # skips saying how to get them; fails under SWEEPS_REQUIRE_KUBERAY_CRDS=1
     for name in KUBERAY_CRD_FILES:
         (tmp_path / name).write_bytes((source / name).read_bytes())
     passed = run_subset(tmp_path, KUBERAY_CRDS=str(tmp_path), **{REQUIRE_VARIABLE: "1"})
