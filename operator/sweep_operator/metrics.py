@@ -10,7 +10,6 @@ import threading
 import time
 from collections import Counter as _Tally
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from . import constants
 from .api import TERMINAL_PHASES, Phase
+from .status import epoch_seconds
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 PREFIX = "trainingsweep_"
@@ -38,15 +38,6 @@ STATE_GAUGES: dict[str, str] = {
     "trainingsweep_guard_holding_objects": "Objects whose deletion the checkpoint guard holds, by namespace and kind",
     "trainingsweep_guard_holding_since_timestamp_seconds": "When the deletion the guard holds was asked for (deletionTimestamp), Unix time",
 }
-
-
-def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def run_root_identity(root: str) -> tuple[str, str]:
@@ -74,7 +65,7 @@ class SweepFacts:
     def of(cls, body: Mapping[str, Any]) -> SweepFacts:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         phase = status.get("phase") or "Pending"
-        deleting = _parse_time(meta.get("deletionTimestamp"))
+        deleting = epoch_seconds(meta.get("deletionTimestamp"))
         # The ledger's own rule for what holds budget (ledger.AdmissionLedger._ensure_loaded).
         admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
         gpus = (status.get("replicas") or {}).get("gpus")
@@ -82,7 +73,7 @@ class SweepFacts:
             namespace=meta.get("namespace") or "default",
             name=meta.get("name") or "",
             phase=phase,
-            queued_at=_parse_time(status.get("queuedAt")) if phase == "Queued" else None,
+            queued_at=epoch_seconds(status.get("queuedAt")) if phase == "Queued" else None,
             deleting_since=deleting,
             gpus=gpus if isinstance(gpus, int) and admitted else 0,
             admitted=admitted,
@@ -164,7 +155,7 @@ class OperatorMetrics:
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
         sweep = sweep or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or (name if kind == "TrainingSweep" else "")
-        since = _parse_time(meta.get("deletionTimestamp")) or self._clock()
+        since = epoch_seconds(meta.get("deletionTimestamp")) or self._clock()
         self.guard_holds.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
         with self._lock:
             held = self._holds.get((kind, namespace, name))

@@ -35,6 +35,18 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def epoch_seconds(value: Any) -> float | None:
+    """An RFC 3339 time (or a number already in seconds) as Unix time; None when absent or unreadable."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class RayJobFacts:
     """What the operator reads from a RayJob (None fields: not reported yet)."""

@@ -70,3 +70,28 @@ def run_id_from(value: str | None) -> str:
         return check_run_id(value) if value else new_run_id()
     except ValueError as exc:
         raise UsageError(f"--run-id: {exc}") from None
+
+
+def kube_connection(kubeconfig: str | None, context: str | None, namespace: str | None) -> tuple[Any, str, str]:
+    """(api client, namespace, kubeconfig user) as kubectl resolves them: `--kubeconfig`, else $KUBECONFIG, else
+    ~/.kube/config, the named or current context and its namespace; in a pod with no kubeconfig, the pod's
+    service account. UsageError when no kubeconfig works or the context does not exist."""
+    import os
+
+    import kubernetes
+    from kubernetes import config
+
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config()
+        return kubernetes.client.ApiClient(), namespace or "default", ""
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        if context:
+            active = next((c for c in contexts if c.get("name") == context), None)
+            if active is None:
+                raise UsageError(f"--context {context!r}: no such context in the kubeconfig")
+        api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+    except (config.ConfigException, OSError, TypeError) as exc:
+        raise UsageError(f"no usable kubeconfig: {exc}") from None
+    settings = (active or {}).get("context", {})
+    return api_client, namespace or settings.get("namespace") or "default", settings.get("user") or ""

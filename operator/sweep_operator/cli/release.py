@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
 
 RELEASER = "sweepctl-release"
 
@@ -56,25 +56,12 @@ class Held:
 
 
 def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
-    import os
-
     import kubernetes
-    from kubernetes import config
 
-    if not args.kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()  # the chart's uninstall hook: the pod's service account
-        api_client = kubernetes.client.ApiClient()
-        return kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), "default", ""
-    try:
-        _contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-    except (config.ConfigException, OSError, TypeError) as exc:
-        raise UsageError(f"no usable kubeconfig: {exc}") from None
-    context = (active or {}).get("context", {})
     namespace = getattr(args, "namespace", None)
-    namespace = (namespace[0] if isinstance(namespace, list) else namespace) or context.get("namespace") or "default"
-    return (kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), namespace,
-            context.get("user") or "")
+    api_client, namespace, user = kube_connection(args.kubeconfig, args.context,
+                                                  namespace[0] if isinstance(namespace, list) else namespace)
+    return kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), namespace, user
 
 
 def _kinds() -> list[tuple[str, str, str, str]]:

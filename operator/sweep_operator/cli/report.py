@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from .common import EXIT_FAILED, EXIT_OK, UsageError
+from ..status import epoch_seconds
+from .common import EXIT_FAILED, EXIT_OK, UsageError, kube_connection
 
 FIGURES = ("learning_curves.png", "parameters.png", "timeline.png")
 REPORT = "report.html"
@@ -302,25 +303,14 @@ class Timeline:
     now: float
 
 
-def _ts(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def timeline(records: RunRecords, now: float) -> Timeline:
     """The sweep's life: Queued, Starting, Running (status times), each RayJob attempt (Events), each trial
     (Tune's result timestamps), the deadline and the last verification."""
     status, meta = records.status, (records.sweep or {}).get("metadata") or {}
-    created = _ts(meta.get("creationTimestamp"))
-    queued, started, training = _ts(status.get("queuedAt")), _ts(status.get("startedAt")), _ts(status.get("trainingStartedAt"))
+    created = epoch_seconds(meta.get("creationTimestamp"))
+    queued, started, training = epoch_seconds(status.get("queuedAt")), epoch_seconds(status.get("startedAt")), epoch_seconds(status.get("trainingStartedAt"))
     # With the sweep at hand its status says whether it ended; result.json alone says so only without it.
-    finished = _ts(status.get("finishedAt")) if records.sweep is not None else _ts((records.result or {}).get("finishedAt"))
+    finished = epoch_seconds(status.get("finishedAt")) if records.sweep is not None else epoch_seconds((records.result or {}).get("finishedAt"))
     trial_spans = []
     for trial, rows in sorted(records.trial_results.items()):
         stamps = [(_finite(r.get("timestamp")), _finite(r.get("time_total_s")) or 0.0) for r in rows]
@@ -338,22 +328,22 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     if running_from is not None:
         spans.append(Span("phase", "Running", running_from, finished, "phase"))
     # KubeRay creates a RayCluster per attempt and says so on the RayJob (rayjob_controller.go: CreatedRayCluster).
-    attempts = sorted((e for e in records.events if e.get("reason") == "CreatedRayCluster" and _ts(e.get("time")) is not None),
-                      key=lambda e: _ts(e.get("time")) or 0.0)
+    attempts = sorted((e for e in records.events if e.get("reason") == "CreatedRayCluster" and epoch_seconds(e.get("time")) is not None),
+                      key=lambda e: epoch_seconds(e.get("time")) or 0.0)
     for i, event in enumerate(attempts):
-        at = _ts(event.get("time"))
-        nxt = _ts(attempts[i + 1].get("time")) if i + 1 < len(attempts) else finished
+        at = epoch_seconds(event.get("time"))
+        nxt = epoch_seconds(attempts[i + 1].get("time")) if i + 1 < len(attempts) else finished
         if at is not None:
             spans.append(Span("RayJob attempts", f"attempt {i + 1}", at, nxt, "attempt"))
     if not attempts and (status.get("attemptStartedAt") or started):
-        spans.append(Span("RayJob attempts", "attempt 1", _ts(status.get("attemptStartedAt")) or started or 0.0, finished, "attempt"))
+        spans.append(Span("RayJob attempts", "attempt 1", epoch_seconds(status.get("attemptStartedAt")) or started or 0.0, finished, "attempt"))
     spans += trial_spans
     markers = []
     if created is not None:
         markers.append(Marker("created", created, "event"))
-    if _ts(status.get("deadlineAt")) is not None:
-        markers.append(Marker("deadline", _ts(status.get("deadlineAt")) or 0.0, "deadline"))
-    verified_at = _ts((records.verification or {}).get("verifiedAt")) or _ts((status.get("checkpoints") or {}).get("verifiedAt"))
+    if epoch_seconds(status.get("deadlineAt")) is not None:
+        markers.append(Marker("deadline", epoch_seconds(status.get("deadlineAt")) or 0.0, "deadline"))
+    verified_at = epoch_seconds((records.verification or {}).get("verifiedAt")) or epoch_seconds((status.get("checkpoints") or {}).get("verifiedAt"))
     if verified_at is not None:
         markers.append(Marker("verification", verified_at, "verification"))
     if finished is not None:
@@ -574,20 +564,10 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}}
 
 def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
     import kubernetes
-    from kubernetes import config
 
     from .. import constants
 
-    try:
-        _contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        if args.context:
-            active = next((c for c in _contexts if c.get("name") == args.context), None)
-            if active is None:
-                raise UsageError(f"--context {args.context!r}: no such context in the kubeconfig")
-        api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-    except (config.ConfigException, OSError, TypeError) as exc:
-        raise UsageError(f"no usable kubeconfig: {exc}") from None
-    namespace = args.namespace or (active or {}).get("context", {}).get("namespace") or "default"
+    api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
         sweep = api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_OK, UsageError
+from .common import EXIT_FAILED, EXIT_OK, kube_connection
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,20 +44,10 @@ def format_status(name: str, namespace: str, status: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import kubernetes
-    from kubernetes import config
 
     from .. import constants
 
-    try:
-        contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        if args.context:
-            active = next((c for c in contexts if c.get("name") == args.context), None)
-            if active is None:
-                raise UsageError(f"--context {args.context!r}: no such context in the kubeconfig")
-        api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-    except (config.ConfigException, OSError, TypeError) as exc:
-        raise UsageError(f"no usable kubeconfig: {exc}") from None
-    namespace = args.namespace or (active or {}).get("context", {}).get("namespace") or "default"
+    api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
         obj = api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
