@@ -940,8 +940,14 @@ class SweepController:
             if not force and last is not None and now - last < self.settings.status_poll_seconds:
                 return {}
             self.memory.last_progress_poll[key] = now
-        layout = s3_layout.RunLayout(self.run_root(sweep, status["runId"]))
-        doc = self._read_json(self._s3_client(sweep.spec.storage), layout.status_path)
+        # The run's recorded storage (status.guard), as the guard reads it; today's spec only for older runs.
+        target = status_target({"metadata": {"name": sweep.name}, "status": status})
+        if target is None:
+            layout = s3_layout.RunLayout(self.run_root(sweep, status["runId"]))
+            client = self._s3_client(sweep.spec.storage)
+        else:
+            layout, client = s3_layout.RunLayout(target.run_root), self.s3_client_for(target.endpoint_url, target.region)
+        doc = self._read_json(client, layout.status_path)
         return progress_patch(doc) if doc else {}
 
     def _run_target(self, body: Mapping[str, Any]) -> GuardTarget | None:

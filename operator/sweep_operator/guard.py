@@ -165,7 +165,7 @@ def reported_checkpoints(*documents: Mapping[str, Any] | None) -> list[str]:
         best = doc.get("bestTrial")
         if isinstance(best, Mapping) and best.get("checkpointUri"):
             uris.append(str(best["checkpointUri"]))
-        for trial in doc.get("trialResults") or doc.get("trialList") or []:
+        for trial in doc.get("trialResults") or []:
             if isinstance(trial, Mapping) and trial.get("checkpointUri"):
                 uris.append(str(trial["checkpointUri"]))
     return sorted(set(uris))
