@@ -1,0 +1,337 @@
+"""GPU-hour accounting (reconcile.usage): pod facts, the status.usage ledger, and the budget decisions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from sweep_operator.reconcile.usage import (
+    HOUR,
+    MAX_POD_INTERVALS,
+    BudgetAdmit,
+    BudgetQueue,
+    BudgetReject,
+    NamespaceBudget,
+    PodInterval,
+    SweepUsage,
+    UsageLedger,
+    budget_frees_at,
+    decide_budget,
+    decide_budget_admission,
+    epoch,
+    fold,
+    needs_write,
+    observe_pod,
+    pod_ended_at,
+    pod_gpus,
+    pod_scheduled_at,
+    reserved_gpu_hours,
+    rfc3339,
+    with_thresholds,
+    worst_case_gpu_hours,
+)
+
+T0 = epoch("2026-12-03T10:00:00Z")
+assert T0 is not None
+
+
+def at(seconds: float) -> str:
+    return rfc3339(T0 + seconds)
+
+
+def pod(name: str, *, gpus: int = 1, scheduled: float | None = 0.0, cluster: str = "c1", uid: str | None = None,
+        finished: list[float | None] | None = None, phase: str = "Running", deleted: float | None = None,
+        init_gpus: int = 0, request_only: bool = False) -> dict[str, Any]:
+    """A Pod as kube-scheduler and the kubelet leave it (condition and containerStatuses shapes of core/v1)."""
+    resources = {"requests": {"nvidia.com/gpu": str(gpus)}} if request_only else {"limits": {"nvidia.com/gpu": gpus}}
+    containers = [{"name": "ray-worker", "resources": resources if gpus else {}}]
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": at(scheduled)})
+    else:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                           "lastTransitionTime": at(0)})
+    statuses = []
+    for end in finished or [None]:
+        state = ({"terminated": {"exitCode": 0, "finishedAt": at(end), "startedAt": at(scheduled or 0)}}
+                 if end is not None else {"running": {"startedAt": at(scheduled or 0)}})
+        statuses.append({"name": "ray-worker", "state": state})
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": {"ray.io/cluster": cluster}},
+        "spec": {"containers": containers},
+        "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses},
+    }
+    if init_gpus:
+        body["spec"]["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": init_gpus}}}]
+    if deleted is not None:
+        body["metadata"]["deletionTimestamp"] = at(deleted)
+    return body
+
+
+# ------------------------------------------------------------------------------------------ pod facts
+
+@pytest.mark.parametrize("body, expected", [
+    (pod("a", gpus=1), 1),
+    (pod("a", gpus=4), 4),
+    (pod("a", gpus=2, request_only=True), 2),
+    (pod("head", gpus=0), 0),
+    (pod("a", gpus=1, init_gpus=2), 2),  # PodRequests: max(sum of containers, largest init container)
+])
+def test_pod_gpus_as_the_scheduler_sizes_the_pod(body: dict[str, Any], expected: int) -> None:
+    assert pod_gpus(body) == expected
+
+
+def test_scheduled_at_is_the_pod_scheduled_condition_time() -> None:
+    assert pod_scheduled_at(pod("a", scheduled=12.0)) == T0 + 12
+    assert pod_scheduled_at(pod("a", scheduled=None)) is None  # Unschedulable: holds no GPU
+
+
+@pytest.mark.parametrize("body, expected", [
+    (pod("a"), None),  # still running
+    (pod("a", finished=[100.0]), 100.0),  # its container terminated
+    (pod("a", finished=[100.0, None]), None),  # one container still runs
+    (pod("a", finished=[90.0, 100.0], phase="Failed"), 100.0),
+    (pod("a", deleted=130.0), 130.0),  # grace period's end: nothing runs after it
+    (pod("a", deleted=130.0, finished=[110.0]), 110.0),  # terminated before the grace period ended
+])
+def test_pod_end_is_the_earliest_record_that_it_stopped(body: dict[str, Any], expected: float | None) -> None:
+    assert pod_ended_at(body) == (None if expected is None else T0 + expected)
+
+
+def test_a_succeeded_pod_without_container_times_ends_when_it_became_unready() -> None:
+    body = pod("a", phase="Succeeded")
+    body["status"]["containerStatuses"] = []
+    body["status"]["conditions"].append({"type": "Ready", "status": "False", "lastTransitionTime": at(50)})
+    assert pod_ended_at(body) == T0 + 50
+
+
+def test_pods_without_gpus_or_never_scheduled_are_not_observed() -> None:
+    assert observe_pod(pod("head", gpus=0)) is None
+    assert observe_pod(pod("w", scheduled=None)) is None
+    seen = observe_pod(pod("w", gpus=2, scheduled=5.0, cluster="sweep-abc-raycluster-x"))
+    assert seen == PodInterval("uid-w", "sweep-abc-raycluster-x", 2.0, T0 + 5, None, "w")
+
+
+# ------------------------------------------------------------------------------------------ the ledger
+
+def observe(*bodies: dict[str, Any]) -> list[PodInterval]:
+    return [i for i in (observe_pod(b) for b in bodies) if i is not None]
+
+
+def test_fold_is_idempotent_and_ignores_an_older_read() -> None:
+    running = observe(pod("w1", scheduled=10.0), pod("w2", scheduled=20.0))
+    ended = observe(pod("w1", scheduled=10.0, finished=[610.0]), pod("w2", scheduled=20.0))
+    ledger = fold(UsageLedger(), running, T0 + 300, listed_clusters={"c1"})
+    newer = fold(ledger, ended, T0 + 700, listed_clusters={"c1"})
+    assert fold(newer, ended, T0 + 700, listed_clusters={"c1"}) == newer
+    # a stale read (a cache behind the status) must not reopen w1
+    again = fold(newer, running, T0 + 700, listed_clusters={"c1"})
+    assert again.intervals == newer.intervals
+    assert newer.gpu_seconds(T0 + 700) == pytest.approx(600 + 680)
+
+
+def test_a_running_pod_counts_up_to_now() -> None:
+    ledger = fold(UsageLedger(), observe(pod("w1", gpus=4, scheduled=0.0)), T0 + 60, listed_clusters={"c1"})
+    assert ledger.gpu_hours(T0 + 1800) == pytest.approx(2.0)
+    assert ledger.gpus_held() == 4
+
+
+def test_an_absent_pod_of_a_listed_cluster_is_closed_when_noticed() -> None:
+    ledger = fold(UsageLedger(), observe(pod("w1", scheduled=0.0)), T0 + 60, listed_clusters={"c1"})
+    unlisted = fold(ledger, [], T0 + 120, listed_clusters=set())
+    assert unlisted.intervals[0].end is None  # nothing known about c1: still open
+    gone = fold(ledger, [], T0 + 120, listed_clusters={"c1"})
+    assert gone.intervals[0].end == T0 + 120  # upper bound: never undercounts
+    assert gone.gpu_seconds(T0 + 999) == pytest.approx(120)
+
+
+def test_the_status_record_survives_a_restart_without_double_counting() -> None:
+    """The ledger written to status, read back by a new operator and folded with the same pods, is the same."""
+    reads = observe(pod("w1", scheduled=3.0), pod("w2", scheduled=4.0, finished=[400.0]))
+    ledger = fold(UsageLedger(), reads, T0 + 500, listed_clusters={"c1"})
+    stored = ledger.to_status(T0 + 500, budget_gpu_hours=10.0)
+    restarted = UsageLedger.from_status(stored)
+    refolded = fold(restarted, reads, T0 + 900, listed_clusters={"c1"})
+    assert refolded.gpu_seconds(T0 + 900) == pytest.approx(ledger.gpu_seconds(T0 + 900))
+    assert refolded.to_status(T0 + 900)["podIntervals"] == stored["podIntervals"]
+
+
+def test_stored_times_round_outward_so_the_record_never_loses_a_second() -> None:
+    interval = PodInterval("p", "c", 1.0, T0 + 0.4, T0 + 10.2)
+    back = PodInterval.from_status(interval.to_status())
+    assert back is not None and back.start <= interval.start and back.end is not None and back.end >= interval.end
+
+
+def test_accounting_against_the_pod_timestamps_of_a_scripted_scenario() -> None:
+    """Two attempts (a KubeRay retry makes a new RayCluster): attempt 1 holds 2 x 1-GPU workers for 30 min and one
+    dies after 10; attempt 2 holds 2 x 2-GPU workers for 15 min and one is still running at the end."""
+    a1 = "sweep-x-raycluster-a"
+    a2 = "sweep-x-raycluster-b"
+    timeline = [
+        (600.0, [pod("a-w1", cluster=a1, scheduled=0.0), pod("a-w2", cluster=a1, scheduled=60.0, finished=[600.0])]),
+        (1800.0, [pod("a-w1", cluster=a1, scheduled=0.0, deleted=1800.0)]),
+        (1900.0, [pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0), pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0)]),
+        (2800.0, [pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0, finished=[2800.0]),
+                  pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0)]),
+    ]
+    ledger = UsageLedger()
+    for now, pods in timeline:
+        ledger = fold(ledger, observe(*pods), T0 + now, listed_clusters={p["metadata"]["labels"]["ray.io/cluster"] for p in pods})
+    now = T0 + 2800
+    expected = {
+        a1: (1800 - 0) * 1 + (600 - 60) * 1,
+        a2: (2800 - 1900) * 2 + (2800 - 1900) * 2,
+    }
+    attempts = {a.cluster: a for a in ledger.attempts(now)}
+    assert {c: a.gpu_seconds for c, a in attempts.items()} == pytest.approx(expected)
+    assert attempts[a1].ended_at == T0 + 1800 and attempts[a2].ended_at is None
+    assert ledger.gpu_hours(now) == pytest.approx(sum(expected.values()) / HOUR)
+    status = ledger.to_status(now, budget_gpu_hours=5.0)
+    assert [a["rayClusterName"] for a in status["attempts"]] == [a1, a2]
+    assert status["gpuHours"] == pytest.approx(round(sum(expected.values()) / HOUR, 4))
+    assert status["leftGpuHours"] == pytest.approx(round(5.0 - sum(expected.values()) / HOUR, 4))
+
+
+def test_the_record_is_bounded_and_keeps_gpu_seconds_and_attempts() -> None:
+    many = [pod(f"w{i}", cluster="c1" if i % 2 else "c2", scheduled=float(i * 10), finished=[float(i * 10 + 5)])
+            for i in range(200)]
+    ledger = fold(UsageLedger(), observe(*many, pod("live", scheduled=0.0, cluster="c3")), T0 + 5000,
+                  listed_clusters={"c1", "c2", "c3"})
+    assert len(ledger.intervals) <= MAX_POD_INTERVALS
+    assert ledger.gpu_seconds(T0 + 5000) == pytest.approx(200 * 5 + 5000)
+    attempts = {a.cluster: a.gpu_seconds for a in ledger.attempts(T0 + 5000)}
+    assert attempts == pytest.approx({"c1": 500, "c2": 500, "c3": 5000})
+    assert any(i.pod == "uid-live" and i.end is None for i in ledger.intervals)  # open intervals never merge
+
+
+def test_needs_write_only_when_the_record_changed_or_is_stale() -> None:
+    ledger = fold(UsageLedger(), observe(pod("w1", scheduled=0.0)), T0 + 60, listed_clusters={"c1"})
+    stored = ledger.to_status(T0 + 60)
+    assert not needs_write(stored, ledger.to_status(T0 + 65), refresh_seconds=30)
+    assert needs_write(stored, ledger.to_status(T0 + 95), refresh_seconds=30)
+    ended = fold(ledger, observe(pod("w1", scheduled=0.0, finished=[62.0])), T0 + 65, listed_clusters={"c1"})
+    assert needs_write(stored, ended.to_status(T0 + 65), refresh_seconds=30)
+
+
+# ------------------------------------------------------------------------------------------ the namespace window
+
+def test_window_usage_is_the_overlap_with_the_window() -> None:
+    ledger = UsageLedger((PodInterval("p", "c", 2.0, T0, T0 + 4 * HOUR),))
+    assert ledger.window_gpu_seconds(T0 + 5 * HOUR, 3 * HOUR) / HOUR == pytest.approx(2.0 * 2)  # [2h, 4h] of it
+    assert ledger.window_gpu_seconds(T0 + 10 * HOUR, 3 * HOUR) == 0
+
+
+@pytest.mark.parametrize("needed, expected_hours_after", [
+    (0.0, 0.0),  # 8 used of 10: 2 left now
+    (2.0, 0.0),
+    (4.0, 1.0),  # the 8 GPU-h interval [0h, 1h] leaves a 10 h window from 10h on: 2 GPU-h per 15 min
+    (9.0, None),  # 8 + ... reservations 1.5 leave at most 8.5
+])
+def test_budget_frees_at_the_earliest_time_enough_falls_out_of_the_window(needed: float, expected_hours_after: float | None) -> None:
+    budget = NamespaceBudget(gpu_hours=10.0, window_seconds=10 * HOUR)
+    intervals = [PodInterval("p", "c", 8.0, T0, T0 + HOUR)]
+    now = T0 + 9 * HOUR
+    reserved = 1.5 if needed == 9.0 else 0.0
+    frees = budget_frees_at(intervals, budget, now, needed, reserved)
+    if expected_hours_after is None:
+        assert frees is None
+        return
+    assert frees is not None
+    if needed <= 2.0:
+        assert frees == now
+    else:
+        # at t = 10h + x: used = 8 * (1h - x) ; fits when 8 * (1 - x) + 4 <= 10  ->  x = 0.25 h
+        assert frees == pytest.approx(T0 + 10 * HOUR + 0.25 * HOUR)
+
+
+def test_budget_frees_counts_open_intervals_as_ending_now() -> None:
+    """What a running sweep uses from now on is in its reservation; projecting its pods as well would count it twice."""
+    budget = NamespaceBudget(gpu_hours=10.0, window_seconds=10 * HOUR)
+    frees = budget_frees_at([PodInterval("p", "c", 8.0, T0, None)], budget, T0 + HOUR, 4.0)
+    assert frees == pytest.approx(T0 + 10 * HOUR + 0.25 * HOUR)
+
+
+# ------------------------------------------------------------------------------------------ decisions
+
+NS = NamespaceBudget(gpu_hours=100.0, window_seconds=7 * 24 * HOUR)
+
+
+def admission(**kwargs: Any) -> Any:
+    base: dict[str, Any] = {"worst_case": 10.0, "sweep_budget": None, "run_until_exhausted": False, "now": T0 + 1000}
+    return decide_budget_admission(**{**base, **kwargs})
+
+
+def busy(hours: float, reserved: float = 0.0, name: str = "other") -> SweepUsage:
+    return SweepUsage(name, UsageLedger((PodInterval(f"{name}-p", "c", 1.0, T0, T0 + hours * HOUR),)), reserved)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, BudgetAdmit),
+    ({"sweep_budget": 20.0}, BudgetAdmit),
+    ({"sweep_budget": 5.0}, BudgetReject),  # worst case 10 > 5
+    ({"sweep_budget": 5.0, "run_until_exhausted": True}, BudgetAdmit),  # the budget stops it
+    ({"sweep_budget": 5.0, "sweep_used": 5.0, "run_until_exhausted": True}, BudgetReject),  # nothing left at all
+    ({"namespace": NS}, BudgetAdmit),
+    ({"namespace": NS, "worst_case": 150.0}, BudgetReject),  # above the whole namespace budget: never starts
+    ({"namespace": NS, "worst_case": 150.0, "run_until_exhausted": True}, BudgetAdmit),
+    ({"namespace": NS, "namespace_sweeps": [busy(95.0)]}, BudgetQueue),  # 5 left, worst case 10
+    ({"namespace": NS, "namespace_sweeps": [busy(85.0, reserved=6.0)]}, BudgetQueue),  # reservations count
+    ({"namespace": NS, "namespace_sweeps": [busy(85.0)]}, BudgetAdmit),
+    ({"namespace": NS, "namespace_sweeps": [busy(95.0)], "run_until_exhausted": True}, BudgetAdmit),
+    ({"namespace": NS, "namespace_sweeps": [busy(100.0)], "run_until_exhausted": True}, BudgetQueue),
+    ({"namespace": NS, "namespace_sweeps": [busy(95.0, name="me")], "sweep_name": "me"}, BudgetAdmit),  # own use
+])
+def test_budget_admission(kwargs: dict[str, Any], expected: type) -> None:
+    kwargs.setdefault("now", T0 + 100 * HOUR)
+    assert isinstance(admission(**kwargs), expected)
+
+
+def test_refusal_names_the_field_the_worst_case_and_the_opt_in() -> None:
+    decision = admission(sweep_budget=5.0, worst_case_text="2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours",
+                         worst_case=24.0)
+    assert isinstance(decision, BudgetReject)
+    assert decision.field == "spec.budget.gpuHours"
+    assert "2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours" in decision.reason
+    assert "exceeds the 5 GPU-hours left" in decision.reason and "runUntilExhausted" in decision.reason
+
+
+def test_queued_message_says_when_budget_frees_up() -> None:
+    now = T0 + 100 * HOUR
+    decision = admission(namespace=NamespaceBudget(10.0, 10 * HOUR), now=now, worst_case=4.0,
+                         namespace_sweeps=[SweepUsage("old", UsageLedger((PodInterval("p", "c", 8.0, now - 9 * HOUR, now - 8 * HOUR),)))])
+    assert isinstance(decision, BudgetQueue)
+    assert decision.frees_at == pytest.approx(now + 1.25 * HOUR)
+    assert f"budget frees up at {rfc3339(math.ceil(now + 1.25 * HOUR))}" in decision.reason
+    assert "10 GPU-hours per 10h has 2 left" in decision.reason
+
+
+def test_worst_case_and_reservation() -> None:
+    assert worst_case_gpu_hours(2, 1, 2, 21600) == pytest.approx(24.0)
+    assert reserved_gpu_hours(24.0, None, 4.0) == pytest.approx(20.0)
+    assert reserved_gpu_hours(24.0, 10.0, 4.0) == pytest.approx(6.0)
+    assert reserved_gpu_hours(24.0, 10.0, 12.0) == 0.0
+
+
+def test_thresholds_are_reported_once_each() -> None:
+    ledger = UsageLedger((PodInterval("p", "c", 1.0, T0, None),))
+    first = decide_budget(ledger, 1.0, T0 + 0.85 * HOUR)
+    assert first.crossed == (80,) and not first.stop
+    ledger = with_thresholds(ledger, first.crossed)
+    assert decide_budget(ledger, 1.0, T0 + 0.9 * HOUR).crossed == ()
+    spent = decide_budget(ledger, 1.0, T0 + 1.0 * HOUR)
+    assert spent.crossed == (100,) and spent.stop and "spent" in spent.stop_reason
+    # read back from status, a restarted operator does not report them again
+    restarted = UsageLedger.from_status(with_thresholds(ledger, spent.crossed).to_status(T0 + HOUR))
+    assert decide_budget(restarted, 1.0, T0 + 1.1 * HOUR).crossed == ()
+
+
+def test_the_stop_begins_a_graceful_window_before_the_budget_runs_out() -> None:
+    """The guard keeps the pods while it verifies; the stop starts early enough for that time to fit the budget."""
+    ledger = UsageLedger((PodInterval("p", "c", 4.0, T0, None),))  # 4 GPU-h per hour
+    assert not decide_budget(ledger, 2.0, T0 + 1490, graceful_stop_seconds=300).stop  # 1.656 + 0.333 < 2
+    early = decide_budget(ledger, 2.0, T0 + 1500.1, graceful_stop_seconds=300)
+    assert early.stop and "nearly spent" in early.stop_reason
+    assert early.exhausts_at == pytest.approx(T0 + 1800)
+    assert not decide_budget(ledger, None, T0 + 10 * HOUR).stop  # no budget: never
