@@ -159,6 +159,13 @@ class Settings:
     webhook_cert_dir: str = field(default="/etc/sweep-operator/webhook-tls", metadata=_env("SWEEP_WEBHOOK_CERT_DIR"))
     # How often the mounted certificate files are re-read; a renewed pair is served without a restart.
     webhook_cert_check_seconds: float = field(default=10.0, metadata=_env("SWEEP_WEBHOOK_CERT_CHECK_SECONDS"))
+    # GPU-hour budgets (issue 18), measured from the GPU pods of each namespace's sweeps over a rolling window:
+    # the default for every namespace (0: none), `namespace=hours` entries overriding it (0: none there), the window.
+    namespace_gpu_hours: float = field(default=0.0, metadata=_env("SWEEP_NAMESPACE_GPU_HOURS"))
+    namespace_gpu_hour_budgets: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"))
+    gpu_hours_window_seconds: int = field(default=7 * 24 * 3600, metadata=_env("SWEEP_GPU_HOURS_WINDOW_SECONDS"))
+    # Seconds between rewrites of a running sweep's status.usage totals (a pod starting or ending is written at once).
+    usage_refresh_seconds: float = field(default=60.0, metadata=_env("SWEEP_USAGE_REFRESH_SECONDS"))
 
     def __post_init__(self) -> None:
         for name in ("verification_workers", "s3_client_cache_size"):
@@ -166,6 +173,30 @@ class Settings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 env = next(f.metadata["env"] for f in dataclasses.fields(self) if f.name == name)
                 raise SettingsError(f"{to_camel(name)} ({env}): got {value!r}; must be an integer >= 1")
+        self.namespace_gpu_hour_budget("")  # every entry parses, or the operator does not start
+        if isinstance(self.gpu_hours_window_seconds, bool) or not isinstance(self.gpu_hours_window_seconds, int) \
+                or self.gpu_hours_window_seconds < 60:
+            raise SettingsError(f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
+                                f"{self.gpu_hours_window_seconds!r}; must be an integer >= 60")
+        if not self.namespace_gpu_hours >= 0:
+            raise SettingsError(f"namespaceGpuHours (SWEEP_NAMESPACE_GPU_HOURS): got {self.namespace_gpu_hours!r}; "
+                                "must be >= 0 (0: no namespace budget)")
+
+    def namespace_gpu_hour_budget(self, namespace: str) -> float | None:
+        """GPU-hours `namespace` may use per gpu_hours_window_seconds; None: no budget there."""
+        hours = self.namespace_gpu_hours
+        for entry in self.namespace_gpu_hour_budgets:
+            name, sep, raw = entry.partition("=")
+            try:
+                value = float(raw) if sep and name.strip() else -1.0
+            except ValueError:
+                value = -1.0
+            if not value >= 0:
+                raise SettingsError(f"namespaceGpuHourBudgets (SWEEP_NAMESPACE_GPU_HOUR_BUDGETS): got {entry!r}; "
+                                    "entries are namespace=hours with hours >= 0")
+            if name.strip() == namespace:
+                hours = value
+        return hours if hours > 0 else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

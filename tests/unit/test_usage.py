@@ -335,3 +335,36 @@ def test_the_stop_begins_a_graceful_window_before_the_budget_runs_out() -> None:
     assert early.stop and "nearly spent" in early.stop_reason
     assert early.exhausts_at == pytest.approx(T0 + 1800)
     assert not decide_budget(ledger, None, T0 + 10 * HOUR).stop  # no budget: never
+
+
+# ------------------------------------------------------------------------------------------ configuration
+
+def test_chart_namespace_budgets_reach_the_operator_settings() -> None:
+    """budgets.* in the chart's values -> the settings ConfigMap -> Settings.namespace_gpu_hour_budget."""
+    from sweep_operator.settings import Settings
+    from tests.unit.test_chart import grants, of_kind, render_values, settings_env
+
+    docs = render_values({"budgets": {"namespaceGpuHours": 500, "namespaces": {"team-b": 1000000, "team-a": 120.5,
+                                                                             "sandbox": 0},
+                                      "windowSeconds": 86400}})
+    settings = Settings.from_env(settings_env(docs))
+    assert settings.gpu_hours_window_seconds == 86400
+    assert settings.namespace_gpu_hour_budget("team-a") == 120.5
+    assert settings.namespace_gpu_hour_budget("team-b") == 1000000
+    assert settings.namespace_gpu_hour_budget("sandbox") is None  # 0 turns it off there
+    assert settings.namespace_gpu_hour_budget("elsewhere") == 500
+    # the pods the accounting reads
+    assert {"get", "list", "watch"} <= grants(of_kind(docs, "ClusterRole"))[("", "pods")]
+
+
+@pytest.mark.parametrize("env, field_name", [
+    ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
+    ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a=-3"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
+    ({"SWEEP_NAMESPACE_GPU_HOURS": "-1"}, "SWEEP_NAMESPACE_GPU_HOURS"),
+    ({"SWEEP_GPU_HOURS_WINDOW_SECONDS": "10"}, "SWEEP_GPU_HOURS_WINDOW_SECONDS"),
+])
+def test_bad_budget_settings_name_the_variable(env: dict[str, str], field_name: str) -> None:
+    from sweep_operator.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=field_name):
+        Settings.from_env(env)

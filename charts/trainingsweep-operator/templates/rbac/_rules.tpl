@@ -37,7 +37,8 @@ namespace otherwise.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Startup diagnosis (R6, R20): why a RayCluster's pods are pending (FailedScheduling, image pulls, quota).
+# Startup diagnosis (R6, R20): why a RayCluster's pods are pending (FailedScheduling, image pulls, quota);
+# GPU-hour accounting: the RayClusters' GPU pods, scheduled to gone (label ray.io/cluster).
 - apiGroups: [""]
   resources: ["pods", "events"]
   verbs: ["get", "list", "watch"]
