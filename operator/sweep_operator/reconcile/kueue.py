@@ -1,0 +1,350 @@
+"""Kueue mode, decided from facts (pure): where Kueue has a sweep's RayJob (queued, admitted, preempted), the text
+the sweep's status shows for it, and the sweep's admitted time (its deadline counts only while Kueue admits it).
+
+Kueue sources (kubernetes-sigs/kueue): pkg/controller/jobframework/reconciler.go `ReconcileGenericJob` (eviction ->
+stopJob suspends the RayJob; admission -> startJob unsuspends it), pkg/workload/workload.go `SetQuotaReservation`,
+`UnsetQuotaReservationWithCondition`, pkg/workload/admissionchecks.go `SyncAdmittedCondition`, pkg/workload/evict
+`SetEvictedCondition`; site/content/en/docs/tasks/run/rayjobs.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of
+
+# Label and API names: the RayJob integration reads the queue and the WorkloadPriorityClass from these labels
+# (jobframework QueueName / WorkloadPriorityClassName; pkg/controller/constants QueueLabel,
+# WorkloadPriorityClassLabel); the Workload lives in kueue.x-k8s.io/v1beta2.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+WORKLOAD_PLURAL = "workloads"
+WORKLOAD_KIND = "Workload"
+
+# Workload condition types and reasons (apis/kueue/v1beta2/workload_types.go)
+QUOTA_RESERVED = "QuotaReserved"
+ADMITTED = "Admitted"
+EVICTED = "Evicted"
+PREEMPTED = "Preempted"
+REQUEUED = "Requeued"
+FINISHED = "Finished"
+EVICTED_BY_PREEMPTION = "Preempted"  # WorkloadEvictedByPreemption
+
+
+class KueueError(ValueError):
+    """A Workload or a recorded clock that cannot be read; the message names the field."""
+
+
+def _seconds(value: Any, where: str) -> float | None:
+    """RFC 3339 (metav1.Time) or epoch seconds -> epoch seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, str):
+        raise KueueError(f"{where}: got {value!r}; expected an RFC 3339 time")
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise KueueError(f"{where}: got {value!r}; expected an RFC 3339 time") from None
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One metav1.Condition of a Workload."""
+
+    type: str
+    status: bool
+    reason: str = ""
+    message: str = ""
+    at: float | None = None  # lastTransitionTime
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """What the operator reads from the Workload Kueue made for its RayJob."""
+
+    name: str
+    queue_name: str = ""
+    cluster_queue: str = ""  # status.admission.clusterQueue: set while quota is reserved
+    conditions: Mapping[str, Condition] = field(default_factory=dict)
+    created_at: float | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        return self.conditions.get(type_)
+
+    def true(self, type_: str) -> bool:
+        c = self.conditions.get(type_)
+        return c is not None and c.status
+
+    @property
+    def admitted(self) -> bool:
+        """workload.IsAdmitted: the Admitted condition is True (quota reserved and every admission check ready)."""
+        return self.true(ADMITTED)
+
+    @property
+    def evicted(self) -> bool:
+        """evict.IsEvicted: Evicted=True until the next SetQuotaReservation resets it."""
+        return self.true(EVICTED)
+
+    @property
+    def finished(self) -> bool:
+        return self.true(FINISHED)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> WorkloadFacts:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise KueueError(f"metadata.name: got {name!r}; a Workload has a name")
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        raw = status.get("conditions") or []
+        if not isinstance(raw, list):
+            raise KueueError(f"workload {name}: status.conditions: got {type(raw).__name__}; expected a list")
+        conditions: dict[str, Condition] = {}
+        for i, c in enumerate(raw):
+            where = f"workload {name}: status.conditions[{i}]"
+            if not isinstance(c, Mapping) or not c.get("type") or c.get("status") not in ("True", "False", "Unknown"):
+                raise KueueError(f"{where}: expected {{type, status: True|False|Unknown}}, got {c!r}")
+            conditions[str(c["type"])] = Condition(
+                str(c["type"]), c["status"] == "True", str(c.get("reason") or ""), str(c.get("message") or ""),
+                _seconds(c.get("lastTransitionTime"), f"{where}.lastTransitionTime"))
+        admission = status.get("admission") or {}
+        return cls(name, str(spec.get("queueName") or ""), str(admission.get("clusterQueue") or ""), conditions,
+                   _seconds(meta.get("creationTimestamp"), f"workload {name}: metadata.creationTimestamp"))
+
+
+def workload_of(rayjob: Mapping[str, Any], workloads: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The Workload Kueue made for `rayjob`: the one it controls (ConstructWorkload sets a controller
+    ownerReference to the job); the newest when a queue-name change left an older one being deleted."""
+    uid = (rayjob.get("metadata") or {}).get("uid")
+    owned = [w for w in workloads
+             if any(r.get("uid") == uid and r.get("controller") for r in (w.get("metadata") or {}).get("ownerReferences") or [])
+             and not (w.get("metadata") or {}).get("deletionTimestamp")]
+    if not owned:
+        return None
+    return max(owned, key=lambda w: ((w.get("metadata") or {}).get("creationTimestamp") or "", w["metadata"]["name"]))
+
+
+def kueue_managed(rayjob: Mapping[str, Any]) -> bool:
+    """A RayJob that Kueue manages: it carries the queue-name label (manageJobsWithoutQueueName off, the default)."""
+    return bool(((rayjob.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
+
+
+# ----------------------------------------------------------------------------------------------------------- admission
+
+
+def our_queue_steps_aside(queue_name: str) -> bool:
+    """Whether the operator's own namespace GPU budget and FIFO queue step aside for a sweep: they do when Kueue
+    queues it (a queue name, from spec.queueName or the namespace default), so the two never fight over admission.
+    The per-sweep caps and the bundle fit still hold."""
+    return bool(queue_name)
+
+
+def decide_kueue_admission(spec: Any, limits: Any) -> Admit | Reject:
+    """Admission in Kueue mode: only what the sweep asks for itself is judged (caps, bundle fit); Kueue decides
+    when it runs, so there is no Queue outcome."""
+    # the namespace budget steps aside, so its "could never be admitted" check does too (Kueue's quota decides)
+    per_sweep = dataclasses.replace(limits, max_gpus_per_namespace=max(limits.max_gpus_per_namespace,
+                                                                        demand_of(spec).gpus, 1))
+    problems = cap_problems(spec, per_sweep) + bundle_fit_problems(spec)
+    if problems:
+        return Reject(tuple(problems))
+    return Admit(demand_of(spec))
+
+
+def queue_name_for(spec_queue_name: str, namespace: str, default_queue: str,
+                   namespace_queues: Mapping[str, str]) -> str:
+    """The LocalQueue a sweep's RayJob is labelled with: spec.queueName, else the namespace's entry in the chart's
+    kueue.namespaceQueues, else kueue.defaultQueueName (empty: Kueue mode is off for the sweep)."""
+    return spec_queue_name or namespace_queues.get(namespace, "") or default_queue
+
+
+# ------------------------------------------------------------------------------------------------------------ where
+
+
+class KueuePhase(enum.StrEnum):
+    WAITING_FOR_WORKLOAD = "WaitingForWorkload"  # the RayJob exists, Kueue has not made its Workload yet
+    QUEUED = "Queued"  # the Workload waits for quota
+    ADMITTED = "Admitted"  # Admitted=True: Kueue unsuspends (or has unsuspended) the RayJob
+    PREEMPTED = "Preempted"  # suspended again after an admission: stopping, or waiting to be readmitted
+    FINISHED = "Finished"
+
+
+@dataclass(frozen=True)
+class KueueFacts:
+    local_queue: str  # the RayJob's queue-name label
+    rayjob_suspended: bool  # RayJob spec.suspend
+    deployment_status: str  # RayJob status.jobDeploymentStatus
+    workload: WorkloadFacts | None
+    ever_admitted: bool = False  # the sweep's recorded clock has seen an admission
+
+
+@dataclass(frozen=True)
+class KueueView:
+    phase: KueuePhase
+    message: str
+    admitted_at: float | None = None  # when the current admission began (Admitted's lastTransitionTime)
+    stopped_at: float | None = None  # when the admission ended (Evicted's, else QuotaReserved False's transition)
+    stop_reason: str = ""  # Evicted's reason (Preempted, PodsReadyTimeout, ...) or the QuotaReserved reason
+    cluster_queue: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase is KueuePhase.ADMITTED
+
+    summary: str = ""  # the short form, for the printer column (`Queued (Kueue: <LocalQueue>)`)
+
+
+def queued_text(local_queue: str) -> str:
+    return f"Queued (Kueue: {local_queue})"
+
+
+def kueue_view(facts: KueueFacts) -> KueueView:
+    """Where Kueue has the sweep's RayJob and what its status says about it.
+
+    Admitted: Admitted=True (reconciler.go step 7 then unsuspends the RayJob). Preempted: the RayJob was admitted
+    before and is suspended again or its Workload evicted (step 6 stopJob suspends it; KubeRay then deletes the
+    cluster, which the checkpoint guard holds until the checkpoints are verified). Queued: anything else before
+    an admission, with Kueue's own reason (the QuotaReserved=False message the scheduler writes).
+    """
+    wl = facts.workload
+    lq = facts.local_queue or (wl.queue_name if wl else "")
+    if wl is None:
+        return KueueView(KueuePhase.WAITING_FOR_WORKLOAD,
+                         f"{queued_text(lq)}: waiting for Kueue to create the Workload for the suspended RayJob",
+                         summary=queued_text(lq))
+    if wl.finished:
+        return KueueView(KueuePhase.FINISHED, f"Kueue: Workload {wl.name} finished", cluster_queue=wl.cluster_queue,
+                         summary="Finished (Kueue)")
+    if wl.evicted:  # until the next SetQuotaReservation resets it, even while Admitted is still True
+        return _preempted(facts, wl, lq)
+    if wl.admitted:
+        admitted = wl.condition(ADMITTED)
+        return KueueView(KueuePhase.ADMITTED, f"Admitted by Kueue: ClusterQueue {wl.cluster_queue} (LocalQueue {lq})",
+                         admitted_at=admitted.at if admitted else None, cluster_queue=wl.cluster_queue,
+                         summary=f"Admitted (Kueue: {lq})")
+    if facts.ever_admitted:
+        return _preempted(facts, wl, lq)
+    reserved = wl.condition(QUOTA_RESERVED)
+    why = reserved.message if reserved is not None and not reserved.status and reserved.message else ""
+    if reserved is not None and reserved.status:
+        why = f"{reserved.message}; waiting for admission checks"
+    return KueueView(KueuePhase.QUEUED, f"{queued_text(lq)}: {why or 'waiting for the ClusterQueue to evaluate it'}",
+                     stop_reason=reserved.reason if reserved else "", summary=queued_text(lq))
+
+
+def _preempted(facts: KueueFacts, wl: WorkloadFacts, lq: str) -> KueueView:
+    evicted = wl.condition(EVICTED)
+    reserved = wl.condition(QUOTA_RESERVED)
+    if evicted is not None and evicted.status:
+        stopped_at, reason, why = evicted.at, evicted.reason, evicted.message
+    else:
+        stopped_at = reserved.at if reserved is not None and not reserved.status else None
+        reason, why = (reserved.reason, reserved.message) if reserved is not None else ("", "")
+    if facts.deployment_status in ("Suspended", "New", ""):
+        state = "waiting to be readmitted"
+        if reserved is not None and not reserved.status and reserved.message and reserved.message != why:
+            state += f" ({reserved.message})"
+    else:
+        state = "the RayCluster is released once its checkpoints are verified"
+    text = f"Preempted (Kueue: {lq}): {why or 'the Workload lost its admission'}; {state}"
+    return KueueView(KueuePhase.PREEMPTED, text, stopped_at=stopped_at, stop_reason=reason,
+                     cluster_queue=wl.cluster_queue, summary=f"Preempted (Kueue: {lq})")
+
+
+# ------------------------------------------------------------------------------------------------------ admitted time
+
+
+@dataclass(frozen=True)
+class AdmittedTime:
+    """The sweep's time under Kueue admission: closed intervals summed, plus the open one. Recorded in the sweep's
+    status (status.kueue) so an operator restart keeps it."""
+
+    seconds: float = 0.0  # sum of the closed admitted intervals
+    since: float | None = None  # start of the open interval (None: not admitted now)
+    admissions: int = 0
+    preemptions: int = 0
+    first_admitted_at: float | None = None
+
+    def active_seconds(self, now: float) -> float:
+        return self.seconds + (max(now - self.since, 0.0) if self.since is not None else 0.0)
+
+    def remaining_seconds(self, budget: float, now: float) -> float:
+        return budget - self.active_seconds(now)
+
+    def deadline_at(self, budget: float, now: float) -> float | None:
+        """When the sweep's active time runs out if it stays admitted; None while paused (not admitted)."""
+        if self.since is None:
+            return None
+        return self.since + (budget - self.seconds)
+
+    def startup_deadline_at(self, startup_seconds: float) -> float | None:
+        """The startup deadline starts at (each) admission, not at the sweep's creation."""
+        return None if self.since is None else self.since + startup_seconds
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "admittedSeconds": int(self.seconds),
+            "admittedSince": rfc3339(self.since) if self.since is not None else None,
+            "admissions": self.admissions,
+            "preemptions": self.preemptions,
+            "firstAdmittedAt": rfc3339(self.first_admitted_at) if self.first_admitted_at is not None else None,
+        }
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any] | None) -> AdmittedTime:
+        if not data:
+            return cls()
+        where = "status.kueue"
+        seconds = data.get("admittedSeconds", 0) or 0
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0 or math.isnan(seconds):
+            raise KueueError(f"{where}.admittedSeconds: got {seconds!r}; expected a number >= 0")
+        counts = {}
+        for key in ("admissions", "preemptions"):
+            value = data.get(key, 0) or 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise KueueError(f"{where}.{key}: got {value!r}; expected an integer >= 0")
+            counts[key] = value
+        return cls(float(seconds), _seconds(data.get("admittedSince"), f"{where}.admittedSince"),
+                   counts["admissions"], counts["preemptions"],
+                   _seconds(data.get("firstAdmittedAt"), f"{where}.firstAdmittedAt"))
+
+
+def advance_admitted_time(clock: AdmittedTime, view: KueueView, now: float) -> AdmittedTime:
+    """Open an interval at the admission, close it when the admission ends; a paused sweep's clock stands still.
+
+    The interval's ends come from Kueue's own transition times (Admitted's, Evicted's) when they are known and
+    plausible, so a reconcile that comes late does not stretch or shrink the admitted time; `now` otherwise."""
+    if view.admitted:
+        if clock.since is not None:
+            return clock
+        start = view.admitted_at if view.admitted_at is not None and view.admitted_at <= now else now
+        return replace(clock, since=start, admissions=clock.admissions + 1,
+                       first_admitted_at=clock.first_admitted_at if clock.first_admitted_at is not None else start)
+    if clock.since is None:
+        return clock
+    end = view.stopped_at if view.stopped_at is not None and clock.since <= view.stopped_at <= now else now
+    preempted = view.phase is KueuePhase.PREEMPTED
+    return replace(clock, seconds=clock.seconds + (end - clock.since), since=None,
+                   preemptions=clock.preemptions + (1 if preempted else 0))
+
+
+def driver_deadline_at(clock: AdmittedTime, budget: float, now: float) -> float:
+    """SWEEP_DEADLINE_AT for the attempt that starts next: while the RayJob waits suspended (queued or preempted),
+    `now` + what is left, refreshed by the reconcile, so a readmitted attempt never runs past the admitted budget
+    (KubeRay starts it from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it)."""
+    deadline = clock.deadline_at(budget, now)
+    return deadline if deadline is not None else now + max(clock.remaining_seconds(budget, now), 0.0)

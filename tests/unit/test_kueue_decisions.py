@@ -1,0 +1,258 @@
+"""Kueue mode decisions (sweep_operator.reconcile.kueue), table-driven.
+
+Each case names the Kueue source whose behaviour it depends on (kubernetes-sigs/kueue):
+- pkg/controller/jobframework/reconciler.go ReconcileGenericJob: step 6 (Evicted -> stopJob suspends the RayJob, the
+  quota is cleared only once the job is no longer active), step 7 (Admitted -> startJob unsuspends it);
+- pkg/workload/workload.go SetQuotaReservation (Evicted reset to False "Previously: ..."),
+  UnsetQuotaReservationWithCondition; pkg/workload/admissionchecks.go SyncAdmittedCondition;
+- pkg/scheduler/flavorassigner/flavorassigner.go Assignment.Message ("couldn't assign flavors to pod set ...").
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+import pytest
+
+from sweep_operator.policy import Admit, Reject
+from sweep_operator.reconcile.kueue import (
+    AdmittedTime,
+    KueueError,
+    KueueFacts,
+    KueuePhase,
+    WorkloadFacts,
+    advance_admitted_time,
+    decide_kueue_admission,
+    driver_deadline_at,
+    kueue_managed,
+    kueue_view,
+    our_queue_steps_aside,
+    queue_name_for,
+    workload_of,
+)
+from sweep_operator.settings import OperatorLimits
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, gpu_sweep
+
+T0 = 1_800_000_000.0
+WAITING = ("couldn't assign flavors to pod set gpu-workers: insufficient unused quota for nvidia.com/gpu in flavor "
+           "default-flavor, 4 more needed")
+PREEMPTION = ("Preempted to accommodate a workload (UID: u1, JobUID: j1) due to prioritization in the ClusterQueue; "
+              "preemptor path: /gpu-cq; preemptee path: /gpu-cq")
+
+
+def iso(t: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cond(type_: str, status: bool, reason: str, message: str, at: float) -> dict[str, Any]:
+    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message,
+            "lastTransitionTime": iso(at)}
+
+
+def workload(*conditions: dict[str, Any], cq: str = "", name: str = "rayjob-s-abc123-1a2b3") -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if cq:
+        status["admission"] = {"clusterQueue": cq, "podSetAssignments": []}
+    return {"metadata": {"name": name, "creationTimestamp": iso(T0)}, "spec": {"queueName": "team-a"},
+            "status": status}
+
+
+QUEUED = workload(cond("QuotaReserved", False, "WaitingForQuota", WAITING, T0 + 1))
+ADMITTED = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
+                    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10), cq="gpu-cq")
+EVICTING = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
+                    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10),
+                    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
+                    cond("Preempted", True, "InClusterQueue", PREEMPTION, T0 + 100), cq="gpu-cq")
+REQUEUED = workload(cond("QuotaReserved", False, "PendingEvaluation", PREEMPTION, T0 + 130),
+                    cond("Admitted", False, "NoReservation", "The workload has no reservation", T0 + 130),
+                    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
+                    cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130))
+READMITTED = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 500),
+                      cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 500),
+                      cond("Evicted", False, "QuotaReserved", "Previously: " + PREEMPTION, T0 + 500),
+                      cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130), cq="gpu-cq")
+FINISHED = workload(cond("Finished", True, "Succeeded", "Job finished successfully.", T0 + 900), cq="gpu-cq")
+
+
+def facts(wl: dict[str, Any] | None, *, suspended: bool, deployment: str, ever: bool = False) -> KueueFacts:
+    return KueueFacts("team-a", suspended, deployment, WorkloadFacts.from_object(wl) if wl else None, ever)
+
+
+# (case, facts, phase, message start, admitted_at, stopped_at)
+VIEWS = [
+    ("no workload yet (reconciler.go handleJobWithNoWorkload creates it)",
+     facts(None, suspended=True, deployment="Suspended"), KueuePhase.WAITING_FOR_WORKLOAD,
+     "Queued (Kueue: team-a): waiting for Kueue to create the Workload", None, None),
+    ("waiting for quota: Kueue's admission message (flavorassigner.go Assignment.Message)",
+     facts(QUEUED, suspended=True, deployment="Suspended"), KueuePhase.QUEUED,
+     f"Queued (Kueue: team-a): {WAITING}", None, None),
+    ("no condition yet: the scheduler has not looked",
+     facts(workload(), suspended=True, deployment="Suspended"), KueuePhase.QUEUED,
+     "Queued (Kueue: team-a): waiting for the ClusterQueue to evaluate it", None, None),
+    ("admitted (SyncAdmittedCondition), RayJob still suspended: startJob unsuspends it next",
+     facts(ADMITTED, suspended=True, deployment="Suspended"), KueuePhase.ADMITTED,
+     "Admitted by Kueue: ClusterQueue gpu-cq", T0 + 10, None),
+    ("admitted and running", facts(ADMITTED, suspended=False, deployment="Running", ever=True), KueuePhase.ADMITTED,
+     "Admitted by Kueue", T0 + 10, None),
+    ("evicted, KubeRay releasing the cluster (reconciler.go step 6: quota held while the job is active)",
+     facts(EVICTING, suspended=True, deployment="Suspending", ever=True), KueuePhase.PREEMPTED,
+     f"Preempted (Kueue: team-a): {PREEMPTION}; the RayCluster is released once its checkpoints are verified",
+     None, T0 + 100),
+    ("evicted and requeued: waiting to be readmitted",
+     facts(REQUEUED, suspended=True, deployment="Suspended", ever=True), KueuePhase.PREEMPTED,
+     f"Preempted (Kueue: team-a): {PREEMPTION}; waiting to be readmitted", None, T0 + 100),
+    ("readmitted: SetQuotaReservation reset Evicted to False",
+     facts(READMITTED, suspended=True, deployment="Suspended", ever=True), KueuePhase.ADMITTED,
+     "Admitted by Kueue", T0 + 500, None),
+    ("admission lost without an Evicted condition, after an admission",
+     facts(QUEUED, suspended=True, deployment="Suspended", ever=True), KueuePhase.PREEMPTED,
+     f"Preempted (Kueue: team-a): {WAITING}", None, T0 + 1),
+    ("finished", facts(FINISHED, suspended=False, deployment="Complete", ever=True), KueuePhase.FINISHED,
+     "Kueue: Workload", None, None),
+]
+
+
+@pytest.mark.parametrize("case,given,phase,message,admitted_at,stopped_at", VIEWS, ids=[v[0] for v in VIEWS])
+def test_kueue_view(case: str, given: KueueFacts, phase: KueuePhase, message: str, admitted_at: float | None,
+                    stopped_at: float | None) -> None:
+    view = kueue_view(given)
+    assert view.phase is phase
+    assert view.message.startswith(message), view.message
+    assert view.admitted_at == admitted_at
+    assert view.stopped_at == stopped_at
+
+
+def test_queued_printer_text_names_the_local_queue() -> None:
+    assert kueue_view(facts(QUEUED, suspended=True, deployment="Suspended")).summary == "Queued (Kueue: team-a)"
+    assert kueue_view(facts(REQUEUED, suspended=True, deployment="Suspended", ever=True)).summary == \
+        "Preempted (Kueue: team-a)"
+
+
+def test_admitted_time_counts_only_admitted_intervals() -> None:
+    """Admitted at T0+10, evicted at T0+100 (the Evicted condition's time, not the late reconcile's), readmitted
+    at T0+500: 90 s counted, the queue time in between is not."""
+    clock = AdmittedTime()
+    steps = [
+        (QUEUED, False, "Suspended", T0 + 5, 0.0, None),
+        (ADMITTED, True, "Suspended", T0 + 12, 2.0, T0 + 10),
+        (ADMITTED, False, "Running", T0 + 60, 50.0, T0 + 10),
+        (EVICTING, True, "Suspending", T0 + 110, 90.0, None),
+        (REQUEUED, True, "Suspended", T0 + 300, 90.0, None),
+        (READMITTED, True, "Suspended", T0 + 510, 100.0, T0 + 500),
+    ]
+    for wl, suspended, deployment, now, active, since in steps:
+        view = kueue_view(facts(wl, suspended=suspended, deployment=deployment, ever=clock.admissions > 0))
+        clock = advance_admitted_time(clock, view, now)
+        assert clock.active_seconds(now) == pytest.approx(active), (wl["status"]["conditions"], now)
+        assert clock.since == since
+    assert (clock.admissions, clock.preemptions) == (2, 1)
+    assert clock.first_admitted_at == T0 + 10
+
+
+def test_deadline_is_paused_while_not_admitted_and_resumes_with_what_is_left() -> None:
+    budget = 3600.0
+    running = AdmittedTime(seconds=0.0, since=T0, admissions=1)
+    assert running.deadline_at(budget, T0 + 100) == T0 + 3600
+    paused = AdmittedTime(seconds=1000.0, since=None, admissions=1, preemptions=1)
+    assert paused.deadline_at(budget, T0 + 5000) is None  # paused: no deadline to pass
+    assert paused.remaining_seconds(budget, T0 + 99999) == 2600.0  # the wall clock does not eat it
+    readmitted = AdmittedTime(seconds=1000.0, since=T0 + 5000, admissions=2, preemptions=1)
+    assert readmitted.deadline_at(budget, T0 + 5001) == T0 + 5000 + 2600
+
+
+def test_startup_deadline_starts_at_admission_not_creation() -> None:
+    assert AdmittedTime().startup_deadline_at(600) is None  # queued: the startup clock has not started
+    assert AdmittedTime(since=T0 + 3600, admissions=1).startup_deadline_at(600) == T0 + 4200
+
+
+def test_driver_deadline_while_suspended_is_now_plus_what_is_left() -> None:
+    """KubeRay starts the readmitted attempt from the RayJob's runtimeEnvYAML at once: while suspended the env's
+    SWEEP_DEADLINE_AT is kept at now + remaining, so it never runs past the admitted budget."""
+    paused = AdmittedTime(seconds=1000.0)
+    assert driver_deadline_at(paused, 3600, T0) == T0 + 2600
+    assert driver_deadline_at(AdmittedTime(seconds=0.0, since=T0), 3600, T0 + 50) == T0 + 3600
+    assert driver_deadline_at(AdmittedTime(seconds=5000.0), 3600, T0) == T0  # spent: due now
+
+
+@pytest.mark.parametrize("late", [0.0, 30.0])
+def test_a_late_reconcile_closes_the_interval_at_the_eviction(late: float) -> None:
+    clock = AdmittedTime(since=T0 + 10, admissions=1)
+    view = kueue_view(facts(EVICTING, suspended=True, deployment="Suspending", ever=True))
+    after = advance_admitted_time(clock, view, T0 + 100 + late)
+    assert after.seconds == 90.0 and after.since is None and after.preemptions == 1
+
+
+def test_admitted_time_round_trips_through_the_status() -> None:
+    clock = AdmittedTime(seconds=90.0, since=T0 + 500, admissions=2, preemptions=1, first_admitted_at=T0 + 10)
+    assert AdmittedTime.from_status(clock.to_status()) == clock
+    assert AdmittedTime.from_status(None) == AdmittedTime()
+
+
+@pytest.mark.parametrize("status,field", [
+    ({"admittedSeconds": -1}, "status.kueue.admittedSeconds"),
+    ({"admittedSeconds": "x"}, "status.kueue.admittedSeconds"),
+    ({"preemptions": 1.5}, "status.kueue.preemptions"),
+    ({"admittedSince": "yesterday"}, "status.kueue.admittedSince"),
+])
+def test_a_bad_recorded_clock_names_the_field(status: dict[str, Any], field: str) -> None:
+    with pytest.raises(KueueError, match=field.replace(".", r"\.")):
+        AdmittedTime.from_status(status)
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"metadata": {}}, "metadata.name"),
+    ({"metadata": {"name": "w"}, "status": {"conditions": {"type": "Admitted"}}}, "status.conditions"),
+    ({"metadata": {"name": "w"}, "status": {"conditions": [{"type": "Admitted", "status": "yes"}]}},
+     r"status.conditions\[0\]"),
+])
+def test_an_unreadable_workload_names_the_field(bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(KueueError, match=field):
+        WorkloadFacts.from_object(bad)
+
+
+def test_the_workload_of_a_rayjob_is_the_one_it_controls() -> None:
+    """jobframework ConstructWorkload sets a controller ownerReference to the job."""
+    rayjob = {"metadata": {"uid": "u-1", "labels": {"kueue.x-k8s.io/queue-name": "team-a"}}}
+    mine = {"metadata": {"name": "w1", "creationTimestamp": iso(T0),
+                         "ownerReferences": [{"uid": "u-1", "controller": True}]}}
+    other = {"metadata": {"name": "w2", "creationTimestamp": iso(T0 + 1),
+                          "ownerReferences": [{"uid": "u-2", "controller": True}]}}
+    assert workload_of(rayjob, [other, mine]) is mine
+    assert workload_of(rayjob, [other]) is None
+    assert kueue_managed(rayjob) and not kueue_managed({"metadata": {"labels": {}}})
+
+
+# ---- what steps aside in Kueue mode
+
+
+@pytest.mark.parametrize("spec_queue,namespace,default,per_namespace,expected", [
+    ("team-a-gpu", "team-a", "default", {"team-a": "a-queue"}, "team-a-gpu"),  # spec.queueName wins
+    ("", "team-a", "default", {"team-a": "a-queue"}, "a-queue"),  # the chart's per-namespace entry
+    ("", "team-b", "default", {"team-a": "a-queue"}, "default"),  # the chart's default queue
+    ("", "team-b", "", {}, ""),  # Kueue mode off
+])
+def test_queue_name_for(spec_queue: str, namespace: str, default: str, per_namespace: dict[str, str],
+                        expected: str) -> None:
+    assert queue_name_for(spec_queue, namespace, default, per_namespace) == expected
+
+
+def test_our_namespace_budget_and_fifo_step_aside_only_in_kueue_mode() -> None:
+    assert our_queue_steps_aside("team-a") is True
+    assert our_queue_steps_aside("") is False
+
+
+def test_kueue_admission_never_queues_but_per_sweep_caps_still_hold() -> None:
+    """Far over the namespace budget (maxGpusPerNamespace 1) yet admitted: Kueue's quota decides when it runs."""
+    limits = OperatorLimits(max_gpus_per_namespace=1, max_gpus_per_sweep=16, max_workers_per_sweep=16)
+    sweep = parse_sweep(changed(gpu_sweep(), {"spec.trial.workers": 2, "spec.tune.maxConcurrentTrials": 2}))
+    decision = decide_kueue_admission(sweep.spec, limits)
+    assert isinstance(decision, Admit) and decision.demand.gpus == 4
+    capped = OperatorLimits(max_gpus_per_sweep=2, max_gpus_per_namespace=32)
+    refused = decide_kueue_admission(sweep.spec, capped)
+    assert isinstance(refused, Reject)
+    assert any("maxGpusPerSweep" in str(p) for p in refused.problems)
