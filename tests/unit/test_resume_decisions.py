@@ -1,0 +1,310 @@
+"""Resume decisions (reconcile.resume, pure): when a resume starts, from what, with which deadline; when it is
+refused and what the status says; the automatic policy after a cluster loss (issue 16)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from sweep_operator.reconcile import resume as r
+from sweep_operator.reconcile.resume import (
+    Attempt,
+    AutoResume,
+    Idle,
+    NotResumable,
+    RayJobEnd,
+    Refuse,
+    ResumeFacts,
+    RunRootCheck,
+    StartAttempt,
+    VerifyFirst,
+)
+
+NOW = 1_800_000_000.0
+ROOT = "s3://bucket/sweeps/ml/digits-abc123"
+VERIFIED = RunRootCheck(ROOT, verified=True, checked=4)
+FIRST = Attempt(1, "digits-abc123", started_at=NOW - 4000, ended_at=NOW - 400, outcome="DeadlineExceeded",
+                active_seconds=3600, deadline_at=NOW - 400, num_samples=4)
+FAILED_EARLY = replace(FIRST, ended_at=NOW - 3000, outcome="Failed")  # ran 1000 of its 3600 s
+# What KubeRay v1.7.0 (rayjob_controller.go) leaves on a RayJob whose head is gone, in K8sJobMode.
+HEAD_UNREACHABLE = RayJobEnd("Failed", "JobStatusCheckTimeoutExceeded",
+                             "Job status checks have been failing since 2026-12-03 14:00:00; exceeded timeout of 300s",
+                             "RUNNING")
+SUBMITTER_LOST_HEAD = RayJobEnd("Failed", "SubmissionFailed",
+                                "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the "
+                                "specified backoff limit", "RUNNING")
+
+
+def facts(**changes: object) -> ResumeFacts:
+    base = ResumeFacts(sweep="digits", phase="DeadlineExceeded", run_id="abc123", now=NOW, requested_generation=1,
+                       resumed_generation=0, attempts=(FIRST,), num_samples=4, startup_seconds=600,
+                       graceful_stop_seconds=60, max_active_seconds=3 * 24 * 3600)
+    return replace(base, **changes)
+
+
+# ------------------------------------------------------------------------------------------- manual resume
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected", "says"),
+    [
+        pytest.param({"requested_generation": 0}, Idle, "", id="no spec.resume"),
+        pytest.param({"requested_generation": 2, "resumed_generation": 2}, Idle, "", id="generation already acted on"),
+        pytest.param({"deleting": True}, Idle, "", id="sweep being deleted"),
+        pytest.param({"phase": "Running"}, NotResumable, "the sweep is Running, not ended", id="running"),
+        pytest.param({"phase": "Queued"}, NotResumable, "the sweep is Queued, not ended", id="queued"),
+        pytest.param({"phase": None, "run_id": None}, NotResumable, "not yet admitted, not ended", id="never admitted"),
+        pytest.param({"phase": "Invalid", "run_id": None}, NotResumable, "Invalid and never ran", id="invalid"),
+        pytest.param({"phase": "Failed", "run_id": None}, NotResumable, "status.runId is unset", id="ended, no run id"),
+        pytest.param({"phase": "Succeeded"}, NotResumable, "raise spec.tune.numSamples", id="succeeded, same numSamples"),
+        pytest.param({"resume_active_seconds": None}, NotResumable, "spec.resume.activeSeconds",
+                     id="deadline spent, no new time"),
+        pytest.param({"resume_active_seconds": None, "attempts": (replace(FIRST, active_seconds=None),)}, NotResumable,
+                     "deadline is unknown", id="budget of the last attempt unknown"),
+        pytest.param({"resume_active_seconds": 3600}, VerifyFirst, "", id="deadline exceeded, more time: verify first"),
+        pytest.param({"phase": "Failed", "attempts": (FAILED_EARLY,), "resume_active_seconds": None}, VerifyFirst, "",
+                     id="failed early, the remainder is enough"),
+        pytest.param({"phase": "Succeeded", "num_samples": 8, "resume_active_seconds": 1200}, VerifyFirst, "",
+                     id="succeeded, numSamples raised"),
+        pytest.param({"phase": "BudgetExhausted", "resume_active_seconds": 1200}, VerifyFirst, "", id="budget exhausted"),
+    ],
+)
+def test_manual_resume_before_verification(changes: dict, expected: type, says: str) -> None:
+    decision = r.decide(facts(**changes))
+    assert type(decision) is expected
+    if says:
+        assert says in decision.reason
+    if isinstance(decision, VerifyFirst):
+        assert decision.trigger == r.TRIGGER_RESUME and decision.attempt == 2
+        assert decision.generation == facts(**changes).requested_generation
+
+
+def test_a_resume_starts_attempt_two_on_the_same_run_root_after_verification() -> None:
+    decision = r.decide(facts(resume_active_seconds=3600, num_samples=6, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt)
+    assert (decision.attempt, decision.rayjob_name, decision.active_seconds) == (2, "digits-abc123-a2", 3600)
+    assert decision.deadline_at == NOW + 3600 and decision.started_at == NOW
+    assert decision.num_samples == 6 and decision.checkpoints_at_start == 4 and decision.generation == 1
+    assert ROOT in decision.message and "spec.resume.generation 1" in decision.message
+
+
+def test_without_new_time_the_attempt_gets_the_remainder_of_the_last_budget() -> None:
+    decision = r.decide(facts(phase="Failed", attempts=(FAILED_EARLY,), verification=VERIFIED))
+    assert isinstance(decision, StartAttempt) and decision.active_seconds == 3600 - 1000
+
+
+def test_the_operators_cap_bounds_the_attempts_budget() -> None:
+    decision = r.decide(facts(resume_active_seconds=10_000, max_active_seconds=7200, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt) and decision.active_seconds == 7200
+
+
+def test_a_remainder_too_short_for_the_startup_window_is_not_resumable() -> None:
+    # 3600 - 3200 = 400 s left, but startupSeconds is 600.
+    decision = r.decide(facts(phase="Failed", attempts=(replace(FIRST, ended_at=NOW - 800, outcome="Failed"),)))
+    assert isinstance(decision, NotResumable) and "400s, less than the 601s" in decision.reason
+
+
+def test_the_third_attempt_counts_from_the_recorded_rows() -> None:
+    second = Attempt(2, "digits-abc123-a2", r.TRIGGER_RESUME, 1, NOW - 300, NOW - 100, "DeadlineExceeded",
+                     active_seconds=200, num_samples=4)
+    decision = r.decide(facts(attempts=(FIRST, second), requested_generation=2, resumed_generation=1,
+                              resume_active_seconds=900, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt) and decision.attempt == 3 and decision.rayjob_name == "digits-abc123-a3"
+
+
+# ------------------------------------------------------------------------------------- fail closed: refusals
+
+MISSING = (("missing-file", "sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt", "listed in its manifest"),
+           ("missing-manifest", "sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/", "rank 1 of 2"))
+
+
+@pytest.mark.parametrize(
+    ("check", "says", "missing"),
+    [
+        pytest.param(RunRootCheck(ROOT, False, 2, MISSING), "is not verified, so the resume does not start",
+                     ("missing-file sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt",
+                      "missing-manifest sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/"),
+                     id="objects missing"),
+        pytest.param(RunRootCheck(ROOT, False, 0, (("s3-error", "", "AccessDenied on ListObjectsV2"),)),
+                     "AccessDenied", ("s3-error",), id="S3 error"),
+        pytest.param(RunRootCheck(ROOT, False, 0, (("empty-run-root", ROOT, "no object"),)), "holds no object",
+                     (f"empty-run-root {ROOT}",), id="empty run root"),
+        pytest.param(RunRootCheck(ROOT, True, 0, reported=(f"{ROOT}/train/t1/checkpoint_epoch-000002",)),
+                     "the run reported 1", (f"missing-checkpoint {ROOT}/train/t1/checkpoint_epoch-000002",),
+                     id="checkpoints reported, none found"),
+        pytest.param(RunRootCheck(ROOT, True, 0, records_readable=False), "could not be read", (),
+                     id="no checkpoint, records unreadable"),
+    ],
+)
+def test_a_run_root_that_is_not_verified_is_refused_naming_what_is_missing(
+    check: RunRootCheck, says: str, missing: tuple[str, ...]
+) -> None:
+    decision = r.decide(facts(resume_active_seconds=3600, verification=check))
+    assert isinstance(decision, Refuse)
+    assert says in decision.reason and decision.missing == missing
+    patch = r.refusal_patch(decision, now=NOW)
+    assert patch["resumedGeneration"] == 1  # consumed: a new `sweepctl resume` asks again
+    assert patch["lastResume"]["outcome"] == "Refused" and patch["lastResume"].get("missing", []) == list(missing)
+    assert patch["message"].startswith("resume refused: ") and "phase" not in patch
+    assert r.event_for(decision) == ("Warning", "ResumeRefused", f"resume refused: {decision.reason}")
+
+
+def test_a_run_root_without_checkpoints_and_none_reported_resumes_from_the_start() -> None:
+    decision = r.decide(facts(resume_active_seconds=3600, verification=RunRootCheck(ROOT, True, 0)))
+    assert isinstance(decision, StartAttempt) and decision.warnings
+
+
+def test_many_missing_objects_are_named_up_to_the_status_limit() -> None:
+    problems = tuple(("missing-file", f"k/{i}", "gone") for i in range(30))
+    decision = r.decide(facts(resume_active_seconds=3600, verification=RunRootCheck(ROOT, False, 30, problems)))
+    assert isinstance(decision, Refuse) and len(decision.missing) == r.MAX_MISSING_NAMED
+    assert "(and 25 more)" in decision.reason
+
+
+# ---------------------------------------------------------------------------- failurePolicy.resumeOnClusterLoss
+
+
+@pytest.mark.parametrize(
+    ("end", "lost"),
+    [
+        pytest.param(HEAD_UNREACHABLE, True, id="JobStatusCheckTimeoutExceeded: head unreachable"),
+        pytest.param(SUBMITTER_LOST_HEAD, True, id="SubmissionFailed while RUNNING: submitter lost the head"),
+        pytest.param(RayJobEnd("Failed", "AppFailed", "Ray head pod not found.", "RUNNING"), True,
+                     id="AppFailed: head pod not found (SidecarMode)"),
+        pytest.param(RayJobEnd("Failed", "AppFailed", "Submitter completed but Ray job not found in RayCluster.",
+                               "RUNNING"), True, id="AppFailed: head restarted, job table lost"),
+        pytest.param(RayJobEnd("Failed", "AppFailed", "Job entrypoint command failed with exit code 1", "FAILED"), False,
+                     id="AppFailed: the application failed"),
+        pytest.param(RayJobEnd("Failed", "SubmissionFailed", "Job submission has failed.", ""), False,
+                     id="SubmissionFailed before the job ran"),
+        pytest.param(RayJobEnd("Failed", "DeadlineExceeded", "passed the activeDeadlineSeconds", "RUNNING"), False,
+                     id="activeDeadlineSeconds"),
+        pytest.param(RayJobEnd("Failed", "PreRunningDeadlineExceeded", "", ""), False, id="never started"),
+        pytest.param(RayJobEnd("Retrying", "JobStatusCheckTimeoutExceeded", "", "RUNNING"), False,
+                     id="KubeRay still retrying"),
+        pytest.param(replace(HEAD_UNREACHABLE, driver_phase="Failed"), False, id="the driver recorded its own end"),
+        pytest.param(None, False, id="RayJob gone (deleted by someone)"),
+    ],
+)
+def test_cluster_loss_is_read_from_kuberays_failure_reasons(end: RayJobEnd | None, lost: bool) -> None:
+    assert (r.cluster_loss(end) is not None) is lost
+
+
+def auto(**changes: object) -> ResumeFacts:
+    base = facts(phase="Failed", requested_generation=0, attempts=(FAILED_EARLY,), rayjob_end=HEAD_UNREACHABLE,
+                 resume_on_cluster_loss=2)
+    return replace(base, **changes)
+
+
+def test_a_lost_cluster_is_resumed_automatically_with_an_event_when_opted_in() -> None:
+    decision = r.decide(auto())
+    assert isinstance(decision, AutoResume) and decision.attempt == 2 and decision.generation is None
+    kind, reason, message = r.event_for(decision)
+    assert (kind, reason) == ("Normal", "AutoResume")
+    assert "automatic resume 1/2" in message and "JobStatusCheckTimeoutExceeded" in message
+    started = r.decide(auto(verification=VERIFIED))
+    assert isinstance(started, StartAttempt) and started.trigger == r.TRIGGER_CLUSTER_LOSS
+    assert started.active_seconds == 2600 and "failurePolicy.resumeOnClusterLoss" in started.message
+    assert "resumedGeneration" not in r.start_patch({"runId": "abc123", "attempts": [FAILED_EARLY.to_status()]}, started)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        pytest.param({"resume_on_cluster_loss": 0}, Idle, id="not opted in (the default)"),
+        pytest.param({"rayjob_end": SUBMITTER_LOST_HEAD.__class__("Failed", "AppFailed", "exit 1", "FAILED")}, Idle,
+                     id="an application failure"),
+        pytest.param({"phase": "DeadlineExceeded"}, Idle, id="not Failed"),
+        pytest.param({"last_resume": r.LastResume(2, r.TRIGGER_CLUSTER_LOSS, r.OUTCOME_REFUSED)}, Idle,
+                     id="this loss was already refused once"),
+        pytest.param({"requested_generation": 1, "resume_active_seconds": 1200}, VerifyFirst,
+                     id="a manual resume takes precedence"),
+    ],
+)
+def test_the_automatic_policy_applies_only_to_a_final_cluster_loss(changes: dict, expected: type) -> None:
+    assert type(r.decide(auto(**changes))) is expected
+
+
+def test_automatic_resumes_stop_at_the_policys_count() -> None:
+    second = Attempt(2, "digits-abc123-a2", r.TRIGGER_CLUSTER_LOSS, None, NOW - 2900, NOW - 2800, "Failed",
+                     active_seconds=2600, num_samples=4)
+    third = Attempt(3, "digits-abc123-a3", r.TRIGGER_CLUSTER_LOSS, None, NOW - 2700, NOW - 2600, "Failed",
+                    active_seconds=2500, num_samples=4)
+    assert isinstance(r.decide(auto(attempts=(FAILED_EARLY, second))), AutoResume)  # 1 of 2 done
+    spent = r.decide(auto(attempts=(FAILED_EARLY, second, third)))
+    assert isinstance(spent, NotResumable) and "2 automatic resume(s)" in spent.reason
+    assert "sweepctl resume digits" in spent.reason
+    patch = r.refusal_patch(spent, now=NOW)
+    assert patch["lastResume"]["attempt"] == 4 and "resumedGeneration" not in patch
+    # Recorded once: the next pass is Idle, not another Event.
+    assert isinstance(r.decide(auto(attempts=(FAILED_EARLY, second, third),
+                                    last_resume=r.LastResume.from_status(patch["lastResume"]))), Idle)
+
+
+# -------------------------------------------------------------------------------------------- status rows
+
+
+def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
+    status = {"runId": "abc123", "phase": "DeadlineExceeded", "rayJobName": "digits-abc123",
+              "startedAt": r.rfc3339(NOW - 4000), "finishedAt": r.rfc3339(NOW - 400),
+              "deadlineAt": r.rfc3339(NOW - 400), "checkpoints": {"verified": True, "checked": 4}}
+    first = r.attempts_of(status, num_samples=4)
+    assert first[0].number == 1 and first[0].active_seconds == 3600 and first[0].ran_seconds == 3600
+    assert first[0].checkpoints_verified == 4 and first[0].outcome == "DeadlineExceeded"
+    decision = r.decide(facts(attempts=first, resume_active_seconds=1800, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt)
+    patch = r.start_patch(status, decision, num_samples=4)
+    assert patch["phase"] == "Starting" and patch["rayJobName"] == "digits-abc123-a2" and patch["resumedGeneration"] == 1
+    assert patch["checkpoints"] is None and patch["finishedAt"] is None  # the new end is verified again
+    assert [row["attempt"] for row in patch["attempts"]] == [1, 2] and patch["totalRanSeconds"] == 3600
+    assert patch["attempts"][1] == {"attempt": 2, "rayJobName": "digits-abc123-a2", "trigger": "Resume", "generation": 1,
+                                    "startedAt": r.rfc3339(NOW), "activeSeconds": 1800,
+                                    "deadlineAt": r.rfc3339(NOW + 1800), "numSamples": 4, "checkpointsAtStart": 4}
+    running = {**status, **{k: v for k, v in patch.items() if v is not None}}
+    ended = r.end_patch(running, phase="Succeeded", now=NOW + 1000, checkpoints_verified=6)
+    assert ended["attempts"][1]["outcome"] == "Succeeded" and ended["attempts"][1]["ranSeconds"] == 1000
+    assert ended["attempts"][1]["checkpointsVerified"] == 6 and ended["totalRanSeconds"] == 4600
+    again = r.end_patch({**running, **ended}, phase="Succeeded", now=NOW + 2000)
+    assert again == {}  # closed once; a later pass changes nothing
+
+
+def test_rows_round_trip_through_the_status() -> None:
+    row = Attempt(2, "digits-abc123-a2", r.TRIGGER_CLUSTER_LOSS, None, NOW, NOW + 61, "Failed", "AppFailed", 600,
+                  NOW + 600, 8, 3, 5)
+    assert Attempt.from_status(row.to_status()) == row and row.to_status()["ranSeconds"] == 61
+
+
+def test_facts_are_read_from_the_sweep_object() -> None:
+    spec = SimpleNamespace(
+        resume=SimpleNamespace(generation=3, active_seconds=900),
+        tune=SimpleNamespace(num_samples=6),
+        deadlines=SimpleNamespace(startup_seconds=600, graceful_stop_seconds=60),
+        failure_policy=SimpleNamespace(resume_on_cluster_loss=1),
+    )
+    body = {"metadata": {"name": "digits"}, "status": {"phase": "Failed", "runId": "abc123", "resumedGeneration": 2,
+                                                        "attempts": [FIRST.to_status()],
+                                                        "lastResume": {"attempt": 2, "trigger": "Resume", "outcome": "Refused"}}}
+    got = r.facts_from_sweep(body, spec=spec, now=NOW, max_active_seconds=7200)
+    assert (got.requested_generation, got.resumed_generation, got.resume_active_seconds) == (3, 2, 900)
+    assert got.attempts == (FIRST,) and got.num_samples == 6 and got.resume_on_cluster_loss == 1
+    assert got.last_resume == r.LastResume(2, "Resume", "Refused") and got.next_attempt == 2
+
+
+@pytest.mark.parametrize(
+    ("sweep", "run_id", "attempt", "expected"),
+    [
+        ("digits", "abc123", 2, "digits-abc123-a2"),
+        ("digits", "abc123", 12, "digits-abc123-a12"),
+        ("x" * 40, "abc123", 2, None),  # shortened with a hash, still unique per attempt
+        ("9lives", "abc123", 2, None),  # not DNS-1035 (leading digit)
+    ],
+)
+def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(sweep: str, run_id: str, attempt: int,
+                                                                      expected: str | None) -> None:
+    name = r.attempt_rayjob_name(sweep, run_id, attempt)
+    assert len(name) <= 47 and name[0].isalpha() and name.endswith(f"-{run_id}-a{attempt}")
+    if expected:
+        assert name == expected
+    assert name != r.attempt_rayjob_name(sweep, run_id, attempt + 1)
