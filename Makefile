@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-integration test-e2e demo bench crd clean
+.PHONY: setup lint test test-unit test-integration test-e2e demo bench crd clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,18 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet "torch==2.13.0"
 	$(PIP) install --quiet -e ".[train,sandbox,dev]"
 	touch $(STAMP)
+
+# ruff (lint, format check), mypy (operator and contracts; strict on reconcile/) and the import contracts.
+# Every tool runs even when an earlier one fails, so one pass shows all findings. Config: ruff.toml, .mypy.ini,
+# .importlinter. PYTHONPATH names the source folders so the import contracts see this tree, installed or not.
+LINT_PYTHONPATH := operator:contracts:sandbox:.
+lint: setup
+	@rc=0; \
+	$(VENV)/bin/ruff check . || rc=1; \
+	$(VENV)/bin/ruff format --check . || rc=1; \
+	$(VENV)/bin/mypy --config-file .mypy.ini -p sweep_operator -p sweep_contracts || rc=1; \
+	PYTHONPATH=$(LINT_PYTHONPATH) $(VENV)/bin/lint-imports --config .importlinter --no-cache || rc=1; \
+	exit $$rc
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
