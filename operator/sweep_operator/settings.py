@@ -64,6 +64,7 @@ class OperatorLimits:
 
 
 _SERVICE_ACCOUNT_ENTRY = re.compile(r"^(\*|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LOCAL_QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _HOST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(:\d{1,5})?$")
 
 
@@ -166,6 +167,10 @@ class Settings:
     gpu_hours_window_seconds: int = field(default=7 * 24 * 3600, metadata=_env("SWEEP_GPU_HOURS_WINDOW_SECONDS"))
     # Seconds between rewrites of a running sweep's status.usage totals (a pod starting or ending is written at once).
     usage_refresh_seconds: float = field(default=60.0, metadata=_env("SWEEP_USAGE_REFRESH_SECONDS"))
+    # Kueue mode (docs/kueue.md): the LocalQueue a sweep without spec.queueName is queued in, for every namespace
+    # (empty: none) and per namespace as `namespace=queue` entries (an entry with no queue turns it off there).
+    kueue_default_queue: str = field(default="", metadata=_env("SWEEP_KUEUE_DEFAULT_QUEUE"))
+    kueue_namespace_queues: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_KUEUE_NAMESPACE_QUEUES"))
 
     def __post_init__(self) -> None:
         for name in ("verification_workers", "s3_client_cache_size"):
@@ -174,6 +179,7 @@ class Settings:
                 env = next(f.metadata["env"] for f in dataclasses.fields(self) if f.name == name)
                 raise SettingsError(f"{to_camel(name)} ({env}): got {value!r}; must be an integer >= 1")
         self.namespace_gpu_hour_budget("")  # every entry parses, or the operator does not start
+        self.kueue_queue_for("")
         if isinstance(self.gpu_hours_window_seconds, bool) or not isinstance(self.gpu_hours_window_seconds, int) \
                 or self.gpu_hours_window_seconds < 60:
             raise SettingsError(f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
@@ -197,6 +203,23 @@ class Settings:
             if name.strip() == namespace:
                 hours = value
         return hours if hours > 0 else None
+
+    def kueue_queue_for(self, namespace: str) -> str:
+        """The LocalQueue for a sweep in `namespace` that names none ("": Kueue mode is off there)."""
+        queue = self.kueue_default_queue
+        for entry in (self.kueue_default_queue, *(e.partition("=")[2] for e in self.kueue_namespace_queues)):
+            if entry and not _LOCAL_QUEUE_NAME.match(entry):
+                raise SettingsError(f"kueue queue name {entry!r} (SWEEP_KUEUE_DEFAULT_QUEUE / "
+                                    "SWEEP_KUEUE_NAMESPACE_QUEUES): a LocalQueue name is a lowercase RFC 1123 "
+                                    "subdomain")
+        for entry in self.kueue_namespace_queues:
+            name, sep, value = entry.partition("=")
+            if not sep or not name.strip():
+                raise SettingsError(f"kueueNamespaceQueues (SWEEP_KUEUE_NAMESPACE_QUEUES): got {entry!r}; "
+                                    "entries are namespace=queue")
+            if name.strip() == namespace:
+                queue = value.strip()
+        return queue
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from sweep_operator import settings as operator_settings
-from sweep_operator.constants import CRD_FILENAME
+from sweep_contracts.constants import CRD_FILENAME
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainingsweep-operator"
@@ -201,6 +201,7 @@ NAMESPACED_GRANTS = {
     ("", "events"): {"create", "patch", "get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("", "pods"): {"get", "list", "watch"},
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # Kueue mode: read the RayJobs' Workloads
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}

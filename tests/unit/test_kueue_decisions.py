@@ -31,7 +31,7 @@ from sweep_operator.reconcile.kueue import (
     queue_name_for,
     workload_of,
 )
-from sweep_operator.settings import OperatorLimits
+from sweep_operator.settings import OperatorLimits, Settings, SettingsError
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 
@@ -230,15 +230,28 @@ def test_the_workload_of_a_rayjob_is_the_one_it_controls() -> None:
 # ---- what steps aside in Kueue mode
 
 
-@pytest.mark.parametrize("spec_queue,namespace,default,per_namespace,expected", [
-    ("team-a-gpu", "team-a", "default", {"team-a": "a-queue"}, "team-a-gpu"),  # spec.queueName wins
-    ("", "team-a", "default", {"team-a": "a-queue"}, "a-queue"),  # the chart's per-namespace entry
-    ("", "team-b", "default", {"team-a": "a-queue"}, "default"),  # the chart's default queue
-    ("", "team-b", "", {}, ""),  # Kueue mode off
+@pytest.mark.parametrize("env,spec_queue,namespace,expected", [
+    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "gpu-q", "team-a",
+     "gpu-q"),  # spec.queueName wins
+    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "", "team-a",
+     "a-queue"),  # the chart's per-namespace entry
+    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "", "team-b",
+     "default"),  # the chart's default queue
+    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-c="}, "", "team-c", ""),
+    ({}, "", "team-b", ""),  # Kueue mode off
 ])
-def test_queue_name_for(spec_queue: str, namespace: str, default: str, per_namespace: dict[str, str],
-                        expected: str) -> None:
-    assert queue_name_for(spec_queue, namespace, default, per_namespace) == expected
+def test_queue_name_for(env: dict[str, str], spec_queue: str, namespace: str, expected: str) -> None:
+    settings = Settings.from_env(env)
+    assert queue_name_for(spec_queue, settings.kueue_queue_for(namespace)) == expected
+
+
+@pytest.mark.parametrize("env,field", [
+    ({"SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a"}, "SWEEP_KUEUE_NAMESPACE_QUEUES"),
+    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "Team_Queue"}, "SWEEP_KUEUE_DEFAULT_QUEUE"),
+])
+def test_a_bad_queue_setting_stops_the_operator_naming_the_variable(env: dict[str, str], field: str) -> None:
+    with pytest.raises(SettingsError, match=field):
+        Settings.from_env(env)
 
 
 def test_our_namespace_budget_and_fifo_step_aside_only_in_kueue_mode() -> None:

@@ -165,11 +165,10 @@ def decide_kueue_admission(spec: Any, limits: Any) -> Admit | Reject:
     return Admit(demand_of(spec))
 
 
-def queue_name_for(spec_queue_name: str, namespace: str, default_queue: str,
-                   namespace_queues: Mapping[str, str]) -> str:
-    """The LocalQueue a sweep's RayJob is labelled with: spec.queueName, else the namespace's entry in the chart's
-    kueue.namespaceQueues, else kueue.defaultQueueName (empty: Kueue mode is off for the sweep)."""
-    return spec_queue_name or namespace_queues.get(namespace, "") or default_queue
+def queue_name_for(spec_queue_name: str, configured: str) -> str:
+    """The LocalQueue a sweep's RayJob is labelled with: spec.queueName, else the one the chart configures for the
+    sweep's namespace (Settings.kueue_queue_for; empty: Kueue mode is off for the sweep)."""
+    return spec_queue_name or configured
 
 
 # ------------------------------------------------------------------------------------------------------------ where

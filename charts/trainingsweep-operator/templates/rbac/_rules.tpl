@@ -30,6 +30,10 @@ namespace otherwise.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs/finalizers", "rayclusters/finalizers"]
   verbs: ["update"]
+# Kueue mode: the Workloads Kueue makes for the operator's RayJobs (queued, admitted, evicted); read only.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch"]
 # Events on sweeps (transitions, guard decisions, the audited escape hatch); kopf uses the core API.
 - apiGroups: [""]
   resources: ["events"]
