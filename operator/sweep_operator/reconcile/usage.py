@@ -14,10 +14,11 @@ bound: a budget that undercounts is the failure it exists to prevent).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # status.usage.podIntervals is a bounded record: past this many, the oldest finished intervals of one attempt are
@@ -28,6 +29,7 @@ HOUR = 3600.0
 
 
 # ----------------------------------------------------------------------------------------------- time
+
 
 def epoch(value: Any) -> float | None:
     """RFC 3339 text (or a number of seconds) as Unix time; None for anything else."""
@@ -42,16 +44,17 @@ def epoch(value: Any) -> float | None:
     except ValueError:
         return None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
 
 
 def rfc3339(seconds: float) -> str:
     """Unix time as RFC 3339 UTC, to the second (Kubernetes' own precision for conditions and timestamps)."""
-    return datetime.fromtimestamp(math.floor(seconds), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(math.floor(seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ----------------------------------------------------------------------------------------------- pods
+
 
 def _gpu_count(resources: Mapping[str, Any] | None) -> int:
     """nvidia.com/gpu of one container: its limit (extended resources may not be overcommitted, so a request, when
@@ -76,10 +79,8 @@ def pod_gpus(pod: Mapping[str, Any]) -> int:
 
 
 def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_:
-            return condition
-    return None
+    conditions: list[Mapping[str, Any]] = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), None)
 
 
 def pod_scheduled_at(pod: Mapping[str, Any]) -> float | None:
@@ -132,8 +133,12 @@ class PodInterval:
         return self.gpus * max(end - max(self.start, lo), 0.0)
 
     def to_status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"pod": self.pod, "cluster": self.cluster, "gpus": round(self.gpus, 6),
-                               "start": rfc3339(self.start)}
+        doc: dict[str, Any] = {
+            "pod": self.pod,
+            "cluster": self.cluster,
+            "gpus": round(self.gpus, 6),
+            "start": rfc3339(self.start),
+        }
         if self.name and self.name != self.pod:
             doc["name"] = self.name
         if self.end is not None:
@@ -146,8 +151,14 @@ class PodInterval:
         gpus = doc.get("gpus")
         if start is None or isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not doc.get("pod"):
             return None  # a hand-edited entry the ledger cannot read is dropped, not guessed at
-        return cls(str(doc["pod"]), str(doc.get("cluster") or ""), float(gpus), start, epoch(doc.get("end")),
-                   str(doc.get("name") or ""))
+        return cls(
+            str(doc["pod"]),
+            str(doc.get("cluster") or ""),
+            float(gpus),
+            start,
+            epoch(doc.get("end")),
+            str(doc.get("name") or ""),
+        )
 
 
 def observe_pod(pod: Mapping[str, Any]) -> PodInterval | None:
@@ -160,11 +171,18 @@ def observe_pod(pod: Mapping[str, Any]) -> PodInterval | None:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     name = str(meta.get("name") or "")
-    return PodInterval(str(meta.get("uid") or name), str(labels.get("ray.io/cluster") or ""), float(gpus), start,
-                       pod_ended_at(pod), name)
+    return PodInterval(
+        str(meta.get("uid") or name),
+        str(labels.get("ray.io/cluster") or ""),
+        float(gpus),
+        start,
+        pod_ended_at(pod),
+        name,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- the ledger
+
 
 @dataclass(frozen=True)
 class AttemptUsage:
@@ -175,8 +193,12 @@ class AttemptUsage:
     ended_at: float | None  # None while a pod of the attempt still holds GPUs
 
     def to_status(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"rayClusterName": self.cluster, "gpuHours": round(self.gpu_seconds / HOUR, 4),
-                               "pods": self.pods, "startedAt": rfc3339(self.started_at)}
+        doc: dict[str, Any] = {
+            "rayClusterName": self.cluster,
+            "gpuHours": round(self.gpu_seconds / HOUR, 4),
+            "pods": self.pods,
+            "startedAt": rfc3339(self.started_at),
+        }
         if self.ended_at is not None:
             doc["endedAt"] = rfc3339(math.ceil(self.ended_at))
         return doc
@@ -194,8 +216,15 @@ class UsageLedger:
     def from_status(cls, usage: Mapping[str, Any] | None) -> UsageLedger:
         usage = usage or {}
         intervals = tuple(i for i in (PodInterval.from_status(d) for d in usage.get("podIntervals") or []) if i)
-        reported = tuple(sorted({int(t) for t in usage.get("thresholdsReported") or []
-                                 if isinstance(t, int) and not isinstance(t, bool)}))
+        reported = tuple(
+            sorted(
+                {
+                    int(t)
+                    for t in usage.get("thresholdsReported") or []
+                    if isinstance(t, int) and not isinstance(t, bool)
+                }
+            )
+        )
         return cls(intervals, epoch(usage.get("lastMeasuredAt")), reported)
 
     def gpu_seconds(self, now: float) -> float:
@@ -218,10 +247,15 @@ class UsageLedger:
         attempts = []
         for cluster, intervals in by_cluster.items():
             ends = [i.end for i in intervals]
-            attempts.append(AttemptUsage(
-                cluster, sum(i.gpu_seconds(now) for i in intervals), len(intervals), min(i.start for i in intervals),
-                None if any(e is None for e in ends) else max(e for e in ends if e is not None),
-            ))
+            attempts.append(
+                AttemptUsage(
+                    cluster,
+                    sum(i.gpu_seconds(now) for i in intervals),
+                    len(intervals),
+                    min(i.start for i in intervals),
+                    None if any(e is None for e in ends) else max(e for e in ends if e is not None),
+                )
+            )
         return sorted(attempts, key=lambda a: (a.started_at, a.cluster))
 
     def to_status(self, now: float, budget_gpu_hours: float | None = None) -> dict[str, Any]:
@@ -243,12 +277,19 @@ class UsageLedger:
 def _merge_same_pod(known: PodInterval, seen: PodInterval) -> PodInterval:
     """One pod seen twice: the same interval; a known end only ever moves earlier (better evidence)."""
     ends = [e for e in (known.end, seen.end) if e is not None]
-    return replace(known, gpus=max(known.gpus, seen.gpus), start=min(known.start, seen.start),
-                   end=min(ends) if ends else None, cluster=known.cluster or seen.cluster, name=known.name or seen.name)
+    return replace(
+        known,
+        gpus=max(known.gpus, seen.gpus),
+        start=min(known.start, seen.start),
+        end=min(ends) if ends else None,
+        cluster=known.cluster or seen.cluster,
+        name=known.name or seen.name,
+    )
 
 
-def fold(ledger: UsageLedger, observed: Iterable[PodInterval], now: float, *,
-         listed_clusters: Iterable[str] = ()) -> UsageLedger:
+def fold(
+    ledger: UsageLedger, observed: Iterable[PodInterval], now: float, *, listed_clusters: Iterable[str] = ()
+) -> UsageLedger:
     """Fold a read of the sweep's pods into the ledger. Idempotent: folding the same read twice, or an older read
     after a newer one, changes nothing. `listed_clusters` are the clusters whose pods were all listed in this read:
     an open interval of one of them whose pod is absent has ended (closed at `now`, see the module's note)."""
@@ -275,7 +316,7 @@ def compact(intervals: tuple[PodInterval, ...], limit: int = MAX_POD_INTERVALS) 
             break
         pair = None
         for index, first in enumerate(closed):
-            second = next((c for c in closed[index + 1:] if c.cluster == first.cluster), None)
+            second = next((c for c in closed[index + 1 :] if c.cluster == first.cluster), None)
             if second is not None:
                 pair = (first, second)
                 break
@@ -283,13 +324,15 @@ def compact(intervals: tuple[PodInterval, ...], limit: int = MAX_POD_INTERVALS) 
         start = min(first.start, second.start)
         end = max(first.end or 0.0, second.end or 0.0)
         seconds = first.gpu_seconds(end) + second.gpu_seconds(end)
-        merged = PodInterval(f"merged:{first.pod}", first.cluster, seconds / (end - start) if end > start else 0.0,
-                             start, end, "merged")
+        merged = PodInterval(
+            f"merged:{first.pod}", first.cluster, seconds / (end - start) if end > start else 0.0, start, end, "merged"
+        )
         items = sorted([i for i in items if i not in (first, second)] + [merged], key=lambda i: (i.start, i.pod))
     return tuple(items)
 
 
 # ----------------------------------------------------------------------------------------------- budgets
+
 
 @dataclass(frozen=True)
 class NamespaceBudget:
@@ -299,10 +342,12 @@ class NamespaceBudget:
     window_seconds: float
 
     def describe(self) -> str:
-        return f"{_hours(self.gpu_hours)} GPU-hours per {_duration(self.window_seconds)}"
+        return f"{format_hours(self.gpu_hours)} GPU-hours per {format_duration(self.window_seconds)}"
 
 
-def worst_case_gpu_hours(workers: int, gpus_per_worker: int, max_concurrent_trials: int, active_seconds: float) -> float:
+def worst_case_gpu_hours(
+    workers: int, gpus_per_worker: int, max_concurrent_trials: int, active_seconds: float
+) -> float:
     """What a sweep could use if every worker held its GPUs for the whole active deadline."""
     return workers * gpus_per_worker * max_concurrent_trials * active_seconds / HOUR
 
@@ -333,8 +378,9 @@ class NamespaceUsage:
         return self.budget.gpu_hours - self.used_gpu_hours - self.reserved_gpu_hours
 
 
-def namespace_usage(sweeps: Iterable[SweepUsage], budget: NamespaceBudget, now: float, *,
-                    exclude: str | None = None) -> NamespaceUsage:
+def namespace_usage(
+    sweeps: Iterable[SweepUsage], budget: NamespaceBudget, now: float, *, exclude: str | None = None
+) -> NamespaceUsage:
     used = reserved = 0.0
     for sweep in sweeps:
         if sweep.name == exclude:
@@ -344,8 +390,13 @@ def namespace_usage(sweeps: Iterable[SweepUsage], budget: NamespaceBudget, now: 
     return NamespaceUsage(used, reserved, budget)
 
 
-def budget_frees_at(intervals: Iterable[PodInterval], budget: NamespaceBudget, now: float, needed_gpu_hours: float,
-                    reserved_gpu_hours: float = 0.0) -> float | None:
+def budget_frees_at(
+    intervals: Iterable[PodInterval],
+    budget: NamespaceBudget,
+    now: float,
+    needed_gpu_hours: float,
+    reserved_gpu_hours: float = 0.0,
+) -> float | None:
     """The earliest time >= now at which `needed_gpu_hours` fit the window: used + reserved + needed <= budget.
 
     Open intervals count as ending now: what they use from here on is already in `reserved_gpu_hours` (their
@@ -378,6 +429,7 @@ def budget_frees_at(intervals: Iterable[PodInterval], budget: NamespaceBudget, n
 
 
 # ----------------------------------------------------------------------------------------------- decisions
+
 
 @dataclass(frozen=True)
 class BudgetAdmit:
@@ -417,18 +469,20 @@ def decide_budget_admission(
     namespace's window after the reservations of admitted sweeps); with it, any budget left admits and the budget
     stops the sweep when spent. A worst case above the namespace's whole budget could never start: refused.
     """
-    shown = worst_case_text or f"{_hours(worst_case)} GPU-hours"
+    shown = worst_case_text or f"{format_hours(worst_case)} GPU-hours"
     opt_in = "or set spec.budget.runUntilExhausted: true to run until the budget stops the sweep"
     if sweep_budget is not None:
         left = sweep_budget - sweep_used
         if left <= 0:
-            return BudgetReject("spec.budget.gpuHours",
-                                f"the sweep has used {_hours(sweep_used)} of its {_hours(sweep_budget)} GPU-hours")
+            return BudgetReject(
+                "spec.budget.gpuHours",
+                f"the sweep has used {format_hours(sweep_used)} of its {format_hours(sweep_budget)} GPU-hours",
+            )
         if worst_case > left + 1e-9 and not run_until_exhausted:
             return BudgetReject(
                 "spec.budget.gpuHours",
-                f"worst case {shown} exceeds the {_hours(left)} GPU-hours left of spec.budget.gpuHours "
-                f"{_hours(sweep_budget)}; raise it, lower trial.workers, tune.maxConcurrentTrials or "
+                f"worst case {shown} exceeds the {format_hours(left)} GPU-hours left of spec.budget.gpuHours "
+                f"{format_hours(sweep_budget)}; raise it, lower trial.workers, tune.maxConcurrentTrials or "
                 f"deadlines.activeSeconds, {opt_in}",
             )
     if namespace is None:
@@ -446,13 +500,21 @@ def decide_budget_admission(
         return BudgetAdmit(worst_case)
     intervals = [i for s in others if s.name != sweep_name for i in s.ledger.intervals]
     frees = budget_frees_at(intervals, namespace, now, need if need > 0 else 1e-6, usage.reserved_gpu_hours)
-    held = (f"{_hours(usage.used_gpu_hours)} used in the window and {_hours(usage.reserved_gpu_hours)} reserved "
-            f"by running sweeps")
+    held = (
+        f"{format_hours(usage.used_gpu_hours)} used in the window and {format_hours(usage.reserved_gpu_hours)} reserved "
+        f"by running sweeps"
+    )
     wanted = f"needs {shown}" if need > 0 else "needs any GPU-hours left"
-    when = (f"budget frees up at {rfc3339(math.ceil(frees))}" if frees is not None
-            else "budget frees up as the running sweeps end")
-    return BudgetQueue(f"{wanted}; namespace budget {namespace.describe()} has {_hours(max(usage.left_gpu_hours, 0))} "
-                       f"left ({held}); {when}", frees)
+    when = (
+        f"budget frees up at {rfc3339(math.ceil(frees))}"
+        if frees is not None
+        else "budget frees up as the running sweeps end"
+    )
+    return BudgetQueue(
+        f"{wanted}; namespace budget {namespace.describe()} has {format_hours(max(usage.left_gpu_hours, 0))} "
+        f"left ({held}); {when}",
+        frees,
+    )
 
 
 @dataclass(frozen=True)
@@ -468,8 +530,9 @@ class BudgetFacts:
     exhausts_at: float | None = None  # at the current rate
 
 
-def decide_budget(ledger: UsageLedger, budget_gpu_hours: float | None, now: float, *,
-                  graceful_stop_seconds: float = 0.0) -> BudgetFacts:
+def decide_budget(
+    ledger: UsageLedger, budget_gpu_hours: float | None, now: float, *, graceful_stop_seconds: float = 0.0
+) -> BudgetFacts:
     """Thresholds newly crossed, and whether to stop the sweep now.
 
     The stop begins `graceful_stop_seconds` before the budget runs out at the current rate: the checkpoint guard
@@ -487,11 +550,13 @@ def decide_budget(ledger: UsageLedger, budget_gpu_hours: float | None, now: floa
     stop = projected >= budget_gpu_hours - 1e-9
     reason = ""
     if stop:
-        reason = (f"GPU budget spent: {_hours(used)} of spec.budget.gpuHours {_hours(budget_gpu_hours)} GPU-hours used"
-                  if left <= 0 else
-                  f"GPU budget nearly spent: {_hours(used)} of spec.budget.gpuHours {_hours(budget_gpu_hours)} "
-                  f"GPU-hours used; at {_hours(held)} GPUs held it runs out within gracefulStopSeconds "
-                  f"({graceful_stop_seconds:g}s)")
+        reason = (
+            f"GPU budget spent: {format_hours(used)} of spec.budget.gpuHours {format_hours(budget_gpu_hours)} GPU-hours used"
+            if left <= 0
+            else f"GPU budget nearly spent: {format_hours(used)} of spec.budget.gpuHours {format_hours(budget_gpu_hours)} "
+            f"GPU-hours used; at {format_hours(held)} GPUs held it runs out within gracefulStopSeconds "
+            f"({graceful_stop_seconds:g}s)"
+        )
     return BudgetFacts(used, budget_gpu_hours, held, crossed, stop, reason, exhausts_at)
 
 
@@ -511,19 +576,21 @@ def with_thresholds(ledger: UsageLedger, crossed: Iterable[int]) -> UsageLedger:
 
 
 def threshold_message(threshold: int, facts: BudgetFacts) -> str:
-    return (f"the sweep has used {threshold}% of its GPU budget: {_hours(facts.used_gpu_hours)} of "
-            f"{_hours(facts.budget_gpu_hours or 0)} GPU-hours")
+    return (
+        f"the sweep has used {threshold}% of its GPU budget: {format_hours(facts.used_gpu_hours)} of "
+        f"{format_hours(facts.budget_gpu_hours or 0)} GPU-hours"
+    )
 
 
 # ----------------------------------------------------------------------------------------------- text
 
-def _hours(value: float) -> str:
+
+def format_hours(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if value < 100 else f"{value:.0f}"
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
-
