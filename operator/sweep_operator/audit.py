@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
-from . import constants
+from sweep_contracts import constants
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def describe_setter(*bodies: Mapping[str, Any] | None) -> str:
 
 
 def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_body: Mapping[str, Any] | None) -> None:
-    """Called by SweepController._guard when a deletion is released because the escape hatch is set."""
+    """Called by the controller's guard when a deletion is released because the escape hatch is set."""
     meta = body.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
     sweep = ((sweep_body or {}).get("metadata") or {}).get("name") or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or ""
@@ -56,11 +56,11 @@ def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_bod
     sweep_meta = sweep_body.get("metadata") or {}
     message = (f"{kind} {meta.get('name')} released without checkpoint verification: "
                f"{constants.ANNOTATION_SKIP_VERIFICATION} set on {setter}")
+    from .status import conditions_with, updated
+
     try:
-        controller.kube.patch_sweep_status(
-            namespace, sweep_meta["name"],
-            {"conditions": controller._conditions(sweep_body.get("status") or {}, sweep_meta.get("generation"),
-                                                  ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]))},
-        )
+        controller.status.update(sweep_body, lambda status: updated(status, {"conditions": conditions_with(
+            status, sweep_meta.get("generation"), controller.clock(),
+            ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]))}))
     except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
         log.warning("cannot record the bypass on sweep %s/%s: %s", namespace, sweep_meta.get("name"), exc)

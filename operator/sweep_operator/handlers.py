@@ -24,9 +24,9 @@ from typing import Any, Callable, Mapping
 
 import kopf
 
-from . import constants
-from .controller import RetryLater, SweepController
-from .guard import target_of
+from sweep_contracts import constants
+from .reconcile.controller import RetryLater, SweepController
+from .reconcile.guard import sweep_name_of
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
@@ -249,7 +249,7 @@ def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, us
 async def _off_loop_unless_queued(controller: SweepController, fn: Callable[..., None], *args: Any) -> None:
     """Call `fn` right here when the controller queues reconciles (it only enqueues); in a thread otherwise
     (a controller without a queue reconciles in the caller, which must not be the event loop)."""
-    if controller.queue is not None:
+    if controller.queue.threaded:
         fn(*args)
     else:
         await asyncio.to_thread(fn, *args)
@@ -268,8 +268,7 @@ def _guarded(decide: Callable[[], str]) -> None:
 
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
     meta = body.get("metadata") or {}
-    target = target_of(body)
-    name = (meta.get("labels") or {}).get(constants.LABEL_SWEEP, "") or (target.sweep if target else "")
+    name = sweep_name_of(body)
     if name:  # the reconcile reads the sweep itself (and skips a missing one): no GET of our own first
         controller.request_reconcile(meta.get("namespace") or "default", name)
 

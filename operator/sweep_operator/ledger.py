@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from .api import SweepSpec, TERMINAL_PHASES
+from sweep_contracts.api import SweepSpec, TERMINAL_PHASES
 from .policy import AdmissionDecision, Admit, Demand, Queue, decide_admission, demand_of
-from .problems import SpecError
+from sweep_contracts.problems import SpecError
 from .settings import OperatorLimits
-from .validation import parse_spec
+from sweep_contracts.spec_checks import parse_spec
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class QueuedSweep:
 class AdmissionLedger:
     def __init__(
         self,
-        load_namespace: Callable[[str], list[Mapping[str, Any]]],
+        load_namespace: Callable[[str], Sequence[Mapping[str, Any]]],
         load_runs: Callable[[str], list[tuple[str, Demand]]] | None = None,
     ):
         """`load_runs(namespace)`: (sweep, demand) of each unfinished RayJob of ours there. A crash between a

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from . import constants, runtime_env
-from .api import SweepSpec
-from .guard import GuardTarget
+from sweep_contracts import constants, runtime_env
+from sweep_contracts.api import SweepSpec
+from .reconcile.guard import GuardTarget
 from .policy import demand_of, effective_active_seconds
-from .runspec import build_run_spec
+from sweep_contracts.runspec import build_run_spec
 from .settings import OperatorLimits, Settings
 from .validation import Sweep
 

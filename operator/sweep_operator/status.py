@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from .api import TERMINAL_PHASES
+from sweep_contracts.api import TERMINAL_PHASES
 
 # KubeRay v1.7 JobDeploymentStatus values.
 DEPLOYMENT_NEW = ""
@@ -25,7 +25,10 @@ JOB_SUCCEEDED = "SUCCEEDED"
 JOB_RUNNING = "RUNNING"
 
 
-def rfc3339(moment: datetime) -> str:
+def rfc3339(moment: datetime | float) -> str:
+    """The one RFC 3339 form the operator writes (UTC, whole seconds); `moment` a datetime or Unix time."""
+    if not isinstance(moment, datetime):
+        moment = datetime.fromtimestamp(moment, tz=timezone.utc)
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -143,6 +146,36 @@ def set_condition(
         condition["observedGeneration"] = generation
     out.append(condition)
     return sorted(out, key=lambda c: c["type"])
+
+
+ConditionUpdate = tuple[str, bool | str, str, str]  # (type, status, reason, message)
+
+
+def conditions_with(status: Mapping[str, Any], generation: int | None, now: float, *updates: ConditionUpdate) -> list[dict[str, Any]]:
+    """`status.conditions` with each update applied at time `now` (Unix seconds)."""
+    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    moment = datetime.fromtimestamp(now, tz=timezone.utc)
+    for type_, value, reason, message in updates:
+        conditions = set_condition(conditions, type_, value, reason, message, moment, generation)
+    return conditions
+
+
+def updated(status: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` with `changes` applied in memory; a None value removes the field (as the merge patch will)."""
+    new = dict(status)
+    for key, value in changes.items():
+        if value is None:
+            new.pop(key, None)
+        else:
+            new[key] = value
+    return new
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level JSON merge patch that takes status `old` to `new` (a removed field is None)."""
+    patch = {key: value for key, value in new.items() if old.get(key) != value}
+    patch.update({key: None for key in old if key not in new})
+    return patch
 
 
 def get_condition(conditions: list[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:

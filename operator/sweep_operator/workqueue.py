@@ -4,14 +4,16 @@ Watch events only say "look at this sweep again"; they land here instead of runn
 handler thread. Like client-go's workqueue:
 
 - a key waits in the queue at most once; asking again for a queued key only raises its priority;
-- a key is never worked on by two threads at once; asking for it while it runs owes it exactly one more pass;
+- a key is never worked on by two threads at once; asking for it while it runs owes it exactly one more pass
+  (this is the operator's one "one pass per key" rule: `run_now` passes in the caller's thread obey it too);
 - lower priority numbers go first, then first come first served;
 - a pass runs in the context variables of the latest request for its key, as kopf runs a sync handler in the
   handler's context (kopf.event() needs them).
 
 The operator puts sweeps that wait for admission (no run yet) ahead of mirroring the status of running ones:
 with many sweeps applied at once, the time until each gets its RayJob no longer grows with the status traffic
-of those admitted before it.
+of those admitted before it. With `workers=0` every request runs at once in the caller's thread (tests drive
+the controller that way).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ ROUTINE = 1  # status mirroring, ticks, anything else
 
 class WorkQueue(Generic[K]):
     def __init__(self, work: Callable[[K], None], *, workers: int, name: str = "reconcile") -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be at least 1, got {workers}")
+        if workers < 0:
+            raise ValueError(f"workers must be 0 (run in the caller) or more, got {workers}")
         self._work = work
         self._workers = workers
         self._name = name
@@ -49,7 +51,15 @@ class WorkQueue(Generic[K]):
         self._threads: list[threading.Thread] = []
         self._stopped = False
 
+    @property
+    def threaded(self) -> bool:
+        """Whether requests are served by the queue's threads (else `add` runs them in the caller)."""
+        return self._workers > 0
+
     def add(self, key: K, priority: int = ROUTINE) -> None:
+        if not self.threaded:
+            self.run_now(key, priority)
+            return
         with self._cv:
             if self._stopped:
                 return
@@ -62,6 +72,26 @@ class WorkQueue(Generic[K]):
                 return
             self._push(key, priority)  # new, or more urgent than it was (the older heap entry goes stale)
             self._start_workers()
+
+    def run_now(self, key: K, priority: int = ROUTINE) -> None:
+        """Work on `key` in the caller's thread (and once more for each burst of requests meanwhile), unless a
+        pass is running elsewhere: that one then owes one more pass, and this returns at once. Errors propagate."""
+        with self._cv:
+            if key in self._running:
+                self._again[key] = min(self._again.get(key, priority), priority)
+                return
+            self._queued.pop(key, None)  # its heap entry goes stale: this pass serves it
+            self._running.add(key)
+        try:
+            while True:
+                self._work(key)
+                with self._cv:
+                    if self._again.pop(key, None) is None:
+                        return
+        finally:
+            with self._cv:
+                self._running.discard(key)
+                self._again.pop(key, None)
 
     def _push(self, key: K, priority: int) -> None:
         self._queued[key] = priority

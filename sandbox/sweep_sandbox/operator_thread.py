@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import kopf
 
-from ..controller import SweepController
-from ..handlers import OperatorWiring, build_controller, operate
-from ..settings import Settings
+from sweep_operator.reconcile.controller import SweepController
+from sweep_operator.handlers import OperatorWiring, build_controller, operate
+from sweep_operator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ class OperatorThread:
         controller: SweepController | None = None,
         s3_client_for: Callable[[str, str], Any] | None = None,
     ) -> None:
-        from ..kube import api_client_for_url
+        from sweep_operator.kube import api_client_for_url
 
         self.settings = settings
         self.url = url

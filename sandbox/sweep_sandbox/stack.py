@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import constants
-from ..s3_layout import S3Uri
-from ..settings import Settings
+from sweep_contracts import constants
+from sweep_contracts.s3_layout import S3Uri
+from sweep_operator.settings import Settings
 from .s3server import SANDBOX_CREDENTIALS, S3Server
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class Sandbox:
 
     def _ensure_bucket(self, rayjob: Mapping[str, Any]) -> None:
         """Sandbox convenience: a sweep applied with another bucket gets it created in the local S3."""
-        from ..controller import run_spec_of
+        from sweep_contracts.runtime_env import run_spec_of
 
         run_spec = run_spec_of(rayjob)
         if run_spec is None or self.s3 is None or not run_spec.run_root.startswith("s3://"):

@@ -3,7 +3,6 @@ status, deadlines (R6, R20), drift (R21), spec changes, and the checkpoint guard
 
 from __future__ import annotations
 
-import io
 import json
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
@@ -12,74 +11,15 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator import constants
-from sweep_operator.controller import RetryLater, SweepController, run_spec_of
+from sweep_contracts import constants
+from sweep_contracts.runtime_env import run_spec_of
+from sweep_operator.reconcile.controller import RetryLater, SweepController
 from sweep_operator.settings import OperatorLimits, Settings
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 from tests.support.fake_kube import FakeKube
+from tests.support.fake_s3 import FakeS3
+from tests.support.fakes import T0, Clock, FakeResult, FakeVerifier, Finding
 
-T0 = 1_796_000_000.0  # 2026-11-30
-
-
-@dataclass
-class Finding:
-    kind: str
-    key: str
-    detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "key": self.key, "detail": self.detail}
-
-
-@dataclass
-class FakeResult:
-    verified: bool
-    problems: tuple[Finding, ...] = ()
-    checked: int = 3
-    bytes: int = 1000
-
-    @property
-    def reason(self) -> str:
-        return "" if self.verified else f"{self.problems[0].kind}: {self.problems[0].key}"
-
-    def to_status(self) -> dict[str, Any]:
-        return {"verified": self.verified, "checked": self.checked, "bytes": self.bytes,
-                "problems": [p.to_dict() for p in self.problems], "verifiedAt": "2026-12-02T12:00:00Z"}
-
-
-@dataclass
-class FakeVerifier:
-    verified: bool = True
-    calls: list[str] = field(default_factory=list)
-    findings: list[Finding] | None = None  # what an unverified result reports (default: a missing file)
-    result: FakeResult | None = None  # when set, returned as it is
-
-    def __call__(self, client: Any, root: str, **_: Any) -> FakeResult:
-        self.calls.append(root)
-        if self.result is not None:
-            return self.result
-        if self.verified:
-            return FakeResult(True)
-        findings = self.findings or [Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent")]
-        return FakeResult(False, tuple(findings))
-
-
-class FakeS3:
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-
-    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
-        if f"{Bucket}/{Key}" not in self.objects:
-            raise KeyError(Key)
-        return {"Body": io.BytesIO(self.objects[f"{Bucket}/{Key}"])}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -113,6 +53,12 @@ class World:
             if kind == "RayJob":
                 self.controller.observe_rayjob(obj)
 
+    def put(self, path: str, data: bytes) -> None:
+        """An object at `bucket/key` in the fake S3, as the driver writes it."""
+        bucket, _, key = path.partition("/")
+        self.s3.create_bucket(Bucket=bucket)
+        self.s3.put_object(Bucket=bucket, Key=key, Body=data)
+
     def reasons(self, name: str) -> list[str]:
         return [reason for obj, _type, reason, _msg in self.events if obj == name]
 
@@ -120,6 +66,7 @@ class World:
 @pytest.fixture
 def world() -> World:
     kube, s3, verifier, clock = FakeKube(), FakeS3(), FakeVerifier(), Clock()
+    s3.create_bucket(Bucket="bucket")  # the factories' storage.uri
     events: list[tuple[str, str, str, str]] = []
     s3_clients: list[tuple[str, str]] = []
     settings = Settings(limits=OperatorLimits(max_gpus_per_namespace=8), status_poll_seconds=0,
@@ -294,9 +241,9 @@ def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     status = world.reconcile("digits")
     name, run_id = status["rayJobName"], status["runId"]
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p")
-    world.s3.objects[f"bucket/sweeps/ml/digits-{run_id}/_sweep/status.json"] = json.dumps(
+    world.put(f"bucket/sweeps/ml/digits-{run_id}/_sweep/status.json", json.dumps(
         {"trials": {"total": 8, "running": 2, "pending": 3, "terminated": 3}, "bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.25}}
-    ).encode()
+    ).encode())
     status = world.reconcile("digits")
     assert status["phase"] == "Running"
     assert status["rayClusterName"] == f"{name}-x7k2p"
@@ -315,11 +262,11 @@ def test_success_reads_result_and_verifies_checkpoints(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     run_id = status["runId"]
-    world.s3.objects[f"bucket/sweeps/ml/digits-{run_id}/_sweep/result.json"] = json.dumps(
+    world.put(f"bucket/sweeps/ml/digits-{run_id}/_sweep/result.json", json.dumps(
         {"bestTrial": {"id": "t2", "metric": "val_loss", "value": 0.1, "config": {"lr": 0.01},
                         "checkpointUri": f"s3://bucket/sweeps/ml/digits-{run_id}/train/t2/checkpoint_epoch-000005"},
          "trials": {"total": 8, "terminated": 8}}
-    ).encode()
+    ).encode())
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
@@ -613,16 +560,16 @@ def test_reconcile_requests_arriving_during_one_collapse_into_one_more_pass(worl
     world.reconcile("digits")
     entered, release = threading.Event(), threading.Event()
     reads: list[str] = []  # one per reconcile pass (each starts with a fresh read)
-    real_pass = world.controller._reconcile_fresh
+    real_pass = world.controller._pass
 
-    def slow_pass(namespace: str, name: str) -> None:
-        reads.append(name)
+    def slow_pass(ref: Any) -> None:
+        reads.append(ref.name)
         if len(reads) == 1:
             entered.set()
             release.wait(5)
-        real_pass(namespace, name)
+        real_pass(ref)
 
-    world.controller._reconcile_fresh = slow_pass  # type: ignore[method-assign]
+    world.controller._pass = slow_pass  # type: ignore[method-assign]
     body = world.sweep("digits")
     first = threading.Thread(target=world.controller.reconcile_sweep, args=(body,))
     first.start()
@@ -639,7 +586,7 @@ def test_reconcile_requests_arriving_during_one_collapse_into_one_more_pass(worl
 
 
 def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sweep_operator import controller as controller_module
+    from sweep_operator.reconcile import cache as controller_module
 
     calls: list[str] = []
     real_parse = controller_module.parse_sweep
@@ -659,12 +606,12 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, 
     assert calls == ["digits", "digits"]  # annotations are part of what a parse returns
     sweep["spec"]["tune"]["numSamples"] = 999_999  # the cache must not hide an invalid edit
     sweep["metadata"]["generation"] = 2
-    world.controller._parse(sweep)
+    world.controller.cache.parse(sweep)
     sweep["spec"]["trainLoop"] = "no-colon"
     with pytest.raises(Exception, match="trainLoop"):
-        world.controller._parse(sweep)
+        world.controller.cache.parse(sweep)
     with pytest.raises(Exception, match="trainLoop"):
-        world.controller._parse(sweep)  # a cached rejection is raised again
+        world.controller.cache.parse(sweep)  # a cached rejection is raised again
 
 
 def _count_reads(world: World, method: str) -> list[str]:
@@ -856,7 +803,7 @@ def test_a_sweep_over_todays_caps_is_still_verified(world: World) -> None:
     known (status.guard) and verified, never released as "never started"."""
     status = ran(world)
     world.controller.settings = Settings(limits=OperatorLimits(max_workers_per_sweep=1), status_poll_seconds=0)
-    world.controller._parsed = type(world.controller._parsed)(16)
+    world.controller.cache.parsed = type(world.controller.cache.parsed)(16)
     world.verifier.verified = False
     with pytest.raises(RetryLater):
         world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
@@ -903,7 +850,7 @@ def test_a_run_that_wrote_nothing_but_its_status_is_released_with_an_audit(world
     cluster is released (never held forever) with a Warning Event, after verification ran."""
     status = ran(world)
     root = f"bucket/sweeps/ml/digits-{status['runId']}"
-    world.s3.objects[f"{root}/_sweep/status.json"] = json.dumps({"phase": "Failed", "trials": {"total": 0}}).encode()
+    world.put(f"{root}/_sweep/status.json", json.dumps({"phase": "Failed", "trials": {"total": 0}}).encode())
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED")
     world.verifier.result = FakeResult(True, checked=0)
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
@@ -912,8 +859,8 @@ def test_a_run_that_wrote_nothing_but_its_status_is_released_with_an_audit(world
     audits = [e for e in world.events if e[2] == "CheckpointGuardBypassed"]
     assert audits and "nothing to protect" in audits[0][3]
     # The same run with a checkpoint reported but none found is held.
-    world.s3.objects[f"{root}/_sweep/status.json"] = json.dumps(
-        {"bestTrial": {"id": "t1", "checkpointUri": f"s3://{root}/train/t1/checkpoint_epoch-000000"}}).encode()
+    world.put(f"{root}/_sweep/status.json", json.dumps(
+        {"bestTrial": {"id": "t1", "checkpointUri": f"s3://{root}/train/t1/checkpoint_epoch-000000"}}).encode())
     with pytest.raises(RetryLater, match="reported 1"):
         world.controller.guard_rayjob_deletion(rayjob, attempt=0)
 
@@ -926,7 +873,7 @@ def test_a_graceful_stop_at_the_deadline_ends_deadline_exceeded_not_succeeded(wo
     root = f"bucket/sweeps/ml/digits-{status['runId']}"
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
-    world.s3.objects[f"{root}/_sweep/result.json"] = json.dumps({"deadlineReached": True, "trials": {"total": 4, "terminated": 4}}).encode()
+    world.put(f"{root}/_sweep/result.json", json.dumps({"deadlineReached": True, "trials": {"total": 4, "terminated": 4}}).encode())
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
     status = world.reconcile("digits")
     assert status["phase"] == "DeadlineExceeded"
@@ -953,8 +900,8 @@ def test_a_running_rayjob_whose_trials_never_start_fails_at_the_startup_deadline
 def test_a_running_trial_stops_the_startup_clock(world: World) -> None:
     add_sweep(world, "digits", **{"spec.deadlines.startupSeconds": 60})
     status = world.reconcile("digits")
-    world.s3.objects[f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json"] = json.dumps(
-        {"trials": {"total": 2, "running": 1, "pending": 1}}).encode()
+    world.put(f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json", json.dumps(
+        {"trials": {"total": 2, "running": 1, "pending": 1}}).encode())
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
     world.clock.now = T0 + 600
@@ -975,8 +922,8 @@ def test_a_failed_run_says_what_the_driver_recorded(world: World) -> None:
     the exit code. The sweep's message carries both."""
     add_sweep(world, "digits")
     status = world.reconcile("digits")
-    world.s3.objects[f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json"] = json.dumps(
-        {"phase": "Failed", "trials": {"total": 0}, "message": "pre-flight: s3:PutObject denied on s3://bucket/sweeps/ml/x"}).encode()
+    world.put(f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json", json.dumps(
+        {"phase": "Failed", "trials": {"total": 0}, "message": "pre-flight: s3:PutObject denied on s3://bucket/sweeps/ml/x"}).encode())
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED",
                                  message="Job entrypoint command failed with exit code 1")
     status = world.reconcile("digits")

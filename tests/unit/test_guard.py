@@ -5,13 +5,13 @@ docs/guard.md states the same rules; each row there names the test here that pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.guard import (
+from sweep_contracts import constants
+from tests.support.fakes import FakeResult, Finding
+from sweep_operator.reconcile.guard import (
     EMPTY_RUN_ROOT,
     GuardFacts,
     GuardTarget,
@@ -28,24 +28,6 @@ from sweep_operator.guard import (
 
 TARGET = GuardTarget("s3://b/sweeps/ml/digits-abc123", "http://127.0.0.1:9", "us-east-1", True, 60, "digits", "abc123")
 BACKOFF = {"attempt": 0, "base_backoff": 30, "max_backoff": 600}
-
-
-@dataclass
-class Problem:
-    kind: str
-    key: str = "k"
-    detail: str = "d"
-
-
-@dataclass
-class Result:
-    verified: bool
-    checked: int = 0
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def reason(self) -> str:
-        return ", ".join(p.kind for p in self.problems)
 
 
 BEFORE = [
@@ -78,23 +60,23 @@ def test_guard_before_verification(case: str, facts: GuardFacts, kind: type, aud
 REPORTED = {"bestTrial": {"id": "t1", "checkpointUri": "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001"}}
 AFTER = [
     # (case, result, status.json, result.json, readable, expected, audited, words)
-    ("verified checkpoints", Result(True, 4), None, None, True, Release, False, "verified complete"),
-    ("a missing file", Result(False, 3, [Problem("missing-file")]), REPORTED, None, True, Hold, False, "missing-file"),
-    ("S3 error", Result(False, 0, [Problem("s3-error")]), None, None, False, Hold, False, "s3-error"),
-    ("empty run root and an S3 error", Result(False, 0, [Problem(EMPTY_RUN_ROOT), Problem("s3-error")]), None, None, True, Hold,
+    ("verified checkpoints", FakeResult(True, checked=4), None, None, True, Release, False, "verified complete"),
+    ("a missing file", FakeResult(False, (Finding("missing-file"),), checked=3), REPORTED, None, True, Hold, False, "missing-file"),
+    ("S3 error", FakeResult(False, (Finding("s3-error"),), checked=0), None, None, False, Hold, False, "s3-error"),
+    ("empty run root and an S3 error", FakeResult(False, (Finding(EMPTY_RUN_ROOT), Finding("s3-error"),), checked=0), None, None, True, Hold,
      False, "s3-error"),
-    ("an empty run root", Result(False, 0, [Problem(EMPTY_RUN_ROOT)]), None, None, True, Release, True, "nothing to protect"),
-    ("no checkpoint, none reported", Result(True, 0), {"bestTrial": None, "trials": {"total": 1, "errored": 1}}, None, True,
+    ("an empty run root", FakeResult(False, (Finding(EMPTY_RUN_ROOT),), checked=0), None, None, True, Release, True, "nothing to protect"),
+    ("no checkpoint, none reported", FakeResult(True, checked=0), {"bestTrial": None, "trials": {"total": 1, "errored": 1}}, None, True,
      Release, True, "reports none"),
-    ("no checkpoint, but one reported", Result(True, 0), REPORTED, None, True, Hold, False, "reported 1"),
-    ("no checkpoint, result reports one", Result(True, 0), None, {"trialResults": [{"checkpointUri": "s3://b/x"}]}, True, Hold,
+    ("no checkpoint, but one reported", FakeResult(True, checked=0), REPORTED, None, True, Hold, False, "reported 1"),
+    ("no checkpoint, result reports one", FakeResult(True, checked=0), None, {"trialResults": [{"checkpointUri": "s3://b/x"}]}, True, Hold,
      False, "reported 1"),
-    ("no checkpoint, status unreadable", Result(True, 0), None, None, False, Hold, False, "could not be read"),
+    ("no checkpoint, status unreadable", FakeResult(True, checked=0), None, None, False, Hold, False, "could not be read"),
 ]
 
 
 @pytest.mark.parametrize("case,result,progress,final,readable,kind,audited,words", AFTER, ids=[row[0] for row in AFTER])
-def test_guard_after_verification(case: str, result: Result, progress: Any, final: Any, readable: bool, kind: type,
+def test_guard_after_verification(case: str, result: FakeResult, progress: Any, final: Any, readable: bool, kind: type,
                                   audited: bool, words: str) -> None:
     decision = decide_after_verification(result, progress=progress, final=final, progress_readable=readable, **BACKOFF)
     assert isinstance(decision, kind), case
@@ -105,7 +87,7 @@ def test_guard_after_verification(case: str, result: Result, progress: Any, fina
 
 def test_guard_holds_with_capped_exponential_backoff() -> None:
     """R22: a failed check keeps the finalizer and re-checks with capped exponential backoff."""
-    failed = Result(False, 1, [Problem("missing-file")])
+    failed = FakeResult(False, (Finding("missing-file"),), checked=1)
     assert decide_after_verification(failed, attempt=0, base_backoff=30, max_backoff=600).retry_after == 30  # type: ignore[union-attr]
     assert decide_after_verification(failed, attempt=10, base_backoff=30, max_backoff=600).retry_after == 600  # type: ignore[union-attr]
     assert [backoff_seconds(a, 5, 60) for a in range(6)] == [5, 10, 20, 40, 60, 60]

@@ -6,21 +6,21 @@ import subprocess
 import sys
 
 PURE_CORES = [
-    "sweep_operator.api",
+    "sweep_contracts.api",
     "sweep_operator.validation",
-    "sweep_operator.paramspace",
+    "sweep_contracts.paramspace",
     "sweep_operator.policy",
     "sweep_operator.instance_types",
     "sweep_operator.ledger",
     "sweep_operator.rendering",
-    "sweep_operator.runspec",
-    "sweep_operator.runtime_env",
-    "sweep_operator.s3_layout",
+    "sweep_contracts.runspec",
+    "sweep_contracts.runtime_env",
+    "sweep_contracts.s3_layout",
     "sweep_operator.status",
     "sweep_operator.diagnosis",
-    "sweep_operator.guard",
+    "sweep_operator.reconcile.guard",
     "sweep_operator.verification",
-    "sweep_operator.controller",
+    "sweep_operator.reconcile.controller",
     "sweep_operator.kube",
     "sweep_operator.workqueue",
     "sweep_operator.settings",
@@ -53,11 +53,11 @@ def test_handlers_is_the_kopf_shell() -> None:
 
 
 CONTRACTS = [  # what the training image shares with the operator: importable with neither kopf nor the clients
-    "sweep_operator.runtime_env",
-    "sweep_operator.runspec",
-    "sweep_operator.s3_layout",
-    "sweep_operator.checkpoint_manifest",
-    "sweep_operator.guard",
+    "sweep_contracts.runtime_env",
+    "sweep_contracts.runspec",
+    "sweep_contracts.s3_layout",
+    "sweep_contracts.checkpoint_manifest",
+    "sweep_operator.reconcile.guard",
 ]
 
 

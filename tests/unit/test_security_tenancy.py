@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.sandbox.emulator import wait_for
-from sweep_operator.controller import SweepController
-from sweep_operator.guard import GuardTarget
+from sweep_sandbox.emulator import wait_for
+from sweep_operator.reconcile.controller import SweepController
+from sweep_operator.reconcile.guard import GuardTarget
 from sweep_operator.handlers import S3ClientCache
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError, TenancyPolicy
 from sweep_operator.validation import validate_sweep
@@ -203,7 +203,7 @@ def test_verifications_run_on_the_dedicated_pool_with_the_timeout_capped() -> No
     made = SweepController(settings, FakeKube(), lambda e, r: object(), lambda *a: None,  # type: ignore[arg-type]
                            verifier=verifier, verification_pool=pool)
     try:
-        made._verify_target(GuardTarget(run_root="s3://b/sweeps/team-a/digits-r1", timeout_seconds=900))
+        made.reads.verify(GuardTarget(run_root="s3://b/sweeps/team-a/digits-r1", timeout_seconds=900))
     finally:
         pool.shutdown()
     ((thread, timeout),) = seen
@@ -231,7 +231,8 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
     """Every guard verification worker is stuck on a hung bucket: a sweep that just succeeded still gets its
     checkpoints verified and its status written by the reconcile (a reconcile worker waiting in the guard's queue
     would stall every tenant's deadlines)."""
-    from tests.unit.test_controller import Clock, FakeS3, FakeVerifier
+    from tests.support.fakes import Clock, FakeVerifier
+    from tests.support.fake_s3 import FakeS3
 
     kube, s3, verifier = FakeKube(), FakeS3(), FakeVerifier()
     release = threading.Event()
@@ -266,7 +267,8 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
 def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
     """Issue 15, item 5: the end-of-run verification of a sweep whose bucket hangs runs on the finish pool; the
     reconcile that saw the sweep end returns at once, and the status is written when the verification returns."""
-    from tests.unit.test_controller import Clock, FakeResult, FakeS3
+    from tests.support.fakes import Clock, FakeResult
+    from tests.support.fake_s3 import FakeS3
 
     kube, s3, gate = FakeKube(), FakeS3(), threading.Event()
     entered: list[str] = []

@@ -93,9 +93,54 @@ def test_a_failing_pass_is_logged_and_the_queue_goes_on(caplog: pytest.LogCaptur
     queue.stop()
 
 
-def test_workers_must_be_positive() -> None:
+def test_workers_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="workers"):
-        WorkQueue(lambda key: None, workers=0)
+        WorkQueue(lambda key: None, workers=-1)
+
+
+def test_without_workers_a_request_runs_in_the_callers_thread_and_errors_reach_it() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def work(key: str) -> None:
+        seen.append((key, threading.current_thread().name))
+        if key == "bad":
+            raise RuntimeError("boom")
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=0)
+    queue.add("sweep")
+    assert seen == [("sweep", threading.current_thread().name)] and not queue.threaded
+    with pytest.raises(RuntimeError, match="boom"):
+        queue.add("bad")
+    assert queue.pending() == 0  # a failed pass leaves nothing running
+
+
+def test_run_now_beside_a_worker_keeps_one_pass_per_key() -> None:
+    """A pass in the caller's thread (the controller admits the next queued sweep inline) and the workers share
+    the rule: while one runs, the other only owes it one more pass."""
+    entered, gate = threading.Event(), threading.Event()
+    passes: list[str] = []
+
+    def work(key: str) -> None:
+        passes.append(threading.current_thread().name)
+        if len(passes) == 1:
+            entered.set()
+            gate.wait(5)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    try:
+        queue.add("sweep")
+        assert entered.wait(5)
+        queue.run_now("sweep")  # returns at once: the worker owes one more pass
+        queue.run_now("sweep")
+        assert len(passes) == 1
+        gate.set()
+        wait_until(lambda: queue.pending() == 0)  # nothing queued or running: no third pass can follow
+        assert len(passes) == 2 and all(name.startswith("reconcile") for name in passes)
+        queue.run_now("sweep")  # nothing running: the caller's thread does it
+        assert passes[-1] == threading.current_thread().name
+    finally:
+        gate.set()
+        queue.stop()
 
 
 def test_a_pass_runs_in_the_context_of_the_latest_request() -> None:

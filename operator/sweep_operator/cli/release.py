@@ -65,7 +65,7 @@ def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
 
 
 def _kinds() -> list[tuple[str, str, str, str]]:
-    from .. import constants
+    from sweep_contracts import constants
 
     return [
         (constants.KIND, constants.GROUP, constants.VERSION, constants.PLURAL),
@@ -76,8 +76,8 @@ def _kinds() -> list[tuple[str, str, str, str]]:
 
 def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -> list[Held]:
     """Objects carrying the guard's finalizer (of one sweep: by name, label or guard annotation)."""
-    from .. import constants
-    from ..guard import target_of
+    from sweep_contracts import constants
+    from ..reconcile.guard import target_of
 
     held = []
     for kind, group, version, plural in _kinds():
@@ -100,7 +100,7 @@ def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -
 
 
 def _target(held: list[Held]) -> Any:
-    from ..guard import status_target, target_of
+    from ..reconcile.guard import status_target, target_of
 
     for item in held:
         target = target_of(item.obj) or (status_target(item.obj) if item.kind == "TrainingSweep" else None)
@@ -140,7 +140,7 @@ def _event(core: Any, item: Held, type_: str, reason: str, message: str) -> None
 
 
 def _remove_finalizer(custom: Any, item: Held) -> None:
-    from .. import constants
+    from sweep_contracts import constants
 
     meta = item.obj["metadata"]
     finalizers = meta.get("finalizers") or []
@@ -156,8 +156,8 @@ def _remove_finalizer(custom: Any, item: Held) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import constants
-    from ..guard import GuardFacts, Hold, Release, decide_before_verification
+    from sweep_contracts import constants
+    from ..reconcile.guard import GuardFacts, Hold, Release, decide_before_verification
 
     if not args.reason.strip():
         raise UsageError("--reason: say why (it is recorded)")
@@ -214,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
     """Verify the run root with the caller's credentials; (the guard's decision, a line saying why)."""
-    from .. import s3_layout
-    from ..guard import decide_after_verification, problems_message
+    from sweep_contracts import s3_layout
+    from ..reconcile.guard import decide_after_verification, problems_message
     from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
 

@@ -1,6 +1,5 @@
-"""The checkpoint guard's decision (pure, R22): release a finalizer, or hold it and re-check with backoff.
-
-Facts in, a decision out. docs/guard.md states the rules as one table; each rule names its test.
+"""The checkpoint guard (pure, R22): its facts from the objects read, and the decision to release a finalizer
+or hold it and re-check with backoff. docs/guard.md states the rules as one table; each rule names its test.
 """
 
 from __future__ import annotations
@@ -9,7 +8,14 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
-from . import constants
+from sweep_contracts import constants, s3_layout
+from sweep_contracts.api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
+from sweep_contracts.problems import SpecError
+from sweep_contracts.runtime_env import run_spec_of
+from sweep_contracts.spec_checks import parse_spec
+
+from ..status import conditions_with, get_condition
+from .facts import DeletionFacts, meta_of, status_of
 
 # Verification problem kinds the guard reads (verification.py defines them).
 EMPTY_RUN_ROOT = "empty-run-root"
@@ -213,3 +219,180 @@ def problems_message(problems: Sequence[Any], limit: int = 5) -> str:
         parts.append(f"{kind} {key}: {detail}".strip())
     more = len(problems) - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+# ------------------------------------------------------------------------------------------- gathering the facts
+# Pure functions over the objects the controller read for a deletion (DeletionFacts) -> GuardFacts.
+
+
+@dataclass(frozen=True)
+class StorageDefaults:
+    """The operator's S3 endpoint and region, for targets whose record leaves them empty."""
+
+    endpoint_url: str = ""
+    region: str = ""
+
+
+def run_records(rayjob: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The RayJob's records that a run exists: a job status, an attempt counter, a cluster, a start time
+    (KubeRay resets jobStatus for a retry, so no single field decides)."""
+    status = (rayjob or {}).get("status") or {}
+    records = []
+    if status.get("jobStatus"):
+        records.append(f"jobStatus {status['jobStatus']}")
+    for counter in ("failed", "succeeded"):
+        if int(status.get(counter) or 0) > 0:
+            records.append(f"status.{counter}={status[counter]}")
+    if status.get("rayClusterName"):
+        records.append(f"RayCluster {status['rayClusterName']}")
+    if status.get("startTime"):
+        records.append("status.startTime")
+    return tuple(records)
+
+
+def sweep_name_of(obj: Mapping[str, Any]) -> str:
+    """The sweep a RayJob or RayCluster belongs to: its label, else its guard annotation (labels can be edited)."""
+    target = target_of(obj)
+    return (meta_of(obj).get("labels") or {}).get(constants.LABEL_SWEEP) or (target.sweep if target else "")
+
+
+def spec_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarget | None:
+    """A run root derived from the spec's structure and status.runId (sweeps admitted before status.guard
+    existed). Today's caps are not applied: a spec over a cap that was lowered later still names its run."""
+    run_id = status_of(body).get("runId")
+    if not run_id:
+        return None
+    try:
+        spec = parse_spec(body.get("spec"))
+    except SpecError:
+        return None
+    meta = meta_of(body)
+    root = s3_layout.run_root(spec.storage.uri, meta.get("namespace") or "default", meta["name"], run_id)
+    return GuardTarget(root, spec.storage.endpoint_url or defaults.endpoint_url, spec.storage.region or defaults.region,
+                       spec.deletion.verify_checkpoints, spec.deletion.verification_timeout_seconds, meta["name"], run_id)
+
+
+def run_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarget | None:
+    """What a sweep's run writes to: recorded at admission (status.guard), else derived from the spec."""
+    return status_target(body) or spec_target(body, defaults)
+
+
+def legacy_target(rayjob: Mapping[str, Any] | None, defaults: StorageDefaults) -> GuardTarget | None:
+    """RayJobs rendered before the guard annotation existed: the run spec in their runtime env."""
+    run_spec = run_spec_of(rayjob) if rayjob else None
+    if run_spec is None:
+        return None
+    storage = run_spec.spec.storage
+    return GuardTarget(run_spec.run_root, storage.endpoint_url or defaults.endpoint_url, storage.region or defaults.region,
+                       run_spec.spec.deletion.verify_checkpoints, run_spec.spec.deletion.verification_timeout_seconds,
+                       run_spec.sweep, run_spec.run_id)
+
+
+def head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:
+    """Clusters whose RayJob predates the guard annotation: the head's env names root, endpoint and region."""
+    try:
+        containers = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value", "") for c in containers for e in c.get("env") or []}
+    except (KeyError, TypeError):
+        env = {}
+    root = env.get(constants.ENV_RUN_ROOT)
+    if not root:
+        return None
+    labels = meta_of(cluster).get("labels") or {}
+    return GuardTarget(root, env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_REGION") or "",
+                       True, DEFAULT_VERIFICATION_TIMEOUT_SECONDS, labels.get(constants.LABEL_SWEEP, ""),
+                       labels.get(constants.LABEL_RUN_ID, ""))
+
+
+def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
+    """The guard's facts for a TrainingSweep, RayJob or RayCluster being deleted (docs/guard.md, "what the guard
+    verifies": first found wins)."""
+    body, rayjob, sweep = facts.body, facts.rayjob, facts.sweep
+    meta = meta_of(body)
+    if facts.kind == constants.KIND:
+        status = status_of(body)
+        started = run_records(rayjob) if rayjob else ()
+        for key, record in (("runId", "a run id in status"), ("trainingStartedAt", "status.trainingStartedAt"),
+                            ("rayClusterName", "a RayCluster in status")):
+            if status.get(key):
+                started += (record,)
+        target = (target_of(rayjob) or legacy_target(rayjob, defaults)) if rayjob else None
+        target = target or run_target(body, defaults)
+        unknown = ""
+        if target is None:
+            unknown = (f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
+                       if status.get("runId") else "the run root cannot be determined")
+        return GuardFacts(kind=facts.kind, name=meta["name"], skip=skip_requested(meta.get("annotations")),
+                          target=target, target_unknown=unknown, never_admitted=rayjob is None and not started,
+                          started=started)
+    if facts.kind == constants.RAYJOB_KIND:
+        target = target_of(body) or legacy_target(body, defaults)
+        return GuardFacts(
+            kind=facts.kind, name=meta.get("name", ""),
+            skip=skip_requested(meta.get("annotations"), meta_of(sweep or {}).get("annotations")),
+            target=target,
+            target_unknown="" if target else "the RayJob carries no guard annotation and its run spec is unreadable: "
+                                             "the run root to verify is unknown",
+            started=run_records(body),
+        )
+    # A RayCluster: its own copy of the RayJob's annotation first (KubeRay copies it at creation): it outlives the
+    # RayJob and names the sweep's own storage, not the operator's defaults.
+    target = target_of(body) or (target_of(rayjob) or legacy_target(rayjob, defaults) if rayjob else None)
+    target = target or head_env_target(body)
+    if target is None and sweep is not None and status_of(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID):
+        target = status_target(sweep)
+    return GuardFacts(
+        kind=facts.kind, name=meta.get("name", ""),
+        skip=skip_requested(meta.get("annotations"), meta_of(rayjob or {}).get("annotations"), meta_of(sweep or {}).get("annotations")),
+        target=target,
+        target_unknown="" if target else "no run root found for this cluster (no guard annotation, RayJob, head "
+                                         "SWEEP_RUN_ROOT or sweep record)",
+        started=("a RayCluster exists",),
+    )
+
+
+def backoff_settings(sweep: Mapping[str, Any] | None) -> tuple[float, float]:
+    """The sweep's (retryBackoffSeconds, maxRetryBackoffSeconds); the defaults when there is no readable spec."""
+    try:
+        deletion = parse_spec(sweep.get("spec")).deletion if sweep else None
+    except SpecError:
+        deletion = None
+    return (deletion.retry_backoff_seconds, deletion.max_retry_backoff_seconds) if deletion else (30.0, 600.0)
+
+
+def error_code(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return "KeyError"
+    response = getattr(exc, "response", None) or {}
+    return str((response.get("Error") or {}).get("Code") or "")
+
+
+# --------------------------------------------------------------------------------- what the sweep's status says
+
+
+def verification_status(status: Mapping[str, Any], generation: int | None, now: float, result: Any,
+                        decision: Release | Hold | None) -> dict[str, Any]:
+    """Status changes recording a deletion's verification: checkpoints, CheckpointsVerified, and Ready once set."""
+    verified = result.verified and result.checked > 0 and not isinstance(decision, Hold)
+    if verified:
+        message, reason = f"{result.checked} checkpoints, {result.bytes} bytes verified", "Verified"
+    elif isinstance(decision, Release):  # audited: nothing to protect
+        message, reason = decision.reason, "NothingToProtect"
+    else:
+        message, reason = problems_message(result.problems) or (decision.reason if decision else "not verified"), "NotVerified"
+    updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, reason, message)]
+    if status.get("phase") == "Succeeded" or get_condition(status.get("conditions"), "Ready"):
+        ready = status.get("phase") == "Succeeded" and verified
+        updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
+    return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, *updates)}
+
+
+def hold_message(kind: str, name: str, reason: str, delay: float) -> str:
+    return f"{kind} {name} deletion held by the checkpoint guard: {reason}; re-checking in {delay:g}s"
+
+
+def label_removed_message(kind: str, body: Mapping[str, Any]) -> str:
+    target = target_of(body)
+    return (f"{kind} {meta_of(body).get('name')} lost its label {constants.LABEL_SWEEP}; it stays guarded by "
+            f"{constants.FINALIZER} (run root {target.run_root if target else 'unknown'}), which only the "
+            "checkpoint guard removes")

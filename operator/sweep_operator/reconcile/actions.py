@@ -1,0 +1,79 @@
+"""What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
+
+The controller executes the actions before the status write (CreateRayJob, DeleteRayJob, SetSuspend) or after it
+(ReleaseBudget, Finish); Events are posted after the write. A new action is a dataclass here and one branch in
+`controller.SweepController._act`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event on the sweep (type "Normal" or "Warning")."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CreateRayJob:
+    """Create the run's RayJob (or find the one an earlier attempt created); `admission.after_create` decides next."""
+
+    rayjob: Mapping[str, Any]
+    run_id: str
+    deadline_at: int
+
+
+@dataclass(frozen=True)
+class DeleteRayJob:
+    name: str
+
+
+@dataclass(frozen=True)
+class SetSuspend:
+    rayjob: str
+    suspend: bool
+
+
+@dataclass(frozen=True)
+class Diagnose:
+    """The decision needs to know why the cluster does not start: read pods and Events, then decide again."""
+
+    cluster_name: str
+    rayjob_name: str
+    workers_wanted: int
+    worker_cap: int
+
+
+@dataclass(frozen=True)
+class ReleaseBudget:
+    """Free the sweep's GPUs in the namespace ledger (before the write); `admit_next`: then give the queue, oldest
+    first, a chance (after the write: the next sweep's pass reads this one's new status)."""
+
+    admit_next: bool = True
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The run ended: read its result and verify its checkpoints once (`run_phase.decide_finish`)."""
+
+
+Action = Union[CreateRayJob, DeleteRayJob, SetSuspend, Diagnose, ReleaseBudget, Finish]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`status`: the sweep's whole new status (None: leave it); written once, then `events` are posted."""
+
+    status: dict[str, Any] | None = None
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = field(default=())
+
+    def wants(self, kind: type) -> Any:
+        """The first action of `kind`, or None."""
+        return next((a for a in self.actions if isinstance(a, kind)), None)

@@ -1,0 +1,234 @@
+"""The controller's memory between passes, as an informer's: the newest copy of each sweep and RayJob, the
+resourceVersions of our own writes, parsed specs, per-run caps. None of it is needed for correctness: every
+status write carries the resourceVersion it was computed from, and the guard reads fresh. Deduplicating
+reconcile requests is the work queue's job, not the cache's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Mapping
+
+from sweep_contracts import constants
+from sweep_contracts.problems import SpecError
+
+from ..settings import Settings
+from ..validation import Sweep, parse_sweep
+from .facts import ObjectRef, RunRef, meta_of
+
+# What a reconcile reads from a RayJob's spec; the rest (the cluster spec with its pod templates) is most of
+# its size, so the watch-fed copies keep only these (as an informer's transform would).
+_RAYJOB_SPEC_READ = ("suspend", "runtimeEnvYAML", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "backoffLimit")
+_PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
+PARSE_CACHE_SIZE = 4096
+_MISSING = object()
+
+
+def older_version(candidate: Any, current: Any) -> bool:
+    """Whether resourceVersion `candidate` is older than `current` of the same object. They are compared as
+    numbers when both are (etcd revisions); otherwise never "older": the newest arrival wins, and a stale copy
+    is caught by the resourceVersion precondition on every status write."""
+    try:
+        return int(candidate) < int(current)
+    except (TypeError, ValueError):
+        return False
+
+
+def slim_rayjob(rayjob: Mapping[str, Any]) -> dict[str, Any]:
+    """What reconciles read of a RayJob (metadata, status, the spec fields they use), sharing its values."""
+    spec = rayjob.get("spec") or {}
+    return {
+        "apiVersion": rayjob.get("apiVersion"),
+        "kind": rayjob.get("kind"),
+        "metadata": {k: v for k, v in meta_of(rayjob).items() if k != "managedFields"},
+        "spec": {k: spec[k] for k in _RAYJOB_SPEC_READ if k in spec},
+        "status": dict(rayjob.get("status") or {}),
+    }
+
+
+def run_ref(body: Mapping[str, Any]) -> RunRef:
+    """The run a RayJob or RayCluster belongs to, from its labels."""
+    labels = meta_of(body).get("labels") or {}
+    ref = ObjectRef.of(body)
+    return RunRef(ObjectRef(ref.namespace, labels.get(constants.LABEL_SWEEP, "")), labels.get(constants.LABEL_RUN_ID, ""))
+
+
+class Lru:
+    """A small thread-safe least-recently-used map; callers key it by digests, not by the documents themselves."""
+
+    def __init__(self, size: int) -> None:
+        self._items: OrderedDict[bytes, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._size = size
+
+    def get(self, key: bytes) -> Any:
+        with self._lock:
+            if key not in self._items:
+                return _MISSING
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: bytes, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+class Cache:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        # Copies are kept as JSON text, a quarter of the memory of the dicts, and json.loads is faster than deepcopy.
+        self._sweeps: dict[ObjectRef, tuple[Any, str]] = {}  # -> (resourceVersion, copy)
+        self._rayjobs: dict[ObjectRef, tuple[Any, str]] = {}
+        self._echoes: dict[ObjectRef, str] = {}  # -> resourceVersion of our last write
+        self._rayjob_news: dict[str, tuple[Any, ...]] = {}  # RayJob uid -> the fields its sweep's status mirrors
+        self._caps: dict[RunRef, int] = {}
+        self._polled: dict[ObjectRef, float] = {}  # -> monotonic time of the last progress poll
+        self._create_failures: dict[ObjectRef, tuple[int, float]] = {}  # -> (failed creates in a row, retry at)
+        self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
+        self.parsed = Lru(PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
+
+    # ---- sweeps
+    def observe_sweep(self, body: Mapping[str, Any]) -> None:
+        """Remember a full copy of a sweep (a watch event or a read), unless a newer one is already known."""
+        meta = {k: v for k, v in meta_of(body).items() if k != "managedFields"}
+        text = json.dumps({**body, "metadata": meta})  # kopf bodies are live views: this is the copy
+        ref, rv = ObjectRef.of(body), meta.get("resourceVersion")
+        with self._lock:
+            current = self._sweeps.get(ref)
+            if current is None or not older_version(rv, current[0]):
+                self._sweeps[ref] = (rv, text)
+
+    def remember_write(self, written: Mapping[str, Any]) -> None:
+        """The sweep as our own write left it: the newest copy, and the resourceVersion whose event is an echo."""
+        self.observe_sweep(written)
+        rv = meta_of(written).get("resourceVersion")
+        if rv is not None:
+            with self._lock:
+                self._echoes[ObjectRef.of(written)] = rv
+
+    def is_echo(self, body: Mapping[str, Any]) -> bool:
+        rv = meta_of(body).get("resourceVersion")
+        with self._lock:
+            return rv is not None and self._echoes.get(ObjectRef.of(body)) == rv
+
+    def sweep(self, ref: ObjectRef) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._sweeps.get(ref)
+        return json.loads(cached[1]) if cached is not None else None
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        with self._lock:
+            texts = [text for _, text in self._sweeps.values()]
+        return [json.loads(text) for text in texts]
+
+    def forget_sweep(self, ref: ObjectRef) -> None:
+        with self._lock:
+            self._sweeps.pop(ref, None)
+            self._echoes.pop(ref, None)
+
+    def parse(self, body: Mapping[str, Any]) -> Sweep:
+        """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
+        pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
+        meta = meta_of(body)
+        key = hashlib.sha256(json.dumps(  # a digest: a thousand sweeps' specs as keys were megabytes
+            [sorted(k for k in body if k != "status"), body.get("apiVersion"), body.get("kind"),
+             {k: meta.get(k) for k in _PARSE_METADATA}, body.get("spec")],
+            sort_keys=True, default=str,
+        ).encode()).digest()
+        hit = self.parsed.get(key)
+        if hit is _MISSING:
+            try:
+                hit = parse_sweep(dict(body), self.settings.limits, self.settings.tenancy)
+            except SpecError as exc:
+                hit = tuple(exc.problems)
+            self.parsed.put(key, hit)
+        if isinstance(hit, tuple):
+            raise SpecError(list(hit))
+        assert isinstance(hit, Sweep)
+        return hit
+
+    # ---- RayJobs
+    def observe_rayjob(self, rayjob: Mapping[str, Any]) -> None:
+        """Remember the newest copy of one of our RayJobs (the watch's, or our create's answer; they race)."""
+        ref, rv = ObjectRef.of(rayjob), meta_of(rayjob).get("resourceVersion")
+        text = json.dumps(slim_rayjob(rayjob))
+        with self._lock:
+            current = self._rayjobs.get(ref)
+            if current is None or not older_version(rv, current[0]):
+                self._rayjobs[ref] = (rv, text)
+
+    def rayjob(self, ref: ObjectRef) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._rayjobs.get(ref)
+        return json.loads(cached[1]) if cached is not None else None
+
+    def rayjob_has_news(self, rayjob: Mapping[str, Any]) -> bool:
+        """Whether a RayJob event changes what its sweep's status mirrors (status, deletion, suspension)."""
+        meta, status = meta_of(rayjob), rayjob.get("status") or {}
+        news = (
+            status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason"), status.get("rayClusterName"),
+            status.get("startTime"), bool(meta.get("deletionTimestamp")), bool((rayjob.get("spec") or {}).get("suspend")),
+        )
+        uid = meta.get("uid") or meta.get("name", "")
+        with self._lock:
+            if self._rayjob_news.get(uid) == news:
+                return False
+            self._rayjob_news[uid] = news
+        return True
+
+    def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:
+        meta = meta_of(rayjob)
+        with self._lock:
+            self._rayjobs.pop(ObjectRef.of(rayjob), None)
+            self._rayjob_news.pop(meta.get("uid") or meta.get("name", ""), None)
+            self._caps.pop(run_ref(rayjob), None)
+
+    # ---- per run and per sweep
+    def cap(self, run: RunRef) -> int | None:
+        with self._lock:
+            return self._caps.get(run)
+
+    def remember_cap(self, run: RunRef, cap: int) -> None:
+        if run.run_id:
+            with self._lock:
+                self._caps[run] = cap
+
+    def poll_due(self, ref: ObjectRef, now: float, *, take: bool) -> bool:
+        """Whether the run's progress may be polled again (status_poll_seconds apart); `take` records a poll."""
+        with self._lock:
+            last = self._polled.get(ref)
+            due = last is None or now - last >= self.settings.status_poll_seconds
+            if due and take:
+                self._polled[ref] = now
+            return due
+
+    def create_retry_at(self, ref: ObjectRef) -> float | None:
+        with self._lock:
+            failed = self._create_failures.get(ref)
+        return failed[1] if failed is not None else None
+
+    def create_failed(self, ref: ObjectRef, delay_for: Callable[[int], float], now: float) -> tuple[int, float]:
+        """Count one more failed create in a row; (the count, the delay before the next try)."""
+        with self._lock:
+            failures = self._create_failures.get(ref, (0, 0.0))[0] + 1
+            delay = delay_for(failures - 1)
+            self._create_failures[ref] = (failures, now + delay)
+        return failures, delay
+
+    def create_succeeded(self, ref: ObjectRef) -> None:
+        with self._lock:
+            self._create_failures.pop(ref, None)
+
+    def first_label_warning(self, uid: str) -> bool:
+        with self._lock:
+            if uid in self._label_warned:
+                return False
+            self._label_warned.add(uid)
+            return True
+

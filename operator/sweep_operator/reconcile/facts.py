@@ -1,0 +1,93 @@
+"""What a decision depends on, gathered before deciding: the objects read, the clock, today's limits (no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from sweep_contracts.api import SweepSpec
+from sweep_contracts.runspec import RunSpec
+
+from ..settings import OperatorLimits
+from ..status import RayJobFacts
+from ..validation import Sweep
+
+
+def meta_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("metadata") or {}
+
+
+def status_of(body: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(body.get("status") or {})
+
+
+@dataclass(frozen=True, order=True)
+class ObjectRef:
+    """One object by namespace and name: the work queue's key, the caches' key, the log's name."""
+
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> ObjectRef:
+        meta = meta_of(body)
+        return cls(meta.get("namespace") or "default", meta.get("name", ""))
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """One run of a sweep (its RayJob and RayClusters carry these labels)."""
+
+    sweep: ObjectRef
+    run_id: str
+
+
+@dataclass(frozen=True)
+class SweepFacts:
+    """One reconcile pass's view of a sweep: read once, before any decision."""
+
+    body: Mapping[str, Any]
+    now: float
+    limits: OperatorLimits
+    sweep: Sweep | None = None  # parsed with today's limits; None when it does not parse
+    problems: tuple[str, ...] = ()  # why it does not parse
+    create_retry_at: float | None = None  # the last RayJob create failed; not before this time again
+    rayjob: RayJobFacts | None = None  # None: the run's RayJob does not exist
+    rayjob_body: Mapping[str, Any] | None = None
+    run_spec: RunSpec | None = None  # the spec the run was admitted with (it travels on the RayJob)
+    progress: Mapping[str, Any] | None = None  # status fields from the run's _sweep/status.json, polled this pass
+    stopped_at_deadline: bool = False  # _sweep/result.json says Tune's budget ended the run
+    diagnosis: str | None = None  # why the cluster does not start (read only when a decision asks: Diagnose)
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef.of(self.body)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return status_of(self.body)
+
+    @property
+    def generation(self) -> int | None:
+        return meta_of(self.body).get("generation")
+
+    @property
+    def admitted_spec(self) -> SweepSpec | None:
+        """The run's spec as admitted; today's spec only for runs whose RayJob carries none."""
+        if self.run_spec is not None:
+            return self.run_spec.spec
+        return self.sweep.spec if self.sweep is not None else None
+
+
+@dataclass(frozen=True)
+class DeletionFacts:
+    """An object being deleted and what it belongs to, read fresh (the guard never uses cached copies)."""
+
+    kind: str
+    body: Mapping[str, Any]
+    attempt: int
+    sweep: Mapping[str, Any] | None = None  # the TrainingSweep it belongs to (the body itself for a sweep)
+    rayjob: Mapping[str, Any] | None = None  # the sweep's RayJob, or the cluster's

@@ -1,0 +1,166 @@
+"""The reads that fill the facts: the run's records in S3, the checkpoint verification, the pods and Events of a
+cluster that does not start, the objects a deletion belongs to. I/O only; no decision is taken here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable, Mapping
+
+from sweep_contracts import constants, s3_layout
+from sweep_contracts.runtime_env import run_spec_of
+
+from ..diagnosis import diagnose_startup
+from ..kube import KubeApi
+from ..metrics import OperatorMetrics
+from ..policy import demand_of
+from ..rendering import rayjob_name, run_id_for
+from ..settings import Settings
+from ..status import RayJobFacts, progress_patch
+from .actions import Diagnose
+from .admission import owned_by
+from .facts import SweepFacts, meta_of, status_of
+from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of
+
+log = logging.getLogger(__name__)
+
+S3ClientFactory = Callable[[str, str], Any]  # (endpoint_url, region) -> boto3-like S3 client
+Verifier = Callable[..., Any]
+
+
+def delegated(part: str, name: str) -> Any:
+    """A property of the controller that is `name` of its `part` (callers swap the S3 factory or the verifier)."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value))
+
+
+class Reads:
+    def __init__(self, settings: Settings, kube: KubeApi, s3_client_for: S3ClientFactory, verifier: Verifier,
+                 metrics: OperatorMetrics, verification_pool: Any = None) -> None:
+        self.settings, self.kube, self.s3_client_for = settings, kube, s3_client_for
+        self.verifier, self.metrics = verifier, metrics
+        # A concurrent.futures executor the guard's verifications run on (bounded: handlers.build_controller).
+        self.verification_pool = verification_pool
+
+    @property
+    def defaults(self) -> StorageDefaults:
+        return StorageDefaults(self.settings.s3_endpoint_url, self.settings.s3_region)
+
+    # ---- the run's records in S3
+    def read_json(self, target: GuardTarget, location: str) -> dict[str, Any] | None:
+        """A JSON document of the run, None when absent or unreadable (progress is best effort; the guard reads
+        with `run_documents`, which tells the two apart)."""
+        uri = s3_layout.S3Uri.parse(location)
+        try:
+            client = self.s3_client_for(target.endpoint_url, target.region)
+            doc = json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read())
+            return doc if isinstance(doc, dict) else None
+        except Exception as exc:
+            log.debug("cannot read %s: %s", location, exc)
+            return None
+
+    def progress(self, facts: SweepFacts) -> dict[str, Any]:
+        """Status fields from the run's `_sweep/status.json`, read from the run's recorded storage (status.guard)
+        as the guard reads it; today's spec only for runs admitted before it was recorded."""
+        sweep = facts.sweep
+        assert sweep is not None
+        target = status_target({"metadata": {"name": sweep.name}, "status": facts.status})
+        if target is None:
+            storage = sweep.spec.storage
+            root = s3_layout.run_root(storage.uri, sweep.namespace, sweep.name, facts.status["runId"])
+            target = GuardTarget(root, storage.endpoint_url or self.settings.s3_endpoint_url,
+                                 storage.region or self.settings.s3_region)
+        doc = self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
+        return progress_patch(doc) if doc else {}
+
+    def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
+        """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""
+        target = run_target(body, self.defaults)
+        if target is None:
+            return False
+        result = self.read_json(target, s3_layout.RunLayout(target.run_root).result_path)
+        return bool(result and result.get("deadlineReached") is True)
+
+    def run_documents(self, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+        """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
+        client = self.s3_client_for(target.endpoint_url, target.region)
+        layout = s3_layout.RunLayout(target.run_root)
+        docs: list[Any] = []
+        readable = True
+        for location in (layout.status_path, layout.result_path):
+            uri = s3_layout.S3Uri.parse(location)
+            try:
+                docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
+            except Exception as exc:  # absent is an answer; anything else means "cannot tell"
+                docs.append(None)
+                if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
+                    readable = False
+        return (docs[0] if isinstance(docs[0], dict) else None, docs[1] if isinstance(docs[1], dict) else None, readable)
+
+    def verify(self, target: GuardTarget, *, pooled: bool = True) -> Any:
+        """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
+        object vanished (one listing pass is cheap next to the data it protects)."""
+        started = time.monotonic()
+        args = (self.s3_client_for(target.endpoint_url, target.region), target.run_root)
+        options = {
+            "concurrency": self.settings.verify_concurrency,
+            # Targets recorded before a lower cap was set are held to it too.
+            "timeout_seconds": min(target.timeout_seconds, self.settings.limits.max_verification_timeout_seconds),
+            "min_retention_days": self.settings.min_retention_days,
+        }
+        if pooled and self.verification_pool is not None:
+            result = self.verification_pool.submit(self.verifier, *args, **options).result()
+        else:
+            result = self.verifier(*args, **options)
+        self.metrics.verification_finished(target.run_root, time.monotonic() - started, result.verified)
+        return result
+
+    # ---- Kubernetes
+    def diagnosis(self, namespace: str, wanted: Diagnose) -> str:
+        try:
+            pods = self.kube.list_pods(namespace, f"ray.io/cluster={wanted.cluster_name}") if wanted.cluster_name else []
+            events = self.kube.list_events(namespace)
+        except Exception as exc:  # diagnosis must never block the failure it explains
+            return f"(diagnosis unavailable: {exc})"
+        names = {(p.get("metadata") or {}).get("name") for p in pods} | {wanted.cluster_name, wanted.rayjob_name}
+        relevant = [e for e in events if ((e.get("involvedObject") or e.get("regarding") or {}).get("name")) in names]
+        return diagnose_startup(pods, relevant, cluster_name=wanted.cluster_name, worker_cap=wanted.worker_cap,
+                                workers_wanted=wanted.workers_wanted)
+
+    def rayjob_of_sweep(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator
+        that crashed between the create and the status write left exactly that one). Never a foreign one."""
+        meta, status = meta_of(body), status_of(body)
+        name = status.get("rayJobName")
+        if not name and meta.get("uid"):
+            name = rayjob_name(meta["name"], run_id_for(meta["uid"]))
+        if not name:
+            return None
+        rayjob = self.kube.get_rayjob(meta.get("namespace") or "default", name)
+        if rayjob is None or not owned_by(rayjob, meta.get("uid")):
+            return None
+        return rayjob
+
+    def rayjob_of_cluster(self, cluster: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = meta_of(cluster)
+        namespace = meta.get("namespace") or "default"
+        for owner in meta.get("ownerReferences") or []:
+            if owner.get("kind") == constants.RAYJOB_KIND:
+                return self.kube.get_rayjob(namespace, owner.get("name", ""))
+        name = (meta.get("labels") or {}).get(constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME)
+        return self.kube.get_rayjob(namespace, name) if name else None
+
+    def unfinished_runs(self, namespace: str) -> list[tuple[str, Any]]:
+        """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
+        runs = []
+        for rayjob in self.kube.list_rayjobs(namespace, constants.LABEL_SWEEP):
+            facts, run_spec = RayJobFacts.from_object(rayjob), run_spec_of(rayjob)
+            if not (facts.finished or facts.deleting or run_spec is None):
+                runs.append((run_spec.sweep, demand_of(run_spec.spec)))
+        return runs
+
+    def sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The sweep a RayJob or RayCluster belongs to, read fresh."""
+        name = sweep_name_of(obj)
+        return self.kube.get_sweep(meta_of(obj).get("namespace") or "default", name) if name else None

@@ -1,0 +1,269 @@
+"""A run's phase (pure): one pass over the RayJob's state and the sweep's deadlines -> the new status and the
+actions (KubeRay's rayjob_controller.go: one switch on the deployment status, status changed in memory).
+
+A new run-phase rule is a named predicate here and one branch in `decide_run`; a new status field is set in the
+`changes` dict it builds (and added to the CRD's status schema).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ..status import (
+    RayJobFacts,
+    conditions_with,
+    is_terminal,
+    parse_time,
+    phase_for,
+    progress_patch,
+    rfc3339,
+    updated,
+)
+from ..policy import demand_of
+from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
+from .drift import worker_cap
+from .facts import SweepFacts
+from .guard import Release, decide_after_verification, problems_message
+
+Condition = tuple[str, bool | str, str, str]
+
+
+# ------------------------------------------------------------------------------------------------ predicates
+
+
+def deadline_passed(now: float, deadline: float, grace: float) -> bool:
+    return now >= deadline + grace
+
+
+def trials_started(trials: Mapping[str, Any]) -> bool:
+    return any(int(trials.get(state) or 0) > 0 for state in ("running", "terminated", "errored"))
+
+
+def ever_ran(status: Mapping[str, Any], rayjob: RayJobFacts) -> bool:
+    """The Ray job reached Running once in this run (status.trainingStartedAt records it)."""
+    return bool(status.get("trainingStartedAt")) or rayjob.running
+
+
+def startup_overdue(rayjob: RayJobFacts, status: Mapping[str, Any], now: float, startup_seconds: float) -> bool:
+    """Per attempt: timed from the attempt's start (KubeRay's status.startTime, set at New -> Initializing). While
+    KubeRay is Retrying, and in the New state after it, startTime still holds the failed attempt's value and the
+    next attempt has not begun (rayjob_controller.go: the Retrying branch), so no startup clock runs then; the
+    sweep-wide deadline still does."""
+    if rayjob.deployment_status in ("Retrying", "") and rayjob.failed > 0:
+        return False
+    started = [t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(rayjob.start_time)) if t]
+    return bool(started) and now - max(started) > startup_seconds
+
+
+def awaiting_verification(status: Mapping[str, Any]) -> bool:
+    """Ended, and its end-of-run verification has not been recorded."""
+    return is_terminal(status.get("phase")) and not (status.get("checkpoints") or {}).get("verifiedAt")
+
+
+def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) -> bool:
+    """Whether a timer tick has work: a deadline that may have passed, progress to poll (`poll_due`), a queue or a
+    failed create to retry, an end-of-run verification to finish. Events drive everything else."""
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    if is_terminal(phase):
+        return awaiting_verification(status)
+    if phase in (None, "Pending", "Queued", "Starting", "Suspended"):
+        return True
+    deadline = parse_time(status.get("deadlineAt"))
+    if deadline is not None and now >= deadline.timestamp():
+        return True
+    return poll_due()
+
+
+def progress_wanted(facts: SweepFacts) -> bool:
+    """Whether this pass reads the run's progress: while it runs and no deadline has passed (the poll's
+    status_poll_seconds spacing is the controller's)."""
+    if facts.rayjob is None or facts.sweep is None or is_terminal(facts.status.get("phase")):
+        return False
+    deadline = parse_time(facts.status.get("deadlineAt"))
+    passed = deadline is not None and deadline_passed(facts.now, deadline.timestamp(), 0)
+    return phase_for(facts.rayjob) == "Running" and not passed
+
+
+def result_wanted(facts: SweepFacts) -> bool:
+    """Whether this pass reads `_sweep/result.json`: a success may be Tune's budget stopping at the deadline."""
+    return facts.rayjob is not None and not is_terminal(facts.status.get("phase")) and phase_for(facts.rayjob) == "Succeeded"
+
+
+def phase_message(phase: str, rayjob: RayJobFacts) -> str:
+    detail = f"RayJob {rayjob.name} {rayjob.deployment_status or 'New'}"
+    if rayjob.job_status:
+        detail += f", job {rayjob.job_status}"
+    if rayjob.reason:
+        detail += f", reason {rayjob.reason}"
+    if rayjob.message:
+        detail += f": {rayjob.message}"
+    prefix = {"Starting": "starting", "Running": "running", "Succeeded": "succeeded", "Failed": "failed",
+              "DeadlineExceeded": "deadline exceeded", "Suspended": "suspended"}.get(phase)
+    return f"{prefix}: {detail}" if prefix else detail
+
+
+# ------------------------------------------------------------------------------------------------- decisions
+
+
+def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any], events: list[Event]) -> None:
+    """Only `suspend` may change while a run exists; other edits are refused (status message + Event)."""
+    changes["observedGeneration"] = facts.generation
+    sweep, rayjob = facts.sweep, facts.rayjob
+    if sweep is not None and rayjob is not None and rayjob.suspended != sweep.spec.suspend:
+        actions.append(SetSuspend(rayjob.name, sweep.spec.suspend))
+        events.append(Event("Normal", "Suspend" if sweep.spec.suspend else "Resume",
+                            f"spec.suspend set to {sweep.spec.suspend} on RayJob {rayjob.name}"))
+    if facts.run_spec is None:
+        return
+    admitted = facts.run_spec.spec.model_dump(by_alias=True, mode="json")
+    wanted = sweep.spec.model_dump(by_alias=True, mode="json") if sweep else (facts.body.get("spec") or {})
+    changed = sorted(k for k in set(admitted) | set(wanted) if k != "suspend" and admitted.get(k) != wanted.get(k))
+    if sweep is None:
+        changed = changed or ["spec"]
+    if changed:
+        message = (
+            f"spec change refused: {', '.join('spec.' + k for k in changed)} changed after run "
+            f"{facts.status.get('runId')} was admitted; only spec.suspend may change while a run exists. "
+            "The run continues with its admitted spec; delete and re-create the sweep to start a new run."
+        )
+        changes["message"] = message
+        events.append(Event("Warning", "SpecChangeRefused", message))
+
+
+def decide_run(facts: SweepFacts) -> Decision:
+    """The new status and actions of an admitted sweep. A Decision with a Diagnose action only asks for the
+    startup diagnosis: the controller reads it into `facts.diagnosis` and decides again."""
+    status, generation, now = facts.status, facts.generation, facts.now
+    phase = status.get("phase")
+    if is_terminal(phase):
+        return Decision(actions=(ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),))
+    changes: dict[str, Any] = {}
+    conditions: list[Condition] = []
+    actions: list[Any] = []
+    events: list[Event] = []
+    if generation != status.get("observedGeneration"):
+        _spec_change(facts, changes, actions, events)
+    admitted = facts.admitted_spec
+    rayjob = facts.rayjob
+    if rayjob is None:
+        message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
+        changes.update({"phase": "Failed", "message": message, "finishedAt": rfc3339(now),
+                        "conditions": conditions_with(status, generation, now, ("Running", False, "RayJobDeleted", message),
+                                                      ("Ready", False, "Failed", message))})
+        return Decision(updated(status, changes), (*actions, ReleaseBudget()), tuple(events))
+    new_phase = phase_for(rayjob)
+    message = changes.get("message") or status.get("message") or ""
+    deadline = parse_time(status.get("deadlineAt"))
+    if rayjob.running and not status.get("trainingStartedAt"):
+        changes["trainingStartedAt"] = rfc3339(now)
+    graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
+    if rayjob.start_time and rayjob.deployment_status not in ("Retrying", "") and rayjob.start_time != status.get("attemptStartedAt"):
+        changes["attemptStartedAt"] = rayjob.start_time
+    if facts.progress:
+        changes.update(facts.progress)
+    trials = changes.get("trials") or status.get("trials") or {}
+    if new_phase == "Succeeded" and facts.stopped_at_deadline:
+        # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
+        # not a finished sweep (the checkpoints so far are verified as for any end).
+        new_phase = "DeadlineExceeded"
+        message = f"the driver stopped the trials gracefully at the sweep deadline {status.get('deadlineAt')}"
+        conditions.append(("DeadlineExceeded", True, "GracefulStop", message))
+    elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), graceful):
+        new_phase = "DeadlineExceeded"
+        message = (f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
+                   f"RayJob {rayjob.name} through the checkpoint guard")
+        conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
+        actions.append(DeleteRayJob(rayjob.name))
+    elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), 0):
+        # The driver stops its trials gracefully at the deadline; deleting the RayJob now would stop the Ray job at
+        # once (KubeRay's deletion path) and cut the last checkpoints short.
+        conditions.append(("DeadlineExceeded", True, "GracefulStop",
+                           f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
+                           f"the operator stops RayJob {rayjob.name} if it still runs {graceful}s after it"))
+    elif (new_phase in ("Starting", "Running") and admitted is not None and not trials_started(trials)
+          and startup_overdue(rayjob, status, now, admitted.deadlines.startup_seconds)):
+        # KubeRay reports Running once the head is up and the submitter exists (K8sJobMode), with the GPU workers
+        # still Pending: the attempt has started only when a trial runs.
+        if facts.diagnosis is None:
+            return _diagnose(facts)
+        new_phase = "Failed"
+        message = f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {facts.diagnosis}"
+        conditions.append(("Running", False, "StartupDeadlineExceeded", message))
+        actions.append(DeleteRayJob(rayjob.name))
+    if new_phase == "Failed" and phase != "Failed" and not conditions and not ever_ran(status, rayjob) and admitted is not None:
+        # KubeRay gave up before the job ever ran (e.g. its preRunningDeadlineSeconds): say why (R6, R20).
+        if facts.diagnosis is None:
+            return _diagnose(facts)
+        message = f"{phase_message(new_phase, rayjob)}; never reached Running: {facts.diagnosis}"
+        conditions.append(("Running", False, "StartupFailed", message))
+    if new_phase == "DeadlineExceeded" and rayjob.reason == "DeadlineExceeded" and not any(c[0] == "DeadlineExceeded" for c in conditions):
+        message = f"KubeRay stopped RayJob {rayjob.name}: activeDeadlineSeconds exceeded"
+        conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
+    if new_phase != phase and not conditions:
+        message = phase_message(new_phase, rayjob)
+    changes.update({
+        "phase": new_phase,
+        "message": message,
+        "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
+        "jobDeploymentStatus": rayjob.deployment_status or None,
+        "jobStatus": rayjob.job_status or None,
+        "reason": rayjob.reason or None,
+    })
+    if new_phase == "Running":
+        conditions.append(("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}"))
+    elif new_phase == "Starting":
+        conditions.append(("Running", False, "Starting", phase_message(new_phase, rayjob)))
+    elif new_phase == "Suspended":
+        conditions.append(("Running", False, "Suspended", "spec.suspend is true"))
+    if is_terminal(new_phase):
+        changes["finishedAt"] = rfc3339(now)
+        if not any(c[0] == "Running" for c in conditions):
+            conditions.append(("Running", False, new_phase, message))
+        actions.extend((ReleaseBudget(), Finish()))
+    if conditions:
+        changes["conditions"] = conditions_with(status, generation, now, *conditions)
+    return Decision(updated(status, changes), tuple(actions), tuple(events))
+
+
+def _diagnose(facts: SweepFacts) -> Decision:
+    rayjob, spec = facts.rayjob, facts.admitted_spec
+    assert rayjob is not None and spec is not None
+    return Decision(actions=(Diagnose(rayjob.cluster_name, rayjob.name, demand_of(spec).workers, worker_cap(spec, facts.limits)),))
+
+
+def decide_finish(facts: SweepFacts, verification: Any, progress: Mapping[str, Any] | None,
+                  result: Mapping[str, Any] | None) -> Decision:
+    """At a terminal phase: the final result from `_sweep/result.json`, and the end-of-run verification judged by
+    the guard's own rules (so the status says what a deletion would do)."""
+    status, generation = facts.status, facts.generation
+    changes: dict[str, Any] = {}
+    if result:
+        changes.update(progress_patch(result))
+    elif progress:
+        changes.update(progress_patch(progress))
+    said = (progress or {}).get("message") if status.get("phase") == "Failed" else None
+    if isinstance(said, str) and said and said not in (status.get("message") or ""):
+        # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does not
+        # import): KubeRay only knows the exit code.
+        changes["message"] = f"{status.get('message') or 'failed'}; the driver says: {said}"[:2000]
+    judged = decide_after_verification(verification, attempt=0, base_backoff=1, max_backoff=1, progress=progress, final=result)
+    verified = verification.verified and verification.checked > 0 and isinstance(judged, Release) and not judged.audit
+    if verified:
+        reason, text = "Verified", f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
+    elif isinstance(judged, Release):
+        reason, text = "NothingToProtect", judged.reason
+    else:
+        reason, text = "NotVerified", problems_message(verification.problems) or judged.reason
+    changes["checkpoints"] = verification.to_status()
+    ready = status.get("phase") == "Succeeded" and verified
+    changes["conditions"] = conditions_with(
+        status, generation, facts.now,
+        ("CheckpointsVerified", verified, reason, text),
+        ("Ready", ready, "Succeeded" if ready else status.get("phase") or "NotReady",
+         "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or ""),
+    )
+    events = () if verified else (Event("Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text),)
+    return Decision(updated(status, changes), events=events)

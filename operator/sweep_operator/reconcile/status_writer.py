@@ -1,0 +1,89 @@
+"""The only writer of a sweep's status: the new status is computed in memory, written once as a merge patch onto
+the version it was computed from, then the callbacks post Events and observe metrics (KubeRay's
+updateRayJobStatus(original, new); Ray Train V2's ControllerCallback).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+from ..kube import Conflict, KubeApi
+from ..metrics import OperatorMetrics
+from ..status import merge_patch
+from .actions import Event
+from .cache import Cache
+from .facts import ObjectRef, meta_of, status_of
+
+log = logging.getLogger(__name__)
+
+# (object body, type "Normal"/"Warning", reason, message)
+EventSink = Callable[[Mapping[str, Any], str, str, str], None]
+WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
+
+
+class Stale(Exception):
+    """A status write found the sweep changed since the copy it was computed from: decide again on a fresh read."""
+
+
+class StatusCallback(Protocol):
+    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None: ...
+
+
+class PhaseCallback:
+    """A phase change is an Event on the sweep and a metrics transition; a stop at the deadline is counted."""
+
+    def __init__(self, emit: EventSink, metrics: OperatorMetrics) -> None:
+        self.emit, self.metrics = emit, metrics
+
+    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        phase = new.get("phase")
+        if not phase or phase == old.get("phase"):
+            return
+        meta = meta_of(body)
+        self.metrics.observe_phase(meta.get("uid") or meta["name"], phase, meta.get("namespace"), meta["name"])
+        if phase == "DeadlineExceeded":
+            self.metrics.deadline_stopped(meta.get("namespace") or "default", meta["name"])
+        if phase != "Deleting":  # the guard announces a deletion with its own Events
+            self.emit(body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.get("message") or f"phase {phase}")
+
+
+class StatusWriter:
+    def __init__(self, kube: KubeApi, cache: Cache, emit: EventSink, callbacks: Iterable[StatusCallback]) -> None:
+        self.kube, self.cache, self.emit = kube, cache, emit
+        self.callbacks = list(callbacks)
+
+    def write(self, body: Mapping[str, Any], new: Mapping[str, Any] | None, events: Iterable[Event] = ()) -> Mapping[str, Any]:
+        """Write `new` as the status of `body` (the copy it was computed from): only what changed, only onto that
+        resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed or it is gone)."""
+        old = status_of(body)
+        patch = merge_patch(old, new) if new is not None else {}
+        written: Mapping[str, Any] | None = None
+        if patch:
+            ref, rv = ObjectRef.of(body), meta_of(body).get("resourceVersion")
+            try:
+                written = self.kube.patch_sweep_status(ref.namespace, ref.name, patch, resource_version=rv)
+            except Conflict as exc:
+                raise Stale(str(exc)) from None
+            if written is not None:
+                self.cache.remember_write(written)
+            for callback in self.callbacks:
+                callback.after_write(body, old, {**old, **{k: v for k, v in patch.items() if v is not None}})
+        for event in events:
+            self.emit(body, event.type, event.reason, event.message)
+        return written if written is not None else ({**body, "status": dict(new)} if new is not None else body)
+
+    def update(self, body: Mapping[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 3) -> Mapping[str, Any] | None:
+        """Apply `change` (old status -> new status) and write it; on a conflict re-read the sweep and apply it to
+        the newer status (client-go's RetryOnConflict). For the guard, which writes while others may."""
+        current: Mapping[str, Any] | None = body
+        for _ in range(attempts):
+            if current is None:
+                return None
+            try:
+                return self.write(current, change(status_of(current)))
+            except Stale:
+                ref = ObjectRef.of(body)
+                current = self.kube.get_sweep(ref.namespace, ref.name)
+        log.warning("sweep %s: status kept changing; not written", ObjectRef.of(body))
+        return None
