@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet -e ".[train,sandbox,dev]"
 	touch $(STAMP)
 
-# ruff (lint, format check), mypy (operator and contracts; strict on reconcile/) and the import contracts.
+# ruff (lint, format check), mypy (operator and contracts; strict on reconcile/), the import contracts, and every
+# noqa / type: ignore naming its codes and its reason.
 # Every tool runs even when an earlier one fails, so one pass shows all findings. Config: ruff.toml, .mypy.ini,
 # .importlinter. PYTHONPATH names the source folders so the import contracts see this tree, installed or not.
 LINT_PYTHONPATH := operator:contracts:sandbox:.
@@ -28,6 +29,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check . || rc=1; \
 	$(VENV)/bin/mypy --config-file .mypy.ini -p sweep_operator -p sweep_contracts || rc=1; \
 	PYTHONPATH=$(LINT_PYTHONPATH) $(VENV)/bin/lint-imports --config .importlinter --no-cache || rc=1; \
+	$(PY) tools/check_suppressions.py || rc=1; \
 	exit $$rc
 
 test: setup
