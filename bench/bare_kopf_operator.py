@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "operator"))
 import kopf  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from sweep_operator import constants  # noqa: E402
+from sweep_contracts import constants  # noqa: E402
 from sweep_operator.kopf_tuning import tune_kopf  # noqa: E402
 from sweep_operator.kube import KubeApi, api_client_from_environment  # noqa: E402
 

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.support.* (the sweep factory)
 sys.path.insert(0, str(REPO / "operator"))  # sweep_operator, when run without the editable install
 
-from sweep_operator import constants  # noqa: E402
-from sweep_operator.sandbox import emulator as emu  # noqa: E402
+from sweep_contracts import constants  # noqa: E402
+from sweep_sandbox import emulator as emu  # noqa: E402
 
 log = logging.getLogger("operator_scale")
 
@@ -271,8 +271,8 @@ class StandInChild:
 
 
 def serve_standin(url: str, args: argparse.Namespace) -> int:
-    from sweep_operator.sandbox.emulator import make_api_client
-    from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+    from sweep_sandbox.emulator import make_api_client
+    from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
@@ -286,7 +286,7 @@ def serve_standin(url: str, args: argparse.Namespace) -> int:
 
 
 def serve_s3() -> int:
-    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS, S3Server
+    from sweep_sandbox.s3server import SANDBOX_CREDENTIALS, S3Server
 
     for key, value in SANDBOX_CREDENTIALS.items():
         os.environ.setdefault(key, value)
@@ -301,7 +301,7 @@ def serve_s3() -> int:
 
 
 def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
-    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS
+    from sweep_sandbox.s3server import SANDBOX_CREDENTIALS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWEEP_", "KUBECONFIG", "AWS_"))}
     env.update(SANDBOX_CREDENTIALS)
@@ -330,7 +330,7 @@ def wait_rayjobs(changes: TimedChangeLog, namespace: str, names: set[str], timeo
 
 
 def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+    from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 
     log.info("size %d: floor (%d RayJob-sized creates on a fresh emulator)", n, n)
     floor = measure_floor(n)

@@ -33,7 +33,7 @@ def serve(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request would dominate the timings
-    from sweep_operator.sandbox.s3server import S3Server
+    from sweep_sandbox.s3server import S3Server
     from tests.support.moto_direct import MotoDirectWriter
     from tests.support.sweep_factory import write_sweep
 
@@ -65,7 +65,7 @@ def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, list[float], Any
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS
+    from sweep_sandbox.s3server import SANDBOX_CREDENTIALS
 
     for key, value in SANDBOX_CREDENTIALS.items():
         os.environ.setdefault(key, value)
@@ -77,8 +77,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         assert child.stdout is not None and child.stdin is not None
         info = json.loads(child.stdout.readline())
         from sweep_operator.s3 import S3ClientConfig, make_s3_client
-        from sweep_operator import s3_layout
-        from sweep_operator.s3_layout import S3Uri
+        from sweep_contracts import s3_layout
+        from sweep_contracts.s3_layout import S3Uri
         from sweep_operator.verification import iter_listing, verify_sweep_checkpoints
 
         # One client for all three measurements, configured as the CLI and operator configure the verifier's.

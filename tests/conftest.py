@@ -18,7 +18,7 @@ KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
 @pytest.fixture(scope="session", autouse=True)
 def _sandbox_aws_credentials() -> Iterator[None]:
     """Fake credentials and no EC2 metadata lookups: botocore must never leave loopback."""
-    from sweep_operator.sandbox.s3server import SANDBOX_CREDENTIALS
+    from sweep_sandbox.s3server import SANDBOX_CREDENTIALS
 
     saved = {k: os.environ.get(k) for k in SANDBOX_CREDENTIALS}
     os.environ.update(SANDBOX_CREDENTIALS)
@@ -35,7 +35,7 @@ def _sandbox_aws_credentials() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
     """A moto S3 server on 127.0.0.1 (integration and e2e tiers only)."""
-    from sweep_operator.sandbox.s3server import S3Server
+    from sweep_sandbox.s3server import S3Server
 
     with S3Server() as server:
         yield server

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
-from sweep_operator import constants
-from sweep_operator.api import SweepSpec, parse_quantity
-from sweep_operator.runspec import RunSpec
+from sweep_contracts import constants
+from sweep_contracts.api import SweepSpec, parse_quantity
+from sweep_contracts.runspec import RunSpec
 
 from . import storage
 
@@ -120,7 +120,7 @@ def fit_problem(spec: SweepSpec, size: LocalRaySize) -> str | None:
 
 def runtime_env_vars(rayjob: Mapping[str, Any]) -> dict[str, str]:
     """`spec.runtimeEnvYAML.env_vars` of a rendered RayJob."""
-    from sweep_operator.runtime_env import env_vars_of
+    from sweep_contracts.runtime_env import env_vars_of
 
     return env_vars_of(rayjob)
 

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sweep_operator import s3_layout
-from sweep_operator.runspec import RunSpec
+from sweep_contracts import s3_layout
+from sweep_contracts.runspec import RunSpec
 
 from . import storage
 from .search import EntrypointError

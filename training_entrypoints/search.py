@@ -19,9 +19,9 @@ from ray.tune.schedulers import (
 )
 from ray.tune.search import BasicVariantGenerator, SearchAlgorithm, Searcher
 
-from sweep_operator.api import SweepSpec
-from sweep_operator.paramspace import Distribution, parse_distribution
-from sweep_operator.validation import PBT_REFUSED
+from sweep_contracts.api import SweepSpec
+from sweep_contracts.paramspace import Distribution, parse_distribution
+from sweep_contracts.spec_checks import PBT_REFUSED
 
 
 class EntrypointError(ValueError):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from sweep_operator import s3_layout
+from sweep_contracts import s3_layout
 
 
 def filesystem(location: str, endpoint_url: str | None = None, region: str | None = None) -> tuple[pafs.FileSystem, str]:

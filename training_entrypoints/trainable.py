@@ -13,9 +13,9 @@ import ray.train
 from ray import tune
 from ray.train.v2.api.callback import UserCallback  # also importable when V1 is selected, so R2 can be checked
 
-from sweep_operator import constants
-from sweep_operator.api import SweepSpec, parse_quantity
-from sweep_operator.runspec import RunSpec
+from sweep_contracts import constants
+from sweep_contracts.api import SweepSpec, parse_quantity
+from sweep_contracts.runspec import RunSpec
 
 from .search import EntrypointError
 

@@ -7,7 +7,8 @@ Checks that need more than one field live in `validation`.
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+import re
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -22,16 +23,32 @@ DEFAULT_GRACEFUL_STOP_SECONDS = 300
 DEFAULT_VERIFICATION_TIMEOUT_SECONDS = 900
 
 
-def parse_quantity(value: Any) -> Decimal:
-    """A Kubernetes quantity ("500m", "24Gi", 4) as a Decimal; ValueError naming the accepted forms."""
-    from kubernetes.utils.quantity import parse_quantity as _parse  # pure helper, no client
+# apimachinery's grammar (pkg/api/resource/quantity.go, parseQuantityString): a signed decimal, then one binary
+# suffix, one decimal SI suffix or a decimal exponent. Stricter than the Python client, which also takes "1K",
+# "1_000" or "NaN": the API server refuses those, so a spec must not carry them.
+_QUANTITY_RE = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
+)
+_BINARY_POWER = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_DECIMAL_EXPONENT = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
-    try:
-        return _parse(value)
-    except (ValueError, TypeError, InvalidOperation):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\", \"512Mi\")"
-        ) from None
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity ("500m", "24Gi", "1e3", 4) as an exact Decimal; ValueError naming the accepted forms."""
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return Decimal(value)
+    match = _QUANTITY_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\", \"512Mi\")")
+    number = Decimal(match["number"])
+    if match["binary"]:
+        return number * Decimal(1024) ** _BINARY_POWER[match["binary"][0]]
+    if match["decimal"]:
+        return number.scaleb(_DECIMAL_EXPONENT[match["decimal"]])
+    if match["exponent"]:
+        return number.scaleb(int(match["exponent"]))
+    return number
 
 
 def _quantity(value: Any) -> str:
@@ -60,7 +77,6 @@ NAME_MAX = 128  # metric and attribute names
 def _train_loop(value: str) -> str:
     module, sep, function = value.partition(":")
     ident = r"[A-Za-z_][A-Za-z0-9_]*"
-    import re
 
     if not sep or not re.fullmatch(rf"{ident}(\.{ident})*", module) or not re.fullmatch(ident, function):
         raise ValueError(

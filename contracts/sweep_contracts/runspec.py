@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from . import constants, s3_layout
 from .api import SweepSpec
-from .validation import Sweep, parse_spec
+from .spec_checks import parse_spec
 
 RUN_SPEC_VERSION = 1
 
@@ -73,7 +73,18 @@ class RunSpec:
         return cls.from_json(text)
 
 
-def build_run_spec(sweep: Sweep, run_id: str, storage_uri: str | None = None) -> RunSpec:
+class NamedSpec(Protocol):
+    """What a run spec needs of a parsed sweep (the operator's `validation.Sweep`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def spec(self) -> SweepSpec: ...
+
+
+def build_run_spec(sweep: NamedSpec, run_id: str, storage_uri: str | None = None) -> RunSpec:
     """The run spec for `sweep`'s run `run_id` (storage root from the S3 layout module)."""
     root = s3_layout.run_root(storage_uri or sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
     return RunSpec(namespace=sweep.namespace, sweep=sweep.name, run_id=run_id, run_root=root, spec=sweep.spec)

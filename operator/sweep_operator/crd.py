@@ -19,8 +19,8 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from . import constants
-from .api import SweepSpec, SweepStatus
+from sweep_contracts import constants
+from sweep_contracts.api import SweepSpec, SweepStatus
 
 # Kubernetes' own quantity pattern (k8s.io/apimachinery resource.Quantity).
 QUANTITY_PATTERN = (
@@ -265,7 +265,7 @@ def build_crd() -> dict[str, Any]:
 
 
 def render_crd_yaml() -> str:
-    header = "# Generated from operator/sweep_operator/api.py by `python -m sweep_operator.crd`; do not edit.\n"
+    header = "# Generated from contracts/sweep_contracts/api.py by `python -m sweep_operator.crd`; do not edit.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
 
 
@@ -279,7 +279,7 @@ def openapi_schema() -> dict[str, Any]:
 def render_reference_markdown() -> str:
     """docs/trainingsweep-reference.md: every spec field with type, default and description, from the models."""
     lines = [
-        "<!-- Generated from operator/sweep_operator/api.py by `make crd`; do not edit. -->",
+        "<!-- Generated from contracts/sweep_contracts/api.py by `make crd`; do not edit. -->",
         "# TrainingSweep reference (sweeps.dev/v1alpha1)",
         "",
         "`kubectl explain trainingsweep.spec --recursive` shows the same text from the installed CRD.",

@@ -15,7 +15,7 @@ from typing import Any, Callable, TypeVar
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from . import constants
+from sweep_contracts import constants
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from . import instance_types
-from .api import SweepSpec, parse_quantity
-from .problems import Problem
+from sweep_contracts.api import SweepSpec, parse_quantity
+from sweep_contracts.problems import Problem
 from .settings import OperatorLimits, TenancyPolicy
 
 

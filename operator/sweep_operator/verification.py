@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timezone
 from typing import Any, Final, Protocol
 
-from . import s3_layout
-from .checkpoint_manifest import FormatError, Manifest, ManifestEntry, load_json_object, missing_rank_manifests, parse_manifest
-from .constants import SUPPORTED_RAY_VERSION
-from .s3_layout import S3Uri
+from sweep_contracts import s3_layout
+from sweep_contracts.checkpoint_manifest import FormatError, Manifest, ManifestEntry, load_json_object, missing_rank_manifests, parse_manifest
+from sweep_contracts.constants import SUPPORTED_RAY_VERSION
+from sweep_contracts.s3_layout import S3Uri
 
 # --------------------------------------------------------------------------------- finding kinds
 

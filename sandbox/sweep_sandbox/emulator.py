@@ -33,7 +33,7 @@ import yaml
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering as kmock_rendering
 
-from .. import constants
+from sweep_contracts import constants
 from . import openapi
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
@@ -1977,7 +1977,7 @@ def _strip_directives(patch: Any) -> Any:
 
 def sweep_crd() -> Obj:
     """Our CRD as the operator package builds it (no repo file needed)."""
-    from ..crd import build_crd
+    from sweep_operator.crd import build_crd
 
     return build_crd()
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .. import constants
+from sweep_contracts import constants
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
 
 Obj = dict[str, Any]

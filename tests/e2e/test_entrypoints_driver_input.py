@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.runspec import build_run_spec
-from sweep_operator.s3_layout import RunLayout
+from sweep_contracts import constants
+from sweep_contracts.runspec import build_run_spec
+from sweep_contracts.s3_layout import RunLayout
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from sweep_operator import constants, s3_layout
+from sweep_contracts import constants
+from sweep_contracts import s3_layout
 from sweep_operator import verification as v
-from sweep_operator.s3_layout import S3Uri
+from sweep_contracts.s3_layout import S3Uri
 
 pytestmark = pytest.mark.e2e
 

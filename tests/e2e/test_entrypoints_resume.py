@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sweep_operator.rendering import build_rayjob
-from sweep_operator.s3_layout import RunLayout
+from sweep_contracts.s3_layout import RunLayout
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.rendering import build_rayjob
-from sweep_operator.s3_layout import RunLayout, S3Uri
+from sweep_contracts.s3_layout import RunLayout, S3Uri
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints import checkpointing

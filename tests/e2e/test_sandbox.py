@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import wait_for
+from sweep_contracts import constants
+from sweep_sandbox.emulator import wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
     RayCluster, with CheckpointsVerified=False naming the object; restoring it lets the deletion finish."""
     import kubernetes
 
-    from sweep_operator.sandbox.stack import Sandbox
+    from sweep_sandbox.stack import Sandbox
 
     name = f"guarded-{uuid.uuid4().hex[:4]}"
     with Sandbox(tmp_path / "state") as sandbox:

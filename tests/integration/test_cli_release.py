@@ -16,9 +16,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.rendering import RenderContext, build_rayjob
-from sweep_operator.sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer, wait_for
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from tests.support.sweep_factory import SyntheticSweep, write_sweep

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import EmulatorServer, parse_label_selector, wait_for
+from sweep_contracts import constants
+from sweep_sandbox.emulator import EmulatorServer, parse_label_selector, wait_for
 from tests.support.factories import cpu_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -168,7 +168,7 @@ def test_namespaces_are_listed_and_created_on_demand(core: Any, custom: Any, ns:
 def test_creating_a_crd_serves_its_kind(server: EmulatorServer, api: Any, ns: str) -> None:
     import kubernetes.client
 
-    from sweep_operator.sandbox.emulator import minimal_crd
+    from sweep_sandbox.emulator import minimal_crd
 
     crd = minimal_crd("example.dev", "v1", "Widget", "widgets", short_names=["wd"])
     kubernetes.client.ApiextensionsV1Api(api).create_custom_resource_definition(crd)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import EmulatorServer
+from sweep_contracts import constants
+from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.s3 import S3ClientConfig, make_s3_client
-from sweep_operator.sandbox.emulator import wait_for
-from sweep_operator.sandbox.kuberay import Outcome
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.s3_fault_server import FaultyS3Server
 from tests.support.sweep_factory import SyntheticSweep, write_sweep

@@ -18,9 +18,9 @@ import kubernetes
 import pytest
 import yaml
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.cli import main as sweepctl
-from sweep_operator.sandbox.emulator import EmulatorServer, kubeconfig_document
+from sweep_sandbox.emulator import EmulatorServer, kubeconfig_document
 from tests.support.report_fixture import FIXTURE, upload_run_root
 
 pytestmark = pytest.mark.integration

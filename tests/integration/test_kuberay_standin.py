@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import EmulatorServer, wait_for
-from sweep_operator.sandbox.kuberay import (
+from sweep_contracts import constants
+from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.kuberay import (
     RAYJOB_FINALIZER,
     KubeRayStandIn,
     Outcome,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import wait_for
-from sweep_operator.sandbox.kuberay import Outcome
+from sweep_contracts import constants
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
 from sweep_operator.settings import OperatorLimits
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep

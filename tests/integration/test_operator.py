@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.rendering import build_rayjob
-from sweep_operator.sandbox.emulator import wait_for
-from sweep_operator.sandbox.kuberay import Outcome, PendingReason
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome, PendingReason
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env

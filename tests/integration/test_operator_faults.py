@@ -16,9 +16,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import ApiError, EmulatorServer, ErrorInjector, RequestTarget, wait_for
-from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+from sweep_contracts import constants
+from sweep_sandbox.emulator import ApiError, EmulatorServer, ErrorInjector, RequestTarget, wait_for
+from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
 

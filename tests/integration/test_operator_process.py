@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import EmulatorServer, wait_for
+from sweep_contracts import constants
+from sweep_sandbox.emulator import EmulatorServer, wait_for
 from tests.support.factories import changed, cpu_sweep
 
 pytestmark = pytest.mark.integration

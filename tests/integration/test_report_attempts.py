@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.cli import main as sweepctl
-from sweep_operator.sandbox.emulator import wait_for
-from sweep_operator.sandbox.kuberay import Outcome
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
 

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sweep_operator.sandbox.emulator import EmulatorServer
-from sweep_operator.sandbox.operator_thread import OperatorThread
+from sweep_sandbox.emulator import EmulatorServer
+from sweep_sandbox.operator_thread import OperatorThread
 from sweep_operator.settings import Settings, TenancyPolicy
 from tests.integration.test_webhook_certificate_rotation import Ca, _served_certificate
 from tests.support.factories import changed, cpu_sweep

@@ -6,7 +6,7 @@ import copy
 import itertools
 from typing import Any
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.kube import Conflict
 from tests.support.schemas import sweep_status_validator
 

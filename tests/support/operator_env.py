@@ -10,10 +10,10 @@ from typing import Any, Callable
 
 import kubernetes
 
-from sweep_operator import constants
-from sweep_operator.sandbox.emulator import EmulatorServer, wait_for
-from sweep_operator.sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
-from sweep_operator.sandbox.operator_thread import OperatorThread
+from sweep_contracts import constants
+from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+from sweep_sandbox.operator_thread import OperatorThread
 from sweep_operator.settings import OperatorLimits, Settings
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 

@@ -5,7 +5,7 @@
     verify_sweep_checkpoints(s3_client, sweep.root_uri)
 
 Snapshots use Ray 2.58.0's real `_CheckpointManagerState` JSON (see fixtures/, produced by a real run);
-manifests use the entrypoints' format (sweep_operator.checkpoint_manifest).
+manifests use the entrypoints' format (sweep_contracts.checkpoint_manifest).
 Every breaker returns the S3 key (or key prefix) it touched, so a test can assert the verifier names it.
 The client only needs put_object, delete_object and list_objects_v2 (boto3, or fake_s3.FakeS3 in unit tests).
 """
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep_operator import checkpoint_manifest, s3_layout
-from sweep_operator.s3_layout import S3Uri
+from sweep_contracts import checkpoint_manifest
+from sweep_contracts import s3_layout
+from sweep_contracts.s3_layout import S3Uri
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Ray's own snapshot from a real 1-worker Train V2 run (generate_ray_snapshot.py regenerates it).

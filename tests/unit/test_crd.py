@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.crd import SPEC_RULES, build_crd, openapi_schema, render_crd_yaml
 from sweep_operator.validation import validate_sweep
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
@@ -234,7 +234,7 @@ def test_every_spec_string_list_and_map_is_bounded() -> None:
 
 def test_crd_defaults_match_the_model_defaults() -> None:
     """The API server's defaults (from the CRD) and the parser's defaults are the same values."""
-    from sweep_operator.api import SweepSpec
+    from sweep_contracts.api import SweepSpec
 
     spec_schema = openapi_schema()["properties"]["spec"]
     model_defaults = SweepSpec.model_validate(cpu_sweep()["spec"]).model_dump(by_alias=True)

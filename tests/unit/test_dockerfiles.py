@@ -10,7 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep_operator.constants import SUPPORTED_RAY_VERSION
+from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"

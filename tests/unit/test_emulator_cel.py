@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.sandbox import emulator
-from sweep_operator.sandbox.schema import CelCompiler, _json_type
-from sweep_operator.sandbox.schema_cel import CelError, compile_fast
+from sweep_sandbox import emulator
+from sweep_sandbox.schema import CelCompiler, _json_type
+from sweep_sandbox.schema_cel import CelError, compile_fast
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 
 

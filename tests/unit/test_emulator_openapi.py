@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sweep_operator.sandbox import emulator, openapi
+from sweep_sandbox import emulator, openapi
 
 
 def sweep_type() -> emulator.ResourceType:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sweep_operator.crd import build_crd
-from sweep_operator.sandbox import emulator, schema_apply
-from sweep_operator.sandbox.schema import CelCompiler, CrdSchema, FieldError, SchemaError, compile_node, every_rule, \
+from sweep_sandbox import emulator, schema_apply
+from sweep_sandbox.schema import CelCompiler, CrdSchema, FieldError, SchemaError, compile_node, every_rule, \
     invalid_status
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 from tests.support.schemas import require_kuberay_crds
@@ -113,7 +113,7 @@ def test_embedded_resource_keeps_type_meta_and_prunes_its_metadata() -> None:
     node = compile_node({"type": "object", "properties": {"template": {
         "type": "object", "x-kubernetes-embedded-resource": True,
         "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}}}})
-    from sweep_operator.sandbox.schema import prune
+    from sweep_sandbox.schema import prune
 
     obj = {"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "bad": 1},
                         "spec": {"a": "1", "b": 2}}}
@@ -314,7 +314,7 @@ def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
 def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], message: str) -> None:
     """apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaAccessor: labels (ValidateLabels),
     annotations (ValidateAnnotations: keys lower-cased, 256 KiB in all) and finalizers (qualified names)."""
-    from sweep_operator.sandbox.schema import object_meta_errors
+    from sweep_sandbox.schema import object_meta_errors
 
     errors = [str(e) for e in object_meta_errors({"name": "a", **meta})]
     assert len(errors) == 1 and errors[0].startswith(message), errors

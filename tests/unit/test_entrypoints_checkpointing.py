@@ -14,7 +14,7 @@ import pytest
 import torch
 from ray.train import Checkpoint
 
-from sweep_operator import s3_layout
+from sweep_contracts import s3_layout
 from training_entrypoints import checkpointing
 from training_entrypoints.checkpointing import (
     CheckpointError,

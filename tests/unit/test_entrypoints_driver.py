@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator import constants
-from sweep_operator.problems import SpecError
-from sweep_operator.runspec import build_run_spec
+from sweep_contracts import constants
+from sweep_contracts.problems import SpecError
+from sweep_contracts.runspec import build_run_spec
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints.search import EntrypointError

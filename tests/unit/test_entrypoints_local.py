@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.cli import main
 from sweep_operator.cli.run_local import cpu_only, result_table
 from sweep_operator.rendering import build_rayjob

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.api import BestTrial, TrialCounts
-from sweep_operator.s3_layout import RunLayout
+from sweep_contracts.api import BestTrial, TrialCounts
+from sweep_contracts.s3_layout import RunLayout
 from sweep_operator.status import progress_patch
 from sweep_operator.verification import best_checkpoint_uri
 from training_entrypoints import storage

@@ -11,8 +11,8 @@ import ray.train
 import ray.tune
 from ray.train.v2.api.config import FailureConfig as TrainFailureConfig
 
-from sweep_operator import constants
-from sweep_operator.runspec import build_run_spec
+from sweep_contracts import constants
+from sweep_contracts.runspec import build_run_spec
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 from training_entrypoints import trainable

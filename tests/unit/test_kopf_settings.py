@@ -8,7 +8,7 @@ import logging
 import kopf
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.handlers import ROUTINE_HANDLERS, RoutineHandlerSuccess, configure_kopf, quiet_routine_handler_logs
 from sweep_operator.settings import Settings
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweep_operator import s3_layout
-from sweep_operator.paramspace import Distribution, distributions, grid_size, parse_distribution
-from sweep_operator.s3_layout import RunLayout, S3Uri
+from sweep_contracts import s3_layout
+from sweep_contracts.paramspace import Distribution, distributions, grid_size, parse_distribution
+from sweep_contracts.s3_layout import RunLayout, S3Uri
 
 
 @pytest.mark.parametrize(

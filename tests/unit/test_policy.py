@@ -17,7 +17,7 @@ from sweep_operator.policy import (
     demand_of,
 )
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError
-from sweep_operator.validation import parse_spec
+from sweep_contracts.spec_checks import parse_spec
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 
 

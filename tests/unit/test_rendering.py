@@ -12,7 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sweep_operator import constants, s3_layout
+from sweep_contracts import constants
+from sweep_contracts import s3_layout
 from sweep_operator.cli import main as sweepctl
 from sweep_operator.rendering import (
     RenderContext,
@@ -23,7 +24,7 @@ from sweep_operator.rendering import (
     runtime_env_yaml,
     worker_group_cap,
 )
-from sweep_operator.runspec import RunSpec
+from sweep_contracts.runspec import RunSpec
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep, gpu_sweep

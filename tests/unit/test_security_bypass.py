@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 from sweep_operator.audit import BYPASS_REASON, annotation_setters
 from sweep_operator.status import get_condition
 from tests.unit.test_controller import World, ran, world  # noqa: F401  (the fixture)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from celpy import celtypes
 
-from sweep_operator import constants
-from sweep_operator.sandbox.schema import CelCompiler
+from sweep_contracts import constants
+from sweep_sandbox.schema import CelCompiler
 from tests.unit.test_chart import NAMESPACE, of_kind, one, render_values
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:sweeps-trainingsweep-operator"

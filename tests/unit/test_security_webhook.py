@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 import pytest
 
-from sweep_operator import constants
+from sweep_contracts import constants
 
 from sweep_operator.handlers import WEBHOOK_ID, OperatorWiring, ReloadingWebhookServer, build_registry, configure_kopf
 from sweep_operator.settings import Settings

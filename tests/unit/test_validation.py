@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sweep_operator.cli import main as sweepctl
-from sweep_operator.problems import SpecError
+from sweep_contracts.problems import SpecError
 from sweep_operator.validation import parse_sweep, validate_sweep
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 

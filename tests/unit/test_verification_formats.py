@@ -137,7 +137,7 @@ def test_the_manifest_schema_imports_without_kopf_kubernetes_or_boto3() -> None:
     import sys
 
     code = (
-        "import sys; import sweep_operator.checkpoint_manifest, training_entrypoints.checkpointing\n"
+        "import sys; import sweep_contracts.checkpoint_manifest, training_entrypoints.checkpointing\n"
         "bad = [m for m in ('kopf', 'kubernetes', 'boto3', 'botocore', 'pydantic') if m in sys.modules]\n"
         "print(bad)"
     )

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from sweep_operator import s3_layout
+from sweep_contracts import s3_layout
 from sweep_operator import verification as v
 from sweep_operator.verification import experiment_state_checkpoints, recorded_checkpoints, verify_sweep_checkpoints
 from tests.support.fake_s3 import FakeS3

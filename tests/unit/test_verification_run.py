@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from sweep_operator import s3_layout
+from sweep_contracts import s3_layout
 from sweep_operator import verification as v
-from sweep_operator.api import CheckpointsStatus
+from sweep_contracts.api import CheckpointsStatus
 from sweep_operator.verification import verify_sweep_checkpoints
 from tests.support.fake_s3 import FakeS3, client_error
 from tests.support.sweep_factory import SyntheticSweep, write_sweep

@@ -69,7 +69,7 @@ def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
     import kubernetes
     from kubernetes import config
 
-    from .. import constants
+    from sweep_contracts import constants
 
     try:
         contexts, active = config.list_kube_config_contexts(config_file=found.get("kubeconfig"))

@@ -92,7 +92,7 @@ class LocalStore:
 
 class S3Store:
     def __init__(self, client: Any, root: str) -> None:
-        from ..s3_layout import S3Uri
+        from sweep_contracts.s3_layout import S3Uri
 
         self.client, self.uri = client, S3Uri.parse(root)
 
@@ -136,7 +136,7 @@ def _json_lines(data: bytes | None) -> list[dict[str, Any]]:
 
 def read_records(store: RunStore, root: str, *, sweep: Mapping[str, Any] | None = None) -> RunRecords:
     """What the run root holds: progress, result, and every trial's Tune results (the per-epoch metrics)."""
-    from .. import s3_layout
+    from sweep_contracts import s3_layout
 
     records = RunRecords(root=root, sweep=sweep)
     records.progress = _json(store.read(s3_layout.STATUS_KEY))
@@ -565,7 +565,7 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}}
 def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
     import kubernetes
 
-    from .. import constants
+    from sweep_contracts import constants
 
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
@@ -591,7 +591,7 @@ def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_root_of(sweep: Mapping[str, Any]) -> tuple[str | None, str, str]:
     """(run root, endpoint, region) as the operator recorded them (status.guard), else from spec and runId."""
-    from .. import s3_layout
+    from sweep_contracts import s3_layout
 
     status, spec = sweep.get("status") or {}, sweep.get("spec") or {}
     guard, storage = status.get("guard") or {}, spec.get("storage") or {}
@@ -603,7 +603,7 @@ def _run_root_of(sweep: Mapping[str, Any]) -> tuple[str | None, str, str]:
 
 
 def run(args: argparse.Namespace, *, now: Callable[[], float] | None = None) -> int:
-    from .. import s3_layout
+    from sweep_contracts import s3_layout
 
     if not args.name and not args.storage:
         raise UsageError("name a TrainingSweep, or pass its run root with --storage")

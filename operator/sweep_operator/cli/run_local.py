@@ -39,7 +39,7 @@ def cpu_only(sweep: Any) -> Any:
 
 
 def _storage_base(value: str | None) -> str | None:
-    from ..s3_layout import S3Uri, is_s3_uri
+    from sweep_contracts.s3_layout import S3Uri, is_s3_uri
 
     if value is None:
         return None

@@ -68,8 +68,19 @@ def _kubectl() -> str:
     return str(local) if local.exists() else (shutil.which("kubectl") or "kubectl")
 
 
+def _sandbox_class() -> type:
+    """The sandbox lives in its own distribution (`trainingsweep-sandbox`): imported only when asked for."""
+    try:
+        from sweep_sandbox.stack import Sandbox
+    except ModuleNotFoundError as exc:
+        if exc.name != "sweep_sandbox":
+            raise
+        raise UsageError("the sandbox is not installed: pip install 'trainingsweep-operator[sandbox]'") from None
+    return Sandbox
+
+
 def run_up(args: argparse.Namespace) -> int:
-    from ..sandbox.stack import Sandbox
+    Sandbox = _sandbox_class()
 
     stop = _Stop()
     sandbox = Sandbox(Path(args.state_dir))
@@ -121,9 +132,11 @@ def _line(elapsed: float, name: str, status: dict[str, Any]) -> str:
 def run_sweep(args: argparse.Namespace) -> int:
     import kubernetes
 
-    from .. import constants
-    from ..sandbox.stack import Sandbox
+    from sweep_contracts import constants
+
     from ..validation import validate_sweep
+
+    Sandbox = _sandbox_class()
 
     docs = load_documents(args.sweep)
     if len(docs) != 1 or not isinstance(docs[0], dict):
@@ -172,7 +185,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 def _get(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
     import kubernetes
 
-    from .. import constants
+    from sweep_contracts import constants
 
     try:
         return api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
@@ -184,7 +197,7 @@ def _get(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
 
 def _watch(api: Any, namespace: str, name: str, timeout: float, stop: threading.Event, started: float) -> dict[str, Any]:
     """A line per change and a progress bar of trials, until the sweep is terminal and verified (or timeout)."""
-    from ..api import TERMINAL_PHASES
+    from sweep_contracts.api import TERMINAL_PHASES
 
     deadline = time.monotonic() + timeout
     last_line, last_bar, status = "", "", {}
@@ -238,7 +251,7 @@ def _report(status: dict[str, Any]) -> bool:
 def _delete_and_report(api: Any, sandbox: Any, namespace: str, name: str, status: dict[str, Any], stop: threading.Event) -> bool:
     import kubernetes
 
-    from .. import constants
+    from sweep_contracts import constants
 
     print(f"\n$ kubectl delete tsw {name}   (the checkpoint guard verifies S3 first)")
     started = time.monotonic()

@@ -14,7 +14,7 @@ from .common import EXIT_FAILED, EXIT_OK, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
+    from sweep_contracts.api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
     from ..settings import Settings
 
     defaults = Settings()
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..s3 import S3ClientConfig, make_s3_client
-    from ..s3_layout import S3Uri
+    from sweep_contracts.s3_layout import S3Uri
     from ..verification import verify_sweep_checkpoints
 
     try:
