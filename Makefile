@@ -11,11 +11,13 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 
 # torch first: its CPU build lies on this disk, and anything depending on torch would otherwise pull a CUDA build.
-$(STAMP): pyproject.toml
+# One pip call for the four distributions (operator, contracts/, sandbox/, training/): the local paths on the same
+# command line satisfy the operator's pins on its siblings, so nothing is fetched for them.
+$(STAMP): pyproject.toml contracts/pyproject.toml sandbox/pyproject.toml training/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24"
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[train,sandbox,dev]"
+	$(PIP) install --quiet -e ./contracts -e ./sandbox -e ./training -e ".[train,sandbox,dev]"
 	touch $(STAMP)
 
 # ruff (lint, format check), mypy (operator and contracts; strict on reconcile/), the import contracts, and every
@@ -52,7 +54,7 @@ bench: setup
 	$(PY) bench/entrypoint_overhead.py
 	$(PY) bench/operator_scale.py
 
-# Regenerate the CRD (and the chart's copy) from operator/sweep_operator/api.py.
+# Regenerate the CRD (and the chart's copy) from contracts/sweep_contracts/api.py.
 crd: setup
 	$(PY) -m sweep_operator.crd > crds/trainingsweeps.sweeps.dev.yaml
 	mkdir -p charts/trainingsweep-operator/crds
