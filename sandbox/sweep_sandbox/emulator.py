@@ -891,6 +891,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # last: a test can assert its component writes nothing a real server would drop
     unknown_fields: collections.deque[tuple[str, str]] = attrs.field(
         factory=lambda: collections.deque(maxlen=1000), init=False)
+    # Validating admission webhooks (a stand-in registers its own, e.g. Kueue's vrayjob.kb.io): each is called with
+    # ("group/plural", old or None, new) and returns (webhook name, denials); any denial refuses the write with 403.
+    validating_webhooks: list[Callable[[str, Obj | None, Obj], tuple[str, list[str]]]] = attrs.field(
+        factory=list, init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1552,6 +1557,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if errors:
             name = obj["metadata"].get("name", "")
             raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
+        for webhook in () if status_only else list(self.validating_webhooks):
+            hook, denials = webhook(f"{resource_type.group}/{resource_type.plural}", old, obj)
+            if denials:  # field.ErrorList.ToAggregate(): one error as is, several as [a, b]
+                text = denials[0] if len(denials) == 1 else f"[{', '.join(denials)}]"
+                raise ApiError(403, "Forbidden", f'admission webhook "{hook}" denied the request: {text}')
 
     def _admit_meta(self, resource_type: ResourceType, obj: Obj) -> None:
         """The ObjectMeta checks every built-in kind's strategy runs (labels, annotations, finalizers)."""

@@ -36,10 +36,14 @@ from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 
 T0 = 1_800_000_000.0
-WAITING = ("couldn't assign flavors to pod set gpu-workers: insufficient unused quota for nvidia.com/gpu in flavor "
-           "default-flavor, 4 more needed")
-PREEMPTION = ("Preempted to accommodate a workload (UID: u1, JobUID: j1) due to prioritization in the ClusterQueue; "
-              "preemptor path: /gpu-cq; preemptee path: /gpu-cq")
+WAITING = (
+    "couldn't assign flavors to pod set gpu-workers: insufficient unused quota for nvidia.com/gpu in flavor "
+    "default-flavor, 4 more needed"
+)
+PREEMPTION = (
+    "Preempted to accommodate a workload (UID: u1, JobUID: j1) due to prioritization in the ClusterQueue; "
+    "preemptor path: /gpu-cq; preemptee path: /gpu-cq"
+)
 
 
 def iso(t: float) -> str:
@@ -49,33 +53,48 @@ def iso(t: float) -> str:
 
 
 def cond(type_: str, status: bool, reason: str, message: str, at: float) -> dict[str, Any]:
-    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message,
-            "lastTransitionTime": iso(at)}
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": iso(at),
+    }
 
 
 def workload(*conditions: dict[str, Any], cq: str = "", name: str = "rayjob-s-abc123-1a2b3") -> dict[str, Any]:
     status: dict[str, Any] = {"conditions": list(conditions)}
     if cq:
         status["admission"] = {"clusterQueue": cq, "podSetAssignments": []}
-    return {"metadata": {"name": name, "creationTimestamp": iso(T0)}, "spec": {"queueName": "team-a"},
-            "status": status}
+    return {"metadata": {"name": name, "creationTimestamp": iso(T0)}, "spec": {"queueName": "team-a"}, "status": status}
 
 
 QUEUED = workload(cond("QuotaReserved", False, "WaitingForQuota", WAITING, T0 + 1))
-ADMITTED = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
-                    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10), cq="gpu-cq")
-EVICTING = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
-                    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10),
-                    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
-                    cond("Preempted", True, "InClusterQueue", PREEMPTION, T0 + 100), cq="gpu-cq")
-REQUEUED = workload(cond("QuotaReserved", False, "PendingEvaluation", PREEMPTION, T0 + 130),
-                    cond("Admitted", False, "NoReservation", "The workload has no reservation", T0 + 130),
-                    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
-                    cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130))
-READMITTED = workload(cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 500),
-                      cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 500),
-                      cond("Evicted", False, "QuotaReserved", "Previously: " + PREEMPTION, T0 + 500),
-                      cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130), cq="gpu-cq")
+ADMITTED = workload(
+    cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
+    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10),
+    cq="gpu-cq",
+)
+EVICTING = workload(
+    cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
+    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10),
+    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
+    cond("Preempted", True, "InClusterQueue", PREEMPTION, T0 + 100),
+    cq="gpu-cq",
+)
+REQUEUED = workload(
+    cond("QuotaReserved", False, "PendingEvaluation", PREEMPTION, T0 + 130),
+    cond("Admitted", False, "NoReservation", "The workload has no reservation", T0 + 130),
+    cond("Evicted", True, "Preempted", PREEMPTION, T0 + 100),
+    cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130),
+)
+READMITTED = workload(
+    cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 500),
+    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 500),
+    cond("Evicted", False, "QuotaReserved", "Previously: " + PREEMPTION, T0 + 500),
+    cond("Requeued", True, "Preempted", PREEMPTION, T0 + 130),
+    cq="gpu-cq",
+)
 FINISHED = workload(cond("Finished", True, "Succeeded", "Job finished successfully.", T0 + 900), cq="gpu-cq")
 
 
@@ -85,41 +104,93 @@ def facts(wl: dict[str, Any] | None, *, suspended: bool, deployment: str, ever: 
 
 # (case, facts, phase, message start, admitted_at, stopped_at)
 VIEWS = [
-    ("no workload yet (reconciler.go handleJobWithNoWorkload creates it)",
-     facts(None, suspended=True, deployment="Suspended"), KueuePhase.WAITING_FOR_WORKLOAD,
-     "Queued (Kueue: team-a): waiting for Kueue to create the Workload", None, None),
-    ("waiting for quota: Kueue's admission message (flavorassigner.go Assignment.Message)",
-     facts(QUEUED, suspended=True, deployment="Suspended"), KueuePhase.QUEUED,
-     f"Queued (Kueue: team-a): {WAITING}", None, None),
-    ("no condition yet: the scheduler has not looked",
-     facts(workload(), suspended=True, deployment="Suspended"), KueuePhase.QUEUED,
-     "Queued (Kueue: team-a): waiting for the ClusterQueue to evaluate it", None, None),
-    ("admitted (SyncAdmittedCondition), RayJob still suspended: startJob unsuspends it next",
-     facts(ADMITTED, suspended=True, deployment="Suspended"), KueuePhase.ADMITTED,
-     "Admitted by Kueue: ClusterQueue gpu-cq", T0 + 10, None),
-    ("admitted and running", facts(ADMITTED, suspended=False, deployment="Running", ever=True), KueuePhase.ADMITTED,
-     "Admitted by Kueue", T0 + 10, None),
-    ("evicted, KubeRay releasing the cluster (reconciler.go step 6: quota held while the job is active)",
-     facts(EVICTING, suspended=True, deployment="Suspending", ever=True), KueuePhase.PREEMPTED,
-     f"Preempted (Kueue: team-a): {PREEMPTION}; the RayCluster is released once its checkpoints are verified",
-     None, T0 + 100),
-    ("evicted and requeued: waiting to be readmitted",
-     facts(REQUEUED, suspended=True, deployment="Suspended", ever=True), KueuePhase.PREEMPTED,
-     f"Preempted (Kueue: team-a): {PREEMPTION}; waiting to be readmitted", None, T0 + 100),
-    ("readmitted: SetQuotaReservation reset Evicted to False",
-     facts(READMITTED, suspended=True, deployment="Suspended", ever=True), KueuePhase.ADMITTED,
-     "Admitted by Kueue", T0 + 500, None),
-    ("admission lost without an Evicted condition, after an admission",
-     facts(QUEUED, suspended=True, deployment="Suspended", ever=True), KueuePhase.PREEMPTED,
-     f"Preempted (Kueue: team-a): {WAITING}", None, T0 + 1),
-    ("finished", facts(FINISHED, suspended=False, deployment="Complete", ever=True), KueuePhase.FINISHED,
-     "Kueue: Workload", None, None),
+    (
+        "no workload yet (reconciler.go handleJobWithNoWorkload creates it)",
+        facts(None, suspended=True, deployment="Suspended"),
+        KueuePhase.WAITING_FOR_WORKLOAD,
+        "Queued (Kueue: team-a): waiting for Kueue to create the Workload",
+        None,
+        None,
+    ),
+    (
+        "waiting for quota: Kueue's admission message (flavorassigner.go Assignment.Message)",
+        facts(QUEUED, suspended=True, deployment="Suspended"),
+        KueuePhase.QUEUED,
+        f"Queued (Kueue: team-a): {WAITING}",
+        None,
+        None,
+    ),
+    (
+        "no condition yet: the scheduler has not looked",
+        facts(workload(), suspended=True, deployment="Suspended"),
+        KueuePhase.QUEUED,
+        "Queued (Kueue: team-a): waiting for the ClusterQueue to evaluate it",
+        None,
+        None,
+    ),
+    (
+        "admitted (SyncAdmittedCondition), RayJob still suspended: startJob unsuspends it next",
+        facts(ADMITTED, suspended=True, deployment="Suspended"),
+        KueuePhase.ADMITTED,
+        "Admitted by Kueue: ClusterQueue gpu-cq",
+        T0 + 10,
+        None,
+    ),
+    (
+        "admitted and running",
+        facts(ADMITTED, suspended=False, deployment="Running", ever=True),
+        KueuePhase.ADMITTED,
+        "Admitted by Kueue",
+        T0 + 10,
+        None,
+    ),
+    (
+        "evicted, KubeRay releasing the cluster (reconciler.go step 6: quota held while the job is active)",
+        facts(EVICTING, suspended=True, deployment="Suspending", ever=True),
+        KueuePhase.PREEMPTED,
+        f"Preempted (Kueue: team-a): {PREEMPTION}; the RayCluster is released once its checkpoints are verified",
+        None,
+        T0 + 100,
+    ),
+    (
+        "evicted and requeued: waiting to be readmitted",
+        facts(REQUEUED, suspended=True, deployment="Suspended", ever=True),
+        KueuePhase.PREEMPTED,
+        f"Preempted (Kueue: team-a): {PREEMPTION}; waiting to be readmitted",
+        None,
+        T0 + 100,
+    ),
+    (
+        "readmitted: SetQuotaReservation reset Evicted to False",
+        facts(READMITTED, suspended=True, deployment="Suspended", ever=True),
+        KueuePhase.ADMITTED,
+        "Admitted by Kueue",
+        T0 + 500,
+        None,
+    ),
+    (
+        "admission lost without an Evicted condition, after an admission",
+        facts(QUEUED, suspended=True, deployment="Suspended", ever=True),
+        KueuePhase.PREEMPTED,
+        f"Preempted (Kueue: team-a): {WAITING}",
+        None,
+        T0 + 1,
+    ),
+    (
+        "finished",
+        facts(FINISHED, suspended=False, deployment="Complete", ever=True),
+        KueuePhase.FINISHED,
+        "Kueue: Workload",
+        None,
+        None,
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,given,phase,message,admitted_at,stopped_at", VIEWS, ids=[v[0] for v in VIEWS])
-def test_kueue_view(case: str, given: KueueFacts, phase: KueuePhase, message: str, admitted_at: float | None,
-                    stopped_at: float | None) -> None:
+def test_kueue_view(
+    case: str, given: KueueFacts, phase: KueuePhase, message: str, admitted_at: float | None, stopped_at: float | None
+) -> None:
     view = kueue_view(given)
     assert view.phase is phase
     assert view.message.startswith(message), view.message
@@ -129,8 +200,10 @@ def test_kueue_view(case: str, given: KueueFacts, phase: KueuePhase, message: st
 
 def test_queued_printer_text_names_the_local_queue() -> None:
     assert kueue_view(facts(QUEUED, suspended=True, deployment="Suspended")).summary == "Queued (Kueue: team-a)"
-    assert kueue_view(facts(REQUEUED, suspended=True, deployment="Suspended", ever=True)).summary == \
-        "Preempted (Kueue: team-a)"
+    assert (
+        kueue_view(facts(REQUEUED, suspended=True, deployment="Suspended", ever=True)).summary
+        == "Preempted (Kueue: team-a)"
+    )
 
 
 def test_admitted_time_counts_only_admitted_intervals() -> None:
@@ -193,23 +266,31 @@ def test_admitted_time_round_trips_through_the_status() -> None:
     assert AdmittedTime.from_status(None) == AdmittedTime()
 
 
-@pytest.mark.parametrize("status,field", [
-    ({"admittedSeconds": -1}, "status.kueue.admittedSeconds"),
-    ({"admittedSeconds": "x"}, "status.kueue.admittedSeconds"),
-    ({"preemptions": 1.5}, "status.kueue.preemptions"),
-    ({"admittedSince": "yesterday"}, "status.kueue.admittedSince"),
-])
+@pytest.mark.parametrize(
+    "status,field",
+    [
+        ({"admittedSeconds": -1}, "status.kueue.admittedSeconds"),
+        ({"admittedSeconds": "x"}, "status.kueue.admittedSeconds"),
+        ({"preemptions": 1.5}, "status.kueue.preemptions"),
+        ({"admittedSince": "yesterday"}, "status.kueue.admittedSince"),
+    ],
+)
 def test_a_bad_recorded_clock_names_the_field(status: dict[str, Any], field: str) -> None:
     with pytest.raises(KueueError, match=field.replace(".", r"\.")):
         AdmittedTime.from_status(status)
 
 
-@pytest.mark.parametrize("bad,field", [
-    ({"metadata": {}}, "metadata.name"),
-    ({"metadata": {"name": "w"}, "status": {"conditions": {"type": "Admitted"}}}, "status.conditions"),
-    ({"metadata": {"name": "w"}, "status": {"conditions": [{"type": "Admitted", "status": "yes"}]}},
-     r"status.conditions\[0\]"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        ({"metadata": {}}, "metadata.name"),
+        ({"metadata": {"name": "w"}, "status": {"conditions": {"type": "Admitted"}}}, "status.conditions"),
+        (
+            {"metadata": {"name": "w"}, "status": {"conditions": [{"type": "Admitted", "status": "yes"}]}},
+            r"status.conditions\[0\]",
+        ),
+    ],
+)
 def test_an_unreadable_workload_names_the_field(bad: dict[str, Any], field: str) -> None:
     with pytest.raises(KueueError, match=field):
         WorkloadFacts.from_object(bad)
@@ -218,10 +299,20 @@ def test_an_unreadable_workload_names_the_field(bad: dict[str, Any], field: str)
 def test_the_workload_of_a_rayjob_is_the_one_it_controls() -> None:
     """jobframework ConstructWorkload sets a controller ownerReference to the job."""
     rayjob = {"metadata": {"uid": "u-1", "labels": {"kueue.x-k8s.io/queue-name": "team-a"}}}
-    mine = {"metadata": {"name": "w1", "creationTimestamp": iso(T0),
-                         "ownerReferences": [{"uid": "u-1", "controller": True}]}}
-    other = {"metadata": {"name": "w2", "creationTimestamp": iso(T0 + 1),
-                          "ownerReferences": [{"uid": "u-2", "controller": True}]}}
+    mine = {
+        "metadata": {
+            "name": "w1",
+            "creationTimestamp": iso(T0),
+            "ownerReferences": [{"uid": "u-1", "controller": True}],
+        }
+    }
+    other = {
+        "metadata": {
+            "name": "w2",
+            "creationTimestamp": iso(T0 + 1),
+            "ownerReferences": [{"uid": "u-2", "controller": True}],
+        }
+    }
     assert workload_of(rayjob, [other, mine]) is mine
     assert workload_of(rayjob, [other]) is None
     assert kueue_managed(rayjob) and not kueue_managed({"metadata": {"labels": {}}})
@@ -230,25 +321,43 @@ def test_the_workload_of_a_rayjob_is_the_one_it_controls() -> None:
 # ---- what steps aside in Kueue mode
 
 
-@pytest.mark.parametrize("env,spec_queue,namespace,expected", [
-    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "gpu-q", "team-a",
-     "gpu-q"),  # spec.queueName wins
-    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "", "team-a",
-     "a-queue"),  # the chart's per-namespace entry
-    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"}, "", "team-b",
-     "default"),  # the chart's default queue
-    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-c="}, "", "team-c", ""),
-    ({}, "", "team-b", ""),  # Kueue mode off
-])
+@pytest.mark.parametrize(
+    "env,spec_queue,namespace,expected",
+    [
+        (
+            {"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"},
+            "gpu-q",
+            "team-a",
+            "gpu-q",
+        ),  # spec.queueName wins
+        (
+            {"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"},
+            "",
+            "team-a",
+            "a-queue",
+        ),  # the chart's per-namespace entry
+        (
+            {"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a=a-queue"},
+            "",
+            "team-b",
+            "default",
+        ),  # the chart's default queue
+        ({"SWEEP_KUEUE_DEFAULT_QUEUE": "default", "SWEEP_KUEUE_NAMESPACE_QUEUES": "team-c="}, "", "team-c", ""),
+        ({}, "", "team-b", ""),  # Kueue mode off
+    ],
+)
 def test_queue_name_for(env: dict[str, str], spec_queue: str, namespace: str, expected: str) -> None:
     settings = Settings.from_env(env)
     assert queue_name_for(spec_queue, settings.kueue_queue_for(namespace)) == expected
 
 
-@pytest.mark.parametrize("env,field", [
-    ({"SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a"}, "SWEEP_KUEUE_NAMESPACE_QUEUES"),
-    ({"SWEEP_KUEUE_DEFAULT_QUEUE": "Team_Queue"}, "SWEEP_KUEUE_DEFAULT_QUEUE"),
-])
+@pytest.mark.parametrize(
+    "env,field",
+    [
+        ({"SWEEP_KUEUE_NAMESPACE_QUEUES": "team-a"}, "SWEEP_KUEUE_NAMESPACE_QUEUES"),
+        ({"SWEEP_KUEUE_DEFAULT_QUEUE": "Team_Queue"}, "SWEEP_KUEUE_DEFAULT_QUEUE"),
+    ],
+)
 def test_a_bad_queue_setting_stops_the_operator_naming_the_variable(env: dict[str, str], field: str) -> None:
     with pytest.raises(SettingsError, match=field):
         Settings.from_env(env)

@@ -119,20 +119,34 @@ class WorkloadFacts:
             if not isinstance(c, Mapping) or not c.get("type") or c.get("status") not in ("True", "False", "Unknown"):
                 raise KueueError(f"{where}: expected {{type, status: True|False|Unknown}}, got {c!r}")
             conditions[str(c["type"])] = Condition(
-                str(c["type"]), c["status"] == "True", str(c.get("reason") or ""), str(c.get("message") or ""),
-                _seconds(c.get("lastTransitionTime"), f"{where}.lastTransitionTime"))
+                str(c["type"]),
+                c["status"] == "True",
+                str(c.get("reason") or ""),
+                str(c.get("message") or ""),
+                _seconds(c.get("lastTransitionTime"), f"{where}.lastTransitionTime"),
+            )
         admission = status.get("admission") or {}
-        return cls(name, str(spec.get("queueName") or ""), str(admission.get("clusterQueue") or ""), conditions,
-                   _seconds(meta.get("creationTimestamp"), f"workload {name}: metadata.creationTimestamp"))
+        return cls(
+            name,
+            str(spec.get("queueName") or ""),
+            str(admission.get("clusterQueue") or ""),
+            conditions,
+            _seconds(meta.get("creationTimestamp"), f"workload {name}: metadata.creationTimestamp"),
+        )
 
 
 def workload_of(rayjob: Mapping[str, Any], workloads: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The Workload Kueue made for `rayjob`: the one it controls (ConstructWorkload sets a controller
     ownerReference to the job); the newest when a queue-name change left an older one being deleted."""
     uid = (rayjob.get("metadata") or {}).get("uid")
-    owned = [w for w in workloads
-             if any(r.get("uid") == uid and r.get("controller") for r in (w.get("metadata") or {}).get("ownerReferences") or [])
-             and not (w.get("metadata") or {}).get("deletionTimestamp")]
+    owned = [
+        w
+        for w in workloads
+        if any(
+            r.get("uid") == uid and r.get("controller") for r in (w.get("metadata") or {}).get("ownerReferences") or []
+        )
+        and not (w.get("metadata") or {}).get("deletionTimestamp")
+    ]
     if not owned:
         return None
     return max(owned, key=lambda w: ((w.get("metadata") or {}).get("creationTimestamp") or "", w["metadata"]["name"]))
@@ -157,8 +171,9 @@ def decide_kueue_admission(spec: Any, limits: Any) -> Admit | Reject:
     """Admission in Kueue mode: only what the sweep asks for itself is judged (caps, bundle fit); Kueue decides
     when it runs, so there is no Queue outcome."""
     # the namespace budget steps aside, so its "could never be admitted" check does too (Kueue's quota decides)
-    per_sweep = dataclasses.replace(limits, max_gpus_per_namespace=max(limits.max_gpus_per_namespace,
-                                                                        demand_of(spec).gpus, 1))
+    per_sweep = dataclasses.replace(
+        limits, max_gpus_per_namespace=max(limits.max_gpus_per_namespace, demand_of(spec).gpus, 1)
+    )
     problems = cap_problems(spec, per_sweep) + bundle_fit_problems(spec)
     if problems:
         return Reject(tuple(problems))
@@ -222,27 +237,41 @@ def kueue_view(facts: KueueFacts) -> KueueView:
     wl = facts.workload
     lq = facts.local_queue or (wl.queue_name if wl else "")
     if wl is None:
-        return KueueView(KueuePhase.WAITING_FOR_WORKLOAD,
-                         f"{queued_text(lq)}: waiting for Kueue to create the Workload for the suspended RayJob",
-                         summary=queued_text(lq))
+        return KueueView(
+            KueuePhase.WAITING_FOR_WORKLOAD,
+            f"{queued_text(lq)}: waiting for Kueue to create the Workload for the suspended RayJob",
+            summary=queued_text(lq),
+        )
     if wl.finished:
-        return KueueView(KueuePhase.FINISHED, f"Kueue: Workload {wl.name} finished", cluster_queue=wl.cluster_queue,
-                         summary="Finished (Kueue)")
+        return KueueView(
+            KueuePhase.FINISHED,
+            f"Kueue: Workload {wl.name} finished",
+            cluster_queue=wl.cluster_queue,
+            summary="Finished (Kueue)",
+        )
     if wl.evicted:  # until the next SetQuotaReservation resets it, even while Admitted is still True
         return _preempted(facts, wl, lq)
     if wl.admitted:
         admitted = wl.condition(ADMITTED)
-        return KueueView(KueuePhase.ADMITTED, f"Admitted by Kueue: ClusterQueue {wl.cluster_queue} (LocalQueue {lq})",
-                         admitted_at=admitted.at if admitted else None, cluster_queue=wl.cluster_queue,
-                         summary=f"Admitted (Kueue: {lq})")
+        return KueueView(
+            KueuePhase.ADMITTED,
+            f"Admitted by Kueue: ClusterQueue {wl.cluster_queue} (LocalQueue {lq})",
+            admitted_at=admitted.at if admitted else None,
+            cluster_queue=wl.cluster_queue,
+            summary=f"Admitted (Kueue: {lq})",
+        )
     if facts.ever_admitted:
         return _preempted(facts, wl, lq)
     reserved = wl.condition(QUOTA_RESERVED)
     why = reserved.message if reserved is not None and not reserved.status and reserved.message else ""
     if reserved is not None and reserved.status:
         why = f"{reserved.message}; waiting for admission checks"
-    return KueueView(KueuePhase.QUEUED, f"{queued_text(lq)}: {why or 'waiting for the ClusterQueue to evaluate it'}",
-                     stop_reason=reserved.reason if reserved else "", summary=queued_text(lq))
+    return KueueView(
+        KueuePhase.QUEUED,
+        f"{queued_text(lq)}: {why or 'waiting for the ClusterQueue to evaluate it'}",
+        stop_reason=reserved.reason if reserved else "",
+        summary=queued_text(lq),
+    )
 
 
 def _preempted(facts: KueueFacts, wl: WorkloadFacts, lq: str) -> KueueView:
@@ -260,8 +289,14 @@ def _preempted(facts: KueueFacts, wl: WorkloadFacts, lq: str) -> KueueView:
     else:
         state = "the RayCluster is released once its checkpoints are verified"
     text = f"Preempted (Kueue: {lq}): {why or 'the Workload lost its admission'}; {state}"
-    return KueueView(KueuePhase.PREEMPTED, text, stopped_at=stopped_at, stop_reason=reason,
-                     cluster_queue=wl.cluster_queue, summary=f"Preempted (Kueue: {lq})")
+    return KueueView(
+        KueuePhase.PREEMPTED,
+        text,
+        stopped_at=stopped_at,
+        stop_reason=reason,
+        cluster_queue=wl.cluster_queue,
+        summary=f"Preempted (Kueue: {lq})",
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ admitted time
@@ -317,9 +352,13 @@ class AdmittedTime:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise KueueError(f"{where}.{key}: got {value!r}; expected an integer >= 0")
             counts[key] = value
-        return cls(float(seconds), _seconds(data.get("admittedSince"), f"{where}.admittedSince"),
-                   counts["admissions"], counts["preemptions"],
-                   _seconds(data.get("firstAdmittedAt"), f"{where}.firstAdmittedAt"))
+        return cls(
+            float(seconds),
+            _seconds(data.get("admittedSince"), f"{where}.admittedSince"),
+            counts["admissions"],
+            counts["preemptions"],
+            _seconds(data.get("firstAdmittedAt"), f"{where}.firstAdmittedAt"),
+        )
 
 
 def advance_admitted_time(clock: AdmittedTime, view: KueueView, now: float) -> AdmittedTime:
@@ -331,14 +370,22 @@ def advance_admitted_time(clock: AdmittedTime, view: KueueView, now: float) -> A
         if clock.since is not None:
             return clock
         start = view.admitted_at if view.admitted_at is not None and view.admitted_at <= now else now
-        return replace(clock, since=start, admissions=clock.admissions + 1,
-                       first_admitted_at=clock.first_admitted_at if clock.first_admitted_at is not None else start)
+        return replace(
+            clock,
+            since=start,
+            admissions=clock.admissions + 1,
+            first_admitted_at=clock.first_admitted_at if clock.first_admitted_at is not None else start,
+        )
     if clock.since is None:
         return clock
     end = view.stopped_at if view.stopped_at is not None and clock.since <= view.stopped_at <= now else now
     preempted = view.phase is KueuePhase.PREEMPTED
-    return replace(clock, seconds=clock.seconds + (end - clock.since), since=None,
-                   preemptions=clock.preemptions + (1 if preempted else 0))
+    return replace(
+        clock,
+        seconds=clock.seconds + (end - clock.since),
+        since=None,
+        preemptions=clock.preemptions + (1 if preempted else 0),
+    )
 
 
 def driver_deadline_at(clock: AdmittedTime, budget: float, now: float) -> float:
