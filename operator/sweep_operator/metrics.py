@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import constants
-from .api import TERMINAL_PHASES, Phase
+from sweep_contracts import constants
+from sweep_contracts.api import TERMINAL_PHASES, Phase
+from .reconcile.usage import NamespaceBudget, UsageLedger
 from .status import epoch_seconds
 
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
@@ -37,6 +38,14 @@ STATE_GAUGES: dict[str, str] = {
     "trainingsweep_namespace_gpu_budget": "The namespace GPU budget (maxGpusPerNamespace)",
     "trainingsweep_guard_holding_objects": "Objects whose deletion the checkpoint guard holds, by namespace and kind",
     "trainingsweep_guard_holding_since_timestamp_seconds": "When the deletion the guard holds was asked for (deletionTimestamp), Unix time",
+}
+# GPU-hour budget series (issue 18), also built at scrape; present only where a sweep or namespace has a record or a
+# budget (a budget of "none" is no series, not 0).
+BUDGET_GAUGES: dict[str, str] = {
+    "trainingsweep_sweep_gpu_hours": "GPU-hours the sweep's GPU pods have held, scheduled to gone (status.usage)",
+    "trainingsweep_sweep_gpu_hours_budget": "The sweep's GPU-hour budget (spec.budget.gpuHours)",
+    "trainingsweep_namespace_gpu_hours": "GPU-hours the namespace's sweeps held inside its rolling budget window",
+    "trainingsweep_namespace_gpu_hours_budget": "The namespace's GPU-hour budget per window (budgets.namespaceGpuHours)",
 }
 
 
@@ -60,6 +69,8 @@ class SweepFacts:
     deleting_since: float | None = None
     gpus: int = 0
     admitted: bool = False
+    usage: UsageLedger | None = None  # status.usage, when the sweep has one
+    gpu_hours_budget: float | None = None
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> SweepFacts:
@@ -69,6 +80,7 @@ class SweepFacts:
         # The ledger's own rule for what holds budget (ledger.AdmissionLedger._ensure_loaded).
         admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
         gpus = (status.get("replicas") or {}).get("gpus")
+        budget = ((body.get("spec") or {}).get("budget") or {}).get("gpuHours")
         return cls(
             namespace=meta.get("namespace") or "default",
             name=meta.get("name") or "",
@@ -77,6 +89,8 @@ class SweepFacts:
             deleting_since=deleting,
             gpus=gpus if isinstance(gpus, int) and admitted else 0,
             admitted=admitted,
+            usage=UsageLedger.from_status(status["usage"]) if isinstance(status.get("usage"), dict) else None,
+            gpu_hours_budget=float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else None,
         )
 
 
@@ -100,6 +114,7 @@ class OperatorMetrics:
         self._holds: dict[tuple[str, str, str], _Hold] = {}  # (kind, namespace, name) -> hold
         self._source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         self._gpu_budget: int | None = None
+        self._gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None
         self._namespaces: set[str] = set()  # every namespace seen keeps its zero series (0, not absent)
         self.reconcile_seconds = Histogram(
             "trainingsweep_reconcile_duration_seconds",
@@ -129,6 +144,10 @@ class OperatorMetrics:
         self.guard_holds = Counter(
             "trainingsweep_guard_holds", "Deletions held by the checkpoint guard (one per hold, retries included)",
             ["namespace", "sweep", "kind"], registry=self.registry,
+        )
+        self.budget_thresholds = Counter(
+            "trainingsweep_budget_thresholds", "GPU-hour budget thresholds a sweep crossed (80, 100 percent), once each",
+            ["namespace", "sweep", "threshold"], registry=self.registry,
         )
         self.guard_bypasses = Counter(
             "trainingsweep_guard_bypasses", "Deletions released through the escape hatch, unverified (issue 15)",
@@ -161,6 +180,10 @@ class OperatorMetrics:
             held = self._holds.get((kind, namespace, name))
             self._holds[(kind, namespace, name)] = _Hold(namespace, sweep, min(since, held.since) if held else since)
 
+    def budget_threshold_crossed(self, namespace: str, sweep: str, threshold: int) -> None:
+        """Once per sweep and threshold: the controller records the crossing in status.usage.thresholdsReported."""
+        self.budget_thresholds.labels(namespace=namespace, sweep=sweep, threshold=str(threshold)).inc()
+
     def guard_bypassed(self, kind: str, namespace: str, sweep: str) -> None:
         self.guard_bypasses.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
 
@@ -170,10 +193,13 @@ class OperatorMetrics:
             self._holds.pop((kind, meta.get("namespace") or "default", meta.get("name") or ""), None)
 
     # ------------------------------------------------------------------ state
-    def follow(self, source: Callable[[], Iterable[Mapping[str, Any]]], *, gpu_budget: int | None = None) -> None:
-        """Compute the state gauges at each scrape from `source()` (the controller's cached sweeps)."""
+    def follow(self, source: Callable[[], Iterable[Mapping[str, Any]]], *, gpu_budget: int | None = None,
+               gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None) -> None:
+        """Compute the state gauges at each scrape from `source()` (the controller's cached sweeps);
+        `gpu_hour_budget(namespace)` is the namespace's GPU-hour budget, if any."""
         self._source = source
         self._gpu_budget = gpu_budget
+        self._gpu_hour_budget = gpu_hour_budget
 
     def recompute(self, sweeps: Iterable[Mapping[str, Any]]) -> None:
         """Replace what the state gauges know with these sweep objects (a list or the controller's cache)."""
@@ -214,9 +240,9 @@ class OperatorMetrics:
 
     def metric_names(self) -> set[str]:
         """Every series name this registry exports (counters with `_total`, histograms with their parts)."""
-        names = set(STATE_GAUGES)
+        names = set(STATE_GAUGES) | set(BUDGET_GAUGES)
         for collector in (self.reconcile_seconds, self.verification_seconds, self.verifications,
-                          self.verification_failures, self.deadline_stops, self.guard_holds):
+                          self.verification_failures, self.deadline_stops, self.guard_holds, self.budget_thresholds):
             for family in collector.describe():
                 if family.type == "counter":
                     names |= {f"{family.name}_total", f"{family.name}_created"}
@@ -250,7 +276,7 @@ class _StateCollector(Collector):
         self.metrics = metrics
 
     def describe(self) -> Iterator[Metric]:
-        for name, help_ in STATE_GAUGES.items():
+        for name, help_ in {**STATE_GAUGES, **BUDGET_GAUGES}.items():
             yield GaugeMetricFamily(name, help_)
 
     def collect(self) -> Iterator[Metric]:
@@ -293,6 +319,7 @@ class _StateCollector(Collector):
                 budget.add_metric([namespace], self.metrics._gpu_budget)
         yield gpus
         yield budget
+        yield from self._gpu_hours(sweeps, namespaces)
 
         # The sweep's own guard holds while its deletion is pending (the finalizer is the guard's); RayJob and
         # RayCluster holds are the ones the guard reported.
@@ -316,3 +343,34 @@ class _StateCollector(Collector):
         for (kind, namespace, name), hold in sorted(all_holds.items()):
             since.add_metric([namespace, hold.sweep, kind, name], hold.since)
         yield since
+
+    def _gpu_hours(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+        """GPU-hours recomputed from each sweep's recorded pod intervals up to the scrape (a running pod's hours grow
+        between the operator's status writes)."""
+        now = self.metrics._clock()
+        used = GaugeMetricFamily("trainingsweep_sweep_gpu_hours", BUDGET_GAUGES["trainingsweep_sweep_gpu_hours"],
+                                 labels=["namespace", "sweep"])
+        budget = GaugeMetricFamily("trainingsweep_sweep_gpu_hours_budget",
+                                   BUDGET_GAUGES["trainingsweep_sweep_gpu_hours_budget"], labels=["namespace", "sweep"])
+        for s in sorted(sweeps, key=lambda s: (s.namespace, s.name)):
+            if s.usage is not None:
+                used.add_metric([s.namespace, s.name], s.usage.gpu_hours(now))
+            if s.gpu_hours_budget is not None:
+                budget.add_metric([s.namespace, s.name], s.gpu_hours_budget)
+        yield used
+        yield budget
+        window_used = GaugeMetricFamily("trainingsweep_namespace_gpu_hours",
+                                        BUDGET_GAUGES["trainingsweep_namespace_gpu_hours"], labels=["namespace"])
+        window_budget = GaugeMetricFamily("trainingsweep_namespace_gpu_hours_budget",
+                                          BUDGET_GAUGES["trainingsweep_namespace_gpu_hours_budget"], labels=["namespace"])
+        budget_of = self.metrics._gpu_hour_budget
+        for namespace in namespaces:
+            policy = budget_of(namespace) if budget_of is not None else None
+            if policy is None:
+                continue
+            seconds = sum(s.usage.window_gpu_seconds(now, policy.window_seconds) for s in sweeps
+                          if s.namespace == namespace and s.usage is not None)
+            window_used.add_metric([namespace], seconds / 3600.0)
+            window_budget.add_metric([namespace], policy.gpu_hours)
+        yield window_used
+        yield window_budget

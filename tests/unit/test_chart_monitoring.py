@@ -136,7 +136,8 @@ def test_the_name_check_catches_a_misspelt_metric() -> None:
 def test_the_alerts_name_exported_metrics_and_follow_values() -> None:
     exported = OperatorMetrics().metric_names()
     assert set(alerts()) == {
-        "TrainingSweepGuardHolding", "TrainingSweepVerificationFailing", "TrainingSweepQueuedTooLong", "TrainingSweepOperatorDown"
+        "TrainingSweepGuardHolding", "TrainingSweepVerificationFailing", "TrainingSweepQueuedTooLong", "TrainingSweepOperatorDown",
+        "TrainingSweepGpuBudgetNearlySpent", "TrainingSweepGpuBudgetSpent",  # issue 18 (tests/unit/test_usage.py)
     }
     for name, rule in alerts().items():
         assert metric_names_in(rule["expr"]) - PROMETHEUS_BUILTINS <= exported, name
@@ -186,7 +187,7 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
     rules.write_text(yaml.safe_dump(rule_spec()))
     done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 rules found" in done.stdout
+    assert "6 rules found" in done.stdout
 
 
 # Series as the operator exports them (one sample a minute from t=0); each case says when its alert must and must

@@ -41,9 +41,19 @@ def at(seconds: float) -> str:
     return rfc3339(T0 + seconds)
 
 
-def pod(name: str, *, gpus: int = 1, scheduled: float | None = 0.0, cluster: str = "c1", uid: str | None = None,
-        finished: list[float | None] | None = None, phase: str = "Running", deleted: float | None = None,
-        init_gpus: int = 0, request_only: bool = False) -> dict[str, Any]:
+def pod(
+    name: str,
+    *,
+    gpus: int = 1,
+    scheduled: float | None = 0.0,
+    cluster: str = "c1",
+    uid: str | None = None,
+    finished: list[float | None] | None = None,
+    phase: str = "Running",
+    deleted: float | None = None,
+    init_gpus: int = 0,
+    request_only: bool = False,
+) -> dict[str, Any]:
     """A Pod as kube-scheduler and the kubelet leave it (condition and containerStatuses shapes of core/v1)."""
     resources = {"requests": {"nvidia.com/gpu": str(gpus)}} if request_only else {"limits": {"nvidia.com/gpu": gpus}}
     containers = [{"name": "ray-worker", "resources": resources if gpus else {}}]
@@ -51,12 +61,16 @@ def pod(name: str, *, gpus: int = 1, scheduled: float | None = 0.0, cluster: str
     if scheduled is not None:
         conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": at(scheduled)})
     else:
-        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                           "lastTransitionTime": at(0)})
+        conditions.append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": at(0)}
+        )
     statuses = []
     for end in finished or [None]:
-        state = ({"terminated": {"exitCode": 0, "finishedAt": at(end), "startedAt": at(scheduled or 0)}}
-                 if end is not None else {"running": {"startedAt": at(scheduled or 0)}})
+        state = (
+            {"terminated": {"exitCode": 0, "finishedAt": at(end), "startedAt": at(scheduled or 0)}}
+            if end is not None
+            else {"running": {"startedAt": at(scheduled or 0)}}
+        )
         statuses.append({"name": "ray-worker", "state": state})
     body: dict[str, Any] = {
         "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": {"ray.io/cluster": cluster}},
@@ -72,13 +86,17 @@ def pod(name: str, *, gpus: int = 1, scheduled: float | None = 0.0, cluster: str
 
 # ------------------------------------------------------------------------------------------ pod facts
 
-@pytest.mark.parametrize("body, expected", [
-    (pod("a", gpus=1), 1),
-    (pod("a", gpus=4), 4),
-    (pod("a", gpus=2, request_only=True), 2),
-    (pod("head", gpus=0), 0),
-    (pod("a", gpus=1, init_gpus=2), 2),  # PodRequests: max(sum of containers, largest init container)
-])
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (pod("a", gpus=1), 1),
+        (pod("a", gpus=4), 4),
+        (pod("a", gpus=2, request_only=True), 2),
+        (pod("head", gpus=0), 0),
+        (pod("a", gpus=1, init_gpus=2), 2),  # PodRequests: max(sum of containers, largest init container)
+    ],
+)
 def test_pod_gpus_as_the_scheduler_sizes_the_pod(body: dict[str, Any], expected: int) -> None:
     assert pod_gpus(body) == expected
 
@@ -88,14 +106,17 @@ def test_scheduled_at_is_the_pod_scheduled_condition_time() -> None:
     assert pod_scheduled_at(pod("a", scheduled=None)) is None  # Unschedulable: holds no GPU
 
 
-@pytest.mark.parametrize("body, expected", [
-    (pod("a"), None),  # still running
-    (pod("a", finished=[100.0]), 100.0),  # its container terminated
-    (pod("a", finished=[100.0, None]), None),  # one container still runs
-    (pod("a", finished=[90.0, 100.0], phase="Failed"), 100.0),
-    (pod("a", deleted=130.0), 130.0),  # grace period's end: nothing runs after it
-    (pod("a", deleted=130.0, finished=[110.0]), 110.0),  # terminated before the grace period ended
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (pod("a"), None),  # still running
+        (pod("a", finished=[100.0]), 100.0),  # its container terminated
+        (pod("a", finished=[100.0, None]), None),  # one container still runs
+        (pod("a", finished=[90.0, 100.0], phase="Failed"), 100.0),
+        (pod("a", deleted=130.0), 130.0),  # grace period's end: nothing runs after it
+        (pod("a", deleted=130.0, finished=[110.0]), 110.0),  # terminated before the grace period ended
+    ],
+)
 def test_pod_end_is_the_earliest_record_that_it_stopped(body: dict[str, Any], expected: float | None) -> None:
     assert pod_ended_at(body) == (None if expected is None else T0 + expected)
 
@@ -115,6 +136,7 @@ def test_pods_without_gpus_or_never_scheduled_are_not_observed() -> None:
 
 
 # ------------------------------------------------------------------------------------------ the ledger
+
 
 def observe(*bodies: dict[str, Any]) -> list[PodInterval]:
     return [i for i in (observe_pod(b) for b in bodies) if i is not None]
@@ -172,13 +194,23 @@ def test_accounting_against_the_pod_timestamps_of_a_scripted_scenario() -> None:
     timeline = [
         (600.0, [pod("a-w1", cluster=a1, scheduled=0.0), pod("a-w2", cluster=a1, scheduled=60.0, finished=[600.0])]),
         (1800.0, [pod("a-w1", cluster=a1, scheduled=0.0, deleted=1800.0)]),
-        (1900.0, [pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0), pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0)]),
-        (2800.0, [pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0, finished=[2800.0]),
-                  pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0)]),
+        (
+            1900.0,
+            [pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0), pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0)],
+        ),
+        (
+            2800.0,
+            [
+                pod("b-w1", cluster=a2, gpus=2, scheduled=1900.0, finished=[2800.0]),
+                pod("b-w2", cluster=a2, gpus=2, scheduled=1900.0),
+            ],
+        ),
     ]
     ledger = UsageLedger()
     for now, pods in timeline:
-        ledger = fold(ledger, observe(*pods), T0 + now, listed_clusters={p["metadata"]["labels"]["ray.io/cluster"] for p in pods})
+        ledger = fold(
+            ledger, observe(*pods), T0 + now, listed_clusters={p["metadata"]["labels"]["ray.io/cluster"] for p in pods}
+        )
     now = T0 + 2800
     expected = {
         a1: (1800 - 0) * 1 + (600 - 60) * 1,
@@ -195,10 +227,16 @@ def test_accounting_against_the_pod_timestamps_of_a_scripted_scenario() -> None:
 
 
 def test_the_record_is_bounded_and_keeps_gpu_seconds_and_attempts() -> None:
-    many = [pod(f"w{i}", cluster="c1" if i % 2 else "c2", scheduled=float(i * 10), finished=[float(i * 10 + 5)])
-            for i in range(200)]
-    ledger = fold(UsageLedger(), observe(*many, pod("live", scheduled=0.0, cluster="c3")), T0 + 5000,
-                  listed_clusters={"c1", "c2", "c3"})
+    many = [
+        pod(f"w{i}", cluster="c1" if i % 2 else "c2", scheduled=float(i * 10), finished=[float(i * 10 + 5)])
+        for i in range(200)
+    ]
+    ledger = fold(
+        UsageLedger(),
+        observe(*many, pod("live", scheduled=0.0, cluster="c3")),
+        T0 + 5000,
+        listed_clusters={"c1", "c2", "c3"},
+    )
     assert len(ledger.intervals) <= MAX_POD_INTERVALS
     assert ledger.gpu_seconds(T0 + 5000) == pytest.approx(200 * 5 + 5000)
     attempts = {a.cluster: a.gpu_seconds for a in ledger.attempts(T0 + 5000)}
@@ -217,19 +255,25 @@ def test_needs_write_only_when_the_record_changed_or_is_stale() -> None:
 
 # ------------------------------------------------------------------------------------------ the namespace window
 
+
 def test_window_usage_is_the_overlap_with_the_window() -> None:
     ledger = UsageLedger((PodInterval("p", "c", 2.0, T0, T0 + 4 * HOUR),))
     assert ledger.window_gpu_seconds(T0 + 5 * HOUR, 3 * HOUR) / HOUR == pytest.approx(2.0 * 2)  # [2h, 4h] of it
     assert ledger.window_gpu_seconds(T0 + 10 * HOUR, 3 * HOUR) == 0
 
 
-@pytest.mark.parametrize("needed, expected_hours_after", [
-    (0.0, 0.0),  # 8 used of 10: 2 left now
-    (2.0, 0.0),
-    (4.0, 1.0),  # the 8 GPU-h interval [0h, 1h] leaves a 10 h window from 10h on: 2 GPU-h per 15 min
-    (9.0, None),  # 8 + ... reservations 1.5 leave at most 8.5
-])
-def test_budget_frees_at_the_earliest_time_enough_falls_out_of_the_window(needed: float, expected_hours_after: float | None) -> None:
+@pytest.mark.parametrize(
+    "needed, expected_hours_after",
+    [
+        (0.0, 0.0),  # 8 used of 10: 2 left now
+        (2.0, 0.0),
+        (4.0, 1.0),  # the 8 GPU-h interval [0h, 1h] leaves a 10 h window from 10h on: 2 GPU-h per 15 min
+        (9.0, None),  # 8 + ... reservations 1.5 leave at most 8.5
+    ],
+)
+def test_budget_frees_at_the_earliest_time_enough_falls_out_of_the_window(
+    needed: float, expected_hours_after: float | None
+) -> None:
     budget = NamespaceBudget(gpu_hours=10.0, window_seconds=10 * HOUR)
     intervals = [PodInterval("p", "c", 8.0, T0, T0 + HOUR)]
     now = T0 + 9 * HOUR
@@ -267,30 +311,34 @@ def busy(hours: float, reserved: float = 0.0, name: str = "other") -> SweepUsage
     return SweepUsage(name, UsageLedger((PodInterval(f"{name}-p", "c", 1.0, T0, T0 + hours * HOUR),)), reserved)
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({}, BudgetAdmit),
-    ({"sweep_budget": 20.0}, BudgetAdmit),
-    ({"sweep_budget": 5.0}, BudgetReject),  # worst case 10 > 5
-    ({"sweep_budget": 5.0, "run_until_exhausted": True}, BudgetAdmit),  # the budget stops it
-    ({"sweep_budget": 5.0, "sweep_used": 5.0, "run_until_exhausted": True}, BudgetReject),  # nothing left at all
-    ({"namespace": NS}, BudgetAdmit),
-    ({"namespace": NS, "worst_case": 150.0}, BudgetReject),  # above the whole namespace budget: never starts
-    ({"namespace": NS, "worst_case": 150.0, "run_until_exhausted": True}, BudgetAdmit),
-    ({"namespace": NS, "namespace_sweeps": [busy(95.0)]}, BudgetQueue),  # 5 left, worst case 10
-    ({"namespace": NS, "namespace_sweeps": [busy(85.0, reserved=6.0)]}, BudgetQueue),  # reservations count
-    ({"namespace": NS, "namespace_sweeps": [busy(85.0)]}, BudgetAdmit),
-    ({"namespace": NS, "namespace_sweeps": [busy(95.0)], "run_until_exhausted": True}, BudgetAdmit),
-    ({"namespace": NS, "namespace_sweeps": [busy(100.0)], "run_until_exhausted": True}, BudgetQueue),
-    ({"namespace": NS, "namespace_sweeps": [busy(95.0, name="me")], "sweep_name": "me"}, BudgetAdmit),  # own use
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({}, BudgetAdmit),
+        ({"sweep_budget": 20.0}, BudgetAdmit),
+        ({"sweep_budget": 5.0}, BudgetReject),  # worst case 10 > 5
+        ({"sweep_budget": 5.0, "run_until_exhausted": True}, BudgetAdmit),  # the budget stops it
+        ({"sweep_budget": 5.0, "sweep_used": 5.0, "run_until_exhausted": True}, BudgetReject),  # nothing left at all
+        ({"namespace": NS}, BudgetAdmit),
+        ({"namespace": NS, "worst_case": 150.0}, BudgetReject),  # above the whole namespace budget: never starts
+        ({"namespace": NS, "worst_case": 150.0, "run_until_exhausted": True}, BudgetAdmit),
+        ({"namespace": NS, "namespace_sweeps": [busy(95.0)]}, BudgetQueue),  # 5 left, worst case 10
+        ({"namespace": NS, "namespace_sweeps": [busy(85.0, reserved=6.0)]}, BudgetQueue),  # reservations count
+        ({"namespace": NS, "namespace_sweeps": [busy(85.0)]}, BudgetAdmit),
+        ({"namespace": NS, "namespace_sweeps": [busy(95.0)], "run_until_exhausted": True}, BudgetAdmit),
+        ({"namespace": NS, "namespace_sweeps": [busy(100.0)], "run_until_exhausted": True}, BudgetQueue),
+        ({"namespace": NS, "namespace_sweeps": [busy(95.0, name="me")], "sweep_name": "me"}, BudgetAdmit),  # own use
+    ],
+)
 def test_budget_admission(kwargs: dict[str, Any], expected: type) -> None:
     kwargs.setdefault("now", T0 + 100 * HOUR)
     assert isinstance(admission(**kwargs), expected)
 
 
 def test_refusal_names_the_field_the_worst_case_and_the_opt_in() -> None:
-    decision = admission(sweep_budget=5.0, worst_case_text="2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours",
-                         worst_case=24.0)
+    decision = admission(
+        sweep_budget=5.0, worst_case_text="2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours", worst_case=24.0
+    )
     assert isinstance(decision, BudgetReject)
     assert decision.field == "spec.budget.gpuHours"
     assert "2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours" in decision.reason
@@ -299,8 +347,14 @@ def test_refusal_names_the_field_the_worst_case_and_the_opt_in() -> None:
 
 def test_queued_message_says_when_budget_frees_up() -> None:
     now = T0 + 100 * HOUR
-    decision = admission(namespace=NamespaceBudget(10.0, 10 * HOUR), now=now, worst_case=4.0,
-                         namespace_sweeps=[SweepUsage("old", UsageLedger((PodInterval("p", "c", 8.0, now - 9 * HOUR, now - 8 * HOUR),)))])
+    decision = admission(
+        namespace=NamespaceBudget(10.0, 10 * HOUR),
+        now=now,
+        worst_case=4.0,
+        namespace_sweeps=[
+            SweepUsage("old", UsageLedger((PodInterval("p", "c", 8.0, now - 9 * HOUR, now - 8 * HOUR),)))
+        ],
+    )
     assert isinstance(decision, BudgetQueue)
     assert decision.frees_at == pytest.approx(now + 1.25 * HOUR)
     assert f"budget frees up at {rfc3339(math.ceil(now + 1.25 * HOUR))}" in decision.reason
@@ -339,14 +393,21 @@ def test_the_stop_begins_a_graceful_window_before_the_budget_runs_out() -> None:
 
 # ------------------------------------------------------------------------------------------ configuration
 
+
 def test_chart_namespace_budgets_reach_the_operator_settings() -> None:
     """budgets.* in the chart's values -> the settings ConfigMap -> Settings.namespace_gpu_hour_budget."""
     from sweep_operator.settings import Settings
     from tests.unit.test_chart import grants, of_kind, render_values, settings_env
 
-    docs = render_values({"budgets": {"namespaceGpuHours": 500, "namespaces": {"team-b": 1000000, "team-a": 120.5,
-                                                                             "sandbox": 0},
-                                      "windowSeconds": 86400}})
+    docs = render_values(
+        {
+            "budgets": {
+                "namespaceGpuHours": 500,
+                "namespaces": {"team-b": 1000000, "team-a": 120.5, "sandbox": 0},
+                "windowSeconds": 86400,
+            }
+        }
+    )
     settings = Settings.from_env(settings_env(docs))
     assert settings.gpu_hours_window_seconds == 86400
     assert settings.namespace_gpu_hour_budget("team-a") == 120.5
@@ -357,14 +418,172 @@ def test_chart_namespace_budgets_reach_the_operator_settings() -> None:
     assert {"get", "list", "watch"} <= grants(of_kind(docs, "ClusterRole"))[("", "pods")]
 
 
-@pytest.mark.parametrize("env, field_name", [
-    ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
-    ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a=-3"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
-    ({"SWEEP_NAMESPACE_GPU_HOURS": "-1"}, "SWEEP_NAMESPACE_GPU_HOURS"),
-    ({"SWEEP_GPU_HOURS_WINDOW_SECONDS": "10"}, "SWEEP_GPU_HOURS_WINDOW_SECONDS"),
-])
+@pytest.mark.parametrize(
+    "env, field_name",
+    [
+        ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
+        ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a=-3"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
+        ({"SWEEP_NAMESPACE_GPU_HOURS": "-1"}, "SWEEP_NAMESPACE_GPU_HOURS"),
+        ({"SWEEP_GPU_HOURS_WINDOW_SECONDS": "10"}, "SWEEP_GPU_HOURS_WINDOW_SECONDS"),
+    ],
+)
 def test_bad_budget_settings_name_the_variable(env: dict[str, str], field_name: str) -> None:
     from sweep_operator.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match=field_name):
         Settings.from_env(env)
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+def test_budget_gauges_are_computed_from_the_sweep_records_at_scrape() -> None:
+    from sweep_operator.metrics import OperatorMetrics
+
+    now = [T0 + HOUR]
+    running = UsageLedger((PodInterval("p1", "c", 2.0, T0, None),)).to_status(T0 + 60)
+    ended = UsageLedger((PodInterval("p2", "c", 4.0, T0 - 2 * HOUR, T0 - HOUR),)).to_status(T0)
+    sweeps = [
+        {
+            "metadata": {"namespace": "ml", "name": "a", "uid": "1"},
+            "spec": {"budget": {"gpuHours": 10}},
+            "status": {"phase": "Running", "usage": running},
+        },
+        {"metadata": {"namespace": "ml", "name": "b", "uid": "2"}, "status": {"phase": "Succeeded", "usage": ended}},
+        {"metadata": {"namespace": "other", "name": "c", "uid": "3"}, "status": {"phase": "Pending"}},
+    ]
+    metrics = OperatorMetrics(clock=lambda: now[0])
+    metrics.follow(lambda: sweeps, gpu_hour_budget=lambda ns: NamespaceBudget(50.0, 2.5 * HOUR) if ns == "ml" else None)
+    assert metrics.total("trainingsweep_sweep_gpu_hours", namespace="ml", sweep="a") == pytest.approx(2.0)
+    assert metrics.total("trainingsweep_sweep_gpu_hours_budget", sweep="a") == 10
+    assert metrics.total("trainingsweep_sweep_gpu_hours", sweep="b") == pytest.approx(4.0)
+    # window [T0 - 1.5h, T0 + 1h]: a's 2 GPUs for 1 h, b's 4 GPUs for 0.5 h
+    assert metrics.total("trainingsweep_namespace_gpu_hours", namespace="ml") == pytest.approx(2.0 + 2.0)
+    assert metrics.total("trainingsweep_namespace_gpu_hours_budget", namespace="ml") == 50
+    assert metrics.total("trainingsweep_namespace_gpu_hours_budget", namespace="other") == 0  # no budget there
+    now[0] = T0 + 2 * HOUR  # a running pod's hours grow between status writes
+    assert metrics.total("trainingsweep_sweep_gpu_hours", sweep="a") == pytest.approx(4.0)
+    metrics.budget_threshold_crossed("ml", "a", 80)
+    assert metrics.total("trainingsweep_budget_thresholds_total", sweep="a", threshold="80") == 1
+    assert {"trainingsweep_sweep_gpu_hours", "trainingsweep_budget_thresholds_total"} <= metrics.metric_names()
+
+
+def test_the_accounting_is_pure() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sweep_operator.reconcile.usage\n"
+        "print(sorted(m for m in ('kopf', 'kubernetes', 'boto3') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+# ------------------------------------------------------------------------------------------ alerts
+
+
+def test_budget_alerts_fire_at_80_and_100_percent(tmp_path: Any) -> None:
+    """promtool rule tests over the chart's PrometheusRule: a sweep's and a namespace's usage climbing past 80% and
+    100% of its budget (series as metrics.py exports them, one sample a minute)."""
+    import subprocess
+
+    import yaml
+
+    from tests.unit.test_chart_monitoring import _promtool, rule_spec
+
+    promtool = _promtool()
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_spec()))
+    series = [
+        # 1 GPU-hour a minute against a budget of 10: 80% at minute 8, 100% at minute 10
+        {"series": 'trainingsweep_sweep_gpu_hours{namespace="ml",sweep="s"}', "values": "0+1x20"},
+        {"series": 'trainingsweep_sweep_gpu_hours_budget{namespace="ml",sweep="s"}', "values": "10+0x20"},
+        {"series": 'trainingsweep_sweep_gpu_hours{namespace="ml",sweep="unbudgeted"}', "values": "0+100x20"},
+        {"series": 'trainingsweep_namespace_gpu_hours{namespace="team"}', "values": "0+5x20"},
+        {"series": 'trainingsweep_namespace_gpu_hours_budget{namespace="team"}', "values": "50+0x20"},
+    ]
+    nearly = "A sweep or namespace has used 80% of its GPU-hour budget"
+    spent = "A sweep or namespace has spent its GPU-hour budget"
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "7m", "alertname": "TrainingSweepGpuBudgetNearlySpent", "exp_alerts": []},
+                {
+                    "eval_time": "8m",
+                    "alertname": "TrainingSweepGpuBudgetNearlySpent",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "namespace": "ml", "sweep": "s"},
+                            "exp_annotations": {
+                                "summary": nearly,
+                                "description": "Sweep ml/s has used 80% of its GPU-hour budget; at 100% the sweep stops (BudgetExhausted) "
+                                "or new sweeps queue. sweepctl status shows used and left.",
+                            },
+                        },
+                        {
+                            "exp_labels": {"severity": "warning", "namespace": "team"},
+                            "exp_annotations": {
+                                "summary": nearly,
+                                "description": "Namespace team (its rolling window) has used 80% of its GPU-hour budget; at 100% the sweep "
+                                "stops (BudgetExhausted) or new sweeps queue. sweepctl status shows used and left.",
+                            },
+                        },
+                    ],
+                },
+                {"eval_time": "9m", "alertname": "TrainingSweepGpuBudgetSpent", "exp_alerts": []},
+                {"eval_time": "10m", "alertname": "TrainingSweepGpuBudgetNearlySpent", "exp_alerts": []},
+                {
+                    "eval_time": "10m",
+                    "alertname": "TrainingSweepGpuBudgetSpent",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "namespace": "ml", "sweep": "s"},
+                            "exp_annotations": {
+                                "summary": spent,
+                                "description": "Sweep ml/s has spent its spec.budget.gpuHours (100%): it stops gracefully, checkpoints "
+                                "verified (phase BudgetExhausted).",
+                            },
+                        },
+                        {
+                            "exp_labels": {"severity": "warning", "namespace": "team"},
+                            "exp_annotations": {
+                                "summary": spent,
+                                "description": "Namespace team has spent its GPU-hour budget for the window (100%): new sweeps wait Queued "
+                                "until usage falls out of the window.",
+                            },
+                        },
+                    ],
+                },
+            ],
+        }
+    ]
+    (tmp_path / "tests.yaml").write_text(
+        yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}, sort_keys=False)
+    )
+    done = subprocess.run(
+        [promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------------------ sweepctl status
+
+
+def test_sweepctl_status_shows_used_and_left_for_the_sweep_and_its_namespace() -> None:
+    from sweep_operator.cli.status import format_status, namespace_window_gpu_hours
+
+    usage = UsageLedger((PodInterval("p", "c", 2.0, T0, None),)).to_status(T0 + 60, budget_gpu_hours=10.0)
+    usage["namespace"] = {"gpuHours": 1.0, "budgetGpuHours": 500, "leftGpuHours": 499, "windowSeconds": 7 * 86400}
+    status = {"phase": "Running", "usage": usage}
+    text = format_status("s", "ml", status, now=T0 + 1.5 * HOUR)
+    assert "gpu-hours:   3 used of 10 (7 left); 2 GPUs held now" in text  # recomputed to now, not the stored 0.03
+    assert "namespace:   1 used of 500 per 7d (499 left)" in text
+    other = {"status": {"usage": UsageLedger((PodInterval("q", "c", 4.0, T0 - HOUR, T0),)).to_status(T0)}}
+    window = namespace_window_gpu_hours([{"status": status}, other], 7 * 86400, T0 + 1.5 * HOUR)
+    assert window == pytest.approx(3.0 + 4.0)
+    assert "namespace:   7 used of 500 per 7d (493 left)" in format_status(
+        "s", "ml", status, now=T0 + 1.5 * HOUR, namespace_gpu_hours=window
+    )
+    assert "gpu-hours" not in format_status("s", "ml", {"phase": "Pending"})

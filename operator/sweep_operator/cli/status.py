@@ -20,7 +20,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def format_status(name: str, namespace: str, status: dict[str, Any]) -> str:
+def budget_lines(status: dict[str, Any], now: float, namespace_gpu_hours: float | None = None) -> list[str]:
+    """Used and left of the sweep's GPU-hour budget and of its namespace's window, recomputed from the recorded pod
+    intervals up to `now` (status.usage is written at most every usageRefreshSeconds while pods run).
+    `namespace_gpu_hours`: the window's use summed over the namespace's sweeps, when the caller could list them."""
+    from ..reconcile.usage import UsageLedger, format_duration, format_hours
+
+    usage = status.get("usage")
+    if not isinstance(usage, dict):
+        return []
+    used = UsageLedger.from_status(usage).gpu_hours(now)
+    held = usage.get("gpusHeld") or 0
+    budget = usage.get("budgetGpuHours")
+    line = f"  gpu-hours:   {format_hours(used)} used"
+    if isinstance(budget, (int, float)):
+        line += f" of {format_hours(budget)} ({format_hours(max(budget - used, 0.0))} left)"
+    if held:
+        line += f"; {format_hours(held)} GPUs held now"
+    lines = [line]
+    ns = usage.get("namespace")
+    if isinstance(ns, dict) and isinstance(ns.get("budgetGpuHours"), (int, float)):
+        window_used = namespace_gpu_hours if namespace_gpu_hours is not None else float(ns.get("gpuHours") or 0.0)
+        ns_budget = float(ns["budgetGpuHours"])
+        window = ns.get("windowSeconds")
+        per = f" per {format_duration(float(window))}" if isinstance(window, (int, float)) else ""
+        lines.append(f"  namespace:   {format_hours(window_used)} used of {format_hours(ns_budget)}{per} "
+                     f"({format_hours(max(ns_budget - window_used, 0.0))} left)")
+    return lines
+
+
+def namespace_window_gpu_hours(sweeps: list[dict[str, Any]], window_seconds: float, now: float) -> float:
+    """The namespace's use inside its window: every sweep's recorded intervals overlapping [now - window, now]."""
+    from ..reconcile.usage import HOUR, UsageLedger
+
+    return sum(UsageLedger.from_status((s.get("status") or {}).get("usage")).window_gpu_seconds(now, window_seconds)
+               for s in sweeps) / HOUR
+
+
+def format_status(name: str, namespace: str, status: dict[str, Any], *, now: float | None = None,
+                  namespace_gpu_hours: float | None = None) -> str:
+    import time
+
     best = status.get("bestTrial") or {}
     checkpoints = status.get("checkpoints") or {}
     lines = [
@@ -33,6 +73,7 @@ def format_status(name: str, namespace: str, status: dict[str, Any]) -> str:
     if best:
         lines.append(f"  best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  {best.get('config') or ''}".rstrip())
         lines.append(f"  checkpoint:  {best.get('checkpointUri', '-')}")
+    lines += budget_lines(status, time.time() if now is None else now, namespace_gpu_hours)
     if checkpoints:
         verdict = "verified" if checkpoints.get("verified") else "NOT verified"
         lines.append(f"  checkpoints: {verdict}, {checkpoints.get('checked')} checked, {checkpoints.get('bytes')} bytes at {checkpoints.get('verifiedAt')}")
@@ -45,7 +86,7 @@ def format_status(name: str, namespace: str, status: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     import kubernetes
 
-    from .. import constants
+    from sweep_contracts import constants
 
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
@@ -58,5 +99,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"sweepctl status: cannot reach the cluster: {exc}", file=sys.stderr)
         return EXIT_FAILED
     status = obj.get("status") or {}
-    print(json.dumps(status, indent=2) if args.json else format_status(args.name, namespace, status))
+    print(json.dumps(status, indent=2) if args.json else format_status(
+        args.name, namespace, status, namespace_gpu_hours=_namespace_gpu_hours(api, namespace, status)))
     return EXIT_OK
+
+
+def _namespace_gpu_hours(api: Any, namespace: str, status: dict[str, Any]) -> float | None:
+    """The namespace's window use from every sweep there (None: no namespace budget, or not allowed to list)."""
+    import time
+
+    from sweep_contracts import constants
+
+    window = ((status.get("usage") or {}).get("namespace") or {}).get("windowSeconds")
+    if not isinstance(window, (int, float)):
+        return None
+    try:
+        sweeps = api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)["items"]
+    except Exception:  # the recorded figure is shown instead
+        return None
+    return namespace_window_gpu_hours(sweeps, float(window), time.time())
