@@ -1,5 +1,5 @@
 """The images' key facts, linted from the Dockerfiles (no image is built here): base images, the
-non-root numeric user, the operator's dependency set, and the Ray pin of the training image (R1).
+non-root numeric user, which distributions each image installs, and the Ray pin of the training image (R1).
 """
 
 from __future__ import annotations
@@ -76,6 +76,28 @@ def test_operator_image_is_slim_python_running_as_a_numeric_non_root_user() -> N
     assert re.search(rf"^\s+runAsUser: {uid}$", chart_values, re.MULTILINE)
 
 
+def pip_install_targets(run: str) -> list[str]:
+    """What one `pip install ...` RUN installs: its positional arguments (options and their values dropped)."""
+    words = run.split("pip install", 1)[1].split("&&")[0].split(";")[0].split()
+    targets, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith("-"):
+            skip = word in ("--constraint", "-c", "--index-url", "--extra-index-url")
+        else:
+            targets.append(word)
+    return targets
+
+
+def copied_sources(steps: list[Instruction]) -> set[str]:
+    sources = set()
+    for copy in arguments_of(steps, "COPY"):
+        if "--from=" not in copy:
+            sources |= {part.rstrip("/") for part in [p for p in copy.split() if not p.startswith("--")][:-1]}
+    return sources
+
+
 def test_operator_image_runs_the_operator_with_operator_dependencies_only() -> None:
     steps = instructions(DOCKER / "Dockerfile.operator")
     final = final_stage(DOCKER / "Dockerfile.operator")
@@ -84,7 +106,10 @@ def test_operator_image_runs_the_operator_with_operator_dependencies_only() -> N
     assert installs, "the package is never installed"
     for run in installs:
         assert "[" not in run, f"extras would pull Ray/torch/moto into the operator image: {run}"
-        assert re.search(r"pip install (--\S+ )*\.(\s|$)", run), run
+    # The contracts and the operator, in one call (the operator pins trainingsweep-contracts==0.1.0).
+    assert [sorted(pip_install_targets(run)) for run in installs] == [[".", "./contracts"]]
+    # Neither the training entrypoints nor the sandbox reach the image: they are not even copied.
+    assert copied_sources(steps) == {"pyproject.toml", "README.md", "operator", "contracts"}
     # The runtime stage copies the built environment; it never compiles or installs anything.
     for run in arguments_of(final, "RUN"):
         assert not re.search(r"pip install|apt-get install|gcc|build-essential", run), run
@@ -94,17 +119,33 @@ def test_operator_image_runs_the_operator_with_operator_dependencies_only() -> N
 # --- training image -------------------------------------------------------------------------------
 
 
+def training_dependencies() -> list[str]:
+    return tomllib.loads((REPO / "training" / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def package_install_of(runs: list[str]) -> str:
+    (run,) = [run for run in runs if "pip install" in run and "./training" in run]
+    return run
+
+
 def test_training_image_builds_on_the_official_ray_gpu_image_with_ray_pinned() -> None:  # R1
     steps = instructions(DOCKER / "Dockerfile.train")
     (base,) = arguments_of(steps, "FROM")
     assert base.split("@")[0] == TRAIN_BASE_IMAGE
-    # pip installs this package under a constraint that keeps the image's ray exactly at the pin.
-    (package_install,) = [run for run in arguments_of(steps, "RUN") if '".[train]"' in run]
+    # pip installs the packages under a constraint that keeps the image's ray exactly at the pin.
+    package_install = package_install_of(arguments_of(steps, "RUN"))
     assert "--constraint" in package_install
     assert f"ray=={SUPPORTED_RAY_VERSION}" in package_install
     assert f"ray.__version__ == '{SUPPORTED_RAY_VERSION}'" in package_install
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert f"ray[train,tune]=={SUPPORTED_RAY_VERSION}" in pyproject["project"]["optional-dependencies"]["train"]
+    assert f"ray[train,tune]=={SUPPORTED_RAY_VERSION}" in training_dependencies()
+
+
+def test_training_image_installs_the_contracts_and_the_entrypoints_only() -> None:
+    """No kopf, no kubernetes client: the operator's distribution is neither copied nor installed."""
+    steps = instructions(DOCKER / "Dockerfile.train")
+    assert sorted(pip_install_targets(package_install_of(arguments_of(steps, "RUN")))) == ["./contracts", "./training"]
+    assert copied_sources(steps) == {"contracts", "training", "training_entrypoints"}
+    assert "'kopf', 'kubernetes'" in package_install_of(arguments_of(steps, "RUN")), "the image checks it has neither"
 
 
 def test_training_image_installs_a_cuda_torch_from_the_pytorch_index_before_the_package() -> None:  # R1
@@ -113,14 +154,13 @@ def test_training_image_installs_a_cuda_torch_from_the_pytorch_index_before_the_
     (torch_install,) = [run for run in runs if "download.pytorch.org/whl/" in run]
     assert '"torch==${TORCH_VERSION}"' in torch_install
     assert "CUDA_VERSION" in torch_install and "torch.version.cuda" in torch_install
-    assert runs.index(torch_install) < runs.index(next(run for run in runs if '".[train]"' in run))
+    package_install = package_install_of(runs)
+    assert runs.index(torch_install) < runs.index(package_install)
     (torch_version,) = [a.partition("=")[2] for a in arguments_of(steps, "ARG") if a.startswith("TORCH_VERSION=")]
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    (torch_range,) = [d for d in pyproject["project"]["optional-dependencies"]["train"] if d.startswith("torch")]
-    low, high = re.match(r"torch>=([\d.]+),<([\d.]+)$", torch_range).groups()  # type: ignore[union-attr]
-    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731
+    (torch_range,) = [d for d in training_dependencies() if d.startswith("torch")]
+    low, high = re.match(r"torch>=([\d.]+),<([\d.]+)$", torch_range).groups()  # type: ignore[union-attr]  # no match fails the test
+    as_tuple = lambda v: tuple(int(p) for p in v.split("."))  # noqa: E731  # a throwaway key, clearer inline
     assert as_tuple(low) <= as_tuple(torch_version) < as_tuple(high)
-    (package_install,) = [run for run in runs if '".[train]"' in run]
     assert "torch==${TORCH_VERSION}" in package_install, "pip could replace the CUDA torch"
     assert_runs_as_non_root_numeric_user(final_stage(DOCKER / "Dockerfile.train"))
 
@@ -140,4 +180,4 @@ def test_dockerignore_admits_exactly_what_the_dockerfiles_copy() -> None:
             sources = [part for part in copy.split() if not part.startswith("--")][:-1]
             for source in sources:
                 assert source.rstrip("/") in allowed, f"{name}: COPY {source} is excluded by .dockerignore"
-    assert not allowed & {".venv", ".git", "tests", "bench", ".sandbox"}
+    assert not allowed & {".venv", ".git", "tests", "bench", ".sandbox", "sandbox"}
