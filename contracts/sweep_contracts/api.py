@@ -295,6 +295,23 @@ class DeletionSpec(ApiModel):
     max_retry_backoff_seconds: int = Field(600, ge=1, description="Longest wait between verification retries.")
 
 
+class BudgetSpec(ApiModel):
+    gpu_hours: float | None = Field(
+        None,
+        gt=0,
+        le=10_000_000,
+        description="GPU-hours this sweep may use over all its attempts, measured from its GPU pods (scheduled to "
+        "gone). Its worst case (trial.workers x resourcesPerWorker.gpu x tune.maxConcurrentTrials x "
+        "deadlines.activeSeconds) must fit what is left, unless runUntilExhausted. When spent, the sweep stops "
+        "gracefully, checkpoints verified: phase BudgetExhausted. Unset: no sweep budget (its namespace's applies).",
+    )
+    run_until_exhausted: bool = Field(
+        False,
+        description="true: start even when the worst case exceeds what is left of the sweep's budget or its "
+        "namespace's window, and run until the budget stops it.",
+    )
+
+
 class SweepSpec(ApiModel):
     image: str = Field(
         ..., min_length=1, max_length=512, description="Training image with ray 2.58.0 and this package."
@@ -325,6 +342,9 @@ class SweepSpec(ApiModel):
         default_factory=FailurePolicySpec, description="Every retry class, set explicitly (R12)."
     )
     deletion: DeletionSpec = Field(default_factory=DeletionSpec, description="The checkpoint guard (R22).")
+    budget: BudgetSpec = Field(
+        default_factory=BudgetSpec, description="GPU-hour budget, measured from the GPU pods (docs/budgets.md)."
+    )
     suspend: bool = Field(False, description="true: do not start (or stop, through the guard) the sweep's RayJob.")
 
 
@@ -332,10 +352,12 @@ class SweepSpec(ApiModel):
 
 Phase = Literal[
     "Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting",
-    "Suspended",
+    "Suspended", "BudgetExhausted",
 ]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Invalid"})
-CONDITION_TYPES: tuple[str, ...] = ("Admitted", "Running", "CheckpointsVerified", "DeadlineExceeded", "Ready")
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "BudgetExhausted"})
+CONDITION_TYPES: tuple[str, ...] = (
+    "Admitted", "Running", "CheckpointsVerified", "DeadlineExceeded", "Ready", "BudgetExhausted",
+)
 
 
 class StatusModel(BaseModel):
@@ -398,6 +420,46 @@ class GuardStatus(StatusModel):
     timeout_seconds: int | None = Field(None, description="spec.deletion.verificationTimeoutSeconds at admission.")
 
 
+class PodIntervalStatus(StatusModel):
+    pod: str = Field(..., description="The pod's uid (its name where no uid was seen); merged:<uid> for merged entries.")
+    name: str | None = Field(None, description="The pod's name, where it differs from pod.")
+    cluster: str = Field("", description="The RayCluster the pod belonged to (one per RayJob attempt).")
+    gpus: float = Field(..., description="nvidia.com/gpu the pod held (a merged entry: their mean over its span).")
+    start: str = Field(..., description="When the pod was scheduled (its PodScheduled condition), RFC 3339.")
+    end: str | None = Field(None, description="When it stopped holding GPUs (RFC 3339); unset while it still does.")
+
+
+class AttemptUsageStatus(StatusModel):
+    ray_cluster_name: str = Field(..., description="The attempt's RayCluster.")
+    gpu_hours: float = Field(..., description="GPU-hours its GPU pods held.")
+    pods: int = Field(..., description="GPU pods (intervals) recorded for it.")
+    started_at: str = Field(..., description="When its first GPU pod was scheduled.")
+    ended_at: str | None = Field(None, description="When its last GPU pod stopped; unset while one still runs.")
+
+
+class NamespaceUsageStatus(StatusModel):
+    gpu_hours: float | None = Field(None, description="GPU-hours the namespace's sweeps held inside its window.")
+    budget_gpu_hours: float | None = Field(None, description="The namespace's GPU-hour budget per window.")
+    left_gpu_hours: float | None = Field(None, description="Budget left in the window (less running sweeps' reservations).")
+    window_seconds: int | None = Field(None, description="The rolling window the namespace budget counts over.")
+
+
+class UsageStatus(StatusModel):
+    gpu_hours: float | None = Field(None, description="GPU-hours the sweep's GPU pods held, scheduled to gone, at lastMeasuredAt.")
+    gpus_held: float | None = Field(None, description="GPUs its pods held at lastMeasuredAt.")
+    budget_gpu_hours: float | None = Field(None, description="spec.budget.gpuHours.")
+    left_gpu_hours: float | None = Field(None, description="What is left of spec.budget.gpuHours.")
+    last_measured_at: str | None = Field(None, description="When the pods were last read (RFC 3339).")
+    attempts: list[AttemptUsageStatus] | None = Field(None, max_length=64, description="GPU-hours per RayCluster (attempt).")
+    pod_intervals: list[PodIntervalStatus] | None = Field(
+        None, max_length=64, description="The record: one entry per GPU pod (older finished ones merge past 64)."
+    )
+    thresholds_reported: list[int] | None = Field(
+        None, max_length=4, description="Budget thresholds (percent) already reported by an Event and a metric."
+    )
+    namespace: NamespaceUsageStatus | None = Field(None, description="The namespace's GPU-hour window, when it has a budget.")
+
+
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
@@ -425,6 +487,7 @@ class SweepStatus(StatusModel):
     waiting_for: str | None = Field(None, description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).")
     checkpoints: CheckpointsStatus | None = Field(None, description="Checkpoint verification (R22).")
     replicas: ReplicasStatus | None = Field(None, description="Admitted demand and rendered cap.")
+    usage: UsageStatus | None = Field(None, description="GPU-hours measured from the sweep's GPU pods (docs/budgets.md).")
     message: str | None = Field(None, description="Latest human-readable message.")
     observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
     conditions: list[Condition] | None = Field(None, description="Kubernetes-style conditions.")

@@ -88,6 +88,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Checkpoints verified complete in S3",
     },
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "description": "The run's RayJob"},
+    {"name": "GPU-Hours", "type": "number", "jsonPath": ".status.usage.gpuHours", "description": "GPU-hours used (its GPU pods, scheduled to gone)"},
     # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
     {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -26,6 +26,7 @@ UNSET_MEANS_SOMETHING = {
     "checkpoints.scoreAttribute",
     "checkpoints.scoreOrder",
     "deadlines.activeSeconds",
+    "budget.gpuHours",  # unset: no sweep budget (the namespace's still applies)
 }
 
 

@@ -1,0 +1,159 @@
+"""Admission and the worker cap as tables over facts (no Kubernetes): a sweep without a run -> Invalid, Suspended,
+Queued or a CreateRayJob, and the create's outcome -> the status; a worker group above its cap -> the correction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_operator.policy import Admit, Demand, Queue, Reject
+from sweep_contracts.problems import Problem
+from sweep_operator.reconcile.actions import CreateRayJob, ReleaseBudget
+from sweep_operator.reconcile.admission import CreateOutcome, after_create, decide_admission, decide_budget, spec_change_problems
+from sweep_operator.reconcile.drift import decide_drift, may_exceed_cap, worker_cap
+from sweep_operator.reconcile.facts import SweepFacts
+from sweep_operator.rendering import RenderContext
+from sweep_operator.settings import OperatorLimits, Settings
+from sweep_operator.status import rfc3339
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, gpu_sweep
+from tests.support.fakes import T0
+
+LIMITS = OperatorLimits(max_gpus_per_namespace=8)
+RENDER = RenderContext.from_settings(Settings(limits=LIMITS))
+
+
+def facts(status: dict[str, Any] | None = None, *, valid: bool = True, suspend: bool = False, generation: int = 1,
+          retry_at: float | None = None) -> SweepFacts:
+    doc = changed(gpu_sweep(), {"spec.suspend": suspend})
+    doc["metadata"].update(uid="uid-1", generation=generation, creationTimestamp=rfc3339(T0))
+    doc["status"] = status or {}
+    sweep = parse_sweep(doc, LIMITS) if valid else None
+    return SweepFacts(doc, T0, LIMITS, sweep, () if valid else ("spec.trainLoop: not module:function",),
+                      create_retry_at=retry_at)
+
+
+# (case, facts, expected: None (ask the ledger), "unchanged", or (phase, Admitted reason, frees the budget))
+BEFORE_BUDGET = [
+    ("a valid sweep asks the ledger", facts(), None),
+    ("invalid", facts(valid=False), ("Invalid", "Invalid", True)),
+    ("invalid, already said for this generation", facts({"phase": "Invalid", "observedGeneration": 1}, valid=False), "unchanged"),
+    ("invalid said for an older generation", facts({"phase": "Invalid", "observedGeneration": 1}, valid=False, generation=2),
+     ("Invalid", "Invalid", True)),
+    ("suspended waits and holds no budget", facts(suspend=True), ("Suspended", "Suspended", True)),
+    ("a failed create backs off", facts(retry_at=T0 + 5), "unchanged"),
+    ("the backoff passed", facts(retry_at=T0), None),
+]
+
+
+@pytest.mark.parametrize("case,given,expected", BEFORE_BUDGET, ids=[row[0] for row in BEFORE_BUDGET])
+def test_decide_admission(case: str, given: SweepFacts, expected: Any) -> None:
+    decision = decide_admission(given)
+    if expected is None:
+        assert decision is None, case
+        return
+    assert decision is not None
+    if expected == "unchanged":
+        assert decision.status is None and not decision.actions
+        return
+    phase, reason, frees = expected
+    assert decision.status is not None and decision.status["phase"] == phase
+    assert ("Admitted", "False", reason) in [(c["type"], c["status"], c["reason"]) for c in decision.status["conditions"]]
+    assert decision.status["observedGeneration"] == given.generation
+    assert (ReleaseBudget(admit_next=False) in decision.actions) is frees
+
+
+def test_the_budget_decides_queued_rejected_or_a_create() -> None:
+    queued = decide_budget(facts(), Queue(Demand(4, 4), "namespace budget 8 GPUs: 6 in use"), "6/8", RENDER).status
+    assert queued is not None and queued["phase"] == "Queued" and queued["queuedAt"] == rfc3339(T0)
+    assert queued["replicas"] == {"workers": 4, "gpus": 4, "namespaceBudget": "6/8"}
+    rejected = decide_budget(facts(), Reject((Problem("spec.tune", "over the cap"),)), "0/8", RENDER).status
+    assert rejected is not None and rejected["phase"] == "Invalid" and "over the cap" in rejected["message"]
+    (create,) = decide_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
+    assert isinstance(create, CreateRayJob) and create.deadline_at == int(T0 + 21600)
+    assert create.rayjob["metadata"]["labels"][constants.LABEL_RUN_ID] == create.run_id
+
+
+def _created(**meta: Any) -> tuple[CreateRayJob, dict[str, Any]]:
+    (create,) = decide_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
+    assert isinstance(create, CreateRayJob)
+    rayjob = {**create.rayjob, "metadata": {**create.rayjob["metadata"], "creationTimestamp": rfc3339(T0 - 60), **meta}}
+    return create, rayjob
+
+
+@pytest.mark.parametrize("case,outcome,phase,reason,event", [
+    ("created", lambda c, r: CreateOutcome(r, True), "Starting", "Admitted", None),
+    ("adopted after a crash before the status write", lambda c, r: CreateOutcome(r, False), "Starting", "Admitted", None),
+    ("the name is held by a foreign object",
+     lambda c, r: CreateOutcome({**r, "metadata": {**r["metadata"], "ownerReferences": [{"uid": "someone-else"}]}}, False),
+     "Pending", "RayJobNameTaken", "RayJobNameTaken"),
+    ("the API refused", lambda c, r: CreateOutcome(error="HTTP 422 Invalid: bad", failures=2, retry_in=10.0),
+     "Pending", "RayJobCreateFailed", "RayJobCreateFailed"),
+], ids=["created", "adopted", "name taken", "create failed"])
+def test_after_create(case: str, outcome: Any, phase: str, reason: str, event: str | None) -> None:
+    create, rayjob = _created()
+    decision = after_create(facts(), create, Admit(Demand(4, 4)), outcome(create, rayjob), "4/8", RENDER)
+    assert decision.status is not None and decision.status["phase"] == phase, case
+    assert reason in [c["reason"] for c in decision.status["conditions"] if c["type"] == "Admitted"]
+    assert [e.reason for e in decision.events] == ([event] if event else [])
+    if phase == "Starting":
+        assert decision.status["runId"] == create.run_id and decision.status["guard"]["runRoot"].endswith(create.run_id)
+        assert decision.status["replicas"]["cap"] == 4
+        started = T0 if case == "created" else T0 - 60  # an adopted run keeps its RayJob's start
+        assert decision.status["startedAt"] == rfc3339(started)
+    else:
+        assert ReleaseBudget(admit_next=False) in decision.actions
+
+
+def test_while_a_run_is_active_only_suspend_may_change() -> None:
+    old = {"spec": {"suspend": False, "image": "a"}, "status": {"runId": "r1", "phase": "Running"}}
+    assert spec_change_problems({"spec": {"suspend": True, "image": "a"}}, old) == []
+    assert spec_change_problems({"spec": {"suspend": False, "image": "b"}}, old) == [
+        "spec.image: cannot change while run r1 is active; only spec.suspend may change (delete and re-create the sweep for a new run)"]
+    assert spec_change_problems({"spec": {"image": "b"}}, {**old, "status": {"runId": "r1", "phase": "Succeeded"}}) == []
+
+
+# --------------------------------------------------------------------------------------------- the worker cap
+
+
+def group(**replicas: int) -> dict[str, Any]:
+    return {"groupName": "workers", **replicas}
+
+
+def cluster(*groups: dict[str, Any], labelled: bool = True, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "c", "labels": {constants.LABEL_SWEEP: "digits"} if labelled else {}}
+    if deleting:
+        meta["deletionTimestamp"] = rfc3339(T0)
+    return {"metadata": meta, "spec": {"workerGroupSpecs": list(groups)}}
+
+
+@pytest.mark.parametrize("workers,cap,expected", [(8, 16, 8), (32, 16, 16)])
+def test_worker_cap_is_the_ask_at_most_the_operators_cap(workers: int, cap: int, expected: int) -> None:
+    spec = parse_sweep(changed(gpu_sweep(), {"spec.trial.workers": workers // 2}),
+                       OperatorLimits(max_workers_per_sweep=64, max_gpus_per_sweep=64)).spec
+    assert worker_cap(spec, OperatorLimits(max_workers_per_sweep=cap)) == expected
+
+
+@pytest.mark.parametrize("case,body,cap,may", [
+    ("at the cap", cluster(group(replicas=4, maxReplicas=4)), 4, False),
+    ("above it", cluster(group(replicas=4, maxReplicas=9)), 4, True),
+    ("unknown cap on a cluster: ask", cluster(group(replicas=1)), None, True),
+    ("not ours", cluster(group(maxReplicas=9), labelled=False), 4, False),
+    ("being deleted", cluster(group(maxReplicas=9), deleting=True), 4, False),
+    ("no worker group", cluster(), 4, False),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_may_exceed_cap(case: str, body: dict[str, Any], cap: int | None, may: bool) -> None:
+    assert may_exceed_cap(body, constants.RAYCLUSTER_KIND, cap, LIMITS) is may, case
+
+
+def test_the_correction_sets_every_count_above_the_cap_back() -> None:
+    body = cluster(group(replicas=6, minReplicas=1, maxReplicas=9))
+    correction = decide_drift(body, constants.RAYCLUSTER_KIND, 4)
+    assert correction is not None
+    assert correction.patch == {"spec": {"workerGroupSpecs": [group(replicas=4, minReplicas=1, maxReplicas=4)]}}
+    assert "workers.maxReplicas 9 -> 4" in correction.message and "workers.replicas 6 -> 4" in correction.message
+    rayjob = {"metadata": body["metadata"], "spec": {"rayClusterSpec": body["spec"]}}
+    assert decide_drift(rayjob, constants.RAYJOB_KIND, 4).patch["spec"]["rayClusterSpec"]  # type: ignore[union-attr]
+    assert decide_drift(cluster(group(maxReplicas=4)), constants.RAYCLUSTER_KIND, 4) is None
