@@ -73,8 +73,8 @@ def _sandbox_class() -> type:
     try:
         from sweep_sandbox.stack import Sandbox
     except ModuleNotFoundError as exc:
-        if exc.name != "sweep_sandbox":
-            raise
+        if (exc.name or "").partition(".")[0] != "sweep_sandbox":
+            raise  # the sandbox is there but one of its own dependencies is not: show which
         raise UsageError("the sandbox is not installed: pip install 'trainingsweep-operator[sandbox]'") from None
     return Sandbox
 
@@ -200,7 +200,8 @@ def _watch(api: Any, namespace: str, name: str, timeout: float, stop: threading.
     from sweep_contracts.api import TERMINAL_PHASES
 
     deadline = time.monotonic() + timeout
-    last_line, last_bar, status = "", "", {}
+    last_line, last_bar = "", ""
+    status: dict[str, Any] = {}
     while not stop.is_set() and time.monotonic() < deadline:
         status = ((_get(api, namespace, name) or {}).get("status")) or {}
         line = _line(time.monotonic() - started, name, status)
@@ -266,7 +267,7 @@ def _delete_and_report(api: Any, sandbox: Any, namespace: str, name: str, status
         f"{e.involved_object.kind} {e.involved_object.name}: {e.reason}: {e.message}"
         for e in core.list_namespaced_event(namespace).items
         if e.reason in ("CheckpointGuardReleased", "CheckpointGuardBypassed", "CheckpointsNotVerified")
-        and e.involved_object.name.startswith(name)
+        and (e.involved_object.name or "").startswith(name)
     ]
     for reason in reasons:
         print(f"guard: {reason}")
