@@ -67,7 +67,7 @@ def test_names_and_printer_columns() -> None:
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "DEADLINE", "AGE"]
+    assert columns == ["PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "GPU-HOURS", "DEADLINE", "AGE"]
     wide = [c["name"].upper() for c in version["additionalPrinterColumns"] if c.get("priority") == 1]  # -o wide
     assert wide == ["GPUS", "NS-BUDGET", "VERIFIED-AT"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]

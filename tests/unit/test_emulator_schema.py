@@ -216,7 +216,8 @@ def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdS
     update = {**copy.deepcopy(stored), "status": {"phase": "Bogus"}}
     assert [str(e) for e in sweeps.errors(update, stored, status_only=True)][0] == (
         'status.phase: Unsupported value: "Bogus": supported values: "Pending", "Queued", "Starting", "Running", '
-        '"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting", "Suspended"')
+        '"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting", "Suspended", '
+        '"BudgetExhausted"')
     legacy = changed(stored, {"spec.tune.numSamples": 0})  # stored before the rule existed
     relabelled = changed(legacy, {"metadata.labels": {"a": "b"}})
     assert sweeps.errors(relabelled, legacy) == []  # unchanged invalid value is ratcheted
