@@ -601,11 +601,22 @@ def _container_statuses(pod: Mapping[str, Any], *, ready: bool, waiting: Obj | N
 
 
 def running_pod_status(pod: Mapping[str, Any], index: int) -> Obj:
+    """A pod's status once its containers run. A condition whose status does not change keeps its
+    lastTransitionTime (kubelet pkg/kubelet/status/status_manager.go `updateLastTransitionTime`, which
+    updateStatusInternal applies to PodScheduled too): PodScheduled stays the binding's time, which GPU-hour
+    accounting reads as the moment the pod took its GPUs; startTime is set once (`generateAPIPodStatus`)."""
+    before = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+    conditions = []
+    for type_ in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
+        condition, old = _condition(type_, True), before.get(type_) or {}
+        if old.get("status") == "True" and old.get("lastTransitionTime"):
+            condition["lastTransitionTime"] = old["lastTransitionTime"]
+        conditions.append(condition)
     return {
         "phase": "Running",
         "podIP": f"10.0.{index // 250}.{index % 250 + 2}",
-        "startTime": now_rfc3339(),
-        "conditions": [_condition(t, True) for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+        "startTime": (pod.get("status") or {}).get("startTime") or now_rfc3339(),
+        "conditions": conditions,
         "containerStatuses": _container_statuses(pod, ready=True),
     }
 
