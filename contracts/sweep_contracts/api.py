@@ -312,6 +312,17 @@ class BudgetSpec(ApiModel):
     )
 
 
+# A LocalQueue / WorkloadPriorityClass name as a label value: a DNS-1123 subdomain of at most 63 characters.
+KUEUE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+
+
+def _kueue_name(value: str) -> str:
+    if not re.fullmatch(KUEUE_NAME_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kueue object name (lowercase letters, digits, '-' and '.'; "
+                         "example: team-a-gpu)")
+    return value
+
+
 class SweepSpec(ApiModel):
     image: str = Field(
         ..., min_length=1, max_length=512, description="Training image with ray 2.58.0 and this package."
@@ -346,6 +357,21 @@ class SweepSpec(ApiModel):
         default_factory=BudgetSpec, description="GPU-hour budget, measured from the GPU pods (docs/budgets.md)."
     )
     suspend: bool = Field(False, description="true: do not start (or stop, through the guard) the sweep's RayJob.")
+    queue_name: Annotated[str, AfterValidator(_kueue_name)] = Field(
+        "",
+        max_length=63,
+        json_schema_extra={"pattern": KUEUE_NAME_PATTERN},
+        description="Kueue mode (docs/kueue.md): the Kueue LocalQueue in the sweep's namespace its RayJob is queued "
+        "in (label kueue.x-k8s.io/queue-name). Empty: the chart's default queue for the namespace, if any. In Kueue "
+        "mode the operator's namespace GPU budget and queue step aside; the per-sweep caps still hold.",
+    )
+    priority_class_name: Annotated[str, AfterValidator(_kueue_name)] = Field(
+        "",
+        max_length=63,
+        json_schema_extra={"pattern": KUEUE_NAME_PATTERN},
+        description="Kueue mode: a Kueue WorkloadPriorityClass for the sweep's RayJob (label "
+        "kueue.x-k8s.io/priority-class). Empty: Kueue's default priority.",
+    )
 
 
 # -------------------------------------------------------------------------------------- status
@@ -460,6 +486,22 @@ class UsageStatus(StatusModel):
     namespace: NamespaceUsageStatus | None = Field(None, description="The namespace's GPU-hour window, when it has a budget.")
 
 
+class KueueStatus(StatusModel):
+    local_queue: str | None = Field(None, description="The LocalQueue the sweep's RayJob is queued in.")
+    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted it (while admitted).")
+    workload: str | None = Field(None, description="The Kueue Workload of the RayJob.")
+    state: str | None = Field(None, description="WaitingForWorkload, Queued, Admitted, Preempted or Finished.")
+    summary: str | None = Field(None, description="The printer column's text, e.g. Queued (Kueue: team-a-gpu); "
+                                "status.message adds Kueue's own admission message.")
+    admitted_seconds: int | None = Field(None, description="Seconds admitted, over the closed admitted intervals: the "
+                                         "sweep deadline counts only while Kueue admits it.")
+    admitted_since: str | None = Field(None, description="Start of the current admission (RFC 3339); unset while "
+                                       "queued or preempted (the deadline is paused).")
+    first_admitted_at: str | None = Field(None, description="The first admission (RFC 3339).")
+    admissions: int | None = Field(None, description="How many times Kueue admitted it.")
+    preemptions: int | None = Field(None, description="How many times Kueue took the admission back (evicted it).")
+
+
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
@@ -491,3 +533,4 @@ class SweepStatus(StatusModel):
     message: str | None = Field(None, description="Latest human-readable message.")
     observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
     conditions: list[Condition] | None = Field(None, description="Kubernetes-style conditions.")
+    kueue: KueueStatus | None = Field(None, description="Kueue mode: where Kueue has the sweep's RayJob (docs/kueue.md).")

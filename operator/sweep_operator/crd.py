@@ -108,6 +108,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "When the checkpoints were last verified in S3",
     },
+    {
+        "name": "Kueue",
+        "type": "string",
+        "jsonPath": ".status.kueue.summary",
+        "priority": 1,
+        "description": "Kueue mode: Queued (Kueue: <LocalQueue>), Admitted or Preempted (docs/kueue.md)",
+    },
 ]
 
 

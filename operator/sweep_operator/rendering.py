@@ -20,10 +20,12 @@ import yaml
 
 from sweep_contracts import constants, runtime_env
 from sweep_contracts.api import SweepSpec
-from .reconcile.guard import GuardTarget
-from .policy import demand_of, effective_active_seconds
 from sweep_contracts.runspec import build_run_spec
-from .settings import OperatorLimits, Settings
+
+from .policy import demand_of, effective_active_seconds
+from .reconcile.guard import GuardTarget
+from .reconcile.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, queue_name_for
+from .settings import OperatorLimits, Settings, kueue_queue_for
 from .validation import Sweep
 
 RUN_ID_ALPHABET = string.ascii_lowercase + string.digits
@@ -126,10 +128,19 @@ class RenderContext:
     ttl_seconds_after_finished: int = DEFAULT_TTL_SECONDS_AFTER_FINISHED
     s3_region: str = ""
     s3_endpoint_url: str = ""
+    # Kueue mode: the LocalQueue of sweeps that name none (Settings.kueue_default_queue / kueue_namespace_queues)
+    kueue_default_queue: str = ""
+    kueue_namespace_queues: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RenderContext:
-        return cls(settings.limits, settings.ttl_seconds_after_finished, settings.s3_region, settings.s3_endpoint_url)
+        return cls(settings.limits, settings.ttl_seconds_after_finished, settings.s3_region, settings.s3_endpoint_url,
+                   settings.kueue_default_queue, settings.kueue_namespace_queues)
+
+    def queue_name(self, spec: SweepSpec, namespace: str) -> str:
+        """The Kueue LocalQueue of a sweep in `namespace` ("": not Kueue mode)."""
+        return queue_name_for(spec.queue_name,
+                              kueue_queue_for(self.kueue_default_queue, self.kueue_namespace_queues, namespace))
 
 
 def build_rayjob(
@@ -265,7 +276,36 @@ def build_rayjob(
         ]
     if spec.suspend:
         rayjob["spec"]["suspend"] = True
+    queue = ctx.queue_name(spec, sweep.namespace)
+    if queue:
+        for_kueue(rayjob, queue, spec.priority_class_name)
     return rayjob
+
+
+def for_kueue(rayjob: dict[str, Any], queue: str, priority_class: str = "") -> None:
+    """Make the RayJob Kueue's (in place), as its RayJob integration requires (kubernetes-sigs/kueue
+    site/content/en/docs/tasks/run/rayjobs.md; pkg/controller/jobs/rayjob/rayjob_webhook.go validateCreate and
+    raycluster ValidateCreate):
+
+    - the queue-name label (and the WorkloadPriorityClass label), copied by KubeRay onto the RayCluster too;
+    - created suspended: Kueue admits it by setting spec.suspend false ("Kueue controls the spec.suspend field");
+    - shutdownAfterJobFinishes true and no clusterSelector (both already so: the cluster must go when the job
+      ends, or it keeps the queue's quota);
+    - no in-tree autoscaling (refused unless elastic workload slices are on): Kueue reserves quota for the worker
+      group's `replicas`, so the group is fixed at the sweep's whole (capped) demand.
+    """
+    meta, spec = rayjob["metadata"], rayjob["spec"]
+    meta["labels"][QUEUE_LABEL] = queue
+    if priority_class:
+        meta["labels"][PRIORITY_CLASS_LABEL] = priority_class
+    spec["suspend"] = True
+    spec["shutdownAfterJobFinishes"] = True
+    spec.pop("clusterSelector", None)
+    cluster = spec["rayClusterSpec"]
+    cluster["enableInTreeAutoscaling"] = False
+    for group in cluster["workerGroupSpecs"]:
+        size = int(group["maxReplicas"])
+        group.update(replicas=size, minReplicas=size, maxReplicas=size)
 
 
 def guard_target(sweep: Sweep, run_root: str, run_id: str, ctx: RenderContext = RenderContext()) -> GuardTarget:

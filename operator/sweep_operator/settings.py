@@ -206,20 +206,7 @@ class Settings:
 
     def kueue_queue_for(self, namespace: str) -> str:
         """The LocalQueue for a sweep in `namespace` that names none ("": Kueue mode is off there)."""
-        queue = self.kueue_default_queue
-        for entry in (self.kueue_default_queue, *(e.partition("=")[2] for e in self.kueue_namespace_queues)):
-            if entry and not _LOCAL_QUEUE_NAME.match(entry):
-                raise SettingsError(f"kueue queue name {entry!r} (SWEEP_KUEUE_DEFAULT_QUEUE / "
-                                    "SWEEP_KUEUE_NAMESPACE_QUEUES): a LocalQueue name is a lowercase RFC 1123 "
-                                    "subdomain")
-        for entry in self.kueue_namespace_queues:
-            name, sep, value = entry.partition("=")
-            if not sep or not name.strip():
-                raise SettingsError(f"kueueNamespaceQueues (SWEEP_KUEUE_NAMESPACE_QUEUES): got {entry!r}; "
-                                    "entries are namespace=queue")
-            if name.strip() == namespace:
-                queue = value.strip()
-        return queue
+        return kueue_queue_for(self.kueue_default_queue, self.kueue_namespace_queues, namespace)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -227,6 +214,23 @@ class Settings:
         limits = _from_env(OperatorLimits, env)
         tenancy = _from_env(TenancyPolicy, env)
         return _from_env(cls, env, limits=limits, tenancy=tenancy)
+
+
+def kueue_queue_for(default: str, namespace_queues: tuple[str, ...], namespace: str) -> str:
+    """SWEEP_KUEUE_DEFAULT_QUEUE, overridden by a `namespace=queue` entry of SWEEP_KUEUE_NAMESPACE_QUEUES."""
+    queue = default
+    for entry in (default, *(e.partition("=")[2] for e in namespace_queues)):
+        if entry and not _LOCAL_QUEUE_NAME.match(entry):
+            raise SettingsError(f"kueue queue name {entry!r} (SWEEP_KUEUE_DEFAULT_QUEUE / SWEEP_KUEUE_NAMESPACE_QUEUES): "
+                                "a LocalQueue name is a lowercase RFC 1123 subdomain")
+    for entry in namespace_queues:
+        name, sep, value = entry.partition("=")
+        if not sep or not name.strip():
+            raise SettingsError(f"kueueNamespaceQueues (SWEEP_KUEUE_NAMESPACE_QUEUES): got {entry!r}; "
+                                "entries are namespace=queue")
+        if name.strip() == namespace:
+            queue = value.strip()
+    return queue
 
 
 def _convert(raw: str, default: Any, name: str) -> Any:
@@ -251,6 +255,6 @@ def _from_env(cls: Any, env: Mapping[str, str], **given: Any) -> Any:
     for f in dataclasses.fields(cls):
         name = f.metadata.get("env")
         if name and name in env:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]  # mypy cannot narrow a field's factory from MISSING
             kwargs[f.name] = _convert(env[name], default, name)
     return cls(**kwargs)

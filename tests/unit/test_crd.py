@@ -69,7 +69,7 @@ def test_names_and_printer_columns() -> None:
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "GPU-HOURS", "DEADLINE", "AGE"]
     wide = [c["name"].upper() for c in version["additionalPrinterColumns"] if c.get("priority") == 1]  # -o wide
-    assert wide == ["GPUS", "NS-BUDGET", "VERIFIED-AT"]
+    assert wide == ["GPUS", "NS-BUDGET", "VERIFIED-AT", "KUEUE"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     for column in version["additionalPrinterColumns"]:
         path = column["jsonPath"].lstrip(".").split(".")

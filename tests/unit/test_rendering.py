@@ -63,6 +63,9 @@ SPEC_MATRIX: dict[str, dict[str, Any]] = {
     "suspended": changed(cpu_sweep(), {"spec.suspend": True}),
     "no-active-seconds": changed(cpu_sweep(), {"spec.deadlines": {"startupSeconds": 600}}),
     "long-dotted-name": changed(cpu_sweep(name="team.very-long-experiment-name-for-the-digits-model-v2"), {}),
+    # Kueue mode (docs/kueue.md)
+    "kueue-queue-and-priority": changed(gpu_sweep(), {"spec.queueName": "team-a-gpu", "spec.priorityClassName": "high"}),
+    "kueue-cpu-suspended": changed(cpu_sweep(), {"spec.queueName": "cpu", "spec.suspend": True}),
 }
 
 
@@ -373,3 +376,61 @@ def test_render_cli_refuses_an_invalid_spec(tmp_path: Path, capsys: pytest.Captu
 def test_render_cli_refuses_a_bad_run_id(capsys: pytest.CaptureFixture[str]) -> None:
     assert sweepctl(["render", "-f", str(EXAMPLES / "digits-cpu.yaml"), "--run-id", "Bad_ID"]) == 2
     assert "--run-id" in capsys.readouterr().err
+
+
+# ---- Kueue mode (kubernetes-sigs/kueue: site/content/en/docs/tasks/run/rayjobs.md, rayjob_webhook.go)
+
+
+def test_kueue_mode_renders_a_suspended_labelled_rayjob_kueues_webhook_accepts() -> None:
+    """The queue-name and priority-class labels, suspend: true (Kueue admits by unsuspending), shutdown after the
+    job, no clusterSelector, no in-tree autoscaling, a worker group fixed at the (capped) demand; and what
+    sweep_sandbox.kueue.validate_rayjob_for_kueue (the webhook's rules) finds wrong: nothing."""
+    from sweep_sandbox.kueue import pod_sets_for, validate_rayjob_for_kueue
+
+    rayjob = render(SPEC_MATRIX["kueue-queue-and-priority"])
+    meta, spec = rayjob["metadata"], rayjob["spec"]
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
+    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == "high"
+    assert spec["suspend"] is True and spec["shutdownAfterJobFinishes"] is True
+    assert "clusterSelector" not in spec
+    assert spec["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+    group = worker_group_of(rayjob)
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4  # 2 workers x 2 trials
+    assert group["groupName"] != "head"
+    assert validate_rayjob_for_kueue(rayjob) == []
+    gpus = {ps["name"]: ps["count"] * int(ps["template"]["spec"]["containers"][0]["resources"]["requests"].get(
+        constants.GPU_RESOURCE, 0)) for ps in pod_sets_for(rayjob)}
+    assert gpus == {"head": 0, "gpu-workers": 4, "submitter": 0}  # Kueue reserves the sweep's whole GPU demand
+
+
+def test_kueue_worker_group_never_exceeds_the_worker_cap() -> None:
+    rayjob = render(SPEC_MATRIX["kueue-queue-and-priority"], limits=RenderContext(limits=OperatorLimits(
+        max_workers_per_sweep=3, max_gpus_per_sweep=16)))
+    group = worker_group_of(rayjob)
+    assert group["replicas"] == group["maxReplicas"] == worker_group_cap(parse_sweep(
+        SPEC_MATRIX["kueue-queue-and-priority"]).spec, OperatorLimits(max_workers_per_sweep=3)) == 3
+
+
+@pytest.mark.parametrize("default,namespaces,spec_queue,expected", [
+    ("gpu", (), "", "gpu"),  # the chart's default queue
+    ("gpu", ("ml=ml-gpu",), "", "ml-gpu"),  # the sweep's namespace (ml) has its own
+    ("gpu", ("ml=",), "", None),  # Kueue mode off in ml
+    ("", (), "mine", "mine"),  # spec.queueName alone
+    ("", (), "", None),  # not Kueue mode: no label, not suspended, autoscaling as usual
+])
+def test_the_default_queue_comes_from_the_settings(default: str, namespaces: tuple[str, ...], spec_queue: str,
+                                                   expected: str | None) -> None:
+    doc = changed(gpu_sweep(), {"spec.queueName": spec_queue})
+    rayjob = render(doc, limits=RenderContext(kueue_default_queue=default, kueue_namespace_queues=namespaces))
+    assert rayjob["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == expected
+    assert rayjob["spec"].get("suspend", False) is (expected is not None)
+    assert rayjob["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is (expected is None)
+
+
+def test_render_cli_shows_the_kueue_rayjob(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = tmp_path / "kueue.yaml"
+    manifest.write_text(yaml.safe_dump(SPEC_MATRIX["kueue-queue-and-priority"]))
+    assert sweepctl(["render", "-f", str(manifest)]) == 0
+    rayjob = yaml.safe_load(capsys.readouterr().out)
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
+    assert rayjob["spec"]["suspend"] is True
