@@ -8,6 +8,7 @@ Everything it starts it stops: servers, the operator, the stand-in, and each job
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -27,6 +28,30 @@ SANDBOX_BUCKET = "sweeps-sandbox"
 SANDBOX_TTL_SECONDS = 30
 
 
+SANDBOX_CLUSTER_QUEUE = "sandbox-cq"
+SANDBOX_LOCAL_QUEUE = "sandbox"
+# What the sandbox's ClusterQueue holds: enough for the CPU demo and a couple of (emulated) GPU sweeps.
+SANDBOX_QUOTA = {"cpu": 64, "memory": "256Gi", constants.GPU_RESOURCE: 8}
+
+
+def start_kueue(server: Any, local_queue: str = SANDBOX_LOCAL_QUEUE, namespaces: tuple[str, ...] = ("default",)) -> Any:
+    """The Kueue stand-in with a ResourceFlavor, a ClusterQueue of SANDBOX_QUOTA and `local_queue` in each namespace
+    (the objects docs/kueue.md shows a platform team creating)."""
+    from . import kueue
+
+    standin = kueue.KueueStandIn(server.api_client(), server=server).start()
+    try:
+        standin.apply_queues(
+            kueue.resource_flavor(),
+            kueue.cluster_queue(SANDBOX_CLUSTER_QUEUE, SANDBOX_QUOTA),
+            *(kueue.local_queue(ns, local_queue, SANDBOX_CLUSTER_QUEUE) for ns in namespaces),
+        )
+    except BaseException:
+        standin.stop()
+        raise
+    return standin
+
+
 @dataclass
 class Sandbox:
     state_dir: Path
@@ -37,6 +62,10 @@ class Sandbox:
     standin: Any = field(default=None, init=False)
     operator: Any = field(default=None, init=False)
     runner: Any = field(default=None, init=False)
+    # Kueue mode (docs/kueue.md): a Kueue stand-in with SANDBOX_CLUSTER_QUEUE / SANDBOX_LOCAL_QUEUE, the operator's
+    # default queue set to it
+    kueue: bool = False
+    kueue_standin: Any = field(default=None, init=False)
 
     @property
     def kubeconfig(self) -> Path:
@@ -83,10 +112,14 @@ class Sandbox:
                 metrics_port=0,
                 liveness_port=0,
             )
+            if self.kueue and not settings.kueue_default_queue:
+                settings = dataclasses.replace(settings, kueue_default_queue=SANDBOX_LOCAL_QUEUE)
             self.settings = settings
             self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
             self.standin = KubeRayStandIn(self.server.api_client(), self.runner, emulate_pods=True, poll_interval=1.0)
             self.standin.start()
+            if self.kueue:
+                self.kueue_standin = start_kueue(self.server, settings.kueue_default_queue)
             self.operator = OperatorThread(settings, self.server.url)
             self.operator.start()
         except BaseException:
@@ -109,7 +142,7 @@ class Sandbox:
 
     def stop(self) -> None:
         """Stop everything started, newest first; never raises."""
-        for name in ("operator", "standin", "runner", "server", "s3"):
+        for name in ("operator", "kueue_standin", "standin", "runner", "server", "s3"):
             part = getattr(self, name)
             if part is None:
                 continue

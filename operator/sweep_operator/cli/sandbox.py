@@ -25,12 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
     up = sub.add_parser("up", help="start the sandbox in the foreground and drive it with kubectl")
     up.add_argument("--state-dir", default=".sandbox", help="where kubeconfig, env and job logs go (default .sandbox)")
+    up.add_argument("--kueue", action="store_true", help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)")
     up.set_defaults(func=run_up)
     run = sub.add_parser("run", help="start the sandbox, run one sweep to the end, report, stop")
     run.add_argument("--sweep", required=True, metavar="FILE", help="TrainingSweep manifest")
     run.add_argument("--then-delete", action="store_true", help="delete the sweep at the end and show the guard's decision")
     run.add_argument("--state-dir", help="keep kubeconfig, env and job logs here (default: a temporary directory)")
     run.add_argument("--timeout", type=float, help="seconds to wait for the sweep (default: its deadlines + 2 min)")
+    run.add_argument("--kueue", action="store_true", help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)")
     run.set_defaults(func=run_sweep)
 
 
@@ -79,11 +81,18 @@ def _sandbox_class() -> type:
     return Sandbox
 
 
+def _kueue_line(sandbox: Any) -> str:
+    if not getattr(sandbox, "kueue", False):
+        return ""
+    return (f"  Kueue           LocalQueue {sandbox.settings.kueue_default_queue} -> ClusterQueue sandbox-cq "
+            f"(kubectl get workloads,clusterqueues,localqueues)\n")
+
+
 def run_up(args: argparse.Namespace) -> int:
     Sandbox = _sandbox_class()
 
     stop = _Stop()
-    sandbox = Sandbox(Path(args.state_dir))
+    sandbox = Sandbox(Path(args.state_dir), kueue=args.kueue)
     log_path = _quiet_logs(sandbox.state_dir)
     try:
         print("sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...", flush=True)
@@ -93,7 +102,8 @@ def run_up(args: argparse.Namespace) -> int:
             f"sandbox: ready.\n"
             f"  Kubernetes API  {sandbox.server.url}   (kubeconfig: {sandbox.kubeconfig})\n"
             f"  S3              {sandbox.s3.endpoint_url}   (bucket: {sandbox.bucket})\n"
-            f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n\n"
+            f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n"
+            f"{_kueue_line(sandbox)}\n"
             f"In another shell:\n"
             f"  source {sandbox.env_file}\n"
             f"  kubectl apply -f examples/digits-cpu.yaml\n"
@@ -154,7 +164,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="sweep-sandbox-"))
     stop = _Stop()
-    sandbox = Sandbox(state_dir)
+    sandbox = Sandbox(state_dir, kueue=getattr(args, "kueue", False))
     _quiet_logs(state_dir)
     started = time.monotonic()
     try:
