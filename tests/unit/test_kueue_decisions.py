@@ -25,10 +25,14 @@ from sweep_operator.reconcile.kueue import (
     advance_admitted_time,
     decide_kueue_admission,
     driver_deadline_at,
+    kueue_created_status,
     kueue_managed,
+    kueue_outcome,
+    kueue_run,
     kueue_view,
     our_queue_steps_aside,
     queue_name_for,
+    status_for_run_phase,
     workload_of,
 )
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError
@@ -378,3 +382,121 @@ def test_kueue_admission_never_queues_but_per_sweep_caps_still_hold() -> None:
     refused = decide_kueue_admission(sweep.spec, capped)
     assert isinstance(refused, Reject)
     assert any("maxGpusPerSweep" in str(p) for p in refused.problems)
+
+
+# ---- one reconcile pass in Kueue mode
+
+
+def rayjob_for(wl: dict[str, Any] | None, *, suspended: bool, deployment: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "s-abc123", "uid": "rj-uid", "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": suspended},
+        "status": {"jobDeploymentStatus": deployment},
+    }
+
+
+def owned(wl: dict[str, Any]) -> dict[str, Any]:
+    return {**wl, "metadata": {**wl["metadata"], "ownerReferences": [{"uid": "rj-uid", "controller": True}]}}
+
+
+def run_of(
+    status: dict[str, Any],
+    wl: dict[str, Any] | None,
+    *,
+    suspended: bool,
+    deployment: str,
+    now: float,
+    budget: float = 3600.0,
+) -> Any:
+    run = kueue_run(
+        status, rayjob_for(wl, suspended=suspended, deployment=deployment), [owned(wl)] if wl else [], now, budget
+    )
+    assert run is not None
+    return run
+
+
+def test_a_rayjob_without_the_queue_label_is_not_a_kueue_run() -> None:
+    plain = {"metadata": {"name": "x", "labels": {}}, "spec": {}, "status": {}}
+    assert kueue_run({}, plain, [], T0, 3600) is None
+    assert kueue_run({}, None, [], T0, 3600) is None
+
+
+def test_queued_pass_pauses_the_deadline_and_says_kueues_message() -> None:
+    """A queued sweep: phase Queued with Kueue's message, no deadlineAt (no deadline can pass), and the RayJob's
+    SWEEP_DEADLINE_AT kept at now + the whole budget (KubeRay starts the attempt from it at admission)."""
+    previous = {"phase": "Starting", "deadlineAt": iso(T0 + 3600), "startedAt": iso(T0)}
+    run = run_of(previous, QUEUED, suspended=True, deployment="Suspended", now=T0 + 60)
+    seen = status_for_run_phase(previous, run, T0 + 60)
+    assert "deadlineAt" not in seen
+    out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 60, rayjob_deadline_at=T0 + 3600)
+    assert out.status["phase"] == "Queued" and out.status["message"] == f"Queued (Kueue: team-a): {WAITING}"
+    assert "deadlineAt" not in out.status and "startedAt" not in out.status
+    assert out.status["kueue"]["summary"] == "Queued (Kueue: team-a)" and out.status["kueue"]["state"] == "Queued"
+    assert ("Admitted", False, "QueuedByKueue", f"Queued (Kueue: team-a): {WAITING}") in out.conditions
+    assert out.driver_deadline_at == T0 + 60 + 3600
+    assert out.drop_suspend  # Kueue controls spec.suspend
+
+
+def test_admitted_pass_starts_the_deadline_and_the_startup_clock_at_admission() -> None:
+    previous = {"phase": "Queued", "kueue": {"state": "Queued"}}
+    run = run_of(previous, ADMITTED, suspended=True, deployment="Suspended", now=T0 + 12)
+    seen = status_for_run_phase(previous, run, T0 + 12)
+    assert seen["startedAt"] == iso(T0 + 10) and seen["deadlineAt"] == iso(T0 + 10 + 3600)
+    out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 12)
+    assert out.status["phase"] == "Starting"  # Kueue admitted it; KubeRay has not unsuspended yet
+    assert out.status["kueue"]["admissions"] == 1 and out.status["kueue"]["clusterQueue"] == "gpu-cq"
+    assert out.events == (("Normal", "AdmittedByKueue", "admitted by Kueue: ClusterQueue gpu-cq (LocalQueue team-a)"),)
+    assert out.driver_deadline_at is None  # admitted: the attempt's deadline is set; not rewritten under it
+
+
+def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the_eviction() -> None:
+    running = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
+    run = run_of(running, EVICTING, suspended=True, deployment="Suspending", now=T0 + 105)
+    out = kueue_outcome(running, {**running, "phase": "Suspended"}, run, T0 + 105, rayjob_deadline_at=T0 + 3000)
+    assert out.status["phase"] == "Suspended" and out.status["message"].startswith("Preempted (Kueue: team-a): ")
+    assert out.status["kueue"]["admittedSeconds"] == 90 and out.status["kueue"]["preemptions"] == 1
+    assert "admittedSince" not in out.status["kueue"] and "deadlineAt" not in out.status
+    assert [e[1] for e in out.events] == ["PreemptedByKueue"]
+    assert out.driver_deadline_at == T0 + 105 + 3600 - 90
+    again = kueue_outcome(
+        out.status,
+        out.status,
+        run_of(out.status, REQUEUED, suspended=True, deployment="Suspended", now=T0 + 300),
+        T0 + 300,
+    )
+    assert again.events == ()  # once per preemption
+
+
+def test_readmission_continues_with_what_is_left() -> None:
+    preempted = {
+        "phase": "Suspended",
+        "kueue": {
+            "state": "Preempted",
+            "admittedSeconds": 90,
+            "admissions": 1,
+            "preemptions": 1,
+            "firstAdmittedAt": iso(T0 + 10),
+        },
+    }
+    run = run_of(preempted, READMITTED, suspended=True, deployment="Suspended", now=T0 + 501)
+    out = kueue_outcome(preempted, {**preempted}, run, T0 + 501)
+    assert out.status["deadlineAt"] == iso(T0 + 500 + 3600 - 90)
+    assert out.status["startedAt"] == iso(T0 + 10)  # the sweep's first admission stays its start
+    assert status_for_run_phase(preempted, run, T0 + 501)["startedAt"] == iso(T0 + 500)  # startup: this admission
+    assert out.status["kueue"]["admissions"] == 2
+
+
+def test_a_terminal_phase_is_left_as_decided() -> None:
+    previous = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
+    decided = {**previous, "phase": "Succeeded", "deadlineAt": iso(T0 + 3610)}
+    out = kueue_outcome(
+        previous, decided, run_of(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900), T0 + 900
+    )
+    assert out.status["phase"] == "Succeeded" and out.status["deadlineAt"] == iso(T0 + 3610)
+    assert out.conditions == () and out.driver_deadline_at is None
+
+
+def test_the_status_right_after_the_create_is_queued_without_a_deadline() -> None:
+    created = kueue_created_status({"phase": "Starting", "deadlineAt": iso(T0), "startedAt": iso(T0)}, "team-a")
+    assert created["phase"] == "Queued" and "deadlineAt" not in created and "startedAt" not in created
+    assert created["message"].startswith("Queued (Kueue: team-a): waiting for Kueue")

@@ -394,3 +394,171 @@ def driver_deadline_at(clock: AdmittedTime, budget: float, now: float) -> float:
     (KubeRay starts it from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it)."""
     deadline = clock.deadline_at(budget, now)
     return deadline if deadline is not None else now + max(clock.remaining_seconds(budget, now), 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ one reconcile pass
+
+
+@dataclass(frozen=True)
+class KueueRun:
+    """A Kueue run as one pass sees it: where Kueue has it and the admitted clock after this pass."""
+
+    local_queue: str
+    workload: str
+    view: KueueView
+    before: AdmittedTime
+    clock: AdmittedTime
+    active_seconds: float  # the sweep's budget of admitted time (effective activeSeconds)
+
+    def status(self) -> dict[str, Any]:
+        """status.kueue."""
+        return {
+            "localQueue": self.local_queue,
+            "clusterQueue": self.view.cluster_queue or None,
+            "workload": self.workload or None,
+            "state": self.view.phase.value,
+            "summary": self.view.summary,
+            **self.clock.to_status(),
+        }
+
+
+def kueue_run(
+    status: Mapping[str, Any],
+    rayjob: Mapping[str, Any] | None,
+    workloads: list[Mapping[str, Any]],
+    now: float,
+    active_seconds: float,
+) -> KueueRun | None:
+    """None unless the run's RayJob is Kueue's (the queue-name label decides, as it does for Kueue)."""
+    if rayjob is None or not kueue_managed(rayjob):
+        return None
+    queue = str(((rayjob.get("metadata") or {}).get("labels") or {})[QUEUE_LABEL])
+    body = workload_of(rayjob, workloads)
+    wl = WorkloadFacts.from_object(body) if body is not None else None
+    before = AdmittedTime.from_status(status.get("kueue"))
+    facts = KueueFacts(
+        queue,
+        bool((rayjob.get("spec") or {}).get("suspend")),
+        str((rayjob.get("status") or {}).get("jobDeploymentStatus") or ""),
+        wl,
+        ever_admitted=before.admissions > 0,
+    )
+    view = kueue_view(facts)
+    return KueueRun(
+        queue, wl.name if wl else "", view, before, advance_admitted_time(before, view, now), active_seconds
+    )
+
+
+def status_for_run_phase(status: Mapping[str, Any], run: KueueRun, now: float) -> dict[str, Any]:
+    """The status the run-phase decision should judge: `deadlineAt` from the admitted clock (absent while Kueue
+    holds the sweep, so no deadline passes then), `startedAt` at the current admission (the startup clock starts
+    there, not at the sweep's creation)."""
+    deadline = run.clock.deadline_at(run.active_seconds, now)
+    changes: dict[str, Any] = {"deadlineAt": rfc3339(deadline) if deadline is not None else None}
+    if run.clock.since is not None:
+        changes["startedAt"] = rfc3339(run.clock.since)
+    new = dict(status)
+    for key, value in changes.items():
+        if value is None:
+            new.pop(key, None)
+        else:
+            new[key] = value
+    return new
+
+
+SUSPEND_IN_KUEUE_MODE = (
+    "spec.suspend is not applied to a Kueue RayJob: Kueue controls its spec.suspend (it would undo the change). "
+    "To hold the sweep, deactivate its Workload: kubectl patch workloads.kueue.x-k8s.io {workload} --type merge "
+    '-p \'{{"spec":{{"active":false}}}}\''
+)
+
+
+@dataclass(frozen=True)
+class KueueOutcome:
+    """What Kueue mode makes of one pass's run-phase result."""
+
+    status: dict[str, Any]
+    conditions: tuple[tuple[str, bool, str, str], ...]  # for status.conditions_with
+    events: tuple[tuple[str, str, str], ...]  # (type, reason, message)
+    drop_suspend: bool  # Kueue controls spec.suspend: the operator's SetSuspend must not be sent
+    driver_deadline_at: float | None  # rewrite the RayJob's SWEEP_DEADLINE_AT to this (None: leave it)
+
+
+def kueue_outcome(
+    previous: Mapping[str, Any],
+    decided: Mapping[str, Any],
+    run: KueueRun,
+    now: float,
+    *,
+    rayjob_deadline_at: float | None = None,
+    tolerance_seconds: float = 30.0,
+) -> KueueOutcome:
+    """Kueue mode over the run-phase result `decided` (the status the pass would write):
+
+    - queued (no Workload yet, or waiting for quota): phase Queued, `Queued (Kueue: <LocalQueue>): <Kueue's
+      admission message>`; preempted: phase Suspended, `Preempted (Kueue: ...)` and a Warning Event once; admitted
+      while KubeRay has not started yet: Starting;
+    - `deadlineAt` from the admitted time (absent while paused), `startedAt` at the first admission,
+      status.kueue with the clock;
+    - the RayJob's SWEEP_DEADLINE_AT kept at now + the admitted time left while it waits suspended.
+    A terminal phase is left as decided (only status.kueue is refreshed)."""
+    view, clock = run.view, run.clock
+    status = dict(decided)
+    status["kueue"] = {k: v for k, v in run.status().items() if v is not None}
+    deadline = clock.deadline_at(run.active_seconds, now)
+    terminal = status.get("phase") in ("Succeeded", "Failed", "DeadlineExceeded", "BudgetExhausted", "Invalid")
+    conditions: list[tuple[str, bool, str, str]] = []
+    events: list[tuple[str, str, str]] = []
+    was = ((previous.get("kueue") or {}).get("state")) or ""
+    if not terminal:
+        if deadline is not None:
+            status["deadlineAt"] = rfc3339(deadline)
+        else:
+            status.pop("deadlineAt", None)
+        if clock.first_admitted_at is not None:
+            status["startedAt"] = rfc3339(clock.first_admitted_at)
+        else:
+            status.pop("startedAt", None)
+        if view.phase in (KueuePhase.WAITING_FOR_WORKLOAD, KueuePhase.QUEUED):
+            status.update(phase="Queued", message=view.message)
+            conditions += [
+                ("Admitted", False, "QueuedByKueue", view.message),
+                ("Running", False, "QueuedByKueue", view.summary),
+            ]
+        elif view.phase is KueuePhase.PREEMPTED:
+            status.update(phase="Suspended", message=view.message)
+            conditions.append(("Running", False, "PreemptedByKueue", view.message))
+            if was != KueuePhase.PREEMPTED.value:
+                events.append(("Warning", "PreemptedByKueue", view.message))
+        elif view.phase is KueuePhase.ADMITTED:
+            text = f"admitted by Kueue: ClusterQueue {view.cluster_queue} (LocalQueue {run.local_queue})"
+            conditions.append(("Admitted", True, "AdmittedByKueue", text))
+            if was != KueuePhase.ADMITTED.value:
+                events.append(("Normal", "AdmittedByKueue", text))
+            if status.get("phase") == "Suspended":  # Kueue has admitted it; KubeRay has not unsuspended yet
+                status.update(phase="Starting", message=f"{text}; KubeRay is starting the RayCluster")
+    refresh: float | None = None
+    if not terminal and not view.admitted:
+        wanted = driver_deadline_at(clock, run.active_seconds, now)
+        if rayjob_deadline_at is None or abs(rayjob_deadline_at - wanted) > tolerance_seconds:
+            refresh = wanted
+    return KueueOutcome(status, tuple(conditions), tuple(events), drop_suspend=True, driver_deadline_at=refresh)
+
+
+def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[str, Any]:
+    """Right after the operator created a Kueue RayJob: Queued, no deadline yet (it starts at admission)."""
+    text = f"{queued_text(local_queue)}: waiting for Kueue to create the Workload for the suspended RayJob"
+    new = {k: v for k, v in status.items() if k not in ("deadlineAt", "startedAt")}
+    new.update(
+        phase="Queued",
+        message=text,
+        kueue={
+            "localQueue": local_queue,
+            "state": KueuePhase.WAITING_FOR_WORKLOAD.value,
+            "summary": queued_text(local_queue),
+            "admittedSeconds": 0,
+            "admissions": 0,
+            "preemptions": 0,
+        },
+    )
+    return new
