@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from .api import SweepSpec
 from .paramspace import distributions
@@ -65,11 +66,11 @@ def _allowed_fields(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-def _pydantic_problem(err: dict[str, Any]) -> Problem:
+def _pydantic_problem(err: ErrorDetails) -> Problem:
     loc = tuple(err["loc"])
     path = _loc_path(loc)
     kind = err["type"]
-    given = err.get("input")
+    given: Any = err.get("input")  # whatever the user wrote there
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
         owner = _model_at(loc[:-1])

@@ -191,7 +191,7 @@ def _constraints(info: FieldInfo, json_type: str | None = None) -> dict[str, Any
 
 def _default(info: FieldInfo) -> tuple[bool, Any]:
     if info.default_factory is not None:
-        value = info.default_factory()  # type: ignore[call-arg]
+        value = info.default_factory()  # type: ignore[call-arg]  # pydantic allows a factory of the data; ours take none
     elif info.is_required() or info.default is None:
         return False, None
     else:
@@ -207,7 +207,7 @@ def model_schema(model: type[BaseModel], with_defaults: bool = True) -> dict[str
     required = []
     for name, info in model.model_fields.items():
         key = info.alias or name
-        prop = {"description": info.description or ""}
+        prop: dict[str, Any] = {"description": info.description or ""}
         prop.update(_type_schema(info.annotation, info))
         prop.update(_constraints(info, prop.get("type")))
         if info.is_required():

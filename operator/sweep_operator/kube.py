@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -20,6 +20,12 @@ from sweep_contracts import constants
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def custom_object(answer: object) -> dict[str, Any]:
+    """A CustomObjectsApi answer as what it is: the client annotates it `-> object`, and with preloaded content (the
+    default) it returns the decoded JSON object."""
+    return cast("dict[str, Any]", answer)
 
 
 # One pooled connection per handler thread (urllib3 otherwise keeps 10 and re-dials past them).
@@ -106,7 +112,7 @@ class KubeApi:
         result = self._call(
             lambda: self.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)
         )
-        return list(result.get("items") or [])
+        return list(custom_object(result).get("items") or [])
 
     def patch_sweep_status(
         self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
@@ -148,7 +154,7 @@ class KubeApi:
                 label_selector=label_selector,
             )
         )
-        return list(result.get("items") or [])
+        return list(custom_object(result).get("items") or [])
 
     def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create; on AlreadyExists return the existing one. Returns (object, created)."""
@@ -160,7 +166,7 @@ class KubeApi:
                 ),
                 retry_conflict=False,
             )
-            return created, True
+            return custom_object(created), True
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -197,7 +203,7 @@ class KubeApi:
                 label_selector=label_selector,
             )
         )
-        return list(result.get("items") or [])
+        return list(custom_object(result).get("items") or [])
 
     def patch_raycluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         return self._get(
@@ -241,7 +247,7 @@ class KubeApi:
                 return None  # the API server refuses new finalizers on an object being deleted
             patch = {"metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}}
             try:
-                return self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
+                return custom_object(self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch))
             except ApiException as exc:
                 if exc.status == 404:
                     return None

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter as _Tally
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,7 +21,7 @@ from sweep_contracts.api import TERMINAL_PHASES, Phase
 from .reconcile.usage import NamespaceBudget, UsageLedger
 from .status import epoch_seconds
 
-PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+PHASES: tuple[str, ...] = get_args(Phase)
 PREFIX = "trainingsweep_"
 
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -288,10 +288,10 @@ class _StateCollector(Collector):
                 by_phase.add_metric([namespace, phase], tally.get((namespace, phase), 0))
         yield by_phase
 
-        phase = GaugeMetricFamily("trainingsweep_sweep_phase", STATE_GAUGES["trainingsweep_sweep_phase"], labels=["namespace", "sweep", "phase"])
+        phase_of = GaugeMetricFamily("trainingsweep_sweep_phase", STATE_GAUGES["trainingsweep_sweep_phase"], labels=["namespace", "sweep", "phase"])
         for s in sorted(sweeps, key=lambda s: (s.namespace, s.name)):
-            phase.add_metric([s.namespace, s.name, s.phase], 1)
-        yield phase
+            phase_of.add_metric([s.namespace, s.name, s.phase], 1)
+        yield phase_of
 
         queued = GaugeMetricFamily("trainingsweep_queued_sweeps", STATE_GAUGES["trainingsweep_queued_sweeps"], labels=["namespace"])
         for namespace in namespaces:
@@ -310,7 +310,7 @@ class _StateCollector(Collector):
 
         gpus = GaugeMetricFamily("trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"])
         budget = GaugeMetricFamily("trainingsweep_namespace_gpu_budget", STATE_GAUGES["trainingsweep_namespace_gpu_budget"], labels=["namespace"])
-        admitted = _Tally()
+        admitted: _Tally[str] = _Tally()
         for s in sweeps:
             admitted[s.namespace] += s.gpus
         for namespace in namespaces:

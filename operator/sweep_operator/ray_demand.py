@@ -55,8 +55,8 @@ def waiting_for(doc: Mapping[str, Any]) -> str | None:
     for demand in demands:
         hopeless = "; no node can hold it: the autoscaler must add one" if demand.get("infeasible") is True else ""
         if demand.get("kind") == "placementGroup":
-            age = _seconds(demand.get("pendingSeconds"))
-            since = f" pending {age:.0f}s" if age is not None else ""
+            waited = _seconds(demand.get("pendingSeconds"))
+            since = f" pending {waited:.0f}s" if waited is not None else ""
             strategy = f" {demand.get('strategy')}" if demand.get("strategy") else ""
             waits.append(f"placement group{strategy} of {_bundles_text(demand.get('bundles'))}{since}{hopeless}")
         else:

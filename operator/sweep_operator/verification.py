@@ -19,7 +19,7 @@ from datetime import date, datetime, timezone
 from typing import Any, Final, Protocol
 
 from sweep_contracts import s3_layout
-from sweep_contracts.checkpoint_manifest import FormatError, Manifest, ManifestEntry, load_json_object, missing_rank_manifests, parse_manifest
+from sweep_contracts.checkpoint_manifest import FormatError, Manifest, load_json_object, missing_rank_manifests, parse_manifest
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
@@ -665,7 +665,7 @@ def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[st
         return TrialFacts(objects)
     data = read_object(client, root.bucket, trial_prefix + s3_layout.SNAPSHOT_FILE)
     try:
-        snapshot: Snapshot | FormatError = parse_snapshot(data or b"")
+        snapshot = parse_snapshot(data or b"")
     except FormatError as exc:
         return TrialFacts(objects, exc)
     manifests: dict[str, dict[str, Manifest | FormatError]] = {}
@@ -906,9 +906,9 @@ def _verify(
                 if finding:
                     run.problems.append(finding)
 
-    if retention_future.exception() is not None:
-        exc = retention_future.exception()
-        detail = exc.detail if isinstance(exc, S3AccessError) else describe_s3_error(exc)  # type: ignore[arg-type]
+    unread = retention_future.exception()
+    if unread is not None:
+        detail = unread.detail if isinstance(unread, S3AccessError) else describe_s3_error(unread)
         # Retention only ever yields warnings, so not being allowed to read it must not block a deletion.
         run.warnings.append(Finding(RETENTION_UNKNOWN, "", f"could not read the versioning/lifecycle of bucket {root.bucket}: {detail}"))
     else:

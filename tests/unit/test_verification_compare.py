@@ -7,8 +7,9 @@ from datetime import date, datetime, timezone
 import pytest
 
 from sweep_operator import verification as v
+from sweep_contracts.checkpoint_manifest import ManifestEntry
 from sweep_contracts.s3_layout import S3Uri
-from sweep_operator.verification import Manifest, ManifestEntry, TrialObjects, assess_checkpoint, check_best_checkpoint, retention_findings
+from sweep_operator.verification import Manifest, TrialObjects, assess_checkpoint, check_best_checkpoint, retention_findings
 
 ROOT = S3Uri.parse("s3://bucket/sweeps/ns/digits-r1")
 DIR = "sweeps/ns/digits-r1/train/t1/checkpoint_epoch-000001/"

@@ -71,6 +71,8 @@ def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
 
     from sweep_contracts import constants
 
+    from ..kube import custom_object
+
     try:
         contexts, active = config.list_kube_config_contexts(config_file=found.get("kubeconfig"))
         if found.get("context"):
@@ -83,9 +85,9 @@ def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
         return EXIT_USAGE
     namespace = found.get("namespace") or (active or {}).get("context", {}).get("namespace") or "default"
     try:
-        return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        return custom_object(kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
             constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
-        )
+        ))
     except kubernetes.client.ApiException as exc:
         print(f"kubectl sweep: TrainingSweep {namespace}/{name}: {exc.reason} ({exc.status})", file=sys.stderr)
         return EXIT_FAILED
@@ -104,8 +106,7 @@ def _manifest_file(sweep: dict[str, Any]) -> str:
         "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)},
         "spec": sweep.get("spec") or {},
     }
-    handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="kubectl-sweep-", delete=False)
-    with handle:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="kubectl-sweep-", delete=False) as handle:
         yaml.safe_dump(doc, handle, sort_keys=False)
     return handle.name
 

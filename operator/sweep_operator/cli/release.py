@@ -114,9 +114,10 @@ def _who(core: Any, kube_user: str) -> str:
     try:
         from kubernetes import client
 
-        review = client.AuthenticationV1Api(core.api_client).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1",
-                                                                                           "kind": "SelfSubjectReview"})
-        name = review.status.user_info.username
+        review = client.AuthenticationV1Api(core.api_client).create_self_subject_review(
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
+        user = review.status.user_info if review.status else None
+        name = user.username if user else None
         if name:
             return str(name)
     except Exception:  # older servers and the sandbox's emulator have no SelfSubjectReview

@@ -314,10 +314,10 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     trial_spans = []
     for trial, rows in sorted(records.trial_results.items()):
         stamps = [(_finite(r.get("timestamp")), _finite(r.get("time_total_s")) or 0.0) for r in rows]
-        stamps = [(t, d) for t, d in stamps if t is not None]
-        if stamps:
-            first_t, first_total = stamps[0]
-            trial_spans.append(Span("trials", trial, first_t - first_total, stamps[-1][0], "trial"))
+        timed = [(t, d) for t, d in stamps if t is not None]
+        if timed:
+            first_t, first_total = timed[0]
+            trial_spans.append(Span("trials", trial, first_t - first_total, timed[-1][0], "trial"))
     run_start = min((s.start for s in trial_spans), default=None)
     spans: list[Span] = []
     if queued is not None:
@@ -401,7 +401,8 @@ def render_parameters(series: list[ParameterSeries], curves: Curves) -> bytes:
     count = max(1, len(series))
     fig, axes = plt.subplots(1, count, figsize=(4 * count, 3.6), squeeze=False)
     best = curves.best.trial if curves.best else None
-    for ax, s in zip(axes[0], series):
+    for ax, s in zip(axes[0], series, strict=False):  # no series still draws one (empty) axis
+        xs: list[float]
         if s.categorical:
             categories = sorted({str(p[0]) for p in s.points})
             xs = [categories.index(str(p[0])) for p in s.points]
@@ -497,8 +498,8 @@ def write_report(records: RunRecords, out: Path, now: float | None = None) -> Re
         "timeline.png": render_timeline(line),
     }
     figures = {}
-    for name, data in images.items():
-        (out / name).write_bytes(data)
+    for name, png in images.items():
+        (out / name).write_bytes(png)
         figures[name] = out / name
     data = figure_data(records, now)
     (out / DATA).write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -567,10 +568,12 @@ def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
 
     from sweep_contracts import constants
 
+    from ..kube import custom_object
+
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
-        sweep = api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
+        sweep = custom_object(api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name))
     except kubernetes.client.ApiException as exc:
         raise UsageError(f"TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status}); without the cluster, "
                          "pass the run root: --storage s3://bucket/prefix/<namespace>/<sweep>-<runId>") from None
@@ -580,7 +583,7 @@ def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
         events = kubernetes.client.CoreV1Api(api_client).list_namespaced_event(namespace).items
         names = {args.name, (sweep.get("status") or {}).get("rayJobName")}
         sweep["_events"] = [
-            {"time": (e.last_timestamp or e.event_time or e.first_timestamp).isoformat() if (e.last_timestamp or e.event_time or e.first_timestamp) else None,
+            {"time": when.isoformat() if (when := e.last_timestamp or e.event_time or e.first_timestamp) else None,
              "object": e.involved_object.name, "kind": e.involved_object.kind, "reason": e.reason, "message": e.message}
             for e in events if e.involved_object.name in names
         ]

@@ -88,10 +88,12 @@ def run(args: argparse.Namespace) -> int:
 
     from sweep_contracts import constants
 
+    from ..kube import custom_object
+
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
-        obj = api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
+        obj = custom_object(api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name))
     except kubernetes.client.ApiException as exc:
         print(f"sweepctl status: TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})", file=sys.stderr)
         return EXIT_FAILED

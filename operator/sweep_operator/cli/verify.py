@@ -100,7 +100,7 @@ def print_report(result: Any, out: TextIO) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     if len(rows) > 1:
         for row in rows:
-            out.write("  ".join(cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+            out.write("  ".join(cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
             out.write("\n")
         out.write("\n")
     bucket = result.root.split("/")[2]
