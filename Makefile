@@ -28,7 +28,7 @@ LINT_PYTHONPATH := operator:contracts:sandbox:.
 lint: setup
 	@rc=0; \
 	$(VENV)/bin/ruff check . || rc=1; \
-	$(VENV)/bin/ruff format --check . || rc=1; \
+	$(VENV)/bin/ruff format --check --output-format concise . || rc=1; \
 	$(VENV)/bin/mypy --config-file .mypy.ini -p sweep_operator -p sweep_contracts || rc=1; \
 	PYTHONPATH=$(LINT_PYTHONPATH) $(VENV)/bin/lint-imports --config .importlinter --no-cache || rc=1; \
 	$(PY) tools/check_suppressions.py || rc=1; \
