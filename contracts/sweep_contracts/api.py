@@ -282,6 +282,15 @@ class FailurePolicySpec(ApiModel):
     )
     trial_failures: int = Field(0, ge=-1, description="Tune FailureConfig.max_failures per trial.")
     job_retries: int = Field(0, ge=0, description="RayJob backoffLimit: whole-job retries, each on a new RayCluster.")
+    resume_on_cluster_loss: int = Field(
+        0,
+        ge=0,
+        le=10,
+        description="Opt-in: when the RayJob fails because its cluster was lost (KubeRay could not reach the head: "
+        "JobStatusCheckTimeoutExceeded, or the submitter lost a running job: SubmissionFailed) and jobRetries are "
+        "spent, resume the sweep by itself up to this many times (an Event each time), from the verified run root "
+        "with what was left of the attempt's deadline. 0: never.",
+    )
 
 
 class DeletionSpec(ApiModel):
@@ -293,6 +302,34 @@ class DeletionSpec(ApiModel):
     )
     retry_backoff_seconds: int = Field(30, ge=1, description="First wait before a failed verification is retried.")
     max_retry_backoff_seconds: int = Field(600, ge=1, description="Longest wait between verification retries.")
+
+
+class ResumeSpec(ApiModel):
+    generation: int = Field(
+        ...,
+        ge=1,
+        description="Raise by one to resume the ended sweep (DeadlineExceeded, Failed, BudgetExhausted; Succeeded "
+        "with tune.numSamples raised): the operator verifies the run root, then starts the next attempt on it "
+        "(`sweepctl resume NAME` makes the same change). It may only go up; status.resumedGeneration is the last "
+        "one acted on.",
+    )
+    active_seconds: int | None = Field(
+        None,
+        ge=30,
+        description="Deadline of each resumed attempt, in seconds from its start (never above maxActiveSeconds). "
+        "Unset: what was left of the last attempt's budget when it stopped.",
+    )
+
+
+# A LocalQueue / WorkloadPriorityClass name as a label value: a DNS-1123 subdomain of at most 63 characters.
+KUEUE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+
+
+def _kueue_name(value: str) -> str:
+    if not re.fullmatch(KUEUE_NAME_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kueue object name (lowercase letters, digits, '-' and '.'; "
+                         "example: team-a-gpu)")
+    return value
 
 
 class BudgetSpec(ApiModel):
@@ -310,17 +347,6 @@ class BudgetSpec(ApiModel):
         description="true: start even when the worst case exceeds what is left of the sweep's budget or its "
         "namespace's window, and run until the budget stops it.",
     )
-
-
-# A LocalQueue / WorkloadPriorityClass name as a label value: a DNS-1123 subdomain of at most 63 characters.
-KUEUE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
-
-
-def _kueue_name(value: str) -> str:
-    if not re.fullmatch(KUEUE_NAME_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kueue object name (lowercase letters, digits, '-' and '.'; "
-                         "example: team-a-gpu)")
-    return value
 
 
 class SweepSpec(ApiModel):
@@ -371,6 +397,12 @@ class SweepSpec(ApiModel):
         json_schema_extra={"pattern": KUEUE_NAME_PATTERN},
         description="Kueue mode: a Kueue WorkloadPriorityClass for the sweep's RayJob (label "
         "kueue.x-k8s.io/priority-class). Empty: Kueue's default priority.",
+    )
+    resume: ResumeSpec | None = Field(
+        None,
+        description="Continue an ended sweep on its run root (issue 16). Once the sweep has run, trainLoop, "
+        "paramSpace, storage.uri/endpointUrl/region and tune.metric/mode/searcher cannot change and "
+        "tune.numSamples (the total over all attempts) may only go up.",
     )
 
 
@@ -446,6 +478,50 @@ class GuardStatus(StatusModel):
     timeout_seconds: int | None = Field(None, description="spec.deletion.verificationTimeoutSeconds at admission.")
 
 
+class AttemptStatus(StatusModel):
+    attempt: int = Field(..., description="1 for the sweep's first RayJob, then one more per resume.")
+    ray_job_name: str | None = Field(None, description="The attempt's RayJob (<sweep>-<runId>, then -a<N>).")
+    trigger: str | None = Field(None, description="Initial, Resume (spec.resume.generation) or ClusterLoss "
+                                "(failurePolicy.resumeOnClusterLoss).")
+    generation: int | None = Field(None, description="spec.resume.generation that asked for it.")
+    started_at: str | None = Field(None, description="When the attempt started (RFC 3339).")
+    ended_at: str | None = Field(None, description="When it ended (RFC 3339); unset while it runs.")
+    outcome: str | None = Field(None, description="The phase it ended in (Succeeded, Failed, DeadlineExceeded, ...).")
+    reason: str | None = Field(None, description="The RayJob's failure reason (KubeRay status.reason), if any.")
+    active_seconds: int | None = Field(None, description="The attempt's own deadline, in seconds from its start.")
+    ran_seconds: int | None = Field(None, description="Seconds it ran (endedAt - startedAt).")
+    deadline_at: str | None = Field(None, description="Its deadline (RFC 3339).")
+    num_samples: int | None = Field(None, description="tune.numSamples (the total over all attempts) it ran with.")
+    checkpoints_at_start: int | None = Field(None, description="Checkpoints verified before it started.")
+    checkpoints_verified: int | None = Field(None, description="Checkpoints verified at its end.")
+
+
+class LastResumeStatus(StatusModel):
+    attempt: int = Field(..., description="The attempt the resume started, or would have started.")
+    trigger: str | None = Field(None, description="Resume or ClusterLoss.")
+    generation: int | None = Field(None, description="spec.resume.generation it answers.")
+    outcome: str | None = Field(None, description="Started, Refused (the run root is not verified) or NotResumable.")
+    message: str | None = Field(None, description="Why, in words.")
+    missing: list[str] | None = Field(None, description="What the verifier found missing or wrong (kind and key).")
+    decided_at: str | None = Field(None, description="When (RFC 3339).")
+
+
+class KueueStatus(StatusModel):
+    local_queue: str | None = Field(None, description="The LocalQueue the sweep's RayJob is queued in.")
+    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted it (while admitted).")
+    workload: str | None = Field(None, description="The Kueue Workload of the RayJob.")
+    state: str | None = Field(None, description="WaitingForWorkload, Queued, Admitted, Preempted or Finished.")
+    summary: str | None = Field(None, description="The printer column's text, e.g. Queued (Kueue: team-a-gpu); "
+                                "status.message adds Kueue's own admission message.")
+    admitted_seconds: int | None = Field(None, description="Seconds admitted, over the closed admitted intervals: the "
+                                         "sweep deadline counts only while Kueue admits it.")
+    admitted_since: str | None = Field(None, description="Start of the current admission (RFC 3339); unset while "
+                                       "queued or preempted (the deadline is paused).")
+    first_admitted_at: str | None = Field(None, description="The first admission (RFC 3339).")
+    admissions: int | None = Field(None, description="How many times Kueue admitted it.")
+    preemptions: int | None = Field(None, description="How many times Kueue took the admission back (evicted it).")
+
+
 class PodIntervalStatus(StatusModel):
     pod: str = Field(..., description="The pod's uid (its name where no uid was seen); merged:<uid> for merged entries.")
     name: str | None = Field(None, description="The pod's name, where it differs from pod.")
@@ -486,22 +562,6 @@ class UsageStatus(StatusModel):
     namespace: NamespaceUsageStatus | None = Field(None, description="The namespace's GPU-hour window, when it has a budget.")
 
 
-class KueueStatus(StatusModel):
-    local_queue: str | None = Field(None, description="The LocalQueue the sweep's RayJob is queued in.")
-    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted it (while admitted).")
-    workload: str | None = Field(None, description="The Kueue Workload of the RayJob.")
-    state: str | None = Field(None, description="WaitingForWorkload, Queued, Admitted, Preempted or Finished.")
-    summary: str | None = Field(None, description="The printer column's text, e.g. Queued (Kueue: team-a-gpu); "
-                                "status.message adds Kueue's own admission message.")
-    admitted_seconds: int | None = Field(None, description="Seconds admitted, over the closed admitted intervals: the "
-                                         "sweep deadline counts only while Kueue admits it.")
-    admitted_since: str | None = Field(None, description="Start of the current admission (RFC 3339); unset while "
-                                       "queued or preempted (the deadline is paused).")
-    first_admitted_at: str | None = Field(None, description="The first admission (RFC 3339).")
-    admissions: int | None = Field(None, description="How many times Kueue admitted it.")
-    preemptions: int | None = Field(None, description="How many times Kueue took the admission back (evicted it).")
-
-
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
@@ -533,4 +593,8 @@ class SweepStatus(StatusModel):
     message: str | None = Field(None, description="Latest human-readable message.")
     observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
     conditions: list[Condition] | None = Field(None, description="Kubernetes-style conditions.")
+    attempts: list[AttemptStatus] | None = Field(None, description="Every RayJob of the run, oldest first (resumes).")
+    total_ran_seconds: int | None = Field(None, description="Seconds all attempts ran (the sum of attempts[].ranSeconds).")
+    resumed_generation: int | None = Field(None, description="The last spec.resume.generation the operator acted on.")
+    last_resume: LastResumeStatus | None = Field(None, description="The operator's last resume decision.")
     kueue: KueueStatus | None = Field(None, description="Kueue mode: where Kueue has the sweep's RayJob (docs/kueue.md).")

@@ -22,6 +22,8 @@ from pydantic.fields import FieldInfo
 from sweep_contracts import constants
 from sweep_contracts.api import SweepSpec, SweepStatus
 
+from .validation import RESUME_RULES
+
 # Kubernetes' own quantity pattern (k8s.io/apimachinery resource.Quantity).
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -242,6 +244,8 @@ def build_crd() -> dict[str, Any]:
             "spec": spec_schema,
             "status": status_schema,
         },
+        # At the root, beside spec: these rules read status.runId and status.phase (resume, issue 16).
+        "x-kubernetes-validations": [rule.cel() for rule in RESUME_RULES],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -323,6 +327,8 @@ def render_reference_markdown() -> str:
     walk(openapi_schema()["properties"]["spec"], "spec")
     lines += ["", "Cross-field rules the API server enforces (CEL):", ""]
     lines += [f"- `{rule['rule']}`: {rule['message']}" for rule in SPEC_RULES]
+    lines += ["", "Rules on the whole object (CEL; `oldSelf` rules apply to updates): what a resume may not change:", ""]
+    lines += [f"- `{rule.field}`: {rule.message} (`{rule.rule}`)" for rule in RESUME_RULES]
     lines += ["", "Printer columns (`kubectl get tsw`): " + ", ".join(c["name"].upper() for c in PRINTER_COLUMNS), ""]
     return "\n".join(lines)
 

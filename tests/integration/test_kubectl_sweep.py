@@ -125,8 +125,8 @@ def test_sweep_verify_render_validate_and_resume(world: World) -> None:
     assert rayjob["kind"] == "RayJob" and rayjob["metadata"]["name"] == f"{world.name}-rep001"
     validate = world.kubectl("sweep", "validate", world.name)
     assert validate.returncode == 0, validate.stdout + validate.stderr
-    resume = world.kubectl("sweep", "resume", world.name)
-    assert resume.returncode == 2 and "not yet supported" in resume.stderr
+    resume = world.kubectl("sweep", "resume", world.name)  # sweepctl resume: a Succeeded sweep needs more samples
+    assert resume.returncode == 2 and "pass --num-samples above" in resume.stderr, resume.stderr
     unknown = world.kubectl("sweep", "delete", world.name)
     assert unknown.returncode == 2 and "unknown verb" in unknown.stderr
 

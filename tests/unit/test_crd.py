@@ -27,6 +27,8 @@ UNSET_MEANS_SOMETHING = {
     "checkpoints.scoreOrder",
     "deadlines.activeSeconds",
     "budget.gpuHours",  # unset: no sweep budget (the namespace's still applies)
+    "resume",  # unset: no resume asked for (issue 16)
+    "resume.activeSeconds",  # unset: the remainder of the last attempt's budget
 }
 
 

@@ -54,6 +54,23 @@ def spec_corpus() -> list[Any]:
     return specs
 
 
+def object_corpus() -> list[Any]:
+    """Whole TrainingSweeps for the rules at the CRD's root (they read status.runId and status.phase: resume, issue
+    16): specs of `spec_corpus`, with and without spec.resume, before a run, while it runs and after it ended."""
+    statuses: list[Any] = [None, {"runId": "r1abcd", "phase": "Running"}, {"runId": "r1abcd", "phase": "DeadlineExceeded"}]
+    resumes: list[Any] = [None, {"generation": 1, "activeSeconds": 3600}, {"generation": 2}, {"generation": 1, "activeSeconds": 60}]
+    objects = []
+    for index, (spec, status, resume) in enumerate(itertools.product(spec_corpus()[:3], statuses, resumes)):
+        spec = {**spec, "tune": {**spec["tune"], "numSamples": 4 + index % 3}}
+        if resume is not None:
+            spec["resume"] = resume
+        doc = {"apiVersion": "sweeps.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "s"}, "spec": spec}
+        if status is not None:
+            doc["status"] = status
+        objects.append(doc)
+    return objects
+
+
 def rules_of_loaded_crds() -> list[tuple[str, str, str]]:
     """(where, schema type of the rule's node, rule) for every rule of every CRD the emulator loads."""
     found = []
@@ -95,10 +112,14 @@ def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str,
     program = compile_fast(rule)
     assert program is not None
     cel = CelCompiler()
-    corpus = spec_corpus() if where.startswith("trainingsweeps") else VALUES
+    corpus = (object_corpus() if where == "trainingsweeps.sweeps.dev:" else
+              spec_corpus() if where.startswith("trainingsweeps") else VALUES)
     corpus = [v for v in corpus if _json_type(v) == node_type or (node_type == "number" and _json_type(v) == "integer")]
     assert corpus, (where, node_type)
-    for value, old in itertools.product(corpus, [None, *corpus[:3]]):
+    # A transition rule runs only with a correlated old value (cel/validation.go), so never without oldSelf.
+    sample = corpus[::5][:6] if where == "trainingsweeps.sweeps.dev:" else corpus[:3]  # ran and not, resumed and not
+    olds = [*sample] if "oldSelf" in rule else [None, *sample]
+    for value, old in itertools.product(corpus, olds):
         env = {"self": value} if old is None else {"self": value, "oldSelf": old}
         assert outcome_fast(program, env) == outcome_celpy(cel, rule, env), (rule, value, old)
 

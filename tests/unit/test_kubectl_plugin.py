@@ -34,9 +34,10 @@ def test_validate_and_render_of_a_file_need_no_cluster() -> None:
     assert sweepctl_argv("render", {}, ["--filename=sweep.yaml", "--run-id", "r1"]) == ["render", "--filename=sweep.yaml", "--run-id", "r1"]
 
 
-def test_resume_is_not_yet_supported_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["resume", "digits"]) == 2
-    assert "not yet supported" in capsys.readouterr().err
+def test_resume_runs_sweepctl_resume_with_the_connection() -> None:
+    found, rest = _split_globals(["digits", "-n", "ml", "--active-seconds", "3600", "--num-samples", "12"])
+    assert sweepctl_argv("resume", found, rest) == ["resume", "digits", "--namespace", "ml", "--active-seconds", "3600",
+                                                     "--num-samples", "12"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -206,3 +206,118 @@ def test_bad_limits_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureFix
     manifest.write_text(yaml.safe_dump(gpu_sweep()))
     assert sweepctl(["validate", "-f", str(manifest), "--limits", str(limits)]) == 2
     assert "maxGpusPerSwep" in capsys.readouterr().err
+
+
+# ---- resume (issue 16): edits that make no sense for a resume are refused by the API server (CEL rules at the CRD's
+# root) and by the webhook (validation.transition_problems), with the same message naming the field.
+
+RAN = {"status": {"runId": "r1abcd", "phase": "DeadlineExceeded"}}
+
+REFUSED_EDITS: list[tuple[str, dict[str, Any], str, str]] = [
+    ("another train loop", {"spec.trainLoop": "training_entrypoints.loops.other:train_loop"}, "spec.trainLoop",
+     "cannot change once the sweep has run"),
+    ("another param space", {"spec.paramSpace.hidden": {"choice": [64, 256]}}, "spec.paramSpace", "cannot change"),
+    ("another storage uri", {"spec.storage.uri": "s3://bucket/elsewhere"}, "spec.storage.uri", "cannot change"),
+    ("another endpoint", {"spec.storage.endpointUrl": "http://minio:9000"}, "spec.storage.endpointUrl", "cannot change"),
+    ("another region", {"spec.storage.region": "eu-west-1"}, "spec.storage.region", "cannot change"),
+    ("another metric", {"spec.tune.metric": "val_acc", "spec.checkpoints.scoreAttribute": "val_acc"},
+     "spec.tune.metric", "cannot change"),
+    ("another mode", {"spec.tune.mode": "max", "spec.checkpoints.scoreOrder": "max"}, "spec.tune.mode", "cannot change"),
+    ("another searcher", {"spec.tune.searcher": {"type": "random", "seed": 7}}, "spec.tune.searcher", "cannot change"),
+    ("fewer samples", {"spec.tune.numSamples": 4}, "spec.tune.numSamples", "cannot go down once the sweep has run"),
+]
+
+
+def crd_schema() -> Any:
+    from sweep_sandbox import emulator
+
+    return emulator.compiled_schema("TrainingSweep", "sweeps.dev", emulator.sweep_crd()["spec"]["versions"][0])
+
+
+def api_server_errors(new: dict[str, Any], old: dict[str, Any] | None) -> list[str]:
+    """What the strict API emulator answers (defaulted as the apiserver decodes both)."""
+    import copy
+
+    schema = crd_schema()
+    new, old = copy.deepcopy(new), copy.deepcopy(old)
+    schema.decode(new)
+    if old is not None:
+        schema.decode(old)
+    return [str(e) for e in schema.errors(new, old)]
+
+
+@pytest.mark.parametrize(("case", "changes", "path", "text"), REFUSED_EDITS, ids=[c[0] for c in REFUSED_EDITS])
+def test_a_resume_refuses_edits_to_what_defines_the_run(case: str, changes: dict[str, Any], path: str, text: str) -> None:
+    from sweep_operator.validation import transition_problems
+
+    old = changed(gpu_sweep(), RAN)
+    new = changed(old, {**changes, "spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    webhook = [p for p in transition_problems(new, old) if p.path == path]
+    assert len(webhook) == 1 and text in webhook[0].message, transition_problems(new, old)
+    api = api_server_errors(new, old)
+    assert f'{path}: Invalid value: "object": {webhook[0].message}' in api, api  # the same words on both paths
+    # Before the sweep ever ran the same edit is fine: there is no run root to keep.
+    fresh = changed(gpu_sweep(), {**changes, "status": {"phase": "Invalid"}})
+    assert transition_problems(changed(fresh, changes), changed(gpu_sweep(), {"status": {"phase": "Invalid"}})) == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"spec.resume": {"generation": 1}},
+        {"spec.resume": {"generation": 1, "activeSeconds": 7200}, "spec.tune.numSamples": 12},
+        {"spec.resume": {"generation": 1}, "spec.image": "registry.example/train:2", "spec.trial.workers": 1},
+    ],
+    ids=["resume", "more time and samples", "resume with another image"],
+)
+def test_a_resume_of_an_ended_sweep_is_admitted(changes: dict[str, Any]) -> None:
+    from sweep_operator.validation import transition_problems
+
+    old = changed(gpu_sweep(), RAN)
+    new = changed(old, changes)
+    assert transition_problems(new, old) == [] and api_server_errors(new, old) == []
+    assert validate_sweep(new) == []
+
+
+@pytest.mark.parametrize("phase", [None, "Pending", "Queued", "Starting", "Running", "Suspended", "Invalid"])
+def test_a_resume_of_a_sweep_that_has_not_ended_is_refused_saying_its_phase(phase: str | None) -> None:
+    from sweep_operator.validation import transition_problems
+
+    old = changed(gpu_sweep(), {"status": {"phase": phase}} if phase else {})
+    new = changed(old, {"spec.resume": {"generation": 1}})
+    (problem,) = transition_problems(new, old)
+    assert problem.path == "spec.resume.generation" and problem.message.endswith(f"this sweep is {phase or 'Pending'}")
+    assert f'spec.resume.generation: Invalid value: "object": {problem.message}' in api_server_errors(new, old)
+
+
+@pytest.mark.parametrize(
+    ("old_resume", "new_resume"),
+    [({"generation": 2}, {"generation": 1}), ({"generation": 2}, None)],
+    ids=["generation lowered", "resume removed"],
+)
+def test_the_resume_generation_only_goes_up(old_resume: dict[str, Any], new_resume: dict[str, Any] | None) -> None:
+    from sweep_operator.validation import transition_problems
+
+    old = changed(gpu_sweep(), {**RAN, "spec.resume": old_resume})
+    new = changed(old, {"spec.resume": new_resume if new_resume is not None else DELETE})
+    (problem,) = transition_problems(new, old)
+    assert problem.path == "spec.resume" and "may only go up" in problem.message
+    assert f'spec.resume: Invalid value: "object": {problem.message}' in api_server_errors(new, old)
+
+
+def test_resume_active_seconds_must_fit_the_startup_and_graceful_windows_and_the_cap() -> None:
+    from sweep_operator.settings import OperatorLimits
+
+    short = changed(gpu_sweep(), {"spec.resume": {"generation": 1, "activeSeconds": 240}})  # startup 1800, graceful 300
+    problems = validate_sweep(short)
+    assert [p.path for p in problems] == ["spec.resume.activeSeconds"] * 2
+    assert {p.message for p in problems} == {"must be more than spec.deadlines.startupSeconds",
+                                              "must be more than spec.deadlines.gracefulStopSeconds"}
+    assert sorted(api_server_errors(short, None)) == sorted(
+        f'spec.resume.activeSeconds: Invalid value: "object": {p.message}' for p in problems)
+    long = changed(gpu_sweep(), {"spec.resume": {"generation": 1, "activeSeconds": 90_000}})
+    (problem,) = validate_sweep(long, OperatorLimits(max_active_seconds=86_400, default_active_seconds=3600))
+    assert problem.path == "spec.resume.activeSeconds" and "exceeds maxActiveSeconds 86400s" in problem.message
+    assert validate_sweep(changed(gpu_sweep(), {"spec.resume": {"generation": 0}}))[0].path == "spec.resume.generation"
+    assert validate_sweep(changed(gpu_sweep(), {"spec.failurePolicy.resumeOnClusterLoss": -1}))[0].path == \
+        "spec.failurePolicy.resumeOnClusterLoss"

@@ -15,7 +15,7 @@ from typing import Sequence
 from .common import EXIT_USAGE, UsageError
 
 # Subcommand modules, in the order `sweepctl --help` lists them.
-COMMAND_MODULES = ("validate", "render", "verify", "run_local", "sandbox", "status", "report", "release")
+COMMAND_MODULES = ("validate", "render", "verify", "run_local", "sandbox", "status", "report", "release", "resume")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ verbs:
   status NAME     phase, trials, best trial, checkpoints and conditions of a TrainingSweep
   report NAME     learning curves, hyper-parameters and timeline: report.html + PNGs (--out DIR)
   verify NAME     verify the sweep's checkpoints in S3 (its run root, endpoint and region from its status)
-  resume NAME     resume a run from its checkpoints (not yet supported)
+  resume NAME     continue an ended sweep from its verified checkpoints (--active-seconds N, --num-samples N)
   validate NAME   check the live TrainingSweep (or -f FILE) offline: schema, semantics, caps, bundle fit
   render NAME     the RayJob the operator renders for the live TrainingSweep (or -f FILE)
 
@@ -113,13 +113,11 @@ def _manifest_file(sweep: dict[str, Any]) -> str:
 
 def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str] | int:
     """The sweepctl command line a plugin verb runs (an exit code when it needs no sweepctl run)."""
-    if verb == "resume":
-        print("kubectl sweep resume: not yet supported (resuming a run from its checkpoints is a later issue); "
-              "re-create the sweep to start a new run", file=sys.stderr)
-        return EXIT_USAGE
     if not rest:
         return _usage_error(f"{verb}: name a TrainingSweep")
     name, options = rest[0], rest[1:]
+    if verb in ("status", "resume"):  # resume: the same code as `sweepctl resume` (cli/resume.py)
+        return [verb, name, *_connection_flags(found), *options]
     if verb == "status":
         return ["status", name, *_connection_flags(found), *options]
     if verb == "report":
