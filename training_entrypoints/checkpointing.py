@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from sweep_operator import checkpoint_manifest, s3_layout
+from sweep_contracts import checkpoint_manifest
+from sweep_contracts import s3_layout
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -121,7 +122,7 @@ def write_manifest(
     files: list[str] | None = None,
     sharded: bool = False,
 ) -> dict[str, Any]:
-    """Write the manifest (`sweep_operator.checkpoint_manifest`) of `directory` into it and return the document.
+    """Write the manifest (`sweep_contracts.checkpoint_manifest`) of `directory` into it and return the document.
 
     `files` (relative paths) defaults to every file in the directory except manifests; `world_size` defaults to the
     running world's. A sharded save (`sharded=True`: each rank writes its own files) gets a per-rank manifest name
@@ -179,6 +180,17 @@ def manifest_problems(directory: str | Path, *, ranks: Iterable[int] | None = No
             elif _sha256(path) != entry.sha256:
                 problems.append(f"{entry.path}: sha256 differs from the manifest")
     return problems
+
+
+def state_dict_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over a state dict's names, dtypes, shapes and values: the same for a model's weights in memory and for
+    the `model.pt` they were loaded from, so a restore can be shown to have loaded exactly the saved weights (R7)."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 # -------------------------------------------------------------------------------------- save / load

@@ -12,11 +12,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Tuple
+from typing import Any, Callable, Iterable, Mapping, Tuple
 
 from ray.tune import Callback
 
-from sweep_operator.s3_layout import RunLayout
+from sweep_contracts.s3_layout import RunLayout
 
 from . import storage
 from .trainable import CONTEXT_KEY
@@ -79,10 +79,13 @@ def status_document(
     *,
     phase: str = "Running",
     pending: dict[str, Any] | None = None,
+    attempt_facts: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`_sweep/status.json`. `trialResults` names every trial's latest checkpoint: the verifier reads it to know
-    which trials must have checkpoints even when their train/ directory is gone; `pending` says what Ray waits for."""
+    which trials must have checkpoints even when their train/ directory is gone; `pending` says what Ray waits for;
+    `attempt_facts` (`attempt`, `attempts[]`: training_entrypoints.resume) which attempt of the run wrote it."""
     document: dict[str, Any] = {
+        **(attempt_facts or {}),
         "phase": phase,
         "trials": trial_counts(trials),
         "bestTrial": best_trial(trials, metric, mode),
@@ -227,10 +230,13 @@ def result_document(
     *,
     run: dict[str, str],
     deadline_reached: bool = False,
+    attempt_facts: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The final file: best trial (its checkpoint a full URI), counts, every trial, errors, finishedAt."""
+    """The final file: best trial (its checkpoint a full URI), counts, every trial, errors, finishedAt; over every
+    trial of every attempt (a resumed run's Tune experiment holds them all), with `attempt_facts` as in the status."""
     return {
         **run,
+        **(attempt_facts or {}),
         "bestTrial": best_trial(trials, metric, mode),
         "trials": trial_counts(trials),
         "trialResults": [
@@ -278,8 +284,10 @@ class SweepProgressCallback(Callback):
         interval_s: float = STATUS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         demand_reader: DemandReader | None = read_ray_demand,
+        attempt_facts: Mapping[str, Any] | None = None,
     ):
         self.layout = layout
+        self.attempt_facts = dict(attempt_facts or {})
         self.metric = metric
         self.mode = mode
         self.interval_s = interval_s
@@ -332,7 +340,7 @@ class SweepProgressCallback(Callback):
         if self._writer is not None and self._writer.is_alive():
             return
         now = self._last_write = self._clock()
-        document = status_document(self.summaries(), self.metric, self.mode)
+        document = status_document(self.summaries(), self.metric, self.mode, attempt_facts=self.attempt_facts)
         pending = self.pending_trials(self.trials, now)
         self._writer = threading.Thread(target=self._write, args=(document, pending, now), name="sweep-status", daemon=True)
         self._writer.start()

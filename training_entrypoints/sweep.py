@@ -6,7 +6,6 @@ exits 1 after writing its result file; a sweep stopped by its deadline exits 0 w
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import sys
@@ -14,12 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from sweep_operator import constants, s3_layout
-from sweep_operator.problems import SpecError
-from sweep_operator.runspec import RunSpec, deadline_from_env
+from sweep_contracts import constants
+from sweep_contracts import s3_layout
+from sweep_contracts.problems import SpecError
+from sweep_contracts.runspec import RunSpec, deadline_from_env
 
-from . import preflight, storage
-from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document
+from . import preflight, resume, storage
+from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
+from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
 from .trainable import load_train_loop, make_trial_driver, trial_driver_resources, worker_resources
 
@@ -31,18 +32,12 @@ EXIT_INPUT = 2
 _TRUE = ("1", "true", "yes")
 
 
-class RunMode(enum.Enum):
-    """What to do with the run root (R16): each run has its own prefix; reusing one is a recovery, said out loud."""
-
-    NEW = "new"
-    RESUME = "resume"  # a RayJob retry of this run: Tune restores its experiment, Train its snapshots
-    FINISHED = "finished"  # result.json exists: refuse to overwrite a finished run
-
-
-def decide_run_mode(has_result: bool, has_experiment: bool) -> RunMode:
-    if has_result:
-        return RunMode.FINISHED
-    return RunMode.RESUME if has_experiment else RunMode.NEW
+def decide_run_mode(
+    has_result: bool, has_experiment: bool, *, attempt: int = 1, result_attempt: int | None = None
+) -> RunMode:
+    """New, resume or finished (R16): `resume.decide_run_mode` with `result_attempt` defaulting to 1 for a result
+    file that names none (one from before attempts were recorded)."""
+    return resume.decide_run_mode(attempt, has_experiment, (result_attempt or 1) if has_result else None)
 
 
 def require_train_v2() -> None:
@@ -66,6 +61,11 @@ class SweepPlan:
     searcher: Any
     scheduler: Any
     deadline_at: float | None
+
+    @property
+    def attempt(self) -> int:
+        """Attempt N of the run (the run spec's `attempt`); N > 1 continues an ended sweep on the same run root."""
+        return self.run_spec.attempt
 
 
 def plan_sweep(env: Mapping[str, str], *, load_user_code: bool = True) -> SweepPlan:
@@ -174,14 +174,66 @@ def resource_diagnosis(run_spec: RunSpec, cluster: Mapping[str, float], driver: 
 
 
 def current_run_mode(run_spec: RunSpec) -> RunMode:
-    """Look at the run root: nothing there (new), a Tune experiment (resume) or a result file (finished)."""
+    """Look at the run root: nothing there (new), a Tune experiment (resume), or a result file this attempt wrote
+    (finished); attempt N > 1 continues the experiment an earlier attempt ended, and refuses a run root without one."""
     from ray import tune
 
     layout = run_spec.layout
-    return decide_run_mode(storage.exists(layout.result_path), tune.Tuner.can_restore(layout.tune_dir))
+    result = storage.read_json(layout.result_path)
+    return decide_run_mode(
+        result is not None,
+        tune.Tuner.can_restore(layout.tune_dir),
+        attempt=run_spec.attempt,
+        result_attempt=resume.document_attempt(result),
+    )
 
 
-def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
+@dataclass
+class AttemptLedger:
+    """This attempt's record and the earlier ones, as every status and result document of the attempt carries them."""
+
+    attempt: int
+    earlier: list[dict[str, Any]]
+    record: dict[str, Any]
+
+    def facts(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "attempts": resume.with_attempt(self.earlier, self.record)}
+
+
+def restore_tuner(plan: SweepPlan, trainable: Any, progress: SweepProgressCallback, budget: float | None) -> tuple[Any, resume.ContinuePlan]:
+    """Tuner.restore of the run's experiment, set up to continue rather than restart (training_entrypoints.resume).
+
+    Finished trials stay as they are; unfinished trials and those the deadline stopped resume from their last
+    committed checkpoint (same trial id, so Train finds its snapshot); errored trials are resumed from theirs too
+    (`resume_errored`, never `restart_errored`: a restart would throw away the checkpoints the guard kept and give the
+    trial a new id, orphaning train/<old id>), with `failurePolicy.trialFailures` retries again. Tune restores the
+    searcher's state, so it does not suggest what it already ran, and the sample count is raised to the run spec's."""
+    from ray import tune
+
+    run_spec = plan.run_spec
+    spec, layout = run_spec.spec, run_spec.layout
+    continued = resume.prepare_experiment(layout.tune_dir)
+    tuner = tune.Tuner.restore(
+        layout.tune_dir, trainable=trainable, resume_unfinished=True, resume_errored=True, restart_errored=False
+    )
+    # Tuner.restore has no tune_config or run_config argument in 2.58: the restored Tuner keeps the first attempt's.
+    internal = tuner._local_tuner
+    # The sweep's clock for this attempt (SWEEP_DEADLINE_AT) decides the budget; the old stopper was dropped above.
+    internal._tune_config.time_budget_s = budget
+    internal._tune_config.search_alg = resume.continuing_search(
+        internal._tune_config.search_alg,
+        num_samples=spec.tune.num_samples,
+        continued=continued.continued,
+        max_concurrent_trials=internal._tune_config.max_concurrent_trials,
+    )
+    internal._tune_config.max_concurrent_trials = None  # already applied by continuing_search (a ConcurrencyLimiter)
+    # This attempt's progress callback (its attempt facts), not the pickled one of the first attempt.
+    callbacks = [c for c in (internal._run_config.callbacks or []) if not isinstance(c, SweepProgressCallback)]
+    internal._run_config.callbacks = [*callbacks, progress]
+    return tuner, continued
+
+
+def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = None) -> int:
     """Run the Tuner on the connected Ray cluster and write the result file; the exit code."""
     import ray
     from ray import tune
@@ -189,24 +241,30 @@ def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
 
     run_spec = plan.run_spec
     spec, layout = run_spec.spec, run_spec.layout
+    ledger = ledger or AttemptLedger(plan.attempt, [], resume.attempt_record(
+        plan.attempt, started_at=utc_now(), deadline_at=plan.deadline_at, num_samples=spec.tune.num_samples))
     budget = time_budget_s(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
     if budget is not None and budget <= 0:
-        print(f"sweep: the deadline {plan.deadline_at:.0f} leaves no time to train (gracefulStopSeconds "
-              f"{spec.deadlines.graceful_stop_seconds})", file=sys.stderr)
+        message = (f"the deadline {plan.deadline_at:.0f} leaves no time to train (gracefulStopSeconds "
+                   f"{spec.deadlines.graceful_stop_seconds})")
+        print(f"sweep: {message}", file=sys.stderr)
+        _record_failure(plan, ledger, message)
         return EXIT_FAILED
 
     cluster = ray.cluster_resources()
     driver_resources = trial_driver_resources(cluster)
     trainable = tune.with_resources(make_trial_driver(run_spec), driver_resources)
-    progress = SweepProgressCallback(layout, spec.tune.metric, spec.tune.mode)
+    progress = SweepProgressCallback(layout, spec.tune.metric, spec.tune.mode, attempt_facts=ledger.facts())
+    known: tuple[str, ...] = ()
     if mode is RunMode.RESUME:
-        logger.warning("recovering run %s from %s (a retry of this run, R16)", run_spec.run_id, layout.tune_dir)
-        tuner = tune.Tuner.restore(layout.tune_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        # A restored Tuner keeps its first TuneConfig, whose budget would restart from now; the sweep's one clock
-        # (SWEEP_DEADLINE_AT) decides instead. Tuner.restore has no tune_config argument in 2.58.
-        internal = getattr(tuner, "_local_tuner", None)
-        if internal is not None and budget is not None:
-            internal._tune_config.time_budget_s = budget
+        logger.warning(
+            "recovering run %s from %s (attempt %d: %s, R16)", run_spec.run_id, layout.tune_dir, plan.attempt,
+            "a resume of the ended run" if ledger.earlier else "a retry of this attempt",
+        )  # fmt: skip
+        tuner, continued = restore_tuner(plan, trainable, progress, budget)
+        known = continued.known
+        ledger.record = {**ledger.record, "resumedTrials": sorted(continued.continued)}
+        progress.attempt_facts = ledger.facts()
     else:
         logger.info("new run %s under %s", run_spec.run_id, layout.root)
         tuner = tune.Tuner(
@@ -233,12 +291,20 @@ def run_sweep(plan: SweepPlan, mode: RunMode) -> int:
     results = tuner.fit()
     deadline_reached = deadline_was_reached(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
 
+    # Every trial of every attempt: the restored experiment holds them all, so the best is chosen over all of them.
     summaries = final_summaries(results, run_spec)
-    run_info = {"namespace": run_spec.namespace, "sweep": run_spec.sweep, "runId": run_spec.run_id}
-    document = result_document(summaries, spec.tune.metric, spec.tune.mode, run=run_info, deadline_reached=deadline_reached)
     failed = [s for s in summaries if s.error]
     phase = "Failed" if failed else ("DeadlineExceeded" if deadline_reached else "Succeeded")
-    storage.write_json(layout.status_path, status_document(summaries, spec.tune.metric, spec.tune.mode, phase=phase))
+    ledger.record = resume.finish_record(
+        ledger.record, ended_at=utc_now(), phase=phase, new_trials=[s.id for s in summaries if s.id not in set(known)]
+    )
+    facts = ledger.facts()
+    run_info = {"namespace": run_spec.namespace, "sweep": run_spec.sweep, "runId": run_spec.run_id}
+    document = result_document(
+        summaries, spec.tune.metric, spec.tune.mode, run=run_info, deadline_reached=deadline_reached, attempt_facts=facts
+    )
+    status = status_document(summaries, spec.tune.metric, spec.tune.mode, phase=phase, attempt_facts=facts)
+    storage.write_json(layout.status_path, status)
     storage.write_json(layout.result_path, document)
     _print_summary(document, layout.result_path)
     if failed:
@@ -296,24 +362,33 @@ def main(env: Mapping[str, str] | None = None) -> int:
         preflight.check_run_root(run_root)
     except preflight.PreflightError as exc:
         return _preflight_failed(run_root, exc)
+    mode = current_run_mode(plan.run_spec)
+    if mode is RunMode.FINISHED:
+        print(
+            f"sweep: run {plan.run_spec.run_id} attempt {plan.attempt} already finished "
+            f"({plan.run_spec.layout.result_path} exists); a new run needs a new run id, a resume a higher attempt (R16)",
+            file=sys.stderr,
+        )
+        return EXIT_INPUT
     # The run's status exists before any user code runs: the checkpoint guard reads "no checkpoint reported" from
     # it, and a trainLoop that fails at import then never leaves a cluster held for nothing.
-    first_attempt = _record_start(plan)
+    ledger, wrote_start = _record_start(plan)
     try:
         load_train_loop(plan.run_spec.spec.train_loop)
     except (EntrypointError, SpecError, ValueError) as exc:
         for line in str(exc).splitlines():
             print(f"sweep: {line}", file=sys.stderr)
-        if first_attempt:
-            _record_failure(plan, str(exc))
+        if wrote_start:
+            _record_failure(plan, ledger, str(exc))
         return EXIT_INPUT
-    mode = current_run_mode(plan.run_spec)
-    if mode is RunMode.FINISHED:
-        print(
-            f"sweep: run {plan.run_spec.run_id} already finished ({plan.run_spec.layout.result_path} exists); "
-            "a new run needs a new run id (R16)",
-            file=sys.stderr,
+    if mode is RunMode.NOTHING_TO_RESUME:
+        message = (
+            f"attempt {plan.attempt} resumes run {plan.run_spec.run_id}, but {plan.run_spec.layout.tune_dir} holds no "
+            "Tune experiment to continue (R16)"
         )
+        print(f"sweep: {message}", file=sys.stderr)
+        if wrote_start:
+            _record_failure(plan, ledger, message)
         return EXIT_INPUT
     import ray
 
@@ -323,24 +398,45 @@ def main(env: Mapping[str, str] | None = None) -> int:
             preflight.check_gpu_workers(plan.run_spec)
         except preflight.PreflightError as exc:
             return _preflight_failed(run_root, exc)
-        return run_sweep(plan, mode)
+        return run_sweep(plan, mode, ledger)
     finally:
         ray.shutdown()
 
 
-def _record_start(plan: SweepPlan) -> bool:
-    """Write `_sweep/status.json` (no trial yet) unless an earlier attempt of this run wrote one, whose records of
-    reported checkpoints must stay; True on the run's first attempt."""
+def _record_start(plan: SweepPlan) -> tuple[AttemptLedger, bool]:
+    """Record this attempt in `_sweep/status.json`; (the attempt ledger, whether this call wrote the status).
+
+    The run's first attempt writes a status with no trial yet. Attempt N > 1 rewrites the ended attempt's status as
+    "Starting" with its trial records kept (the guard keeps reading which trials reported checkpoints) and this
+    attempt appended to `attempts`. A retry inside an attempt leaves the status as its earlier try wrote it."""
     layout, spec = plan.run_spec.layout, plan.run_spec.spec
-    if storage.exists(layout.status_path):
-        return False
-    storage.write_json(layout.status_path, status_document([], spec.tune.metric, spec.tune.mode, phase="Starting"))
-    return True
+    status = storage.read_json(layout.status_path)
+    result = storage.read_json(layout.result_path)
+    attempts = resume.previous_attempts(status, result)
+    record = resume.attempt_record(
+        plan.attempt, started_at=utc_now(), deadline_at=plan.deadline_at, num_samples=spec.tune.num_samples
+    )
+    ongoing = [a for a in attempts if a["attempt"] == plan.attempt and a.get("endedAt") is None]
+    if ongoing:
+        record = {**record, "startedAt": ongoing[0].get("startedAt") or record["startedAt"]}
+    ledger = AttemptLedger(plan.attempt, [a for a in attempts if a["attempt"] < plan.attempt], record)
+    if status is None:
+        document = status_document([], spec.tune.metric, spec.tune.mode, phase="Starting", attempt_facts=ledger.facts())
+    elif (resume.document_attempt(status) or 1) < plan.attempt:
+        kept = {k: v for k, v in status.items() if k not in ("pending", "message")}
+        document = {**kept, **ledger.facts(), "phase": "Starting", "updatedAt": utc_now()}
+    else:
+        return ledger, False
+    storage.write_json(layout.status_path, document)
+    return ledger, True
 
 
-def _record_failure(plan: SweepPlan, message: str) -> None:
+def _record_failure(plan: SweepPlan, ledger: AttemptLedger, message: str) -> None:
+    """The attempt failed before Tune ran: its status says so, keeping any earlier attempt's trial records."""
     layout, spec = plan.run_spec.layout, plan.run_spec.spec
-    document = {**status_document([], spec.tune.metric, spec.tune.mode, phase="Failed"), "message": message}
+    ledger.record = resume.finish_record(ledger.record, ended_at=utc_now(), phase="Failed", new_trials=())
+    current = storage.read_json(layout.status_path) or status_document([], spec.tune.metric, spec.tune.mode)
+    document = {**current, **ledger.facts(), "phase": "Failed", "message": message, "updatedAt": utc_now()}
     storage.write_json(layout.status_path, document)
 
 

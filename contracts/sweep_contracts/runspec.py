@@ -26,6 +26,9 @@ class RunSpec:
     run_id: str
     run_root: str
     spec: SweepSpec
+    # Attempt N of this run (optional, default 1): N > 1 is a resume of the ended run on the same run root; a KubeRay
+    # retry inside an attempt keeps its number. training_entrypoints.resume says what the entrypoint does with it.
+    attempt: int = 1
 
     @property
     def layout(self) -> s3_layout.RunLayout:
@@ -41,6 +44,8 @@ class RunSpec:
             "runRoot": self.run_root,
             "spec": self.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
         }
+        if self.attempt != 1:  # absent means 1: run specs of first attempts stay as they were
+            body["attempt"] = self.attempt
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -57,12 +62,16 @@ class RunSpec:
             raise ValueError(f"{constants.ENV_RUN_SPEC} lacks {', '.join(missing)}")
         if body.get("version", RUN_SPEC_VERSION) != RUN_SPEC_VERSION:
             raise ValueError(f"{constants.ENV_RUN_SPEC} version {body.get('version')} is not {RUN_SPEC_VERSION}")
+        attempt = body.get("attempt", 1)
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise ValueError(f"{constants.ENV_RUN_SPEC} attempt: got {attempt!r}; expected an integer >= 1")
         return cls(
             namespace=body["namespace"],
             sweep=body["sweep"],
             run_id=body["runId"],
             run_root=body["runRoot"],
             spec=parse_spec(body["spec"]),
+            attempt=attempt,
         )
 
     @classmethod
@@ -84,10 +93,12 @@ class NamedSpec(Protocol):
     def spec(self) -> SweepSpec: ...
 
 
-def build_run_spec(sweep: NamedSpec, run_id: str, storage_uri: str | None = None) -> RunSpec:
-    """The run spec for `sweep`'s run `run_id` (storage root from the S3 layout module)."""
+def build_run_spec(sweep: NamedSpec, run_id: str, storage_uri: str | None = None, *, attempt: int = 1) -> RunSpec:
+    """The run spec for `sweep`'s run `run_id`, attempt `attempt` (storage root from the S3 layout module)."""
     root = s3_layout.run_root(storage_uri or sweep.spec.storage.uri, sweep.namespace, sweep.name, run_id)
-    return RunSpec(namespace=sweep.namespace, sweep=sweep.name, run_id=run_id, run_root=root, spec=sweep.spec)
+    return RunSpec(
+        namespace=sweep.namespace, sweep=sweep.name, run_id=run_id, run_root=root, spec=sweep.spec, attempt=attempt
+    )
 
 
 def deadline_from_env(env: Mapping[str, Any]) -> float | None:

@@ -37,7 +37,7 @@ def slow_scalar(config: dict[str, Any]) -> None:
     import time
 
     from training_entrypoints.checkpointing import write_manifest
-    from sweep_operator import s3_layout
+    from sweep_contracts import s3_layout
 
     checkpoint = ray.train.get_checkpoint()
     start = 0
@@ -54,3 +54,42 @@ def slow_scalar(config: dict[str, Any]) -> None:
                 checkpoint=ray.train.Checkpoint.from_directory(tmp),
                 checkpoint_dir_name=s3_layout.checkpoint_dir_name(step),
             )
+
+
+def digits_resume_probe(config: dict[str, Any]) -> None:
+    """The built-in digits loop, reporting with every epoch what it restored: `restored_epoch` (-1 on a fresh start)
+    and `restored_digest` (checkpointing.state_dict_digest of the weights right after load_state, "" when fresh), and
+    `reported_at` (wall clock) for bench/entrypoint_overhead.py's resume row.
+
+    While the file `hold_file` exists, the sweep's first trial (trial index 00000) started fresh holds after reporting
+    epoch `hold_after_epoch`, its checkpoint committed: only the deadline's stop ends it, so the deadline always lands
+    after that epoch however busy the machine is.
+    """
+    import time
+
+    from training_entrypoints import checkpointing
+
+    restored: dict[str, Any] = {"epoch": -1, "digest": ""}
+    hold_file = Path(config["hold_file"]) if config.get("hold_file") else None
+    holds = config["_sweep"]["trialId"].endswith("_00000")
+    load, report = digits_mlp.load_state, digits_mlp.report_epoch
+
+    def load_and_digest(model: Any, optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> Any:
+        state = load(model, optimizer, lr_scheduler, **kwargs)
+        if state is not None:
+            weights = getattr(model, "module", model).state_dict()
+            restored.update(epoch=state.epoch, digest=checkpointing.state_dict_digest(weights))
+        return state
+
+    def report_and_hold(metrics: dict[str, Any], *, epoch: int, **kwargs: Any) -> None:
+        facts = {"restored_epoch": restored["epoch"], "restored_digest": restored["digest"], "reported_at": time.time()}
+        report({**metrics, **facts}, epoch=epoch, **kwargs)
+        if holds and restored["epoch"] < 0 and epoch == config.get("hold_after_epoch") and hold_file is not None:
+            while hold_file.exists():
+                time.sleep(0.2)
+
+    digits_mlp.load_state, digits_mlp.report_epoch = load_and_digest, report_and_hold
+    try:
+        digits_mlp.train_loop(config)
+    finally:
+        digits_mlp.load_state, digits_mlp.report_epoch = load, report
