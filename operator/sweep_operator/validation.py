@@ -194,7 +194,8 @@ def _generation(obj: Any) -> int | None:
 
 def _generation_kept(new: Any, old: Any) -> bool:
     before = _generation(old) if old is not None else None
-    return before is None or (_generation(new) is not None and _generation(new) >= before)
+    after = _generation(new)
+    return before is None or (after is not None and after >= before)
 
 
 def _raised_only_when_ended(new: Any, old: Any) -> bool:

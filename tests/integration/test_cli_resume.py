@@ -41,19 +41,23 @@ def sweep_in(server: EmulatorServer, status: dict[str, Any] | None, **changes: A
     api = custom(server)
     api.create_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, doc)
     if status:
-        api.patch_namespaced_custom_object_status(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                                  {"status": status})
+        api.patch_namespaced_custom_object_status(
+            constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"status": status}
+        )
     return name
 
 
 def read(server: EmulatorServer, name: str) -> dict[str, Any]:
-    return custom(server).get_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
+    return custom(server).get_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, "default", constants.PLURAL, name
+    )
 
 
 def sweepctl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    return subprocess.run([sys.executable, "-m", "sweep_operator.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sweep_operator.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 ENDED = {"phase": "DeadlineExceeded", "runId": "r1abcd", "rayJobName": "x-r1abcd"}
@@ -91,12 +95,15 @@ def test_kubectl_sweep_resume_runs_the_same_code(cluster: tuple[EmulatorServer, 
         pytest.param(None, [], 1, "is Pending, not ended", id="never admitted"),
         pytest.param({"phase": "Failed"}, [], 1, "status.runId is unset", id="ended without a run"),
         pytest.param({"phase": "Succeeded", "runId": "r1abcd"}, [], 2, "pass --num-samples above 4", id="succeeded"),
-        pytest.param(ENDED, ["--num-samples", "3"], 2, "--num-samples 3: spec.tune.numSamples is 4", id="fewer samples"),
+        pytest.param(
+            ENDED, ["--num-samples", "3"], 2, "--num-samples 3: spec.tune.numSamples is 4", id="fewer samples"
+        ),
         pytest.param(ENDED, ["--active-seconds", "10"], 2, "spec.resume.activeSeconds must be >= 30", id="too short"),
     ],
 )
-def test_resume_refusals_name_the_phase_or_the_field(cluster: tuple[EmulatorServer, Path], status: dict[str, Any] | None,
-                                                     args: list[str], code: int, says: str) -> None:
+def test_resume_refusals_name_the_phase_or_the_field(
+    cluster: tuple[EmulatorServer, Path], status: dict[str, Any] | None, args: list[str], code: int, says: str
+) -> None:
     server, kubeconfig = cluster
     name = sweep_in(server, status)
     before = read(server, name)
@@ -116,28 +123,41 @@ def test_the_api_servers_refusal_is_passed_on_naming_the_field(cluster: tuple[Em
     assert "resume" not in read(server, name)["spec"]
 
 
-def test_a_sweep_changed_since_it_was_read_is_not_patched(cluster: tuple[EmulatorServer, Path],
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_sweep_changed_since_it_was_read_is_not_patched(
+    cluster: tuple[EmulatorServer, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The merge patch carries the resourceVersion it was computed from: a concurrent edit makes it a 409 Conflict,
     and nothing is changed."""
     server, kubeconfig = cluster
     name = sweep_in(server, ENDED)
     stale = read(server, name)
     api = custom(server)
-    api.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                       {"metadata": {"labels": {"team": "a"}}})
+    api.patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"metadata": {"labels": {"team": "a"}}}
+    )
     with pytest.raises(kubernetes.client.ApiException) as refused:
-        api.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                           resume_patch(stale, active_seconds=None, num_samples=None))
+        api.patch_namespaced_custom_object(
+            constants.GROUP,
+            constants.VERSION,
+            "default",
+            constants.PLURAL,
+            name,
+            resume_patch(stale, active_seconds=None, num_samples=None),
+        )
     assert refused.value.status == 409
 
     original = kubernetes.client.CustomObjectsApi.get_namespaced_custom_object
 
     def read_then_someone_edits(self: Any, *args: Any, **kwargs: Any) -> Any:
         found = original(self, *args, **kwargs)
-        api.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                           {"metadata": {"labels": {"team": uuid.uuid4().hex[:6]}}})
+        api.patch_namespaced_custom_object(
+            constants.GROUP,
+            constants.VERSION,
+            "default",
+            constants.PLURAL,
+            name,
+            {"metadata": {"labels": {"team": uuid.uuid4().hex[:6]}}},
+        )
         return found
 
     monkeypatch.setattr(kubernetes.client.CustomObjectsApi, "get_namespaced_custom_object", read_then_someone_edits)
@@ -152,21 +172,33 @@ def test_wait_reports_the_operators_answer(cluster: tuple[EmulatorServer, Path])
     for a refused resume: the missing objects named)."""
     server, kubeconfig = cluster
     name = sweep_in(server, {**ENDED, "resumedGeneration": 0})
-    answer = {"lastResume": {"attempt": 2, "trigger": "Resume", "generation": 1, "outcome": "Refused",
-                             "message": "resume refused: the run root is not verified",
-                             "missing": ["missing-file sweeps/default/x-r1abcd/train/t1/checkpoint_epoch-000002/w.pt"]},
-              "resumedGeneration": 1}
-    process = subprocess.Popen([sys.executable, "-m", "sweep_operator.cli", "resume", name, "--wait", "60"],
-                               env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    answer = {
+        "lastResume": {
+            "attempt": 2,
+            "trigger": "Resume",
+            "generation": 1,
+            "outcome": "Refused",
+            "message": "resume refused: the run root is not verified",
+            "missing": ["missing-file sweeps/default/x-r1abcd/train/t1/checkpoint_epoch-000002/w.pt"],
+        },
+        "resumedGeneration": 1,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sweep_operator.cli", "resume", name, "--wait", "60"],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         api = custom(server)
         deadline_reads = 0
         while read(server, name)["spec"].get("resume") is None:  # the CLI's patch landed: answer it
             deadline_reads += 1
             assert process.poll() is None and deadline_reads < 10_000
-        api.patch_namespaced_custom_object_status(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                                  {"status": answer})
+        api.patch_namespaced_custom_object_status(
+            constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"status": answer}
+        )
         out, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

@@ -25,22 +25,46 @@ from sweep_operator.reconcile.resume import (
 NOW = 1_800_000_000.0
 ROOT = "s3://bucket/sweeps/ml/digits-abc123"
 VERIFIED = RunRootCheck(ROOT, verified=True, checked=4)
-FIRST = Attempt(1, "digits-abc123", started_at=NOW - 4000, ended_at=NOW - 400, outcome="DeadlineExceeded",
-                active_seconds=3600, deadline_at=NOW - 400, num_samples=4)
+FIRST = Attempt(
+    1,
+    "digits-abc123",
+    started_at=NOW - 4000,
+    ended_at=NOW - 400,
+    outcome="DeadlineExceeded",
+    active_seconds=3600,
+    deadline_at=NOW - 400,
+    num_samples=4,
+)
 FAILED_EARLY = replace(FIRST, ended_at=NOW - 3000, outcome="Failed")  # ran 1000 of its 3600 s
 # What KubeRay v1.7.0 (rayjob_controller.go) leaves on a RayJob whose head is gone, in K8sJobMode.
-HEAD_UNREACHABLE = RayJobEnd("Failed", "JobStatusCheckTimeoutExceeded",
-                             "Job status checks have been failing since 2026-12-03 14:00:00; exceeded timeout of 300s",
-                             "RUNNING")
-SUBMITTER_LOST_HEAD = RayJobEnd("Failed", "SubmissionFailed",
-                                "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the "
-                                "specified backoff limit", "RUNNING")
+HEAD_UNREACHABLE = RayJobEnd(
+    "Failed",
+    "JobStatusCheckTimeoutExceeded",
+    "Job status checks have been failing since 2026-12-03 14:00:00; exceeded timeout of 300s",
+    "RUNNING",
+)
+SUBMITTER_LOST_HEAD = RayJobEnd(
+    "Failed",
+    "SubmissionFailed",
+    "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the specified backoff limit",
+    "RUNNING",
+)
 
 
 def facts(**changes: object) -> ResumeFacts:
-    base = ResumeFacts(sweep="digits", phase="DeadlineExceeded", run_id="abc123", now=NOW, requested_generation=1,
-                       resumed_generation=0, attempts=(FIRST,), num_samples=4, startup_seconds=600,
-                       graceful_stop_seconds=60, max_active_seconds=3 * 24 * 3600)
+    base = ResumeFacts(
+        sweep="digits",
+        phase="DeadlineExceeded",
+        run_id="abc123",
+        now=NOW,
+        requested_generation=1,
+        resumed_generation=0,
+        attempts=(FIRST,),
+        num_samples=4,
+        startup_seconds=600,
+        graceful_stop_seconds=60,
+        max_active_seconds=3 * 24 * 3600,
+    )
     return replace(base, **changes)
 
 
@@ -58,17 +82,34 @@ def facts(**changes: object) -> ResumeFacts:
         pytest.param({"phase": None, "run_id": None}, NotResumable, "not yet admitted, not ended", id="never admitted"),
         pytest.param({"phase": "Invalid", "run_id": None}, NotResumable, "Invalid and never ran", id="invalid"),
         pytest.param({"phase": "Failed", "run_id": None}, NotResumable, "status.runId is unset", id="ended, no run id"),
-        pytest.param({"phase": "Succeeded"}, NotResumable, "raise spec.tune.numSamples", id="succeeded, same numSamples"),
-        pytest.param({"resume_active_seconds": None}, NotResumable, "spec.resume.activeSeconds",
-                     id="deadline spent, no new time"),
-        pytest.param({"resume_active_seconds": None, "attempts": (replace(FIRST, active_seconds=None),)}, NotResumable,
-                     "deadline is unknown", id="budget of the last attempt unknown"),
+        pytest.param(
+            {"phase": "Succeeded"}, NotResumable, "raise spec.tune.numSamples", id="succeeded, same numSamples"
+        ),
+        pytest.param(
+            {"resume_active_seconds": None}, NotResumable, "spec.resume.activeSeconds", id="deadline spent, no new time"
+        ),
+        pytest.param(
+            {"resume_active_seconds": None, "attempts": (replace(FIRST, active_seconds=None),)},
+            NotResumable,
+            "deadline is unknown",
+            id="budget of the last attempt unknown",
+        ),
         pytest.param({"resume_active_seconds": 3600}, VerifyFirst, "", id="deadline exceeded, more time: verify first"),
-        pytest.param({"phase": "Failed", "attempts": (FAILED_EARLY,), "resume_active_seconds": None}, VerifyFirst, "",
-                     id="failed early, the remainder is enough"),
-        pytest.param({"phase": "Succeeded", "num_samples": 8, "resume_active_seconds": 1200}, VerifyFirst, "",
-                     id="succeeded, numSamples raised"),
-        pytest.param({"phase": "BudgetExhausted", "resume_active_seconds": 1200}, VerifyFirst, "", id="budget exhausted"),
+        pytest.param(
+            {"phase": "Failed", "attempts": (FAILED_EARLY,), "resume_active_seconds": None},
+            VerifyFirst,
+            "",
+            id="failed early, the remainder is enough",
+        ),
+        pytest.param(
+            {"phase": "Succeeded", "num_samples": 8, "resume_active_seconds": 1200},
+            VerifyFirst,
+            "",
+            id="succeeded, numSamples raised",
+        ),
+        pytest.param(
+            {"phase": "BudgetExhausted", "resume_active_seconds": 1200}, VerifyFirst, "", id="budget exhausted"
+        ),
     ],
 )
 def test_manual_resume_before_verification(changes: dict, expected: type, says: str) -> None:
@@ -107,35 +148,73 @@ def test_a_remainder_too_short_for_the_startup_window_is_not_resumable() -> None
 
 
 def test_the_third_attempt_counts_from_the_recorded_rows() -> None:
-    second = Attempt(2, "digits-abc123-a2", r.TRIGGER_RESUME, 1, NOW - 300, NOW - 100, "DeadlineExceeded",
-                     active_seconds=200, num_samples=4)
-    decision = r.decide(facts(attempts=(FIRST, second), requested_generation=2, resumed_generation=1,
-                              resume_active_seconds=900, verification=VERIFIED))
+    second = Attempt(
+        2,
+        "digits-abc123-a2",
+        r.TRIGGER_RESUME,
+        1,
+        NOW - 300,
+        NOW - 100,
+        "DeadlineExceeded",
+        active_seconds=200,
+        num_samples=4,
+    )
+    decision = r.decide(
+        facts(
+            attempts=(FIRST, second),
+            requested_generation=2,
+            resumed_generation=1,
+            resume_active_seconds=900,
+            verification=VERIFIED,
+        )
+    )
     assert isinstance(decision, StartAttempt) and decision.attempt == 3 and decision.rayjob_name == "digits-abc123-a3"
 
 
 # ------------------------------------------------------------------------------------- fail closed: refusals
 
-MISSING = (("missing-file", "sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt", "listed in its manifest"),
-           ("missing-manifest", "sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/", "rank 1 of 2"))
+MISSING = (
+    ("missing-file", "sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt", "listed in its manifest"),
+    ("missing-manifest", "sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/", "rank 1 of 2"),
+)
 
 
 @pytest.mark.parametrize(
     ("check", "says", "missing"),
     [
-        pytest.param(RunRootCheck(ROOT, False, 2, MISSING), "is not verified, so the resume does not start",
-                     ("missing-file sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt",
-                      "missing-manifest sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/"),
-                     id="objects missing"),
-        pytest.param(RunRootCheck(ROOT, False, 0, (("s3-error", "", "AccessDenied on ListObjectsV2"),)),
-                     "AccessDenied", ("s3-error",), id="S3 error"),
-        pytest.param(RunRootCheck(ROOT, False, 0, (("empty-run-root", ROOT, "no object"),)), "holds no object",
-                     (f"empty-run-root {ROOT}",), id="empty run root"),
-        pytest.param(RunRootCheck(ROOT, True, 0, reported=(f"{ROOT}/train/t1/checkpoint_epoch-000002",)),
-                     "the run reported 1", (f"missing-checkpoint {ROOT}/train/t1/checkpoint_epoch-000002",),
-                     id="checkpoints reported, none found"),
-        pytest.param(RunRootCheck(ROOT, True, 0, records_readable=False), "could not be read", (),
-                     id="no checkpoint, records unreadable"),
+        pytest.param(
+            RunRootCheck(ROOT, False, 2, MISSING),
+            "is not verified, so the resume does not start",
+            (
+                "missing-file sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000002/model.pt",
+                "missing-manifest sweeps/ml/digits-abc123/train/t2/checkpoint_epoch-000001/",
+            ),
+            id="objects missing",
+        ),
+        pytest.param(
+            RunRootCheck(ROOT, False, 0, (("s3-error", "", "AccessDenied on ListObjectsV2"),)),
+            "AccessDenied",
+            ("s3-error",),
+            id="S3 error",
+        ),
+        pytest.param(
+            RunRootCheck(ROOT, False, 0, (("empty-run-root", ROOT, "no object"),)),
+            "holds no object",
+            (f"empty-run-root {ROOT}",),
+            id="empty run root",
+        ),
+        pytest.param(
+            RunRootCheck(ROOT, True, 0, reported=(f"{ROOT}/train/t1/checkpoint_epoch-000002",)),
+            "the run reported 1",
+            (f"missing-checkpoint {ROOT}/train/t1/checkpoint_epoch-000002",),
+            id="checkpoints reported, none found",
+        ),
+        pytest.param(
+            RunRootCheck(ROOT, True, 0, records_readable=False),
+            "could not be read",
+            (),
+            id="no checkpoint, records unreadable",
+        ),
     ],
 )
 def test_a_run_root_that_is_not_verified_is_refused_naming_what_is_missing(
@@ -171,19 +250,35 @@ def test_many_missing_objects_are_named_up_to_the_status_limit() -> None:
     [
         pytest.param(HEAD_UNREACHABLE, True, id="JobStatusCheckTimeoutExceeded: head unreachable"),
         pytest.param(SUBMITTER_LOST_HEAD, True, id="SubmissionFailed while RUNNING: submitter lost the head"),
-        pytest.param(RayJobEnd("Failed", "AppFailed", "Ray head pod not found.", "RUNNING"), True,
-                     id="AppFailed: head pod not found (SidecarMode)"),
-        pytest.param(RayJobEnd("Failed", "AppFailed", "Submitter completed but Ray job not found in RayCluster.",
-                               "RUNNING"), True, id="AppFailed: head restarted, job table lost"),
-        pytest.param(RayJobEnd("Failed", "AppFailed", "Job entrypoint command failed with exit code 1", "FAILED"), False,
-                     id="AppFailed: the application failed"),
-        pytest.param(RayJobEnd("Failed", "SubmissionFailed", "Job submission has failed.", ""), False,
-                     id="SubmissionFailed before the job ran"),
-        pytest.param(RayJobEnd("Failed", "DeadlineExceeded", "passed the activeDeadlineSeconds", "RUNNING"), False,
-                     id="activeDeadlineSeconds"),
+        pytest.param(
+            RayJobEnd("Failed", "AppFailed", "Ray head pod not found.", "RUNNING"),
+            True,
+            id="AppFailed: head pod not found (SidecarMode)",
+        ),
+        pytest.param(
+            RayJobEnd("Failed", "AppFailed", "Submitter completed but Ray job not found in RayCluster.", "RUNNING"),
+            True,
+            id="AppFailed: head restarted, job table lost",
+        ),
+        pytest.param(
+            RayJobEnd("Failed", "AppFailed", "Job entrypoint command failed with exit code 1", "FAILED"),
+            False,
+            id="AppFailed: the application failed",
+        ),
+        pytest.param(
+            RayJobEnd("Failed", "SubmissionFailed", "Job submission has failed.", ""),
+            False,
+            id="SubmissionFailed before the job ran",
+        ),
+        pytest.param(
+            RayJobEnd("Failed", "DeadlineExceeded", "passed the activeDeadlineSeconds", "RUNNING"),
+            False,
+            id="activeDeadlineSeconds",
+        ),
         pytest.param(RayJobEnd("Failed", "PreRunningDeadlineExceeded", "", ""), False, id="never started"),
-        pytest.param(RayJobEnd("Retrying", "JobStatusCheckTimeoutExceeded", "", "RUNNING"), False,
-                     id="KubeRay still retrying"),
+        pytest.param(
+            RayJobEnd("Retrying", "JobStatusCheckTimeoutExceeded", "", "RUNNING"), False, id="KubeRay still retrying"
+        ),
         pytest.param(replace(HEAD_UNREACHABLE, driver_phase="Failed"), False, id="the driver recorded its own end"),
         pytest.param(None, False, id="RayJob gone (deleted by someone)"),
     ],
@@ -193,8 +288,13 @@ def test_cluster_loss_is_read_from_kuberays_failure_reasons(end: RayJobEnd | Non
 
 
 def auto(**changes: object) -> ResumeFacts:
-    base = facts(phase="Failed", requested_generation=0, attempts=(FAILED_EARLY,), rayjob_end=HEAD_UNREACHABLE,
-                 resume_on_cluster_loss=2)
+    base = facts(
+        phase="Failed",
+        requested_generation=0,
+        attempts=(FAILED_EARLY,),
+        rayjob_end=HEAD_UNREACHABLE,
+        resume_on_cluster_loss=2,
+    )
     return replace(base, **changes)
 
 
@@ -207,20 +307,31 @@ def test_a_lost_cluster_is_resumed_automatically_with_an_event_when_opted_in() -
     started = r.decide(auto(verification=VERIFIED))
     assert isinstance(started, StartAttempt) and started.trigger == r.TRIGGER_CLUSTER_LOSS
     assert started.active_seconds == 2600 and "failurePolicy.resumeOnClusterLoss" in started.message
-    assert "resumedGeneration" not in r.start_patch({"runId": "abc123", "attempts": [FAILED_EARLY.to_status()]}, started)
+    assert "resumedGeneration" not in r.start_patch(
+        {"runId": "abc123", "attempts": [FAILED_EARLY.to_status()]}, started
+    )
 
 
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
         pytest.param({"resume_on_cluster_loss": 0}, Idle, id="not opted in (the default)"),
-        pytest.param({"rayjob_end": SUBMITTER_LOST_HEAD.__class__("Failed", "AppFailed", "exit 1", "FAILED")}, Idle,
-                     id="an application failure"),
+        pytest.param(
+            {"rayjob_end": SUBMITTER_LOST_HEAD.__class__("Failed", "AppFailed", "exit 1", "FAILED")},
+            Idle,
+            id="an application failure",
+        ),
         pytest.param({"phase": "DeadlineExceeded"}, Idle, id="not Failed"),
-        pytest.param({"last_resume": r.LastResume(2, r.TRIGGER_CLUSTER_LOSS, r.OUTCOME_REFUSED)}, Idle,
-                     id="this loss was already refused once"),
-        pytest.param({"requested_generation": 1, "resume_active_seconds": 1200}, VerifyFirst,
-                     id="a manual resume takes precedence"),
+        pytest.param(
+            {"last_resume": r.LastResume(2, r.TRIGGER_CLUSTER_LOSS, r.OUTCOME_REFUSED)},
+            Idle,
+            id="this loss was already refused once",
+        ),
+        pytest.param(
+            {"requested_generation": 1, "resume_active_seconds": 1200},
+            VerifyFirst,
+            id="a manual resume takes precedence",
+        ),
     ],
 )
 def test_the_automatic_policy_applies_only_to_a_final_cluster_loss(changes: dict, expected: type) -> None:
@@ -228,10 +339,28 @@ def test_the_automatic_policy_applies_only_to_a_final_cluster_loss(changes: dict
 
 
 def test_automatic_resumes_stop_at_the_policys_count() -> None:
-    second = Attempt(2, "digits-abc123-a2", r.TRIGGER_CLUSTER_LOSS, None, NOW - 2900, NOW - 2800, "Failed",
-                     active_seconds=2600, num_samples=4)
-    third = Attempt(3, "digits-abc123-a3", r.TRIGGER_CLUSTER_LOSS, None, NOW - 2700, NOW - 2600, "Failed",
-                    active_seconds=2500, num_samples=4)
+    second = Attempt(
+        2,
+        "digits-abc123-a2",
+        r.TRIGGER_CLUSTER_LOSS,
+        None,
+        NOW - 2900,
+        NOW - 2800,
+        "Failed",
+        active_seconds=2600,
+        num_samples=4,
+    )
+    third = Attempt(
+        3,
+        "digits-abc123-a3",
+        r.TRIGGER_CLUSTER_LOSS,
+        None,
+        NOW - 2700,
+        NOW - 2600,
+        "Failed",
+        active_seconds=2500,
+        num_samples=4,
+    )
     assert isinstance(r.decide(auto(attempts=(FAILED_EARLY, second))), AutoResume)  # 1 of 2 done
     spent = r.decide(auto(attempts=(FAILED_EARLY, second, third)))
     assert isinstance(spent, NotResumable) and "2 automatic resume(s)" in spent.reason
@@ -239,29 +368,49 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
     patch = r.refusal_patch(spent, now=NOW)
     assert patch["lastResume"]["attempt"] == 4 and "resumedGeneration" not in patch
     # Recorded once: the next pass is Idle, not another Event.
-    assert isinstance(r.decide(auto(attempts=(FAILED_EARLY, second, third),
-                                    last_resume=r.LastResume.from_status(patch["lastResume"]))), Idle)
+    assert isinstance(
+        r.decide(
+            auto(attempts=(FAILED_EARLY, second, third), last_resume=r.LastResume.from_status(patch["lastResume"]))
+        ),
+        Idle,
+    )
 
 
 # -------------------------------------------------------------------------------------------- status rows
 
 
 def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
-    status = {"runId": "abc123", "phase": "DeadlineExceeded", "rayJobName": "digits-abc123",
-              "startedAt": r.rfc3339(NOW - 4000), "finishedAt": r.rfc3339(NOW - 400),
-              "deadlineAt": r.rfc3339(NOW - 400), "checkpoints": {"verified": True, "checked": 4}}
+    status = {
+        "runId": "abc123",
+        "phase": "DeadlineExceeded",
+        "rayJobName": "digits-abc123",
+        "startedAt": r.rfc3339(NOW - 4000),
+        "finishedAt": r.rfc3339(NOW - 400),
+        "deadlineAt": r.rfc3339(NOW - 400),
+        "checkpoints": {"verified": True, "checked": 4},
+    }
     first = r.attempts_of(status, num_samples=4)
     assert first[0].number == 1 and first[0].active_seconds == 3600 and first[0].ran_seconds == 3600
     assert first[0].checkpoints_verified == 4 and first[0].outcome == "DeadlineExceeded"
     decision = r.decide(facts(attempts=first, resume_active_seconds=1800, verification=VERIFIED))
     assert isinstance(decision, StartAttempt)
     patch = r.start_patch(status, decision, num_samples=4)
-    assert patch["phase"] == "Starting" and patch["rayJobName"] == "digits-abc123-a2" and patch["resumedGeneration"] == 1
+    assert (
+        patch["phase"] == "Starting" and patch["rayJobName"] == "digits-abc123-a2" and patch["resumedGeneration"] == 1
+    )
     assert patch["checkpoints"] is None and patch["finishedAt"] is None  # the new end is verified again
     assert [row["attempt"] for row in patch["attempts"]] == [1, 2] and patch["totalRanSeconds"] == 3600
-    assert patch["attempts"][1] == {"attempt": 2, "rayJobName": "digits-abc123-a2", "trigger": "Resume", "generation": 1,
-                                    "startedAt": r.rfc3339(NOW), "activeSeconds": 1800,
-                                    "deadlineAt": r.rfc3339(NOW + 1800), "numSamples": 4, "checkpointsAtStart": 4}
+    assert patch["attempts"][1] == {
+        "attempt": 2,
+        "rayJobName": "digits-abc123-a2",
+        "trigger": "Resume",
+        "generation": 1,
+        "startedAt": r.rfc3339(NOW),
+        "activeSeconds": 1800,
+        "deadlineAt": r.rfc3339(NOW + 1800),
+        "numSamples": 4,
+        "checkpointsAtStart": 4,
+    }
     running = {**status, **{k: v for k, v in patch.items() if v is not None}}
     ended = r.end_patch(running, phase="Succeeded", now=NOW + 1000, checkpoints_verified=6)
     assert ended["attempts"][1]["outcome"] == "Succeeded" and ended["attempts"][1]["ranSeconds"] == 1000
@@ -271,8 +420,21 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
 
 
 def test_rows_round_trip_through_the_status() -> None:
-    row = Attempt(2, "digits-abc123-a2", r.TRIGGER_CLUSTER_LOSS, None, NOW, NOW + 61, "Failed", "AppFailed", 600,
-                  NOW + 600, 8, 3, 5)
+    row = Attempt(
+        2,
+        "digits-abc123-a2",
+        r.TRIGGER_CLUSTER_LOSS,
+        None,
+        NOW,
+        NOW + 61,
+        "Failed",
+        "AppFailed",
+        600,
+        NOW + 600,
+        8,
+        3,
+        5,
+    )
     assert Attempt.from_status(row.to_status()) == row and row.to_status()["ranSeconds"] == 61
 
 
@@ -283,9 +445,16 @@ def test_facts_are_read_from_the_sweep_object() -> None:
         deadlines=SimpleNamespace(startup_seconds=600, graceful_stop_seconds=60),
         failure_policy=SimpleNamespace(resume_on_cluster_loss=1),
     )
-    body = {"metadata": {"name": "digits"}, "status": {"phase": "Failed", "runId": "abc123", "resumedGeneration": 2,
-                                                        "attempts": [FIRST.to_status()],
-                                                        "lastResume": {"attempt": 2, "trigger": "Resume", "outcome": "Refused"}}}
+    body = {
+        "metadata": {"name": "digits"},
+        "status": {
+            "phase": "Failed",
+            "runId": "abc123",
+            "resumedGeneration": 2,
+            "attempts": [FIRST.to_status()],
+            "lastResume": {"attempt": 2, "trigger": "Resume", "outcome": "Refused"},
+        },
+    }
     got = r.facts_from_sweep(body, spec=spec, now=NOW, max_active_seconds=7200)
     assert (got.requested_generation, got.resumed_generation, got.resume_active_seconds) == (3, 2, 900)
     assert got.attempts == (FIRST,) and got.num_samples == 6 and got.resume_on_cluster_loss == 1
@@ -301,8 +470,9 @@ def test_facts_are_read_from_the_sweep_object() -> None:
         ("9lives", "abc123", 2, None),  # not DNS-1035 (leading digit)
     ],
 )
-def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(sweep: str, run_id: str, attempt: int,
-                                                                      expected: str | None) -> None:
+def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(
+    sweep: str, run_id: str, attempt: int, expected: str | None
+) -> None:
     name = r.attempt_rayjob_name(sweep, run_id, attempt)
     assert len(name) <= 47 and name[0].isalpha() and name.endswith(f"-{run_id}-a{attempt}")
     if expected:

@@ -13,7 +13,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
 
@@ -36,13 +37,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
-    p.add_argument("--active-seconds", type=int, default=None, metavar="N",
-                   help="the resumed attempt's deadline in seconds (spec.resume.activeSeconds); default: what was "
-                   "left of the last attempt's budget")
-    p.add_argument("--num-samples", type=int, default=None, metavar="N",
-                   help="raise spec.tune.numSamples, the total number of trials over all attempts")
-    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                   help="wait up to SECONDS for the operator's answer (started, or refused with what is missing)")
+    p.add_argument(
+        "--active-seconds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the resumed attempt's deadline in seconds (spec.resume.activeSeconds); default: what was "
+        "left of the last attempt's budget",
+    )
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="raise spec.tune.numSamples, the total number of trials over all attempts",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the operator's answer (started, or refused with what is missing)",
+    )
     p.set_defaults(func=run)
 
 
@@ -53,22 +69,31 @@ def resume_patch(sweep: Mapping[str, Any], *, active_seconds: int | None, num_sa
     name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
     phase = status.get("phase")
     if active_seconds is not None and active_seconds < MIN_ACTIVE_SECONDS:
-        raise Refused(f"--active-seconds {active_seconds}: spec.resume.activeSeconds must be >= {MIN_ACTIVE_SECONDS}",
-                      EXIT_USAGE)
+        raise Refused(
+            f"--active-seconds {active_seconds}: spec.resume.activeSeconds must be >= {MIN_ACTIVE_SECONDS}", EXIT_USAGE
+        )
     current = int((spec.get("tune") or {}).get("numSamples") or 1)
     if num_samples is not None and num_samples < current:
-        raise Refused(f"--num-samples {num_samples}: spec.tune.numSamples is {current}; a resume may only raise it "
-                      "(the trials that ran are kept)", EXIT_USAGE)
+        raise Refused(
+            f"--num-samples {num_samples}: spec.tune.numSamples is {current}; a resume may only raise it "
+            "(the trials that ran are kept)",
+            EXIT_USAGE,
+        )
     if meta.get("deletionTimestamp"):
         raise Refused(f"TrainingSweep {name} is being deleted: nothing to resume")
     if phase not in RESUMABLE_PHASES:
-        raise Refused(f"TrainingSweep {name} is {phase or 'Pending'}, not ended: only a "
-                      f"{', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]} sweep can be resumed")
+        raise Refused(
+            f"TrainingSweep {name} is {phase or 'Pending'}, not ended: only a "
+            f"{', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]} sweep can be resumed"
+        )
     if not status.get("runId"):
         raise Refused(f"TrainingSweep {name} has no run (status.runId is unset): nothing to resume")
     if phase == "Succeeded" and (num_samples is None or num_samples <= current):
-        raise Refused(f"TrainingSweep {name} Succeeded: all {current} trials of spec.tune.numSamples finished; "
-                      f"pass --num-samples above {current} to run more", EXIT_USAGE)
+        raise Refused(
+            f"TrainingSweep {name} Succeeded: all {current} trials of spec.tune.numSamples finished; "
+            f"pass --num-samples above {current} to run more",
+            EXIT_USAGE,
+        )
     generation = int((spec.get("resume") or {}).get("generation") or 0) + 1
     patch: dict[str, Any] = {
         "metadata": {"resourceVersion": meta.get("resourceVersion")},
@@ -109,11 +134,13 @@ def run(args: argparse.Namespace) -> int:
 
     from sweep_contracts import constants
 
+    from ..kube import custom_object
+
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     where = (constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
     try:
-        sweep = api.get_namespaced_custom_object(*where)
+        sweep = custom_object(api.get_namespaced_custom_object(*where))
     except kubernetes.client.ApiException as exc:
         print(f"sweepctl resume: TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})", file=sys.stderr)
         return EXIT_FAILED
@@ -132,36 +159,47 @@ def run(args: argparse.Namespace) -> int:
         api.patch_namespaced_custom_object(*where, patch, _content_type="application/merge-patch+json")
     except kubernetes.client.ApiException as exc:
         if exc.status == 409:
-            print(f"sweepctl resume: TrainingSweep {namespace}/{args.name} changed since it was read (resourceVersion "
-                  f"{patch['metadata']['resourceVersion']}); nothing was changed: run sweepctl resume again",
-                  file=sys.stderr)
+            print(
+                f"sweepctl resume: TrainingSweep {namespace}/{args.name} changed since it was read (resourceVersion "
+                f"{patch['metadata']['resourceVersion']}); nothing was changed: run sweepctl resume again",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         print(f"sweepctl resume: the API refused the resume of {namespace}/{args.name}:", file=sys.stderr)
         for line in api_error_lines(exc):
             print(f"  {line}", file=sys.stderr)
         return EXIT_USAGE if exc.status in (400, 422) else EXIT_FAILED
     asked = [f"spec.resume.generation={generation}"]
-    asked.append(f"activeSeconds={args.active_seconds}" if args.active_seconds is not None else "activeSeconds: the remainder")
+    asked.append(
+        f"activeSeconds={args.active_seconds}" if args.active_seconds is not None else "activeSeconds: the remainder"
+    )
     if "tune" in patch["spec"]:
         asked.append(f"spec.tune.numSamples={args.num_samples}")
-    print(f"TrainingSweep {namespace}/{args.name}: resume requested ({', '.join(asked)}); the operator verifies the "
-          "run root before it starts the next attempt")
+    print(
+        f"TrainingSweep {namespace}/{args.name}: resume requested ({', '.join(asked)}); the operator verifies the "
+        "run root before it starts the next attempt"
+    )
     if args.wait <= 0:
         return EXIT_OK
     deadline = time.monotonic() + args.wait
     while True:
         try:
-            answer = outcome_of(api.get_namespaced_custom_object(*where), generation)
+            answer = outcome_of(custom_object(api.get_namespaced_custom_object(*where)), generation)
         except kubernetes.client.ApiException as exc:
-            print(f"sweepctl resume: reading TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})",
-                  file=sys.stderr)
+            print(
+                f"sweepctl resume: reading TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         if answer is not None:
             outcome, message = answer
             print(f"{outcome}: {message}")
             return EXIT_OK if outcome == "Started" else EXIT_FAILED
         if time.monotonic() >= deadline:
-            print(f"sweepctl resume: no answer from the operator within {args.wait:g}s "
-                  f"(sweepctl status {args.name} shows it when it comes)", file=sys.stderr)
+            print(
+                f"sweepctl resume: no answer from the operator within {args.wait:g}s "
+                f"(sweepctl status {args.name} shows it when it comes)",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         time.sleep(0.5)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sweep_contracts import constants
 
@@ -68,7 +69,7 @@ class Attempt:
     def ran_seconds(self) -> int:
         if self.started_at is None or self.ended_at is None:
             return 0
-        return max(0, int(round(self.ended_at - self.started_at)))
+        return max(0, round(self.ended_at - self.started_at))
 
     @property
     def ended(self) -> bool:
@@ -140,7 +141,8 @@ def attempts_of(status: Mapping[str, Any], *, num_samples: int | None = None) ->
             deadline_at=deadline,
             num_samples=num_samples,
             checkpoints_verified=_int((status.get("checkpoints") or {}).get("checked"))
-            if (status.get("checkpoints") or {}).get("verified") else None,
+            if (status.get("checkpoints") or {}).get("verified")
+            else None,
         ),
     )
 
@@ -212,8 +214,14 @@ class RunRootCheck:
         records_readable: bool = True,
     ) -> RunRootCheck:
         problems = tuple((str(p.kind), str(p.key), str(p.detail)) for p in result.problems)
-        return cls(str(result.root), bool(result.verified), int(result.checked), problems,
-                   tuple(reported_checkpoints(progress, final)), records_readable)
+        return cls(
+            str(result.root),
+            bool(result.verified),
+            int(result.checked),
+            problems,
+            tuple(reported_checkpoints(progress, final)),
+            records_readable,
+        )
 
 
 @dataclass(frozen=True)
@@ -229,8 +237,12 @@ class LastResume:
     def from_status(cls, doc: Mapping[str, Any] | None) -> LastResume | None:
         if not isinstance(doc, Mapping) or not isinstance(doc.get("attempt"), int):
             return None
-        return cls(int(doc["attempt"]), str(doc.get("trigger") or ""), str(doc.get("outcome") or ""),
-                   _int(doc.get("generation")))
+        return cls(
+            int(doc["attempt"]),
+            str(doc.get("trigger") or ""),
+            str(doc.get("outcome") or ""),
+            _int(doc.get("generation")),
+        )
 
 
 @dataclass(frozen=True)
@@ -350,10 +362,14 @@ def decide(facts: ResumeFacts) -> ResumeDecision:
         done, allowed = facts.auto_resumes, facts.resume_on_cluster_loss
         why_not = None
         if done >= allowed:
-            why_not = (f"the cluster was lost ({loss}), and the {allowed} automatic resume(s) "
-                       f"failurePolicy.resumeOnClusterLoss allows are spent; resume by hand: sweepctl resume {facts.sweep}")
-        auto_message = (f"cluster lost: {loss}; automatic resume {done + 1}/{allowed} "
-                        f"(failurePolicy.resumeOnClusterLoss) as attempt {attempt}, after verifying the run root")
+            why_not = (
+                f"the cluster was lost ({loss}), and the {allowed} automatic resume(s) "
+                f"failurePolicy.resumeOnClusterLoss allows are spent; resume by hand: sweepctl resume {facts.sweep}"
+            )
+        auto_message = (
+            f"cluster lost: {loss}; automatic resume {done + 1}/{allowed} "
+            f"(failurePolicy.resumeOnClusterLoss) as attempt {attempt}, after verifying the run root"
+        )
     if why_not is not None:
         return NotResumable(why_not, trigger, attempt, generation)
     budget = _attempt_budget(facts, trigger)
@@ -373,10 +389,23 @@ def decide(facts: ResumeFacts) -> ResumeDecision:
         warnings = ("no committed checkpoint yet: unfinished trials start from their beginning",)
     name = attempt_rayjob_name(facts.sweep, facts.run_id or "", attempt)
     asked = f"spec.resume.generation {generation}" if generation is not None else "failurePolicy.resumeOnClusterLoss"
-    message = (f"resuming ({asked}): attempt {attempt} of run {facts.run_id} on RayJob {name}, same run root "
-               f"{check.root} ({check.checked} checkpoints verified); deadline in {budget}s, numSamples {facts.num_samples}")
-    return StartAttempt(attempt, trigger, name, budget, facts.now + budget, facts.num_samples, check.checked,
-                        message, facts.now, generation, warnings)
+    message = (
+        f"resuming ({asked}): attempt {attempt} of run {facts.run_id} on RayJob {name}, same run root "
+        f"{check.root} ({check.checked} checkpoints verified); deadline in {budget}s, numSamples {facts.num_samples}"
+    )
+    return StartAttempt(
+        attempt,
+        trigger,
+        name,
+        budget,
+        facts.now + budget,
+        facts.num_samples,
+        check.checked,
+        message,
+        facts.now,
+        generation,
+        warnings,
+    )
 
 
 def _manual_refusal(facts: ResumeFacts) -> str | None:
@@ -384,15 +413,19 @@ def _manual_refusal(facts: ResumeFacts) -> str | None:
     if facts.phase not in RESUMABLE_PHASES:
         if facts.phase == "Invalid":
             return "the sweep is Invalid and never ran: fix the spec instead (nothing to resume)"
-        return (f"the sweep is {phase}, not ended: only a {', '.join(RESUMABLE_PHASES[:-1])} or "
-                f"{RESUMABLE_PHASES[-1]} sweep can be resumed")
+        return (
+            f"the sweep is {phase}, not ended: only a {', '.join(RESUMABLE_PHASES[:-1])} or "
+            f"{RESUMABLE_PHASES[-1]} sweep can be resumed"
+        )
     if not facts.run_id:
         return "the sweep has no run (status.runId is unset): nothing to resume"
     if facts.phase == "Succeeded":
         last = facts.attempts[-1].num_samples if facts.attempts else None
         if last is not None and facts.num_samples <= last:
-            return (f"the sweep Succeeded: all {last} trials of tune.numSamples finished; raise spec.tune.numSamples "
-                    f"(sweepctl resume {facts.sweep} --num-samples N) to run more")
+            return (
+                f"the sweep Succeeded: all {last} trials of tune.numSamples finished; raise spec.tune.numSamples "
+                f"(sweepctl resume {facts.sweep} --num-samples N) to run more"
+            )
     return None
 
 
@@ -411,9 +444,11 @@ def _attempt_budget(facts: ResumeFacts, trigger: str) -> int | str:
         budget = facts.max_active_seconds
     floor = max(MIN_ATTEMPT_SECONDS, facts.graceful_stop_seconds + 1, facts.startup_seconds + 1)
     if budget < floor:
-        return (f"{source} is {max(budget, 0)}s, less than the {floor}s an attempt needs (startupSeconds and "
-                f"gracefulStopSeconds must fit); set spec.resume.activeSeconds (sweepctl resume {facts.sweep} "
-                "--active-seconds N)")
+        return (
+            f"{source} is {max(budget, 0)}s, less than the {floor}s an attempt needs (startupSeconds and "
+            f"gracefulStopSeconds must fit); set spec.resume.activeSeconds (sweepctl resume {facts.sweep} "
+            "--active-seconds N)"
+        )
     return budget
 
 
@@ -421,7 +456,10 @@ def _run_root_refusal(check: RunRootCheck) -> tuple[str, tuple[str, ...]] | None
     """Fail closed, by the guard's rules: a problem, an empty root, or checkpoints reported but not found."""
     kinds = {kind for kind, _, _ in check.problems}
     if kinds == {EMPTY_RUN_ROOT}:
-        return (f"the run root {check.root} holds no object: nothing to resume from", (f"{EMPTY_RUN_ROOT} {check.root}",))
+        return (
+            f"the run root {check.root} holds no object: nothing to resume from",
+            (f"{EMPTY_RUN_ROOT} {check.root}",),
+        )
     if check.problems or not check.verified:
         missing = tuple(f"{kind} {key}".strip() for kind, key, _ in check.problems[:MAX_MISSING_NAMED])
         more = len(check.problems) - MAX_MISSING_NAMED
@@ -431,11 +469,17 @@ def _run_root_refusal(check: RunRootCheck) -> tuple[str, tuple[str, ...]] | None
         return (f"the run root {check.root} is not verified, so the resume does not start: {named}", missing)
     if check.checked == 0:
         if not check.records_readable:
-            return (f"no committed checkpoint under {check.root}, and the run's status could not be read to confirm "
-                    "none was reported", ())
+            return (
+                f"no committed checkpoint under {check.root}, and the run's status could not be read to confirm "
+                "none was reported",
+                (),
+            )
         if check.reported:
-            return (f"no committed checkpoint under {check.root}, but the run reported {len(check.reported)}: "
-                    "checkpoints were lost", tuple(f"missing-checkpoint {uri}" for uri in check.reported[:MAX_MISSING_NAMED]))
+            return (
+                f"no committed checkpoint under {check.root}, but the run reported {len(check.reported)}: "
+                "checkpoints were lost",
+                tuple(f"missing-checkpoint {uri}" for uri in check.reported[:MAX_MISSING_NAMED]),
+            )
     return None
 
 
@@ -535,8 +579,14 @@ def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_sample
         "checkpoints": None,
         "attempts": [a.to_status() for a in attempts],
         "totalRanSeconds": total_ran_seconds(attempts),
-        "lastResume": last_resume_status(decision.attempt, decision.trigger, OUTCOME_STARTED, decision.message,
-                                         decision.generation, now=decision.started_at),
+        "lastResume": last_resume_status(
+            decision.attempt,
+            decision.trigger,
+            OUTCOME_STARTED,
+            decision.message,
+            decision.generation,
+            now=decision.started_at,
+        ),
         "message": decision.message,
     }
     if decision.generation is not None:
@@ -550,8 +600,9 @@ def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> dict[str, A
     outcome = OUTCOME_REFUSED if isinstance(decision, Refuse) else OUTCOME_NOT_RESUMABLE
     text = f"resume refused: {decision.reason}"
     patch: dict[str, Any] = {
-        "lastResume": last_resume_status(decision.attempt, decision.trigger, outcome, text, decision.generation,
-                                         now=now, missing=missing),
+        "lastResume": last_resume_status(
+            decision.attempt, decision.trigger, outcome, text, decision.generation, now=now, missing=missing
+        ),
         "message": text,
     }
     if decision.generation is not None:
@@ -559,8 +610,14 @@ def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> dict[str, A
     return patch
 
 
-def end_patch(status: Mapping[str, Any], *, phase: str, now: float, reason: str | None = None,
-              checkpoints_verified: int | None = None) -> dict[str, Any]:
+def end_patch(
+    status: Mapping[str, Any],
+    *,
+    phase: str,
+    now: float,
+    reason: str | None = None,
+    checkpoints_verified: int | None = None,
+) -> dict[str, Any]:
     """Close the running attempt's row when the sweep reaches an ended phase ({} when there is none open)."""
     attempts = list(attempts_of(status))
     if not attempts or (attempts[-1].ended_at is not None and checkpoints_verified is None):
@@ -576,10 +633,23 @@ def end_patch(status: Mapping[str, Any], *, phase: str, now: float, reason: str 
     return {"attempts": [a.to_status() for a in attempts], "totalRanSeconds": total_ran_seconds(attempts)}
 
 
-def last_resume_status(attempt: int, trigger: str, outcome: str, message: str, generation: int | None, *,
-                       now: float, missing: Sequence[str] = ()) -> dict[str, Any]:
-    doc: dict[str, Any] = {"attempt": attempt, "trigger": trigger, "outcome": outcome, "message": message[:2000],
-                           "decidedAt": rfc3339(now)}
+def last_resume_status(
+    attempt: int,
+    trigger: str,
+    outcome: str,
+    message: str,
+    generation: int | None,
+    *,
+    now: float,
+    missing: Sequence[str] = (),
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "attempt": attempt,
+        "trigger": trigger,
+        "outcome": outcome,
+        "message": message[:2000],
+        "decidedAt": rfc3339(now),
+    }
     if generation is not None:
         doc["generation"] = generation
     if missing:
