@@ -478,3 +478,30 @@ def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(
     if expected:
         assert name == expected
     assert name != r.attempt_rayjob_name(sweep, run_id, attempt + 1)
+
+
+def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_the_same_run_root() -> None:
+    from sweep_contracts import constants
+    from sweep_contracts.runtime_env import deadline_of, run_spec_of
+    from sweep_operator.rendering import RenderContext, build_rayjob, rayjob_name
+    from sweep_operator.validation import parse_sweep
+    from tests.support.factories import cpu_sweep
+
+    sweep = parse_sweep({**cpu_sweep("digits", "ml"), "metadata": {"name": "digits", "namespace": "ml", "uid": "u1"}})
+    first = build_rayjob(sweep, "abc123", RenderContext())
+    root = run_spec_of(first).run_root
+    decision = r.decide(facts(resume_active_seconds=3600, num_samples=12, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt)
+    rayjob = r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, root)
+    run_spec = run_spec_of(rayjob)
+    assert rayjob["metadata"]["name"] == "digits-abc123-a2" != rayjob_name("digits", "abc123")
+    assert (run_spec.attempt, run_spec.run_root, run_spec.run_id) == (2, root, "abc123")
+    assert run_spec.spec.deadlines.active_seconds == 3600 and run_spec.spec.tune.num_samples == 12
+    assert deadline_of(rayjob) == int(NOW + 3600)
+    assert rayjob["spec"]["activeDeadlineSeconds"] == 3600 + sweep.spec.deadlines.graceful_stop_seconds
+    # Guarded as the first attempt: same finalizer, labels and guard annotation (same run root).
+    assert rayjob["metadata"]["finalizers"] == first["metadata"]["finalizers"] == [constants.FINALIZER]
+    assert rayjob["metadata"]["labels"] == first["metadata"]["labels"]
+    assert rayjob["metadata"]["annotations"] == first["metadata"]["annotations"]
+    with pytest.raises(ValueError, match="not the run root"):
+        r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, "s3://bucket/elsewhere/ml/digits-abc123")

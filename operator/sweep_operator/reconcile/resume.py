@@ -666,3 +666,35 @@ def event_for(decision: ResumeDecision) -> tuple[str, str, str] | None:
     if isinstance(decision, Refuse | NotResumable):
         return "Warning", "ResumeRefused", f"resume refused: {decision.reason}"
     return None
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def attempt_sweep(sweep: Any, decision: StartAttempt) -> Any:
+    """The parsed sweep (validation.Sweep) as attempt `decision.attempt` runs it: its deadlines are the attempt's
+    (RESUME.md: the run spec's spec.deadlines and SWEEP_DEADLINE_AT are THIS attempt's), numSamples the total."""
+    spec = sweep.spec
+    deadlines = spec.deadlines.model_copy(update={"active_seconds": decision.active_seconds})
+    tune = spec.tune.model_copy(update={"num_samples": decision.num_samples})
+    return replace(sweep, spec=spec.model_copy(update={"deadlines": deadlines, "tune": tune}))
+
+
+def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: StartAttempt, run_root: str) -> dict[str, Any]:
+    """The RayJob of attempt N > 1: rendered as any (guard annotation, finalizer, labels, owner), named
+    `decision.rayjob_name`, its run spec carrying `attempt` and the attempt's deadline. ValueError when the rendered
+    run root is not `run_root` (the one the earlier attempts wrote: a resume never moves it)."""
+    from sweep_contracts import runtime_env
+
+    from ..rendering import build_rayjob
+
+    rayjob = build_rayjob(attempt_sweep(sweep, decision), run_id, context, deadline_at=int(decision.deadline_at))
+    run_spec = runtime_env.run_spec_of(rayjob)
+    if run_spec is None or run_spec.run_root != run_root:
+        rendered = run_spec.run_root if run_spec else "none"
+        raise ValueError(f"attempt {decision.attempt} would write to {rendered}, not the run root {run_root}")
+    rayjob["metadata"]["name"] = decision.rayjob_name
+    rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(
+        replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
+    )
+    return rayjob
