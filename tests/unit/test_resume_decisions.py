@@ -505,3 +505,40 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     assert rayjob["metadata"]["annotations"] == first["metadata"]["annotations"]
     with pytest.raises(ValueError, match="not the run root"):
         r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, "s3://bucket/elsewhere/ml/digits-abc123")
+
+
+def test_decisions_become_the_controllers_status_write_and_events() -> None:
+    status = {
+        "runId": "abc123",
+        "phase": "DeadlineExceeded",
+        "rayJobName": "digits-abc123",
+        "finishedAt": "x",
+        "attempts": [FIRST.to_status()],
+        "checkpoints": {"verified": True, "checked": 4, "verifiedAt": "y"},
+        "conditions": [
+            {
+                "type": "DeadlineExceeded",
+                "status": "True",
+                "reason": "GracefulStop",
+                "message": "",
+                "lastTransitionTime": "2026-12-03T14:00:00Z",
+            }
+        ],
+    }
+    start = r.decide(facts(resume_active_seconds=3600, verification=VERIFIED))
+    written = r.as_decision(status, start, generation=3, now=NOW)
+    new = written.status
+    assert new["phase"] == "Starting" and new["rayJobName"] == "digits-abc123-a2" and new["observedGeneration"] == 3
+    assert "finishedAt" not in new and "checkpoints" not in new  # the attempt's end is verified afresh
+    kinds = {c["type"]: (c["status"], c["reason"]) for c in new["conditions"]}
+    assert kinds["DeadlineExceeded"] == ("False", "Resumed") and kinds["Admitted"] == ("True", "Resumed")
+    assert [(e.type, e.reason) for e in written.events] == [("Normal", "Resumed")]
+    refused = r.as_decision(
+        status,
+        r.decide(facts(resume_active_seconds=3600, verification=RunRootCheck(ROOT, False, 2, MISSING))),
+        generation=3,
+        now=NOW,
+    )
+    assert refused.status["phase"] == "DeadlineExceeded" and refused.status["lastResume"]["outcome"] == "Refused"
+    assert [(e.type, e.reason) for e in refused.events] == [("Warning", "ResumeRefused")]
+    assert r.as_decision(status, r.decide(facts(resume_active_seconds=3600)), generation=3, now=NOW) is None

@@ -698,3 +698,41 @@ def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: StartAttempt
         replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
     )
     return rayjob
+
+
+# ------------------------------------------------------------------------------------ the decision as data
+
+
+def as_decision(
+    status: Mapping[str, Any],
+    decision: ResumeDecision,
+    *,
+    generation: int | None,
+    now: float,
+    num_samples: int | None = None,
+) -> Any:
+    """A resume decision as the controller's `actions.Decision` (the whole new status and the Events), for the
+    outcomes that write: a start (after its RayJob was created or adopted), a refusal. None for the others
+    (Idle; VerifyFirst and AutoResume ask the controller to verify and decide again)."""
+    from ..status import conditions_with, updated
+    from .actions import Decision, Event
+
+    announced = event_for(decision)
+    events = (Event(*announced),) if announced else ()
+    if isinstance(decision, StartAttempt):
+        changes = start_patch(status, decision, num_samples=num_samples)
+        updates: list[tuple[str, bool | str, str, str]] = [
+            ("Admitted", True, "Resumed", decision.message),
+            ("Running", False, "Starting", f"attempt {decision.attempt}: waiting for the RayCluster and the Ray job"),
+            ("Ready", False, "Starting", "the sweep has not finished"),
+        ]
+        if any(c.get("type") == "DeadlineExceeded" for c in status.get("conditions") or []):
+            updates.append(("DeadlineExceeded", False, "Resumed", f"attempt {decision.attempt} has its own deadline"))
+        changes["conditions"] = conditions_with(status, generation, now, *updates)
+        changes["observedGeneration"] = generation
+        return Decision(updated(status, changes), events=events)
+    if isinstance(decision, Refuse | NotResumable):
+        changes = refusal_patch(decision, now=now)
+        changes["observedGeneration"] = generation
+        return Decision(updated(status, changes), events=events)
+    return None
