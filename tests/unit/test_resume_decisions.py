@@ -542,3 +542,31 @@ def test_decisions_become_the_controllers_status_write_and_events() -> None:
     assert refused.status["phase"] == "DeadlineExceeded" and refused.status["lastResume"]["outcome"] == "Refused"
     assert [(e.type, e.reason) for e in refused.events] == [("Warning", "ResumeRefused")]
     assert r.as_decision(status, r.decide(facts(resume_active_seconds=3600)), generation=3, now=NOW) is None
+
+
+def test_the_ended_rayjob_is_read_from_the_object_or_from_what_the_status_recorded() -> None:
+    body = {
+        "status": {
+            "jobDeploymentStatus": "Failed",
+            "reason": "AppFailed",
+            "jobStatus": "RUNNING",
+            "message": "Ray head pod not found.",
+        }
+    }
+    assert r.cluster_loss(r.rayjob_end_from({}, body)) is not None
+    recorded = {"jobDeploymentStatus": "Failed", "reason": "JobStatusCheckTimeoutExceeded", "jobStatus": "RUNNING"}
+    assert r.cluster_loss(r.rayjob_end_from(recorded)) is not None
+    assert r.cluster_loss(r.rayjob_end_from(recorded, driver_phase="Failed")) is None
+    assert r.rayjob_end_from({}) is None
+
+
+def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
+    def spec(generation: int | None, policy: int) -> SimpleNamespace:
+        resume = SimpleNamespace(generation=generation) if generation else None
+        return SimpleNamespace(resume=resume, failure_policy=SimpleNamespace(resume_on_cluster_loss=policy))
+
+    ended = {"runId": "abc123", "phase": "DeadlineExceeded", "resumedGeneration": 1}
+    assert not r.may_resume(ended, spec(None, 0)) and not r.may_resume(ended, spec(1, 0))
+    assert r.may_resume(ended, spec(2, 0))
+    assert not r.may_resume(ended, spec(1, 2)) and r.may_resume({**ended, "phase": "Failed"}, spec(1, 2))
+    assert not r.may_resume({"phase": "Failed"}, spec(2, 2))

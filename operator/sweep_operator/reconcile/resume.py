@@ -736,3 +736,37 @@ def as_decision(
         changes["observedGeneration"] = generation
         return Decision(updated(status, changes), events=events)
     return None
+
+
+def rayjob_end_from(
+    status: Mapping[str, Any], rayjob: Mapping[str, Any] | None = None, driver_phase: str | None = None
+) -> RayJobEnd | None:
+    """How the last attempt's RayJob ended: from the RayJob when it is still there, else from what the sweep's
+    status recorded of it at the end (jobDeploymentStatus, jobStatus, reason). None: nothing recorded."""
+    if rayjob is not None:
+        seen = rayjob.get("status") or {}
+        return RayJobEnd(
+            str(seen.get("jobDeploymentStatus") or ""),
+            str(seen.get("reason") or ""),
+            str(seen.get("message") or ""),
+            str(seen.get("jobStatus") or ""),
+            driver_phase,
+        )
+    if not status.get("jobDeploymentStatus"):
+        return None
+    return RayJobEnd(
+        str(status.get("jobDeploymentStatus") or ""),
+        str(status.get("reason") or ""),
+        "",
+        str(status.get("jobStatus") or ""),
+        driver_phase,
+    )
+
+
+def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
+    """Whether an ended sweep's pass should ask `decide` at all (no reads otherwise): a spec.resume generation not
+    acted on yet, or the automatic policy on a Failed sweep."""
+    resume = getattr(spec, "resume", None)
+    asked = resume is not None and resume.generation > (_int(status.get("resumedGeneration")) or 0)
+    automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.get("phase") == "Failed"
+    return bool(status.get("runId")) and (asked or automatic)
