@@ -570,3 +570,123 @@ def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
     assert r.may_resume(ended, spec(2, 0))
     assert not r.may_resume(ended, spec(1, 2)) and r.may_resume({**ended, "phase": "Failed"}, spec(1, 2))
     assert not r.may_resume({"phase": "Failed"}, spec(2, 2))
+
+
+# ----------------------------------------------------------------------------- one step, with fake ports
+
+
+class Ports:
+    """Fake ports: a verifier answer, the run's documents, a namespace budget, an API that creates RayJobs."""
+
+    def __init__(
+        self, verified: bool = True, problems: tuple = (), waits: str | None = None, existing: dict | None = None
+    ) -> None:
+        from tests.support.fakes import FakeResult, Finding
+
+        self.result = FakeResult(verified=verified, checked=3, problems=[Finding(*p) for p in problems])
+        self.waits, self.existing = waits, existing
+        self.created: list[dict] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.verified: list[str] = []
+
+    def ports(self) -> r.ResumePorts:
+        return r.ResumePorts(
+            verify=lambda target: self.verified.append(target.run_root) or self.result,
+            documents=lambda target: ({"phase": "Running"}, None, True),
+            rayjob=lambda name: None,
+            admit=lambda sweep: self.waits,
+            create=self.create,
+            emit=lambda *event: self.events.append(event),
+        )
+
+    def create(self, rayjob: dict) -> tuple[dict, bool]:
+        if self.existing is not None:
+            return self.existing, False
+        self.created.append(rayjob)
+        return rayjob, True
+
+
+def ended_body(**spec_changes: object) -> tuple[dict, object]:
+    from sweep_operator.rendering import RenderContext, build_rayjob
+    from sweep_operator.validation import parse_sweep
+    from tests.support.factories import changed, cpu_sweep
+
+    doc = changed(cpu_sweep("digits", "ml"), {"spec.tune.numSamples": 4, **spec_changes})
+    doc["metadata"].update(uid="u1", generation=2)
+    sweep = parse_sweep(doc)
+    from sweep_contracts.runtime_env import run_spec_of
+
+    root = run_spec_of(build_rayjob(sweep, "abc123", RenderContext())).run_root
+    doc["status"] = {
+        "phase": "DeadlineExceeded",
+        "runId": "abc123",
+        "rayJobName": "digits-abc123",
+        "startedAt": r.rfc3339(NOW - 4000),
+        "finishedAt": r.rfc3339(NOW - 400),
+        "deadlineAt": r.rfc3339(NOW - 400),
+        "jobDeploymentStatus": "Complete",
+        "jobStatus": "SUCCEEDED",
+        "guard": {"runRoot": root, "endpointUrl": "", "region": "", "verify": True, "timeoutSeconds": 60},
+        "checkpoints": {"verified": True, "checked": 3, "verifiedAt": r.rfc3339(NOW - 390)},
+    }
+    return doc, sweep
+
+
+def step(doc: dict, sweep: object, ports: Ports) -> object:
+    from sweep_operator.rendering import RenderContext
+
+    return r.resume_step(doc, sweep, ports.ports(), now=NOW, context=RenderContext(), max_active_seconds=86_400)
+
+
+def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() -> None:
+    doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    ports = Ports()
+    decision = step(doc, sweep, ports)
+    assert ports.verified == [doc["status"]["guard"]["runRoot"]]
+    (rayjob,) = ports.created
+    assert rayjob["metadata"]["name"] == "digits-abc123-a2"
+    assert decision.status["phase"] == "Starting" and decision.status["resumedGeneration"] == 1
+    assert [row["attempt"] for row in decision.status["attempts"]] == [1, 2]
+    assert [e.reason for e in decision.events] == ["Resumed"]
+    assert step({**doc, "status": decision.status}, sweep, Ports()) is None  # acted on: nothing more to do
+
+
+def test_a_step_on_an_unverified_run_root_creates_nothing_and_names_what_is_missing() -> None:
+    doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    ports = Ports(verified=False, problems=(("missing-file", "sweeps/ml/digits-abc123/train/t1/c/w.pt", "gone"),))
+    decision = step(doc, sweep, ports)
+    assert ports.created == [] and decision.status["phase"] == "DeadlineExceeded"
+    assert decision.status["lastResume"]["missing"] == ["missing-file sweeps/ml/digits-abc123/train/t1/c/w.pt"]
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", "ResumeRefused")]
+
+
+def test_a_step_waits_for_namespace_capacity_without_consuming_the_generation() -> None:
+    doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    decision = step(doc, sweep, Ports(waits="needs 0 GPUs, 0 free"))
+    assert "waits for namespace capacity" in decision.status["message"]
+    assert "resumedGeneration" not in decision.status and decision.status["phase"] == "DeadlineExceeded"
+
+
+def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
+    doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    foreign = {"metadata": {"name": "digits-abc123-a2", "labels": {"sweeps.dev/run-id": "zzz999"}}}
+    decision = step(doc, sweep, Ports(existing=foreign))
+    assert (
+        decision.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in decision.status["message"]
+    )
+
+
+def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> None:
+    doc, sweep = ended_body(**{"spec.failurePolicy.resumeOnClusterLoss": 1})
+    doc["status"].update(
+        phase="Failed",
+        jobDeploymentStatus="Failed",
+        reason="JobStatusCheckTimeoutExceeded",
+        jobStatus="RUNNING",
+        finishedAt=r.rfc3339(NOW - 3000),
+    )
+    ports = Ports()
+    decision = step(doc, sweep, ports)
+    assert [e[1] for e in ports.events] == ["AutoResume"] and ports.created
+    assert decision.status["attempts"][-1]["trigger"] == "ClusterLoss"
+    assert step(ended_body()[0], ended_body()[1], Ports()) is None  # nothing asked, no policy

@@ -212,10 +212,11 @@ class RunRootCheck:
         progress: Mapping[str, Any] | None = None,
         final: Mapping[str, Any] | None = None,
         records_readable: bool = True,
+        root: str | None = None,
     ) -> RunRootCheck:
         problems = tuple((str(p.kind), str(p.key), str(p.detail)) for p in result.problems)
         return cls(
-            str(result.root),
+            root if root is not None else str(result.root),
             bool(result.verified),
             int(result.checked),
             problems,
@@ -770,3 +771,96 @@ def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
     asked = resume is not None and resume.generation > (_int(status.get("resumedGeneration")) or 0)
     automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.get("phase") == "Failed"
     return bool(status.get("runId")) and (asked or automatic)
+
+
+# ------------------------------------------------------------------------------ one resume step, I/O injected
+
+
+@dataclass(frozen=True)
+class ResumePorts:
+    """What the controller lends a resume step (the only I/O it does, all injected)."""
+
+    verify: Any  # (GuardTarget) -> verification.VerificationResult, afresh
+    documents: Any  # (GuardTarget) -> (status.json, result.json, readable): reads.Reads.run_documents
+    rayjob: Any  # (name) -> the RayJob object or None
+    admit: Any  # (parsed sweep) -> None when the namespace budget admits it, else why it waits
+    create: Any  # (rayjob dict) -> (object, created): kube.KubeApi.create_rayjob
+    emit: Any  # (type, reason, message) -> None: an Event on the sweep
+
+
+def resume_step(
+    body: Mapping[str, Any],
+    sweep: Any,
+    ports: ResumePorts,
+    *,
+    now: float,
+    context: Any,
+    max_active_seconds: int | None = None,
+) -> Any:
+    """One resume pass for an ended sweep whose end-of-run verification is recorded: the controller's Decision
+    to write (a started attempt, a refusal), or None (nothing asked; or it waits for namespace capacity, said in
+    the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep)."""
+    from ..status import updated
+    from .actions import Decision
+    from .guard import status_target
+
+    status = dict(body.get("status") or {})
+    if not may_resume(status, sweep.spec):
+        return None
+    generation = (body.get("metadata") or {}).get("generation")
+    rayjob = ports.rayjob(status.get("rayJobName") or "") if status.get("rayJobName") else None
+    target = status_target(body)
+    driver = None
+    if target is not None and status.get("phase") == "Failed":
+        progress, _, _ = ports.documents(target)
+        driver = (progress or {}).get("phase") if isinstance((progress or {}).get("phase"), str) else None
+    facts = facts_from_sweep(
+        body,
+        spec=sweep.spec,
+        now=now,
+        max_active_seconds=max_active_seconds,
+        rayjob_end=rayjob_end_from(status, rayjob, driver),
+    )
+    decision = decide(facts)
+    if isinstance(decision, VerifyFirst):
+        if isinstance(decision, AutoResume):
+            ports.emit("Normal", "AutoResume", decision.message)
+        if target is None:
+            decision = NotResumable(
+                "the run root is unknown (status.guard is unset): nothing can be verified",
+                decision.trigger,
+                decision.attempt,
+                decision.generation,
+            )
+        else:
+            result = ports.verify(target)
+            progress, final, readable = ports.documents(target)
+            check = RunRootCheck.from_result(
+                result, progress=progress, final=final, records_readable=readable, root=target.run_root
+            )
+            decision = decide(replace(facts, verification=check))
+    if isinstance(decision, StartAttempt):
+        assert target is not None  # a start follows a verification of the recorded run root
+        waits = ports.admit(sweep)
+        if waits:
+            message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
+            return Decision(updated(status, {"message": message})) if status.get("message") != message else None
+        try:
+            wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target.run_root)
+        except ValueError as exc:
+            decision = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
+        else:
+            created, fresh = ports.create(wanted)
+            meta = created.get("metadata") or {}
+            owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+            ours = (meta.get("labels") or {}).get(constants.LABEL_RUN_ID) == facts.run_id and (
+                not owners or sweep.uid in owners
+            )
+            if not fresh and not ours:  # adopted only when an earlier pass created it
+                decision = NotResumable(
+                    f"RayJob {decision.rayjob_name} exists and is not this run's",
+                    decision.trigger,
+                    decision.attempt,
+                    decision.generation,
+                )
+    return as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
