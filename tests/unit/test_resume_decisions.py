@@ -399,6 +399,7 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
         patch["phase"] == "Starting" and patch["rayJobName"] == "digits-abc123-a2" and patch["resumedGeneration"] == 1
     )
     assert patch["checkpoints"] is None and patch["finishedAt"] is None  # the new end is verified again
+    assert patch["startedAt"] == r.rfc3339(NOW) and first[0].started_at == NOW - 4000  # the startup clock restarts
     assert [row["attempt"] for row in patch["attempts"]] == [1, 2] and patch["totalRanSeconds"] == 3600
     assert patch["attempts"][1] == {
         "attempt": 2,

@@ -576,6 +576,8 @@ def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_sample
         "reason": None,
         "attemptStartedAt": None,
         "finishedAt": None,
+        # The startup clock and the deadline are the attempt's (attempts[0].startedAt keeps the admission time).
+        "startedAt": rfc3339(decision.started_at),
         "deadlineAt": rfc3339(decision.deadline_at),
         "checkpoints": None,
         "attempts": [a.to_status() for a in attempts],
