@@ -691,3 +691,22 @@ def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> No
     assert [e[1] for e in ports.events] == ["AutoResume"] and ports.created
     assert decision.status["attempts"][-1]["trigger"] == "ClusterLoss"
     assert step(ended_body()[0], ended_body()[1], Ports()) is None  # nothing asked, no policy
+
+
+def test_pending_tells_a_timer_tick_whether_an_ended_sweep_has_a_resume_to_act_on() -> None:
+    ended = {
+        "runId": "abc123",
+        "phase": "Failed",
+        "jobDeploymentStatus": "Failed",
+        "jobStatus": "RUNNING",
+        "reason": "JobStatusCheckTimeoutExceeded",
+        "resumedGeneration": 1,
+    }
+    assert not r.pending({"spec": {"resume": {"generation": 1}}, "status": ended})
+    assert r.pending({"spec": {"resume": {"generation": 2}}, "status": ended})
+    automatic = {"spec": {"failurePolicy": {"resumeOnClusterLoss": 1}}, "status": ended}
+    assert r.pending(automatic)
+    answered = {**ended, "lastResume": {"attempt": 2, "trigger": "ClusterLoss", "outcome": "Refused"}}
+    assert not r.pending({**automatic, "status": answered})
+    assert not r.pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
+    assert not r.pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run

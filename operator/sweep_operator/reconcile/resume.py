@@ -866,3 +866,24 @@ def resume_step(
                     decision.generation,
                 )
     return as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
+
+
+def pending(body: Mapping[str, Any]) -> bool:
+    """Whether an ended sweep has a resume to act on, from the raw object (the timer tick asks it, no parse, no
+    reads): a spec.resume generation not acted on, or a cluster loss the automatic policy has not answered yet."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    if not status.get("runId") or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    asked = _int((spec.get("resume") or {}).get("generation")) or 0
+    if asked > (_int(status.get("resumedGeneration")) or 0):
+        return True
+    policy = _int((spec.get("failurePolicy") or {}).get("resumeOnClusterLoss")) or 0
+    if policy <= 0 or status.get("phase") != "Failed":
+        return False
+    end = rayjob_end_from(status)
+    lost = cluster_loss(end) is not None or (end is not None and end.reason == REASON_APP_FAILED)  # message unread
+    last = LastResume.from_status(status.get("lastResume"))
+    answered = (
+        last is not None and last.trigger == TRIGGER_CLUSTER_LOSS and last.attempt == len(attempts_of(status)) + 1
+    )
+    return lost and not answered
