@@ -1,12 +1,14 @@
 """Benchmark: what our driver costs over the same sweep written by hand against Ray (Tune over Train V2).
 
-    .venv/bin/python bench/entrypoint_overhead.py [--repeat 1] [--skip-digits | --only digits_2x2]
+    .venv/bin/python bench/entrypoint_overhead.py [--repeat 1] [--skip-digits | --only digits_2x2 | --only resume]
 
 Two workloads, each run by hand (a script like the field review's) and through `python -m training_entrypoints.sweep`
 (a RayJob rendered by the operator, run by training_entrypoints.local) on one shared local Ray, so cluster startup
 is out of both: the review's scalar objective (2 trials x 1 worker; target ratio <= 1.10) and the digits MLP
 (2 trials x 2 workers, gloo; target <= 1.05). The review's original Tune-only scalar example is timed too, for
-reference (it has no Train run per trial). Prints one JSON object; wall-clock seconds are the best of --repeat.
+reference (it has no Train run per trial). The resume row (issue 16) times, in one run on the same Ray, a fresh
+start to its first epoch and the resume of that sweep (attempt 2, after its deadline stopped it) to its first new
+epoch. Prints one JSON object; wall-clock seconds are the best of --repeat.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sweep_operator import constants  # noqa: E402
+from sweep_contracts import constants  # noqa: E402
 from sweep_operator.rendering import build_rayjob  # noqa: E402
 from sweep_operator.validation import parse_sweep  # noqa: E402
-from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob  # noqa: E402
+from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob, runtime_env_vars  # noqa: E402
 
 REVIEW_TUNE_ONLY = """
 import sys
@@ -144,11 +146,64 @@ def run_driver(doc: dict[str, Any], cluster: LocalRayCluster, root: Path, run_id
     return elapsed
 
 
+def resume_row(cluster: LocalRayCluster, root: Path, first_attempt_s: float) -> dict[str, Any]:
+    """Fresh start -> first epoch, and resume -> first new epoch, of one digits trial (1 worker) on the same Ray.
+
+    Attempt 1 starts the sweep and holds after its first epoch (tests.support.entrypoint_loops:digits_resume_probe)
+    until its deadline stops it; attempt 2 continues it on the same run root. Both are timed from the driver's
+    launch to the `reported_at` of the epoch's report, so both include the driver's start, Tune, the trial's
+    placement and the Train worker group; the resume adds its restore (experiment state, searcher, checkpoint)."""
+    import yaml
+
+    hold = root / "hold"
+    root.mkdir(parents=True, exist_ok=True)
+    hold.write_text("held")
+    doc = yaml.safe_load((REPO / "examples" / "digits-cpu.yaml").read_text())
+    doc["spec"].update(
+        trainLoop="tests.support.entrypoint_loops:digits_resume_probe",
+        paramSpace={"lr": 0.05, "hidden": 32, "epochs": 3, "hold_after_epoch": 0, "hold_file": str(hold)},
+    )
+    doc["spec"]["tune"].update({"numSamples": 1, "maxConcurrentTrials": 1, "searcher": {"type": "random"}})
+    doc["spec"]["trial"].update({"workers": 1})
+    doc["spec"]["deadlines"].update({"gracefulStopSeconds": 1})
+    rayjob = build_rayjob(parse_sweep(doc), "resume1", deadline_at=int(time.time() + first_attempt_s), storage_uri=str(root))
+    launched = time.time()
+    first = run_rayjob(rayjob, cluster=cluster, workdir=REPO, log_dir=root / "logs1")
+    if not first.ok or not first.result or not first.result.get("deadlineReached"):
+        raise RuntimeError(f"attempt 1 did not end at its deadline: {first.message}")
+    (trial,) = [t["id"] for t in first.result["trialResults"]]
+    rows_path = Path(first.run_root) / "tune" / trial / "result.json"
+    fresh_rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    hold.unlink()
+    body = json.loads(runtime_env_vars(rayjob)[constants.ENV_RUN_SPEC])
+    body["attempt"] = 2
+    overrides = {constants.ENV_RUN_SPEC: json.dumps(body), constants.ENV_DEADLINE_AT: str(int(time.time() + 600))}
+    resumed = time.time()
+    second = run_rayjob(rayjob, cluster=cluster, env_overrides=overrides, workdir=REPO, log_dir=root / "logs2")
+    if not second.ok:
+        raise RuntimeError(f"attempt 2 failed: {second.message}")
+    new_rows = [json.loads(line) for line in rows_path.read_text().splitlines()][len(fresh_rows):]
+    if not new_rows or new_rows[0]["epoch"] != fresh_rows[-1]["epoch"] + 1:
+        raise RuntimeError(f"attempt 2 did not continue after epoch {fresh_rows[-1]['epoch']}: {new_rows[:1]}")
+    fresh_s = fresh_rows[0]["reported_at"] - launched
+    resume_s = new_rows[0]["reported_at"] - resumed
+    return {
+        "fresh_start_to_first_epoch_s": round(fresh_s, 2),
+        "resume_to_first_new_epoch_s": round(resume_s, 2),
+        "ratio": round(resume_s / fresh_s, 3),
+        "resumed_at_epoch": new_rows[0]["epoch"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant; the best time counts")
     parser.add_argument("--skip-digits", action="store_true", help="only the scalar workload")
-    parser.add_argument("--only", choices=sorted(WORKLOADS), help="only this workload (e.g. digits_2x2 with --repeat 3)")
+    parser.add_argument(
+        "--only", choices=sorted([*WORKLOADS, "resume"]), help="only this row (e.g. digits_2x2 with --repeat 3)"
+    )
+    parser.add_argument("--resume-first-attempt-s", type=float, default=45.0,
+                        help="deadline of the resume row's first attempt (it must reach its first epoch by then)")
     args = parser.parse_args()
     import yaml
 
@@ -162,6 +217,14 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-entrypoint-") as tmp, LocalRayCluster(size, env=env) as cluster:
         base = Path(tmp)
+        if args.only in (None, "resume"):
+            rows = [resume_row(cluster, base / f"resume-{i}", args.resume_first_attempt_s) for i in range(args.repeat)]
+            best = min(rows, key=lambda r: r["resume_to_first_new_epoch_s"])
+            report["resume"] = {**best, "samples": rows}
+        if args.only == "resume":
+            report["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+            print(json.dumps(report, indent=1))
+            return 0
         report["review_tune_only_s"] = round(run_script(REVIEW_TUNE_ONLY, cluster, base / "review"), 2)
         for name, workload in WORKLOADS.items():
             if (name == "digits_2x2" and args.skip_digits) or (args.only and name != args.only):
