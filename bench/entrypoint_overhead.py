@@ -26,10 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sweep_contracts import constants  # noqa: E402
-from sweep_operator.rendering import build_rayjob  # noqa: E402
-from sweep_operator.validation import parse_sweep  # noqa: E402
-from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob, runtime_env_vars  # noqa: E402
+from sweep_contracts import constants
+from sweep_operator.rendering import build_rayjob
+from sweep_operator.validation import parse_sweep
+from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob, runtime_env_vars
 
 REVIEW_TUNE_ONLY = """
 import sys
@@ -166,7 +166,9 @@ def resume_row(cluster: LocalRayCluster, root: Path, first_attempt_s: float) -> 
     doc["spec"]["tune"].update({"numSamples": 1, "maxConcurrentTrials": 1, "searcher": {"type": "random"}})
     doc["spec"]["trial"].update({"workers": 1})
     doc["spec"]["deadlines"].update({"gracefulStopSeconds": 1})
-    rayjob = build_rayjob(parse_sweep(doc), "resume1", deadline_at=int(time.time() + first_attempt_s), storage_uri=str(root))
+    rayjob = build_rayjob(
+        parse_sweep(doc), "resume1", deadline_at=int(time.time() + first_attempt_s), storage_uri=str(root)
+    )
     launched = time.time()
     first = run_rayjob(rayjob, cluster=cluster, workdir=REPO, log_dir=root / "logs1")
     if not first.ok or not first.result or not first.result.get("deadlineReached"):
@@ -182,7 +184,7 @@ def resume_row(cluster: LocalRayCluster, root: Path, first_attempt_s: float) -> 
     second = run_rayjob(rayjob, cluster=cluster, env_overrides=overrides, workdir=REPO, log_dir=root / "logs2")
     if not second.ok:
         raise RuntimeError(f"attempt 2 failed: {second.message}")
-    new_rows = [json.loads(line) for line in rows_path.read_text().splitlines()][len(fresh_rows):]
+    new_rows = [json.loads(line) for line in rows_path.read_text().splitlines()][len(fresh_rows) :]
     if not new_rows or new_rows[0]["epoch"] != fresh_rows[-1]["epoch"] + 1:
         raise RuntimeError(f"attempt 2 did not continue after epoch {fresh_rows[-1]['epoch']}: {new_rows[:1]}")
     fresh_s = fresh_rows[0]["reported_at"] - launched
@@ -202,8 +204,12 @@ def main() -> int:
     parser.add_argument(
         "--only", choices=sorted([*WORKLOADS, "resume"]), help="only this row (e.g. digits_2x2 with --repeat 3)"
     )
-    parser.add_argument("--resume-first-attempt-s", type=float, default=45.0,
-                        help="deadline of the resume row's first attempt (it must reach its first epoch by then)")
+    parser.add_argument(
+        "--resume-first-attempt-s",
+        type=float,
+        default=45.0,
+        help="deadline of the resume row's first attempt (it must reach its first epoch by then)",
+    )
     args = parser.parse_args()
     import yaml
 
@@ -234,12 +240,12 @@ def main() -> int:
             ours: list[float] = []
             for i in range(args.repeat):
                 # Alternate which goes first, so a warm-up or a neighbour's load does not always favour one side.
-                runs = [
-                    lambda: plain.append(run_script(workload["script"], cluster, base / f"{name}-plain-{i}")),
-                    lambda: ours.append(run_driver(doc, cluster, base / f"{name}-driver-{i}", f"bench{i}")),
-                ]
-                for step in runs if i % 2 == 0 else runs[::-1]:
-                    step()
+                order = ("plain", "driver") if i % 2 == 0 else ("driver", "plain")
+                for kind in order:
+                    if kind == "plain":
+                        plain.append(run_script(workload["script"], cluster, base / f"{name}-plain-{i}"))
+                    else:
+                        ours.append(run_driver(doc, cluster, base / f"{name}-driver-{i}", f"bench{i}"))
             report[name] = {
                 "handwritten_s": round(min(plain), 2),
                 "driver_s": round(min(ours), 2),

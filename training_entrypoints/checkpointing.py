@@ -12,16 +12,16 @@ import hashlib
 import json
 import random
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from sweep_contracts import checkpoint_manifest
-from sweep_contracts import s3_layout
+from sweep_contracts import checkpoint_manifest, s3_layout
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -358,7 +358,7 @@ def _fetch_shard(checkpoint: Any, rank: int, into: Path) -> None:
         return
     for info in fs.get_file_info(pafs.FileSelector(shard, recursive=True)):
         if info.type == pafs.FileType.File:
-            target = into / s3_layout.rank_shard_dir(rank) / info.path[len(shard) + 1:]
+            target = into / s3_layout.rank_shard_dir(rank) / info.path[len(shard) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             pafs.copy_files(info.path, str(target), source_filesystem=fs, destination_filesystem=local)
 
@@ -384,10 +384,14 @@ def load_shard(
         root = Path(tmp)
         _fetch_shard(checkpoint, rank, root)
         if verify and (problems := manifest_problems(root, ranks=[rank])):
-            raise CheckpointError(f"checkpoint {checkpoint.path} cannot be restored on rank {rank}: {'; '.join(problems)}")
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path} cannot be restored on rank {rank}: {'; '.join(problems)}"
+            )
         manifest_path = root / s3_layout.rank_manifest_name(rank)
         if not manifest_path.is_file():
-            raise CheckpointError(f"checkpoint {checkpoint.path} has no {manifest_path.name}: not a sharded save of rank {rank}")
+            raise CheckpointError(
+                f"checkpoint {checkpoint.path} has no {manifest_path.name}: not a sharded save of rank {rank}"
+            )
         recorded = checkpoint_manifest.parse_manifest(manifest_path.read_bytes(), manifest_path.name).world_size
         if recorded != world_size:
             raise CheckpointError(
@@ -398,7 +402,9 @@ def load_shard(
         state = _load(shard / SHARD_STATE_FILE)
         restore_rng_state(_load(shard / RNG_FILE)["ranks"][0])
         train_state = json.loads((shard / TRAIN_STATE_FILE).read_text())
-    return state, TrainState(epoch=train_state["epoch"], step=train_state.get("step", 0), extra=train_state.get("extra", {}))
+    return state, TrainState(
+        epoch=train_state["epoch"], step=train_state.get("step", 0), extra=train_state.get("extra", {})
+    )
 
 
 def report_sharded_epoch(

@@ -39,7 +39,12 @@ class ShardSampler(Sampler[int]):
 
 
 def evaluation_loader(
-    dataset: Dataset[Any], *, batch_size: int, rank: int | None = None, world_size: int | None = None, **loader_kwargs: Any
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    rank: int | None = None,
+    world_size: int | None = None,
+    **loader_kwargs: Any,
 ) -> DataLoader[Any]:
     """A DataLoader over this rank's unpadded share of `dataset` (rank and world size default to the running world).
 

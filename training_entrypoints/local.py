@@ -18,10 +18,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
-
+from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import SweepSpec, parse_quantity
@@ -291,7 +291,11 @@ def _driver_messages(log_path: Path, limit: int = 50) -> list[str]:
 
 
 def _poll_progress(
-    location: str, endpoint: str | None, on_progress: Callable[[dict[str, Any]], None], stop: threading.Event, every_s: float
+    location: str,
+    endpoint: str | None,
+    on_progress: Callable[[dict[str, Any]], None],
+    stop: threading.Event,
+    every_s: float,
 ) -> None:
     last = None
     while not stop.wait(every_s):

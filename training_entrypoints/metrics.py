@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -19,4 +19,4 @@ def all_reduce_sum(values: Mapping[str, float]) -> dict[str, float]:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     tensor = torch.tensor([float(v) for v in values.values()], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return dict(zip(values, tensor.tolist()))
+    return dict(zip(values, tensor.tolist(), strict=True))

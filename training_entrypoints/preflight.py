@@ -8,6 +8,7 @@ first checkpoint after the GPUs were paid for (R20: checkpoint permissions and f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -101,10 +102,8 @@ def check_run_root(run_root: str, *, token: str | None = None) -> None:
 
 
 def _delete_quietly(fs: Any, path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fs.delete_file(path)
-    except OSError:
-        pass
 
 
 def record_failure(run_root: str, failure: PreflightFailure) -> bool:
@@ -123,7 +122,9 @@ def record_failure(run_root: str, failure: PreflightFailure) -> bool:
     try:
         storage.write_json(s3_layout.RunLayout(run_root).status_path, document)
     except OSError as exc:
-        logger.warning("could not record the pre-flight failure in %s: %s", s3_layout.RunLayout(run_root).status_path, exc)
+        logger.warning(
+            "could not record the pre-flight failure in %s: %s", s3_layout.RunLayout(run_root).status_path, exc
+        )
         return False
     return True
 
@@ -185,12 +186,16 @@ def check_gpu_workers(run_spec: RunSpec) -> None:
         run_config=ray.train.RunConfig(
             name="gpu-preflight",
             storage_path=layout.meta_dir,
-            failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0, max_preemption_failures=0),
+            failure_config=ray.train.FailureConfig(
+                max_failures=0, controller_failure_limit=0, max_preemption_failures=0
+            ),
         ),
     )
     try:
         trainer.fit()
     except Exception as exc:  # TrainingFailedError wraps the worker's own message
         raise PreflightError(
-            PreflightFailure("gpu", f"{spec.trial.workers} worker(s) x {gpus:g} GPU, NCCL", layout.meta_dir, _one_line(exc))
+            PreflightFailure(
+                "gpu", f"{spec.trial.workers} worker(s) x {gpus:g} GPU, NCCL", layout.meta_dir, _one_line(exc)
+            )
         ) from None

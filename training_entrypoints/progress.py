@@ -10,9 +10,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Tuple
+from datetime import UTC, datetime
+from typing import Any
 
 from ray.tune import Callback
 
@@ -25,10 +26,16 @@ logger = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 5.0
 # What read_ray_demand returns: placement groups, node totals, task/actor demand, pending and failed launches.
-DemandReader = Callable[[], Tuple[dict, list, list, int, int]]
+DemandReader = Callable[[], tuple[dict, list, list, int, int]]
 CHECKPOINT_PATH_KEY = "checkpoint_path"  # what TuneReportCallback adds to rank 0's metrics (R18)
 # Tune trial states -> the TrainingSweep's trial counts (a paused trial waits like a pending one).
-_STATE_KEYS = {"PENDING": "pending", "PAUSED": "pending", "RUNNING": "running", "TERMINATED": "terminated", "ERROR": "errored"}
+_STATE_KEYS = {
+    "PENDING": "pending",
+    "PAUSED": "pending",
+    "RUNNING": "running",
+    "TERMINATED": "terminated",
+    "ERROR": "errored",
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class TrialSummary:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def trial_counts(trials: Iterable[TrialSummary]) -> dict[str, int]:
@@ -69,7 +76,13 @@ def best_trial(trials: Iterable[TrialSummary], metric: str | None, mode: str | N
     if not scored:
         return None
     best = (min if mode == "min" else max)(scored, key=lambda t: t.value)  # first wins a tie
-    return {"id": best.id, "metric": metric, "value": best.value, "config": best.config, "checkpointUri": best.checkpoint_uri}
+    return {
+        "id": best.id,
+        "metric": metric,
+        "value": best.value,
+        "config": best.config,
+        "checkpointUri": best.checkpoint_uri,
+    }
 
 
 def status_document(
@@ -110,7 +123,9 @@ def _resources(bundle: Any) -> dict[str, float]:
     return {
         str(k): float(v)
         for k, v in bundle.items()
-        if isinstance(v, (int, float)) and v and not str(k).startswith(("node:", "bundle_group", "CPU_group", "GPU_group"))
+        if isinstance(v, (int, float))
+        and v
+        and not str(k).startswith(("node:", "bundle_group", "CPU_group", "GPU_group"))
         and "_group_" not in str(k)
     }
 
@@ -145,7 +160,9 @@ def summarize_pending(
         seen_now.add(pg_id)
         since = first_seen.setdefault(pg_id, now)
         raw = info.get("bundles") or {}
-        bundles = [_resources(b) for _, b in sorted(raw.items())] if isinstance(raw, dict) else [_resources(b) for b in raw]
+        bundles = (
+            [_resources(b) for _, b in sorted(raw.items())] if isinstance(raw, dict) else [_resources(b) for b in raw]
+        )
         strategy = str(info.get("strategy") or "")
         if strategy == "STRICT_PACK":
             total: dict[str, float] = {}
@@ -172,7 +189,12 @@ def summarize_pending(
         clean = _resources(bundle)
         if clean and count > 0:
             waiting.append(
-                {"kind": "tasksAndActors", "bundle": clean, "count": int(count), "infeasible": not any(_fits(clean, n) for n in node_totals)}
+                {
+                    "kind": "tasksAndActors",
+                    "bundle": clean,
+                    "count": int(count),
+                    "infeasible": not any(_fits(clean, n) for n in node_totals),
+                }
             )
     waiting.sort(key=lambda w: -w.get("pendingSeconds", 0.0))
     cluster: dict[str, float] = {}
@@ -312,7 +334,9 @@ class SweepProgressCallback(Callback):
         self._trial_pending_since = {tid: self._trial_pending_since.get(tid, now) for tid in pending}
         return {tid: now - since for tid, since in self._trial_pending_since.items()}
 
-    def _write(self, document: dict[str, Any], pending_trials: dict[str, float] | None = None, now: float = 0.0) -> None:
+    def _write(
+        self, document: dict[str, Any], pending_trials: dict[str, float] | None = None, now: float = 0.0
+    ) -> None:
         if self._demand_reader is not None and pending_trials is not None:
             try:
                 groups, nodes, demand, launching, failed = self._demand_reader()
@@ -342,7 +366,9 @@ class SweepProgressCallback(Callback):
         now = self._last_write = self._clock()
         document = status_document(self.summaries(), self.metric, self.mode, attempt_facts=self.attempt_facts)
         pending = self.pending_trials(self.trials, now)
-        self._writer = threading.Thread(target=self._write, args=(document, pending, now), name="sweep-status", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write, args=(document, pending, now), name="sweep-status", daemon=True
+        )
         self._writer.start()
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:

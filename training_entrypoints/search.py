@@ -102,6 +102,4 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
         )
     if s.type == "pbt":  # the validator refuses it first; a hand-made run spec must not get a PBT that never exploits
         raise EntrypointError(f"spec.tune.scheduler.type: {PBT_REFUSED}")
-    raise EntrypointError(
-        f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median"
-    )
+    raise EntrypointError(f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median")

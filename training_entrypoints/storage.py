@@ -16,7 +16,9 @@ import pyarrow.fs as pafs
 from sweep_contracts import s3_layout
 
 
-def filesystem(location: str, endpoint_url: str | None = None, region: str | None = None) -> tuple[pafs.FileSystem, str]:
+def filesystem(
+    location: str, endpoint_url: str | None = None, region: str | None = None
+) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for an `s3://` URI or a local path; S3 filesystems are reused per bucket."""
     if not s3_layout.is_s3_uri(location):
         return pafs.LocalFileSystem(), os.path.abspath(location)

@@ -10,11 +10,11 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from sweep_contracts import constants
-from sweep_contracts import s3_layout
+from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
@@ -45,7 +45,9 @@ def require_train_v2() -> None:
     flag = os.environ.get(constants.ENV_TRAIN_V2)
     from ray.train.torch import TorchTrainer
 
-    if (flag is not None and flag.strip().lower() not in _TRUE) or not TorchTrainer.__module__.startswith("ray.train.v2."):
+    if (flag is not None and flag.strip().lower() not in _TRUE) or not TorchTrainer.__module__.startswith(
+        "ray.train.v2."
+    ):
         raise EntrypointError(
             f"{constants.ENV_TRAIN_V2}={flag!r}: this entrypoint needs Ray Train V2 (the 2.58 default); "
             f"unset the variable or set it to 1 (got TorchTrainer from {TorchTrainer.__module__})"
@@ -200,7 +202,9 @@ class AttemptLedger:
         return {"attempt": self.attempt, "attempts": resume.with_attempt(self.earlier, self.record)}
 
 
-def restore_tuner(plan: SweepPlan, trainable: Any, progress: SweepProgressCallback, budget: float | None) -> tuple[Any, resume.ContinuePlan]:
+def restore_tuner(
+    plan: SweepPlan, trainable: Any, progress: SweepProgressCallback, budget: float | None
+) -> tuple[Any, resume.ContinuePlan]:
     """Tuner.restore of the run's experiment, set up to continue rather than restart (training_entrypoints.resume).
 
     Finished trials stay as they are; unfinished trials and those the deadline stopped resume from their last
@@ -241,12 +245,19 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
 
     run_spec = plan.run_spec
     spec, layout = run_spec.spec, run_spec.layout
-    ledger = ledger or AttemptLedger(plan.attempt, [], resume.attempt_record(
-        plan.attempt, started_at=utc_now(), deadline_at=plan.deadline_at, num_samples=spec.tune.num_samples))
+    ledger = ledger or AttemptLedger(
+        plan.attempt,
+        [],
+        resume.attempt_record(
+            plan.attempt, started_at=utc_now(), deadline_at=plan.deadline_at, num_samples=spec.tune.num_samples
+        ),
+    )
     budget = time_budget_s(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
     if budget is not None and budget <= 0:
-        message = (f"the deadline {plan.deadline_at:.0f} leaves no time to train (gracefulStopSeconds "
-                   f"{spec.deadlines.graceful_stop_seconds})")
+        message = (
+            f"the deadline {plan.deadline_at:.0f} leaves no time to train (gracefulStopSeconds "
+            f"{spec.deadlines.graceful_stop_seconds})"
+        )
         print(f"sweep: {message}", file=sys.stderr)
         _record_failure(plan, ledger, message)
         return EXIT_FAILED
@@ -301,7 +312,12 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
     facts = ledger.facts()
     run_info = {"namespace": run_spec.namespace, "sweep": run_spec.sweep, "runId": run_spec.run_id}
     document = result_document(
-        summaries, spec.tune.metric, spec.tune.mode, run=run_info, deadline_reached=deadline_reached, attempt_facts=facts
+        summaries,
+        spec.tune.metric,
+        spec.tune.mode,
+        run=run_info,
+        deadline_reached=deadline_reached,
+        attempt_facts=facts,
     )
     status = status_document(summaries, spec.tune.metric, spec.tune.mode, phase=phase, attempt_facts=facts)
     storage.write_json(layout.status_path, status)
@@ -313,17 +329,23 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
         print(f"sweep: {resource_diagnosis(run_spec, cluster, driver_resources)}", file=sys.stderr)
         return EXIT_FAILED
     if deadline_reached:
-        print(f"sweep: stopped {spec.deadlines.graceful_stop_seconds} s before the deadline; checkpoints so far are kept")
+        print(
+            f"sweep: stopped {spec.deadlines.graceful_stop_seconds} s before the deadline; checkpoints so far are kept"
+        )
     return EXIT_OK
 
 
 def _print_summary(document: Mapping[str, Any], where: str) -> None:
     best = document.get("bestTrial")
     counts = document["trials"]
-    print(f"sweep: {counts['terminated']} terminated, {counts['errored']} errored of {counts['total']} trials; result in {where}")
+    print(
+        f"sweep: {counts['terminated']} terminated, {counts['errored']} errored of {counts['total']} trials; result in {where}"
+    )
     if best:
-        print(f"sweep: best trial {best['id']} {best['metric']}={best['value']:g} config={best['config']} "
-              f"checkpoint={best['checkpointUri']}")
+        print(
+            f"sweep: best trial {best['id']} {best['metric']}={best['value']:g} config={best['config']} "
+            f"checkpoint={best['checkpointUri']}"
+        )
 
 
 def connect_ray(plan: SweepPlan) -> None:
@@ -444,7 +466,10 @@ def _preflight_failed(run_root: str, exc: preflight.PreflightError) -> int:
     print(f"sweep: {exc}", file=sys.stderr)
     recorded = preflight.record_failure(run_root, exc.failure)
     where = s3_layout.RunLayout(run_root).status_path
-    print(f"sweep: the failure is {'recorded in' if recorded else 'not recorded (no write access) in'} {where}", file=sys.stderr)
+    print(
+        f"sweep: the failure is {'recorded in' if recorded else 'not recorded (no write access) in'} {where}",
+        file=sys.stderr,
+    )
     return EXIT_FAILED
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray.train
 from ray import tune

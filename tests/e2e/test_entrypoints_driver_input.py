@@ -23,8 +23,12 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 
-def driver(tmp_path: Path, spec_patch: dict[str, Any], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    run_spec = build_run_spec(parse_sweep(changed(cpu_sweep(), {"spec.tune.searcher.type": "random"})), "bad1", str(tmp_path))
+def driver(
+    tmp_path: Path, spec_patch: dict[str, Any], extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    run_spec = build_run_spec(
+        parse_sweep(changed(cpu_sweep(), {"spec.tune.searcher.type": "random"})), "bad1", str(tmp_path)
+    )
     body = json.loads(run_spec.to_json())
     for path, value in spec_patch.items():
         *parents, leaf = path.split(".")
@@ -36,7 +40,12 @@ def driver(tmp_path: Path, spec_patch: dict[str, Any], extra_env: dict[str, str]
     env.update({constants.ENV_RUN_SPEC: json.dumps(body), constants.ENV_DEADLINE_AT: str(int(time.time()) + 600)})
     env.update(extra_env or {})
     return subprocess.run(
-        [sys.executable, "-m", constants.ENTRYPOINT_MODULE], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", constants.ENTRYPOINT_MODULE],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -51,7 +60,12 @@ def driver(tmp_path: Path, spec_patch: dict[str, Any], extra_env: dict[str, str]
             {},
             "spec.tune.metric: required by scheduler 'asha'",
         ),
-        ("optuna not installed", {"tune.searcher.type": "optuna"}, {}, "needs the optuna package in the training image"),
+        (
+            "optuna not installed",
+            {"tune.searcher.type": "optuna"},
+            {},
+            "needs the optuna package in the training image",
+        ),
         ("train loop missing", {"trainLoop": "nowhere.loops:train_loop"}, {}, "spec.trainLoop: cannot import module"),
         ("Train V1 (R2)", {}, {constants.ENV_TRAIN_V2: "0"}, "needs Ray Train V2"),
     ],

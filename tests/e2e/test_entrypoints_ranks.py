@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from sweep_contracts import constants
-from sweep_contracts import s3_layout
-from sweep_operator import verification as v
+from sweep_contracts import constants, s3_layout
 from sweep_contracts.s3_layout import S3Uri
+from sweep_operator import verification as v
 
 pytestmark = pytest.mark.e2e
 
@@ -38,12 +37,22 @@ def ray_local(s3_server: Any) -> Iterator[None]:
     env = {
         "PYTHONPATH": str(REPO),
         "AWS_ENDPOINT_URL": s3_server.endpoint_url,
-        **{k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION") if k in os.environ},
+        **{
+            k: os.environ[k]
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+            if k in os.environ
+        },
         constants.ENV_WORKER_GROUP_START_TIMEOUT: "60",
     }
     saved = os.environ.get("AWS_ENDPOINT_URL")
     os.environ["AWS_ENDPOINT_URL"] = s3_server.endpoint_url  # the driver's pyarrow too
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=100 * 1024 * 1024, runtime_env={"env_vars": env})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        object_store_memory=100 * 1024 * 1024,
+        runtime_env={"env_vars": env},
+    )
     try:
         yield
     finally:
@@ -68,7 +77,9 @@ def fit(loop: str, config: dict[str, Any], storage_path: str, name: str) -> Any:
             name=name,
             storage_path=storage_path,
             # Finite retry classes (R12): a broken run fails here instead of retrying forever.
-            failure_config=ray.train.FailureConfig(max_failures=0, controller_failure_limit=0, max_preemption_failures=0),
+            failure_config=ray.train.FailureConfig(
+                max_failures=0, controller_failure_limit=0, max_preemption_failures=0
+            ),
         ),
     )
     return trainer.fit()
@@ -82,7 +93,12 @@ def digits_facts(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> l
     """One 2-epoch run of the digits loop; per rank, per epoch: the sample indices drawn and a parameter digest."""
     facts = tmp_path_factory.mktemp("r3-facts")
     config = {"lr": 0.05, "hidden": 32, "epochs": EPOCHS, "batch_size": 64, "facts_dir": str(facts)}
-    fit("tests.support.rank_probes:digits_with_rank_facts", config, str(tmp_path_factory.mktemp("r3-store")), "digits-r3")
+    fit(
+        "tests.support.rank_probes:digits_with_rank_facts",
+        config,
+        str(tmp_path_factory.mktemp("r3-store")),
+        "digits-r3",
+    )
     return [json.loads((facts / f"rank-{rank}.json").read_text()) for rank in range(WORLD)]
 
 
@@ -97,7 +113,9 @@ def test_gradients_are_synchronised_parameters_equal_on_every_rank_R3(digits_fac
 
 
 @pytest.mark.timeout(300)
-def test_each_rank_trains_on_a_disjoint_shard_whose_union_is_the_training_set_R3(digits_facts: list[list[dict[str, Any]]]) -> None:
+def test_each_rank_trains_on_a_disjoint_shard_whose_union_is_the_training_set_R3(
+    digits_facts: list[list[dict[str, Any]]],
+) -> None:
     """R3 (`prepare_data_loader` adds the DistributedSampler): no sample twice in an epoch, none left out."""
     for epoch in range(EPOCHS):
         shards = [facts[epoch]["indices"] for facts in digits_facts]
@@ -109,14 +127,18 @@ def test_each_rank_trains_on_a_disjoint_shard_whose_union_is_the_training_set_R3
 
 
 @pytest.mark.timeout(300)
-def test_the_shuffle_changes_every_epoch_and_is_the_same_on_every_rank_R3(digits_facts: list[list[dict[str, Any]]]) -> None:
+def test_the_shuffle_changes_every_epoch_and_is_the_same_on_every_rank_R3(
+    digits_facts: list[list[dict[str, Any]]],
+) -> None:
     """R3 (`sampler.set_epoch`): a new order each epoch on each rank; one permutation shared by all ranks (which is
     why their shards stay disjoint): rank r draws positions r, r + 2, ... of it."""
     for facts in digits_facts:
         assert facts[0]["indices"] != facts[1]["indices"], "the same order every epoch: set_epoch was not called"
         assert set(facts[0]["indices"]) != set(facts[1]["indices"])  # a new split too, not only a new order
     for epoch in range(EPOCHS):
-        interleaved = [i for pair in zip(*(facts[epoch]["indices"] for facts in digits_facts)) for i in pair]
+        interleaved = [
+            i for pair in zip(*(facts[epoch]["indices"] for facts in digits_facts), strict=True) for i in pair
+        ]
         assert sorted(interleaved) == list(range(TRAIN_SIZE))
 
 
@@ -151,26 +173,36 @@ def sharded_run(ray_local: None, s3_server: Any, tmp_path_factory: pytest.TempPa
 
 
 @pytest.mark.timeout(300)
-def test_every_rank_writes_its_shard_and_its_manifest_and_the_verifier_requires_all_R10(sharded_run: ShardedRun) -> None:
+def test_every_rank_writes_its_shard_and_its_manifest_and_the_verifier_requires_all_R10(
+    sharded_run: ShardedRun,
+) -> None:
     """R10: one checkpoint directory per epoch holding shard-0000/, shard-0001/ and a manifest per rank (world size
     recorded); the operator's verifier verifies the run (deep: sha256) and refuses it once the highest rank's
     manifest is gone."""
     client, root = sharded_run.client, sharded_run.root
     prefix = root.join("train", "trial-0").prefix
-    keys = [o["Key"][len(prefix):] for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix) for o in page.get("Contents", [])]
+    keys = [
+        o["Key"][len(prefix) :]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=root.bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+    ]
     for epoch in range(EPOCHS):
         name = s3_layout.checkpoint_dir_name(epoch)
-        files = sorted(k[len(name) + 1:] for k in keys if k.startswith(name + "/") and not k.endswith("/"))
+        files = sorted(k[len(name) + 1 :] for k in keys if k.startswith(name + "/") and not k.endswith("/"))
         assert files == [
             "_manifest.rank-0000.json", "_manifest.rank-0001.json",
             "shard-0000/rng.pt", "shard-0000/state.pt", "shard-0000/train_state.json",
             "shard-0001/rng.pt", "shard-0001/state.pt", "shard-0001/train_state.json",
         ]  # fmt: skip
         for rank in range(WORLD):
-            body = client.get_object(Bucket=root.bucket, Key=f"{prefix}{name}/{s3_layout.rank_manifest_name(rank)}")["Body"].read()
+            body = client.get_object(Bucket=root.bucket, Key=f"{prefix}{name}/{s3_layout.rank_manifest_name(rank)}")[
+                "Body"
+            ].read()
             manifest = json.loads(body)
             assert (manifest["rank"], manifest["worldSize"], manifest["epoch"]) == (rank, WORLD, epoch)
-            assert {f["path"] for f in manifest["files"]} == {f"shard-{rank:04d}/{n}" for n in ("rng.pt", "state.pt", "train_state.json")}
+            assert {f["path"] for f in manifest["files"]} == {
+                f"shard-{rank:04d}/{n}" for n in ("rng.pt", "state.pt", "train_state.json")
+            }
 
     verdict = v.verify_sweep_checkpoints(client, root, deep=True, min_retention_days=0)
     assert verdict.verified, verdict.reason
@@ -207,7 +239,9 @@ def test_a_sharded_checkpoint_restores_bit_identical_on_every_rank_R10_R7(sharde
         for index, buffers in saved["optimizer"]["state"].items():
             assert torch.equal(restored["optimizer"]["state"][index]["momentum_buffer"], buffers["momentum_buffer"])
     other = torch.load(sharded_run.facts / "saved-rank-1-epoch-1.pt", weights_only=True)["model"]["weight"]
-    assert not torch.equal(torch.load(sharded_run.facts / "restored-rank-0.pt", weights_only=True)["model"]["weight"], other)
+    assert not torch.equal(
+        torch.load(sharded_run.facts / "restored-rank-0.pt", weights_only=True)["model"]["weight"], other
+    )
 
 
 # ----------------------------------------------------------------------------------------- R20
@@ -228,7 +262,9 @@ def test_a_placement_group_no_node_can_hold_is_reported_with_what_ray_waits_for_
         groups, nodes, demand, launching, failed = read_ray_demand()
         assert group.id.hex() in groups and groups[group.id.hex()]["state"] == "PENDING"
         first_seen = {group.id.hex(): 0.0}
-        block = summarize_pending({"t1": 42.0}, groups, nodes, demand, first_seen, 5.0, pending_launches=launching, failed_launches=failed)
+        block = summarize_pending(
+            {"t1": 42.0}, groups, nodes, demand, first_seen, 5.0, pending_launches=launching, failed_launches=failed
+        )
         (mine,) = [w for w in block["waitingFor"] if w.get("bundles") == [{"CPU": 1.0}, {"CPU": 64.0}]]
         assert mine["infeasible"] is True and mine["pendingSeconds"] == 5.0 and mine["strategy"] == "PACK"
         assert block["clusterResources"]["CPU"] == 4.0

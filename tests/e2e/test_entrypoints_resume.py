@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep_operator.rendering import build_rayjob
 from sweep_contracts.s3_layout import RunLayout
+from sweep_operator.rendering import build_rayjob
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob
@@ -48,7 +48,9 @@ def test_a_retried_run_resumes_its_own_experiment_and_checkpoints_R16(tmp_path: 
             "spec.failurePolicy": {"workerFailures": 0, "controllerFailures": 1, "preemptionFailures": 0},
         },
     )
-    rayjob = build_rayjob(parse_sweep(doc), "retry1", deadline_at=int(time.time()) + 900, storage_uri=str(tmp_path / "store"))
+    rayjob = build_rayjob(
+        parse_sweep(doc), "retry1", deadline_at=int(time.time()) + 900, storage_uri=str(tmp_path / "store")
+    )
     size = LocalRaySize(num_cpus=2, num_gpus=0, resources={"sweep_trial_driver": 1.0})
     with LocalRayCluster(size, env={**os.environ, "PYTHONPATH": str(REPO)}) as cluster:
         stop = threading.Event()
@@ -72,7 +74,9 @@ def test_a_retried_run_resumes_its_own_experiment_and_checkpoints_R16(tmp_path: 
     assert second.ok, second.message
     assert "recovering run retry1" in Path(second.log_path).read_text()
     (trial,) = second.result["trialResults"]
-    results = [json.loads(line) for line in (Path(layout.tune_dir) / trial["id"] / "result.json").read_text().splitlines()]
+    results = [
+        json.loads(line) for line in (Path(layout.tune_dir) / trial["id"] / "result.json").read_text().splitlines()
+    ]
     assert results[-1]["step"] == STEPS - 1
     assert results[-1]["resumed_from"] >= stopped_at + 1  # continued after the last committed checkpoint
     assert committed_steps(layout)[-1] == STEPS - 1

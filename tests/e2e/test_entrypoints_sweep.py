@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from sweep_contracts import constants
-from sweep_operator.rendering import build_rayjob
 from sweep_contracts.s3_layout import RunLayout, S3Uri
+from sweep_operator.rendering import build_rayjob
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints import checkpointing
@@ -65,7 +65,9 @@ def digits_sweep(name: str, storage: dict[str, Any], **changes: Any) -> dict[str
     )
 
 
-def run(doc: dict[str, Any], cluster: LocalRayCluster, tmp: Path, *, deadline_in_s: float = 900, **kwargs: Any) -> LocalRunResult:
+def run(
+    doc: dict[str, Any], cluster: LocalRayCluster, tmp: Path, *, deadline_in_s: float = 900, **kwargs: Any
+) -> LocalRunResult:
     sweep = parse_sweep(doc)
     storage = None if doc["spec"]["storage"].get("endpointUrl") else str(tmp / "store")
     rayjob = build_rayjob(sweep, "e2e1", deadline_at=int(time.time() + deadline_in_s), storage_uri=storage)
@@ -286,7 +288,13 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint_with_identical_state_
         {"uri": "s3://unused/sweeps", "region": "us-east-1"},
         **{
             "spec.trainLoop": "tests.support.entrypoint_loops:digits_with_one_failure",
-            "spec.paramSpace": {"fail_at_epoch": fail_at, "marker_dir": str(tmp_path), "lr": 0.05, "hidden": 32, "epochs": EPOCHS},
+            "spec.paramSpace": {
+                "fail_at_epoch": fail_at,
+                "marker_dir": str(tmp_path),
+                "lr": 0.05,
+                "hidden": 32,
+                "epochs": EPOCHS,
+            },
             "spec.tune": {"metric": "val_loss", "mode": "min", "numSamples": 1, "maxConcurrentTrials": 1},
         },
     )
@@ -305,10 +313,16 @@ def test_a_worker_failure_resumes_from_the_last_checkpoint_with_identical_state_
         resumed = Path(layout.checkpoint_dir(failed, name))
         assert checkpointing.manifest_problems(resumed) == []
         for file in ("model.pt", "optimizer.pt", "lr_scheduler.pt", "rng.pt"):
-            uninterrupted = torch.load(io.BytesIO(s3_run.read(s3_run.key("train", twin, name, file))), weights_only=True)
+            uninterrupted = torch.load(
+                io.BytesIO(s3_run.read(s3_run.key("train", twin, name, file))), weights_only=True
+            )
             assert_same(torch.load(resumed / file, weights_only=True), uninterrupted, f"{name}/{file}")
         twin_state = s3_run.json("train", twin, name, "train_state.json")
-        assert json.loads((resumed / "train_state.json").read_text()) == twin_state == {"epoch": epoch, "step": 0, "extra": {}}
+        assert (
+            json.loads((resumed / "train_state.json").read_text())
+            == twin_state
+            == {"epoch": epoch, "step": 0, "extra": {}}
+        )
 
 
 def assert_same(a: Any, b: Any, where: str) -> None:
@@ -320,7 +334,7 @@ def assert_same(a: Any, b: Any, where: str) -> None:
             assert_same(a[key], b[key], f"{where}.{key}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where

@@ -36,8 +36,8 @@ def slow_scalar(config: dict[str, Any]) -> None:
     import tempfile
     import time
 
-    from training_entrypoints.checkpointing import write_manifest
     from sweep_contracts import s3_layout
+    from training_entrypoints.checkpointing import write_manifest
 
     checkpoint = ray.train.get_checkpoint()
     start = 0

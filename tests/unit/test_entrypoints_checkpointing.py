@@ -61,7 +61,7 @@ def assert_same(a: Any, b: Any) -> None:
             assert_same(a[key], b[key])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b
@@ -94,7 +94,7 @@ def test_each_rank_restores_its_own_rng_state_R7(tmp_path: Path) -> None:
     rank0 = checkpointing.capture_rng_state()
     seed_all(2)
     rank1 = checkpointing.capture_rng_state()
-    model, optimizer, scheduler = make_training(0)
+    model, _optimizer, _scheduler = make_training(0)
     save_state(tmp_path, epoch=0, model=model, rng_states=[rank0, rank1])
 
     load_state(make_training(5)[0], checkpoint=Checkpoint.from_directory(str(tmp_path)), rank=1)
@@ -167,7 +167,9 @@ def test_sharded_checkpoint_each_rank_restores_its_own_shard_bit_identical_R10_R
 
     for rank in (1, 0):
         seed_all(999)
-        restored = checkpointing.load_shard(checkpoint=Checkpoint.from_directory(str(tmp_path)), rank=rank, world_size=2)
+        restored = checkpointing.load_shard(
+            checkpoint=Checkpoint.from_directory(str(tmp_path)), rank=rank, world_size=2
+        )
         assert restored is not None
         state, train_state = restored
         assert (train_state.epoch, train_state.step) == (4, 3)
@@ -213,7 +215,9 @@ class ReportRecorder:
         self.calls.append({"metrics": metrics, "checkpoint": checkpoint, "files": files, "kwargs": kwargs})
 
 
-def test_rank_zero_reports_a_full_checkpoint_named_by_epoch_synchronously_R8_R10(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rank_zero_reports_a_full_checkpoint_named_by_epoch_synchronously_R8_R10(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """R8: one report per epoch; R10: synchronous upload (no async mode), so the temp dir may go after report."""
     import ray.train
 

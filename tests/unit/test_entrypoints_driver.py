@@ -83,9 +83,16 @@ def test_train_v2_default_or_explicit_is_accepted_R2(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     ("has_result", "has_experiment", "mode"),
-    [(False, False, RunMode.NEW), (False, True, RunMode.RESUME), (True, True, RunMode.FINISHED), (True, False, RunMode.FINISHED)],
+    [
+        (False, False, RunMode.NEW),
+        (False, True, RunMode.RESUME),
+        (True, True, RunMode.FINISHED),
+        (True, False, RunMode.FINISHED),
+    ],
 )
-def test_reusing_a_run_root_is_a_decision_new_resume_or_finished_R16(has_result: bool, has_experiment: bool, mode: RunMode) -> None:
+def test_reusing_a_run_root_is_a_decision_new_resume_or_finished_R16(
+    has_result: bool, has_experiment: bool, mode: RunMode
+) -> None:
     """R16: a run's prefix is its own; an experiment there means a retry of this run (resume), a result means done."""
     assert decide_run_mode(has_result, has_experiment) is mode
 
@@ -116,6 +123,8 @@ def test_resource_diagnosis_names_what_a_trial_asks_and_what_exists_R12_R14(monk
         {"CPU": 4.0, "memory": 1e9, "node:127.0.0.1": 1.0, constants.TRIAL_DRIVER_RESOURCE: 2.0},
         {"CPU": 0, constants.TRIAL_DRIVER_RESOURCE: 1},
     )
-    assert text.startswith("each trial asks for 2 train worker(s) x {CPU: 2} plus a trial driver {CPU: 0, sweep_trial_driver: 1}")
+    assert text.startswith(
+        "each trial asks for 2 train worker(s) x {CPU: 2} plus a trial driver {CPU: 0, sweep_trial_driver: 1}"
+    )
     assert "the cluster has {CPU: 4, sweep_trial_driver: 2} in total" in text
     assert "Workers wait 5 s per attempt" in text and "controllerFailures=3" in text

@@ -15,7 +15,9 @@ def test_every_sample_is_on_exactly_one_rank_when_the_size_does_not_divide_R3(si
     shards = [list(ShardSampler(size, rank, world_size)) for rank in range(world_size)]
     assert sorted(i for shard in shards for i in shard) == list(range(size))
     # What the helper avoids: DistributedSampler pads the last ranks with repeats of the first samples.
-    padded = [list(DistributedSampler(range(size), num_replicas=world_size, rank=r, shuffle=False)) for r in range(world_size)]
+    padded = [
+        list(DistributedSampler(range(size), num_replicas=world_size, rank=r, shuffle=False)) for r in range(world_size)
+    ]
     assert sum(len(p) for p in padded) > size
 
 
@@ -26,9 +28,20 @@ def test_summed_evaluation_over_ranks_equals_the_whole_set_on_an_uneven_split_R3
     assert len(val) == 357
     torch.manual_seed(0)
     model = digits_mlp.build_model(16)
-    whole = evaluate(model, evaluation_loader(val, batch_size=64, rank=0, world_size=1), digits_mlp.batch_totals, keys=digits_mlp.VAL_KEYS)
+    whole = evaluate(
+        model,
+        evaluation_loader(val, batch_size=64, rank=0, world_size=1),
+        digits_mlp.batch_totals,
+        keys=digits_mlp.VAL_KEYS,
+    )
     per_rank = [
-        evaluate(model, evaluation_loader(val, batch_size=64, rank=r, world_size=2), digits_mlp.batch_totals, keys=digits_mlp.VAL_KEYS, reduce=False)
+        evaluate(
+            model,
+            evaluation_loader(val, batch_size=64, rank=r, world_size=2),
+            digits_mlp.batch_totals,
+            keys=digits_mlp.VAL_KEYS,
+            reduce=False,
+        )
         for r in range(2)
     ]
     assert [t["samples"] for t in per_rank] == [179, 178]
@@ -42,7 +55,12 @@ def test_a_rank_without_samples_still_reports_every_key_and_the_module_keeps_its
     data = TensorDataset(torch.zeros(2, 64), torch.zeros(2, dtype=torch.long))
     model = digits_mlp.build_model(8)
     model.train()
-    totals = evaluate(model, evaluation_loader(data, batch_size=4, rank=3, world_size=4), digits_mlp.batch_totals, keys=digits_mlp.VAL_KEYS)
+    totals = evaluate(
+        model,
+        evaluation_loader(data, batch_size=4, rank=3, world_size=4),
+        digits_mlp.batch_totals,
+        keys=digits_mlp.VAL_KEYS,
+    )
     assert totals == {"loss": 0.0, "correct": 0.0, "samples": 0.0}
     assert model.training
 

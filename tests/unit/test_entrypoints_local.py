@@ -42,7 +42,9 @@ def test_two_cores_get_enough_logical_cpus_for_every_concurrent_worker_R15() -> 
 
 
 def test_the_head_like_trial_driver_slots_equal_max_concurrent_trials_R5() -> None:
-    size = plan_local_ray(spec_of(changed(cpu_sweep(), {"spec.tune.maxConcurrentTrials": 3})), host_cpus=16, host_gpus=0)
+    size = plan_local_ray(
+        spec_of(changed(cpu_sweep(), {"spec.tune.maxConcurrentTrials": 3})), host_cpus=16, host_gpus=0
+    )
     assert size.resources == {constants.TRIAL_DRIVER_RESOURCE: 3.0}
     assert size.num_cpus == 16  # never fewer than the host has
 
@@ -72,16 +74,21 @@ def rendered(doc: dict[str, Any], storage: str | None = None) -> dict[str, Any]:
 
 
 def test_the_entrypoint_gets_the_rendered_runtime_env_and_container_env() -> None:
-    doc = changed(cpu_sweep(), {"spec.storage.endpointUrl": "http://127.0.0.1:9000", "spec.storage.region": "us-east-1"})
+    doc = changed(
+        cpu_sweep(), {"spec.storage.endpointUrl": "http://127.0.0.1:9000", "spec.storage.region": "us-east-1"}
+    )
     rayjob = rendered(doc)
     env_vars = runtime_env_vars(rayjob)
     assert env_vars[constants.ENV_TRAIN_V2] == "1" and env_vars[constants.ENV_DEADLINE_AT] == "1900000000"
     assert json.loads(env_vars[constants.ENV_RUN_SPEC])["runId"] == "abc123"
-    assert container_env(rayjob).items() >= {
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
-    }.items()
+    assert (
+        container_env(rayjob).items()
+        >= {
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9000",
+        }.items()
+    )
     assert max_workers(rayjob) == 4
     assert yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"] == env_vars
 
@@ -125,7 +132,13 @@ def test_result_table_lists_every_trial_and_marks_the_best() -> None:
             "bestTrial": {"id": "t1", "metric": "score"},
             "trialResults": [
                 {"id": "t0", "status": "TERMINATED", "config": {"x": 1}, "value": -4.0, "checkpointUri": None},
-                {"id": "t1", "status": "TERMINATED", "config": {"x": 3, "lr": 0.012345}, "value": 0.0, "checkpointUri": "/r/c"},
+                {
+                    "id": "t1",
+                    "status": "TERMINATED",
+                    "config": {"x": 3, "lr": 0.012345},
+                    "value": 0.0,
+                    "checkpointUri": "/r/c",
+                },
             ],
         }
     )

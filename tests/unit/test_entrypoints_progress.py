@@ -81,7 +81,10 @@ def test_checkpoint_paths_get_their_scheme_back_under_an_s3_root_R18() -> None:
     assert storage.to_uri("bucket/p/train/t/checkpoint_epoch-000001", "s3://bucket/p") == (
         "s3://bucket/p/train/t/checkpoint_epoch-000001"
     )
-    assert storage.to_uri("/data/p/train/t/checkpoint_epoch-000001", "/data/p") == "/data/p/train/t/checkpoint_epoch-000001"
+    assert (
+        storage.to_uri("/data/p/train/t/checkpoint_epoch-000001", "/data/p")
+        == "/data/p/train/t/checkpoint_epoch-000001"
+    )
 
 
 def fake_trial(trial_id: str, status: str, loss: float | None) -> Any:
@@ -134,9 +137,27 @@ def test_progress_callback_pickles_without_its_trials_or_writer_thread(tmp_path:
 
 # Shaped like ray.util.placement_group_table() in ray 2.58.0 (ray/_private/state.py _gen_placement_group_info).
 PG_TABLE = {
-    "aa01": {"placement_group_id": "aa01", "name": "", "bundles": {0: {"CPU": 2.0}, 1: {"CPU": 2.0}}, "strategy": "PACK", "state": "PENDING"},
-    "aa02": {"placement_group_id": "aa02", "name": "", "bundles": {0: {"GPU": 1.0, "CPU": 4.0}}, "strategy": "PACK", "state": "PENDING"},
-    "aa03": {"placement_group_id": "aa03", "name": "", "bundles": {0: {"CPU": 0.0, "sweep_trial_driver": 1.0}}, "strategy": "PACK", "state": "CREATED"},
+    "aa01": {
+        "placement_group_id": "aa01",
+        "name": "",
+        "bundles": {0: {"CPU": 2.0}, 1: {"CPU": 2.0}},
+        "strategy": "PACK",
+        "state": "PENDING",
+    },
+    "aa02": {
+        "placement_group_id": "aa02",
+        "name": "",
+        "bundles": {0: {"GPU": 1.0, "CPU": 4.0}},
+        "strategy": "PACK",
+        "state": "PENDING",
+    },
+    "aa03": {
+        "placement_group_id": "aa03",
+        "name": "",
+        "bundles": {0: {"CPU": 0.0, "sweep_trial_driver": 1.0}},
+        "strategy": "PACK",
+        "state": "CREATED",
+    },
 }
 NODES = [{"CPU": 6.0, "memory": 1e9, "object_store_memory": 1e8, "sweep_trial_driver": 2.0, "node:127.0.0.1": 1.0}]
 
@@ -159,16 +180,28 @@ def test_pending_block_names_what_ray_waits_for_and_which_bundle_no_node_can_hol
 def progress_summarize(first_seen: dict[str, float]) -> dict[str, Any]:
     from training_entrypoints.progress import summarize_pending
 
-    return summarize_pending({"t1": 120.0, "t2": 30.0}, PG_TABLE, NODES, [({"CPU": 1.0}, 3)], first_seen, 100.0, failed_launches=1)
+    return summarize_pending(
+        {"t1": 120.0, "t2": 30.0}, PG_TABLE, NODES, [({"CPU": 1.0}, 3)], first_seen, 100.0, failed_launches=1
+    )
 
 
 def test_status_pending_block_becomes_waiting_for_and_clears_when_nothing_waits_R20() -> None:
     """The operator's pure mapping: one line naming trials, ages, bundles and the hopeless one; None clears it (the
     merge patch removes the field), and result.json, which has no pending block, clears it too."""
-    doc = status_document([TrialSummary("t1", "PENDING"), TrialSummary("t2", "PENDING")], "val_loss", "min", pending=progress_summarize({}))
+    doc = status_document(
+        [TrialSummary("t1", "PENDING"), TrialSummary("t2", "PENDING")],
+        "val_loss",
+        "min",
+        pending=progress_summarize({}),
+    )
     text = progress_patch(json.loads(json.dumps(doc)))["waitingFor"]
-    assert text.startswith("2 trial(s) pending (oldest for 120s); Ray is waiting for placement group PACK of 2 x {CPU: 2} pending 0s")
-    assert "placement group PACK of 1 x {CPU: 4, GPU: 1} pending 0s; no node can hold it: the autoscaler must add one" in text
+    assert text.startswith(
+        "2 trial(s) pending (oldest for 120s); Ray is waiting for placement group PACK of 2 x {CPU: 2} pending 0s"
+    )
+    assert (
+        "placement group PACK of 1 x {CPU: 4, GPU: 1} pending 0s; no node can hold it: the autoscaler must add one"
+        in text
+    )
     assert "3 task(s)/actor(s) of {CPU: 1}" in text and "1 node launch(es) failed" in text
     assert text.endswith("the cluster has {CPU: 6, sweep_trial_driver: 2}")
     idle = status_document(TRIALS, "val_loss", "min", pending={"trials": 0, "waitingFor": [], "failedLaunches": 0})
@@ -186,7 +219,9 @@ def test_progress_callback_writes_the_pending_block_with_ages_across_writes_R20(
         reads.append(1)
         return {"aa01": PG_TABLE["aa01"]}, NODES, [], 0, 0
 
-    callback = SweepProgressCallback(layout, "val_loss", "min", interval_s=5.0, clock=lambda: now[0], demand_reader=demand)
+    callback = SweepProgressCallback(
+        layout, "val_loss", "min", interval_s=5.0, clock=lambda: now[0], demand_reader=demand
+    )
     callback.on_step_end(1, [fake_trial("a", "PENDING", None), fake_trial("b", "RUNNING", None)])
     callback.flush()
     now[0] += 30

@@ -91,7 +91,7 @@ def test_asha_receives_the_spec_values_R13() -> None:
     asha = build_scheduler(spec)
     assert asha._max_t == 6 and asha._reduction_factor == 3
     assert asha._time_attr == "training_iteration"
-    assert [b._rungs for b in asha._brackets][0][-1][0] == 2  # the lowest rung is the grace period
+    assert next(b._rungs for b in asha._brackets)[-1][0] == 2  # the lowest rung is the grace period
 
 
 def test_pbt_is_refused_before_any_trial_even_from_a_hand_made_run_spec_R13_R18() -> None:
@@ -108,7 +108,11 @@ def test_a_metric_scheduler_without_metric_fails_before_any_trial_R13() -> None:
     asha_without_metric = spec.model_copy(
         update={
             "tune": spec.tune.model_copy(
-                update={"metric": None, "mode": None, "scheduler": spec.tune.scheduler.model_copy(update={"type": "asha"})}
+                update={
+                    "metric": None,
+                    "mode": None,
+                    "scheduler": spec.tune.scheduler.model_copy(update={"type": "asha"}),
+                }
             )
         }
     )

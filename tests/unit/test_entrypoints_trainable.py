@@ -16,6 +16,7 @@ from sweep_contracts.runspec import build_run_spec
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 from training_entrypoints import trainable
+from training_entrypoints.search import EntrypointError
 from training_entrypoints.trainable import (
     RankReportCallback,
     checkpoint_config,
@@ -27,7 +28,6 @@ from training_entrypoints.trainable import (
     trial_context,
     trial_driver_resources,
 )
-from training_entrypoints.search import EntrypointError
 
 
 def test_scaling_config_sets_workers_gpu_and_per_worker_resources_never_trainer_resources_R4() -> None:
@@ -60,10 +60,18 @@ def test_every_train_retry_class_is_set_from_the_failure_policy_R12() -> None:
 def test_checkpoint_retention_ranks_by_score_attribute_or_the_tune_metric() -> None:
     spec = parse_sweep(gpu_sweep()).spec
     config = checkpoint_config(spec)
-    assert (config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order) == (2, "val_loss", "min")
+    assert (config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order) == (
+        2,
+        "val_loss",
+        "min",
+    )
     defaulted = parse_sweep(changed(gpu_sweep(), {"spec.checkpoints": {"numToKeep": 3}})).spec
     config = checkpoint_config(defaulted)
-    assert (config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order) == (3, "val_loss", "min")
+    assert (config.num_to_keep, config.checkpoint_score_attribute, config.checkpoint_score_order) == (
+        3,
+        "val_loss",
+        "min",
+    )
 
 
 def test_trial_drivers_take_the_head_slot_and_no_cpu_when_the_cluster_offers_it_R5_R14() -> None:
@@ -108,7 +116,11 @@ def test_train_run_config_is_trains_own_class_with_its_own_settings_R18_R19(monk
     import ray.tune.integration.ray_train as ray_train_integration
 
     monkeypatch.setattr(ray_train_integration, "_in_tune_session", lambda: True)
-    monkeypatch.setattr(ray_train_integration, "get_session", lambda: type("S", (), {"_get_or_create_inter_actor_queue": lambda self: None})())
+    monkeypatch.setattr(
+        ray_train_integration,
+        "get_session",
+        lambda: type("S", (), {"_get_or_create_inter_actor_queue": lambda self: None})(),
+    )
     run_spec = build_run_spec(parse_sweep(cpu_sweep()), "abc123")
     config = train_run_config(run_spec, "t_00000")
     assert type(config) is ray.train.RunConfig and type(config) is not ray.tune.RunConfig
@@ -137,7 +149,9 @@ def test_load_train_loop_names_the_field_when_the_loop_is_missing() -> None:
     assert load_train_loop("training_entrypoints.loops.scalar:train_loop").__name__ == "train_loop"
     with pytest.raises(EntrypointError, match=r"spec\.trainLoop: cannot import module 'no_such_pkg\.loops'"):
         load_train_loop("no_such_pkg.loops:train_loop")
-    with pytest.raises(EntrypointError, match=r"spec\.trainLoop: module 'training_entrypoints\.loops\.scalar' has no function 'nope'"):
+    with pytest.raises(
+        EntrypointError, match=r"spec\.trainLoop: module 'training_entrypoints\.loops\.scalar' has no function 'nope'"
+    ):
         load_train_loop("training_entrypoints.loops.scalar:nope")
 
 
