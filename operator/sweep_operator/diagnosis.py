@@ -8,19 +8,36 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 ROLE_LABEL = "ray.io/node-type"
 CLUSTER_LABEL = "ray.io/cluster"
 
 # (pattern in an event/condition message or a waiting reason, short cause, what to check)
 _CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"Insufficient nvidia\.com/gpu"), "Insufficient nvidia.com/gpu", "no node has a free GPU: check the GPU node group's max size, the autoscaler (Karpenter/Cluster Autoscaler) and EC2 capacity for the instance type"),
+    (
+        re.compile(r"Insufficient nvidia\.com/gpu"),
+        "Insufficient nvidia.com/gpu",
+        "no node has a free GPU: check the GPU node group's max size, the autoscaler (Karpenter/Cluster Autoscaler) and EC2 capacity for the instance type",
+    ),
     (re.compile(r"Insufficient (cpu|memory)"), "Insufficient {0}", "no node has enough {0} for the pod's requests"),
-    (re.compile(r"ImagePullBackOff|ErrImagePull|InvalidImageName"), "ImagePullBackOff", "the image cannot be pulled: check its name, tag and the node's registry access"),
-    (re.compile(r"exceeded quota|forbidden: exceeded"), "ResourceQuota exceeded", "the namespace ResourceQuota does not allow the pods"),
-    (re.compile(r"didn't match Pod's node affinity/selector|node\(s\) didn't match|untolerated taint"), "Unschedulable (selector/taints)", "no node matches the worker group's nodeSelector and tolerations"),
+    (
+        re.compile(r"ImagePullBackOff|ErrImagePull|InvalidImageName"),
+        "ImagePullBackOff",
+        "the image cannot be pulled: check its name, tag and the node's registry access",
+    ),
+    (
+        re.compile(r"exceeded quota|forbidden: exceeded"),
+        "ResourceQuota exceeded",
+        "the namespace ResourceQuota does not allow the pods",
+    ),
+    (
+        re.compile(r"didn't match Pod's node affinity/selector|node\(s\) didn't match|untolerated taint"),
+        "Unschedulable (selector/taints)",
+        "no node matches the worker group's nodeSelector and tolerations",
+    ),
     (re.compile(r"Unschedulable|FailedScheduling"), "Unschedulable", "the scheduler cannot place the pod"),
 )
 
@@ -76,12 +93,18 @@ def pod_problems(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str
         if found:
             (cause, hint), detail = found[0]
         else:
-            cause, hint, detail = status.get("phase") or "Pending", "waiting for the pod to start", texts[0] if texts else ""
+            cause, hint, detail = (
+                status.get("phase") or "Pending",
+                "waiting for the pod to start",
+                texts[0] if texts else "",
+            )
         problems.append(PodProblem(meta.get("name", "?"), role, cause, hint, detail.strip(": ").strip()))
     return problems
 
 
-def object_event_problems(events: Iterable[Mapping[str, Any]], kinds: tuple[str, ...] = ("RayCluster", "RayJob")) -> list[str]:
+def object_event_problems(
+    events: Iterable[Mapping[str, Any]], kinds: tuple[str, ...] = ("RayCluster", "RayJob")
+) -> list[str]:
     """Warnings on the RayCluster/RayJob themselves (e.g. KubeRay failing to create pods over quota)."""
     out = []
     for event in events:
@@ -89,7 +112,9 @@ def object_event_problems(events: Iterable[Mapping[str, Any]], kinds: tuple[str,
         if involved.get("kind") in kinds and event.get("type") == "Warning":
             text = f"{event.get('reason', '')}: {event.get('message') or event.get('note', '')}"
             classified = _classify(text)
-            out.append(f"{involved['kind']} {classified[0] if classified else event.get('reason', '')}: {event.get('message') or event.get('note', '')}".strip())
+            out.append(
+                f"{involved['kind']} {classified[0] if classified else event.get('reason', '')}: {event.get('message') or event.get('note', '')}".strip()
+            )
     return out
 
 

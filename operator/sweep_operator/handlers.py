@@ -18,25 +18,35 @@ import ssl
 import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import kopf
 
 from sweep_contracts import constants
-from .reconcile.controller import RetryLater, SweepController
-from .reconcile.guard import sweep_name_of
+
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
+from .reconcile.controller import RetryLater, SweepController
+from .reconcile.guard import sweep_name_of
 from .settings import WEBHOOK_PATH, Settings, SettingsError
 
 log = logging.getLogger(__name__)
 
-SWEEPS = {"group": constants.GROUP, "version": constants.VERSION, "plural": constants.PLURAL}
-RAYJOBS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYJOB_PLURAL}
-RAYCLUSTERS = {"group": constants.RAY_GROUP, "version": constants.RAY_VERSION_API, "plural": constants.RAYCLUSTER_PLURAL}
+SWEEPS: dict[str, Any] = {"group": constants.GROUP, "version": constants.VERSION, "plural": constants.PLURAL}
+RAYJOBS: dict[str, Any] = {
+    "group": constants.RAY_GROUP,
+    "version": constants.RAY_VERSION_API,
+    "plural": constants.RAYJOB_PLURAL,
+}
+RAYCLUSTERS: dict[str, Any] = {
+    "group": constants.RAY_GROUP,
+    "version": constants.RAY_VERSION_API,
+    "plural": constants.RAYCLUSTER_PLURAL,
+}
 
 
 def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mapping[str, Any], **_: Any) -> bool:
@@ -48,6 +58,8 @@ def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mappin
         or constants.ANNOTATION_GUARD in annotations
         or constants.FINALIZER in (meta.get("finalizers") or [])
     )
+
+
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
 MAX_HANDLER_THREADS = 16  # guards (S3 verification); event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
@@ -55,7 +67,8 @@ RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """The controller's event sink: a Kubernetes Event on `body` (kopf posts them in the background)."""
-    kopf.event(dict(body), type=type_, reason=reason, message=message[:1024])
+    # kopf.event reads only the metadata of what it is given; its stub names kopf.Body, not a mapping.
+    kopf.event(dict(body), type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]  # a mapping serves
 
 
 @dataclass
@@ -89,7 +102,7 @@ class RoutineHandlerSuccess(logging.Filter):
     event or tick and only enqueue (a line per event, thousands a minute in a busy namespace). Failures,
     retries, the guard's deletion handlers and everything at DEBUG (--verbose) are kept."""
 
-    _pattern = re.compile(r"^(Handler|Timer) '[^']*\.(%s)' succeeded\.$" % "|".join(ROUTINE_HANDLERS))
+    _pattern = re.compile(r"^(Handler|Timer) '[^']*\.({})' succeeded\.$".format("|".join(ROUTINE_HANDLERS)))
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.INFO or not isinstance(record.msg, str):
@@ -174,7 +187,13 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
 
     # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
     # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).
-    @kopf.timer(**SWEEPS, interval=settings.reconcile_seconds, initial_delay=settings.reconcile_seconds, idle=0, registry=registry)
+    @kopf.timer(
+        **SWEEPS,
+        interval=settings.reconcile_seconds,
+        initial_delay=settings.reconcile_seconds,
+        idle=0,
+        registry=registry,
+    )
     async def sweep_tick(body: kopf.Body, **_: Any) -> None:
         if controller.tick_due(body):  # deadlines, progress polling, the queue; steady sweeps cost nothing
             controller.observe_sweep(body)
@@ -187,11 +206,11 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         _guarded(lambda: controller.guard_sweep_deletion(body, retry))
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
-
         # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
         # wait on S3 in those threads, and the API server's admission call must never queue behind them.
         # admission_problems is pure (parse and compare; no S3, no API call).
-        @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
+        # WebhookFn's protocol lists every kwarg kopf passes; this handler takes the three it reads and **_.
+        @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)  # type: ignore[arg-type]  # see above
         async def sweep_admission(body: kopf.Body, old: Any, userinfo: Any = None, **_: Any) -> None:
             _log_escape_hatch(body, old, userinfo)
             problems = controller.admission_problems(body, old)
@@ -235,15 +254,24 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
 def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
     """The webhook is the one place the API names the user: say who sets the escape hatch on a sweep it sees
     (creates and spec changes; the guard's ValidatingAdmissionPolicy decides whether they may)."""
+
     def skip(obj: Mapping[str, Any] | None) -> str | None:
-        return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(constants.ANNOTATION_SKIP_VERIFICATION)
+        return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(
+            constants.ANNOTATION_SKIP_VERIFICATION
+        )
 
     if skip(body) is not None and skip(body) != skip(old):
         meta = body.get("metadata") or {}
         user = (userinfo or {}).get("username") or "unknown"
-        log.warning("escape hatch %s=%r set on TrainingSweep %s/%s by %s (groups %s)",
-                    constants.ANNOTATION_SKIP_VERIFICATION, skip(body), meta.get("namespace"), meta.get("name"),
-                    user, ", ".join((userinfo or {}).get("groups") or []) or "none")
+        log.warning(
+            "escape hatch %s=%r set on TrainingSweep %s/%s by %s (groups %s)",
+            constants.ANNOTATION_SKIP_VERIFICATION,
+            skip(body),
+            meta.get("namespace"),
+            meta.get("name"),
+            user,
+            ", ".join((userinfo or {}).get("groups") or []) or "none",
+        )
 
 
 async def _off_loop_unless_queued(controller: SweepController, fn: Callable[..., None], *args: Any) -> None:
@@ -286,8 +314,16 @@ class RefusedEndpoint:
         from botocore.exceptions import ClientError
 
         def refuse(*_: Any, **__: Any) -> Any:
-            raise ClientError({"Error": {"Code": "AccessDenied", "Message": f"endpoint {self.endpoint} is not in the "
-                                         "operator's allowedEndpointHosts; nothing was sent to it"}}, name)
+            raise ClientError(
+                {
+                    "Error": {
+                        "Code": "AccessDenied",
+                        "Message": f"endpoint {self.endpoint} is not in the "
+                        "operator's allowedEndpointHosts; nothing was sent to it",
+                    }
+                },
+                name,
+            )
 
         return refuse
 
@@ -298,7 +334,9 @@ class S3ClientCache:
     client holds a connection pool. A caller still holding a dropped client keeps using it. With `allowed`,
     an endpoint it refuses gets a RefusedEndpoint instead (never cached)."""
 
-    def __init__(self, size: int, build: Callable[[str, str], Any], allowed: Callable[[str], bool] | None = None) -> None:
+    def __init__(
+        self, size: int, build: Callable[[str, str], Any], allowed: Callable[[str], bool] | None = None
+    ) -> None:
         self.size = size
         self._build = build
         self._allowed = allowed
@@ -340,12 +378,18 @@ def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetri
     # Verifications share no thread with reconciles or the webhook; at most verification_workers wait on S3.
     pool = ThreadPoolExecutor(max_workers=settings.verification_workers, thread_name_prefix="verify")
     return SweepController(
-        settings, KubeApi(api_client),
+        settings,
+        KubeApi(api_client),
         # The operator's own default endpoint is the platform's choice; every other one must be allowlisted.
-        S3ClientCache(settings.s3_client_cache_size, build,
-                      allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e)),
+        S3ClientCache(
+            settings.s3_client_cache_size,
+            build,
+            allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e),
+        ),
         post_event,
-        metrics=metrics, reconcile_workers=RECONCILE_WORKERS, verification_pool=pool,
+        metrics=metrics,
+        reconcile_workers=RECONCILE_WORKERS,
+        verification_pool=pool,
     )
 
 
@@ -360,7 +404,9 @@ async def operate(
     settings = wiring.settings
     tune_kopf()
     try:
-        await _run_kopf(wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint)
+        await _run_kopf(
+            wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint
+        )
     finally:
         wiring.controller.close()
         if wiring.controller.verification_pool is not None:
@@ -395,7 +441,9 @@ def run_operator(argv: list[str]) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         settings = Settings.from_env(os.environ)
     except SettingsError as exc:

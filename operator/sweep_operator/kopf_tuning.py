@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import logging
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 from kopf._cogs.aiokits import aiotasks
 
@@ -32,7 +33,9 @@ _YIELD = "await asyncio.sleep(0)"
 UNTUNED_SPAWN = aiotasks.Scheduler.spawn  # as kopf ships it (only this module replaces it)
 
 
-async def _spawn_without_yield(self: aiotasks.Scheduler, coro: Coroutine[Any, Any, Any], *, name: str | None = None) -> None:
+async def _spawn_without_yield(
+    self: aiotasks.Scheduler, coro: Coroutine[Any, Any, Any], *, name: str | None = None
+) -> None:
     """kopf 1.45.2 `Scheduler.spawn`, less its trailing zero-second sleep."""
     if self._closed:
         await aiotasks.cancel_coro(coro=coro, name=name)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from sweep_contracts.api import SweepSpec, TERMINAL_PHASES
-from .policy import AdmissionDecision, Admit, Demand, Queue, decide_admission, demand_of
+from sweep_contracts.api import TERMINAL_PHASES, SweepSpec
 from sweep_contracts.problems import SpecError
-from .settings import OperatorLimits
 from sweep_contracts.spec_checks import parse_spec
+
+from .policy import AdmissionDecision, Admit, Demand, Queue, decide_admission, demand_of
+from .settings import OperatorLimits
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,11 @@ class AdmissionLedger:
             decision = decide_admission(spec, limits, in_use)
             if isinstance(decision, Admit) and decision.demand.gpus:
                 ahead = sorted(
-                    (q for q in self.queued[namespace].values() if q.name != name and (q.created, q.name) < (created, name) and q.demand.gpus),
+                    (
+                        q
+                        for q in self.queued[namespace].values()
+                        if q.name != name and (q.created, q.name) < (created, name) and q.demand.gpus
+                    ),
                     key=lambda q: (q.created, q.name),
                 )
                 if ahead:

@@ -7,9 +7,10 @@ Conditions follow the Kubernetes API conventions: type, status, reason, message,
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES
 
@@ -28,8 +29,8 @@ JOB_RUNNING = "RUNNING"
 def rfc3339(moment: datetime | float) -> str:
     """The one RFC 3339 form the operator writes (UTC, whole seconds); `moment` a datetime or Unix time."""
     if not isinstance(moment, datetime):
-        moment = datetime.fromtimestamp(moment, tz=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        moment = datetime.fromtimestamp(moment, tz=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -118,7 +119,7 @@ def rayjob_summary(facts: RayJobFacts) -> str:
 
 
 def set_condition(
-    conditions: list[Mapping[str, Any]] | None,
+    conditions: Sequence[Mapping[str, Any]] | None,
     type_: str,
     status: bool | str,
     reason: str,
@@ -151,10 +152,12 @@ def set_condition(
 ConditionUpdate = tuple[str, bool | str, str, str]  # (type, status, reason, message)
 
 
-def conditions_with(status: Mapping[str, Any], generation: int | None, now: float, *updates: ConditionUpdate) -> list[dict[str, Any]]:
+def conditions_with(
+    status: Mapping[str, Any], generation: int | None, now: float, *updates: ConditionUpdate
+) -> list[dict[str, Any]]:
     """`status.conditions` with each update applied at time `now` (Unix seconds)."""
     conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-    moment = datetime.fromtimestamp(now, tz=timezone.utc)
+    moment = datetime.fromtimestamp(now, tz=UTC)
     for type_, value, reason, message in updates:
         conditions = set_condition(conditions, type_, value, reason, message, moment, generation)
     return conditions

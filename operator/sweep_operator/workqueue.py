@@ -24,7 +24,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 

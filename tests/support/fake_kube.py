@@ -64,7 +64,11 @@ class FakeKube:
         return copy.deepcopy(obj) if obj else None
 
     def of_kind(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items()) if k == kind and (namespace is None or ns == namespace)]
+        return [
+            copy.deepcopy(o)
+            for (k, ns, _), o in sorted(self.objects.items())
+            if k == kind and (namespace is None or ns == namespace)
+        ]
 
     # KubeApi surface
     def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:

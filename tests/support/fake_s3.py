@@ -18,7 +18,10 @@ from botocore.exceptions import ClientError
 def client_error(code: str, status: int, message: str = "", operation: str = "Operation") -> ClientError:
     """A ClientError shaped like botocore's (Error.Code/Message, ResponseMetadata.HTTPStatusCode)."""
     return ClientError(
-        {"Error": {"Code": code, "Message": message or code}, "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0}},
+        {
+            "Error": {"Code": code, "Message": message or code},
+            "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0},
+        },
         operation,
     )
 
@@ -130,14 +133,20 @@ class FakeS3:
         ContinuationToken: str = "",
         **_: Any,
     ) -> dict[str, Any]:
-        kwargs = {"Bucket": Bucket, "Prefix": Prefix, "Delimiter": Delimiter, "MaxKeys": MaxKeys, "ContinuationToken": ContinuationToken}
+        kwargs = {
+            "Bucket": Bucket,
+            "Prefix": Prefix,
+            "Delimiter": Delimiter,
+            "MaxKeys": MaxKeys,
+            "ContinuationToken": ContinuationToken,
+        }
         objects = self._enter("list_objects_v2", Bucket, Prefix, kwargs)
         try:
             entries: dict[str, int | None] = {}  # name -> size (None: a common prefix)
             for key in sorted(objects):
                 if not key.startswith(Prefix):
                     continue
-                rest = key[len(Prefix):]
+                rest = key[len(Prefix) :]
                 if Delimiter and Delimiter in rest:
                     entries[Prefix + rest.split(Delimiter)[0] + Delimiter] = None
                 else:
@@ -167,5 +176,10 @@ class FakeS3:
         self._enter("get_bucket_lifecycle_configuration", Bucket, "", {"Bucket": Bucket})
         self._leave()
         if Bucket not in self.lifecycle:
-            raise client_error("NoSuchLifecycleConfiguration", 404, "The lifecycle configuration does not exist", "GetBucketLifecycleConfiguration")
+            raise client_error(
+                "NoSuchLifecycleConfiguration",
+                404,
+                "The lifecycle configuration does not exist",
+                "GetBucketLifecycleConfiguration",
+            )
         return {"Rules": self.lifecycle[Bucket]}

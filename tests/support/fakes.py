@@ -37,8 +37,13 @@ class FakeResult:
         return "" if self.verified or not self.problems else ", ".join(f"{p.kind}: {p.key}" for p in self.problems)
 
     def to_status(self) -> dict[str, Any]:
-        return {"verified": self.verified, "checked": self.checked, "bytes": self.bytes,
-                "problems": [p.to_dict() for p in self.problems], "verifiedAt": "2026-12-02T12:00:00Z"}
+        return {
+            "verified": self.verified,
+            "checked": self.checked,
+            "bytes": self.bytes,
+            "problems": [p.to_dict() for p in self.problems],
+            "verifiedAt": "2026-12-02T12:00:00Z",
+        }
 
 
 @dataclass
@@ -56,7 +61,9 @@ class FakeVerifier:
             return self.result
         if self.verified:
             return FakeResult(True)
-        findings = self.findings or [Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent")]
+        findings = self.findings or [
+            Finding("missing-file", "train/t1/checkpoint_epoch-000002/model.pt", "listed in the manifest, absent")
+        ]
         return FakeResult(False, tuple(findings))
 
 

@@ -8,10 +8,16 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.policy import Admit, Demand, Queue, Reject
 from sweep_contracts.problems import Problem
+from sweep_operator.policy import Admit, Demand, Queue, Reject
 from sweep_operator.reconcile.actions import CreateRayJob, ReleaseBudget
-from sweep_operator.reconcile.admission import CreateOutcome, after_create, decide_admission, decide_budget, spec_change_problems
+from sweep_operator.reconcile.admission import (
+    CreateOutcome,
+    after_create,
+    decide_admission,
+    decide_budget,
+    spec_change_problems,
+)
 from sweep_operator.reconcile.drift import decide_drift, may_exceed_cap, worker_cap
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.rendering import RenderContext
@@ -25,23 +31,37 @@ LIMITS = OperatorLimits(max_gpus_per_namespace=8)
 RENDER = RenderContext.from_settings(Settings(limits=LIMITS))
 
 
-def facts(status: dict[str, Any] | None = None, *, valid: bool = True, suspend: bool = False, generation: int = 1,
-          retry_at: float | None = None) -> SweepFacts:
+def facts(
+    status: dict[str, Any] | None = None,
+    *,
+    valid: bool = True,
+    suspend: bool = False,
+    generation: int = 1,
+    retry_at: float | None = None,
+) -> SweepFacts:
     doc = changed(gpu_sweep(), {"spec.suspend": suspend})
     doc["metadata"].update(uid="uid-1", generation=generation, creationTimestamp=rfc3339(T0))
     doc["status"] = status or {}
     sweep = parse_sweep(doc, LIMITS) if valid else None
-    return SweepFacts(doc, T0, LIMITS, sweep, () if valid else ("spec.trainLoop: not module:function",),
-                      create_retry_at=retry_at)
+    return SweepFacts(
+        doc, T0, LIMITS, sweep, () if valid else ("spec.trainLoop: not module:function",), create_retry_at=retry_at
+    )
 
 
 # (case, facts, expected: None (ask the ledger), "unchanged", or (phase, Admitted reason, frees the budget))
 BEFORE_BUDGET = [
     ("a valid sweep asks the ledger", facts(), None),
     ("invalid", facts(valid=False), ("Invalid", "Invalid", True)),
-    ("invalid, already said for this generation", facts({"phase": "Invalid", "observedGeneration": 1}, valid=False), "unchanged"),
-    ("invalid said for an older generation", facts({"phase": "Invalid", "observedGeneration": 1}, valid=False, generation=2),
-     ("Invalid", "Invalid", True)),
+    (
+        "invalid, already said for this generation",
+        facts({"phase": "Invalid", "observedGeneration": 1}, valid=False),
+        "unchanged",
+    ),
+    (
+        "invalid said for an older generation",
+        facts({"phase": "Invalid", "observedGeneration": 1}, valid=False, generation=2),
+        ("Invalid", "Invalid", True),
+    ),
     ("suspended waits and holds no budget", facts(suspend=True), ("Suspended", "Suspended", True)),
     ("a failed create backs off", facts(retry_at=T0 + 5), "unchanged"),
     ("the backoff passed", facts(retry_at=T0), None),
@@ -60,7 +80,9 @@ def test_decide_admission(case: str, given: SweepFacts, expected: Any) -> None:
         return
     phase, reason, frees = expected
     assert decision.status is not None and decision.status["phase"] == phase
-    assert ("Admitted", "False", reason) in [(c["type"], c["status"], c["reason"]) for c in decision.status["conditions"]]
+    assert ("Admitted", "False", reason) in [
+        (c["type"], c["status"], c["reason"]) for c in decision.status["conditions"]
+    ]
     assert decision.status["observedGeneration"] == given.generation
     assert (ReleaseBudget(admit_next=False) in decision.actions) is frees
 
@@ -83,15 +105,36 @@ def _created(**meta: Any) -> tuple[CreateRayJob, dict[str, Any]]:
     return create, rayjob
 
 
-@pytest.mark.parametrize("case,outcome,phase,reason,event", [
-    ("created", lambda c, r: CreateOutcome(r, True), "Starting", "Admitted", None),
-    ("adopted after a crash before the status write", lambda c, r: CreateOutcome(r, False), "Starting", "Admitted", None),
-    ("the name is held by a foreign object",
-     lambda c, r: CreateOutcome({**r, "metadata": {**r["metadata"], "ownerReferences": [{"uid": "someone-else"}]}}, False),
-     "Pending", "RayJobNameTaken", "RayJobNameTaken"),
-    ("the API refused", lambda c, r: CreateOutcome(error="HTTP 422 Invalid: bad", failures=2, retry_in=10.0),
-     "Pending", "RayJobCreateFailed", "RayJobCreateFailed"),
-], ids=["created", "adopted", "name taken", "create failed"])
+@pytest.mark.parametrize(
+    "case,outcome,phase,reason,event",
+    [
+        ("created", lambda c, r: CreateOutcome(r, True), "Starting", "Admitted", None),
+        (
+            "adopted after a crash before the status write",
+            lambda c, r: CreateOutcome(r, False),
+            "Starting",
+            "Admitted",
+            None,
+        ),
+        (
+            "the name is held by a foreign object",
+            lambda c, r: CreateOutcome(
+                {**r, "metadata": {**r["metadata"], "ownerReferences": [{"uid": "someone-else"}]}}, False
+            ),
+            "Pending",
+            "RayJobNameTaken",
+            "RayJobNameTaken",
+        ),
+        (
+            "the API refused",
+            lambda c, r: CreateOutcome(error="HTTP 422 Invalid: bad", failures=2, retry_in=10.0),
+            "Pending",
+            "RayJobCreateFailed",
+            "RayJobCreateFailed",
+        ),
+    ],
+    ids=["created", "adopted", "name taken", "create failed"],
+)
 def test_after_create(case: str, outcome: Any, phase: str, reason: str, event: str | None) -> None:
     create, rayjob = _created()
     decision = after_create(facts(), create, Admit(Demand(4, 4)), outcome(create, rayjob), "4/8", RENDER)
@@ -111,8 +154,11 @@ def test_while_a_run_is_active_only_suspend_may_change() -> None:
     old = {"spec": {"suspend": False, "image": "a"}, "status": {"runId": "r1", "phase": "Running"}}
     assert spec_change_problems({"spec": {"suspend": True, "image": "a"}}, old) == []
     assert spec_change_problems({"spec": {"suspend": False, "image": "b"}}, old) == [
-        "spec.image: cannot change while run r1 is active; only spec.suspend may change (delete and re-create the sweep for a new run)"]
-    assert spec_change_problems({"spec": {"image": "b"}}, {**old, "status": {"runId": "r1", "phase": "Succeeded"}}) == []
+        "spec.image: cannot change while run r1 is active; only spec.suspend may change (delete and re-create the sweep for a new run)"
+    ]
+    assert (
+        spec_change_problems({"spec": {"image": "b"}}, {**old, "status": {"runId": "r1", "phase": "Succeeded"}}) == []
+    )
 
 
 # --------------------------------------------------------------------------------------------- the worker cap
@@ -131,19 +177,25 @@ def cluster(*groups: dict[str, Any], labelled: bool = True, deleting: bool = Fal
 
 @pytest.mark.parametrize("workers,cap,expected", [(8, 16, 8), (32, 16, 16)])
 def test_worker_cap_is_the_ask_at_most_the_operators_cap(workers: int, cap: int, expected: int) -> None:
-    spec = parse_sweep(changed(gpu_sweep(), {"spec.trial.workers": workers // 2}),
-                       OperatorLimits(max_workers_per_sweep=64, max_gpus_per_sweep=64)).spec
+    spec = parse_sweep(
+        changed(gpu_sweep(), {"spec.trial.workers": workers // 2}),
+        OperatorLimits(max_workers_per_sweep=64, max_gpus_per_sweep=64),
+    ).spec
     assert worker_cap(spec, OperatorLimits(max_workers_per_sweep=cap)) == expected
 
 
-@pytest.mark.parametrize("case,body,cap,may", [
-    ("at the cap", cluster(group(replicas=4, maxReplicas=4)), 4, False),
-    ("above it", cluster(group(replicas=4, maxReplicas=9)), 4, True),
-    ("unknown cap on a cluster: ask", cluster(group(replicas=1)), None, True),
-    ("not ours", cluster(group(maxReplicas=9), labelled=False), 4, False),
-    ("being deleted", cluster(group(maxReplicas=9), deleting=True), 4, False),
-    ("no worker group", cluster(), 4, False),
-], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    "case,body,cap,may",
+    [
+        ("at the cap", cluster(group(replicas=4, maxReplicas=4)), 4, False),
+        ("above it", cluster(group(replicas=4, maxReplicas=9)), 4, True),
+        ("unknown cap on a cluster: ask", cluster(group(replicas=1)), None, True),
+        ("not ours", cluster(group(maxReplicas=9), labelled=False), 4, False),
+        ("being deleted", cluster(group(maxReplicas=9), deleting=True), 4, False),
+        ("no worker group", cluster(), 4, False),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
 def test_may_exceed_cap(case: str, body: dict[str, Any], cap: int | None, may: bool) -> None:
     assert may_exceed_cap(body, constants.RAYCLUSTER_KIND, cap, LIMITS) is may, case
 
@@ -155,5 +207,8 @@ def test_the_correction_sets_every_count_above_the_cap_back() -> None:
     assert correction.patch == {"spec": {"workerGroupSpecs": [group(replicas=4, minReplicas=1, maxReplicas=4)]}}
     assert "workers.maxReplicas 9 -> 4" in correction.message and "workers.replicas 6 -> 4" in correction.message
     rayjob = {"metadata": body["metadata"], "spec": {"rayClusterSpec": body["spec"]}}
-    assert decide_drift(rayjob, constants.RAYJOB_KIND, 4).patch["spec"]["rayClusterSpec"]  # type: ignore[union-attr]
+    on_rayjob = decide_drift(rayjob, constants.RAYJOB_KIND, 4)
+    assert (
+        on_rayjob is not None and on_rayjob.patch["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
+    )
     assert decide_drift(cluster(group(maxReplicas=4)), constants.RAYCLUSTER_KIND, 4) is None

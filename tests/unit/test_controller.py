@@ -4,8 +4,8 @@ status, deadlines (R6, R20), drift (R21), spec changes, and the checkpoint guard
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from tests.support.factories import changed, cpu_sweep, gpu_sweep
 from tests.support.fake_kube import FakeKube
 from tests.support.fake_s3 import FakeS3
 from tests.support.fakes import T0, Clock, FakeResult, FakeVerifier, Finding
-
 
 
 @dataclass
@@ -69,8 +68,12 @@ def world() -> World:
     s3.create_bucket(Bucket="bucket")  # the factories' storage.uri
     events: list[tuple[str, str, str, str]] = []
     s3_clients: list[tuple[str, str]] = []
-    settings = Settings(limits=OperatorLimits(max_gpus_per_namespace=8), status_poll_seconds=0,
-                        s3_endpoint_url="https://operator-default.example", s3_region="eu-west-1")
+    settings = Settings(
+        limits=OperatorLimits(max_gpus_per_namespace=8),
+        status_poll_seconds=0,
+        s3_endpoint_url="https://operator-default.example",
+        s3_region="eu-west-1",
+    )
 
     def s3_for(endpoint: str, region: str) -> FakeS3:
         s3_clients.append((endpoint, region))
@@ -78,7 +81,7 @@ def world() -> World:
 
     controller = SweepController(
         settings,
-        kube,  # type: ignore[arg-type]
+        kube,  # type: ignore[arg-type]  # FakeKube is KubeApi's duck-typed double
         s3_for,
         lambda body, type_, reason, message: events.append((body["metadata"]["name"], type_, reason, message)),
         verifier=verifier,
@@ -100,7 +103,10 @@ def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
     assert status["runId"] and status["rayJobName"] == f"digits-{status['runId']}"
     assert status["replicas"] == {"workers": 4, "gpus": 4, "cap": 4, "namespaceBudget": "4/8"}
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
-    assert rayjob is not None and rayjob["metadata"]["ownerReferences"][0]["uid"] == world.sweep("digits")["metadata"]["uid"]
+    assert (
+        rayjob is not None
+        and rayjob["metadata"]["ownerReferences"][0]["uid"] == world.sweep("digits")["metadata"]["uid"]
+    )
     env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
     assert env[constants.ENV_DEADLINE_AT] == str(int(T0 + 21600))
     assert status["deadlineAt"] == "2026-11-30T06:53:20Z"  # T0 (00:53:20Z) + activeSeconds 6h
@@ -168,7 +174,9 @@ def test_adopts_a_rayjob_created_before_a_crash(world: World) -> None:
     assert "adopted" in status["message"]
     assert status["startedAt"] == "2026-11-30T00:50:00Z" and status["deadlineAt"] == "2026-11-30T00:55:00Z"  # T0 + 100
     lists = [c for c in world.kube.calls if c[0] == "list_rayjobs"]
-    assert lists == [("list_rayjobs", constants.LABEL_SWEEP)], "the create is the check: no list per sweep, only the ledger's rebuild"
+    assert lists == [("list_rayjobs", constants.LABEL_SWEEP)], (
+        "the create is the check: no list per sweep, only the ledger's rebuild"
+    )
 
 
 def test_a_foreign_rayjob_holding_the_name_is_never_adopted(world: World) -> None:
@@ -213,7 +221,9 @@ def test_namespace_budget_queues_fifo_and_admits_when_capacity_frees(world: Worl
     assert phases == {"a": "Queued", "b": "Queued", "c": "Starting", "d": "Starting"}
     assert "needs 4 GPUs" in world.status("b")["message"] and "0 free" in world.status("b")["message"]
     assert world.controller.ledger.in_use("ml").gpus == 8
-    world.kube.set_rayjob_status(world.status("d")["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    world.kube.set_rayjob_status(
+        world.status("d")["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED"
+    )
     world.reconcile("d")
     assert world.status("d")["phase"] == "Succeeded"
     assert world.status("a")["phase"] == "Starting", "the oldest queued sweep is admitted first"
@@ -230,7 +240,9 @@ def test_queue_is_strict_fifo_by_creation(world: World) -> None:
     assert world.reconcile("older")["phase"] == "Queued"
     assert world.reconcile("younger")["phase"] == "Queued"
     first = world.status("first")
-    world.kube.set_rayjob_status(first["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed")
+    world.kube.set_rayjob_status(
+        first["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed"
+    )
     world.reconcile("first")
     assert world.status("older")["phase"] == "Starting"
     assert world.status("younger")["phase"] == "Starting"
@@ -240,10 +252,18 @@ def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     name, run_id = status["rayJobName"], status["runId"]
-    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p")
-    world.put(f"bucket/sweeps/ml/digits-{run_id}/_sweep/status.json", json.dumps(
-        {"trials": {"total": 8, "running": 2, "pending": 3, "terminated": 3}, "bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.25}}
-    ).encode())
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p"
+    )
+    world.put(
+        f"bucket/sweeps/ml/digits-{run_id}/_sweep/status.json",
+        json.dumps(
+            {
+                "trials": {"total": 8, "running": 2, "pending": 3, "terminated": 3},
+                "bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.25},
+            }
+        ).encode(),
+    )
     status = world.reconcile("digits")
     assert status["phase"] == "Running"
     assert status["rayClusterName"] == f"{name}-x7k2p"
@@ -253,7 +273,9 @@ def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert running["status"] == "True" and running["observedGeneration"] == 1
     # A KubeRay retry makes a new cluster: the status follows it.
-    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Retrying", jobStatus="", rayClusterName=f"{name}-q9w8e")
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Retrying", jobStatus="", rayClusterName=f"{name}-q9w8e"
+    )
     status = world.reconcile("digits")
     assert status["phase"] == "Starting" and status["rayClusterName"] == f"{name}-q9w8e"
 
@@ -262,11 +284,21 @@ def test_success_reads_result_and_verifies_checkpoints(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")
     run_id = status["runId"]
-    world.put(f"bucket/sweeps/ml/digits-{run_id}/_sweep/result.json", json.dumps(
-        {"bestTrial": {"id": "t2", "metric": "val_loss", "value": 0.1, "config": {"lr": 0.01},
-                        "checkpointUri": f"s3://bucket/sweeps/ml/digits-{run_id}/train/t2/checkpoint_epoch-000005"},
-         "trials": {"total": 8, "terminated": 8}}
-    ).encode())
+    world.put(
+        f"bucket/sweeps/ml/digits-{run_id}/_sweep/result.json",
+        json.dumps(
+            {
+                "bestTrial": {
+                    "id": "t2",
+                    "metric": "val_loss",
+                    "value": 0.1,
+                    "config": {"lr": 0.01},
+                    "checkpointUri": f"s3://bucket/sweeps/ml/digits-{run_id}/train/t2/checkpoint_epoch-000005",
+                },
+                "trials": {"total": 8, "terminated": 8},
+            }
+        ).encode(),
+    )
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
@@ -318,12 +350,21 @@ def test_startup_deadline_fails_with_a_diagnosis(world: World) -> None:
     cluster = f"{status['rayJobName']}-abcde"
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Initializing", rayClusterName=cluster)
     world.kube.pods.append(
-        {"metadata": {"name": f"{cluster}-worker-1", "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
-         "status": {"phase": "Pending"}}
+        {
+            "metadata": {
+                "name": f"{cluster}-worker-1",
+                "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"},
+            },
+            "status": {"phase": "Pending"},
+        }
     )
     world.kube.events.append(
-        {"type": "Warning", "reason": "FailedScheduling", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
-         "involvedObject": {"kind": "Pod", "name": f"{cluster}-worker-1"}}
+        {
+            "type": "Warning",
+            "reason": "FailedScheduling",
+            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+            "involvedObject": {"kind": "Pod", "name": f"{cluster}-worker-1"},
+        }
     )
     world.clock.now = T0 + 1000
     assert world.reconcile("digits")["phase"] == "Starting"
@@ -373,16 +414,32 @@ def test_worker_group_above_cap_is_set_back_with_an_event(world: World) -> None:
     rayjob = world.kube.objects[("RayJob", "ml", status["rayJobName"])]
     assert not world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")  # as rendered
     rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] = 50
-    assert world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")  # the cheap check sees it
+    assert world.controller.drifted(
+        world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob"
+    )  # the cheap check sees it
     world.controller.correct_drift(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")
     assert not world.controller.drifted(world.kube.get_rayjob("ml", status["rayJobName"]), "RayJob")
-    assert world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
+    assert (
+        world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["rayClusterSpec"]["workerGroupSpecs"][0][
+            "maxReplicas"
+        ]
+        == 4
+    )
     assert "CapEnforced" in world.reasons(status["rayJobName"]) and "CapEnforced" in world.reasons("digits")
-    cluster = world.kube.add("RayCluster", {
-        "metadata": {"name": "c1", "namespace": "ml", "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
-                     "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}]},
-        "spec": {"workerGroupSpecs": [{"groupName": "gpu-workers", "minReplicas": 0, "maxReplicas": 9, "replicas": 6}]},
-    })
+    cluster = world.kube.add(
+        "RayCluster",
+        {
+            "metadata": {
+                "name": "c1",
+                "namespace": "ml",
+                "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
+                "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}],
+            },
+            "spec": {
+                "workerGroupSpecs": [{"groupName": "gpu-workers", "minReplicas": 0, "maxReplicas": 9, "replicas": 6}]
+            },
+        },
+    )
     world.controller.correct_drift(cluster, "RayCluster")
     group = world.kube.get_raycluster("ml", "c1")["spec"]["workerGroupSpecs"][0]
     assert (group["maxReplicas"], group["replicas"]) == (4, 4)
@@ -410,7 +467,9 @@ def test_guard_holds_sweep_deletion_until_verified(world: World) -> None:
     assert status["checkpoints"]["verified"] is False
     cond = next(c for c in status["conditions"] if c["type"] == "CheckpointsVerified")
     assert cond["status"] == "False" and "model.pt" in cond["message"]
-    assert ("delete_rayjob", status["rayJobName"]) not in world.kube.calls, "the RayJob is deleted only after verification"
+    assert ("delete_rayjob", status["rayJobName"]) not in world.kube.calls, (
+        "the RayJob is deleted only after verification"
+    )
     with pytest.raises(RetryLater) as again:
         world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=3)
     assert again.value.delay == 240
@@ -445,7 +504,9 @@ def test_guard_verifies_an_admitted_sweep_even_before_it_ran(world: World) -> No
 def test_escape_hatch_releases_with_an_audit_event(world: World) -> None:
     ran(world)
     world.verifier.verified = False
-    world.kube.objects[("TrainingSweep", "ml", "digits")]["metadata"]["annotations"] = {constants.ANNOTATION_SKIP_VERIFICATION: "true"}
+    world.kube.objects[("TrainingSweep", "ml", "digits")]["metadata"]["annotations"] = {
+        constants.ANNOTATION_SKIP_VERIFICATION: "true"
+    }
     reason = world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
     assert "WITHOUT" not in reason and constants.ANNOTATION_SKIP_VERIFICATION in reason
     audits = [e for e in world.events if e[2] == "CheckpointGuardBypassed"]
@@ -470,9 +531,12 @@ def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: Wo
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
     cluster = {
-        "metadata": {"name": f"{status['rayJobName']}-abcde", "namespace": "ml",
-                     "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
-                     "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}]},
+        "metadata": {
+            "name": f"{status['rayJobName']}-abcde",
+            "namespace": "ml",
+            "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: status["runId"]},
+            "ownerReferences": [{"kind": "RayJob", "name": status["rayJobName"], "uid": "x"}],
+        },
         "spec": {"headGroupSpec": head, "workerGroupSpecs": []},
     }
     world.verifier.verified = False
@@ -489,7 +553,14 @@ def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: Wo
 
 
 def test_raycluster_without_any_run_root_is_held(world: World) -> None:
-    cluster = {"metadata": {"name": "orphan", "namespace": "ml", "labels": {constants.LABEL_SWEEP: "gone", constants.LABEL_RUN_ID: "r1"}}, "spec": {}}
+    cluster = {
+        "metadata": {
+            "name": "orphan",
+            "namespace": "ml",
+            "labels": {constants.LABEL_SWEEP: "gone", constants.LABEL_RUN_ID: "r1"},
+        },
+        "spec": {},
+    }
     with pytest.raises(RetryLater, match="no run root"):
         world.controller.guard_raycluster_deletion(cluster, attempt=0)
 
@@ -527,16 +598,29 @@ def test_timer_ticks_cost_nothing_for_steady_sweeps(world: World) -> None:
     world.clock.now = T0
     assert world.controller.tick_due({"metadata": {"name": "q"}, "status": {"phase": "Queued"}})
     assert world.controller.tick_due({"metadata": {"name": "s"}, "status": {"phase": "Succeeded"}}), "not verified yet"
-    assert not world.controller.tick_due({"metadata": {"name": "s"}, "status": {"phase": "Succeeded", "checkpoints": {"verifiedAt": "x"}}})
+    assert not world.controller.tick_due(
+        {"metadata": {"name": "s"}, "status": {"phase": "Succeeded", "checkpoints": {"verifiedAt": "x"}}}
+    )
     assert status["phase"] == "Running"
 
 
 def test_rayjob_events_reach_the_sweep_only_when_they_carry_news(world: World) -> None:
-    rayjob = {"metadata": {"uid": "u1", "name": "rj"}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}
+    rayjob = {
+        "metadata": {"uid": "u1", "name": "rj"},
+        "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+    }
     assert world.controller.rayjob_changed(rayjob)
     assert not world.controller.rayjob_changed(dict(rayjob, spec={"entrypoint": "x"}))
-    assert world.controller.rayjob_changed({**rayjob, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
-    assert world.controller.rayjob_changed({**rayjob, "metadata": {"uid": "u1", "name": "rj", "deletionTimestamp": "t"}, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
+    assert world.controller.rayjob_changed(
+        {**rayjob, "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}}
+    )
+    assert world.controller.rayjob_changed(
+        {
+            **rayjob,
+            "metadata": {"uid": "u1", "name": "rj", "deletionTimestamp": "t"},
+            "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"},
+        }
+    )
 
 
 def test_ready_follows_the_latest_verification(world: World) -> None:
@@ -569,7 +653,7 @@ def test_reconcile_requests_arriving_during_one_collapse_into_one_more_pass(worl
             release.wait(5)
         real_pass(ref)
 
-    world.controller._pass = slow_pass  # type: ignore[method-assign]
+    world.controller._pass = slow_pass  # type: ignore[method-assign]  # a double for this test only
     body = world.sweep("digits")
     first = threading.Thread(target=world.controller.reconcile_sweep, args=(body,))
     first.start()
@@ -585,7 +669,9 @@ def test_reconcile_requests_arriving_during_one_collapse_into_one_more_pass(worl
     assert reads == ["digits", "digits", "digits"]
 
 
-def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sweep_operator.reconcile import cache as controller_module
 
     calls: list[str] = []
@@ -642,7 +728,9 @@ def test_reconciles_read_the_remembered_rayjob_and_get_it_only_when_unknown(worl
     world.controller.reconcile_sweep(world.sweep("digits"))
     assert world.status("digits")["phase"] == "Running"  # the watched copy's news reached the status
     assert gets == []
-    world.controller.forget_rayjob(world.kube.get("RayJob", "ml", name))  # DELETED: forgotten, the next reconcile reads again
+    world.controller.forget_rayjob(
+        world.kube.get("RayJob", "ml", name)
+    )  # DELETED: forgotten, the next reconcile reads again
     world.controller.reconcile_sweep(world.sweep("digits"))
     assert gets == [name]
 
@@ -661,7 +749,7 @@ def test_the_echo_of_our_own_status_write_is_not_reconciled_but_a_foreign_change
         passes.append(body["metadata"]["resourceVersion"])
         real_pass(body)
 
-    world.controller._reconcile = counting_pass  # type: ignore[method-assign]
+    world.controller._reconcile = counting_pass  # type: ignore[method-assign]  # a double for this test only
     echo = world.kube.get("TrainingSweep", "ml", "digits")
     assert echo is not None
     world.controller.sweep_event(echo)  # the MODIFIED event our status patch caused
@@ -719,14 +807,14 @@ def test_a_failed_rayjob_create_frees_the_budget_says_why_and_is_retried(world: 
     def refuse(body: dict[str, Any]) -> Any:
         raise RuntimeError("admission webhook denied the request")
 
-    world.kube.create_rayjob = refuse  # type: ignore[method-assign]
+    world.kube.create_rayjob = refuse  # type: ignore[method-assign]  # a double for this test only
     status = world.reconcile("digits")
     assert status["phase"] == "Pending" and "admission webhook denied" in status["message"]
     admitted = next(c for c in status["conditions"] if c["type"] == "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("False", "RayJobCreateFailed")
     assert "RayJobCreateFailed" in world.reasons("digits")
     assert world.controller.ledger.in_use("ml").gpus == 0, "the budget is released"
-    world.kube.create_rayjob = real_create  # type: ignore[method-assign]
+    world.kube.create_rayjob = real_create  # type: ignore[method-assign]  # a double for this test only
     creates = len([c for c in world.kube.calls if c[0] == "create_rayjob"])
     assert world.reconcile("digits")["phase"] == "Pending", "within the backoff nothing is retried"
     assert len([c for c in world.kube.calls if c[0] == "create_rayjob"]) == creates
@@ -741,8 +829,14 @@ def test_the_ledger_counts_a_run_whose_status_write_was_lost(world: World) -> No
     status = world.reconcile("first")
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     world.kube.objects[("TrainingSweep", "ml", "first")]["status"] = {}  # the status write never landed
-    restarted = SweepController(world.controller.settings, world.kube, lambda e, r: world.s3,  # type: ignore[arg-type]
-                                lambda *a: None, verifier=world.verifier, clock=world.clock)
+    restarted = SweepController(
+        world.controller.settings,
+        world.kube,
+        lambda e, r: world.s3,  # type: ignore[arg-type]  # FakeKube is KubeApi's duck-typed double
+        lambda *a: None,
+        verifier=world.verifier,
+        clock=world.clock,
+    )
     assert rayjob is not None
     add_sweep(world, "second", created="2026-12-02T12:01:00Z")
     world.kube.ensure_finalizer(world.sweep("second"))
@@ -759,7 +853,9 @@ def test_a_retry_after_a_long_attempt_is_not_killed_by_the_startup_clock(world: 
     add_sweep(world, "digits", **{"spec.failurePolicy.jobRetries": 2, "spec.deadlines.startupSeconds": 600})
     status = world.reconcile("digits")
     name = status["rayJobName"]
-    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", startTime="2026-11-30T00:00:00Z")
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", startTime="2026-11-30T00:00:00Z"
+    )
     world.reconcile("digits")
     world.clock.now = T0 + 3600  # the first attempt trained for an hour, then failed
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Retrying", jobStatus="", failed=1)
@@ -767,7 +863,7 @@ def test_a_retry_after_a_long_attempt_is_not_killed_by_the_startup_clock(world: 
     assert status["phase"] == "Starting", status["message"]
     assert ("delete_rayjob", name) not in world.kube.calls
     world.clock.now = T0 + 3700  # the next attempt starts: a fresh startup clock
-    second = datetime.fromtimestamp(T0 + 3690, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = datetime.fromtimestamp(T0 + 3690, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Initializing", startTime=second)
     status = world.reconcile("digits")
     assert status["phase"] == "Starting" and status["attemptStartedAt"] == second
@@ -827,15 +923,26 @@ def test_a_sweep_without_any_run_record_is_held_with_the_reason(world: World) ->
 def test_the_cluster_guard_verifies_with_the_sweeps_own_storage_not_the_operators(world: World) -> None:
     """Defect 4: the RayJob is gone (normal cascade); the cluster's copy of the guard annotation names the
     sweep's endpoint and region."""
-    add_sweep(world, "digits", **{"spec.storage.endpointUrl": "https://minio.team-a.example", "spec.storage.region": "ap-south-1"})
+    add_sweep(
+        world,
+        "digits",
+        **{"spec.storage.endpointUrl": "https://minio.team-a.example", "spec.storage.region": "ap-south-1"},
+    )
     status = world.reconcile("digits")
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     assert rayjob is not None
-    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
-               "metadata": {"name": f"{status['rayJobName']}-abcde", "namespace": "ml",
-                            "labels": dict(rayjob["metadata"]["labels"]), "annotations": dict(rayjob["metadata"]["annotations"]),
-                            "finalizers": [constants.FINALIZER]},
-               "spec": {"headGroupSpec": {}, "workerGroupSpecs": []}}
+    cluster = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": f"{status['rayJobName']}-abcde",
+            "namespace": "ml",
+            "labels": dict(rayjob["metadata"]["labels"]),
+            "annotations": dict(rayjob["metadata"]["annotations"]),
+            "finalizers": [constants.FINALIZER],
+        },
+        "spec": {"headGroupSpec": {}, "workerGroupSpecs": []},
+    }
     del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
     world.s3_clients.clear()
     world.verifier.verified = False
@@ -859,8 +966,12 @@ def test_a_run_that_wrote_nothing_but_its_status_is_released_with_an_audit(world
     audits = [e for e in world.events if e[2] == "CheckpointGuardBypassed"]
     assert audits and "nothing to protect" in audits[0][3]
     # The same run with a checkpoint reported but none found is held.
-    world.put(f"{root}/_sweep/status.json", json.dumps(
-        {"bestTrial": {"id": "t1", "checkpointUri": f"s3://{root}/train/t1/checkpoint_epoch-000000"}}).encode())
+    world.put(
+        f"{root}/_sweep/status.json",
+        json.dumps(
+            {"bestTrial": {"id": "t1", "checkpointUri": f"s3://{root}/train/t1/checkpoint_epoch-000000"}}
+        ).encode(),
+    )
     with pytest.raises(RetryLater, match="reported 1"):
         world.controller.guard_rayjob_deletion(rayjob, attempt=0)
 
@@ -873,12 +984,18 @@ def test_a_graceful_stop_at_the_deadline_ends_deadline_exceeded_not_succeeded(wo
     root = f"bucket/sweeps/ml/digits-{status['runId']}"
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
-    world.put(f"{root}/_sweep/result.json", json.dumps({"deadlineReached": True, "trials": {"total": 4, "terminated": 4}}).encode())
+    world.put(
+        f"{root}/_sweep/result.json",
+        json.dumps({"deadlineReached": True, "trials": {"total": 4, "terminated": 4}}).encode(),
+    )
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
     status = world.reconcile("digits")
     assert status["phase"] == "DeadlineExceeded"
     conditions = {c["type"]: c for c in status["conditions"]}
-    assert (conditions["DeadlineExceeded"]["status"], conditions["DeadlineExceeded"]["reason"]) == ("True", "GracefulStop")
+    assert (conditions["DeadlineExceeded"]["status"], conditions["DeadlineExceeded"]["reason"]) == (
+        "True",
+        "GracefulStop",
+    )
     assert conditions["CheckpointsVerified"]["status"] == "True" and conditions["Ready"]["status"] == "False"
     assert world.verifier.calls == [f"s3://{root}"]
 
@@ -888,8 +1005,13 @@ def test_a_running_rayjob_whose_trials_never_start_fails_at_the_startup_deadline
     workers are Pending; the startup clock stops only when a trial runs."""
     add_sweep(world, "digits", **{"spec.deadlines.startupSeconds": 60})
     status = world.reconcile("digits")
-    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING",
-                                 rayClusterName=f"{status['rayJobName']}-x7k2p")
+    world.kube.set_rayjob_status(
+        status["rayJobName"],
+        "ml",
+        jobDeploymentStatus="Running",
+        jobStatus="RUNNING",
+        rayClusterName=f"{status['rayJobName']}-x7k2p",
+    )
     assert world.reconcile("digits")["phase"] == "Running"
     world.clock.now = T0 + 61
     status = world.reconcile("digits")
@@ -900,8 +1022,10 @@ def test_a_running_rayjob_whose_trials_never_start_fails_at_the_startup_deadline
 def test_a_running_trial_stops_the_startup_clock(world: World) -> None:
     add_sweep(world, "digits", **{"spec.deadlines.startupSeconds": 60})
     status = world.reconcile("digits")
-    world.put(f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json", json.dumps(
-        {"trials": {"total": 2, "running": 1, "pending": 1}}).encode())
+    world.put(
+        f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json",
+        json.dumps({"trials": {"total": 2, "running": 1, "pending": 1}}).encode(),
+    )
     world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Running", jobStatus="RUNNING")
     world.reconcile("digits")
     world.clock.now = T0 + 600
@@ -922,10 +1046,23 @@ def test_a_failed_run_says_what_the_driver_recorded(world: World) -> None:
     the exit code. The sweep's message carries both."""
     add_sweep(world, "digits")
     status = world.reconcile("digits")
-    world.put(f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json", json.dumps(
-        {"phase": "Failed", "trials": {"total": 0}, "message": "pre-flight: s3:PutObject denied on s3://bucket/sweeps/ml/x"}).encode())
-    world.kube.set_rayjob_status(status["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED",
-                                 message="Job entrypoint command failed with exit code 1")
+    world.put(
+        f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json",
+        json.dumps(
+            {
+                "phase": "Failed",
+                "trials": {"total": 0},
+                "message": "pre-flight: s3:PutObject denied on s3://bucket/sweeps/ml/x",
+            }
+        ).encode(),
+    )
+    world.kube.set_rayjob_status(
+        status["rayJobName"],
+        "ml",
+        jobDeploymentStatus="Failed",
+        jobStatus="FAILED",
+        message="Job entrypoint command failed with exit code 1",
+    )
     status = world.reconcile("digits")
     assert status["phase"] == "Failed"
     assert "exit code 1" in status["message"] and "s3:PutObject denied" in status["message"]

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from tests.support.fakes import FakeResult, Finding
 from sweep_operator.reconcile.guard import (
     EMPTY_RUN_ROOT,
     GuardFacts,
@@ -25,6 +24,7 @@ from sweep_operator.reconcile.guard import (
     skip_requested,
     target_of,
 )
+from tests.support.fakes import FakeResult, Finding
 
 TARGET = GuardTarget("s3://b/sweeps/ml/digits-abc123", "http://127.0.0.1:9", "us-east-1", True, 60, "digits", "abc123")
 BACKOFF = {"attempt": 0, "base_backoff": 30, "max_backoff": 600}
@@ -32,14 +32,36 @@ BACKOFF = {"attempt": 0, "base_backoff": 30, "max_backoff": 600}
 
 BEFORE = [
     # (case, facts, expected decision type, audited, words in the reason)
-    ("escape hatch", GuardFacts("RayJob", "j", skip=True, target=TARGET), Release, True, constants.ANNOTATION_SKIP_VERIFICATION),
-    ("escape hatch even without a target", GuardFacts("RayCluster", "c", skip=True), Release, True, "without verifying"),
+    (
+        "escape hatch",
+        GuardFacts("RayJob", "j", skip=True, target=TARGET),
+        Release,
+        True,
+        constants.ANNOTATION_SKIP_VERIFICATION,
+    ),
+    (
+        "escape hatch even without a target",
+        GuardFacts("RayCluster", "c", skip=True),
+        Release,
+        True,
+        "without verifying",
+    ),
     ("never admitted", GuardFacts("TrainingSweep", "s", never_admitted=True), Release, False, "never admitted"),
-    ("target unknown", GuardFacts("TrainingSweep", "s", target_unknown="no run root recorded", started=("a run id in status",)),
-     Hold, False, "no run root recorded (a run id in status)"),
+    (
+        "target unknown",
+        GuardFacts("TrainingSweep", "s", target_unknown="no run root recorded", started=("a run id in status",)),
+        Hold,
+        False,
+        "no run root recorded (a run id in status)",
+    ),
     ("target unknown, no reason given", GuardFacts("RayCluster", "c"), Hold, False, "unknown"),
-    ("verification disabled at admission", GuardFacts("RayJob", "j", target=GuardTarget("s3://b/p", verify=False)), Release, True,
-     "verifyCheckpoints was false"),
+    (
+        "verification disabled at admission",
+        GuardFacts("RayJob", "j", target=GuardTarget("s3://b/p", verify=False)),
+        Release,
+        True,
+        "verifyCheckpoints was false",
+    ),
     ("a run that may have written", GuardFacts("RayJob", "j", target=TARGET), Verify, False, ""),
 ]
 
@@ -57,27 +79,88 @@ def test_guard_before_verification(case: str, facts: GuardFacts, kind: type, aud
         assert decision == Verify(TARGET)
 
 
-REPORTED = {"bestTrial": {"id": "t1", "checkpointUri": "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001"}}
+REPORTED = {
+    "bestTrial": {"id": "t1", "checkpointUri": "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001"}
+}
 AFTER = [
     # (case, result, status.json, result.json, readable, expected, audited, words)
     ("verified checkpoints", FakeResult(True, checked=4), None, None, True, Release, False, "verified complete"),
-    ("a missing file", FakeResult(False, (Finding("missing-file"),), checked=3), REPORTED, None, True, Hold, False, "missing-file"),
+    (
+        "a missing file",
+        FakeResult(False, (Finding("missing-file"),), checked=3),
+        REPORTED,
+        None,
+        True,
+        Hold,
+        False,
+        "missing-file",
+    ),
     ("S3 error", FakeResult(False, (Finding("s3-error"),), checked=0), None, None, False, Hold, False, "s3-error"),
-    ("empty run root and an S3 error", FakeResult(False, (Finding(EMPTY_RUN_ROOT), Finding("s3-error"),), checked=0), None, None, True, Hold,
-     False, "s3-error"),
-    ("an empty run root", FakeResult(False, (Finding(EMPTY_RUN_ROOT),), checked=0), None, None, True, Release, True, "nothing to protect"),
-    ("no checkpoint, none reported", FakeResult(True, checked=0), {"bestTrial": None, "trials": {"total": 1, "errored": 1}}, None, True,
-     Release, True, "reports none"),
+    (
+        "empty run root and an S3 error",
+        FakeResult(
+            False,
+            (
+                Finding(EMPTY_RUN_ROOT),
+                Finding("s3-error"),
+            ),
+            checked=0,
+        ),
+        None,
+        None,
+        True,
+        Hold,
+        False,
+        "s3-error",
+    ),
+    (
+        "an empty run root",
+        FakeResult(False, (Finding(EMPTY_RUN_ROOT),), checked=0),
+        None,
+        None,
+        True,
+        Release,
+        True,
+        "nothing to protect",
+    ),
+    (
+        "no checkpoint, none reported",
+        FakeResult(True, checked=0),
+        {"bestTrial": None, "trials": {"total": 1, "errored": 1}},
+        None,
+        True,
+        Release,
+        True,
+        "reports none",
+    ),
     ("no checkpoint, but one reported", FakeResult(True, checked=0), REPORTED, None, True, Hold, False, "reported 1"),
-    ("no checkpoint, result reports one", FakeResult(True, checked=0), None, {"trialResults": [{"checkpointUri": "s3://b/x"}]}, True, Hold,
-     False, "reported 1"),
-    ("no checkpoint, status unreadable", FakeResult(True, checked=0), None, None, False, Hold, False, "could not be read"),
+    (
+        "no checkpoint, result reports one",
+        FakeResult(True, checked=0),
+        None,
+        {"trialResults": [{"checkpointUri": "s3://b/x"}]},
+        True,
+        Hold,
+        False,
+        "reported 1",
+    ),
+    (
+        "no checkpoint, status unreadable",
+        FakeResult(True, checked=0),
+        None,
+        None,
+        False,
+        Hold,
+        False,
+        "could not be read",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,result,progress,final,readable,kind,audited,words", AFTER, ids=[row[0] for row in AFTER])
-def test_guard_after_verification(case: str, result: FakeResult, progress: Any, final: Any, readable: bool, kind: type,
-                                  audited: bool, words: str) -> None:
+def test_guard_after_verification(
+    case: str, result: FakeResult, progress: Any, final: Any, readable: bool, kind: type, audited: bool, words: str
+) -> None:
     decision = decide_after_verification(result, progress=progress, final=final, progress_readable=readable, **BACKOFF)
     assert isinstance(decision, kind), case
     assert words in decision.reason
@@ -88,8 +171,9 @@ def test_guard_after_verification(case: str, result: FakeResult, progress: Any, 
 def test_guard_holds_with_capped_exponential_backoff() -> None:
     """R22: a failed check keeps the finalizer and re-checks with capped exponential backoff."""
     failed = FakeResult(False, (Finding("missing-file"),), checked=1)
-    assert decide_after_verification(failed, attempt=0, base_backoff=30, max_backoff=600).retry_after == 30  # type: ignore[union-attr]
-    assert decide_after_verification(failed, attempt=10, base_backoff=30, max_backoff=600).retry_after == 600  # type: ignore[union-attr]
+    first, tenth = (decide_after_verification(failed, attempt=n, base_backoff=30, max_backoff=600) for n in (0, 10))
+    assert isinstance(first, Hold) and isinstance(tenth, Hold)
+    assert (first.retry_after, tenth.retry_after) == (30, 600)
     assert [backoff_seconds(a, 5, 60) for a in range(6)] == [5, 10, 20, 40, 60, 60]
 
 
@@ -100,7 +184,9 @@ def test_guard_target_travels_as_one_annotation_and_fails_closed_when_unreadable
     assert target_of({"metadata": {"annotations": {constants.ANNOTATION_GUARD: text}}}) == TARGET
     for damaged in ("", "{", "[]", '{"runRoot": 3}', '{"runRoot": "/local/path"}', '{"endpointUrl": "x"}'):
         assert GuardTarget.from_annotation(damaged) is None, damaged
-    assert GuardTarget.from_annotation('{"runRoot": "s3://b/p", "verify": "no"}').verify is True, "only an explicit false skips"
+    assert GuardTarget.from_annotation('{"runRoot": "s3://b/p", "verify": "no"}').verify is True, (
+        "only an explicit false skips"
+    )
 
 
 def test_escape_hatch_annotation_is_exactly_true() -> None:
@@ -109,6 +195,7 @@ def test_escape_hatch_annotation_is_exactly_true() -> None:
 
 
 def test_reported_checkpoints_reads_status_and_result() -> None:
-    assert reported_checkpoints(REPORTED, {"trialResults": [{"checkpointUri": "s3://b/y"}, {"checkpointUri": None}]}) == [
-        "s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001", "s3://b/y"]
+    assert reported_checkpoints(
+        REPORTED, {"trialResults": [{"checkpointUri": "s3://b/y"}, {"checkpointUri": None}]}
+    ) == ["s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001", "s3://b/y"]
     assert reported_checkpoints(None, {"bestTrial": "garbage"}) == []

@@ -10,9 +10,9 @@ import pytest
 from sweep_operator.reconcile.actions import DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.reconcile.run_phase import (
+    deadline_passed,
     decide_finish,
     decide_run,
-    deadline_passed,
     ever_ran,
     startup_overdue,
     tick_due,
@@ -26,14 +26,27 @@ from tests.support.fakes import T0, FakeResult, Finding
 
 LIMITS = OperatorLimits(max_gpus_per_namespace=8)
 JOB = "digits-r1"
-RUNNING = {"phase": "Running", "runId": "r1", "rayJobName": JOB, "observedGeneration": 1,
-           "startedAt": rfc3339(T0 - 600), "deadlineAt": rfc3339(T0 + 3600), "trainingStartedAt": rfc3339(T0 - 500),
-           "trials": {"total": 8, "running": 2}}
+RUNNING = {
+    "phase": "Running",
+    "runId": "r1",
+    "rayJobName": JOB,
+    "observedGeneration": 1,
+    "startedAt": rfc3339(T0 - 600),
+    "deadlineAt": rfc3339(T0 + 3600),
+    "trainingStartedAt": rfc3339(T0 - 500),
+    "trials": {"total": 8, "running": 2},
+}
 STARTING = {**RUNNING, "phase": "Starting", "trainingStartedAt": None, "trials": {"total": 0}}
 
 
-def facts(status: dict[str, Any], rayjob: RayJobFacts | None, *, now: float = T0, spec: dict[str, Any] | None = None,
-          **more: Any) -> SweepFacts:
+def facts(
+    status: dict[str, Any],
+    rayjob: RayJobFacts | None,
+    *,
+    now: float = T0,
+    spec: dict[str, Any] | None = None,
+    **more: Any,
+) -> SweepFacts:
     doc = changed(gpu_sweep(), {f"spec.{k}": v for k, v in (spec or {}).items()})
     doc["metadata"].update(uid="uid-1", generation=1, creationTimestamp=rfc3339(T0 - 700))
     doc["status"] = {k: v for k, v in status.items() if v is not None}
@@ -41,7 +54,9 @@ def facts(status: dict[str, Any], rayjob: RayJobFacts | None, *, now: float = T0
 
 
 def job(deployment: str = "Running", status: str = "RUNNING", **fields: Any) -> RayJobFacts:
-    return RayJobFacts(JOB, deployment_status=deployment, job_status=status, cluster_name="digits-r1-raycluster", **fields)
+    return RayJobFacts(
+        JOB, deployment_status=deployment, job_status=status, cluster_name="digits-r1-raycluster", **fields
+    )
 
 
 def kinds(actions: tuple[Any, ...]) -> list[type]:
@@ -50,52 +65,146 @@ def kinds(actions: tuple[Any, ...]) -> list[type]:
 
 # (case, facts, expected phase (None: status unchanged), the condition (type, status, reason) set, action kinds)
 ROWS = [
-    ("ended and unverified: free the budget, verify", facts({**RUNNING, "phase": "Succeeded"}, job("Complete", "SUCCEEDED")),
-     None, None, [ReleaseBudget, Finish]),
-    ("ended and verified: only the budget",
-     facts({**RUNNING, "phase": "Failed", "checkpoints": {"verifiedAt": rfc3339(T0)}}, job("Failed", "FAILED")),
-     None, None, [ReleaseBudget]),
-    ("the RayJob was deleted outside the operator", facts(RUNNING, None),
-     "Failed", ("Running", "False", "RayJobDeleted"), [ReleaseBudget]),
-    ("KubeRay is creating the cluster", facts(STARTING, job("Initializing", "")),
-     "Starting", ("Running", "False", "Starting"), []),
+    (
+        "ended and unverified: free the budget, verify",
+        facts({**RUNNING, "phase": "Succeeded"}, job("Complete", "SUCCEEDED")),
+        None,
+        None,
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "ended and verified: only the budget",
+        facts({**RUNNING, "phase": "Failed", "checkpoints": {"verifiedAt": rfc3339(T0)}}, job("Failed", "FAILED")),
+        None,
+        None,
+        [ReleaseBudget],
+    ),
+    (
+        "the RayJob was deleted outside the operator",
+        facts(RUNNING, None),
+        "Failed",
+        ("Running", "False", "RayJobDeleted"),
+        [ReleaseBudget],
+    ),
+    (
+        "KubeRay is creating the cluster",
+        facts(STARTING, job("Initializing", "")),
+        "Starting",
+        ("Running", "False", "Starting"),
+        [],
+    ),
     ("the job runs", facts(STARTING, job()), "Running", ("Running", "True", "Running"), []),
-    ("the job succeeded", facts(RUNNING, job("Complete", "SUCCEEDED")),
-     "Succeeded", ("Running", "False", "Succeeded"), [ReleaseBudget, Finish]),
-    ("Tune's budget stopped it at the deadline and the driver exited 0",
-     facts(RUNNING, job("Complete", "SUCCEEDED"), stopped_at_deadline=True),
-     "DeadlineExceeded", ("DeadlineExceeded", "True", "GracefulStop"), [ReleaseBudget, Finish]),
-    ("the deadline and its graceful window passed: stop through the guard", facts(RUNNING, job(), now=T0 + 3600 + 300),
-     "DeadlineExceeded", ("DeadlineExceeded", "True", "SweepDeadline"), [DeleteRayJob, ReleaseBudget, Finish]),
-    ("the deadline passed, the graceful window has not: the driver stops its trials", facts(RUNNING, job(), now=T0 + 3601),
-     "Running", ("DeadlineExceeded", "True", "GracefulStop"), []),
-    ("KubeRay's activeDeadlineSeconds stopped it", facts(RUNNING, job("Failed", "", reason="DeadlineExceeded")),
-     "DeadlineExceeded", ("DeadlineExceeded", "True", "ActiveDeadlineSeconds"), [ReleaseBudget, Finish]),
-    ("startup overdue: the diagnosis is asked for first", facts(STARTING, job("Initializing", ""), now=T0 + 1800),
-     None, None, [Diagnose]),
-    ("startup overdue, diagnosed: fail and stop", facts(STARTING, job("Initializing", ""), now=T0 + 1800, diagnosis="2 workers Pending"),
-     "Failed", ("Running", "False", "StartupDeadlineExceeded"), [DeleteRayJob, ReleaseBudget, Finish]),
-    ("Running without a trial is not started: the startup clock still runs",
-     facts({**STARTING, "trials": {"total": 8, "pending": 8}}, job(), now=T0 + 1800, diagnosis="GPU workers Pending"),
-     "Failed", ("Running", "False", "StartupDeadlineExceeded"), [DeleteRayJob, ReleaseBudget, Finish]),
-    ("a trial runs: started, whatever the clock says", facts(RUNNING, job(), now=T0 + 1800), "Running", ("Running", "True", "Running"), []),
-    ("KubeRay retries after a failed attempt: no startup clock until the next attempt starts",
-     facts({**STARTING, "attemptStartedAt": rfc3339(T0 - 3000)}, job("Retrying", "", failed=1, start_time=rfc3339(T0 - 3000)), now=T0 + 1800),
-     "Starting", ("Running", "False", "Starting"), []),
-    ("KubeRay gave up before the job ever ran: the diagnosis is asked for", facts(STARTING, job("Failed", "FAILED", reason="AppFailed")),
-     None, None, [Diagnose]),
-    ("KubeRay gave up before the job ever ran, diagnosed", facts(STARTING, job("Failed", "FAILED", reason="AppFailed"), diagnosis="image pull"),
-     "Failed", ("Running", "False", "StartupFailed"), [ReleaseBudget, Finish]),
-    ("a run that trained, then failed, needs no startup diagnosis", facts(RUNNING, job("Failed", "FAILED", reason="AppFailed")),
-     "Failed", ("Running", "False", "Failed"), [ReleaseBudget, Finish]),
-    ("suspended", facts(RUNNING, job("Suspended", "", suspended=True), spec={"suspend": True}),
-     "Suspended", ("Running", "False", "Suspended"), []),
+    (
+        "the job succeeded",
+        facts(RUNNING, job("Complete", "SUCCEEDED")),
+        "Succeeded",
+        ("Running", "False", "Succeeded"),
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "Tune's budget stopped it at the deadline and the driver exited 0",
+        facts(RUNNING, job("Complete", "SUCCEEDED"), stopped_at_deadline=True),
+        "DeadlineExceeded",
+        ("DeadlineExceeded", "True", "GracefulStop"),
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "the deadline and its graceful window passed: stop through the guard",
+        facts(RUNNING, job(), now=T0 + 3600 + 300),
+        "DeadlineExceeded",
+        ("DeadlineExceeded", "True", "SweepDeadline"),
+        [DeleteRayJob, ReleaseBudget, Finish],
+    ),
+    (
+        "the deadline passed, the graceful window has not: the driver stops its trials",
+        facts(RUNNING, job(), now=T0 + 3601),
+        "Running",
+        ("DeadlineExceeded", "True", "GracefulStop"),
+        [],
+    ),
+    (
+        "KubeRay's activeDeadlineSeconds stopped it",
+        facts(RUNNING, job("Failed", "", reason="DeadlineExceeded")),
+        "DeadlineExceeded",
+        ("DeadlineExceeded", "True", "ActiveDeadlineSeconds"),
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "startup overdue: the diagnosis is asked for first",
+        facts(STARTING, job("Initializing", ""), now=T0 + 1800),
+        None,
+        None,
+        [Diagnose],
+    ),
+    (
+        "startup overdue, diagnosed: fail and stop",
+        facts(STARTING, job("Initializing", ""), now=T0 + 1800, diagnosis="2 workers Pending"),
+        "Failed",
+        ("Running", "False", "StartupDeadlineExceeded"),
+        [DeleteRayJob, ReleaseBudget, Finish],
+    ),
+    (
+        "Running without a trial is not started: the startup clock still runs",
+        facts(
+            {**STARTING, "trials": {"total": 8, "pending": 8}}, job(), now=T0 + 1800, diagnosis="GPU workers Pending"
+        ),
+        "Failed",
+        ("Running", "False", "StartupDeadlineExceeded"),
+        [DeleteRayJob, ReleaseBudget, Finish],
+    ),
+    (
+        "a trial runs: started, whatever the clock says",
+        facts(RUNNING, job(), now=T0 + 1800),
+        "Running",
+        ("Running", "True", "Running"),
+        [],
+    ),
+    (
+        "KubeRay retries after a failed attempt: no startup clock until the next attempt starts",
+        facts(
+            {**STARTING, "attemptStartedAt": rfc3339(T0 - 3000)},
+            job("Retrying", "", failed=1, start_time=rfc3339(T0 - 3000)),
+            now=T0 + 1800,
+        ),
+        "Starting",
+        ("Running", "False", "Starting"),
+        [],
+    ),
+    (
+        "KubeRay gave up before the job ever ran: the diagnosis is asked for",
+        facts(STARTING, job("Failed", "FAILED", reason="AppFailed")),
+        None,
+        None,
+        [Diagnose],
+    ),
+    (
+        "KubeRay gave up before the job ever ran, diagnosed",
+        facts(STARTING, job("Failed", "FAILED", reason="AppFailed"), diagnosis="image pull"),
+        "Failed",
+        ("Running", "False", "StartupFailed"),
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "a run that trained, then failed, needs no startup diagnosis",
+        facts(RUNNING, job("Failed", "FAILED", reason="AppFailed")),
+        "Failed",
+        ("Running", "False", "Failed"),
+        [ReleaseBudget, Finish],
+    ),
+    (
+        "suspended",
+        facts(RUNNING, job("Suspended", "", suspended=True), spec={"suspend": True}),
+        "Suspended",
+        ("Running", "False", "Suspended"),
+        [],
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,given,phase,condition,actions", ROWS, ids=[row[0] for row in ROWS])
-def test_decide_run(case: str, given: SweepFacts, phase: str | None, condition: tuple[str, str, str] | None,
-                    actions: list[type]) -> None:
+def test_decide_run(
+    case: str, given: SweepFacts, phase: str | None, condition: tuple[str, str, str] | None, actions: list[type]
+) -> None:
     decision = decide_run(given)
     assert kinds(decision.actions) == actions, case
     if phase is None:
@@ -120,8 +229,11 @@ def test_the_first_running_pass_records_training_start_and_the_attempt() -> None
 
 
 def test_polled_progress_lands_in_the_status() -> None:
-    progress = {"trials": {"total": 8, "pending": 0, "running": 3, "terminated": 1, "errored": 0}, "trialsSummary": "1/8",
-                "waitingFor": None}
+    progress = {
+        "trials": {"total": 8, "pending": 0, "running": 3, "terminated": 1, "errored": 0},
+        "trialsSummary": "1/8",
+        "waitingFor": None,
+    }
     status = decide_run(facts({**RUNNING, "waitingFor": {"pods": 1}}, job(), progress=progress)).status
     assert status is not None and status["trials"]["running"] == 3 and "waitingFor" not in status
 
@@ -134,36 +246,55 @@ def test_a_spec_change_is_refused_but_suspend_is_carried_to_the_rayjob() -> None
     assert decision.status is not None and decision.status["observedGeneration"] == 1
 
 
-@pytest.mark.parametrize("result,phase,verified,reason", [
-    (FakeResult(True), "Succeeded", "True", "Verified"),
-    (FakeResult(False, (Finding("missing-file"),)), "Succeeded", "False", "NotVerified"),
-    (FakeResult(True, checked=0), "Failed", "False", "NothingToProtect"),
-], ids=["verified", "a file missing", "nothing to protect"])
+@pytest.mark.parametrize(
+    "result,phase,verified,reason",
+    [
+        (FakeResult(True), "Succeeded", "True", "Verified"),
+        (FakeResult(False, (Finding("missing-file"),)), "Succeeded", "False", "NotVerified"),
+        (FakeResult(True, checked=0), "Failed", "False", "NothingToProtect"),
+    ],
+    ids=["verified", "a file missing", "nothing to protect"],
+)
 def test_decide_finish(result: FakeResult, phase: str, verified: str, reason: str) -> None:
-    decision = decide_finish(facts({**RUNNING, "phase": phase}, None), result, {"trials": {"total": 8, "errored": 8}}, None)
+    decision = decide_finish(
+        facts({**RUNNING, "phase": phase}, None), result, {"trials": {"total": 8, "errored": 8}}, None
+    )
     assert decision.status is not None
     conditions = {c["type"]: (c["status"], c["reason"]) for c in decision.status["conditions"]}
     assert conditions["CheckpointsVerified"] == (verified, reason)
     assert conditions["Ready"][0] == ("True" if phase == "Succeeded" and verified == "True" else "False")
-    assert [e.reason for e in decision.events] == ([] if verified == "True" else [reason if reason != "NotVerified" else "CheckpointsNotVerified"])
+    assert [e.reason for e in decision.events] == (
+        [] if verified == "True" else [reason if reason != "NotVerified" else "CheckpointsNotVerified"]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ predicates
 
 
-@pytest.mark.parametrize("now,deadline,grace,passed", [(99, 100, 0, False), (100, 100, 0, True), (100, 100, 5, False), (105, 100, 5, True)])
+@pytest.mark.parametrize(
+    "now,deadline,grace,passed", [(99, 100, 0, False), (100, 100, 0, True), (100, 100, 5, False), (105, 100, 5, True)]
+)
 def test_deadline_passed(now: float, deadline: float, grace: float, passed: bool) -> None:
     assert deadline_passed(now, deadline, grace) is passed
 
 
-@pytest.mark.parametrize("rayjob,status,now,overdue", [
-    (job("Initializing", "", start_time=rfc3339(T0)), {}, T0 + 601, True),
-    (job("Initializing", "", start_time=rfc3339(T0)), {}, T0 + 600, False),
-    (job("Initializing", "", start_time=rfc3339(T0)), {"startedAt": rfc3339(T0 + 100)}, T0 + 601, False),  # the later start counts
-    (job("Retrying", "", failed=1, start_time=rfc3339(T0)), {}, T0 + 6000, False),
-    (job("", "", failed=1, start_time=rfc3339(T0)), {}, T0 + 6000, False),
-    (job("Initializing", ""), {}, T0 + 6000, False),  # no start recorded yet
-], ids=["overdue", "on time", "the sweep's start is later", "retrying", "new after a retry", "not started"])
+@pytest.mark.parametrize(
+    "rayjob,status,now,overdue",
+    [
+        (job("Initializing", "", start_time=rfc3339(T0)), {}, T0 + 601, True),
+        (job("Initializing", "", start_time=rfc3339(T0)), {}, T0 + 600, False),
+        (
+            job("Initializing", "", start_time=rfc3339(T0)),
+            {"startedAt": rfc3339(T0 + 100)},
+            T0 + 601,
+            False,
+        ),  # the later start counts
+        (job("Retrying", "", failed=1, start_time=rfc3339(T0)), {}, T0 + 6000, False),
+        (job("", "", failed=1, start_time=rfc3339(T0)), {}, T0 + 6000, False),
+        (job("Initializing", ""), {}, T0 + 6000, False),  # no start recorded yet
+    ],
+    ids=["overdue", "on time", "the sweep's start is later", "retrying", "new after a retry", "not started"],
+)
 def test_startup_overdue(rayjob: RayJobFacts, status: dict[str, Any], now: float, overdue: bool) -> None:
     assert startup_overdue(rayjob, status, now, 600) is overdue
 
@@ -174,16 +305,23 @@ def test_ever_ran_and_trials_started() -> None:
     assert trials_started({"errored": 1}) and not trials_started({"pending": 4, "total": 4})
 
 
-@pytest.mark.parametrize("status,deleting,poll_due,due", [
-    ({}, False, False, True),
-    ({"phase": "Queued"}, False, False, True),
-    ({"phase": "Running", "deadlineAt": rfc3339(T0 + 60)}, False, False, False),
-    ({"phase": "Running", "deadlineAt": rfc3339(T0 + 60)}, False, True, True),
-    ({"phase": "Running", "deadlineAt": rfc3339(T0 - 1)}, False, False, True),
-    ({"phase": "Succeeded"}, False, False, True),
-    ({"phase": "Succeeded", "checkpoints": {"verifiedAt": rfc3339(T0)}}, False, True, False),
-    ({"phase": "Running"}, True, True, False),
-], ids=["new", "queued", "steady", "progress due", "deadline passed", "unverified end", "verified end", "deleting"])
+@pytest.mark.parametrize(
+    "status,deleting,poll_due,due",
+    [
+        ({}, False, False, True),
+        ({"phase": "Queued"}, False, False, True),
+        ({"phase": "Running", "deadlineAt": rfc3339(T0 + 60)}, False, False, False),
+        ({"phase": "Running", "deadlineAt": rfc3339(T0 + 60)}, False, True, True),
+        ({"phase": "Running", "deadlineAt": rfc3339(T0 - 1)}, False, False, True),
+        ({"phase": "Succeeded"}, False, False, True),
+        ({"phase": "Succeeded", "checkpoints": {"verifiedAt": rfc3339(T0)}}, False, True, False),
+        ({"phase": "Running"}, True, True, False),
+    ],
+    ids=["new", "queued", "steady", "progress due", "deadline passed", "unverified end", "verified end", "deleting"],
+)
 def test_tick_due(status: dict[str, Any], deleting: bool, poll_due: bool, due: bool) -> None:
-    body = {"metadata": {"name": "digits", **({"deletionTimestamp": rfc3339(T0)} if deleting else {})}, "status": status}
+    body = {
+        "metadata": {"name": "digits", **({"deletionTimestamp": rfc3339(T0)} if deleting else {})},
+        "status": status,
+    }
     assert tick_due(body, T0, lambda: poll_due) is due

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,7 +15,7 @@ from sweep_operator.status import (
     trials_summary,
 )
 
-T0 = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
 def rayjob(deployment: str = "", job: str = "", reason: str = "", cluster: str = "") -> dict:
@@ -74,12 +74,24 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
 def test_progress_from_status_file() -> None:
     doc = {
         "trials": {"total": 8, "pending": 2, "running": 2, "terminated": 3, "errored": 1},
-        "bestTrial": {"id": "t3", "metric": "val_loss", "value": 0.12, "config": {"lr": 0.01}, "checkpointUri": "s3://b/k"},
+        "bestTrial": {
+            "id": "t3",
+            "metric": "val_loss",
+            "value": 0.12,
+            "config": {"lr": 0.01},
+            "checkpointUri": "s3://b/k",
+        },
     }
     patch = progress_patch(doc)
     assert patch["trialsSummary"] == "4/8"
     assert patch["trials"]["running"] == 2
-    assert patch["bestTrial"] == {"id": "t3", "metric": "val_loss", "value": 0.12, "config": {"lr": 0.01}, "checkpointUri": "s3://b/k"}
+    assert patch["bestTrial"] == {
+        "id": "t3",
+        "metric": "val_loss",
+        "value": 0.12,
+        "config": {"lr": 0.01},
+        "checkpointUri": "s3://b/k",
+    }
 
 
 def test_progress_tolerates_partial_or_odd_files() -> None:
@@ -92,15 +104,22 @@ def test_progress_tolerates_partial_or_odd_files() -> None:
 def pending_pod(name: str, role: str, reason: str, message: str) -> dict:
     return {
         "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": "c1"}},
-        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}]},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}],
+        },
     }
 
 
 def test_diagnosis_names_insufficient_gpus_for_pending_workers() -> None:
     """R6, R20: the condition message says which layer blocks the start and what to check."""
     pods = [
-        pending_pod("c1-worker-a", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
-        pending_pod("c1-worker-b", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+        pending_pod(
+            "c1-worker-a", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        ),
+        pending_pod(
+            "c1-worker-b", "worker", "Unschedulable", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        ),
         {"metadata": {"name": "c1-head", "labels": {"ray.io/node-type": "head"}}, "status": {"phase": "Running"}},
     ]
     message = diagnose_startup(pods, [], cluster_name="c1")
@@ -115,13 +134,29 @@ def test_diagnosis_image_pull_and_quota_and_selector() -> None:
             "metadata": {"name": "c1-head", "labels": {"ray.io/node-type": "head"}},
             "status": {
                 "phase": "Pending",
-                "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "bad:tag"'}}}],
+                "containerStatuses": [
+                    {
+                        "state": {
+                            "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "bad:tag"'}
+                        }
+                    }
+                ],
             },
         },
-        pending_pod("c1-worker-a", "worker", "Unschedulable", "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector."),
+        pending_pod(
+            "c1-worker-a",
+            "worker",
+            "Unschedulable",
+            "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector.",
+        ),
     ]
     events = [
-        {"type": "Warning", "reason": "FailedCreateWorkerPod", "message": 'pods "c1-worker-b" is forbidden: exceeded quota: gpu-quota', "involvedObject": {"kind": "RayCluster", "name": "c1"}},
+        {
+            "type": "Warning",
+            "reason": "FailedCreateWorkerPod",
+            "message": 'pods "c1-worker-b" is forbidden: exceeded quota: gpu-quota',
+            "involvedObject": {"kind": "RayCluster", "name": "c1"},
+        },
     ]
     message = diagnose_startup(pods, events, cluster_name="c1")
     assert "1 head Pending: ImagePullBackOff" in message and "bad:tag" in message
@@ -130,8 +165,16 @@ def test_diagnosis_image_pull_and_quota_and_selector() -> None:
 
 
 def test_diagnosis_uses_failed_scheduling_events() -> None:
-    pod = {"metadata": {"name": "c1-worker-a", "labels": {"ray.io/node-type": "worker"}}, "status": {"phase": "Pending"}}
-    event = {"type": "Warning", "reason": "FailedScheduling", "message": "0/2 nodes are available: 2 Insufficient memory.", "involvedObject": {"kind": "Pod", "name": "c1-worker-a"}}
+    pod = {
+        "metadata": {"name": "c1-worker-a", "labels": {"ray.io/node-type": "worker"}},
+        "status": {"phase": "Pending"},
+    }
+    event = {
+        "type": "Warning",
+        "reason": "FailedScheduling",
+        "message": "0/2 nodes are available: 2 Insufficient memory.",
+        "involvedObject": {"kind": "Pod", "name": "c1-worker-a"},
+    }
     assert "Insufficient memory" in diagnose_startup([pod], [event])
 
 

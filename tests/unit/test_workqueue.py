@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from sweep_operator.workqueue import ROUTINE, URGENT, WorkQueue
 
 
-def wait_until(condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
@@ -150,6 +151,7 @@ def test_a_pass_runs_in_the_context_of_the_latest_request() -> None:
     seen: list[str] = []
     queue: WorkQueue[str] = WorkQueue(lambda key: seen.append(who.get("unset")), workers=1)
     try:
+
         def ask(name: str) -> None:
             who.set(name)
             queue.add("sweep")

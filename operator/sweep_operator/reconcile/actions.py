@@ -7,8 +7,9 @@ The controller executes the actions before the status write (CreateRayJob, Delet
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Finish:
     """The run ended: read its result and verify its checkpoints once (`run_phase.decide_finish`)."""
 
 
-Action = Union[CreateRayJob, DeleteRayJob, SetSuspend, Diagnose, ReleaseBudget, Finish]
+Action = CreateRayJob | DeleteRayJob | SetSuspend | Diagnose | ReleaseBudget | Finish
 
 
 @dataclass(frozen=True)

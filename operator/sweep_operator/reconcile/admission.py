@@ -4,13 +4,14 @@ with a CreateRayJob; after the create, its outcome decides the status. The budge
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.runtime_env import deadline_of
 
-from ..policy import Admit, AdmissionDecision, Queue, Reject, effective_active_seconds
+from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
 from ..rendering import RenderContext, build_rayjob, guard_target, new_run_id, run_id_for
 from ..status import conditions_with, is_terminal, parse_time, rfc3339, updated
 from .actions import CreateRayJob, Decision, Event, ReleaseBudget
@@ -30,11 +31,19 @@ def creating_backs_off(facts: SweepFacts) -> bool:
     return facts.create_retry_at is not None and facts.now < facts.create_retry_at
 
 
-def _status(facts: SweepFacts, phase: str, message: str, *conditions: tuple[str, bool | str, str, str], **fields: Any) -> dict[str, Any]:
-    return updated(facts.status, {
-        "phase": phase, "message": message, **fields, "observedGeneration": facts.generation,
-        "conditions": conditions_with(facts.status, facts.generation, facts.now, *conditions),
-    })
+def _status(
+    facts: SweepFacts, phase: str, message: str, *conditions: tuple[str, bool | str, str, str], **fields: Any
+) -> dict[str, Any]:
+    return updated(
+        facts.status,
+        {
+            "phase": phase,
+            "message": message,
+            **fields,
+            "observedGeneration": facts.generation,
+            "conditions": conditions_with(facts.status, facts.generation, facts.now, *conditions),
+        },
+    )
 
 
 def decide_admission(facts: SweepFacts) -> Decision | None:
@@ -43,31 +52,59 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
         return Decision()
     if facts.sweep is None:
         message = "; ".join(facts.problems)
-        return Decision(_status(facts, "Invalid", message, ("Admitted", False, "Invalid", message),
-                                ("Ready", False, "Invalid", "the spec is invalid")), (ReleaseBudget(admit_next=False),))
+        return Decision(
+            _status(
+                facts,
+                "Invalid",
+                message,
+                ("Admitted", False, "Invalid", message),
+                ("Ready", False, "Invalid", "the spec is invalid"),
+            ),
+            (ReleaseBudget(admit_next=False),),
+        )
     if facts.sweep.spec.suspend:
-        return Decision(_status(facts, "Suspended", "spec.suspend is true: the sweep waits and holds no budget",
-                                ("Admitted", False, "Suspended", "spec.suspend is true")), (ReleaseBudget(admit_next=False),))
+        return Decision(
+            _status(
+                facts,
+                "Suspended",
+                "spec.suspend is true: the sweep waits and holds no budget",
+                ("Admitted", False, "Suspended", "spec.suspend is true"),
+            ),
+            (ReleaseBudget(admit_next=False),),
+        )
     if creating_backs_off(facts):
         return Decision()
     return None
 
 
-def decide_budget(facts: SweepFacts, budget: AdmissionDecision, namespace_budget: str, render: RenderContext) -> Decision:
+def decide_budget(
+    facts: SweepFacts, budget: AdmissionDecision, namespace_budget: str, render: RenderContext
+) -> Decision:
     """The ledger's answer: Reject and Queue are a status; Admit creates the run's RayJob."""
     if isinstance(budget, Reject):
         return Decision(_status(facts, "Invalid", budget.reason, ("Admitted", False, "OverCap", budget.reason)))
     if isinstance(budget, Queue):
-        return Decision(_status(
-            facts, "Queued", f"queued: {budget.reason}", ("Admitted", False, "Queued", budget.reason),
-            queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
-            replicas={"workers": budget.demand.workers, "gpus": budget.demand.gpus, "namespaceBudget": namespace_budget},
-        ))
+        return Decision(
+            _status(
+                facts,
+                "Queued",
+                f"queued: {budget.reason}",
+                ("Admitted", False, "Queued", budget.reason),
+                queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
+                replicas={
+                    "workers": budget.demand.workers,
+                    "gpus": budget.demand.gpus,
+                    "namespaceBudget": namespace_budget,
+                },
+            )
+        )
     sweep = facts.sweep
     assert sweep is not None
     run_id = run_id_for(sweep.uid) if sweep.uid else new_run_id()
     deadline_at = int(facts.now + effective_active_seconds(sweep.spec, facts.limits))
-    return Decision(actions=(CreateRayJob(build_rayjob(sweep, run_id, render, deadline_at=deadline_at), run_id, deadline_at),))
+    return Decision(
+        actions=(CreateRayJob(build_rayjob(sweep, run_id, render, deadline_at=deadline_at), run_id, deadline_at),)
+    )
 
 
 @dataclass(frozen=True)
@@ -96,51 +133,91 @@ def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     return not owners or any(o.get("uid") == uid for o in owners)
 
 
-def after_create(facts: SweepFacts, create: CreateRayJob, budget: Admit, outcome: CreateOutcome, namespace_budget: str,
-                 render: RenderContext) -> Decision:
+def after_create(
+    facts: SweepFacts,
+    create: CreateRayJob,
+    budget: Admit,
+    outcome: CreateOutcome,
+    namespace_budget: str,
+    render: RenderContext,
+) -> Decision:
     """The RayJob's name follows from the sweep's uid (`run_id_for`), so a create that finds it existing is the
     adoption check: an operator that crashed between creating it and writing the status (or a peer that got there
     first) left exactly that RayJob. One that is not this sweep's is never adopted."""
     sweep = facts.sweep
     assert sweep is not None
     if outcome.error:  # the API refused or is unreachable: the budget must not leak, and the user must know
-        message = (f"creating the RayJob failed ({outcome.failures} in a row): {outcome.error}; "
-                   f"retrying in {outcome.retry_in:g}s")
-        return Decision(_status(facts, "Pending", message, ("Admitted", False, "RayJobCreateFailed", message)),
-                        (ReleaseBudget(admit_next=False),), (Event("Warning", "RayJobCreateFailed", message),))
+        message = (
+            f"creating the RayJob failed ({outcome.failures} in a row): {outcome.error}; "
+            f"retrying in {outcome.retry_in:g}s"
+        )
+        return Decision(
+            _status(facts, "Pending", message, ("Admitted", False, "RayJobCreateFailed", message)),
+            (ReleaseBudget(admit_next=False),),
+            (Event("Warning", "RayJobCreateFailed", message),),
+        )
     rayjob = outcome.rayjob
     assert rayjob is not None
     name = meta_of(rayjob)["name"]
     started_at, deadline_at, how = facts.now, create.deadline_at, "created"
     if not outcome.created:
-        if not owned_by(rayjob, sweep.uid) or (meta_of(rayjob).get("labels") or {}).get(constants.LABEL_RUN_ID) != create.run_id:
+        if (
+            not owned_by(rayjob, sweep.uid)
+            or (meta_of(rayjob).get("labels") or {}).get(constants.LABEL_RUN_ID) != create.run_id
+        ):
             # Held by an object that is not this run's: hold no budget, wait (ticks retry, queued sweeps may go
             # first), say why once.
-            message = (f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
-                       f"(or re-create the sweep: a new sweep gets a new run id)")
+            message = (
+                f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
+                f"(or re-create the sweep: a new sweep gets a new run id)"
+            )
             events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
-            return Decision(_status(facts, "Pending", message, ("Admitted", False, "RayJobNameTaken", message)),
-                            (ReleaseBudget(admit_next=False),), events)
+            return Decision(
+                _status(facts, "Pending", message, ("Admitted", False, "RayJobNameTaken", message)),
+                (ReleaseBudget(admit_next=False),),
+                events,
+            )
         created_at = parse_time(meta_of(rayjob).get("creationTimestamp"))
         started_at = created_at.timestamp() if created_at else facts.now
         deadline_at = int(deadline_of(rayjob) or started_at + effective_active_seconds(sweep.spec, facts.limits))
         how = "adopted"
     demand = budget.demand
-    target = target_of(rayjob) or guard_target(sweep, s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, create.run_id), create.run_id, render)
+    target = target_of(rayjob) or guard_target(
+        sweep,
+        s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, create.run_id),
+        create.run_id,
+        render,
+    )
     message = f"admitted ({demand.workers} workers, {demand.gpus} GPUs); RayJob {name} {how}"
-    return Decision(_status(
-        facts, "Starting", message,
-        ("Admitted", True, "Admitted", message),
-        ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
-        ("Ready", False, "Starting", "the sweep has not finished"),
-        runId=create.run_id, rayJobName=name,
-        guard={"runRoot": target.run_root, "endpointUrl": target.endpoint_url, "region": target.region,
-               "verify": target.verify, "timeoutSeconds": target.timeout_seconds},
-        startedAt=rfc3339(started_at), deadlineAt=rfc3339(deadline_at),
-        replicas={"workers": demand.workers, "gpus": demand.gpus, "cap": worker_cap(sweep.spec, facts.limits),
-                  "namespaceBudget": namespace_budget},
-        trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0}, trialsSummary="0/0",
-    ))
+    return Decision(
+        _status(
+            facts,
+            "Starting",
+            message,
+            ("Admitted", True, "Admitted", message),
+            ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
+            ("Ready", False, "Starting", "the sweep has not finished"),
+            runId=create.run_id,
+            rayJobName=name,
+            guard={
+                "runRoot": target.run_root,
+                "endpointUrl": target.endpoint_url,
+                "region": target.region,
+                "verify": target.verify,
+                "timeoutSeconds": target.timeout_seconds,
+            },
+            startedAt=rfc3339(started_at),
+            deadlineAt=rfc3339(deadline_at),
+            replicas={
+                "workers": demand.workers,
+                "gpus": demand.gpus,
+                "cap": worker_cap(sweep.spec, facts.limits),
+                "namespaceBudget": namespace_budget,
+            },
+            trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
+            trialsSummary="0/0",
+        )
+    )
 
 
 def spec_change_problems(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:

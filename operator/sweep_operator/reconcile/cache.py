@@ -10,7 +10,8 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
@@ -18,12 +19,15 @@ from sweep_contracts.problems import SpecError
 from ..settings import Settings
 from ..validation import Sweep, parse_sweep
 from .facts import ObjectRef, RunRef, meta_of
+from .guard import backoff_seconds
 
 # What a reconcile reads from a RayJob's spec; the rest (the cluster spec with its pod templates) is most of
 # its size, so the watch-fed copies keep only these (as an informer's transform would).
 _RAYJOB_SPEC_READ = ("suspend", "runtimeEnvYAML", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "backoffLimit")
 _PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
 PARSE_CACHE_SIZE = 4096
+CREATE_RETRY_BASE_SECONDS = 5.0
+CREATE_RETRY_MAX_SECONDS = 300.0
 _MISSING = object()
 
 
@@ -53,7 +57,9 @@ def run_ref(body: Mapping[str, Any]) -> RunRef:
     """The run a RayJob or RayCluster belongs to, from its labels."""
     labels = meta_of(body).get("labels") or {}
     ref = ObjectRef.of(body)
-    return RunRef(ObjectRef(ref.namespace, labels.get(constants.LABEL_SWEEP, "")), labels.get(constants.LABEL_RUN_ID, ""))
+    return RunRef(
+        ObjectRef(ref.namespace, labels.get(constants.LABEL_SWEEP, "")), labels.get(constants.LABEL_RUN_ID, "")
+    )
 
 
 class Lru:
@@ -136,11 +142,19 @@ class Cache:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
         pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
         meta = meta_of(body)
-        key = hashlib.sha256(json.dumps(  # a digest: a thousand sweeps' specs as keys were megabytes
-            [sorted(k for k in body if k != "status"), body.get("apiVersion"), body.get("kind"),
-             {k: meta.get(k) for k in _PARSE_METADATA}, body.get("spec")],
-            sort_keys=True, default=str,
-        ).encode()).digest()
+        key = hashlib.sha256(
+            json.dumps(  # a digest: a thousand sweeps' specs as keys were megabytes
+                [
+                    sorted(k for k in body if k != "status"),
+                    body.get("apiVersion"),
+                    body.get("kind"),
+                    {k: meta.get(k) for k in _PARSE_METADATA},
+                    body.get("spec"),
+                ],
+                sort_keys=True,
+                default=str,
+            ).encode()
+        ).digest()
         hit = self.parsed.get(key)
         if hit is _MISSING:
             try:
@@ -172,8 +186,13 @@ class Cache:
         """Whether a RayJob event changes what its sweep's status mirrors (status, deletion, suspension)."""
         meta, status = meta_of(rayjob), rayjob.get("status") or {}
         news = (
-            status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason"), status.get("rayClusterName"),
-            status.get("startTime"), bool(meta.get("deletionTimestamp")), bool((rayjob.get("spec") or {}).get("suspend")),
+            status.get("jobDeploymentStatus"),
+            status.get("jobStatus"),
+            status.get("reason"),
+            status.get("rayClusterName"),
+            status.get("startTime"),
+            bool(meta.get("deletionTimestamp")),
+            bool((rayjob.get("spec") or {}).get("suspend")),
         )
         uid = meta.get("uid") or meta.get("name", "")
         with self._lock:
@@ -213,11 +232,11 @@ class Cache:
             failed = self._create_failures.get(ref)
         return failed[1] if failed is not None else None
 
-    def create_failed(self, ref: ObjectRef, delay_for: Callable[[int], float], now: float) -> tuple[int, float]:
-        """Count one more failed create in a row; (the count, the delay before the next try)."""
+    def create_failed(self, ref: ObjectRef, now: float) -> tuple[int, float]:
+        """Count one more failed create in a row; (the count, the backoff before the next try)."""
         with self._lock:
             failures = self._create_failures.get(ref, (0, 0.0))[0] + 1
-            delay = delay_for(failures - 1)
+            delay = backoff_seconds(failures - 1, CREATE_RETRY_BASE_SECONDS, CREATE_RETRY_MAX_SECONDS)
             self._create_failures[ref] = (failures, now + delay)
         return failures, delay
 
@@ -231,4 +250,3 @@ class Cache:
                 return False
             self._label_warned.add(uid)
             return True
-

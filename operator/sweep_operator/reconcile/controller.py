@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from sweep_contracts import constants, s3_layout
+from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
-from sweep_contracts.runtime_env import run_spec_of
 
 from .. import audit
 from ..kube import KubeApi
@@ -20,8 +20,7 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..validation import Sweep
-from ..status import RayJobFacts, conditions_with, is_terminal, parse_time, updated
+from ..status import conditions_with, parse_time, updated
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, run_phase
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend
@@ -34,8 +33,6 @@ from .status_writer import EventSink, PhaseCallback, Stale, StatusWriter
 log = logging.getLogger(__name__)
 
 FINISH_VERIFICATION_WORKERS = 2
-CREATE_RETRY_BASE_SECONDS = 5.0
-CREATE_RETRY_MAX_SECONDS = 300.0
 
 
 class RetryLater(Exception):
@@ -50,9 +47,19 @@ class SweepController:
     s3_client_for = delegated("reads", "s3_client_for")  # (endpoint, region) -> S3 client
     verify = delegated("reads", "verifier")
 
-    def __init__(self, settings: Settings, kube: KubeApi, s3_client_for: S3ClientFactory, events: EventSink, *,
-                 verifier: Verifier | None = None, clock: Callable[[], float] = time.time,
-                 metrics: OperatorMetrics | None = None, reconcile_workers: int = 0, verification_pool: Any = None):
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeApi,
+        s3_client_for: S3ClientFactory,
+        events: EventSink,
+        *,
+        verifier: Verifier | None = None,
+        clock: Callable[[], float] = time.time,
+        metrics: OperatorMetrics | None = None,
+        reconcile_workers: int = 0,
+        verification_pool: Any = None,
+    ):
         """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
         queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
         from ..verification import verify_sweep_checkpoints
@@ -61,7 +68,8 @@ class SweepController:
         self.metrics = metrics or OperatorMetrics()
         self.cache = Cache(settings)
         self.metrics.follow(self.cache.sweeps, gpu_budget=settings.limits.max_gpus_per_namespace)
-        self.reads = Reads(settings, kube, s3_client_for, verifier or verify_sweep_checkpoints, self.metrics, verification_pool)
+        verifier = verifier or verify_sweep_checkpoints
+        self.reads = Reads(settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool)
         self.settings = settings
         self.status = StatusWriter(kube, self.cache, events, [PhaseCallback(events, self.metrics)])
         self.render_context = RenderContext.from_settings(settings)
@@ -71,7 +79,10 @@ class SweepController:
         # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
         # and neither holds a reconcile worker while a bucket is slow.
         self.finishing: WorkQueue[ObjectRef] = WorkQueue(
-            self._finish, workers=FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0, name="finish-verify")
+            self._finish,
+            workers=FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0,
+            name="finish-verify",
+        )
 
     @property
     def settings(self) -> Settings:
@@ -125,25 +136,18 @@ class SweepController:
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work (run_phase.tick_due); ticks for steady sweeps cost no API call."""
-        return run_phase.tick_due(body, self.clock(), lambda: self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False))
+        return run_phase.tick_due(
+            body, self.clock(), lambda: self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
+        )
 
     # ------------------------------------------------------------------------------ the reconcile pass
-    def _known_sweep(self, ref: ObjectRef, *, reread: bool = False) -> dict[str, Any] | None:
-        """The newest copy known, else (or with `reread`) a read from the API, remembered."""
-        known = None if reread else self.cache.sweep(ref)
-        if known is None:
-            known = self.kube.get_sweep(ref.namespace, ref.name)
-            if known is not None:
-                self.cache.observe_sweep(known)
-        return known
-
     def _pass(self, ref: ObjectRef) -> None:
         """Level-based: bring the sweep's RayJob and status in line with its spec and the world. A status write
         computed from a copy that turns out stale is refused by its precondition; the pass starts over on a read."""
         started = time.monotonic()
         try:
             for attempt in range(3):
-                fresh = self._known_sweep(ref, reread=attempt > 0)
+                fresh = self.reads.sweep(ref, reread=attempt > 0)
                 if fresh is None or meta_of(fresh).get("deletionTimestamp"):
                     return
                 # Nothing is created for a sweep before the guard's finalizer is on it (R22). kopf adds it (it owns
@@ -155,7 +159,9 @@ class SweepController:
                     if created is not None and self.clock() - created.timestamp() < self.settings.reconcile_seconds:
                         log.debug("sweep %s: waiting for the guard's finalizer", ref)
                         return
-                    log.info("sweep %s: no finalizer %.0fs after creation; adding it", ref, self.settings.reconcile_seconds)
+                    log.info(
+                        "sweep %s: no finalizer %.0fs after creation; adding it", ref, self.settings.reconcile_seconds
+                    )
                     fresh = self.kube.add_finalizer(fresh)
                     if fresh is None:
                         return
@@ -169,31 +175,22 @@ class SweepController:
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
 
-    def _facts(self, body: Mapping[str, Any]) -> SweepFacts:
-        sweep: Sweep | None = None
-        problems: tuple[str, ...] = ()
-        try:
-            sweep = self.cache.parse(body)
-        except SpecError as exc:
-            problems = tuple(str(p) for p in exc.problems)
-        return SweepFacts(body, self.clock(), self.settings.limits, sweep, problems,
-                          create_retry_at=self.cache.create_retry_at(ObjectRef.of(body)))
-
     def _reconcile(self, body: Mapping[str, Any]) -> None:
-        facts = self._facts(body)
+        facts = self.reads.sweep_facts(body, self.clock())
         if facts.status.get("runId"):
             self._run(facts)
         else:
             self._admit(facts)
 
     def _admit(self, facts: SweepFacts) -> None:
-        decision = admission.decide_admission(facts)
-        if decision is None:
-            sweep, ref = facts.sweep, facts.ref
-            assert sweep is not None
-            budget = self.ledger.decide(ref.namespace, ref.name, meta_of(facts.body).get("creationTimestamp") or "",
-                                        sweep.spec, self.settings.limits)
-            decision = admission.decide_budget(facts, budget, self._namespace_budget(ref.namespace), self.render_context)
+        decision, ref = admission.decide_admission(facts), facts.ref
+        if decision is None:  # ask the namespace's budget
+            assert facts.sweep is not None
+            created = meta_of(facts.body).get("creationTimestamp") or ""
+            budget = self.ledger.decide(ref.namespace, ref.name, created, facts.sweep.spec, self.settings.limits)
+            decision = admission.decide_budget(
+                facts, budget, self._namespace_budget(ref.namespace), self.render_context
+            )
             create = decision.wants(CreateRayJob)
             if create is not None and isinstance(budget, Admit):
                 decision, failed = self._create(facts, create, budget)
@@ -206,47 +203,33 @@ class SweepController:
         self._act(facts.body, decision)
 
     def _create(self, facts: SweepFacts, create: CreateRayJob, budget: Admit) -> tuple[Decision, bool]:
-        ref = facts.ref
+        ref, render = facts.ref, self.render_context
         try:
             rayjob, created = self.kube.create_rayjob(dict(create.rayjob))
         except Exception as exc:
-            failures, delay = self.cache.create_failed(
-                ref, lambda n: guard.backoff_seconds(n, CREATE_RETRY_BASE_SECONDS, CREATE_RETRY_MAX_SECONDS), self.clock())
+            failures, delay = self.cache.create_failed(ref, self.clock())
             outcome = admission.CreateOutcome(error=admission.api_error_text(exc), failures=failures, retry_in=delay)
             log.warning("sweep %s: creating the RayJob failed (%d in a row): %s", ref, failures, outcome.error)
             if self.queue.threaded:
-                timer = threading.Timer(delay, self.request_reconcile, args=(ref.namespace, ref.name), kwargs={"priority": URGENT})
+                timer = threading.Timer(delay, self.request_reconcile, (ref.namespace, ref.name), {"priority": URGENT})
                 timer.daemon = True
                 timer.start()
-            return admission.after_create(facts, create, budget, outcome, "", self.render_context), True
+            return admission.after_create(facts, create, budget, outcome, "", render), True
         self.cache.create_succeeded(ref)
-        decision = admission.after_create(facts, create, budget, admission.CreateOutcome(rayjob, created),
-                                          self._namespace_budget(ref.namespace), self.render_context)
-        if decision.status and decision.status.get("runId"):
+        outcome = admission.CreateOutcome(rayjob, created)
+        decision = admission.after_create(facts, create, budget, outcome, self._namespace_budget(ref.namespace), render)
+        if facts.sweep is not None and decision.status and decision.status.get("runId"):
             self.cache.observe_rayjob(rayjob)  # the next pass reads it from memory, not with a GET
-            assert facts.sweep is not None
             self.cache.remember_cap(RunRef(ref, create.run_id), worker_cap(facts.sweep.spec, self.settings.limits))
         return decision, False
 
     def _run(self, facts: SweepFacts) -> None:
-        ref, status = facts.ref, facts.status
-        if not is_terminal(status.get("phase")):
-            rayjob = self._rayjob(ObjectRef(ref.namespace, status.get("rayJobName") or ""))
-            facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
-                            run_spec=run_spec_of(rayjob) if rayjob else None)
-            if run_phase.progress_wanted(facts) and self.cache.poll_due(ref, time.monotonic(), take=True):
-                facts = replace(facts, progress=self.reads.progress(facts))
-            if run_phase.result_wanted(facts):
-                facts = replace(facts, stopped_at_deadline=self.reads.stopped_at_deadline(facts.body))
+        facts = self.reads.run_facts(facts)
         decision = run_phase.decide_run(facts)
         wanted = decision.wants(Diagnose)
-        if wanted is not None:
-            decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(ref.namespace, wanted)))
+        if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
+            decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
         self._act(facts.body, decision)
-
-    def _rayjob(self, ref: ObjectRef) -> dict[str, Any] | None:
-        """The watched copy when there is one; a GET otherwise (just created, or before the watch caught up)."""
-        return self.cache.rayjob(ref) or self.kube.get_rayjob(ref.namespace, ref.name)
 
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
@@ -266,19 +249,15 @@ class SweepController:
                 self.finishing.add(ref)
 
     def _finish(self, ref: ObjectRef) -> None:
-        """The end-of-run verification on the newest copy, while the sweep is still ended and unverified. Inline:
-        a reconcile worker queued behind the guards' verifications would stall deadlines (guard matrix)."""
+        """The end-of-run verification on the newest copy, while the sweep is still ended and unverified."""
         for attempt in range(3):
-            fresh = self._known_sweep(ref, reread=attempt > 0)
-            if fresh is None or meta_of(fresh).get("deletionTimestamp") or not run_phase.awaiting_verification(status_of(fresh)):
+            fresh = self.reads.sweep(ref, reread=attempt > 0)
+            if fresh is None or meta_of(fresh).get("deletionTimestamp"):
                 return
-            target = guard.run_target(fresh, self.reads.defaults)
-            if target is None:
+            ended = self.reads.end_of_run(fresh) if run_phase.awaiting_verification(status_of(fresh)) else None
+            if ended is None:
                 return
-            layout = s3_layout.RunLayout(target.run_root)
-            result, progress = self.reads.read_json(target, layout.result_path), self.reads.read_json(target, layout.status_path)
-            verification = self.reads.verify(target, pooled=False)
-            decision = run_phase.decide_finish(self._facts(fresh), verification, progress, result)
+            decision = run_phase.decide_finish(self.reads.sweep_facts(fresh, self.clock()), *ended)
             try:
                 self.status.write(fresh, decision.status, decision.events)
                 return
@@ -313,7 +292,7 @@ class SweepController:
         """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event."""
         if not guarded_run_object(body):
             return
-        cap = self._cap_for(body, kind)
+        cap = self.reads.run_cap(body, kind)
         correction = decide_drift(body, kind, cap) if cap is not None else None
         if correction is None:
             return
@@ -321,25 +300,9 @@ class SweepController:
         patch = self.kube.patch_rayjob if kind == constants.RAYJOB_KIND else self.kube.patch_raycluster
         patch(ref.namespace, ref.name, correction.patch)
         self.emit(body, "Warning", "CapEnforced", correction.message)
-        sweep = self._known_sweep(run_ref(body).sweep)
+        sweep = self.reads.sweep(run_ref(body).sweep)
         if sweep is not None:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {ref.name}: {correction.message}")
-
-    def _cap_for(self, body: Mapping[str, Any], kind: str) -> int | None:
-        """The run's worker-group cap; fixed for a run, so remembered per run (no read or parse per event)."""
-        run = run_ref(body)
-        cap = self.cache.cap(run)
-        if cap is None:
-            rayjob = body if kind == constants.RAYJOB_KIND else self.reads.rayjob_of_cluster(body)
-            run_spec = run_spec_of(rayjob) if rayjob else None
-            if run_spec is not None:
-                cap = worker_cap(run_spec.spec, self.settings.limits)
-            else:
-                recorded = (status_of(self._known_sweep(run.sweep) or {}).get("replicas") or {}).get("cap")
-                cap = recorded if isinstance(recorded, int) else None
-            if cap is not None:
-                self.cache.remember_cap(run, cap)
-        return cap
 
     # --------------------------------------------------------------------------------- the checkpoint guard
     # Each deletion handler reads DeletionFacts, asks guard.decide_* (docs/guard.md) and carries the decision out.
@@ -347,7 +310,9 @@ class SweepController:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         ref, meta, newest = ObjectRef.of(body), meta_of(body), None
         if status_of(body).get("phase") != "Deleting":
-            newest = self.status.update(body, lambda s: updated(s, {"phase": "Deleting", "message": "verifying checkpoints before deletion"}))
+            newest = self.status.update(
+                body, lambda s: updated(s, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
+            )
         rayjob = self.reads.rayjob_of_sweep(body)
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
@@ -359,17 +324,26 @@ class SweepController:
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        facts, decision = self._guard(DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body)))
+        facts, decision = self._guard(
+            DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body))
+        )
         if facts.skip:
             self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), rayjobs=False)
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        deletion = DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=self.reads.rayjob_of_cluster(body),
-                                 sweep=self.reads.sweep_of(body))
+        deletion = DeletionFacts(
+            constants.RAYCLUSTER_KIND,
+            body,
+            attempt,
+            rayjob=self.reads.rayjob_of_cluster(body),
+            sweep=self.reads.sweep_of(body),
+        )
         return self._guard(deletion)[1].reason
 
-    def _guard(self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None) -> tuple[guard.GuardFacts, guard.Release]:
+    def _guard(
+        self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None
+    ) -> tuple[guard.GuardFacts, guard.Release]:
         """Decide for one object; a Hold becomes RetryLater (the finalizer stays), a Release is audited or noted.
         Status changes are computed from the sweep as the deletion found it and written onto `newest` (our own
         write just before) or the freshest copy."""
@@ -377,13 +351,22 @@ class SweepController:
         found = status_of(sweep or {})
         generation = meta_of(sweep or {}).get("generation")
         base, most = guard.backoff_settings(sweep)
-        decision: guard.GuardDecision = guard.decide_before_verification(facts, attempt=deletion.attempt, base_backoff=base, max_backoff=most)
+        decision: guard.GuardDecision = guard.decide_before_verification(
+            facts, attempt=deletion.attempt, base_backoff=base, max_backoff=most
+        )
         result = None
         if isinstance(decision, guard.Verify):
             result = self.reads.verify(decision.target)
             progress, final, readable = self.reads.run_documents(decision.target)
-            decision = guard.decide_after_verification(result, progress=progress, final=final, progress_readable=readable,
-                                                       attempt=deletion.attempt, base_backoff=base, max_backoff=most)
+            decision = guard.decide_after_verification(
+                result,
+                progress=progress,
+                final=final,
+                progress_readable=readable,
+                attempt=deletion.attempt,
+                base_backoff=base,
+                max_backoff=most,
+            )
             if sweep is not None:
                 changes = guard.verification_status(found, generation, self.clock(), result, decision)
                 self.status.update(newest or sweep, lambda s: updated(s, changes))
@@ -394,7 +377,11 @@ class SweepController:
             for target in (body, sweep) if sweep is not None and sweep is not body else (body,):
                 self.emit(target, "Warning", "CheckpointsNotVerified", message)
             if sweep is not None and result is None:
-                held = {"conditions": conditions_with(found, generation, self.clock(), ("CheckpointsVerified", False, "NotVerified", message))}
+                held = {
+                    "conditions": conditions_with(
+                        found, generation, self.clock(), ("CheckpointsVerified", False, "NotVerified", message)
+                    )
+                }
                 self.status.update(newest or sweep, lambda s: updated(s, held))
             raise RetryLater(message, decision.retry_after)
         self.metrics.guard_released(facts.kind, body)
@@ -405,7 +392,9 @@ class SweepController:
             if facts.skip:  # the escape hatch: a metric, a log line naming its setter, the sweep's condition
                 audit.record_bypass(self, facts.kind, body, sweep)
         else:
-            self.emit(body, "Normal", "CheckpointGuardReleased", f"{facts.kind} {name} deletion released: {decision.reason}")
+            self.emit(
+                body, "Normal", "CheckpointGuardReleased", f"{facts.kind} {name} deletion released: {decision.reason}"
+            )
         return facts, decision
 
     def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
@@ -424,7 +413,9 @@ class SweepController:
         """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through
         the guard); say so once, on the object and on its sweep."""
         meta = meta_of(body)
-        if constants.LABEL_SWEEP in (meta.get("labels") or {}) or constants.FINALIZER not in (meta.get("finalizers") or []):
+        if constants.LABEL_SWEEP in (meta.get("labels") or {}) or constants.FINALIZER not in (
+            meta.get("finalizers") or []
+        ):
             return
         if not self.cache.first_label_warning(meta.get("uid") or meta.get("name", "")):
             return
@@ -444,4 +435,3 @@ class SweepController:
         except SpecError as exc:
             return [str(p) for p in exc.problems]
         return admission.spec_change_problems(body, old)
-

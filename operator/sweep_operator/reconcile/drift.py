@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import SweepSpec
@@ -74,5 +75,11 @@ def decide_drift(body: Mapping[str, Any], kind: str, cap: int) -> Correction | N
         notes.extend(group_notes)
     if not notes:
         return None
-    spec = {"rayClusterSpec": {"workerGroupSpecs": fixed}} if kind == constants.RAYJOB_KIND else {"workerGroupSpecs": fixed}
-    return Correction({"spec": spec}, f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}")
+    spec = (
+        {"rayClusterSpec": {"workerGroupSpecs": fixed}}
+        if kind == constants.RAYJOB_KIND
+        else {"workerGroupSpecs": fixed}
+    )
+    return Correction(
+        {"spec": spec}, f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}"
+    )

@@ -5,8 +5,9 @@ or hold it and re-check with backoff. docs/guard.md states the rules as one tabl
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
@@ -48,9 +49,17 @@ class GuardTarget:
 
     def to_annotation(self) -> str:
         return json.dumps(
-            {"runRoot": self.run_root, "endpointUrl": self.endpoint_url, "region": self.region,
-             "verify": self.verify, "timeoutSeconds": self.timeout_seconds, "sweep": self.sweep, "runId": self.run_id},
-            sort_keys=True, separators=(",", ":"),
+            {
+                "runRoot": self.run_root,
+                "endpointUrl": self.endpoint_url,
+                "region": self.region,
+                "verify": self.verify,
+                "timeoutSeconds": self.timeout_seconds,
+                "sweep": self.sweep,
+                "runId": self.run_id,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
         )
 
     @classmethod
@@ -91,9 +100,15 @@ def status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
     root = guard.get("runRoot")
     if not isinstance(root, str) or not root.startswith("s3://"):
         return None
-    return GuardTarget(root, guard.get("endpointUrl") or "", guard.get("region") or "", guard.get("verify") is not False,
-                       int(guard.get("timeoutSeconds") or 900), (sweep.get("metadata") or {}).get("name", ""),
-                       status.get("runId") or "")
+    return GuardTarget(
+        root,
+        guard.get("endpointUrl") or "",
+        guard.get("region") or "",
+        guard.get("verify") is not False,
+        int(guard.get("timeoutSeconds") or 900),
+        (sweep.get("metadata") or {}).get("name", ""),
+        status.get("runId") or "",
+    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,9 @@ def backoff_seconds(attempt: int, base: float, maximum: float) -> float:
     return float(min(base * (2 ** max(attempt, 0)), maximum))
 
 
-def decide_before_verification(facts: GuardFacts, *, attempt: int, base_backoff: float, max_backoff: float) -> GuardDecision:
+def decide_before_verification(
+    facts: GuardFacts, *, attempt: int, base_backoff: float, max_backoff: float
+) -> GuardDecision:
     if facts.skip:
         return Release(
             f"annotation {constants.ANNOTATION_SKIP_VERIFICATION}=true: released without verifying checkpoints",
@@ -155,10 +172,14 @@ def decide_before_verification(facts: GuardFacts, *, attempt: int, base_backoff:
     if facts.target is None:
         why = facts.target_unknown or "the run root to verify is unknown"
         started = f" ({', '.join(facts.started)})" if facts.started else ""
-        return Hold(f"{why}{started}; fix the record or release by hand (sweepctl release)",
-                    backoff_seconds(attempt, base_backoff, max_backoff))
+        return Hold(
+            f"{why}{started}; fix the record or release by hand (sweepctl release)",
+            backoff_seconds(attempt, base_backoff, max_backoff),
+        )
     if not facts.target.verify:
-        return Release("spec.deletion.verifyCheckpoints was false at admission: released without verifying checkpoints", audit=True)
+        return Release(
+            "spec.deletion.verifyCheckpoints was false at admission: released without verifying checkpoints", audit=True
+        )
     return Verify(facts.target)
 
 
@@ -194,17 +215,24 @@ def decide_after_verification(
     if kinds == {EMPTY_RUN_ROOT}:
         # Nothing at all under the root: the driver (which writes its status before any user code runs) never
         # wrote, so no trial could have. Releasing is safe, and holding would keep the cluster's pods forever.
-        return Release("nothing to protect: the run root holds no object (the driver never wrote its status)", audit=True)
+        return Release(
+            "nothing to protect: the run root holds no object (the driver never wrote its status)", audit=True
+        )
     if result.verified and result.checked > 0:
         return Release("checkpoints verified complete in S3")
     if result.verified and result.checked == 0:
         reported = reported_checkpoints(progress, final)
         if not progress_readable:
-            return Hold("no committed checkpoint found, and the run's status could not be read to confirm none was "
-                        "reported", retry)
+            return Hold(
+                "no committed checkpoint found, and the run's status could not be read to confirm none was reported",
+                retry,
+            )
         if reported:
-            return Hold(f"no committed checkpoint found, but the run reported {len(reported)} "
-                        f"(e.g. {reported[0]}): checkpoints were lost or the run root is wrong", retry)
+            return Hold(
+                f"no committed checkpoint found, but the run reported {len(reported)} "
+                f"(e.g. {reported[0]}): checkpoints were lost or the run root is wrong",
+                retry,
+            )
         return Release("nothing to protect: no committed checkpoint, and the run's status reports none", audit=True)
     return Hold(f"checkpoints not verified: {result.reason}", retry)
 
@@ -268,8 +296,15 @@ def spec_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarg
         return None
     meta = meta_of(body)
     root = s3_layout.run_root(spec.storage.uri, meta.get("namespace") or "default", meta["name"], run_id)
-    return GuardTarget(root, spec.storage.endpoint_url or defaults.endpoint_url, spec.storage.region or defaults.region,
-                       spec.deletion.verify_checkpoints, spec.deletion.verification_timeout_seconds, meta["name"], run_id)
+    return GuardTarget(
+        root,
+        spec.storage.endpoint_url or defaults.endpoint_url,
+        spec.storage.region or defaults.region,
+        spec.deletion.verify_checkpoints,
+        spec.deletion.verification_timeout_seconds,
+        meta["name"],
+        run_id,
+    )
 
 
 def run_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarget | None:
@@ -283,9 +318,15 @@ def legacy_target(rayjob: Mapping[str, Any] | None, defaults: StorageDefaults) -
     if run_spec is None:
         return None
     storage = run_spec.spec.storage
-    return GuardTarget(run_spec.run_root, storage.endpoint_url or defaults.endpoint_url, storage.region or defaults.region,
-                       run_spec.spec.deletion.verify_checkpoints, run_spec.spec.deletion.verification_timeout_seconds,
-                       run_spec.sweep, run_spec.run_id)
+    return GuardTarget(
+        run_spec.run_root,
+        storage.endpoint_url or defaults.endpoint_url,
+        storage.region or defaults.region,
+        run_spec.spec.deletion.verify_checkpoints,
+        run_spec.spec.deletion.verification_timeout_seconds,
+        run_spec.sweep,
+        run_spec.run_id,
+    )
 
 
 def head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:
@@ -299,9 +340,15 @@ def head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:
     if not root:
         return None
     labels = meta_of(cluster).get("labels") or {}
-    return GuardTarget(root, env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_REGION") or "",
-                       True, DEFAULT_VERIFICATION_TIMEOUT_SECONDS, labels.get(constants.LABEL_SWEEP, ""),
-                       labels.get(constants.LABEL_RUN_ID, ""))
+    return GuardTarget(
+        root,
+        env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "",
+        env.get("AWS_REGION") or "",
+        True,
+        DEFAULT_VERIFICATION_TIMEOUT_SECONDS,
+        labels.get(constants.LABEL_SWEEP, ""),
+        labels.get(constants.LABEL_RUN_ID, ""),
+    )
 
 
 def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
@@ -312,41 +359,64 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
     if facts.kind == constants.KIND:
         status = status_of(body)
         started = run_records(rayjob) if rayjob else ()
-        for key, record in (("runId", "a run id in status"), ("trainingStartedAt", "status.trainingStartedAt"),
-                            ("rayClusterName", "a RayCluster in status")):
+        for key, record in (
+            ("runId", "a run id in status"),
+            ("trainingStartedAt", "status.trainingStartedAt"),
+            ("rayClusterName", "a RayCluster in status"),
+        ):
             if status.get(key):
                 started += (record,)
         target = (target_of(rayjob) or legacy_target(rayjob, defaults)) if rayjob else None
         target = target or run_target(body, defaults)
         unknown = ""
         if target is None:
-            unknown = (f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
-                       if status.get("runId") else "the run root cannot be determined")
-        return GuardFacts(kind=facts.kind, name=meta["name"], skip=skip_requested(meta.get("annotations")),
-                          target=target, target_unknown=unknown, never_admitted=rayjob is None and not started,
-                          started=started)
+            unknown = (
+                f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
+                if status.get("runId")
+                else "the run root cannot be determined"
+            )
+        return GuardFacts(
+            kind=facts.kind,
+            name=meta["name"],
+            skip=skip_requested(meta.get("annotations")),
+            target=target,
+            target_unknown=unknown,
+            never_admitted=rayjob is None and not started,
+            started=started,
+        )
     if facts.kind == constants.RAYJOB_KIND:
         target = target_of(body) or legacy_target(body, defaults)
         return GuardFacts(
-            kind=facts.kind, name=meta.get("name", ""),
+            kind=facts.kind,
+            name=meta.get("name", ""),
             skip=skip_requested(meta.get("annotations"), meta_of(sweep or {}).get("annotations")),
             target=target,
-            target_unknown="" if target else "the RayJob carries no guard annotation and its run spec is unreadable: "
-                                             "the run root to verify is unknown",
+            target_unknown=""
+            if target
+            else "the RayJob carries no guard annotation and its run spec is unreadable: "
+            "the run root to verify is unknown",
             started=run_records(body),
         )
     # A RayCluster: its own copy of the RayJob's annotation first (KubeRay copies it at creation): it outlives the
     # RayJob and names the sweep's own storage, not the operator's defaults.
     target = target_of(body) or (target_of(rayjob) or legacy_target(rayjob, defaults) if rayjob else None)
     target = target or head_env_target(body)
-    if target is None and sweep is not None and status_of(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID):
+    if (
+        target is None
+        and sweep is not None
+        and status_of(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID)
+    ):
         target = status_target(sweep)
     return GuardFacts(
-        kind=facts.kind, name=meta.get("name", ""),
-        skip=skip_requested(meta.get("annotations"), meta_of(rayjob or {}).get("annotations"), meta_of(sweep or {}).get("annotations")),
+        kind=facts.kind,
+        name=meta.get("name", ""),
+        skip=skip_requested(
+            meta.get("annotations"), meta_of(rayjob or {}).get("annotations"), meta_of(sweep or {}).get("annotations")
+        ),
         target=target,
-        target_unknown="" if target else "no run root found for this cluster (no guard annotation, RayJob, head "
-                                         "SWEEP_RUN_ROOT or sweep record)",
+        target_unknown=""
+        if target
+        else "no run root found for this cluster (no guard annotation, RayJob, head SWEEP_RUN_ROOT or sweep record)",
         started=("a RayCluster exists",),
     )
 
@@ -370,8 +440,9 @@ def error_code(exc: BaseException) -> str:
 # --------------------------------------------------------------------------------- what the sweep's status says
 
 
-def verification_status(status: Mapping[str, Any], generation: int | None, now: float, result: Any,
-                        decision: Release | Hold | None) -> dict[str, Any]:
+def verification_status(
+    status: Mapping[str, Any], generation: int | None, now: float, result: Any, decision: Release | Hold | None
+) -> dict[str, Any]:
     """Status changes recording a deletion's verification: checkpoints, CheckpointsVerified, and Ready once set."""
     verified = result.verified and result.checked > 0 and not isinstance(decision, Hold)
     if verified:
@@ -379,7 +450,10 @@ def verification_status(status: Mapping[str, Any], generation: int | None, now: 
     elif isinstance(decision, Release):  # audited: nothing to protect
         message, reason = decision.reason, "NothingToProtect"
     else:
-        message, reason = problems_message(result.problems) or (decision.reason if decision else "not verified"), "NotVerified"
+        message, reason = (
+            problems_message(result.problems) or (decision.reason if decision else "not verified"),
+            "NotVerified",
+        )
     updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, reason, message)]
     if status.get("phase") == "Succeeded" or get_condition(status.get("conditions"), "Ready"):
         ready = status.get("phase") == "Succeeded" and verified
@@ -393,6 +467,8 @@ def hold_message(kind: str, name: str, reason: str, delay: float) -> str:
 
 def label_removed_message(kind: str, body: Mapping[str, Any]) -> str:
     target = target_of(body)
-    return (f"{kind} {meta_of(body).get('name')} lost its label {constants.LABEL_SWEEP}; it stays guarded by "
-            f"{constants.FINALIZER} (run root {target.run_root if target else 'unknown'}), which only the "
-            "checkpoint guard removes")
+    return (
+        f"{kind} {meta_of(body).get('name')} lost its label {constants.LABEL_SWEEP}; it stays guarded by "
+        f"{constants.FINALIZER} (run root {target.run_root if target else 'unknown'}), which only the "
+        "checkpoint guard removes"
+    )

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from sweep_contracts import constants, s3_layout
+from sweep_contracts.problems import SpecError
 from sweep_contracts.runtime_env import run_spec_of
 
 from ..diagnosis import diagnose_startup
@@ -17,11 +20,14 @@ from ..metrics import OperatorMetrics
 from ..policy import demand_of
 from ..rendering import rayjob_name, run_id_for
 from ..settings import Settings
-from ..status import RayJobFacts, progress_patch
+from ..status import RayJobFacts, is_terminal, progress_patch
 from .actions import Diagnose
 from .admission import owned_by
-from .facts import SweepFacts, meta_of, status_of
+from .cache import Cache, run_ref
+from .drift import worker_cap
+from .facts import ObjectRef, SweepFacts, meta_of, status_of
 from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of
+from .run_phase import progress_wanted, result_wanted
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +37,23 @@ Verifier = Callable[..., Any]
 
 def delegated(part: str, name: str) -> Any:
     """A property of the controller that is `name` of its `part` (callers swap the S3 factory or the verifier)."""
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value))
+    return property(
+        lambda self: getattr(getattr(self, part), name), lambda self, value: setattr(getattr(self, part), name, value)
+    )
 
 
 class Reads:
-    def __init__(self, settings: Settings, kube: KubeApi, s3_client_for: S3ClientFactory, verifier: Verifier,
-                 metrics: OperatorMetrics, verification_pool: Any = None) -> None:
-        self.settings, self.kube, self.s3_client_for = settings, kube, s3_client_for
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeApi,
+        cache: Cache,
+        s3_client_for: S3ClientFactory,
+        verifier: Verifier,
+        metrics: OperatorMetrics,
+        verification_pool: Any = None,
+    ) -> None:
+        self.settings, self.kube, self.cache, self.s3_client_for = settings, kube, cache, s3_client_for
         self.verifier, self.metrics = verifier, metrics
         # A concurrent.futures executor the guard's verifications run on (bounded: handlers.build_controller).
         self.verification_pool = verification_pool
@@ -46,6 +61,68 @@ class Reads:
     @property
     def defaults(self) -> StorageDefaults:
         return StorageDefaults(self.settings.s3_endpoint_url, self.settings.s3_region)
+
+    # ---- a reconcile pass's facts (the informer-style copies first)
+    def sweep(self, ref: ObjectRef, *, reread: bool = False) -> dict[str, Any] | None:
+        """The newest copy known, else (or with `reread`) a read from the API, remembered."""
+        known = None if reread else self.cache.sweep(ref)
+        if known is None:
+            known = self.kube.get_sweep(ref.namespace, ref.name)
+            if known is not None:
+                self.cache.observe_sweep(known)
+        return known
+
+    def rayjob(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """The watched copy when there is one; a GET otherwise (just created, or before the watch caught up)."""
+        return self.cache.rayjob(ref) or self.kube.get_rayjob(ref.namespace, ref.name)
+
+    def sweep_facts(self, body: Mapping[str, Any], now: float) -> SweepFacts:
+        sweep, problems = None, tuple[str, ...]()
+        try:
+            sweep = self.cache.parse(body)
+        except SpecError as exc:
+            problems = tuple(str(p) for p in exc.problems)
+        retry_at = self.cache.create_retry_at(ObjectRef.of(body))
+        return SweepFacts(body, now, self.settings.limits, sweep, problems, create_retry_at=retry_at)
+
+    def run_facts(self, facts: SweepFacts) -> SweepFacts:
+        """An admitted sweep's facts: its RayJob, and the run's progress or result when the decision reads them."""
+        if is_terminal(facts.status.get("phase")):
+            return facts
+        rayjob = self.rayjob(ObjectRef(facts.ref.namespace, facts.status.get("rayJobName") or ""))
+        facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
+                        run_spec=run_spec_of(rayjob) if rayjob else None)  # fmt: skip
+        if progress_wanted(facts) and self.cache.poll_due(facts.ref, time.monotonic(), take=True):
+            facts = replace(facts, progress=self.progress(facts))
+        if result_wanted(facts):
+            facts = replace(facts, stopped_at_deadline=self.stopped_at_deadline(facts.body))
+        return facts
+
+    def run_cap(self, body: Mapping[str, Any], kind: str) -> int | None:
+        """The worker-group cap of the run a RayJob or RayCluster belongs to; fixed for a run, so remembered."""
+        run = run_ref(body)
+        cap = self.cache.cap(run)
+        if cap is None:
+            rayjob = body if kind == constants.RAYJOB_KIND else self.rayjob_of_cluster(body)
+            run_spec = run_spec_of(rayjob) if rayjob else None
+            if run_spec is not None:
+                cap = worker_cap(run_spec.spec, self.settings.limits)
+            else:
+                recorded = (status_of(self.sweep(run.sweep) or {}).get("replicas") or {}).get("cap")
+                cap = recorded if isinstance(recorded, int) else None
+            if cap is not None:
+                self.cache.remember_cap(run, cap)
+        return cap
+
+    def end_of_run(self, body: Mapping[str, Any]) -> tuple[Any, dict[str, Any] | None, dict[str, Any] | None] | None:
+        """(verification, status.json, result.json) of an ended run, verified inline: a reconcile worker queued
+        behind the guards' verifications would stall deadlines (guard matrix). None: no run root is known."""
+        target = run_target(body, self.defaults)
+        if target is None:
+            return None
+        layout = s3_layout.RunLayout(target.run_root)
+        result, progress = self.read_json(target, layout.result_path), self.read_json(target, layout.status_path)
+        return self.verify(target, pooled=False), progress, result
 
     # ---- the run's records in S3
     def read_json(self, target: GuardTarget, location: str) -> dict[str, Any] | None:
@@ -69,8 +146,9 @@ class Reads:
         if target is None:
             storage = sweep.spec.storage
             root = s3_layout.run_root(storage.uri, sweep.namespace, sweep.name, facts.status["runId"])
-            target = GuardTarget(root, storage.endpoint_url or self.settings.s3_endpoint_url,
-                                 storage.region or self.settings.s3_region)
+            target = GuardTarget(
+                root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
+            )
         doc = self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
         return progress_patch(doc) if doc else {}
 
@@ -96,7 +174,11 @@ class Reads:
                 docs.append(None)
                 if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
                     readable = False
-        return (docs[0] if isinstance(docs[0], dict) else None, docs[1] if isinstance(docs[1], dict) else None, readable)
+        return (
+            docs[0] if isinstance(docs[0], dict) else None,
+            docs[1] if isinstance(docs[1], dict) else None,
+            readable,
+        )
 
     def verify(self, target: GuardTarget, *, pooled: bool = True) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
@@ -119,14 +201,21 @@ class Reads:
     # ---- Kubernetes
     def diagnosis(self, namespace: str, wanted: Diagnose) -> str:
         try:
-            pods = self.kube.list_pods(namespace, f"ray.io/cluster={wanted.cluster_name}") if wanted.cluster_name else []
+            pods = (
+                self.kube.list_pods(namespace, f"ray.io/cluster={wanted.cluster_name}") if wanted.cluster_name else []
+            )
             events = self.kube.list_events(namespace)
         except Exception as exc:  # diagnosis must never block the failure it explains
             return f"(diagnosis unavailable: {exc})"
         names = {(p.get("metadata") or {}).get("name") for p in pods} | {wanted.cluster_name, wanted.rayjob_name}
         relevant = [e for e in events if ((e.get("involvedObject") or e.get("regarding") or {}).get("name")) in names]
-        return diagnose_startup(pods, relevant, cluster_name=wanted.cluster_name, worker_cap=wanted.worker_cap,
-                                workers_wanted=wanted.workers_wanted)
+        return diagnose_startup(
+            pods,
+            relevant,
+            cluster_name=wanted.cluster_name,
+            worker_cap=wanted.worker_cap,
+            workers_wanted=wanted.workers_wanted,
+        )
 
     def rayjob_of_sweep(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator

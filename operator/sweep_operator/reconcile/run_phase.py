@@ -7,8 +7,10 @@ A new run-phase rule is a named predicate here and one branch in `decide_run`; a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from ..policy import demand_of
 from ..status import (
     RayJobFacts,
     conditions_with,
@@ -19,7 +21,6 @@ from ..status import (
     rfc3339,
     updated,
 )
-from ..policy import demand_of
 from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
 from .drift import worker_cap
 from .facts import SweepFacts
@@ -89,7 +90,11 @@ def progress_wanted(facts: SweepFacts) -> bool:
 
 def result_wanted(facts: SweepFacts) -> bool:
     """Whether this pass reads `_sweep/result.json`: a success may be Tune's budget stopping at the deadline."""
-    return facts.rayjob is not None and not is_terminal(facts.status.get("phase")) and phase_for(facts.rayjob) == "Succeeded"
+    return (
+        facts.rayjob is not None
+        and not is_terminal(facts.status.get("phase"))
+        and phase_for(facts.rayjob) == "Succeeded"
+    )
 
 
 def phase_message(phase: str, rayjob: RayJobFacts) -> str:
@@ -100,8 +105,14 @@ def phase_message(phase: str, rayjob: RayJobFacts) -> str:
         detail += f", reason {rayjob.reason}"
     if rayjob.message:
         detail += f": {rayjob.message}"
-    prefix = {"Starting": "starting", "Running": "running", "Succeeded": "succeeded", "Failed": "failed",
-              "DeadlineExceeded": "deadline exceeded", "Suspended": "suspended"}.get(phase)
+    prefix = {
+        "Starting": "starting",
+        "Running": "running",
+        "Succeeded": "succeeded",
+        "Failed": "failed",
+        "DeadlineExceeded": "deadline exceeded",
+        "Suspended": "suspended",
+    }.get(phase)
     return f"{prefix}: {detail}" if prefix else detail
 
 
@@ -114,8 +125,13 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
     sweep, rayjob = facts.sweep, facts.rayjob
     if sweep is not None and rayjob is not None and rayjob.suspended != sweep.spec.suspend:
         actions.append(SetSuspend(rayjob.name, sweep.spec.suspend))
-        events.append(Event("Normal", "Suspend" if sweep.spec.suspend else "Resume",
-                            f"spec.suspend set to {sweep.spec.suspend} on RayJob {rayjob.name}"))
+        events.append(
+            Event(
+                "Normal",
+                "Suspend" if sweep.spec.suspend else "Resume",
+                f"spec.suspend set to {sweep.spec.suspend} on RayJob {rayjob.name}",
+            )
+        )
     if facts.run_spec is None:
         return
     admitted = facts.run_spec.spec.model_dump(by_alias=True, mode="json")
@@ -150,9 +166,20 @@ def decide_run(facts: SweepFacts) -> Decision:
     rayjob = facts.rayjob
     if rayjob is None:
         message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
-        changes.update({"phase": "Failed", "message": message, "finishedAt": rfc3339(now),
-                        "conditions": conditions_with(status, generation, now, ("Running", False, "RayJobDeleted", message),
-                                                      ("Ready", False, "Failed", message))})
+        changes.update(
+            {
+                "phase": "Failed",
+                "message": message,
+                "finishedAt": rfc3339(now),
+                "conditions": conditions_with(
+                    status,
+                    generation,
+                    now,
+                    ("Running", False, "RayJobDeleted", message),
+                    ("Ready", False, "Failed", message),
+                ),
+            }
+        )
         return Decision(updated(status, changes), (*actions, ReleaseBudget()), tuple(events))
     new_phase = phase_for(rayjob)
     message = changes.get("message") or status.get("message") or ""
@@ -160,7 +187,11 @@ def decide_run(facts: SweepFacts) -> Decision:
     if rayjob.running and not status.get("trainingStartedAt"):
         changes["trainingStartedAt"] = rfc3339(now)
     graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
-    if rayjob.start_time and rayjob.deployment_status not in ("Retrying", "") and rayjob.start_time != status.get("attemptStartedAt"):
+    if (
+        rayjob.start_time
+        and rayjob.deployment_status not in ("Retrying", "")
+        and rayjob.start_time != status.get("attemptStartedAt")
+    ):
         changes["attemptStartedAt"] = rayjob.start_time
     if facts.progress:
         changes.update(facts.progress)
@@ -173,18 +204,30 @@ def decide_run(facts: SweepFacts) -> Decision:
         conditions.append(("DeadlineExceeded", True, "GracefulStop", message))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), graceful):
         new_phase = "DeadlineExceeded"
-        message = (f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
-                   f"RayJob {rayjob.name} through the checkpoint guard")
+        message = (
+            f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
+            f"RayJob {rayjob.name} through the checkpoint guard"
+        )
         conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
         actions.append(DeleteRayJob(rayjob.name))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), 0):
         # The driver stops its trials gracefully at the deadline; deleting the RayJob now would stop the Ray job at
         # once (KubeRay's deletion path) and cut the last checkpoints short.
-        conditions.append(("DeadlineExceeded", True, "GracefulStop",
-                           f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
-                           f"the operator stops RayJob {rayjob.name} if it still runs {graceful}s after it"))
-    elif (new_phase in ("Starting", "Running") and admitted is not None and not trials_started(trials)
-          and startup_overdue(rayjob, status, now, admitted.deadlines.startup_seconds)):
+        conditions.append(
+            (
+                "DeadlineExceeded",
+                True,
+                "GracefulStop",
+                f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
+                f"the operator stops RayJob {rayjob.name} if it still runs {graceful}s after it",
+            )
+        )
+    elif (
+        new_phase in ("Starting", "Running")
+        and admitted is not None
+        and not trials_started(trials)
+        and startup_overdue(rayjob, status, now, admitted.deadlines.startup_seconds)
+    ):
         # KubeRay reports Running once the head is up and the submitter exists (K8sJobMode), with the GPU workers
         # still Pending: the attempt has started only when a trial runs.
         if facts.diagnosis is None:
@@ -193,27 +236,41 @@ def decide_run(facts: SweepFacts) -> Decision:
         message = f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupDeadlineExceeded", message))
         actions.append(DeleteRayJob(rayjob.name))
-    if new_phase == "Failed" and phase != "Failed" and not conditions and not ever_ran(status, rayjob) and admitted is not None:
+    if (
+        new_phase == "Failed"
+        and phase != "Failed"
+        and not conditions
+        and not ever_ran(status, rayjob)
+        and admitted is not None
+    ):
         # KubeRay gave up before the job ever ran (e.g. its preRunningDeadlineSeconds): say why (R6, R20).
         if facts.diagnosis is None:
             return _diagnose(facts)
         message = f"{phase_message(new_phase, rayjob)}; never reached Running: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupFailed", message))
-    if new_phase == "DeadlineExceeded" and rayjob.reason == "DeadlineExceeded" and not any(c[0] == "DeadlineExceeded" for c in conditions):
+    if (
+        new_phase == "DeadlineExceeded"
+        and rayjob.reason == "DeadlineExceeded"
+        and not any(c[0] == "DeadlineExceeded" for c in conditions)
+    ):
         message = f"KubeRay stopped RayJob {rayjob.name}: activeDeadlineSeconds exceeded"
         conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
     if new_phase != phase and not conditions:
         message = phase_message(new_phase, rayjob)
-    changes.update({
-        "phase": new_phase,
-        "message": message,
-        "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
-        "jobDeploymentStatus": rayjob.deployment_status or None,
-        "jobStatus": rayjob.job_status or None,
-        "reason": rayjob.reason or None,
-    })
+    changes.update(
+        {
+            "phase": new_phase,
+            "message": message,
+            "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
+            "jobDeploymentStatus": rayjob.deployment_status or None,
+            "jobStatus": rayjob.job_status or None,
+            "reason": rayjob.reason or None,
+        }
+    )
     if new_phase == "Running":
-        conditions.append(("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}"))
+        conditions.append(
+            ("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}")
+        )
     elif new_phase == "Starting":
         conditions.append(("Running", False, "Starting", phase_message(new_phase, rayjob)))
     elif new_phase == "Suspended":
@@ -231,11 +288,14 @@ def decide_run(facts: SweepFacts) -> Decision:
 def _diagnose(facts: SweepFacts) -> Decision:
     rayjob, spec = facts.rayjob, facts.admitted_spec
     assert rayjob is not None and spec is not None
-    return Decision(actions=(Diagnose(rayjob.cluster_name, rayjob.name, demand_of(spec).workers, worker_cap(spec, facts.limits)),))
+    return Decision(
+        actions=(Diagnose(rayjob.cluster_name, rayjob.name, demand_of(spec).workers, worker_cap(spec, facts.limits)),)
+    )
 
 
-def decide_finish(facts: SweepFacts, verification: Any, progress: Mapping[str, Any] | None,
-                  result: Mapping[str, Any] | None) -> Decision:
+def decide_finish(
+    facts: SweepFacts, verification: Any, progress: Mapping[str, Any] | None, result: Mapping[str, Any] | None
+) -> Decision:
     """At a terminal phase: the final result from `_sweep/result.json`, and the end-of-run verification judged by
     the guard's own rules (so the status says what a deletion would do)."""
     status, generation = facts.status, facts.generation
@@ -249,7 +309,9 @@ def decide_finish(facts: SweepFacts, verification: Any, progress: Mapping[str, A
         # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does not
         # import): KubeRay only knows the exit code.
         changes["message"] = f"{status.get('message') or 'failed'}; the driver says: {said}"[:2000]
-    judged = decide_after_verification(verification, attempt=0, base_backoff=1, max_backoff=1, progress=progress, final=result)
+    judged = decide_after_verification(
+        verification, attempt=0, base_backoff=1, max_backoff=1, progress=progress, final=result
+    )
     verified = verification.verified and verification.checked > 0 and isinstance(judged, Release) and not judged.audit
     if verified:
         reason, text = "Verified", f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
@@ -260,10 +322,20 @@ def decide_finish(facts: SweepFacts, verification: Any, progress: Mapping[str, A
     changes["checkpoints"] = verification.to_status()
     ready = status.get("phase") == "Succeeded" and verified
     changes["conditions"] = conditions_with(
-        status, generation, facts.now,
+        status,
+        generation,
+        facts.now,
         ("CheckpointsVerified", verified, reason, text),
-        ("Ready", ready, "Succeeded" if ready else status.get("phase") or "NotReady",
-         "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or ""),
+        (
+            "Ready",
+            ready,
+            "Succeeded" if ready else status.get("phase") or "NotReady",
+            "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or "",
+        ),
     )
-    events = () if verified else (Event("Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text),)
+    events = (
+        ()
+        if verified
+        else (Event("Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text),)
+    )
     return Decision(updated(status, changes), events=events)

@@ -6,7 +6,8 @@ updateRayJobStatus(original, new); Ray Train V2's ControllerCallback).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from ..kube import Conflict, KubeApi
 from ..metrics import OperatorMetrics
@@ -45,7 +46,9 @@ class PhaseCallback:
         if phase == "DeadlineExceeded":
             self.metrics.deadline_stopped(meta.get("namespace") or "default", meta["name"])
         if phase != "Deleting":  # the guard announces a deletion with its own Events
-            self.emit(body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.get("message") or f"phase {phase}")
+            self.emit(
+                body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.get("message") or f"phase {phase}"
+            )
 
 
 class StatusWriter:
@@ -53,7 +56,9 @@ class StatusWriter:
         self.kube, self.cache, self.emit = kube, cache, emit
         self.callbacks = list(callbacks)
 
-    def write(self, body: Mapping[str, Any], new: Mapping[str, Any] | None, events: Iterable[Event] = ()) -> Mapping[str, Any]:
+    def write(
+        self, body: Mapping[str, Any], new: Mapping[str, Any] | None, events: Iterable[Event] = ()
+    ) -> Mapping[str, Any]:
         """Write `new` as the status of `body` (the copy it was computed from): only what changed, only onto that
         resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed or it is gone)."""
         old = status_of(body)
@@ -73,7 +78,9 @@ class StatusWriter:
             self.emit(body, event.type, event.reason, event.message)
         return written if written is not None else ({**body, "status": dict(new)} if new is not None else body)
 
-    def update(self, body: Mapping[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 3) -> Mapping[str, Any] | None:
+    def update(
+        self, body: Mapping[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 3
+    ) -> Mapping[str, Any] | None:
         """Apply `change` (old status -> new status) and write it; on a conflict re-read the sweep and apply it to
         the newer status (client-go's RetryOnConflict). For the guard, which writes while others may."""
         current: Mapping[str, Any] | None = body
