@@ -426,7 +426,7 @@ def kuberay_crd_dir() -> Path | None:
     """$KUBERAY_CRDS when set (only there), else ../shared/schemas/kuberay beside the repository (absent in a fresh
     clone); None when that directory lacks either file."""
     configured = os.environ.get("KUBERAY_CRDS")  # as tests/support/schemas.py kuberay_crd_dir reads it
-    candidate = Path(configured) if configured else Path(__file__).resolve().parents[3].parent / "shared" / "schemas" \
+    candidate = Path(configured) if configured else Path(__file__).resolve().parents[2].parent / "shared" / "schemas" \
         / "kuberay"
     if (candidate / "ray.io_rayjobs.yaml").is_file() and (candidate / "ray.io_rayclusters.yaml").is_file():
         return candidate
