@@ -587,3 +587,66 @@ def test_sweepctl_status_shows_used_and_left_for_the_sweep_and_its_namespace() -
         "s", "ml", status, now=T0 + 1.5 * HOUR, namespace_gpu_hours=window
     )
     assert "gpu-hours" not in format_status("s", "ml", {"phase": "Pending"})
+
+
+# ------------------------------------------------------------------------------------------ one reconcile pass
+
+
+def test_measure_folds_the_pods_reports_thresholds_once_and_skips_idle_writes() -> None:
+    from sweep_operator.reconcile.usage import measure
+
+    pods = [pod("w1", gpus=2, scheduled=0.0), pod("head", gpus=0)]
+    first = measure({}, pods, {"c1"}, T0 + 0.45 * HOUR, budget_gpu_hours=1.0, refresh_seconds=60)
+    assert first.usage is not None and first.usage["gpuHours"] == pytest.approx(0.9)
+    assert first.facts.crossed == (80,) and [e[1] for e in first.events] == ["GpuBudget80"]
+    status = {"usage": first.usage}
+    again = measure(status, pods, {"c1"}, T0 + 0.45 * HOUR + 10, budget_gpu_hours=1.0, refresh_seconds=60)
+    assert again.usage is None and again.events == ()  # nothing new within the refresh interval, no second Event
+    spent = measure(status, pods, {"c1"}, T0 + 0.5 * HOUR, budget_gpu_hours=1.0, refresh_seconds=60)
+    assert spent.facts.stop and [e[1] for e in spent.events] == ["GpuBudget100"]
+    assert spent.usage is not None and spent.usage["thresholdsReported"] == [80, 100]
+    assert measure({}, [], set(), T0, budget_gpu_hours=None).usage is None  # a sweep without GPUs or budget
+
+
+def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
+    from sweep_operator.reconcile.usage import clusters_to_read, holding_gpus, namespace_view, sweep_usage_of
+
+    usage = UsageLedger((PodInterval("p", "old-cluster", 2.0, T0, None),)).to_status(T0 + HOUR)
+    running = {
+        "metadata": {"name": "a"},
+        "spec": {"budget": {"gpuHours": 100}},
+        "status": {
+            "phase": "Running",
+            "runId": "r",
+            "rayClusterName": "new-cluster",
+            "usage": usage,
+            "replicas": {"gpus": 4},
+            "startedAt": at(0),
+            "deadlineAt": at(6 * HOUR),
+        },
+    }
+    assert clusters_to_read(running["status"]) == {"old-cluster", "new-cluster"}
+    assert holding_gpus(running["status"])
+    a = sweep_usage_of(running, T0 + HOUR)
+    assert a.reserved_gpu_hours == pytest.approx(4 * 6 - 2)  # worst case 24, 2 used
+    ended = {**running, "status": {**running["status"], "phase": "Succeeded"}}
+    assert sweep_usage_of(ended, T0 + HOUR).reserved_gpu_hours == 0
+    view = namespace_view([a], NamespaceBudget(50.0, 86400), T0 + HOUR)
+    assert view == {"gpuHours": 2.0, "budgetGpuHours": 50.0, "leftGpuHours": 26.0, "windowSeconds": 86400}
+    assert namespace_view([a], None, T0) is None
+
+
+def test_threshold_metric_is_counted_once_after_the_write_that_records_it() -> None:
+    from sweep_operator.metrics import OperatorMetrics
+    from sweep_operator.reconcile.usage import BudgetThresholdCallback
+
+    metrics = OperatorMetrics()
+    callback = BudgetThresholdCallback(metrics)
+    body = {"metadata": {"namespace": "ml", "name": "s"}}
+    callback.after_write(body, {}, {"usage": {"thresholdsReported": [80]}})
+    callback.after_write(body, {"usage": {"thresholdsReported": [80]}}, {"usage": {"thresholdsReported": [80, 100]}})
+    callback.after_write(
+        body, {"usage": {"thresholdsReported": [80, 100]}}, {"usage": {"thresholdsReported": [80, 100]}}
+    )
+    assert metrics.total("trainingsweep_budget_thresholds_total", sweep="s", threshold="80") == 1
+    assert metrics.total("trainingsweep_budget_thresholds_total", sweep="s", threshold="100") == 1

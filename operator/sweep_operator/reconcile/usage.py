@@ -594,3 +594,114 @@ def format_duration(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds:g}s"
+
+
+# ----------------------------------------------------------------------------------------------- one reconcile pass
+
+
+def clusters_to_read(status: Mapping[str, Any]) -> set[str]:
+    """The RayClusters whose pods a pass lists: the current attempt's, and any with a pod still open in the record
+    (a retried attempt's cluster may still be going while the next one starts)."""
+    ledger = UsageLedger.from_status(status.get("usage"))
+    clusters = {i.cluster for i in ledger.intervals if i.end is None and i.cluster}
+    if status.get("rayClusterName"):
+        clusters.add(str(status["rayClusterName"]))
+    return clusters
+
+
+def holding_gpus(status: Mapping[str, Any]) -> bool:
+    """The record has a pod still holding GPUs: an ended sweep keeps being measured (and ticked) until it is gone."""
+    return any(i.end is None for i in UsageLedger.from_status(status.get("usage")).intervals)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def sweep_usage_of(body: Mapping[str, Any], now: float) -> SweepUsage:
+    """What the namespace computations need of one sweep object: its record, and while its run is admitted and
+    unfinished, its reservation (GPUs admitted x its deadline span, capped by its own budget, less its use)."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    ledger = UsageLedger.from_status(status.get("usage"))
+    reserved = 0.0
+    phase = status.get("phase")
+    terminal = phase in ("Succeeded", "Failed", "DeadlineExceeded", "Invalid", "BudgetExhausted")
+    if status.get("runId") and not terminal and not meta.get("deletionTimestamp"):
+        gpus = _number((status.get("replicas") or {}).get("gpus")) or 0.0
+        start, deadline = epoch(status.get("startedAt")), epoch(status.get("deadlineAt"))
+        worst = gpus * (deadline - start) / HOUR if start is not None and deadline is not None else 0.0
+        budget = _number(((body.get("spec") or {}).get("budget") or {}).get("gpuHours"))
+        reserved = reserved_gpu_hours(worst, budget, ledger.gpu_hours(now))
+    return SweepUsage(str(meta.get("name") or ""), ledger, reserved)
+
+
+def namespace_view(sweeps: Iterable[SweepUsage], budget: NamespaceBudget | None, now: float) -> dict[str, Any] | None:
+    """status.usage.namespace: the window's use, budget and what is left (after reservations)."""
+    if budget is None:
+        return None
+    usage = namespace_usage(sweeps, budget, now)
+    return {
+        "gpuHours": round(usage.used_gpu_hours, 4),
+        "budgetGpuHours": budget.gpu_hours,
+        "leftGpuHours": round(max(usage.left_gpu_hours, 0.0), 4),
+        "windowSeconds": int(budget.window_seconds),
+    }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One pass's measurement of a sweep: the usage record to write (None: nothing worth a write) and the budget
+    facts; `events` are (type, reason, message) for the thresholds newly crossed."""
+
+    usage: dict[str, Any] | None
+    facts: BudgetFacts
+    events: tuple[tuple[str, str, str], ...] = ()
+
+
+THRESHOLD_REASONS = {80: "GpuBudget80", 100: "GpuBudget100"}
+
+
+def measure(
+    status: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    listed_clusters: Iterable[str],
+    now: float,
+    *,
+    budget_gpu_hours: float | None,
+    graceful_stop_seconds: float = 0.0,
+    refresh_seconds: float = 60.0,
+    namespace: dict[str, Any] | None = None,
+) -> Measurement:
+    """Fold a read of the sweep's pods into its status.usage and decide what the budget asks for."""
+    stored = status.get("usage") if isinstance(status.get("usage"), dict) else None
+    ledger = fold(
+        UsageLedger.from_status(stored),
+        [i for i in (observe_pod(p) for p in pods) if i is not None],
+        now,
+        listed_clusters=listed_clusters,
+    )
+    facts = decide_budget(ledger, budget_gpu_hours, now, graceful_stop_seconds=graceful_stop_seconds)
+    ledger = with_thresholds(ledger, facts.crossed)
+    doc = ledger.to_status(now, budget_gpu_hours)
+    if namespace is not None:
+        doc["namespace"] = namespace
+    changed = needs_write(stored, doc, refresh_seconds) or (stored or {}).get("namespace") != doc.get("namespace")
+    if not ledger.intervals and stored is None and budget_gpu_hours is None and namespace is None:
+        changed = False  # nothing measured, nothing to say
+    events = tuple(("Warning", THRESHOLD_REASONS[t], threshold_message(t, facts)) for t in facts.crossed)
+    return Measurement(doc if changed else None, facts, events)
+
+
+class BudgetThresholdCallback:
+    """A status-writer callback: a threshold newly recorded in status.usage.thresholdsReported is counted once
+    (`metrics.budget_threshold_crossed`), after the write that recorded it, so a retried pass never counts twice."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        before = set((old.get("usage") or {}).get("thresholdsReported") or [])
+        after = set((new.get("usage") or {}).get("thresholdsReported") or [])
+        meta = body.get("metadata") or {}
+        for threshold in sorted(after - before):
+            self.metrics.budget_threshold_crossed(meta.get("namespace") or "default", meta.get("name") or "", threshold)
