@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kopf._cogs.aiokits import aiotasks
@@ -42,15 +44,15 @@ async def _loop_turns_while_spawning(count: int) -> tuple[int, int]:
 
 
 @pytest.fixture
-def original_spawn():  # type: ignore[no-untyped-def]
+def original_spawn() -> Iterator[Any]:
     """kopf's scheduler as kopf ships it for the test (an in-process operator may have tuned it), then as it was."""
     found = aiotasks.Scheduler.spawn
-    aiotasks.Scheduler.spawn = kopf_tuning.UNTUNED_SPAWN  # type: ignore[method-assign]
+    aiotasks.Scheduler.spawn = kopf_tuning.UNTUNED_SPAWN  # type: ignore[method-assign]  # restoring kopf's own
     yield kopf_tuning.UNTUNED_SPAWN
-    aiotasks.Scheduler.spawn = found  # type: ignore[method-assign]
+    aiotasks.Scheduler.spawn = found  # type: ignore[method-assign]  # as the test found it
 
 
-def test_untuned_kopf_yields_once_per_spawn_and_tuned_kopf_does_not(original_spawn) -> None:  # type: ignore[no-untyped-def]
+def test_untuned_kopf_yields_once_per_spawn_and_tuned_kopf_does_not(original_spawn: Any) -> None:
     during, ran = asyncio.run(_loop_turns_while_spawning(200))
     assert ran == 200 and during >= 200  # one loop turn per new object: the backlog the benchmark measured
     assert kopf_tuning.tune_kopf() is True
@@ -61,13 +63,13 @@ def test_untuned_kopf_yields_once_per_spawn_and_tuned_kopf_does_not(original_spa
     assert during == 0  # and the watcher kept the loop until its burst was queued
 
 
-def test_another_kopf_version_is_left_alone(original_spawn, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_another_kopf_version_is_left_alone(original_spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
     assert kopf_tuning.tune_kopf() is False
     assert aiotasks.Scheduler.spawn is original_spawn
 
 
-def test_the_closed_scheduler_still_refuses_new_work(original_spawn) -> None:  # type: ignore[no-untyped-def]
+def test_the_closed_scheduler_still_refuses_new_work(original_spawn: Any) -> None:
     kopf_tuning.tune_kopf()
 
     async def scenario() -> None:
@@ -81,3 +83,9 @@ def test_the_closed_scheduler_still_refuses_new_work(original_spawn) -> None:  #
             await scheduler.spawn(job())
 
     asyncio.run(scenario())
+
+
+def test_the_tuning_can_be_left_off_for_a_measurement(original_spawn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
+    assert kopf_tuning.tune_kopf() is False
+    assert aiotasks.Scheduler.spawn is kopf_tuning.UNTUNED_SPAWN
