@@ -95,7 +95,7 @@ class SweepController:
     def close(self) -> None:
         """Stop the work queues' threads (the operator is stopping)."""
         self.queue.stop()
-        self.finishing.stop()
+        self.finishing.stop(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
 
     # ------------------------------------------------------------------------------ watch events and ticks
     def sweep_event(self, body: Mapping[str, Any]) -> None:
