@@ -234,7 +234,7 @@ def test_polled_progress_lands_in_the_status() -> None:
         "trialsSummary": "1/8",
         "waitingFor": None,
     }
-    status = decide_run(facts({**RUNNING, "waitingFor": {"pods": 1}}, job(), progress=progress)).status
+    status = decide_run(facts({**RUNNING, "waitingFor": "2 worker pods Pending"}, job(), progress=progress)).status
     assert status is not None and status["trials"]["running"] == 3 and "waitingFor" not in status
 
 

@@ -1,0 +1,90 @@
+"""The only status write, against the in-memory API: one merge patch of what changed, onto the resourceVersion it
+was computed from (else Stale), the echo remembered, then the callbacks and the decision's Events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sweep_operator.metrics import OperatorMetrics
+from sweep_operator.reconcile.actions import Event
+from sweep_operator.reconcile.cache import Cache
+from sweep_operator.reconcile.status_writer import PhaseCallback, Stale, StatusWriter
+from sweep_operator.settings import Settings
+from sweep_operator.status import updated
+from tests.support.factories import gpu_sweep
+from tests.support.fake_kube import FakeKube
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.writes: list[tuple[Any, Any]] = []
+
+    def after_write(self, body: Any, old: Any, new: Any) -> None:
+        self.writes.append((old.get("phase"), new.get("phase")))
+
+
+def setup() -> tuple[FakeKube, Cache, StatusWriter, list[tuple[str, str, str]], Recorder, OperatorMetrics]:
+    kube, cache, events, recorder, metrics = FakeKube(), Cache(Settings()), [], Recorder(), OperatorMetrics()
+
+    def emit(body: Any, type_: str, reason: str, message: str) -> None:
+        events.append((type_, reason, message))
+
+    kube.add(
+        "TrainingSweep",
+        {**gpu_sweep(), "status": {"phase": "Starting", "message": "starting", "waitingFor": "2 worker pods Pending"}},
+    )
+    writer = StatusWriter(kube, cache, emit, [PhaseCallback(emit, metrics), recorder])  # type: ignore[arg-type]  # FakeKube is KubeApi's duck-typed double
+    return kube, cache, writer, events, recorder, metrics
+
+
+def patches(kube: FakeKube) -> int:
+    return len([c for c in kube.calls if c[0] == "patch_sweep_status"])
+
+
+def test_one_patch_of_what_changed_then_the_callbacks_and_the_events() -> None:
+    kube, cache, writer, events, recorder, _ = setup()
+    body = kube.get_sweep("ml", "digits")
+    assert body is not None
+    new = updated(body["status"], {"phase": "Running", "message": "running", "waitingFor": None})
+    written = writer.write(body, new, [Event("Normal", "Resume", "resumed")])
+    assert written["status"] == {"phase": "Running", "message": "running"}  # None removed the field
+    assert patches(kube) == 1 and recorder.writes == [("Starting", "Running")]
+    assert events == [("Normal", "Running", "running"), ("Normal", "Resume", "resumed")]
+    assert cache.is_echo(written)  # its watch event starts no reconcile
+    writer.write(written, dict(written["status"]))  # nothing changed: no request, no callback
+    assert patches(kube) == 1 and len(recorder.writes) == 1
+
+
+def test_a_write_computed_from_an_older_copy_is_refused() -> None:
+    kube, _, writer, events, recorder, _ = setup()
+    stale = kube.get_sweep("ml", "digits")
+    assert stale is not None
+    kube._bump(kube.objects[("TrainingSweep", "ml", "digits")])  # someone else wrote meanwhile
+    with pytest.raises(Stale):
+        writer.write(stale, updated(stale["status"], {"phase": "Failed", "message": "x"}))
+    assert kube.get_sweep("ml", "digits")["status"]["phase"] == "Starting"  # type: ignore[index]  # the fake has it
+    assert events == [] and recorder.writes == []  # nothing is announced that was not written
+
+
+def test_update_applies_the_change_to_the_newest_status_on_a_conflict() -> None:
+    kube, _, writer, _, _, _ = setup()
+    stale = kube.get_sweep("ml", "digits")
+    assert stale is not None
+    stored = kube.objects[("TrainingSweep", "ml", "digits")]
+    stored["status"]["trials"] = {"total": 3}
+    kube._bump(stored)
+    written = writer.update(stale, lambda status: updated(status, {"phase": "Deleting"}))
+    assert written is not None and written["status"]["phase"] == "Deleting"
+    assert written["status"]["trials"] == {"total": 3}  # the other writer's field survives
+
+
+def test_phase_events_warn_on_failures_and_deleting_is_left_to_the_guard() -> None:
+    kube, _, writer, events, _, metrics = setup()
+    body = kube.get_sweep("ml", "digits")
+    assert body is not None
+    body = writer.write(body, updated(body["status"], {"phase": "DeadlineExceeded", "message": "deadline"}))
+    writer.write(body, updated(body["status"], {"phase": "Deleting", "message": "verifying"}))
+    assert events == [("Warning", "DeadlineExceeded", "deadline")]
+    assert metrics.total("trainingsweep_deadline_stops_total") == 1
