@@ -291,6 +291,20 @@ def summarize_trial(trial: Any, metric: str | None, mode: str | None, run_root: 
     )
 
 
+def mark_completed(trial: Any) -> None:
+    """Make Tune's saved state say this trial ended on its own terms (`done` in its last result).
+
+    Tune 2.58 sets `done` on a returning trial by updating its last result in place
+    (TuneController._process_trial_result, the RESULT_DUPLICATE branch), which leaves the run metadata's cached JSON
+    (`_TrainingRunMetadata._cached_json`) as it was when last serialised: the experiment state can then record a
+    finished trial without `done`, and a resume would take it for one the deadline stopped. Tune calls
+    on_trial_complete (TuneController.stop_trial) before it marks the trial for the next experiment checkpoint, so
+    dropping the cache here makes that checkpoint carry `done`; training_entrypoints.resume relies on it."""
+    metadata = getattr(trial, "run_metadata", None)
+    if metadata is not None:
+        metadata.invalidate_cache()
+
+
 class SweepProgressCallback(Callback):
     """Writes `_sweep/status.json` on trial events and steps, at most every `interval_s` seconds.
 
@@ -381,6 +395,7 @@ class SweepProgressCallback(Callback):
         self._maybe_write(trials)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        mark_completed(trial)
         self._maybe_write(trials)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -17,6 +17,7 @@ from sweep_contracts.s3_layout import RunLayout, checkpoint_dir_name
 from sweep_operator.rendering import build_rayjob
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
+from training_entrypoints import resume
 from training_entrypoints.checkpointing import MODEL_FILE, state_dict_digest
 from training_entrypoints.local import LocalRayCluster, LocalRaySize, run_rayjob, runtime_env_vars
 
@@ -34,6 +35,12 @@ FIRST_ATTEMPT_S = float(os.environ.get("SWEEPS_CONTINUE_FIRST_ATTEMPT_S", "60"))
 def tune_rows(layout: RunLayout, trial_id: str) -> list[dict[str, Any]]:
     path = Path(layout.tune_dir) / trial_id / "result.json"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def experiment_state(layout: RunLayout) -> dict[str, Any]:
+    found = resume.newest_experiment_state(layout.tune_dir)
+    assert found is not None, f"no Tune experiment state in {layout.tune_dir}"
+    return json.loads(Path(found[1]).read_text())
 
 
 def committed_epochs(layout: RunLayout, trial_id: str) -> list[int]:
@@ -81,9 +88,12 @@ def test_a_resumed_sweep_continues_its_trials_and_picks_the_best_over_both_attem
         assert first.result["deadlineReached"] and first.result["attempt"] == 1
         held, finished = sorted(t["id"] for t in first.result["trialResults"])
         assert held.endswith("_00000") and finished.endswith("_00001")
-        assert [r["epoch"] for r in tune_rows(layout, finished)] == list(range(EPOCHS)), (
-            "trial 2 did not finish in time"
+        # Tune must have seen the second trial end before the deadline (else it is, rightly, continued in attempt 2).
+        done = {t.id: t.done for t in resume.restored_trials(experiment_state(layout))}
+        assert [r["epoch"] for r in tune_rows(layout, finished)] == list(range(EPOCHS)) and done[finished], (
+            f"the machine is too busy for a {FIRST_ATTEMPT_S:g} s first attempt: raise SWEEPS_CONTINUE_FIRST_ATTEMPT_S"
         )
+        assert not done[held]
         assert committed_epochs(layout, held)[-1] == HOLD_AFTER_EPOCH
         saved = torch.load(
             Path(layout.checkpoint_dir(held, checkpoint_dir_name(HOLD_AFTER_EPOCH))) / MODEL_FILE, weights_only=True

@@ -19,6 +19,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher,
 
 from sweep_contracts import constants
 from sweep_contracts.runspec import build_run_spec
+from sweep_contracts.s3_layout import RunLayout
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from training_entrypoints import resume
@@ -345,3 +346,23 @@ def test_the_run_spec_carries_the_attempt_and_a_first_attempt_spec_is_unchanged_
     for bad in (0, "2", True):
         with pytest.raises(ValueError, match=r"SWEEP_RUN_SPEC attempt: got"):
             RunSpec.from_json(json.dumps({**body, "attempt": bad}))
+
+
+def test_a_completed_trial_is_saved_with_done_even_after_tune_cached_its_metadata(tmp_path: Path) -> None:
+    """Tune sets `done` in place on the last result (TuneController._process_trial_result); the metadata's JSON was
+    cached by an earlier experiment checkpoint. The progress callback's on_trial_complete drops that cache."""
+    from training_entrypoints.progress import SweepProgressCallback
+
+    trial = Trial(
+        "trial_driver", stub=True, trial_id="a_00000", placement_group_factory=PlacementGroupFactory([{"CPU": 0.1}])
+    )
+    trial.create_placement_group_factory()
+    trial.run_metadata.last_result = {"epoch": 3, "done": False}
+    trial.run_metadata.get_json_state()  # an experiment checkpoint after the last report
+    trial.run_metadata.last_result.update(done=True)  # what Tune does when the function returns
+    assert json.loads(trial.run_metadata.get_json_state())["last_result"]["done"] is False  # Tune's stale cache
+    callback = SweepProgressCallback(RunLayout(str(tmp_path)), "val_loss", "min", demand_reader=None)
+    callback.on_trial_complete(0, [trial], trial)
+    callback.flush()
+    row = [trial.get_json_state()[0], trial.run_metadata.get_json_state()]
+    assert resume.restored_trials({"trial_data": [row]})[0].done is True
