@@ -48,6 +48,9 @@ RAYCLUSTERS: dict[str, Any] = {
     "plural": constants.RAYCLUSTER_PLURAL,
 }
 
+# Kueue's Workloads (read only; docs/kueue.md)
+WORKLOADS: dict[str, Any] = {"group": "kueue.x-k8s.io", "version": "v1beta2", "plural": "workloads"}
+
 
 def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mapping[str, Any], **_: Any) -> bool:
     """A RayJob or RayCluster is ours while it carries our label, our guard annotation or our finalizer. kopf
@@ -243,6 +246,12 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
         if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
             await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
+
+    # Kueue mode: a Workload's admission or eviction reaches its sweep at once (ticks would find it too).
+    @kopf.on.event(**WORKLOADS, registry=registry)
+    async def workload_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED":
+            await asyncio.to_thread(controller.workload_changed, body)
 
     @kopf.on.delete(**RAYCLUSTERS, when=ours, registry=registry)
     def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> None:

@@ -156,6 +156,13 @@ class KubeApi:
         )
         return list(custom_object(result).get("items") or [])
 
+    def list_workloads(self, namespace: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads in `namespace` (Kueue mode: the one a RayJob controls says where Kueue has it)."""
+        result = self._call(
+            lambda: self.custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", namespace, "workloads")
+        )
+        return list(custom_object(result).get("items") or [])
+
     def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create; on AlreadyExists return the existing one. Returns (object, created)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

@@ -45,6 +45,7 @@ class OperatorEnv:
     s3_client: Any
     bucket: str
     s3_switch: S3Switch
+    kueue: Any = None  # the Kueue stand-in, when started with kueue_default_queue
     custom: Any = field(init=False)
     core: Any = field(init=False)
 
@@ -157,6 +158,7 @@ def start_operator_env(
     limits: OperatorLimits | None = None,
     ttl_seconds_after_finished: int = 1,
     failing_s3: Callable[[str, str], Any] | None = None,
+    kueue_default_queue: str = "",
 ) -> tuple[OperatorEnv, Callable[[], None]]:
     """Start everything; returns the environment and a function that stops it."""
     from sweep_operator.s3 import S3ClientConfig, make_s3_client
@@ -173,6 +175,7 @@ def start_operator_env(
         s3_region="us-east-1",
         metrics_port=0,
         liveness_port=0,
+        kueue_default_queue=kueue_default_queue,
     )
     healthy_clients: dict[tuple[str, str], Any] = {}
 
@@ -188,12 +191,19 @@ def start_operator_env(
     runner = ScriptedRunner(default=Outcome.succeed(1.0, startup=0.3))
     standin = KubeRayStandIn(server.api_client(), runner, poll_interval=0.2)
     standin.start()
+    kueue = None
+    if kueue_default_queue:  # Kueue mode: its CRDs and webhook exist before the operator starts watching
+        from sweep_sandbox.kueue import KueueStandIn
+
+        kueue = KueueStandIn(server.api_client(), server=server, poll_interval=0.1).start()
     operator = OperatorThread(settings, server.url, s3_client_for=switch)
     operator.start()
-    env = OperatorEnv(server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch)
+    env = OperatorEnv(server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch,
+                      kueue)
 
     def stop() -> None:
-        for step in (env.operator.stop, operator.stop, standin.stop, server.stop):
+        steps = (env.operator.stop, operator.stop, *((kueue.stop,) if kueue else ()), standin.stop, server.stop)
+        for step in steps:
             try:
                 step()
             except Exception:  # keep stopping the rest

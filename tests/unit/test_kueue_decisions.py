@@ -455,7 +455,7 @@ def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the
     out = kueue_outcome(running, {**running, "phase": "Suspended"}, run, T0 + 105, rayjob_deadline_at=T0 + 3000)
     assert out.status["phase"] == "Suspended" and out.status["message"].startswith("Preempted (Kueue: team-a): ")
     assert out.status["kueue"]["admittedSeconds"] == 90 and out.status["kueue"]["preemptions"] == 1
-    assert "admittedSince" not in out.status["kueue"] and "deadlineAt" not in out.status
+    assert out.status["kueue"]["admittedSince"] is None and "deadlineAt" not in out.status
     assert [e[1] for e in out.events] == ["PreemptedByKueue"]
     assert out.driver_deadline_at == T0 + 105 + 3600 - 90
     again = kueue_outcome(

@@ -12,18 +12,20 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
+from sweep_contracts.runtime_env import deadline_of, run_spec_of
+from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from .. import audit
 from ..kube import KubeApi
 from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
-from ..policy import Admit
+from ..policy import Admit, effective_active_seconds
 from ..rendering import RenderContext
 from ..settings import Settings
 from ..status import conditions_with, parse_time, updated
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, run_phase
-from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend
+from . import admission, guard, kueue, run_phase
+from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
 from .cache import Cache, run_ref
 from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
@@ -187,13 +189,20 @@ class SweepController:
         if decision is None:  # ask the namespace's budget
             assert facts.sweep is not None
             created = meta_of(facts.body).get("creationTimestamp") or ""
-            budget = self.ledger.decide(ref.namespace, ref.name, created, facts.sweep.spec, self.settings.limits)
+            queue = self.render_context.queue_name(facts.sweep.spec, ref.namespace)
+            budget: Any
+            if kueue.our_queue_steps_aside(queue):  # Kueue mode: Kueue's quota, not our namespace budget
+                budget = kueue.decide_kueue_admission(facts.sweep.spec, self.settings.limits)
+            else:
+                budget = self.ledger.decide(ref.namespace, ref.name, created, facts.sweep.spec, self.settings.limits)
             decision = admission.decide_budget(
                 facts, budget, self._namespace_budget(ref.namespace), self.render_context
             )
             create = decision.wants(CreateRayJob)
             if create is not None and isinstance(budget, Admit):
                 decision, failed = self._create(facts, create, budget)
+                if queue and not failed and decision.status and decision.status.get("runId"):
+                    decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
                 if failed:
                     try:
                         self._act(facts.body, decision)
@@ -225,11 +234,56 @@ class SweepController:
 
     def _run(self, facts: SweepFacts) -> None:
         facts = self.reads.run_facts(facts)
+        body, run = facts.body, self._kueue_run(facts)
+        if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
+            facts = replace(facts, body={**body, "status": kueue.status_for_run_phase(facts.status, run, facts.now)})
         decision = run_phase.decide_run(facts)
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
             decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
-        self._act(facts.body, decision)
+        if run is not None:
+            decision = self._kueue_decision(replace(facts, body=body), decision, run)
+        self._act(body, decision)
+
+    def _kueue_run(self, facts: SweepFacts) -> kueue.KueueRun | None:
+        """Where Kueue has the run's RayJob (None: not Kueue's); reads the namespace's Workloads."""
+        rayjob, spec = facts.rayjob_body, facts.admitted_spec
+        if rayjob is None or spec is None or not kueue.kueue_managed(rayjob):
+            return None
+        workloads = self.kube.list_workloads(facts.ref.namespace)
+        active = float(effective_active_seconds(spec, facts.limits))
+        return kueue.kueue_run(facts.status, rayjob, workloads, facts.now, active)
+
+    def _kueue_decision(self, facts: SweepFacts, decision: Decision, run: kueue.KueueRun) -> Decision:
+        """Kueue mode over the run-phase decision; keeps the waiting RayJob's SWEEP_DEADLINE_AT current."""
+        rayjob = facts.rayjob_body or {}
+        outcome = kueue.kueue_outcome(
+            facts.status,
+            decision.status if decision.status is not None else facts.status,
+            run,
+            facts.now,
+            rayjob_deadline_at=deadline_of(rayjob),
+            tolerance_seconds=max(3 * self.settings.reconcile_seconds, 5.0),
+        )
+        status = dict(outcome.status)
+        if outcome.conditions:
+            status["conditions"] = conditions_with(status, facts.generation, facts.now, *outcome.conditions)
+        events = [*decision.events, *(Event(*e) for e in outcome.events)]
+        actions = [a for a in decision.actions if not (outcome.drop_suspend and isinstance(a, SetSuspend))]
+        if len(actions) != len(decision.actions):
+            events.append(
+                Event(
+                    "Warning",
+                    "SuspendIgnoredInKueueMode",
+                    kueue.SUSPEND_IN_KUEUE_MODE.format(workload=run.workload or "<workload>"),
+                )
+            )
+        run_spec = run_spec_of(rayjob)
+        if outcome.driver_deadline_at is not None and run_spec is not None:
+            # KubeRay starts the readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it
+            env = encode_runtime_env(run_spec, int(outcome.driver_deadline_at))
+            self.kube.patch_rayjob(facts.ref.namespace, meta_of(rayjob)["name"], {"spec": {"runtimeEnvYAML": env}})
+        return Decision(status, tuple(actions), tuple(events))
 
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
@@ -282,6 +336,16 @@ class SweepController:
             self.reconcile_sweep(body)
             if status_of(self.kube.get_sweep(ref.namespace, queued) or {}).get("phase") == "Queued":
                 break  # strict FIFO: the oldest still does not fit
+
+    def workload_changed(self, workload: Mapping[str, Any]) -> None:
+        """A Kueue Workload changed: reconcile the sweep whose RayJob it belongs to (Kueue mode)."""
+        namespace = meta_of(workload).get("namespace") or "default"
+        for owner in meta_of(workload).get("ownerReferences") or []:
+            if owner.get("kind") == constants.RAYJOB_KIND and owner.get("controller"):
+                rayjob = self.kube.get_rayjob(namespace, owner.get("name", ""))
+                sweep = ((meta_of(rayjob or {}).get("labels")) or {}).get(constants.LABEL_SWEEP)
+                if sweep:
+                    self.request_reconcile(namespace, sweep)
 
     # --------------------------------------------------------------------------------- drift (R21)
     def drifted(self, body: Mapping[str, Any], kind: str) -> bool:

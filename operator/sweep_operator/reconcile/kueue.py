@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -135,7 +135,7 @@ class WorkloadFacts:
         )
 
 
-def workload_of(rayjob: Mapping[str, Any], workloads: list[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def workload_of(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The Workload Kueue made for `rayjob`: the one it controls (ConstructWorkload sets a controller
     ownerReference to the job); the newest when a queue-name change left an older one being deleted."""
     uid = (rayjob.get("metadata") or {}).get("uid")
@@ -425,7 +425,7 @@ class KueueRun:
 def kueue_run(
     status: Mapping[str, Any],
     rayjob: Mapping[str, Any] | None,
-    workloads: list[Mapping[str, Any]],
+    workloads: Sequence[Mapping[str, Any]],
     now: float,
     active_seconds: float,
 ) -> KueueRun | None:
@@ -504,7 +504,8 @@ def kueue_outcome(
     A terminal phase is left as decided (only status.kueue is refreshed)."""
     view, clock = run.view, run.clock
     status = dict(decided)
-    status["kueue"] = {k: v for k, v in run.status().items() if v is not None}
+    # None removes a field the merge patch would otherwise keep (the server merges nested objects)
+    status["kueue"] = run.status()
     deadline = clock.deadline_at(run.active_seconds, now)
     terminal = status.get("phase") in ("Succeeded", "Failed", "DeadlineExceeded", "BudgetExhausted", "Invalid")
     conditions: list[tuple[str, bool, str, str]] = []
