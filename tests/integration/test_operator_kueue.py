@@ -1,0 +1,117 @@
+"""The operator in Kueue mode, with the KubeRay and Kueue stand-ins (docs/kueue.md): admission by Kueue's quota,
+preemption (the RayJob suspended again) through the checkpoint guard, readmission with the deadline counted only
+while admitted. Judged by state changes (conditions, status fields, Events), never by sleeping.
+
+Kueue sources the behaviour rests on: pkg/controller/jobframework/reconciler.go ReconcileGenericJob (startJob
+unsuspends an admitted RayJob; an evicted one is suspended and its quota cleared once KubeRay has released the
+cluster), pkg/scheduler/flavorassigner/flavorassigner.go (the admission message), site/.../tasks/run/rayjobs.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_contracts.runtime_env import deadline_of
+from sweep_operator.status import parse_time
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
+from sweep_sandbox.kueue import cluster_queue, local_queue, resource_flavor, workload_name
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+QUEUE = "team"
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server, kueue_default_queue=QUEUE)
+    environment.kueue.apply_queues(resource_flavor(), local_queue("default", QUEUE, "kueue-cq"))
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def quota(env: OperatorEnv, cpu: Any) -> None:
+    env.kueue.apply(cluster_queue("kueue-cq", {"cpu": cpu, "memory": "256Gi", constants.GPU_RESOURCE: 8}))
+
+
+def rayjob_of(env: OperatorEnv, name: str) -> dict[str, Any]:
+    (rayjob,) = env.rayjobs(name)
+    return rayjob
+
+
+def test_kueue_admission_then_preemption_then_readmission(env: OperatorEnv) -> None:
+    """Queued by Kueue with its message (no deadline, our namespace budget out of the way), admitted when the
+    quota allows (the startup and sweep clocks start there), preempted: suspended with the RayCluster's deletion
+    held by the guard until the checkpoints are verified, the deadline paused; readmitted: a new attempt on a new
+    cluster from the same run root, the deadline moved by the time it was not admitted."""
+    quota(env, "100m")  # too small for the head: the Workload waits
+    doc = env.new_sweep("kq", **{"spec.deadlines": {"activeSeconds": 3600, "startupSeconds": 600}})
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(), Outcome.hang())
+    env.apply(doc)
+
+    queued = env.wait_status(
+        name, lambda s: "couldn't assign flavors" in (s.get("message") or ""), "Kueue's admission message"
+    )
+    assert queued["phase"] == "Queued"
+    assert queued["message"].startswith(f"Queued (Kueue: {QUEUE}): couldn't assign flavors to pod set head: ")
+    assert queued["kueue"]["summary"] == f"Queued (Kueue: {QUEUE})" and queued["kueue"]["admissions"] == 0
+    assert "deadlineAt" not in queued  # the sweep clock has not started
+    rayjob = rayjob_of(env, name)
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == QUEUE
+    assert rayjob["spec"]["suspend"] is True
+
+    quota(env, 64)
+    running = env.wait_phase(name, "Running")
+    admitted_at = parse_time(running["kueue"]["admittedSince"]).timestamp()
+    first_deadline = parse_time(running["deadlineAt"]).timestamp()
+    assert first_deadline == pytest.approx(admitted_at + 3600, abs=1)
+    assert running["kueue"]["admissions"] == 1 and running["kueue"]["clusterQueue"] == "kueue-cq"
+    assert "AdmittedByKueue" in env.event_reasons(name)
+    cluster = running["rayClusterName"]
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=2)  # what the trials committed
+
+    env.kueue.evict("default", workload_name(rayjob))  # the preemptor's half (preemption.go IssuePreemptions)
+    preempted = env.wait_status(
+        name, lambda s: (s.get("kueue") or {}).get("preemptions") == 1, "the preemption recorded"
+    )
+    assert preempted["phase"] == "Suspended"
+    assert preempted["message"].startswith(f"Preempted (Kueue: {QUEUE}): Preempted to accommodate a workload")
+    assert "deadlineAt" not in preempted  # paused while not admitted
+    assert preempted["kueue"]["admittedSeconds"] >= 0 and "admittedSince" not in preempted["kueue"]  # removed
+    # the graceful stop: KubeRay's cluster deletion went through the guard, which verified the checkpoints
+    wait_for(
+        lambda: not [c for c in env.rayclusters(name) if c["metadata"]["name"] == cluster],
+        TIMEOUT,
+        what="the preempted cluster released",
+    )
+    released = [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"]
+    assert released and "verified" in released[0].message
+    assert "PreemptedByKueue" in env.event_reasons(name)
+
+    readmitted = env.wait_status(
+        name, lambda s: (s.get("kueue") or {}).get("admissions") == 2 and s.get("phase") == "Running", "readmitted"
+    )
+    second_deadline = parse_time(readmitted["deadlineAt"]).timestamp()
+    paused = (
+        parse_time(readmitted["kueue"]["admittedSince"]).timestamp()
+        - admitted_at
+        - readmitted["kueue"]["admittedSeconds"]
+    )
+    assert second_deadline == pytest.approx(first_deadline + paused, abs=2)  # moved by the time not admitted
+    assert readmitted["rayClusterName"] != cluster and readmitted["runId"] == running["runId"]  # same run root
+    assert readmitted["kueue"]["firstAdmittedAt"] == running["kueue"]["firstAdmittedAt"]
+    assert deadline_of(rayjob_of(env, name)) <= second_deadline + 5  # the readmitted driver stops in time
+    assert env.pruned() == [] or all(kind != f"trainingsweeps.{constants.GROUP}" for kind, _ in env.pruned())
+
+    env.delete_sweep(name)  # the guard holds exactly as today: verified, then released
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released by the guard")
