@@ -60,6 +60,8 @@ class AdmissionLedger:
                 continue
             if meta.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
                 continue
+            if status.get("kueue"):  # Kueue mode: Kueue's quota holds it, not this budget (docs/kueue.md)
+                continue
             if status.get("runId"):
                 self.admitted[namespace][name] = demand_of(spec)
             elif status.get("phase") == "Queued":

@@ -500,3 +500,25 @@ def test_the_status_right_after_the_create_is_queued_without_a_deadline() -> Non
     created = kueue_created_status({"phase": "Starting", "deadlineAt": iso(T0), "startedAt": iso(T0)}, "team-a")
     assert created["phase"] == "Queued" and "deadlineAt" not in created and "startedAt" not in created
     assert created["message"].startswith("Queued (Kueue: team-a): waiting for Kueue")
+
+
+def test_a_kueue_sweep_holds_none_of_the_namespace_budget_after_a_ledger_rebuild() -> None:
+    """An operator restart rebuilds the namespace ledger from the sweeps' statuses: a Kueue sweep (status.kueue)
+    is held by Kueue's quota and is not counted, so it never queues the namespace's other sweeps."""
+    from sweep_operator.ledger import AdmissionLedger
+
+    running = {
+        "metadata": {"name": "kq", "namespace": "ml"},
+        "spec": gpu_sweep()["spec"],
+        "status": {"runId": "abc123", "phase": "Running", "kueue": {"localQueue": "team-a"}},
+    }
+    plain = {
+        "metadata": {"name": "own", "namespace": "ml"},
+        "spec": gpu_sweep()["spec"],
+        "status": {"runId": "def456", "phase": "Running"},
+    }
+    ledger = AdmissionLedger(lambda namespace: [running, plain], lambda namespace: [])
+    spec = parse_sweep(gpu_sweep("new", "ml")).spec
+    decision = ledger.decide("ml", "new", "2026-12-03T10:00:00Z", spec, OperatorLimits(max_gpus_per_namespace=8))
+    assert isinstance(decision, Admit)  # 4 (own) + 4 (new) fit in 8: the Kueue sweep's 4 GPUs are Kueue's
+    assert ledger.in_use("ml").gpus == 8

@@ -27,6 +27,7 @@ from .cache import Cache, run_ref
 from .drift import worker_cap
 from .facts import ObjectRef, SweepFacts, meta_of, status_of
 from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of
+from .kueue import kueue_managed
 from .run_phase import progress_wanted, result_wanted
 
 log = logging.getLogger(__name__)
@@ -245,8 +246,9 @@ class Reads:
         runs = []
         for rayjob in self.kube.list_rayjobs(namespace, constants.LABEL_SWEEP):
             facts, run_spec = RayJobFacts.from_object(rayjob), run_spec_of(rayjob)
-            if not (facts.finished or facts.deleting or run_spec is None):
-                runs.append((run_spec.sweep, demand_of(run_spec.spec)))
+            if facts.finished or facts.deleting or run_spec is None or kueue_managed(rayjob):
+                continue  # a Kueue RayJob is held by Kueue's quota, not by the namespace budget
+            runs.append((run_spec.sweep, demand_of(run_spec.spec)))
         return runs
 
     def sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
