@@ -181,9 +181,9 @@ class Settings:
         self.namespace_gpu_hour_budget("")  # every entry parses, or the operator does not start
         self.kueue_queue_for("")
         if isinstance(self.gpu_hours_window_seconds, bool) or not isinstance(self.gpu_hours_window_seconds, int) \
-                or self.gpu_hours_window_seconds < 60:
+                or self.gpu_hours_window_seconds < 1:
             raise SettingsError(f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
-                                f"{self.gpu_hours_window_seconds!r}; must be an integer >= 60")
+                                f"{self.gpu_hours_window_seconds!r}; must be an integer >= 1")
         if not self.namespace_gpu_hours >= 0:
             raise SettingsError(f"namespaceGpuHours (SWEEP_NAMESPACE_GPU_HOURS): got {self.namespace_gpu_hours!r}; "
                                 "must be >= 0 (0: no namespace budget)")

@@ -1,18 +1,29 @@
-"""GPU-hour budgets end to end: the KubeRay stand-in's GPU pods carry the timestamps Kubernetes would give them, and
-the accounting (reconcile.usage) measures them."""
+"""GPU-hour budgets end to end: the KubeRay stand-in's GPU pods carry the timestamps Kubernetes would give them, the
+operator measures them into status.usage across a restart, stops a sweep at its budget with its checkpoints verified,
+and queues a namespace over its window until the window frees it (docs/budgets.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes.client
+import pytest
 
-from sweep_operator.reconcile.usage import UsageLedger, epoch, fold, observe_pod
+from sweep_operator.reconcile.usage import HOUR, UsageLedger, epoch, fold, observe_pod
 from sweep_sandbox.emulator import EmulatorServer, wait_for
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from tests.integration.test_kuberay_standin import Cluster
+from tests.support.operator_env import OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+
+RECONCILE = 1.0  # start_operator_env's reconcile_seconds: the accounting's promised precision
+WINDOW = 20  # seconds: the namespace window of the queueing test
+TEAM = "team-b"
 
 
 def _pods(kube: Cluster, cluster: str) -> list[dict[str, Any]]:
@@ -74,3 +85,163 @@ def test_standin_gpu_pods_keep_their_scheduling_time_and_go_with_their_cluster()
 
 def _scheduled(pod: dict[str, Any]) -> str:
     return next(c["lastTransitionTime"] for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+
+
+# ----------------------------------------------------------------------------------------------- the operator
+
+
+class VerifierSpy:
+    """The operator's verifier, recorded: which run roots it verified and what it found."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls, self.lock = real, [], threading.Lock()
+
+    def __call__(self, client: Any, root: str, **options: Any) -> Any:
+        result = self.real(client, root, **options)
+        with self.lock:
+            self.calls.append((root, result))
+        return result
+
+
+def _restart(env: OperatorEnv, spy: VerifierSpy) -> None:
+    env.operator.stop()
+    env.operator = type(env.operator)(env.settings, env.server.url, s3_client_for=env.s3_switch)
+    env.operator.controller.verify = spy
+    env.operator.start()
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server)
+    environment.standin.emulate_pods = (
+        True  # the RayClusters' pods, as KubeRay, the scheduler and the kubelet leave them
+    )
+    settings = dataclasses.replace(
+        environment.settings,
+        usage_refresh_seconds=0.5,
+        namespace_gpu_hour_budgets=(f"{TEAM}=0.009",),  # 32.4 GPU-seconds per WINDOW
+        gpu_hours_window_seconds=WINDOW,
+    )
+    environment.settings = settings
+    environment.operator.controller.settings = settings
+    spy = VerifierSpy(environment.operator.controller.verify)
+    environment.operator.controller.verify = spy
+    environment.spy = spy  # type: ignore[attr-defined]  # the module's tests read it
+    try:
+        environment.core.create_namespace({"metadata": {"name": TEAM}})
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def _pod_times(env: OperatorEnv, namespace: str, cluster: str, seen: dict[str, dict[str, Any]]) -> bool:
+    """Record each GPU pod's binding time and the first moment the test saw it gone; True while any exists."""
+    listed = env.core.list_namespaced_pod(namespace, label_selector=f"ray.io/cluster={cluster}", _preload_content=False)
+    pods = json.loads(listed.data)["items"]
+    now, present = time.time(), set()
+    for pod in pods:
+        interval = observe_pod(pod)
+        if interval is not None:
+            present.add(interval.pod)
+            seen.setdefault(interval.pod, {"start": interval.start, "gpus": interval.gpus, "gone": None, "last": now})
+            seen[interval.pod]["last"] = now
+    for pod, record in seen.items():
+        if pod not in present and record["gone"] is None:
+            record["gone"] = now
+    return bool(pods)
+
+
+def test_gpu_hours_follow_the_pods_across_a_restart_and_the_budget_stops_the_sweep(env: OperatorEnv) -> None:
+    """4 one-GPU workers run until the sweep's 0.012 GPU-hours (43 GPU-seconds) are spent: the operator, restarted
+    mid-run, records every pod from its PodScheduled time to its end within one reconcile interval, stops the run
+    through the checkpoint guard (phase BudgetExhausted, condition BudgetExhausted) and verifies the checkpoints."""
+    spy: VerifierSpy = env.spy  # type: ignore[attr-defined]
+    doc = env.new_sweep(
+        "budget",
+        gpu=True,
+        namespace="default",
+        **{
+            "spec__workerGroup__minReplicas": 4,  # the 2 x 2 workers exist from the start (no autoscaler here)
+            "spec__budget": {"gpuHours": 0.012, "runUntilExhausted": True},
+            "spec__deadlines": {"activeSeconds": 600, "startupSeconds": 120, "gracefulStopSeconds": 0},
+        },
+    )
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(startup=0.3))
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    cluster = env.wait_status(name, lambda s: s.get("rayClusterName"), "a RayCluster")["rayClusterName"]
+    seen: dict[str, dict[str, Any]] = {}
+    wait_for(lambda: _pod_times(env, "default", cluster, seen) and len(seen) == 4, 30, what="4 GPU pods scheduled")
+    env.wait_status(name, lambda s: ((s.get("usage") or {}).get("gpusHeld") or 0) == 4, "4 GPUs measured")
+    _restart(env, spy)  # the record is the status: the new operator continues it
+    stopped = env.wait_phase(name, "BudgetExhausted", timeout=90)
+    assert "GPU budget spent" in stopped["message"]
+    assert any(c["type"] == "BudgetExhausted" and c["status"] == "True" for c in stopped["conditions"])
+    wait_for(lambda: not _pod_times(env, "default", cluster, seen), 60, what="the pods gone with their cluster")
+    final = env.wait_status(name, lambda s: (s.get("usage") or {}).get("gpusHeld") == 0, "every pod closed", timeout=30)
+    verified = env.wait_status(name, lambda s: (s.get("checkpoints") or {}).get("verifiedAt"), "the end-of-run check")
+    assert verified["checkpoints"]["verified"] is True
+    roots = [(root, result) for root, result in spy.calls if root.endswith(f"{name}-{verified['runId']}")]
+    assert roots and all(r.verified and r.checked >= 1 for _, r in roots), roots  # it ran, and saw the checkpoint
+    # the ledger against the pods' own timestamps
+    ledger = UsageLedger.from_status(final["usage"])
+    recorded = {i.pod: i for i in ledger.intervals}
+    assert set(recorded) == set(seen)
+    for pod, record in seen.items():
+        interval = recorded[pod]
+        assert abs(interval.start - record["start"]) <= 1.0  # RFC 3339 seconds, rounded outward
+        assert interval.end is not None
+        assert record["last"] - 1.0 <= interval.end <= record["gone"] + RECONCILE + 1.0
+    used = ledger.gpu_seconds(time.time())
+    expected = sum(r["gpus"] * (r["gone"] - r["start"]) for r in seen.values())
+    assert abs(used - expected) <= 4 * (RECONCILE + 2.0), (used, expected)
+    assert used >= 0.012 * HOUR - 4 * RECONCILE  # it ran until the budget, not before
+    assert final["usage"]["attempts"][0]["rayClusterName"] == cluster
+
+
+def test_a_namespace_over_its_window_queues_and_is_readmitted_when_the_window_frees_it(env: OperatorEnv) -> None:
+    """team-b may use 32.4 GPU-seconds per 20 s. Sweep A's worst case (1 GPU x 30 s) is reserved while it runs,
+    so B (the same shape) queues, saying when budget frees up; after A ends its hours stay in the window, so B
+    still waits; once they leave the window, B is admitted by itself."""
+    shape = {
+        "spec__trial": {"workers": 1, "resourcesPerWorker": {"cpu": 1, "gpu": 1, "memory": "4Gi"}},
+        "spec__tune__maxConcurrentTrials": 1,
+        "spec__workerGroup__minReplicas": 1,
+        "spec__deadlines": {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 0},
+    }
+    a = env.new_sweep("win-a", gpu=True, namespace=TEAM, **shape)
+    b = env.new_sweep("win-b", gpu=True, namespace=TEAM, **shape)
+    env.runner.script(a["metadata"]["name"], Outcome.succeed(4.0, startup=0.3))
+    env.apply(a)
+    env.wait_status(
+        a["metadata"]["name"],
+        lambda s: ((s.get("usage") or {}).get("gpusHeld") or 0) == 1,
+        "A's GPU measured",
+        namespace=TEAM,
+    )
+    env.apply(b)
+    queued = env.wait_phase(b["metadata"]["name"], "Queued", namespace=TEAM)
+    assert "budget frees up" in queued["message"] and "namespace budget" in queued["message"]
+    ended = env.wait_status(
+        a["metadata"]["name"],
+        lambda s: (s.get("usage") or {}).get("gpusHeld") == 0 and s.get("phase") == "Succeeded",
+        "A ended and its pod gone",
+        namespace=TEAM,
+        timeout=60,
+    )
+    a_end = max(i.end or 0.0 for i in UsageLedger.from_status(ended["usage"]).intervals)
+    # A's hours are still in the window: B waits (a state, read after A ended, not a sleep)
+    still = env.status(b["metadata"]["name"], TEAM)
+    if time.time() < a_end + WINDOW - 12:
+        assert still["phase"] == "Queued", still
+    admitted = env.wait_status(
+        b["metadata"]["name"], lambda s: s.get("runId"), "B admitted", namespace=TEAM, timeout=60
+    )
+    started = epoch(admitted["startedAt"])
+    assert started is not None and started >= a_end + WINDOW - 2 * 5.0  # freed by the window, not by A's end

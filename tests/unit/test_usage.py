@@ -424,7 +424,7 @@ def test_chart_namespace_budgets_reach_the_operator_settings() -> None:
         ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
         ({"SWEEP_NAMESPACE_GPU_HOUR_BUDGETS": "team-a=-3"}, "SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"),
         ({"SWEEP_NAMESPACE_GPU_HOURS": "-1"}, "SWEEP_NAMESPACE_GPU_HOURS"),
-        ({"SWEEP_GPU_HOURS_WINDOW_SECONDS": "10"}, "SWEEP_GPU_HOURS_WINDOW_SECONDS"),
+        ({"SWEEP_GPU_HOURS_WINDOW_SECONDS": "0"}, "SWEEP_GPU_HOURS_WINDOW_SECONDS"),
     ],
 )
 def test_bad_budget_settings_name_the_variable(env: dict[str, str], field_name: str) -> None:

@@ -31,6 +31,7 @@ from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .status_writer import EventSink, PhaseCallback, Stale, StatusWriter
+from .usage import BudgetThresholdCallback, NamespaceBudget
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,12 @@ class RetryLater(Exception):
     def __init__(self, message: str, delay: float):
         super().__init__(message)
         self.delay = delay
+
+
+def usage_open(body: Mapping[str, Any]) -> bool:
+    from .usage import holding_gpus
+
+    return not meta_of(body).get("deletionTimestamp") and holding_gpus(status_of(body))
 
 
 class SweepController:
@@ -69,11 +76,13 @@ class SweepController:
         self.kube, self.emit, self.clock = kube, events, clock
         self.metrics = metrics or OperatorMetrics()
         self.cache = Cache(settings)
-        self.metrics.follow(self.cache.sweeps, gpu_budget=settings.limits.max_gpus_per_namespace)
+        self.metrics.follow(
+            self.cache.sweeps, gpu_budget=settings.limits.max_gpus_per_namespace, gpu_hour_budget=self._gpu_hour_budget
+        )
         verifier = verifier or verify_sweep_checkpoints
         self.reads = Reads(settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool)
         self.settings = settings
-        self.status = StatusWriter(kube, self.cache, events, [PhaseCallback(events, self.metrics)])
+        self.status = StatusWriter(kube, self.cache, events, [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)])
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self.reads.unfinished_runs)
         self.verification_pool = verification_pool
@@ -138,6 +147,8 @@ class SweepController:
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work (run_phase.tick_due); ticks for steady sweeps cost no API call."""
+        if usage_open(body):
+            return True  # an ended run's GPU pods are measured until they are gone (docs/budgets.md)
         return run_phase.tick_due(
             body, self.clock(), lambda: self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
         )
@@ -199,6 +210,9 @@ class SweepController:
                 facts, budget, self._namespace_budget(ref.namespace), self.render_context
             )
             create = decision.wants(CreateRayJob)
+            hours = self._gpu_hour_admission(facts, budget) if create is not None else None
+            if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
+                decision, create = hours, None
             if create is not None and isinstance(budget, Admit):
                 decision, failed = self._create(facts, create, budget)
                 if queue and not failed and decision.status and decision.status.get("runId"):
@@ -241,6 +255,7 @@ class SweepController:
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
             decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
+        decision = self._measured(facts, decision)
         if run is not None:
             decision = self._kueue_decision(replace(facts, body=body), decision, run)
         self._act(body, decision)
@@ -317,6 +332,90 @@ class SweepController:
                 return
             except Stale:
                 continue
+
+    # ------------------------------------------------------------------------------ GPU-hour budgets (issue 18)
+    def _gpu_hour_budget(self, namespace: str) -> NamespaceBudget | None:
+        hours = self.settings.namespace_gpu_hour_budget(namespace)
+        return NamespaceBudget(hours, self.settings.gpu_hours_window_seconds) if hours else None
+
+    def _namespace_usage(self, namespace: str, now: float) -> list[Any]:
+        from .usage import sweep_usage_of
+
+        return [sweep_usage_of(b, now) for b in self.cache.sweeps() if meta_of(b).get("namespace") == namespace]
+
+    def _gpu_hour_admission(self, facts: SweepFacts, budget: Any) -> Decision | None:
+        """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision (docs/budgets.md)."""
+        from sweep_contracts.problems import Problem
+
+        from ..policy import Queue, Reject, effective_active_seconds
+        from .usage import (
+            BudgetQueue,
+            BudgetReject,
+            UsageLedger,
+            decide_budget_admission,
+            format_hours,
+            worst_case_gpu_hours,
+        )
+
+        spec, ref, now = facts.sweep.spec if facts.sweep else None, facts.ref, facts.now
+        if spec is None or not isinstance(budget, Admit) or spec.trial.resources_per_worker.gpu == 0:
+            return None
+        active = effective_active_seconds(spec, self.settings.limits)
+        workers, gpus, trials = spec.trial.workers, spec.trial.resources_per_worker.gpu, spec.tune.max_concurrent_trials
+        worst = worst_case_gpu_hours(workers, gpus, trials, active)
+        text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
+        decided = decide_budget_admission(
+            worst_case=worst, sweep_budget=spec.budget.gpu_hours, run_until_exhausted=spec.budget.run_until_exhausted,
+            sweep_used=UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now),
+            namespace=self._gpu_hour_budget(ref.namespace), namespace_sweeps=self._namespace_usage(ref.namespace, now),
+            sweep_name=ref.name, now=now, worst_case_text=text,
+        )
+        if isinstance(decided, BudgetReject):
+            answer: Any = Reject((Problem(decided.field, decided.reason),))
+        elif isinstance(decided, BudgetQueue):
+            answer = Queue(budget.demand, decided.reason)
+        else:
+            return None
+        self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
+        return admission.decide_budget(facts, answer, self._namespace_budget(ref.namespace), self.render_context)
+
+    def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
+        """Fold this pass's read of the run's GPU pods into status.usage; a spent sweep budget stops the run through
+        the checkpoint guard like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
+        from ..status import is_terminal, rfc3339
+        from .usage import clusters_to_read, measure, namespace_view
+
+        status = decision.status if decision.status is not None else facts.status
+        spec, ref, now = facts.admitted_spec, facts.ref, facts.now
+        hours = spec.budget.gpu_hours if spec is not None else None
+        namespace_budget = self._gpu_hour_budget(ref.namespace)
+        clusters = clusters_to_read(status)
+        if not clusters and hours is None and namespace_budget is None:
+            return decision
+        try:
+            pods = [p for c in sorted(clusters) for p in self.kube.list_pods(ref.namespace, f"ray.io/cluster={c}")]
+        except Exception as exc:  # the next pass measures; nothing is lost while the pods' records stand
+            log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
+            return decision
+        view = namespace_view(self._namespace_usage(ref.namespace, now), namespace_budget, now)
+        graceful = spec.deadlines.graceful_stop_seconds if spec is not None else 0
+        measured = measure(status, pods, clusters, now, budget_gpu_hours=hours, graceful_stop_seconds=graceful,
+                           refresh_seconds=self.settings.usage_refresh_seconds, namespace=view)
+        changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
+        actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
+        if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
+            message = f"{measured.facts.stop_reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
+            changes.update({
+                "phase": "BudgetExhausted", "message": message, "finishedAt": rfc3339(now),
+                "conditions": conditions_with(status, facts.generation, now,
+                                              ("BudgetExhausted", True, "GpuBudgetSpent", message),
+                                              ("Running", False, "BudgetExhausted", message)),
+            })
+            actions = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
+            actions += [DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
+        if not changes and len(events) == len(decision.events):
+            return decision
+        return Decision(updated(status, changes), tuple(actions), tuple(events))
 
     def _namespace_budget(self, namespace: str) -> str:
         """`<GPUs admitted>/<maxGpusPerNamespace>` in the namespace (the -o wide NS-BUDGET column)."""
