@@ -786,7 +786,7 @@ class KueueStandIn:
             "ResourceFlavor": "resourceflavors",
             "WorkloadPriorityClass": "workloadpriorityclasses",
         }[obj["kind"]]
-        namespace = obj["metadata"].get("namespace")
+        namespace, name = obj["metadata"].get("namespace"), obj["metadata"]["name"]
         try:
             if namespace:
                 return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, obj))
@@ -794,19 +794,22 @@ class KueueStandIn:
         except self.ApiException as e:
             if e.status != 409:
                 raise
-        if namespace:
-            current = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, obj["metadata"]["name"]
-            )
+        for _ in range(20):  # replace; the stand-in's own status writes may bump the resourceVersion in between
+            if namespace:
+                current = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+            else:
+                current = self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
             body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
-            return dict(
-                self.custom.replace_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, obj["metadata"]["name"], body
-                )
-            )
-        current = self.custom.get_cluster_custom_object(GROUP, VERSION, plural, obj["metadata"]["name"])
-        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
-        return dict(self.custom.replace_cluster_custom_object(GROUP, VERSION, plural, obj["metadata"]["name"], body))
+            try:
+                if namespace:
+                    return dict(
+                        self.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, body)
+                    )
+                return dict(self.custom.replace_cluster_custom_object(GROUP, VERSION, plural, name, body))
+            except self.ApiException as e:
+                if e.status != 409:
+                    raise
+        raise RuntimeError(f"could not replace {plural}/{name}: conflicts")
 
     def apply_queues(self, *objects: Obj) -> None:
         for obj in objects:

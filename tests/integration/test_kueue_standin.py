@@ -414,8 +414,8 @@ def test_strict_fifo_blocks_behind_the_head_best_effort_does_not(
     holder = space.submit("holder", workers=3, gpus=1)
     space.wait_admitted(holder)
     big = space.submit("big", workers=2, gpus=1)
+    space.wait_pending(big)  # its Workload is older than small's (the queue orders Workloads, not RayJobs)
     small = space.submit("small", workers=1, gpus=1)
-    space.wait_pending(big)
     blocked = space.wait_pending(small)
     assert "StrictFIFO" in blocked["message"]
     kueue.apply(cluster_queue(f"cq-{space.ns}", {"cpu": 64, "memory": "256Gi", GPU: 4}, strategy="BestEffortFIFO"))
