@@ -574,7 +574,10 @@ def test_webhook_refuses_invalid_specs_and_running_spec_changes(world: World) ->
     assert problems and "spec.tune: cannot change while run abc123 is active" in problems[0]
     assert world.controller.admission_problems(changed(old, {"spec.suspend": True}), old) == []
     finished = changed(old, {"status.phase": "Succeeded"})
-    assert world.controller.admission_problems(changed(finished, {"spec.tune.numSamples": 5}), finished) == []
+    # an ended run may be resumed with more samples (issue 16), never fewer (validation.RESUME_RULES)
+    assert world.controller.admission_problems(changed(finished, {"spec.tune.numSamples": 12}), finished) == []
+    fewer = world.controller.admission_problems(changed(finished, {"spec.tune.numSamples": 5}), finished)
+    assert fewer and fewer[0].startswith("spec.tune.numSamples: cannot go down")
 
 
 def test_guard_never_reuses_an_earlier_verification(world: World) -> None:

@@ -22,9 +22,10 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit, effective_active_seconds
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import conditions_with, parse_time, updated
+from ..status import conditions_with, is_terminal, parse_time, updated
+from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, kueue, run_phase
+from . import admission, guard, kueue, resume, run_phase
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
 from .cache import Cache, run_ref
 from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
@@ -247,6 +248,13 @@ class SweepController:
         return decision, False
 
     def _run(self, facts: SweepFacts) -> None:
+        if is_terminal(facts.status.get("phase")) and not run_phase.awaiting_verification(facts.status) and facts.sweep:
+            resumed = resume.resume_step(facts.body, facts.sweep, self._resume_ports(facts), now=facts.now,
+                                         context=self.render_context,
+                                         max_active_seconds=self.settings.limits.max_active_seconds)
+            if resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
+                self._act(facts.body, resumed)
+                return
         facts = self.reads.run_facts(facts)
         body, run = facts.body, self._kueue_run(facts)
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
@@ -589,6 +597,30 @@ class SweepController:
             self.emit(sweep, "Warning", "GuardLabelRemoved", message)
 
     # --------------------------------------------------------------------------------- the webhook
+    def _resume_ports(self, facts: SweepFacts) -> resume.ResumePorts:
+        """The I/O a resume step may do for this sweep: verify afresh, read the run's records, ask the namespace
+        budget, create (or adopt) the attempt's RayJob, post Events."""
+        ref = facts.ref
+
+        def admit(sweep: Any) -> str | None:
+            created = meta_of(facts.body).get("creationTimestamp") or ""
+            budget = self.ledger.decide(ref.namespace, ref.name, created, sweep.spec, self.settings.limits)
+            return None if isinstance(budget, Admit) else str(getattr(budget, "reason", budget))
+
+        def create(rayjob: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+            made, created = self.kube.create_rayjob(rayjob)
+            self.cache.observe_rayjob(made)
+            return made, created
+
+        return resume.ResumePorts(
+            verify=lambda target: self.reads.verify(target, pooled=False),
+            documents=self.reads.run_documents,
+            rayjob=lambda name: self.reads.rayjob(ObjectRef(ref.namespace, name)),
+            admit=admit,
+            create=create,
+            emit=lambda type_, reason, message: self.emit(facts.body, type_, reason, message),
+        )
+
     def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
         """Problems that make the API server refuse a CREATE/UPDATE (the validating webhook; no I/O)."""
         if meta_of(body).get("deletionTimestamp"):
@@ -597,4 +629,4 @@ class SweepController:
             self.cache.parse(body)
         except SpecError as exc:
             return [str(p) for p in exc.problems]
-        return admission.spec_change_problems(body, old)
+        return admission.spec_change_problems(body, old) + [str(p) for p in transition_problems(body, old)]

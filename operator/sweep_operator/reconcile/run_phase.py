@@ -25,6 +25,8 @@ from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBud
 from .drift import worker_cap
 from .facts import SweepFacts
 from .guard import Release, decide_after_verification, problems_message
+from .resume import end_patch
+from .resume import pending as resume_pending
 
 Condition = tuple[str, bool | str, str, str]
 
@@ -69,7 +71,7 @@ def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) 
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return False
     if is_terminal(phase):
-        return awaiting_verification(status)
+        return awaiting_verification(status) or resume_pending(body)
     if phase in (None, "Pending", "Queued", "Starting", "Suspended"):
         return True
     deadline = parse_time(status.get("deadlineAt"))
@@ -320,6 +322,9 @@ def decide_finish(
     else:
         reason, text = "NotVerified", problems_message(verification.problems) or judged.reason
     changes["checkpoints"] = verification.to_status()
+    # The attempt's row in status.attempts (resume, issue 16): when it ended, how, what it left verified.
+    changes.update(end_patch(status, phase=status.get("phase") or "", now=facts.now, reason=status.get("reason"),
+                             checkpoints_verified=verification.checked if verified else None))
     ready = status.get("phase") == "Succeeded" and verified
     changes["conditions"] = conditions_with(
         status,

@@ -1,0 +1,174 @@
+"""Resume of an ended sweep through the whole operator (issue 16): API emulator, KubeRay stand-in, moto S3 and the
+operator on 127.0.0.1. A sweep stopped at its deadline continues as attempt 2 on the same run root after the run
+root verifies, and the guard releases both attempts at the end; an unverified run root is refused with the missing
+objects named; failurePolicy.resumeOnClusterLoss continues a sweep whose cluster KubeRay reports lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from sweep_contracts import constants
+from sweep_contracts.runtime_env import run_spec_of
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+
+pytestmark = pytest.mark.integration
+
+DEADLINES = {"activeSeconds": 3600, "startupSeconds": 60, "gracefulStopSeconds": 5}
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server)
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(env: OperatorEnv, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return env.server.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig")
+
+
+def sweepctl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweep_operator.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig)}, timeout=180)
+
+
+def put_json(env: OperatorEnv, bucket: str, key: str, doc: dict[str, Any]) -> None:
+    env.s3_client.put_object(Bucket=bucket, Key=key, Body=json.dumps(doc).encode())
+
+
+def get_json(env: OperatorEnv, bucket: str, key: str) -> dict[str, Any]:
+    return json.loads(env.s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def stopped_at_deadline(env: OperatorEnv, prefix: str, **changes: Any) -> tuple[str, str, str, Any]:
+    """A sweep whose driver stopped its trials at the deadline (result.json deadlineReached, exit 0): it ends
+    DeadlineExceeded with its checkpoints verified. Returns (name, bucket, prefix, the synthetic run)."""
+    doc = env.new_sweep(prefix, spec__deadlines=DEADLINES, **changes)
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(4.0, startup=0.3))
+    env.apply(doc)
+    bucket, root = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, root, trials=2, checkpoints=1, files=1)
+    put_json(env, bucket, f"{root}/_sweep/result.json", {**get_json(env, bucket, f"{root}/_sweep/result.json"),
+                                                         "deadlineReached": True})
+    env.wait_status(name, lambda s: s.get("phase") == "DeadlineExceeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
+                    "DeadlineExceeded, verified")
+    return name, bucket, root, synthetic
+
+
+def test_a_resume_continues_on_the_same_run_root_as_attempt_two_and_the_guard_releases_both(
+    env: OperatorEnv, kubeconfig: Path
+) -> None:
+    name, bucket, root, _ = stopped_at_deadline(env, "resume")
+    first = env.status(name)
+    # Attempt 2 finishes the trials (no deadlineReached); it runs long enough to be seen.
+    result = get_json(env, bucket, f"{root}/_sweep/result.json")
+    put_json(env, bucket, f"{root}/_sweep/result.json", {k: v for k, v in result.items() if k != "deadlineReached"})
+    env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(4.0, startup=0.3))
+
+    done = sweepctl(kubeconfig, "resume", name, "--active-seconds", "600", "--num-samples", "3", "--wait", "120")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("Started: resuming (spec.resume.generation 1): attempt 2")
+
+    status = env.wait_status(
+        name, lambda s: s.get("phase") == "Succeeded" and (s.get("checkpoints") or {}).get("verifiedAt")
+        and len(s.get("attempts") or []) == 2 and (s["attempts"][1].get("endedAt")), "attempt 2 Succeeded, verified")
+    one, two = status["attempts"]
+    assert (one["attempt"], one["rayJobName"], one["outcome"]) == (1, first["rayJobName"], "DeadlineExceeded")
+    assert (two["attempt"], two["rayJobName"], two["trigger"], two["outcome"]) == (
+        2, f"{first['rayJobName']}-a2", "Resume", "Succeeded")
+    assert two["activeSeconds"] == 600 and two["numSamples"] == 3
+    assert two["checkpointsAtStart"] == 2 and two["checkpointsVerified"] == 2
+    assert status["totalRanSeconds"] == one["ranSeconds"] + two["ranSeconds"] > 0
+    assert status["runId"] == first["runId"] and status["guard"] == first["guard"]  # the same run root
+    assert status["resumedGeneration"] == 1 and status["lastResume"]["outcome"] == "Started"
+
+    rayjobs = {r["metadata"]["name"]: r for r in env.rayjobs(name)}
+    assert set(rayjobs) == {first["rayJobName"], f"{first['rayJobName']}-a2"}
+    again = rayjobs[f"{first['rayJobName']}-a2"]
+    run_spec = run_spec_of(again)
+    assert run_spec.attempt == 2 and run_spec.run_root == f"s3://{bucket}/{root}"
+    assert run_spec.spec.deadlines.active_seconds == 600 and run_spec.spec.tune.num_samples == 3
+    for key in (constants.ANNOTATION_GUARD,):  # guarded as the first attempt
+        assert again["metadata"]["annotations"][key] == rayjobs[first["rayJobName"]]["metadata"]["annotations"][key]
+    assert constants.FINALIZER in again["metadata"]["finalizers"]
+    wait_for(lambda: "Resumed" in env.event_reasons(name), TIMEOUT, what="a Resumed Event")
+
+    env.delete_sweep(name)  # the guard verifies and releases everything of both attempts
+    wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name) and not env.rayclusters(name), TIMEOUT,
+             what="the sweep and both attempts' RayJobs and RayClusters released")
+    assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
+
+
+def test_a_resume_of_an_unverified_run_root_is_refused_naming_the_missing_objects(
+    env: OperatorEnv, kubeconfig: Path
+) -> None:
+    name, _, _, synthetic = stopped_at_deadline(env, "refuse")
+    missing = synthetic.delete_file()  # a checkpoint object vanished after the run ended
+    done = sweepctl(kubeconfig, "resume", name, "--active-seconds", "600", "--wait", "120")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Refused: resume refused: the run root" in done.stdout and "is not verified" in done.stdout
+    assert missing.split("/", 3)[-1] in done.stdout  # the object, named
+    status = env.status(name)
+    assert status["phase"] == "DeadlineExceeded" and status["resumedGeneration"] == 1
+    assert any(missing.split("/", 3)[-1] in item for item in status["lastResume"]["missing"])
+    assert [r["metadata"]["name"] for r in env.rayjobs(name)] == [status["rayJobName"]]  # nothing started
+    wait_for(lambda: "ResumeRefused" in env.event_reasons(name), TIMEOUT, what="a ResumeRefused Event")
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})  # let the broken run go
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep deleted")
+
+
+def test_a_lost_cluster_is_resumed_automatically_when_the_policy_allows(env: OperatorEnv) -> None:
+    """KubeRay v1.7.0 (rayjob_controller.go, checkSubmitterAndUpdateStatusIfNeeded, K8sJobMode): the submitter
+    (`ray job submit`, following the logs) loses the head and its Job fails; the RayJob goes Failed with reason
+    SubmissionFailed while jobStatus is still RUNNING, and jobRetries 0 retries nothing."""
+    doc = env.new_sweep("lost", spec__deadlines=DEADLINES, spec__failurePolicy__resumeOnClusterLoss=1)
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(startup=0.3))
+    env.apply(doc)
+    bucket, root = env.run_root(name)
+    write_sweep(env.s3_client, bucket, root, trials=2, checkpoints=1, files=1)
+    env.report_trials_running(bucket, root)  # the driver had not ended: it wrote Running last
+    first = env.wait_phase(name, "Running")
+    env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(3.0, startup=0.3))
+
+    batch = kubernetes.client.BatchV1Api(env.server.api_client())
+    now = "2026-12-03T15:00:00Z"
+    batch.patch_namespaced_job_status(first["rayJobName"], "default", {"status": {"failed": 3, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "Job has reached the specified backoff limit", "lastTransitionTime": now}]}})
+    # KubeRay watches the Jobs it owns (SetupWithManager: Owns(&batchv1.Job{})); the stand-in watches RayJobs only,
+    # so an annotation stands in for that Job event.
+    env.custom.patch_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default",
+                                              constants.RAYJOB_PLURAL, first["rayJobName"],
+                                              {"metadata": {"annotations": {"test/job-event": "1"}}})
+
+    status = env.wait_status(name, lambda s: len(s.get("attempts") or []) == 2, "attempt 2 started")
+    one, two = status["attempts"]
+    assert (one["outcome"], one["reason"]) == ("Failed", "SubmissionFailed")
+    assert (two["trigger"], two["rayJobName"]) == ("ClusterLoss", f"{first['rayJobName']}-a2")
+    assert 0 < two["activeSeconds"] <= DEADLINES["activeSeconds"]  # what was left of attempt 1's budget
+    wait_for(lambda: {"AutoResume", "Resumed"} <= set(env.event_reasons(name)), TIMEOUT, what="AutoResume Event")
+    auto = next(e for e in env.events(name) if e.reason == "AutoResume")
+    assert "SubmissionFailed" in auto.message and "automatic resume 1/1" in auto.message
+    put_json(env, bucket, f"{root}/_sweep/status.json", get_json(env, bucket, f"{root}/_sweep/result.json"))
+    env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
+                    "attempt 2 Succeeded")
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name), TIMEOUT, what="everything released")
