@@ -12,12 +12,13 @@ setup: $(STAMP)
 
 # torch first: its CPU build lies on this disk, and anything depending on torch would otherwise pull a CUDA build.
 # One pip call for the four distributions (operator, contracts/, sandbox/, training/): the local paths on the same
-# command line satisfy the operator's pins on its siblings, so nothing is fetched for them.
+# command line satisfy the operator's pins on its siblings, so nothing is fetched for them. No build isolation: the
+# four editable builds share the setuptools installed here instead of creating a build environment each (4x slower).
 $(STAMP): pyproject.toml contracts/pyproject.toml sandbox/pyproject.toml training/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade "pip>=24"
+	$(PIP) install --quiet --upgrade "pip>=24" "setuptools==84.2.1"
 	$(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ./contracts -e ./sandbox -e ./training -e ".[train,sandbox,dev]"
+	$(PIP) install --quiet --no-build-isolation -e ./contracts -e ./sandbox -e ./training -e ".[train,sandbox,dev]"
 	touch $(STAMP)
 
 # ruff (lint, format check), mypy (operator and contracts; strict on reconcile/), the import contracts, and every
