@@ -253,6 +253,9 @@ class SweepController:
                                          context=self.render_context,
                                          max_active_seconds=self.settings.limits.max_active_seconds)
             if resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
+                queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
+                if queue and resumed.status and resumed.status.get("phase") == "Starting":  # Kueue admits it
+                    resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
                 self._act(facts.body, resumed)
                 return
         facts = self.reads.run_facts(facts)
@@ -602,10 +605,17 @@ class SweepController:
         budget, create (or adopt) the attempt's RayJob, post Events."""
         ref = facts.ref
 
-        def admit(sweep: Any) -> str | None:
+        def admit(sweep: Any) -> str | None:  # as _admit asks: Kueue's rules or the namespace budget, GPU-hours
             created = meta_of(facts.body).get("creationTimestamp") or ""
-            budget = self.ledger.decide(ref.namespace, ref.name, created, sweep.spec, self.settings.limits)
-            return None if isinstance(budget, Admit) else str(getattr(budget, "reason", budget))
+            budget: Any
+            if kueue.our_queue_steps_aside(self.render_context.queue_name(sweep.spec, ref.namespace)):
+                budget = kueue.decide_kueue_admission(sweep.spec, self.settings.limits)
+            else:
+                budget = self.ledger.decide(ref.namespace, ref.name, created, sweep.spec, self.settings.limits)
+            if not isinstance(budget, Admit):
+                return str(getattr(budget, "reason", budget))
+            hours = self._gpu_hour_admission(facts, budget)
+            return None if hours is None else str((hours.status or {}).get("message") or "the GPU-hour budget")
 
         def create(rayjob: dict[str, Any]) -> tuple[dict[str, Any], bool]:
             made, created = self.kube.create_rayjob(rayjob)
