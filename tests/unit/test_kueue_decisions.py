@@ -494,6 +494,13 @@ def test_a_terminal_phase_is_left_as_decided() -> None:
     )
     assert out.status["phase"] == "Succeeded" and out.status["deadlineAt"] == iso(T0 + 3610)
     assert out.conditions == () and out.driver_deadline_at is None
+    ended = kueue_outcome(
+        {**previous, "deadlineAt": iso(T0 + 3610)},
+        {"phase": "Succeeded"},
+        out_run := run_of(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900),
+        T0 + 900,
+    )
+    assert ended.status["deadlineAt"] == iso(T0 + 3610) and out_run.view.phase is KueuePhase.FINISHED
 
 
 def test_the_status_right_after_the_create_is_queued_without_a_deadline() -> None:

@@ -538,6 +538,8 @@ def kueue_outcome(
                 events.append(("Normal", "AdmittedByKueue", text))
             if status.get("phase") == "Suspended":  # Kueue has admitted it; KubeRay has not unsuspended yet
                 status.update(phase="Starting", message=f"{text}; KubeRay is starting the RayCluster")
+    elif previous.get("deadlineAt") and "deadlineAt" not in status:
+        status["deadlineAt"] = previous["deadlineAt"]  # the deadline it ran under (the run-phase pass saw none)
     refresh: float | None = None
     if not terminal and not view.admitted:
         wanted = driver_deadline_at(clock, run.active_seconds, now)
