@@ -172,3 +172,40 @@ def test_a_lost_cluster_is_resumed_automatically_when_the_policy_allows(env: Ope
                     "attempt 2 Succeeded")
     env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name), TIMEOUT, what="everything released")
+
+
+@pytest.fixture(scope="module")
+def kueue_env(s3_server: Any) -> Iterator[OperatorEnv]:
+    from sweep_sandbox.kueue import cluster_queue, local_queue, resource_flavor
+
+    environment, stop = start_operator_env(s3_server, kueue_default_queue="team")
+    environment.kueue.apply_queues(resource_flavor(), local_queue("default", "team", "kueue-cq"))
+    environment.kueue.apply(cluster_queue("kueue-cq", {"cpu": 64, "memory": "256Gi", constants.GPU_RESOURCE: 8}))
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def test_in_kueue_mode_the_resumed_attempt_is_queued_by_kueue_and_gets_its_own_deadline(kueue_env: OperatorEnv) -> None:
+    """A resume made with a spec edit (what `kubectl apply` of the edited manifest sends): the attempt's RayJob is
+    created suspended in the LocalQueue, the sweep is Queued until Kueue admits it, its deadline counts from there."""
+    env = kueue_env
+    name, bucket, root, _ = stopped_at_deadline(env, "kq-resume")
+    first = env.status(name)
+    result = get_json(env, bucket, f"{root}/_sweep/result.json")
+    put_json(env, bucket, f"{root}/_sweep/result.json", {k: v for k, v in result.items() if k != "deadlineReached"})
+    env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(3.0, startup=0.3))
+    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
+                                              {"spec": {"resume": {"generation": 1, "activeSeconds": 900}}})
+    status = env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and len(s.get("attempts") or []) == 2
+                             and (s.get("checkpoints") or {}).get("verifiedAt"), "attempt 2 admitted by Kueue, done")
+    again = next(r for r in env.rayjobs(name) if r["metadata"]["name"] == f"{first['rayJobName']}-a2")
+    assert again["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
+    assert status["kueue"]["admissions"] == 1 and status["attempts"][1]["outcome"] == "Succeeded"
+    assert status["attempts"][1]["activeSeconds"] == 900 and run_spec_of(again).attempt == 2
+    phases = [(s.get("status") or {}).get("phase") for s in
+              env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)]
+    assert "Queued" in phases[phases.index("DeadlineExceeded"):]  # Kueue admitted attempt 2, not the operator
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name), TIMEOUT, what="everything released")
