@@ -55,6 +55,18 @@ def get_json(env: OperatorEnv, bucket: str, key: str) -> dict[str, Any]:
     return json.loads(env.s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
+def timeline(env: OperatorEnv, name: str) -> list[tuple[Any, ...]]:
+    """(phase, verifiedAt, attempts' outcomes, RayJob) of every stored version: what a failure message shows."""
+    rows = []
+    for version in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name):
+        status = version.get("status") or {}
+        row = (status.get("phase"), (status.get("checkpoints") or {}).get("verifiedAt"), status.get("finishedAt"),
+               tuple(a.get("outcome") for a in status.get("attempts") or []), status.get("rayJobName"))
+        if not rows or rows[-1] != row:
+            rows.append(row)
+    return rows
+
+
 def stopped_at_deadline(env: OperatorEnv, prefix: str, **changes: Any) -> tuple[str, str, str, Any]:
     """A sweep whose driver stopped its trials at the deadline (result.json deadlineReached, exit 0): it ends
     DeadlineExceeded with its checkpoints verified. Returns (name, bucket, prefix, the synthetic run)."""
@@ -198,11 +210,14 @@ def test_in_kueue_mode_the_resumed_attempt_is_queued_by_kueue_and_gets_its_own_d
     env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(3.0, startup=0.3))
     env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
                                               {"spec": {"resume": {"generation": 1, "activeSeconds": 900}}})
-    status = env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and len(s.get("attempts") or []) == 2
-                             and (s.get("checkpoints") or {}).get("verifiedAt"), "attempt 2 admitted by Kueue, done")
+    try:
+        status = env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and len(s.get("attempts") or []) == 2
+                                 and s["attempts"][1].get("endedAt"), "attempt 2 admitted by Kueue, ended and verified")
+    except TimeoutError:
+        raise AssertionError("\n".join(map(str, timeline(env, name)))) from None
     again = next(r for r in env.rayjobs(name) if r["metadata"]["name"] == f"{first['rayJobName']}-a2")
     assert again["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
-    assert status["kueue"]["admissions"] == 1 and status["attempts"][1]["outcome"] == "Succeeded"
+    assert status["kueue"]["admissions"] == 1 and status["attempts"][1].get("outcome") == "Succeeded", "\n".join(map(str, timeline(env, name)))
     assert status["attempts"][1]["activeSeconds"] == 900 and run_spec_of(again).attempt == 2
     phases = [(s.get("status") or {}).get("phase") for s in
               env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)]

@@ -59,8 +59,18 @@ def startup_overdue(rayjob: RayJobFacts, status: Mapping[str, Any], now: float, 
 
 
 def awaiting_verification(status: Mapping[str, Any]) -> bool:
-    """Ended, and its end-of-run verification has not been recorded."""
-    return is_terminal(status.get("phase")) and not (status.get("checkpoints") or {}).get("verifiedAt")
+    """Ended, and its end-of-run verification has not been recorded. A verification from before the end (the guard
+    verifying a retried or earlier attempt's RayCluster as KubeRay deletes it) is not the end-of-run one."""
+    if not is_terminal(status.get("phase")):
+        return False
+    recorded = (status.get("checkpoints") or {}).get("verifiedAt")
+    if not recorded:
+        return True
+    try:
+        verified_at, finished_at = parse_time(recorded), parse_time(status.get("finishedAt"))
+    except ValueError:  # an unreadable time: the record stands
+        return False
+    return verified_at is not None and finished_at is not None and verified_at < finished_at
 
 
 def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) -> bool:
