@@ -710,3 +710,16 @@ def test_pending_tells_a_timer_tick_whether_an_ended_sweep_has_a_resume_to_act_o
     assert not r.pending({**automatic, "status": answered})
     assert not r.pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
     assert not r.pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run
+
+
+def test_a_verification_from_before_the_end_is_not_the_end_of_run_one() -> None:
+    """The guard verifies an earlier attempt's RayCluster as KubeRay deletes it, while the next attempt runs: that
+    record must not stand for the end-of-run verification of the attempt that ends later."""
+    from sweep_operator.reconcile.run_phase import awaiting_verification
+
+    ended = {"phase": "Succeeded", "finishedAt": "2026-12-03T15:00:10Z"}
+    assert awaiting_verification(ended)
+    assert awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:02Z"}})
+    assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:11Z"}})
+    assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:10Z"}})
+    assert not awaiting_verification({"phase": "Running", "finishedAt": None})
