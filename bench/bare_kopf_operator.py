@@ -27,12 +27,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "operator"))
 
-import kopf  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
+import kopf
+from kubernetes.client.exceptions import ApiException
 
-from sweep_contracts import constants  # noqa: E402
-from sweep_operator.kopf_tuning import tune_kopf  # noqa: E402
-from sweep_operator.kube import KubeApi, api_client_from_environment  # noqa: E402
+from sweep_contracts import constants
+from sweep_operator.kopf_tuning import tune_kopf
+from sweep_operator.kube import KubeApi, api_client_from_environment
 
 log = logging.getLogger("bare_kopf_operator")
 

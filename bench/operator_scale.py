@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.support.* (the sweep factory)
 sys.path.insert(0, str(REPO / "operator"))  # sweep_operator, when run without the editable install
 
-from sweep_contracts import constants  # noqa: E402
-from sweep_sandbox import emulator as emu  # noqa: E402
+from sweep_contracts import constants
+from sweep_sandbox import emulator as emu
 
 log = logging.getLogger("operator_scale")
 
@@ -73,8 +73,15 @@ class CountingEmulator(emu.KubernetesApiEmulator):
 
     def _remember(self, raw: Any, body: bytes, target: Any, verb: str) -> Any:
         agent = raw.headers.get("User-Agent", "")
-        who = ("kopf" if agent.startswith("kopf") else "kuberay-standin" if agent.startswith("kuberay")
-               else "bench" if agent == BENCH_AGENT else "operator-controller")
+        who = (
+            "kopf"
+            if agent.startswith("kopf")
+            else "kuberay-standin"
+            if agent.startswith("kuberay")
+            else "bench"
+            if agent == BENCH_AGENT
+            else "operator-controller"
+        )
         self.requests[f"{who} {verb} {target.plural if target else 'discovery'}"] += 1
         return super()._remember(raw, body, target, verb)
 
@@ -106,12 +113,15 @@ def bench_client(server: emu.EmulatorServer) -> Any:
 def sweep_doc(name: str, namespace: str, s3_endpoint: str) -> dict[str, Any]:
     from tests.support.factories import changed, cpu_sweep
 
-    return changed(cpu_sweep(name, namespace), {
-        "spec.storage.uri": f"s3://{BUCKET}/sweeps",
-        "spec.storage.endpointUrl": s3_endpoint,
-        "spec.storage.region": "us-east-1",
-        "spec.tune.numSamples": 2,
-    })
+    return changed(
+        cpu_sweep(name, namespace),
+        {
+            "spec.storage.uri": f"s3://{BUCKET}/sweeps",
+            "spec.storage.endpointUrl": s3_endpoint,
+            "spec.storage.region": "us-east-1",
+            "spec.tune.numSamples": 2,
+        },
+    )
 
 
 def rayjob_like(name: str) -> dict[str, Any]:
@@ -119,7 +129,11 @@ def rayjob_like(name: str) -> dict[str, Any]:
     from sweep_operator.rendering import build_rayjob, new_run_id
     from sweep_operator.validation import parse_sweep
 
-    rayjob = build_rayjob(parse_sweep(sweep_doc("floor", NAMESPACE, "http://127.0.0.1:1")), new_run_id(), deadline_at=int(time.time()) + 3600)
+    rayjob = build_rayjob(
+        parse_sweep(sweep_doc("floor", NAMESPACE, "http://127.0.0.1:1")),
+        new_run_id(),
+        deadline_at=int(time.time()) + 3600,
+    )
     rayjob["metadata"].pop("ownerReferences", None)
     rayjob["metadata"]["name"] = name
     labels = rayjob["metadata"]["labels"]
@@ -144,7 +158,9 @@ def measure_floor(n: int) -> dict[str, Any]:
             bodies.append(body)
         started = time.monotonic()
         for body in bodies:
-            custom.create_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL, body)
+            custom.create_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL, body
+            )
         seconds = time.monotonic() - started
         size = len(json.dumps(template))
     finally:
@@ -195,7 +211,10 @@ class OperatorProcess:
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
             [*self.COMMANDS[kind], "--kubeconfig", str(kubeconfig)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
         )
 
     @property
@@ -219,8 +238,12 @@ class OperatorProcess:
         lines = self.log_path.read_text(errors="replace").splitlines()
         errors = [line for line in lines if " ERROR " in line]
         warnings = [line for line in lines if " WARNING " in line]
-        return {"lines": len(lines), "errors": len(errors), "warnings": len(warnings),
-                "lastErrors": [line[:300] for line in errors[-3:]]}
+        return {
+            "lines": len(lines),
+            "errors": len(errors),
+            "warnings": len(warnings),
+            "lastErrors": [line[:300] for line in errors[-3:]],
+        }
 
 
 def stop_child(proc: subprocess.Popen[str]) -> None:
@@ -239,7 +262,10 @@ class S3Child:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-s3"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [sys.executable, __file__, "--serve-s3"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         self.endpoint = json.loads(self.proc.stdout.readline())["endpoint"]
@@ -254,9 +280,19 @@ class StandInChild:
 
     def __init__(self, url: str, args: argparse.Namespace) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-standin", url, "--run-seconds", str(args.run_seconds),
-             "--startup-seconds", str(args.startup_seconds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                __file__,
+                "--serve-standin",
+                url,
+                "--run-seconds",
+                str(args.run_seconds),
+                "--startup-seconds",
+                str(args.startup_seconds),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != "ready":
@@ -305,18 +341,22 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SWEEP_", "KUBECONFIG", "AWS_"))}
     env.update(SANDBOX_CREDENTIALS)
-    env.update({
-        "SWEEP_METRICS_PORT": "0",
-        "SWEEP_LIVENESS_PORT": "0",
-        "SWEEP_S3_ENDPOINT_URL": s3_endpoint,
-        "SWEEP_S3_REGION": "us-east-1",
-        "SWEEP_RECONCILE_SECONDS": str(args.reconcile_seconds),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "operator"), env.get("PYTHONPATH", "")) if p),
-    })
+    env.update(
+        {
+            "SWEEP_METRICS_PORT": "0",
+            "SWEEP_LIVENESS_PORT": "0",
+            "SWEEP_S3_ENDPOINT_URL": s3_endpoint,
+            "SWEEP_S3_REGION": "us-east-1",
+            "SWEEP_RECONCILE_SECONDS": str(args.reconcile_seconds),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "operator"), env.get("PYTHONPATH", "")) if p),
+        }
+    )
     return env
 
 
-def wait_rayjobs(changes: TimedChangeLog, namespace: str, names: set[str], timeout: float, operator: OperatorProcess) -> float | None:
+def wait_rayjobs(
+    changes: TimedChangeLog, namespace: str, names: set[str], timeout: float, operator: OperatorProcess
+) -> float | None:
     """Monotonic time at which every sweep in `names` had a RayJob; None on timeout or operator exit."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -348,13 +388,20 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
             stack.callback(KubeRayStandIn(server.api_client(), runner, poll_interval=0.5).start().stop)
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NAMESPACE)
-        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args), args.operator)
+        operator = OperatorProcess(
+            kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args), args.operator
+        )
         stack.callback(operator.stop)
         custom = bench_client(server)
 
         # Warm-up: one sweep elsewhere proves the operator watches and acts (imports, login, watch streams done).
-        custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, WARMUP_NAMESPACE, constants.PLURAL,
-                                               sweep_doc("warmup", WARMUP_NAMESPACE, s3.endpoint))
+        custom.create_namespaced_custom_object(
+            constants.GROUP,
+            constants.VERSION,
+            WARMUP_NAMESPACE,
+            constants.PLURAL,
+            sweep_doc("warmup", WARMUP_NAMESPACE, s3.endpoint),
+        )
         if wait_rayjobs(changes, WARMUP_NAMESPACE, {"warmup"}, 120, operator) is None:
             raise RuntimeError(f"the operator did not create the warm-up RayJob; log: {operator.log_summary()}")
         rss_before = proc_status(operator.pid)
@@ -381,21 +428,29 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         waited_until = time.monotonic()
         created_by_then = len({label for _, ns, _, label in list(changes.rayjobs_added) if ns == NAMESPACE})
         requests_to_all = server.call(lambda: Counter(emulator.requests)) - requests_before
-        log.info("size %d: every RayJob exists after %s s; settling %.0fs (timers, stand-in transitions)", n,
-                 f"{total:.2f}" if total is not None else "-", args.settle)
+        log.info(
+            "size %d: every RayJob exists after %s s; settling %.0fs (timers, stand-in transitions)",
+            n,
+            f"{total:.2f}" if total is not None else "-",
+            args.settle,
+        )
         time.sleep(args.settle)  # a duplicate would come from a later event or timer, so give them time
 
         rss = proc_status(operator.pid)
         cpu_total = proc_cpu_seconds(operator.pid)
         operator_alive = operator.alive()
-        listed = custom.list_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL)["items"]
+        listed = custom.list_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL
+        )["items"]
         live_per_sweep = Counter((o["metadata"].get("labels") or {}).get(constants.LABEL_SWEEP, "") for o in listed)
         created_per_sweep: dict[str, list[float]] = defaultdict(list)
         for t, ns, _, label in list(changes.rayjobs_added):
             if ns == NAMESPACE:
                 created_per_sweep[label].append(t)
         latencies = [min(created_per_sweep[name]) - at for name, at in applied.items() if created_per_sweep.get(name)]
-        duplicates = sorted(name for name in applied if len(created_per_sweep.get(name, [])) > 1 or live_per_sweep.get(name, 0) > 1)
+        duplicates = sorted(
+            name for name in applied if len(created_per_sweep.get(name, [])) > 1 or live_per_sweep.get(name, 0) > 1
+        )
         lost = sorted(name for name in applied if live_per_sweep.get(name, 0) == 0)
         never_created = sorted(name for name in applied if not created_per_sweep.get(name))
         operator_log = operator.log_summary()
@@ -419,8 +474,11 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "allRayJobsSeconds": round(total, 3) if total is not None else None,
         "ratio": round(ratio, 2) if ratio is not None else None,
         "latencySeconds": {
-            "p50": round(p50, 3), "p99": round(p99, 3), "max": round(max(latencies), 3) if latencies else None,
-            "mean": round(sum(latencies) / len(latencies), 3) if latencies else None, "count": len(latencies),
+            "p50": round(p50, 3),
+            "p99": round(p99, 3),
+            "max": round(max(latencies), 3) if latencies else None,
+            "mean": round(sum(latencies) / len(latencies), 3) if latencies else None,
+            "count": len(latencies),
         },
         "operator": {
             "peakRssMiB": round(peak_mib, 1),
@@ -434,10 +492,14 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         },
         "rayjobs": {
             "live": sum(live_per_sweep[name] for name in applied),
-            "duplicates": len(duplicates), "lost": len(lost), "neverCreated": len(never_created),
+            "duplicates": len(duplicates),
+            "lost": len(lost),
+            "neverCreated": len(never_created),
             "examples": (duplicates + lost)[:5],
         },
-        "benchProcessCpuSecondsUntilAllRayJobs": round(bench_cpu_at_all - bench_cpu_before, 2),  # emulator + applies (+ stand-in in a thread)
+        "benchProcessCpuSecondsUntilAllRayJobs": round(
+            bench_cpu_at_all - bench_cpu_before, 2
+        ),  # emulator + applies (+ stand-in in a thread)
         "standInProcessCpuSecondsUntilAllRayJobs": round(standin_cpu_at_all - standin_cpu_before, 2),
         "waitedSeconds": round(waited_until - started, 2),
         "sweepsWithRayJobWhenWaitEnded": created_by_then,
@@ -451,18 +513,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="100,500,1000", help="comma-separated sweep counts (default 100,500,1000)")
     parser.add_argument("--quick", action="store_true", help="one 50-sweep smoke run")
-    parser.add_argument("--reconcile-seconds", type=float, default=10.0, help="SWEEP_RECONCILE_SECONDS (operator default 10)")
-    parser.add_argument("--run-seconds", type=float, default=3600.0,
-                        help="how long each scripted Ray job runs (default: longer than the benchmark, as real sweeps)")
+    parser.add_argument(
+        "--reconcile-seconds", type=float, default=10.0, help="SWEEP_RECONCILE_SECONDS (operator default 10)"
+    )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=3600.0,
+        help="how long each scripted Ray job runs (default: longer than the benchmark, as real sweeps)",
+    )
     parser.add_argument("--startup-seconds", type=float, default=0.5, help="scripted cluster startup time")
     parser.add_argument("--settle", type=float, default=12.0, help="seconds to keep watching for duplicates afterwards")
-    parser.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))")
+    parser.add_argument(
+        "--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))"
+    )
     parser.add_argument("--operator-log", default="", help="copy the (last size's) operator log here")
-    parser.add_argument("--operator", choices=sorted(OperatorProcess.COMMANDS), default="sweep",
-                        help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else")
-    parser.add_argument("--standin", choices=("process", "thread", "none"), default="process",
-                        help="the scripted KubeRay stand-in in its own process (default, as KubeRay runs), in the "
-                             "benchmark's process (sharing the emulator's interpreter), or none (RayJobs stay as created)")
+    parser.add_argument(
+        "--operator",
+        choices=sorted(OperatorProcess.COMMANDS),
+        default="sweep",
+        help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else",
+    )
+    parser.add_argument(
+        "--standin",
+        choices=("process", "thread", "none"),
+        default="process",
+        help="the scripted KubeRay stand-in in its own process (default, as KubeRay runs), in the "
+        "benchmark's process (sharing the emulator's interpreter), or none (RayJobs stay as created)",
+    )
     parser.add_argument("--serve-standin", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--serve-s3", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -479,17 +557,38 @@ def main(argv: list[str] | None = None) -> int:
     at_target = next((r for r in results if r["sweeps"] == TARGET_SIZE), None)
     report = {
         "benchmark": "operator_scale",
-        "targets": {"atSweeps": TARGET_SIZE, "ratioMax": TARGETS["ratio"], "p99SecondsMax": TARGETS["p99Seconds"],
-                    "peakRssMiBMax": TARGETS["rssMiB"], "duplicatesOrLost": 0},
-        "settings": {"operator": args.operator, "kuberayStandIn": args.standin, "reconcileSeconds": args.reconcile_seconds, "runSeconds": args.run_seconds,
-                     "startupSeconds": args.startup_seconds, "settleSeconds": args.settle,
-                     "floor": "sequential creates of rendered RayJobs, one kubernetes client, fresh emulator"},
-        "machine": {"cpus": os.cpu_count(), "loadavgBefore": [round(x, 2) for x in load_before],
-                    "loadavgAfter": [round(x, 2) for x in os.getloadavg()]},
+        "targets": {
+            "atSweeps": TARGET_SIZE,
+            "ratioMax": TARGETS["ratio"],
+            "p99SecondsMax": TARGETS["p99Seconds"],
+            "peakRssMiBMax": TARGETS["rssMiB"],
+            "duplicatesOrLost": 0,
+        },
+        "settings": {
+            "operator": args.operator,
+            "kuberayStandIn": args.standin,
+            "reconcileSeconds": args.reconcile_seconds,
+            "runSeconds": args.run_seconds,
+            "startupSeconds": args.startup_seconds,
+            "settleSeconds": args.settle,
+            "floor": "sequential creates of rendered RayJobs, one kubernetes client, fresh emulator",
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavgBefore": [round(x, 2) for x in load_before],
+            "loadavgAfter": [round(x, 2) for x in os.getloadavg()],
+        },
         "summary": [
-            {"sweeps": r["sweeps"], "ratio": r["ratio"], "p50": r["latencySeconds"]["p50"], "p99": r["latencySeconds"]["p99"],
-             "peakRssMiB": r["operator"]["peakRssMiB"], "duplicates": r["rayjobs"]["duplicates"], "lost": r["rayjobs"]["lost"],
-             "met": r["met"]}
+            {
+                "sweeps": r["sweeps"],
+                "ratio": r["ratio"],
+                "p50": r["latencySeconds"]["p50"],
+                "p99": r["latencySeconds"]["p99"],
+                "peakRssMiB": r["operator"]["peakRssMiB"],
+                "duplicates": r["rayjobs"]["duplicates"],
+                "lost": r["rayjobs"]["lost"],
+                "met": r["met"],
+            }
             for r in results
         ],
         "sizes": results,

@@ -41,15 +41,29 @@ def serve(args: argparse.Namespace) -> int:
         server.client().create_bucket(Bucket=BUCKET)
         started = time.perf_counter()
         sweep = write_sweep(
-            MotoDirectWriter(), BUCKET, PREFIX,
-            trials=args.trials, checkpoints=args.checkpoints, files=args.files, file_size=args.file_size,
+            MotoDirectWriter(),
+            BUCKET,
+            PREFIX,
+            trials=args.trials,
+            checkpoints=args.checkpoints,
+            files=args.files,
+            file_size=args.file_size,
             tune_files=args.tune_files,
         )
         files = [sweep.checkpoint_prefix(t, c) + p for (t, c), contents in sweep.files.items() for p in contents]
-        print(json.dumps({
-            "endpoint": server.endpoint_url, "root": sweep.root_uri, "objects": sweep.objects_written,
-            "files": files, "committed": sweep.committed_count, "seedSeconds": time.perf_counter() - started,
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "endpoint": server.endpoint_url,
+                    "root": sweep.root_uri,
+                    "objects": sweep.objects_written,
+                    "files": files,
+                    "committed": sweep.committed_count,
+                    "seedSeconds": time.perf_counter() - started,
+                }
+            ),
+            flush=True,
+        )
         sys.stdin.read()  # until the parent closes our stdin
     return 0
 
@@ -71,19 +85,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.setdefault(key, value)
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", *sys.argv[1:]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
     )
     try:
         assert child.stdout is not None and child.stdin is not None
         info = json.loads(child.stdout.readline())
-        from sweep_operator.s3 import S3ClientConfig, make_s3_client
         from sweep_contracts import s3_layout
         from sweep_contracts.s3_layout import S3Uri
+        from sweep_operator.s3 import S3ClientConfig, make_s3_client
         from sweep_operator.verification import iter_listing, verify_sweep_checkpoints
 
         # One client for all three measurements, configured as the CLI and operator configure the verifier's.
         client = make_s3_client(
-            S3ClientConfig(endpoint_url=info["endpoint"], max_pool_connections=max(10, args.concurrency), parse_timestamps=False)
+            S3ClientConfig(
+                endpoint_url=info["endpoint"], max_pool_connections=max(10, args.concurrency), parse_timestamps=False
+            )
         )
         root = S3Uri.parse(info["root"])
 
@@ -105,6 +124,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 for key in keys:
                     client.head_object(Bucket=root.bucket, Key=key)
                 return len(keys)
+
             return run
 
         def head_each_concurrently(keys: list[str]) -> Callable[[], int]:
@@ -112,13 +132,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 with ThreadPoolExecutor(args.concurrency) as pool:
                     list(pool.map(lambda k: client.head_object(Bucket=root.bucket, Key=k), keys))
                 return len(keys)
+
             return run
 
         def required_reads() -> int:
             """Only the small objects any verifier must read (snapshots, manifests, result.json), concurrently."""
             keys = [
-                root.prefix + rel for rel, _ in iter_listing(client, root.bucket, root.prefix)
-                if rel == s3_layout.RESULT_KEY or rel.endswith("/" + s3_layout.SNAPSHOT_FILE)
+                root.prefix + rel
+                for rel, _ in iter_listing(client, root.bucket, root.prefix)
+                if rel == s3_layout.RESULT_KEY
+                or rel.endswith("/" + s3_layout.SNAPSHOT_FILE)
                 or s3_layout.is_manifest_name(rel.rsplit("/", 1)[-1])
             ]
             started = time.perf_counter()
@@ -172,10 +195,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "headConcurrentOverVerifier": round(head_par_s * scale / verify_s, 1),
             },
             "targets": {"verifierOverListing": "<= 1.3", "headPerFileOverVerifier": ">= 20"},
-            "medianSeconds": {"verifier": round(statistics.median(verify_all), 3), "listing": round(statistics.median(list_all), 3)},
+            "medianSeconds": {
+                "verifier": round(statistics.median(verify_all), 3),
+                "listing": round(statistics.median(list_all), 3),
+            },
         }
         if args.deep:
-            deep_s, _, _ = best_of(1, lambda: verify_sweep_checkpoints(client, root, concurrency=args.concurrency, deep=True))
+            deep_s, _, _ = best_of(
+                1, lambda: verify_sweep_checkpoints(client, root, concurrency=args.concurrency, deep=True)
+            )
             out["seconds"]["verifierDeep"] = round(deep_s, 3)
         return out
     finally:
@@ -190,7 +218,9 @@ def main() -> int:
     parser.add_argument("--checkpoints", type=int, default=3)
     parser.add_argument("--files", type=int, default=50)
     parser.add_argument("--file-size", type=int, default=64)
-    parser.add_argument("--tune-files", type=int, default=64, help="Tune experiment files under tune/ (listed by the floor too)")
+    parser.add_argument(
+        "--tune-files", type=int, default=64, help="Tune experiment files under tune/ (listed by the floor too)"
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--head-sample", type=int, default=0, help="HEAD only this many files and extrapolate (0: all)")

@@ -40,7 +40,7 @@ def parse_quantity(value: Any) -> Decimal:
         return Decimal(value)
     match = _QUANTITY_RE.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\", \"512Mi\")")
+        raise ValueError(f'{value!r} is not a Kubernetes quantity (examples: 4, "500m", "24Gi", "512Mi")')
     number = Decimal(match["number"])
     if match["binary"]:
         return number * Decimal(1024) ** _BINARY_POWER[match["binary"][0]]
@@ -53,7 +53,7 @@ def parse_quantity(value: Any) -> Decimal:
 
 def _quantity(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (examples: 4, \"500m\", \"24Gi\")")
+        raise ValueError(f'{value!r} is not a Kubernetes quantity (examples: 4, "500m", "24Gi")')
     text = str(value).strip()
     if parse_quantity(text) <= 0:
         raise ValueError(f"{value!r} must be greater than zero")
@@ -206,12 +206,16 @@ class WorkerGroupSpec(ApiModel):
         max_length=32,
         description="Extra node labels for worker pods; node.kubernetes.io/instance-type is added from instanceType.",
     )
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for worker pods.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations for worker pods."
+    )
     min_replicas: int = Field(0, ge=0, description="Worker pods kept even when idle (autoscaler minimum).")
 
 
 class HeadSpec(ApiModel):
-    cpu: Quantity = Field("2", description="Head pod CPU. The head runs the Tune driver and trial drivers, no training.")
+    cpu: Quantity = Field(
+        "2", description="Head pod CPU. The head runs the Tune driver and trial drivers, no training."
+    )
     memory: Quantity = Field("8Gi", description="Head pod memory.")
 
 
@@ -327,8 +331,9 @@ KUEUE_NAME_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z
 
 def _kueue_name(value: str) -> str:
     if not re.fullmatch(KUEUE_NAME_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kueue object name (lowercase letters, digits, '-' and '.'; "
-                         "example: team-a-gpu)")
+        raise ValueError(
+            f"{value!r} is not a Kueue object name (lowercase letters, digits, '-' and '.'; example: team-a-gpu)"
+        )
     return value
 
 
@@ -409,12 +414,26 @@ class SweepSpec(ApiModel):
 # -------------------------------------------------------------------------------------- status
 
 Phase = Literal[
-    "Pending", "Queued", "Starting", "Running", "Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting",
-    "Suspended", "BudgetExhausted",
+    "Pending",
+    "Queued",
+    "Starting",
+    "Running",
+    "Succeeded",
+    "Failed",
+    "DeadlineExceeded",
+    "Invalid",
+    "Deleting",
+    "Suspended",
+    "BudgetExhausted",
 ]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "BudgetExhausted"})
 CONDITION_TYPES: tuple[str, ...] = (
-    "Admitted", "Running", "CheckpointsVerified", "DeadlineExceeded", "Ready", "BudgetExhausted",
+    "Admitted",
+    "Running",
+    "CheckpointsVerified",
+    "DeadlineExceeded",
+    "Ready",
+    "BudgetExhausted",
 )
 
 
@@ -457,7 +476,8 @@ class ReplicasStatus(StatusModel):
     gpus: int | None = Field(None, description="GPUs the sweep may use.")
     cap: int | None = Field(None, description="maxReplicas rendered on the worker group.")
     namespace_budget: str | None = Field(
-        None, description="GPUs admitted in the sweep's namespace / its budget (maxGpusPerNamespace) at admission, e.g. 12/32."
+        None,
+        description="GPUs admitted in the sweep's namespace / its budget (maxGpusPerNamespace) at admission, e.g. 12/32.",
     )
 
 
@@ -481,8 +501,9 @@ class GuardStatus(StatusModel):
 class AttemptStatus(StatusModel):
     attempt: int = Field(..., description="1 for the sweep's first RayJob, then one more per resume.")
     ray_job_name: str | None = Field(None, description="The attempt's RayJob (<sweep>-<runId>, then -a<N>).")
-    trigger: str | None = Field(None, description="Initial, Resume (spec.resume.generation) or ClusterLoss "
-                                "(failurePolicy.resumeOnClusterLoss).")
+    trigger: str | None = Field(
+        None, description="Initial, Resume (spec.resume.generation) or ClusterLoss (failurePolicy.resumeOnClusterLoss)."
+    )
     generation: int | None = Field(None, description="spec.resume.generation that asked for it.")
     started_at: str | None = Field(None, description="When the attempt started (RFC 3339).")
     ended_at: str | None = Field(None, description="When it ended (RFC 3339); unset while it runs.")
@@ -511,19 +532,30 @@ class KueueStatus(StatusModel):
     cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted it (while admitted).")
     workload: str | None = Field(None, description="The Kueue Workload of the RayJob.")
     state: str | None = Field(None, description="WaitingForWorkload, Queued, Admitted, Preempted or Finished.")
-    summary: str | None = Field(None, description="The printer column's text, e.g. Queued (Kueue: team-a-gpu); "
-                                "status.message adds Kueue's own admission message.")
-    admitted_seconds: int | None = Field(None, description="Seconds admitted, over the closed admitted intervals: the "
-                                         "sweep deadline counts only while Kueue admits it.")
-    admitted_since: str | None = Field(None, description="Start of the current admission (RFC 3339); unset while "
-                                       "queued or preempted (the deadline is paused).")
+    summary: str | None = Field(
+        None,
+        description="The printer column's text, e.g. Queued (Kueue: team-a-gpu); "
+        "status.message adds Kueue's own admission message.",
+    )
+    admitted_seconds: int | None = Field(
+        None,
+        description="Seconds admitted, over the closed admitted intervals: the "
+        "sweep deadline counts only while Kueue admits it.",
+    )
+    admitted_since: str | None = Field(
+        None,
+        description="Start of the current admission (RFC 3339); unset while "
+        "queued or preempted (the deadline is paused).",
+    )
     first_admitted_at: str | None = Field(None, description="The first admission (RFC 3339).")
     admissions: int | None = Field(None, description="How many times Kueue admitted it.")
     preemptions: int | None = Field(None, description="How many times Kueue took the admission back (evicted it).")
 
 
 class PodIntervalStatus(StatusModel):
-    pod: str = Field(..., description="The pod's uid (its name where no uid was seen); merged:<uid> for merged entries.")
+    pod: str = Field(
+        ..., description="The pod's uid (its name where no uid was seen); merged:<uid> for merged entries."
+    )
     name: str | None = Field(None, description="The pod's name, where it differs from pod.")
     cluster: str = Field("", description="The RayCluster the pod belonged to (one per RayJob attempt).")
     gpus: float = Field(..., description="nvidia.com/gpu the pod held (a merged entry: their mean over its span).")
@@ -542,24 +574,32 @@ class AttemptUsageStatus(StatusModel):
 class NamespaceUsageStatus(StatusModel):
     gpu_hours: float | None = Field(None, description="GPU-hours the namespace's sweeps held inside its window.")
     budget_gpu_hours: float | None = Field(None, description="The namespace's GPU-hour budget per window.")
-    left_gpu_hours: float | None = Field(None, description="Budget left in the window (less running sweeps' reservations).")
+    left_gpu_hours: float | None = Field(
+        None, description="Budget left in the window (less running sweeps' reservations)."
+    )
     window_seconds: int | None = Field(None, description="The rolling window the namespace budget counts over.")
 
 
 class UsageStatus(StatusModel):
-    gpu_hours: float | None = Field(None, description="GPU-hours the sweep's GPU pods held, scheduled to gone, at lastMeasuredAt.")
+    gpu_hours: float | None = Field(
+        None, description="GPU-hours the sweep's GPU pods held, scheduled to gone, at lastMeasuredAt."
+    )
     gpus_held: float | None = Field(None, description="GPUs its pods held at lastMeasuredAt.")
     budget_gpu_hours: float | None = Field(None, description="spec.budget.gpuHours.")
     left_gpu_hours: float | None = Field(None, description="What is left of spec.budget.gpuHours.")
     last_measured_at: str | None = Field(None, description="When the pods were last read (RFC 3339).")
-    attempts: list[AttemptUsageStatus] | None = Field(None, max_length=64, description="GPU-hours per RayCluster (attempt).")
+    attempts: list[AttemptUsageStatus] | None = Field(
+        None, max_length=64, description="GPU-hours per RayCluster (attempt)."
+    )
     pod_intervals: list[PodIntervalStatus] | None = Field(
         None, max_length=64, description="The record: one entry per GPU pod (older finished ones merge past 64)."
     )
     thresholds_reported: list[int] | None = Field(
         None, max_length=4, description="Budget thresholds (percent) already reported by an Event and a metric."
     )
-    namespace: NamespaceUsageStatus | None = Field(None, description="The namespace's GPU-hour window, when it has a budget.")
+    namespace: NamespaceUsageStatus | None = Field(
+        None, description="The namespace's GPU-hour window, when it has a budget."
+    )
 
 
 class SweepStatus(StatusModel):
@@ -576,7 +616,8 @@ class SweepStatus(StatusModel):
         None, description="When the operator first saw the Ray job running: a record the guard reads (a run started)."
     )
     guard: GuardStatus | None = Field(
-        None, description="What the checkpoint guard verifies for this run, fixed at admission (the spec may be edited later)."
+        None,
+        description="What the checkpoint guard verifies for this run, fixed at admission (the spec may be edited later).",
     )
     attempt_started_at: str | None = Field(
         None, description="When the current RayJob attempt started (KubeRay status.startTime): the startup clock."
@@ -586,15 +627,24 @@ class SweepStatus(StatusModel):
     trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
     trials_summary: str | None = Field(None, description="finished/total, e.g. 3/8.")
     best_trial: BestTrial | None = Field(None, description="Best trial so far.")
-    waiting_for: str | None = Field(None, description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).")
+    waiting_for: str | None = Field(
+        None,
+        description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).",
+    )
     checkpoints: CheckpointsStatus | None = Field(None, description="Checkpoint verification (R22).")
     replicas: ReplicasStatus | None = Field(None, description="Admitted demand and rendered cap.")
-    usage: UsageStatus | None = Field(None, description="GPU-hours measured from the sweep's GPU pods (docs/budgets.md).")
+    usage: UsageStatus | None = Field(
+        None, description="GPU-hours measured from the sweep's GPU pods (docs/budgets.md)."
+    )
     message: str | None = Field(None, description="Latest human-readable message.")
     observed_generation: int | None = Field(None, description="metadata.generation last acted on.")
     conditions: list[Condition] | None = Field(None, description="Kubernetes-style conditions.")
     attempts: list[AttemptStatus] | None = Field(None, description="Every RayJob of the run, oldest first (resumes).")
-    total_ran_seconds: int | None = Field(None, description="Seconds all attempts ran (the sum of attempts[].ranSeconds).")
+    total_ran_seconds: int | None = Field(
+        None, description="Seconds all attempts ran (the sum of attempts[].ranSeconds)."
+    )
     resumed_generation: int | None = Field(None, description="The last spec.resume.generation the operator acted on.")
     last_resume: LastResumeStatus | None = Field(None, description="The operator's last resume decision.")
-    kueue: KueueStatus | None = Field(None, description="Kueue mode: where Kueue has the sweep's RayJob (docs/kueue.md).")
+    kueue: KueueStatus | None = Field(
+        None, description="Kueue mode: where Kueue has the sweep's RayJob (docs/kueue.md)."
+    )

@@ -107,7 +107,11 @@ def parse_manifest(data: bytes, name: str = s3_layout.MANIFEST_FILE) -> Manifest
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise FormatError(f"files[{i}].size: got {size!r}; expected an integer >= 0")
         sha = item.get(SHA256)
-        if not isinstance(sha, str) or len(sha) != _SHA256_HEX_LEN or not all(c in "0123456789abcdefABCDEF" for c in sha):
+        if (
+            not isinstance(sha, str)
+            or len(sha) != _SHA256_HEX_LEN
+            or not all(c in "0123456789abcdefABCDEF" for c in sha)
+        ):
             raise FormatError(f"files[{i}].sha256: got {sha!r}; expected 64 hexadecimal digits")
         entries.append(ManifestEntry(path, size, sha.lower()))
     rank = optional_int(doc.get(RANK), RANK)
@@ -119,7 +123,9 @@ def parse_manifest(data: bytes, name: str = s3_layout.MANIFEST_FILE) -> Manifest
         raise FormatError(f"{WORLD_SIZE}: got {world_size}; expected an integer >= 1")
     if named_rank is not None:
         if world_size is None:
-            raise FormatError(f"{WORLD_SIZE}: missing; a per-rank manifest must say how many ranks wrote the checkpoint")
+            raise FormatError(
+                f"{WORLD_SIZE}: missing; a per-rank manifest must say how many ranks wrote the checkpoint"
+            )
         if named_rank >= world_size:
             raise FormatError(f"rank: {named_rank} is not below {WORLD_SIZE} {world_size}")
     return Manifest(tuple(entries), rank, optional_int(doc.get(EPOCH), EPOCH), world_size)
@@ -134,9 +140,15 @@ def missing_rank_manifests(manifests: Mapping[str, Manifest | FormatError]) -> t
     ranks = {r for r in (s3_layout.manifest_rank(n) for n in manifests) if r is not None}
     if not ranks:
         return 1, [], None
-    sizes = {m.world_size for n, m in manifests.items() if isinstance(m, Manifest) and s3_layout.manifest_rank(n) is not None}
+    sizes = {
+        m.world_size for n, m in manifests.items() if isinstance(m, Manifest) and s3_layout.manifest_rank(n) is not None
+    }
     if len(sizes) > 1:
-        return max(ranks) + 1, [], f"per-rank manifests disagree on {WORLD_SIZE}: {sorted(s for s in sizes if s is not None)}"
+        return (
+            max(ranks) + 1,
+            [],
+            f"per-rank manifests disagree on {WORLD_SIZE}: {sorted(s for s in sizes if s is not None)}",
+        )
     world_size = next(iter(sizes), None)
     if world_size is None:  # every per-rank manifest is unreadable: the highest rank present is all we know
         world_size = max(ranks) + 1

@@ -7,8 +7,9 @@ Both sides use this module: the renderer writes it, `training_entrypoints.sweep`
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from . import constants, s3_layout
 from .api import SweepSpec

@@ -65,7 +65,7 @@ class S3Uri:
         """Parse `s3://bucket[/prefix]`; raises ValueError naming what is wrong."""
         if not uri.startswith(S3_SCHEME):
             raise ValueError(f"{uri!r} is not an s3:// URI (expected s3://bucket/prefix)")
-        rest = uri[len(S3_SCHEME):]
+        rest = uri[len(S3_SCHEME) :]
         bucket, _, key = rest.partition("/")
         if not bucket:
             raise ValueError(f"{uri!r} has no bucket (expected s3://bucket/prefix)")
@@ -144,7 +144,7 @@ def manifest_rank(name: str) -> int | None:
 
 def strip_scheme(location: str) -> str:
     """`s3://b/k` -> `b/k` (how pyarrow and Ray report S3 paths); local paths unchanged."""
-    return location[len(S3_SCHEME):] if is_s3_uri(location) else location
+    return location[len(S3_SCHEME) :] if is_s3_uri(location) else location
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,10 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
     ckpt = spec.checkpoints
     if ckpt.score_attribute and not (ckpt.score_order or tune.mode):
         problems.append(
-            Problem("spec.checkpoints.scoreOrder", f"required with scoreAttribute {ckpt.score_attribute!r} when tune.mode is unset")
+            Problem(
+                "spec.checkpoints.scoreOrder",
+                f"required with scoreAttribute {ckpt.score_attribute!r} when tune.mode is unset",
+            )
         )
     if ckpt.score_order and not (ckpt.score_attribute or tune.metric):
         problems.append(
@@ -208,7 +211,9 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
 
     storage = spec.storage
     if storage.region and not _REGION_RE.match(storage.region):
-        problems.append(Problem("spec.storage.region", f"got {storage.region!r}; expected an AWS region like us-west-2"))
+        problems.append(
+            Problem("spec.storage.region", f"got {storage.region!r}; expected an AWS region like us-west-2")
+        )
     if storage.endpoint_url and not _ENDPOINT_RE.match(storage.endpoint_url):
         problems.append(
             Problem("spec.storage.endpointUrl", f"got {storage.endpoint_url!r}; expected http(s)://host[:port]")

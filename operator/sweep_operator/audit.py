@@ -4,7 +4,8 @@ the API says), and the sweep's CheckpointsVerified condition (issue 15)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sweep_contracts import constants
 
@@ -44,23 +45,44 @@ def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_bod
     """Called by the controller's guard when a deletion is released because the escape hatch is set."""
     meta = body.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
-    sweep = ((sweep_body or {}).get("metadata") or {}).get("name") or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or ""
+    sweep = (
+        ((sweep_body or {}).get("metadata") or {}).get("name")
+        or (meta.get("labels") or {}).get(constants.LABEL_SWEEP)
+        or ""
+    )
     setter = describe_setter(body, sweep_body)
     controller.metrics.guard_bypassed(kind, namespace, sweep)
     log.warning(
         "checkpoint guard BYPASSED: %s %s/%s released without verification through %s; set on %s",
-        kind, namespace, meta.get("name"), constants.ANNOTATION_SKIP_VERIFICATION, setter,
+        kind,
+        namespace,
+        meta.get("name"),
+        constants.ANNOTATION_SKIP_VERIFICATION,
+        setter,
     )
     if sweep_body is None:
         return
     sweep_meta = sweep_body.get("metadata") or {}
-    message = (f"{kind} {meta.get('name')} released without checkpoint verification: "
-               f"{constants.ANNOTATION_SKIP_VERIFICATION} set on {setter}")
+    message = (
+        f"{kind} {meta.get('name')} released without checkpoint verification: "
+        f"{constants.ANNOTATION_SKIP_VERIFICATION} set on {setter}"
+    )
     from .status import conditions_with, updated
 
     try:
-        controller.status.update(sweep_body, lambda status: updated(status, {"conditions": conditions_with(
-            status, sweep_meta.get("generation"), controller.clock(),
-            ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]))}))
+        controller.status.update(
+            sweep_body,
+            lambda status: updated(
+                status,
+                {
+                    "conditions": conditions_with(
+                        status,
+                        sweep_meta.get("generation"),
+                        controller.clock(),
+                        ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]),
+                    )
+                },
+            ),
+        )
     except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
         log.warning("cannot record the bypass on sweep %s/%s: %s", namespace, sweep_meta.get("name"), exc)

@@ -90,12 +90,23 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Checkpoints verified complete in S3",
     },
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "description": "The run's RayJob"},
-    {"name": "GPU-Hours", "type": "number", "jsonPath": ".status.usage.gpuHours", "description": "GPU-hours used (its GPU pods, scheduled to gone)"},
+    {
+        "name": "GPU-Hours",
+        "type": "number",
+        "jsonPath": ".status.usage.gpuHours",
+        "description": "GPU-hours used (its GPU pods, scheduled to gone)",
+    },
     # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
     {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide only (priority 1): what a platform team checks across sweeps.
-    {"name": "GPUs", "type": "integer", "jsonPath": ".status.replicas.gpus", "priority": 1, "description": "GPUs admitted to the sweep"},
+    {
+        "name": "GPUs",
+        "type": "integer",
+        "jsonPath": ".status.replicas.gpus",
+        "priority": 1,
+        "description": "GPUs admitted to the sweep",
+    },
     {
         "name": "NS-Budget",
         "type": "string",
@@ -286,8 +297,6 @@ def openapi_schema() -> dict[str, Any]:
     return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-
-
 def render_reference_markdown() -> str:
     """docs/trainingsweep-reference.md: every spec field with type, default and description, from the models."""
     lines = [
@@ -327,7 +336,11 @@ def render_reference_markdown() -> str:
     walk(openapi_schema()["properties"]["spec"], "spec")
     lines += ["", "Cross-field rules the API server enforces (CEL):", ""]
     lines += [f"- `{rule['rule']}`: {rule['message']}" for rule in SPEC_RULES]
-    lines += ["", "Rules on the whole object (CEL; `oldSelf` rules apply to updates): what a resume may not change:", ""]
+    lines += [
+        "",
+        "Rules on the whole object (CEL; `oldSelf` rules apply to updates): what a resume may not change:",
+        "",
+    ]
     lines += [f"- `{rule.field}`: {rule.message} (`{rule.rule}`)" for rule in RESUME_RULES]
     lines += ["", "Printer columns (`kubectl get tsw`): " + ", ".join(c["name"].upper() for c in PRINTER_COLUMNS), ""]
     return "\n".join(lines)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -49,7 +50,9 @@ def api_client_from_environment(kubeconfig: str | None = None) -> k8s.ApiClient:
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=configuration)
+        config.load_kube_config(
+            config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=configuration
+        )
     return k8s.ApiClient(configuration)
 
 
@@ -110,7 +113,9 @@ class KubeApi:
 
     def list_sweeps(self, namespace: str) -> list[dict[str, Any]]:
         result = self._call(
-            lambda: self.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)
+            lambda: self.custom.list_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL
+            )
         )
         return list(custom_object(result).get("items") or [])
 
@@ -133,7 +138,9 @@ class KubeApi:
             return self._get(call, retry_conflict=resource_version is None)
         except ApiException as exc:
             if exc.status == 409 and resource_version is not None:
-                raise Conflict(f"TrainingSweep {namespace}/{name} changed after resourceVersion {resource_version}") from None
+                raise Conflict(
+                    f"TrainingSweep {namespace}/{name} changed after resourceVersion {resource_version}"
+                ) from None
             raise
 
     # ------------------------------------------------------------------------------ RayJobs
@@ -223,7 +230,11 @@ class KubeApi:
         try:
             self._call(
                 lambda: self.custom.delete_namespaced_custom_object(
-                    constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name,
+                    constants.RAY_GROUP,
+                    constants.RAY_VERSION_API,
+                    namespace,
+                    plural,
+                    name,
                     body=k8s.V1DeleteOptions(propagation_policy="Background"),
                 )
             )
@@ -241,8 +252,11 @@ class KubeApi:
         A conditional merge patch (resourceVersion) so no other finalizer is lost; re-read and retry on conflict.
         """
         group, version = obj["apiVersion"].split("/")
-        plural = {constants.KIND: constants.PLURAL, constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
-                  constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL}[obj["kind"]]
+        plural = {
+            constants.KIND: constants.PLURAL,
+            constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
+            constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL,
+        }[obj["kind"]]
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         current: dict[str, Any] = obj
@@ -252,9 +266,13 @@ class KubeApi:
                 return current
             if meta.get("deletionTimestamp"):
                 return None  # the API server refuses new finalizers on an object being deleted
-            patch = {"metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}}
+            patch = {
+                "metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}
+            }
             try:
-                return custom_object(self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch))
+                return custom_object(
+                    self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
+                )
             except ApiException as exc:
                 if exc.status == 404:
                     return None

@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter as _Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, get_args
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from sweep_contracts import constants
 from sweep_contracts.api import TERMINAL_PHASES, Phase
+
 from .reconcile.usage import NamespaceBudget, UsageLedger
 from .status import epoch_seconds
 
@@ -90,7 +92,9 @@ class SweepFacts:
             gpus=gpus if isinstance(gpus, int) and admitted else 0,
             admitted=admitted,
             usage=UsageLedger.from_status(status["usage"]) if isinstance(status.get("usage"), dict) else None,
-            gpu_hours_budget=float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else None,
+            gpu_hours_budget=float(budget)
+            if isinstance(budget, (int, float)) and not isinstance(budget, bool)
+            else None,
         )
 
 
@@ -130,28 +134,40 @@ class OperatorMetrics:
             registry=self.registry,
         )
         self.verifications = Counter(
-            "trainingsweep_verifications", "Checkpoint verifications, by result (verified, not_verified)",
-            ["namespace", "sweep", "result"], registry=self.registry,
+            "trainingsweep_verifications",
+            "Checkpoint verifications, by result (verified, not_verified)",
+            ["namespace", "sweep", "result"],
+            registry=self.registry,
         )
         self.verification_failures = Counter(
-            "trainingsweep_verification_failures", "Verifications that did not verify",
-            ["namespace", "sweep"], registry=self.registry,
+            "trainingsweep_verification_failures",
+            "Verifications that did not verify",
+            ["namespace", "sweep"],
+            registry=self.registry,
         )
         self.deadline_stops = Counter(
-            "trainingsweep_deadline_stops", "RayJobs the operator stopped at the sweep deadline",
-            ["namespace", "sweep"], registry=self.registry,
+            "trainingsweep_deadline_stops",
+            "RayJobs the operator stopped at the sweep deadline",
+            ["namespace", "sweep"],
+            registry=self.registry,
         )
         self.guard_holds = Counter(
-            "trainingsweep_guard_holds", "Deletions held by the checkpoint guard (one per hold, retries included)",
-            ["namespace", "sweep", "kind"], registry=self.registry,
+            "trainingsweep_guard_holds",
+            "Deletions held by the checkpoint guard (one per hold, retries included)",
+            ["namespace", "sweep", "kind"],
+            registry=self.registry,
         )
         self.budget_thresholds = Counter(
-            "trainingsweep_budget_thresholds", "GPU-hour budget thresholds a sweep crossed (80, 100 percent), once each",
-            ["namespace", "sweep", "threshold"], registry=self.registry,
+            "trainingsweep_budget_thresholds",
+            "GPU-hour budget thresholds a sweep crossed (80, 100 percent), once each",
+            ["namespace", "sweep", "threshold"],
+            registry=self.registry,
         )
         self.guard_bypasses = Counter(
-            "trainingsweep_guard_bypasses", "Deletions released through the escape hatch, unverified (issue 15)",
-            ["namespace", "sweep", "kind"], registry=self.registry,
+            "trainingsweep_guard_bypasses",
+            "Deletions released through the escape hatch, unverified (issue 15)",
+            ["namespace", "sweep", "kind"],
+            registry=self.registry,
         )
         self.registry.register(_StateCollector(self))
 
@@ -162,7 +178,9 @@ class OperatorMetrics:
     def verification_finished(self, root: str, seconds: float, verified: bool) -> None:
         namespace, sweep = run_root_identity(root)
         self.verification_seconds.labels(namespace=namespace).observe(seconds)
-        self.verifications.labels(namespace=namespace, sweep=sweep, result="verified" if verified else "not_verified").inc()
+        self.verifications.labels(
+            namespace=namespace, sweep=sweep, result="verified" if verified else "not_verified"
+        ).inc()
         if not verified:
             self.verification_failures.labels(namespace=namespace, sweep=sweep).inc()
 
@@ -173,7 +191,9 @@ class OperatorMetrics:
         """The guard holds `body`'s deletion; its age counts from the deletionTimestamp (restart-proof)."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
-        sweep = sweep or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or (name if kind == "TrainingSweep" else "")
+        sweep = (
+            sweep or (meta.get("labels") or {}).get(constants.LABEL_SWEEP) or (name if kind == "TrainingSweep" else "")
+        )
         since = epoch_seconds(meta.get("deletionTimestamp")) or self._clock()
         self.guard_holds.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
         with self._lock:
@@ -193,8 +213,13 @@ class OperatorMetrics:
             self._holds.pop((kind, meta.get("namespace") or "default", meta.get("name") or ""), None)
 
     # ------------------------------------------------------------------ state
-    def follow(self, source: Callable[[], Iterable[Mapping[str, Any]]], *, gpu_budget: int | None = None,
-               gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None) -> None:
+    def follow(
+        self,
+        source: Callable[[], Iterable[Mapping[str, Any]]],
+        *,
+        gpu_budget: int | None = None,
+        gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None,
+    ) -> None:
         """Compute the state gauges at each scrape from `source()` (the controller's cached sweeps);
         `gpu_hour_budget(namespace)` is the namespace's GPU-hour budget, if any."""
         self._source = source
@@ -214,7 +239,9 @@ class OperatorMetrics:
             for key in [k for k in self._holds if k[0] == "TrainingSweep" and (k[1], k[2]) not in known]:
                 del self._holds[key]
 
-    def observe_phase(self, uid: str, phase: str | None, namespace: str | None = None, sweep: str | None = None) -> None:
+    def observe_phase(
+        self, uid: str, phase: str | None, namespace: str | None = None, sweep: str | None = None
+    ) -> None:
         """A phase transition (None: the sweep is gone); thread-safe, the reconcile workers call it at once."""
         with self._lock:
             if phase is None:
@@ -231,7 +258,9 @@ class OperatorMetrics:
         if source is not None:
             self.recompute(list(source()))
         with self._lock:
-            self._namespaces |= {s.namespace for s in self._sweeps.values()} | {h.namespace for h in self._holds.values()}
+            self._namespaces |= {s.namespace for s in self._sweeps.values()} | {
+                h.namespace for h in self._holds.values()
+            }
             return list(self._sweeps.values()), dict(self._holds), sorted(self._namespaces)
 
     # ------------------------------------------------------------------ exposition
@@ -241,8 +270,15 @@ class OperatorMetrics:
     def metric_names(self) -> set[str]:
         """Every series name this registry exports (counters with `_total`, histograms with their parts)."""
         names = set(STATE_GAUGES) | set(BUDGET_GAUGES)
-        for collector in (self.reconcile_seconds, self.verification_seconds, self.verifications,
-                          self.verification_failures, self.deadline_stops, self.guard_holds, self.budget_thresholds):
+        for collector in (
+            self.reconcile_seconds,
+            self.verification_seconds,
+            self.verifications,
+            self.verification_failures,
+            self.deadline_stops,
+            self.guard_holds,
+            self.budget_thresholds,
+        ):
             for family in collector.describe():
                 if family.type == "counter":
                     names |= {f"{family.name}_total", f"{family.name}_created"}
@@ -281,19 +317,27 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sweeps, holds, namespaces = self.metrics._state()
-        by_phase = GaugeMetricFamily("trainingsweep_sweeps", STATE_GAUGES["trainingsweep_sweeps"], labels=["namespace", "phase"])
+        by_phase = GaugeMetricFamily(
+            "trainingsweep_sweeps", STATE_GAUGES["trainingsweep_sweeps"], labels=["namespace", "phase"]
+        )
         tally = _Tally((s.namespace, s.phase) for s in sweeps)
         for namespace in namespaces:
             for phase in PHASES:
                 by_phase.add_metric([namespace, phase], tally.get((namespace, phase), 0))
         yield by_phase
 
-        phase_of = GaugeMetricFamily("trainingsweep_sweep_phase", STATE_GAUGES["trainingsweep_sweep_phase"], labels=["namespace", "sweep", "phase"])
+        phase_of = GaugeMetricFamily(
+            "trainingsweep_sweep_phase",
+            STATE_GAUGES["trainingsweep_sweep_phase"],
+            labels=["namespace", "sweep", "phase"],
+        )
         for s in sorted(sweeps, key=lambda s: (s.namespace, s.name)):
             phase_of.add_metric([s.namespace, s.name, s.phase], 1)
         yield phase_of
 
-        queued = GaugeMetricFamily("trainingsweep_queued_sweeps", STATE_GAUGES["trainingsweep_queued_sweeps"], labels=["namespace"])
+        queued = GaugeMetricFamily(
+            "trainingsweep_queued_sweeps", STATE_GAUGES["trainingsweep_queued_sweeps"], labels=["namespace"]
+        )
         for namespace in namespaces:
             queued.add_metric([namespace], tally.get((namespace, "Queued"), 0))
         yield queued
@@ -308,8 +352,14 @@ class _StateCollector(Collector):
                 queued_at.add_metric([s.namespace, s.name], s.queued_at)
         yield queued_at
 
-        gpus = GaugeMetricFamily("trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"])
-        budget = GaugeMetricFamily("trainingsweep_namespace_gpu_budget", STATE_GAUGES["trainingsweep_namespace_gpu_budget"], labels=["namespace"])
+        gpus = GaugeMetricFamily(
+            "trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"]
+        )
+        budget = GaugeMetricFamily(
+            "trainingsweep_namespace_gpu_budget",
+            STATE_GAUGES["trainingsweep_namespace_gpu_budget"],
+            labels=["namespace"],
+        )
         admitted: _Tally[str] = _Tally()
         for s in sweeps:
             admitted[s.namespace] += s.gpus
@@ -326,9 +376,13 @@ class _StateCollector(Collector):
         all_holds = dict(holds)
         for s in sweeps:
             if s.deleting_since is not None:
-                all_holds.setdefault(("TrainingSweep", s.namespace, s.name), _Hold(s.namespace, s.name, s.deleting_since))
+                all_holds.setdefault(
+                    ("TrainingSweep", s.namespace, s.name), _Hold(s.namespace, s.name, s.deleting_since)
+                )
         counts = GaugeMetricFamily(
-            "trainingsweep_guard_holding_objects", STATE_GAUGES["trainingsweep_guard_holding_objects"], labels=["namespace", "kind"]
+            "trainingsweep_guard_holding_objects",
+            STATE_GAUGES["trainingsweep_guard_holding_objects"],
+            labels=["namespace", "kind"],
         )
         per_kind = _Tally((h.namespace, kind) for (kind, _, _), h in all_holds.items())
         for namespace in namespaces:
@@ -348,10 +402,16 @@ class _StateCollector(Collector):
         """GPU-hours recomputed from each sweep's recorded pod intervals up to the scrape (a running pod's hours grow
         between the operator's status writes)."""
         now = self.metrics._clock()
-        used = GaugeMetricFamily("trainingsweep_sweep_gpu_hours", BUDGET_GAUGES["trainingsweep_sweep_gpu_hours"],
-                                 labels=["namespace", "sweep"])
-        budget = GaugeMetricFamily("trainingsweep_sweep_gpu_hours_budget",
-                                   BUDGET_GAUGES["trainingsweep_sweep_gpu_hours_budget"], labels=["namespace", "sweep"])
+        used = GaugeMetricFamily(
+            "trainingsweep_sweep_gpu_hours",
+            BUDGET_GAUGES["trainingsweep_sweep_gpu_hours"],
+            labels=["namespace", "sweep"],
+        )
+        budget = GaugeMetricFamily(
+            "trainingsweep_sweep_gpu_hours_budget",
+            BUDGET_GAUGES["trainingsweep_sweep_gpu_hours_budget"],
+            labels=["namespace", "sweep"],
+        )
         for s in sorted(sweeps, key=lambda s: (s.namespace, s.name)):
             if s.usage is not None:
                 used.add_metric([s.namespace, s.name], s.usage.gpu_hours(now))
@@ -359,17 +419,26 @@ class _StateCollector(Collector):
                 budget.add_metric([s.namespace, s.name], s.gpu_hours_budget)
         yield used
         yield budget
-        window_used = GaugeMetricFamily("trainingsweep_namespace_gpu_hours",
-                                        BUDGET_GAUGES["trainingsweep_namespace_gpu_hours"], labels=["namespace"])
-        window_budget = GaugeMetricFamily("trainingsweep_namespace_gpu_hours_budget",
-                                          BUDGET_GAUGES["trainingsweep_namespace_gpu_hours_budget"], labels=["namespace"])
+        window_used = GaugeMetricFamily(
+            "trainingsweep_namespace_gpu_hours",
+            BUDGET_GAUGES["trainingsweep_namespace_gpu_hours"],
+            labels=["namespace"],
+        )
+        window_budget = GaugeMetricFamily(
+            "trainingsweep_namespace_gpu_hours_budget",
+            BUDGET_GAUGES["trainingsweep_namespace_gpu_hours_budget"],
+            labels=["namespace"],
+        )
         budget_of = self.metrics._gpu_hour_budget
         for namespace in namespaces:
             policy = budget_of(namespace) if budget_of is not None else None
             if policy is None:
                 continue
-            seconds = sum(s.usage.window_gpu_seconds(now, policy.window_seconds) for s in sweeps
-                          if s.namespace == namespace and s.usage is not None)
+            seconds = sum(
+                s.usage.window_gpu_seconds(now, policy.window_seconds)
+                for s in sweeps
+                if s.namespace == namespace and s.usage is not None
+            )
             window_used.add_metric([namespace], seconds / 3600.0)
             window_budget.add_metric([namespace], policy.gpu_hours)
         yield window_used

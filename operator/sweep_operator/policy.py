@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from . import instance_types
 from sweep_contracts.api import SweepSpec, parse_quantity
 from sweep_contracts.problems import Problem
+
+from . import instance_types
 from .settings import OperatorLimits, TenancyPolicy
 
 
@@ -174,8 +175,7 @@ def cap_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
         problems.append(
             Problem(
                 "spec.deadlines.gracefulStopSeconds",
-                f"{spec.deadlines.graceful_stop_seconds}s must be less than the active deadline "
-                f"({source} = {active}s)",
+                f"{spec.deadlines.graceful_stop_seconds}s must be less than the active deadline ({source} = {active}s)",
             )
         )
     return problems

@@ -22,7 +22,9 @@ WAITING_FOR_MAX_CHARS = 1024
 def _resource_text(bundle: Any) -> str:
     if not isinstance(bundle, Mapping):
         return "{}"
-    parts = [f"{k}: {v:g}" for k, v in sorted(bundle.items()) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    parts = [
+        f"{k}: {v:g}" for k, v in sorted(bundle.items()) if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     return "{" + ", ".join(parts) + "}"
 
 
@@ -60,7 +62,9 @@ def waiting_for(doc: Mapping[str, Any]) -> str | None:
             strategy = f" {demand.get('strategy')}" if demand.get("strategy") else ""
             waits.append(f"placement group{strategy} of {_bundles_text(demand.get('bundles'))}{since}{hopeless}")
         else:
-            waits.append(f"{_count(demand.get('count'))} task(s)/actor(s) of {_resource_text(demand.get('bundle'))}{hopeless}")
+            waits.append(
+                f"{_count(demand.get('count'))} task(s)/actor(s) of {_resource_text(demand.get('bundle'))}{hopeless}"
+            )
     if waits:
         parts.append("Ray is waiting for " + ", ".join(waits))
     if failed:

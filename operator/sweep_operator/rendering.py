@@ -134,13 +134,20 @@ class RenderContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RenderContext:
-        return cls(settings.limits, settings.ttl_seconds_after_finished, settings.s3_region, settings.s3_endpoint_url,
-                   settings.kueue_default_queue, settings.kueue_namespace_queues)
+        return cls(
+            settings.limits,
+            settings.ttl_seconds_after_finished,
+            settings.s3_region,
+            settings.s3_endpoint_url,
+            settings.kueue_default_queue,
+            settings.kueue_namespace_queues,
+        )
 
     def queue_name(self, spec: SweepSpec, namespace: str) -> str:
         """The Kueue LocalQueue of a sweep in `namespace` ("": not Kueue mode)."""
-        return queue_name_for(spec.queue_name,
-                              kueue_queue_for(self.kueue_default_queue, self.kueue_namespace_queues, namespace))
+        return queue_name_for(
+            spec.queue_name, kueue_queue_for(self.kueue_default_queue, self.kueue_namespace_queues, namespace)
+        )
 
 
 def build_rayjob(
@@ -207,7 +214,9 @@ def build_rayjob(
             "name": name,
             "namespace": sweep.namespace,
             "labels": dict(labels),
-            "annotations": {constants.ANNOTATION_GUARD: guard_target(sweep, run_spec.run_root, run_id, ctx).to_annotation()},
+            "annotations": {
+                constants.ANNOTATION_GUARD: guard_target(sweep, run_spec.run_root, run_id, ctx).to_annotation()
+            },
             "finalizers": [constants.FINALIZER],
         },
         "spec": {

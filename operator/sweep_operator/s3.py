@@ -36,16 +36,26 @@ class S3ClientConfig:
     def __post_init__(self) -> None:
         if self.retry_mode not in RETRY_MODES:
             raise ValueError(f"retry_mode: got {self.retry_mode!r}; allowed: {', '.join(RETRY_MODES)}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 20:
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or not 1 <= self.max_attempts <= 20
+        ):
             raise ValueError(f"max_attempts: got {self.max_attempts!r}; must be an integer from 1 to 20")
         for name in ("connect_timeout_seconds", "read_timeout_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name}: got {value!r}; must be a number of seconds > 0")
-        if isinstance(self.max_pool_connections, bool) or not isinstance(self.max_pool_connections, int) or self.max_pool_connections < 1:
+        if (
+            isinstance(self.max_pool_connections, bool)
+            or not isinstance(self.max_pool_connections, int)
+            or self.max_pool_connections < 1
+        ):
             raise ValueError(f"max_pool_connections: got {self.max_pool_connections!r}; must be an integer >= 1")
         if self.addressing_style not in ADDRESSING_STYLES:
-            raise ValueError(f"addressing_style: got {self.addressing_style!r}; allowed: {', '.join(ADDRESSING_STYLES)}")
+            raise ValueError(
+                f"addressing_style: got {self.addressing_style!r}; allowed: {', '.join(ADDRESSING_STYLES)}"
+            )
         if self.endpoint_url and not self.endpoint_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint_url: got {self.endpoint_url!r}; must start with http:// or https://")
 

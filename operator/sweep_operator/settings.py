@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic.alias_generators import to_camel
@@ -180,13 +181,20 @@ class Settings:
                 raise SettingsError(f"{to_camel(name)} ({env}): got {value!r}; must be an integer >= 1")
         self.namespace_gpu_hour_budget("")  # every entry parses, or the operator does not start
         self.kueue_queue_for("")
-        if isinstance(self.gpu_hours_window_seconds, bool) or not isinstance(self.gpu_hours_window_seconds, int) \
-                or self.gpu_hours_window_seconds < 1:
-            raise SettingsError(f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
-                                f"{self.gpu_hours_window_seconds!r}; must be an integer >= 1")
+        if (
+            isinstance(self.gpu_hours_window_seconds, bool)
+            or not isinstance(self.gpu_hours_window_seconds, int)
+            or self.gpu_hours_window_seconds < 1
+        ):
+            raise SettingsError(
+                f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
+                f"{self.gpu_hours_window_seconds!r}; must be an integer >= 1"
+            )
         if not self.namespace_gpu_hours >= 0:
-            raise SettingsError(f"namespaceGpuHours (SWEEP_NAMESPACE_GPU_HOURS): got {self.namespace_gpu_hours!r}; "
-                                "must be >= 0 (0: no namespace budget)")
+            raise SettingsError(
+                f"namespaceGpuHours (SWEEP_NAMESPACE_GPU_HOURS): got {self.namespace_gpu_hours!r}; "
+                "must be >= 0 (0: no namespace budget)"
+            )
 
     def namespace_gpu_hour_budget(self, namespace: str) -> float | None:
         """GPU-hours `namespace` may use per gpu_hours_window_seconds; None: no budget there."""
@@ -198,8 +206,10 @@ class Settings:
             except ValueError:
                 value = -1.0
             if not value >= 0:
-                raise SettingsError(f"namespaceGpuHourBudgets (SWEEP_NAMESPACE_GPU_HOUR_BUDGETS): got {entry!r}; "
-                                    "entries are namespace=hours with hours >= 0")
+                raise SettingsError(
+                    f"namespaceGpuHourBudgets (SWEEP_NAMESPACE_GPU_HOUR_BUDGETS): got {entry!r}; "
+                    "entries are namespace=hours with hours >= 0"
+                )
             if name.strip() == namespace:
                 hours = value
         return hours if hours > 0 else None
@@ -221,13 +231,16 @@ def kueue_queue_for(default: str, namespace_queues: tuple[str, ...], namespace: 
     queue = default
     for entry in (default, *(e.partition("=")[2] for e in namespace_queues)):
         if entry and not _LOCAL_QUEUE_NAME.match(entry):
-            raise SettingsError(f"kueue queue name {entry!r} (SWEEP_KUEUE_DEFAULT_QUEUE / SWEEP_KUEUE_NAMESPACE_QUEUES): "
-                                "a LocalQueue name is a lowercase RFC 1123 subdomain")
+            raise SettingsError(
+                f"kueue queue name {entry!r} (SWEEP_KUEUE_DEFAULT_QUEUE / SWEEP_KUEUE_NAMESPACE_QUEUES): "
+                "a LocalQueue name is a lowercase RFC 1123 subdomain"
+            )
     for entry in namespace_queues:
         name, sep, value = entry.partition("=")
         if not sep or not name.strip():
-            raise SettingsError(f"kueueNamespaceQueues (SWEEP_KUEUE_NAMESPACE_QUEUES): got {entry!r}; "
-                                "entries are namespace=queue")
+            raise SettingsError(
+                f"kueueNamespaceQueues (SWEEP_KUEUE_NAMESPACE_QUEUES): got {entry!r}; entries are namespace=queue"
+            )
         if name.strip() == namespace:
             queue = value.strip()
     return queue

@@ -62,7 +62,9 @@ def _metadata_problems(obj: dict[str, Any]) -> list[Problem]:
             )
         )
     namespace = meta.get("namespace")
-    if namespace is not None and (not isinstance(namespace, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace)):
+    if namespace is not None and (
+        not isinstance(namespace, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace)
+    ):
         problems.append(Problem("metadata.namespace", f"got {brief(namespace)}; must be a DNS-1123 label"))
     return problems
 
@@ -104,7 +106,9 @@ def parse_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: Tenancy
     )
 
 
-def validate_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: TenancyPolicy | None = None) -> list[Problem]:
+def validate_sweep(
+    obj: Any, limits: OperatorLimits | None = None, tenancy: TenancyPolicy | None = None
+) -> list[Problem]:
     """Every problem with a TrainingSweep object (empty when valid)."""
     try:
         parse_sweep(obj, limits, tenancy)
@@ -122,8 +126,10 @@ def validate_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: Tena
 
 RESUMABLE_PHASES = ("DeadlineExceeded", "Failed", "Succeeded", "BudgetExhausted")
 _HAS_NOT_RUN = "!has(oldSelf.status) || !has(oldSelf.status.runId)"
-_FIXED = ("once the sweep has run (status.runId is set): its run root holds that experiment, and a resume "
-          "continues it; create a new TrainingSweep for another")
+_FIXED = (
+    "once the sweep has run (status.runId is set): its run root holds that experiment, and a resume "
+    "continues it; create a new TrainingSweep for another"
+)
 
 
 @dataclass(frozen=True)
@@ -215,54 +221,91 @@ def _active_above(field: str) -> Any:
 
 _PHASES_CEL = "[" + ", ".join(f"'{p}'" for p in RESUMABLE_PHASES) + "]"
 RESUME_RULES: tuple[ResumeRule, ...] = (
-    ResumeRule("spec.trainLoop", f"{_HAS_NOT_RUN} || self.spec.trainLoop == oldSelf.spec.trainLoop",
-               f"cannot change {_FIXED}", _fixed("spec.trainLoop")),
-    ResumeRule("spec.paramSpace", f"{_HAS_NOT_RUN} || self.spec.paramSpace == oldSelf.spec.paramSpace",
-               f"cannot change {_FIXED}", _fixed("spec.paramSpace", {})),
-    ResumeRule("spec.storage.uri", f"{_HAS_NOT_RUN} || self.spec.storage.uri == oldSelf.spec.storage.uri",
-               f"cannot change {_FIXED}", _fixed("spec.storage.uri")),
-    ResumeRule("spec.storage.endpointUrl",
-               f"{_HAS_NOT_RUN} || self.spec.storage.endpointUrl == oldSelf.spec.storage.endpointUrl",
-               f"cannot change {_FIXED}", _fixed("spec.storage.endpointUrl", "")),
-    ResumeRule("spec.storage.region", f"{_HAS_NOT_RUN} || self.spec.storage.region == oldSelf.spec.storage.region",
-               f"cannot change {_FIXED}", _fixed("spec.storage.region", "")),
-    ResumeRule("spec.tune.metric", _optional_fixed("spec.tune.metric"),
-               f"cannot change {_FIXED}", _fixed("spec.tune.metric", "")),
-    ResumeRule("spec.tune.mode", _optional_fixed("spec.tune.mode"),
-               f"cannot change {_FIXED}", _fixed("spec.tune.mode", "")),
-    ResumeRule("spec.tune.searcher", f"{_HAS_NOT_RUN} || self.spec.tune.searcher == oldSelf.spec.tune.searcher",
-               f"cannot change {_FIXED}", _fixed("spec.tune.searcher", {})),
-    ResumeRule("spec.tune.numSamples",
-               f"{_HAS_NOT_RUN} || self.spec.tune.numSamples >= oldSelf.spec.tune.numSamples",
-               "cannot go down once the sweep has run: it is the total over all attempts, and "
-               "the trials that ran are kept; raise it, or leave it",
-               lambda new, old: not _has_run(old) or _samples(new) >= _samples(old)),
-    ResumeRule("spec.resume",
-               "!has(oldSelf.spec.resume) || (has(self.spec.resume) && "
-               "self.spec.resume.generation >= oldSelf.spec.resume.generation)",
-               "spec.resume.generation may only go up, and spec.resume cannot be removed once set (each new "
-               "generation asks for one resume; status.resumedGeneration is the last one acted on)",
-               _generation_kept),
-    ResumeRule("spec.resume.generation",
-               "!has(self.spec.resume) || (has(oldSelf.spec.resume) && "
-               "self.spec.resume.generation == oldSelf.spec.resume.generation) || "
-               f"(has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase in {_PHASES_CEL})",
-               "can be raised only on an ended sweep (phase "
-               f"{', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]})",
-               _raised_only_when_ended,
-               message_expression="'can be raised only on an ended sweep (phase "
-               f"{', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]}); this sweep is ' + "
-               "(has(oldSelf.status) && has(oldSelf.status.phase) ? oldSelf.status.phase : 'Pending')"),
-    ResumeRule("spec.resume.activeSeconds",
-               "!has(self.spec.resume) || !has(self.spec.resume.activeSeconds) || "
-               "self.spec.deadlines.startupSeconds < self.spec.resume.activeSeconds",
-               "must be more than spec.deadlines.startupSeconds",
-               _active_above("startupSeconds")),
-    ResumeRule("spec.resume.activeSeconds",
-               "!has(self.spec.resume) || !has(self.spec.resume.activeSeconds) || "
-               "self.spec.deadlines.gracefulStopSeconds < self.spec.resume.activeSeconds",
-               "must be more than spec.deadlines.gracefulStopSeconds",
-               _active_above("gracefulStopSeconds")),
+    ResumeRule(
+        "spec.trainLoop",
+        f"{_HAS_NOT_RUN} || self.spec.trainLoop == oldSelf.spec.trainLoop",
+        f"cannot change {_FIXED}",
+        _fixed("spec.trainLoop"),
+    ),
+    ResumeRule(
+        "spec.paramSpace",
+        f"{_HAS_NOT_RUN} || self.spec.paramSpace == oldSelf.spec.paramSpace",
+        f"cannot change {_FIXED}",
+        _fixed("spec.paramSpace", {}),
+    ),
+    ResumeRule(
+        "spec.storage.uri",
+        f"{_HAS_NOT_RUN} || self.spec.storage.uri == oldSelf.spec.storage.uri",
+        f"cannot change {_FIXED}",
+        _fixed("spec.storage.uri"),
+    ),
+    ResumeRule(
+        "spec.storage.endpointUrl",
+        f"{_HAS_NOT_RUN} || self.spec.storage.endpointUrl == oldSelf.spec.storage.endpointUrl",
+        f"cannot change {_FIXED}",
+        _fixed("spec.storage.endpointUrl", ""),
+    ),
+    ResumeRule(
+        "spec.storage.region",
+        f"{_HAS_NOT_RUN} || self.spec.storage.region == oldSelf.spec.storage.region",
+        f"cannot change {_FIXED}",
+        _fixed("spec.storage.region", ""),
+    ),
+    ResumeRule(
+        "spec.tune.metric",
+        _optional_fixed("spec.tune.metric"),
+        f"cannot change {_FIXED}",
+        _fixed("spec.tune.metric", ""),
+    ),
+    ResumeRule(
+        "spec.tune.mode", _optional_fixed("spec.tune.mode"), f"cannot change {_FIXED}", _fixed("spec.tune.mode", "")
+    ),
+    ResumeRule(
+        "spec.tune.searcher",
+        f"{_HAS_NOT_RUN} || self.spec.tune.searcher == oldSelf.spec.tune.searcher",
+        f"cannot change {_FIXED}",
+        _fixed("spec.tune.searcher", {}),
+    ),
+    ResumeRule(
+        "spec.tune.numSamples",
+        f"{_HAS_NOT_RUN} || self.spec.tune.numSamples >= oldSelf.spec.tune.numSamples",
+        "cannot go down once the sweep has run: it is the total over all attempts, and "
+        "the trials that ran are kept; raise it, or leave it",
+        lambda new, old: not _has_run(old) or _samples(new) >= _samples(old),
+    ),
+    ResumeRule(
+        "spec.resume",
+        "!has(oldSelf.spec.resume) || (has(self.spec.resume) && "
+        "self.spec.resume.generation >= oldSelf.spec.resume.generation)",
+        "spec.resume.generation may only go up, and spec.resume cannot be removed once set (each new "
+        "generation asks for one resume; status.resumedGeneration is the last one acted on)",
+        _generation_kept,
+    ),
+    ResumeRule(
+        "spec.resume.generation",
+        "!has(self.spec.resume) || (has(oldSelf.spec.resume) && "
+        "self.spec.resume.generation == oldSelf.spec.resume.generation) || "
+        f"(has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase in {_PHASES_CEL})",
+        f"can be raised only on an ended sweep (phase {', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]})",
+        _raised_only_when_ended,
+        message_expression="'can be raised only on an ended sweep (phase "
+        f"{', '.join(RESUMABLE_PHASES[:-1])} or {RESUMABLE_PHASES[-1]}); this sweep is ' + "
+        "(has(oldSelf.status) && has(oldSelf.status.phase) ? oldSelf.status.phase : 'Pending')",
+    ),
+    ResumeRule(
+        "spec.resume.activeSeconds",
+        "!has(self.spec.resume) || !has(self.spec.resume.activeSeconds) || "
+        "self.spec.deadlines.startupSeconds < self.spec.resume.activeSeconds",
+        "must be more than spec.deadlines.startupSeconds",
+        _active_above("startupSeconds"),
+    ),
+    ResumeRule(
+        "spec.resume.activeSeconds",
+        "!has(self.spec.resume) || !has(self.spec.resume.activeSeconds) || "
+        "self.spec.deadlines.gracefulStopSeconds < self.spec.resume.activeSeconds",
+        "must be more than spec.deadlines.gracefulStopSeconds",
+        _active_above("gracefulStopSeconds"),
+    ),
 )
 
 
@@ -271,8 +314,11 @@ def transition_problems(new: Any, old: Any = None) -> list[Problem]:
     its field with the message the API server gives for the same rule."""
     if not isinstance(new, dict):
         return []
-    return [Problem(rule.field, rule.detail(new, old)) for rule in RESUME_RULES
-            if (old is not None or "oldSelf" not in rule.rule) and not rule.holds(new, old)]
+    return [
+        Problem(rule.field, rule.detail(new, old))
+        for rule in RESUME_RULES
+        if (old is not None or "oldSelf" not in rule.rule) and not rule.holds(new, old)
+    ]
 
 
 def resume_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
@@ -280,5 +326,9 @@ def resume_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
     resume = spec.resume
     if resume is None or resume.active_seconds is None or resume.active_seconds <= limits.max_active_seconds:
         return []
-    return [Problem("spec.resume.activeSeconds",
-                    f"{resume.active_seconds}s exceeds maxActiveSeconds {limits.max_active_seconds}s")]
+    return [
+        Problem(
+            "spec.resume.activeSeconds",
+            f"{resume.active_seconds}s exceeds maxActiveSeconds {limits.max_active_seconds}s",
+        )
+    ]

@@ -15,11 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any, Final, Protocol
 
 from sweep_contracts import s3_layout
-from sweep_contracts.checkpoint_manifest import FormatError, Manifest, load_json_object, missing_rank_manifests, parse_manifest
+from sweep_contracts.checkpoint_manifest import (
+    FormatError,
+    Manifest,
+    load_json_object,
+    missing_rank_manifests,
+    parse_manifest,
+)
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
@@ -208,13 +214,17 @@ def parse_snapshot(data: bytes) -> Snapshot:
     for i, item in enumerate(results):
         if not isinstance(item, dict):
             raise FormatError(f"checkpoint_results[{i}]: got {item!r}; expected an object")
-        committed.append(_checkpoint_dir_name(item.get("checkpoint_dir_name"), f"checkpoint_results[{i}].checkpoint_dir_name"))
+        committed.append(
+            _checkpoint_dir_name(item.get("checkpoint_dir_name"), f"checkpoint_results[{i}].checkpoint_dir_name")
+        )
     latest_doc = doc.get("latest_checkpoint_result")
     latest: str | None = None
     if latest_doc is not None:
         if not isinstance(latest_doc, dict):
             raise FormatError(f"latest_checkpoint_result: got {latest_doc!r}; expected an object or null")
-        latest = _checkpoint_dir_name(latest_doc.get("checkpoint_dir_name"), "latest_checkpoint_result.checkpoint_dir_name")
+        latest = _checkpoint_dir_name(
+            latest_doc.get("checkpoint_dir_name"), "latest_checkpoint_result.checkpoint_dir_name"
+        )
         if latest not in committed:  # Ray never deletes the latest; verify it even if a snapshot omits it
             committed.append(latest)
     ray_version = doc.get("ray_version")
@@ -271,7 +281,9 @@ def experiment_state_checkpoints(data: bytes, what: str) -> dict[str, str]:
             trial_id = trial["trial_id"]
             last = metadata.get("last_result") or {}
         except (TypeError, ValueError, KeyError, AttributeError):
-            raise FormatError(f"{what}: trial_data[{i}]: not a [trial, run metadata] pair of JSON documents with a trial_id") from None
+            raise FormatError(
+                f"{what}: trial_data[{i}]: not a [trial, run metadata] pair of JSON documents with a trial_id"
+            ) from None
         if not isinstance(trial_id, str) or not isinstance(last, dict):
             raise FormatError(f"{what}: trial_data[{i}]: trial_id {trial_id!r} / last_result of an unexpected type")
         path = last.get(TUNE_CHECKPOINT_PATH_KEY)
@@ -354,23 +366,33 @@ def assess_checkpoint(
 ) -> CheckpointAssessment:
     """Compare one committed checkpoint's listing with its manifests (`contents` None: no object at all)."""
 
-    def result(problems: list[Finding], files: int = 0, size: int = 0, to_hash: Sequence[FileToHash] = ()) -> CheckpointAssessment:
+    def result(
+        problems: list[Finding], files: int = 0, size: int = 0, to_hash: Sequence[FileToHash] = ()
+    ) -> CheckpointAssessment:
         status = problems[0].kind if problems else VERIFIED
         report = CheckpointReport(trial, name, dir_key, True, files, size, status)
         return CheckpointAssessment(report, tuple(problems), tuple(to_hash) if not problems else ())
 
     if contents is None or not contents:
         what = "holds only directory markers" if contents is not None else "has no objects"
-        return result([Finding(MISSING_CHECKPOINT, dir_key, f"committed by Ray's snapshot but {what} (deleted or never uploaded)")])
+        return result(
+            [
+                Finding(
+                    MISSING_CHECKPOINT, dir_key, f"committed by Ray's snapshot but {what} (deleted or never uploaded)"
+                )
+            ]
+        )
     if not manifests:
-        return result([
-            Finding(
-                MISSING_MANIFEST,
-                dir_key + s3_layout.MANIFEST_FILE,
-                f"no {s3_layout.MANIFEST_FILE} or {s3_layout.rank_manifest_name(0)} among {len(contents)} object(s); "
-                "the checkpoint cannot be proven complete",
-            )
-        ])
+        return result(
+            [
+                Finding(
+                    MISSING_MANIFEST,
+                    dir_key + s3_layout.MANIFEST_FILE,
+                    f"no {s3_layout.MANIFEST_FILE} or {s3_layout.rank_manifest_name(0)} among {len(contents)} object(s); "
+                    "the checkpoint cannot be proven complete",
+                )
+            ]
+        )
     problems: list[Finding] = []
     for manifest_name, manifest in manifests.items():
         if isinstance(manifest, FormatError):
@@ -400,7 +422,9 @@ def assess_checkpoint(
             size += entry.size
             actual = contents.get(entry.path)
             if actual is None:
-                problems.append(Finding(MISSING_FILE, key, f"listed in the manifest ({entry.size} bytes) but not in S3"))
+                problems.append(
+                    Finding(MISSING_FILE, key, f"listed in the manifest ({entry.size} bytes) but not in S3")
+                )
             elif actual != entry.size:
                 problems.append(Finding(SIZE_MISMATCH, key, f"{actual} bytes in S3, the manifest says {entry.size}"))
             else:
@@ -425,7 +449,7 @@ def check_best_checkpoint(
     location = s3_layout.strip_scheme(uri).rstrip("/")  # Ray reports `bucket/key`; result.json carries s3://
     if not location.startswith(train_path):
         return Finding(kind, key, f"{what} {uri} is not under this run's {train_path}")
-    parts = location[len(train_path):].split("/")
+    parts = location[len(train_path) :].split("/")
     if len(parts) != 2 or tuple(parts) not in set(verified):
         return Finding(kind, key, f"{what} {uri} is not among the verified checkpoints")
     return None
@@ -474,7 +498,11 @@ def retention_findings(
     if versioning.get("Status") != "Enabled":
         state = "suspended" if versioning.get("Status") == "Suspended" else "not enabled"
         findings.append(
-            Finding(VERSIONING_DISABLED, "", f"versioning of bucket {root.bucket} is {state}: a deleted or overwritten checkpoint cannot be recovered")
+            Finding(
+                VERSIONING_DISABLED,
+                "",
+                f"versioning of bucket {root.bucket} is {state}: a deleted or overwritten checkpoint cannot be recovered",
+            )
         )
     run_prefix = root.prefix
     for rule in rules:
@@ -490,7 +518,11 @@ def retention_findings(
             days = _days_until(expiration["Date"], today)
         if isinstance(days, int) and days < min_retention_days:
             findings.append(
-                Finding(LIFECYCLE_EXPIRATION, root.prefix, f"{scope} deletes objects after {days} day(s), under the {min_retention_days}-day minimum")
+                Finding(
+                    LIFECYCLE_EXPIRATION,
+                    root.prefix,
+                    f"{scope} deletes objects after {days} day(s), under the {min_retention_days}-day minimum",
+                )
             )
         for transition in rule.get("Transitions") or []:
             days = transition.get("Days")
@@ -565,7 +597,7 @@ def iter_listing(client: S3Reader, bucket: str, prefix: str) -> Iterator[tuple[s
             kwargs["ContinuationToken"] = token
         page = _s3_call(prefix, client.list_objects_v2, **kwargs)
         for obj in page.get("Contents", []):
-            yield obj["Key"][len(prefix):], int(obj.get("Size", 0))
+            yield obj["Key"][len(prefix) :], int(obj.get("Size", 0))
         if not page.get("IsTruncated"):
             return
         token = page.get("NextContinuationToken")
@@ -717,7 +749,11 @@ def assess_trial(root: S3Uri, facts: TrialFacts) -> tuple[list[CheckpointAssessm
     snapshot = facts.snapshot
     if snapshot.ray_version != SUPPORTED_RAY_VERSION:
         warnings.append(
-            Finding(SNAPSHOT_RAY_VERSION, snapshot_key, f"written by Ray {snapshot.ray_version}; this verifier reads Ray {SUPPORTED_RAY_VERSION}'s format")
+            Finding(
+                SNAPSHOT_RAY_VERSION,
+                snapshot_key,
+                f"written by Ray {snapshot.ray_version}; this verifier reads Ray {SUPPORTED_RAY_VERSION}'s format",
+            )
         )
     for name in snapshot.committed:
         contents = facts.objects.dirs.get(name)
@@ -727,7 +763,9 @@ def assess_trial(root: S3Uri, facts: TrialFacts) -> tuple[list[CheckpointAssessm
     for name in checkpoint_dirs:
         if name not in snapshot.committed:
             key = f"{trial_prefix}{name}/"
-            warnings.append(Finding(UNCOMMITTED_CHECKPOINT, key, "not named by Ray's snapshot: an unfinished or superseded save"))
+            warnings.append(
+                Finding(UNCOMMITTED_CHECKPOINT, key, "not named by Ray's snapshot: an unfinished or superseded save")
+            )
             assessments.append(CheckpointAssessment(CheckpointReport(trial, name, key, False, 0, 0, UNCOMMITTED), ()))
     return assessments, problems, warnings
 
@@ -740,7 +778,7 @@ class _DeadlineExceeded(Exception):
 
 
 def _utc_rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _wait_all(futures: Sequence[Future[Any]], deadline: float | None, clock: Callable[[], float]) -> None:
@@ -794,7 +832,7 @@ def verify_sweep_checkpoints(
     min_retention_days: int = 30,
     empty_root_ok: bool = False,
     clock: Callable[[], float] = time.monotonic,
-    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> VerificationResult:
     """Verify every committed checkpoint under a run root; S3 errors and timeouts give verified=False, never raise.
 
@@ -806,7 +844,9 @@ def verify_sweep_checkpoints(
     uri = root if isinstance(root, S3Uri) else S3Uri.parse(root)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency: got {concurrency!r}; must be an integer >= 1")
-    if timeout_seconds is not None and not (isinstance(timeout_seconds, (int, float)) and timeout_seconds > 0 and math.isfinite(timeout_seconds)):
+    if timeout_seconds is not None and not (
+        isinstance(timeout_seconds, (int, float)) and timeout_seconds > 0 and math.isfinite(timeout_seconds)
+    ):
         raise ValueError(f"timeout_seconds: got {timeout_seconds!r}; must be a number of seconds > 0 or None")
     if isinstance(min_retention_days, bool) or not isinstance(min_retention_days, int) or min_retention_days < 0:
         raise ValueError(f"min_retention_days: got {min_retention_days!r}; must be an integer >= 0")
@@ -857,7 +897,14 @@ def _verify(
         return
     empty_future = pool.submit(_has_any_object, client, root.bucket, root.prefix) if not trials else None
     _wait_all(
-        [*trial_futures.values(), result_future, status_future, states_future, retention_future, *([empty_future] if empty_future else [])],
+        [
+            *trial_futures.values(),
+            result_future,
+            status_future,
+            states_future,
+            retention_future,
+            *([empty_future] if empty_future else []),
+        ],
         deadline,
         clock,
     )
@@ -876,7 +923,9 @@ def _verify(
     expected = _expected_trials(root, run, result_data, run.outcome(status_future), run.outcome(states_future))
     run.problems += missing_trial_findings(root, expected, facts_by_trial, run.problems)
     if empty_future is not None and run.outcome(empty_future) is False:
-        empty = Finding(EMPTY_RUN_ROOT, root.prefix, f"no object under {root}: a wrong URI, or a run that never wrote anything")
+        empty = Finding(
+            EMPTY_RUN_ROOT, root.prefix, f"no object under {root}: a wrong URI, or a run that never wrote anything"
+        )
         (run.warnings if empty_root_ok else run.problems).append(empty)
     elif not any(a.report.committed for a in run.assessments) and not run.problems:
         run.warnings.append(Finding(NO_CHECKPOINTS, train_prefix, "no trial has committed a checkpoint yet"))
@@ -898,7 +947,9 @@ def _verify(
             best = s3_layout.strip_scheme(run.best_uri or "").rstrip("/")
             for trial, uri in sorted(recorded.items()):
                 trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
-                if s3_layout.strip_scheme(uri).rstrip("/") == best or any(p.key.startswith(trial_prefix) for p in run.problems):
+                if s3_layout.strip_scheme(uri).rstrip("/") == best or any(
+                    p.key.startswith(trial_prefix) for p in run.problems
+                ):
                     continue  # already judged as the best checkpoint, or the trial is not verified for a named reason
                 finding = check_best_checkpoint(
                     uri, root, verified, kind=RECORDED_CHECKPOINT_UNVERIFIED, what=f"trial {trial}'s checkpoint"
@@ -910,7 +961,9 @@ def _verify(
     if unread is not None:
         detail = unread.detail if isinstance(unread, S3AccessError) else describe_s3_error(unread)
         # Retention only ever yields warnings, so not being allowed to read it must not block a deletion.
-        run.warnings.append(Finding(RETENTION_UNKNOWN, "", f"could not read the versioning/lifecycle of bucket {root.bucket}: {detail}"))
+        run.warnings.append(
+            Finding(RETENTION_UNKNOWN, "", f"could not read the versioning/lifecycle of bucket {root.bucket}: {detail}")
+        )
     else:
         versioning, rules = retention_future.result()
         run.warnings += retention_findings(versioning, rules, root, min_retention_days, today)
@@ -932,11 +985,21 @@ def _expected_trials(
     # (key, name shown, bytes, parser, problem kind when unreadable: "" for result.json, judged with its best)
     sources: list[tuple[str, str, bytes, Callable[[bytes, str], dict[str, str]], str]] = []
     if result_data is not None:
-        sources.append((root.join(s3_layout.RESULT_KEY).key, s3_layout.RESULT_KEY, result_data, recorded_checkpoints, ""))
+        sources.append(
+            (root.join(s3_layout.RESULT_KEY).key, s3_layout.RESULT_KEY, result_data, recorded_checkpoints, "")
+        )
     if status_data is not None:
-        sources.append((root.join(s3_layout.STATUS_KEY).key, s3_layout.STATUS_KEY, status_data, recorded_checkpoints, INVALID_RECORD))
+        sources.append(
+            (
+                root.join(s3_layout.STATUS_KEY).key,
+                s3_layout.STATUS_KEY,
+                status_data,
+                recorded_checkpoints,
+                INVALID_RECORD,
+            )
+        )
     for key, data in sorted((states or {}).items()):
-        name = key[len(root.prefix):]
+        name = key[len(root.prefix) :]
         sources.append((key, name, data, experiment_state_checkpoints, INVALID_RECORD))
     for key, name, data, parse, invalid_kind in sources:
         try:
@@ -974,10 +1037,17 @@ def missing_trial_findings(
 
 
 def _hash_checkpoints(
-    client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, deadline: float | None, clock: Callable[[], float], run: _Run
+    client: S3Reader,
+    root: S3Uri,
+    pool: ThreadPoolExecutor,
+    deadline: float | None,
+    clock: Callable[[], float],
+    run: _Run,
 ) -> None:
     """Deep mode: stream every size-checked file concurrently and compare sha256; failing checkpoints lose `verified`."""
-    jobs = [(item, pool.submit(hash_object, client, root.bucket, item.key)) for a in run.assessments for item in a.to_hash]
+    jobs = [
+        (item, pool.submit(hash_object, client, root.bucket, item.key)) for a in run.assessments for item in a.to_hash
+    ]
     _wait_all([f for _, f in jobs], deadline, clock)
     failed: dict[tuple[str, str], str] = {}
     for item, future in jobs:
@@ -986,9 +1056,13 @@ def _hash_checkpoints(
         if outcome is not None:
             digest, size = outcome
             if size != item.size:
-                run.problems.append(Finding(SIZE_MISMATCH, item.key, f"read {size} bytes, the manifest says {item.size}"))
+                run.problems.append(
+                    Finding(SIZE_MISMATCH, item.key, f"read {size} bytes, the manifest says {item.size}")
+                )
             elif digest != item.sha256:
-                run.problems.append(Finding(CHECKSUM_MISMATCH, item.key, f"sha256 {digest}, the manifest says {item.sha256}"))
+                run.problems.append(
+                    Finding(CHECKSUM_MISMATCH, item.key, f"sha256 {digest}, the manifest says {item.sha256}")
+                )
         if len(run.problems) > before:
             failed.setdefault((item.trial, item.checkpoint), run.problems[-1].kind)
     if failed:

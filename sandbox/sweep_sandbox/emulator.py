@@ -34,6 +34,7 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering as kmock_rendering
 
 from sweep_contracts import constants
+
 from . import openapi
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
@@ -153,8 +154,11 @@ def _field_validation(query: Mapping[str, str]) -> str:
     """The fieldValidation directive; absent means Warn (apiserver handlers/rest.go fieldValidation)."""
     value = query.get("fieldValidation", "")
     if value not in _FIELD_VALIDATION:
-        raise ApiError(400, "BadRequest", f"fieldValidation parameter unsupported: {value!r}; "
-                       "valid values are Ignore, Warn, or Strict")
+        raise ApiError(
+            400,
+            "BadRequest",
+            f"fieldValidation parameter unsupported: {value!r}; valid values are Ignore, Warn, or Strict",
+        )
     return _FIELD_VALIDATION[value]
 
 
@@ -187,7 +191,7 @@ def _warning_headers(warnings: list[str]) -> Any:
 def _yaml_body(body: bytes) -> Any:
     """An apply patch's body: YAML (JSON is YAML)."""
     try:
-        return yaml.load(body.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+        return yaml.load(body.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         raise ApiError(400, "BadRequest", f"error decoding YAML: {e}") from e
 
@@ -421,13 +425,15 @@ KUBERAY_CRDS: tuple[Obj, ...] = (
 )
 
 
-
 def kuberay_crd_dir() -> Path | None:
     """$KUBERAY_CRDS when set (only there), else ../shared/schemas/kuberay beside the repository (absent in a fresh
     clone); None when that directory lacks either file."""
     configured = os.environ.get("KUBERAY_CRDS")  # as tests/support/schemas.py kuberay_crd_dir reads it
-    candidate = Path(configured) if configured else Path(__file__).resolve().parents[2].parent / "shared" / "schemas" \
-        / "kuberay"
+    candidate = (
+        Path(configured)
+        if configured
+        else Path(__file__).resolve().parents[2].parent / "shared" / "schemas" / "kuberay"
+    )
     if (candidate / "ray.io_rayjobs.yaml").is_file() and (candidate / "ray.io_rayclusters.yaml").is_file():
         return candidate
     return None
@@ -437,7 +443,7 @@ def kuberay_crd_dir() -> Path | None:
 def _load_crd_files(directory: str) -> tuple[Obj, ...]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the files are 1-1.4 MB: libyaml reads them in 0.5 s
     return tuple(
-        yaml.load((Path(directory) / name).read_text(), Loader=loader)  # noqa: S506 (a safe loader)
+        yaml.load((Path(directory) / name).read_text(), Loader=loader)
         for name in ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
     )
 
@@ -643,9 +649,7 @@ def parse_field_selector(selector: str) -> Callable[[Obj], bool]:
     for requirement in _split_selector(selector or ""):
         negate = "!=" in requirement
         path, value = (s.strip() for s in re.split(r"!=|==?", requirement, maxsplit=1))
-        checks.append(
-            lambda obj, p=path, v=value, n=negate: (_field_text(json_path_get(obj, "." + p)) == v) != n
-        )
+        checks.append(lambda obj, p=path, v=value, n=negate: (_field_text(json_path_get(obj, "." + p)) == v) != n)
     return lambda obj: all(check(obj) for check in checks)
 
 
@@ -787,7 +791,8 @@ class ChangeLog:
     def of(self, resource: kmock.resource, namespace: str | None, name: str) -> list[Change]:
         """The retained changes of one object, oldest first (for asserting progressions)."""
         return [
-            c for c in self._changes
+            c
+            for c in self._changes
             if c.resource == resource and c.namespace == namespace and c.obj["metadata"]["name"] == name
         ]
 
@@ -890,7 +895,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     # (resource, field path) of every unknown field a write sent and the server pruned (Warn or Ignore), newest
     # last: a test can assert its component writes nothing a real server would drop
     unknown_fields: collections.deque[tuple[str, str]] = attrs.field(
-        factory=lambda: collections.deque(maxlen=1000), init=False)
+        factory=lambda: collections.deque(maxlen=1000), init=False
+    )
     # Validating admission webhooks (a stand-in registers its own, e.g. Kueue's vrayjob.kb.io): each is called with
     # ("group/plural", old or None, new) and returns (webhook name, denials); any denial refuses the write with 403.
     validating_webhooks: list[Callable[[str, Obj | None, Obj], tuple[str, list[str]]]] = attrs.field(
@@ -1089,8 +1095,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if not group or not versions:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({group})")
         entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": entries,
-                "preferredVersion": entries[0]}
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": entries,
+            "preferredVersion": entries[0],
+        }
 
     def _group_list(self) -> Obj:
         groups = dict.fromkeys(t.group for t in self._types.values() if t.group)
@@ -1116,8 +1127,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             )
             for sub in t.subresources:
                 resources.append(
-                    {"name": f"{t.plural}/{sub}", "singularName": "", "namespaced": t.namespaced, "kind": t.kind,
-                     "verbs": ["get", "patch", "update"]}
+                    {
+                        "name": f"{t.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": t.namespaced,
+                        "kind": t.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
                 )
         return {
             "kind": "APIResourceList",
@@ -1150,22 +1166,39 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         warnings: list[str] = []
         if verb == "get":
             if target.subresource not in (None, "status"):
-                raise ApiError(404, "NotFound", f"the server could not find the requested resource ({target.subresource})")
+                raise ApiError(
+                    404, "NotFound", f"the server could not find the requested resource ({target.subresource})"
+                )
             obj = self.get_object(resource_type, target.namespace, target.name or "")
             return aiohttp.web.json_response(self._table([obj], resource_type, query) if table else obj)
         if verb == "create":
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-            created = self.create_object(resource_type, target.namespace, data, directive=directive,
-                                         warnings=warnings, manager=_field_manager(query, raw), dry_run=dry_run)
+            created = self.create_object(
+                resource_type,
+                target.namespace,
+                data,
+                directive=directive,
+                warnings=warnings,
+                manager=_field_manager(query, raw),
+                dry_run=dry_run,
+            )
             return aiohttp.web.json_response(created, status=201, headers=_warning_headers(warnings))
         if verb in ("patch", "update"):
             content_type = raw.headers.get("Content-Type", "application/json").split(";")[0].strip()
             if content_type == "application/apply-patch+yaml":
                 data = _yaml_body(request.body)
-            obj = self._update(resource_type, target, data, content_type if verb == "patch" else "replace",
-                               directive=directive, warnings=warnings, manager=_field_manager(query, raw),
-                               force=query.get("force") in ("true", "1"), dry_run=dry_run)
+            obj = self._update(
+                resource_type,
+                target,
+                data,
+                content_type if verb == "patch" else "replace",
+                directive=directive,
+                warnings=warnings,
+                manager=_field_manager(query, raw),
+                force=query.get("force") in ("true", "1"),
+                dry_run=dry_run,
+            )
             return aiohttp.web.json_response(obj, headers=_warning_headers(warnings))
         if verb == "delete":
             options = dict(data) if isinstance(data, dict) else {}
@@ -1429,8 +1462,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if not meta.get("name"):
             if not meta.get("generateName"):
                 raise ApiError(
-                    422, "Invalid", f"{resource_type.kind} is invalid: metadata.name: Required value: name or "
-                    "generateName is required"
+                    422,
+                    "Invalid",
+                    f"{resource_type.kind} is invalid: metadata.name: Required value: name or generateName is required",
                 )
             meta["name"] = meta["generateName"] + random_suffix()
         if resource_type.namespaced:
@@ -1537,8 +1571,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if directive == "Strict" and patched is not None:
             # handlers/patch.go jsonPatcher.applyPatchToCurrentObject: NewInvalid with no kind or name, one cause
             # on the field `patch` quoting the patched object
-            error = crd_schema.FieldError("FieldValueInvalid", "patch", patched,
-                                          f"strict decoding error: {', '.join(messages)}")
+            error = crd_schema.FieldError(
+                "FieldValueInvalid", "patch", patched, f"strict decoding error: {', '.join(messages)}"
+            )
             raise _InvalidObject(crd_schema.invalid_status("", "", "", [error]))
         if directive == "Strict":
             raise ApiError(
@@ -1592,13 +1627,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         name = target.name or ""
         if target.subresource not in (None, "status"):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({target.subresource})")
-        if mode == "application/apply-patch+yaml" and self._current(resource_type, namespace, name) is None \
-                and target.subresource is None:
+        if (
+            mode == "application/apply-patch+yaml"
+            and self._current(resource_type, namespace, name) is None
+            and target.subresource is None
+        ):
             return self._apply_create(resource_type, namespace, name, data, manager, directive, warnings, dry_run)
         old = self.get_object(resource_type, namespace, name)
         if mode == "application/apply-patch+yaml":
-            new = self._server_side_apply(resource_type, old, data, manager, force, target.subresource, directive,
-                                          warnings)
+            new = self._server_side_apply(
+                resource_type, old, data, manager, force, target.subresource, directive, warnings
+            )
         else:
             new = self._apply_change(resource_type, old, data, mode)
             if resource_type.schema is not None:
@@ -1610,19 +1649,29 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 elif mode != "replace":
                     touched = {"status"} if status_only else None
                 if mode != "replace":  # a merged object shares parts with the stored one: decode a copy
-                    new = {**new, **{k: _json_copy(new[k]) for k in touched if k in new}} if touched is not None \
+                    new = (
+                        {**new, **{k: _json_copy(new[k]) for k in touched if k in new}}
+                        if touched is not None
                         else _json_copy(new)
+                    )
                 patched = None
                 if mode != "replace" and directive == "Strict":  # what a strict refusal of a patch quotes
-                    patched = json.dumps({**new, "metadata": {k: v for k, v in new["metadata"].items()
-                                                              if k != "managedFields"}},
-                                         sort_keys=True, separators=(",", ":"))
-                self._decode(resource_type, new, directive, warnings, status_only=status_only, keys=touched,
-                             patched=patched)
+                    patched = json.dumps(
+                        {**new, "metadata": {k: v for k, v in new["metadata"].items() if k != "managedFields"}},
+                        sort_keys=True,
+                        separators=(",", ":"),
+                    )
+                self._decode(
+                    resource_type, new, directive, warnings, status_only=status_only, keys=touched, patched=patched
+                )
         if target.subresource is None and "status" in resource_type.subresources:
-            new = {**new, "status": old["status"]} if "status" in old else {k: v for k, v in new.items() if k != "status"}
+            new = (
+                {**new, "status": old["status"]} if "status" in old else {k: v for k, v in new.items() if k != "status"}
+            )
         elif target.subresource == "status":
-            new = {**old, "status": new["status"]} if "status" in new else {k: v for k, v in old.items() if k != "status"}
+            new = (
+                {**old, "status": new["status"]} if "status" in new else {k: v for k, v in old.items() if k != "status"}
+            )
             new["metadata"] = {**old["metadata"], "managedFields": (new.get("metadata") or {}).get("managedFields")}
             if new["metadata"]["managedFields"] is None:
                 del new["metadata"]["managedFields"]
@@ -1654,10 +1703,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if resource_type.schema is not None:
             self._decode(resource_type, applied, directive, warnings, defaults=False)
         owned = managed_fields.scoped_paths(applied, None)
-        entry = {"manager": manager, "operation": "Apply", "apiVersion": resource_type.api_version,
-                 "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": managed_fields.fields_v1(owned)}
-        return self.create_object(resource_type, namespace, applied, directive=directive, warnings=warnings,
-                                  applied_by=entry, dry_run=dry_run)
+        entry = {
+            "manager": manager,
+            "operation": "Apply",
+            "apiVersion": resource_type.api_version,
+            "time": now_rfc3339(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": managed_fields.fields_v1(owned),
+        }
+        return self.create_object(
+            resource_type, namespace, applied, directive=directive, warnings=warnings, applied_by=entry, dry_run=dry_run
+        )
 
     def _merged_metadata(self, resource_type: ResourceType, old: Obj, new: Obj) -> Obj:
         """`new` with the server-owned metadata replace_object will restore (validation sees the stored name)."""
@@ -1682,13 +1738,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if not isinstance(data, dict):
             raise ApiError(400, "BadRequest", "the apply patch must be a YAML or JSON object")
         if not manager:
-            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: "
-                           "is required for apply patch")
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+            )
         applied = copy.deepcopy(data)
         if resource_type.schema is not None:
             self._decode(resource_type, applied, directive, warnings, defaults=False)
-        return managed_fields.apply(old, applied, manager, resource_type.api_version, force, subresource,
-                                    defaults=resource_type.schema)
+        return managed_fields.apply(
+            old, applied, manager, resource_type.api_version, force, subresource, defaults=resource_type.schema
+        )
 
     def _apply_change(self, resource_type: ResourceType, old: Obj, data: Any, mode: str) -> Obj:
         if mode == "application/json-patch+json":
@@ -1697,17 +1757,26 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             try:
                 return jsonpatch.apply_patch(copy.deepcopy(old), data, in_place=False)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}") from e
+                raise ApiError(
+                    422, "Invalid", f"the server rejected our request due to an error in our request: {e}"
+                ) from e
         if not isinstance(data, dict):
             raise ApiError(400, "BadRequest", "the request body must be a JSON object")
         self._check_precondition(resource_type, old, data)
         if mode == "replace":
             if resource_type.custom and not (data.get("metadata") or {}).get("resourceVersion"):
                 # customresource/strategy.go AllowUnconditionalUpdate is false: registry/store.go Update refuses
-                error = crd_schema.FieldError("FieldValueInvalid", "metadata.resourceVersion",
-                                              crd_schema.GoLiteral("0x0"), "must be specified for an update")
-                raise _InvalidObject(crd_schema.invalid_status(resource_type.plural, resource_type.group,
-                                                               old["metadata"]["name"], [error]))
+                error = crd_schema.FieldError(
+                    "FieldValueInvalid",
+                    "metadata.resourceVersion",
+                    crd_schema.GoLiteral("0x0"),
+                    "must be specified for an update",
+                )
+                raise _InvalidObject(
+                    crd_schema.invalid_status(
+                        resource_type.plural, resource_type.group, old["metadata"]["name"], [error]
+                    )
+                )
             return copy.deepcopy(data)  # server-owned metadata is restored by replace_object (managedFields kept)
         if mode == "application/strategic-merge-patch+json" and resource_type.custom:
             raise ApiError(
@@ -1741,8 +1810,16 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         """
         meta = dict(new.get("metadata") or {})
         old_meta = old["metadata"]
-        for owned in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                      "deletionGracePeriodSeconds", "generation", "resourceVersion"):
+        for owned in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "resourceVersion",
+        ):
             if owned in old_meta:
                 meta[owned] = old_meta[owned]
             else:
@@ -1802,7 +1879,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if policy == "Orphan" or options.get("orphanDependents") is True:
             self._orphan_dependents(obj["metadata"]["uid"])
         finalizers = list(obj["metadata"].get("finalizers", []))
-        if policy == "Foreground" and self._dependents(obj["metadata"]["uid"]) and FOREGROUND_FINALIZER not in finalizers:
+        if (
+            policy == "Foreground"
+            and self._dependents(obj["metadata"]["uid"])
+            and FOREGROUND_FINALIZER not in finalizers
+        ):
             finalizers.append(FOREGROUND_FINALIZER)
         is_namespace = resource_type.group == "" and resource_type.plural == "namespaces"
         if not finalizers and not is_namespace:
@@ -1901,7 +1982,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             self._terminating.discard(namespace)
             return 0
         contents = [
-            live for keys in self._live_keys.values() for key in keys
+            live
+            for keys in self._live_keys.values()
+            for key in keys
             if key[1] == namespace and (live := self._live_object(key)) is not None
         ]
         if not contents:
@@ -1964,7 +2047,8 @@ def normalize_pod_quantities(pod: Obj) -> Obj:
             if resources:
                 resources = {
                     kind: {name: _quantity_text(v) for name, v in (values or {}).items()}
-                    if isinstance(values, dict) else values
+                    if isinstance(values, dict)
+                    else values
                     for kind, values in resources.items()
                 }
                 container = {**container, "resources": resources}
@@ -2046,9 +2130,9 @@ def kubeconfig_document(url: str, context: str = "sandbox", namespace: str = "de
 class EmulatorServer:
     """Runs a KubernetesApiEmulator on 127.0.0.1 in a background thread with its own event loop.
 
-        with EmulatorServer() as server:          # or server.start() ... server.stop()
-            server.write_kubeconfig(path)
-            api = server.api_client()
+    with EmulatorServer() as server:          # or server.start() ... server.stop()
+        server.write_kubeconfig(path)
+        api = server.api_client()
     """
 
     def __init__(self, emulator: KubernetesApiEmulator | None = None, host: str = "127.0.0.1", port: int = 0) -> None:

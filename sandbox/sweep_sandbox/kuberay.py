@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from sweep_contracts import constants
+
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
 
 Obj = dict[str, Any]
@@ -166,8 +167,13 @@ class Outcome:
         return cls("succeed", after, startup, submit)
 
     @classmethod
-    def fail(cls, after: float = 0.1, message: str = "Job entrypoint command failed with exit code 1",
-             *, startup: float = 0.0) -> Outcome:
+    def fail(
+        cls,
+        after: float = 0.1,
+        message: str = "Job entrypoint command failed with exit code 1",
+        *,
+        startup: float = 0.0,
+    ) -> Outcome:
         return cls("fail", after, startup, 0.0, message)
 
     @classmethod
@@ -400,7 +406,11 @@ class Informer:
                 self._cache.pop(key, None)
             else:
                 cached = self._cache.get(key)
-                if cached is None or _rv(obj) >= _rv(cached) or cached["metadata"].get("uid") != obj["metadata"].get("uid"):
+                if (
+                    cached is None
+                    or _rv(obj) >= _rv(cached)
+                    or cached["metadata"].get("uid") != obj["metadata"].get("uid")
+                ):
                     self._cache[key] = obj
         if event_type == "DELETED" and self.on_delete is not None:
             self.on_delete(obj)
@@ -408,7 +418,9 @@ class Informer:
 
     def _list(self, **kwargs: Any) -> Any:
         if self.namespace:
-            return self.api.list_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, **kwargs)
+            return self.api.list_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, **kwargs
+            )
         return self.api.list_cluster_custom_object(self.group, self.version, self.plural, **kwargs)
 
     def _run(self) -> None:
@@ -419,7 +431,9 @@ class Informer:
                 listed = self._list()
                 with self._lock:
                     before = self._cache
-                    self._cache = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in listed["items"]}
+                    self._cache = {
+                        (o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in listed["items"]
+                    }
                     vanished = [o for k, o in before.items() if k not in self._cache]
                 if self.on_delete is not None:
                     for obj in vanished:  # deleted while the watch was down: no DELETED event will come
@@ -459,8 +473,15 @@ class Informer:
 # Pods and Events, as the RayCluster controller, kube-scheduler and the kubelet would leave them
 
 
-def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str,
-               host: str | None = None, action: str | None = None) -> Obj:
+def event_body(
+    involved: Mapping[str, Any],
+    type_: str,
+    reason: str,
+    message: str,
+    component: str,
+    host: str | None = None,
+    action: str | None = None,
+) -> Obj:
     """A core v1 Event about `involved`, named as client-go's recorders name them.
 
     With `action`, the shape of client-go's tools/events recorder (what KubeRay v1.7's `mgr.GetEventRecorder` uses:
@@ -487,14 +508,25 @@ def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: st
     }
     if action is not None:
         micro = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body.update(eventTime=micro, action=action, reportingComponent=component,
-                    reportingInstance=f"{component}-{KUBERAY_POD}", source={})
+        body.update(
+            eventTime=micro,
+            action=action,
+            reportingComponent=component,
+            reportingInstance=f"{component}-{KUBERAY_POD}",
+            source={},
+        )
         return body
     source: Obj = {"component": component}
     if host:
         source["host"] = host
-    body.update(source=source, firstTimestamp=now, lastTimestamp=now, count=1, reportingComponent=component,
-                reportingInstance=host or "")
+    body.update(
+        source=source,
+        firstTimestamp=now,
+        lastTimestamp=now,
+        count=1,
+        reportingComponent=component,
+        reportingInstance=host or "",
+    )
     return body
 
 
@@ -533,12 +565,25 @@ def plan_pods(cluster: Mapping[str, Any], workers: int | None = None) -> list[Po
     """KubeRay's pods for a cluster: `<cluster>-head-xxxxx` and `<cluster>-<group>-worker-xxxxx`."""
     name = cluster["metadata"]["name"]
     spec = cluster.get("spec") or {}
-    plans = [PodPlan(f"{name}-head-{random_suffix()}", "head", HEAD_GROUP, (spec.get("headGroupSpec") or {}).get("template") or {})]
+    plans = [
+        PodPlan(
+            f"{name}-head-{random_suffix()}",
+            "head",
+            HEAD_GROUP,
+            (spec.get("headGroupSpec") or {}).get("template") or {},
+        )
+    ]
     for group in spec.get("workerGroupSpecs") or []:
         count = _worker_count(group) if workers is None else workers
         for _ in range(count):
-            plans.append(PodPlan(f"{name}-{group['groupName']}-worker-{random_suffix()}", "worker",
-                                 group["groupName"], group.get("template") or {}))
+            plans.append(
+                PodPlan(
+                    f"{name}-{group['groupName']}-worker-{random_suffix()}",
+                    "worker",
+                    group["groupName"],
+                    group.get("template") or {},
+                )
+            )
     return plans
 
 
@@ -546,15 +591,17 @@ def pod_body(cluster: Mapping[str, Any], plan: PodPlan) -> Obj:
     template = plan.template
     cluster_name = cluster["metadata"]["name"]
     labels = dict((template.get("metadata") or {}).get("labels") or {})
-    labels.update({
-        LABEL_CLUSTER: cluster_name,
-        LABEL_NODE_TYPE: plan.node_type,
-        LABEL_GROUP: plan.group,
-        "ray.io/identifier": f"{cluster_name}-{plan.node_type}",
-        "ray.io/is-ray-node": "yes",
-        "app.kubernetes.io/name": "kuberay",
-        "app.kubernetes.io/created-by": "kuberay-operator",
-    })
+    labels.update(
+        {
+            LABEL_CLUSTER: cluster_name,
+            LABEL_NODE_TYPE: plan.node_type,
+            LABEL_GROUP: plan.group,
+            "ray.io/identifier": f"{cluster_name}-{plan.node_type}",
+            "ray.io/is-ray-node": "yes",
+            "app.kubernetes.io/name": "kuberay",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+        }
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -580,23 +627,30 @@ def _condition(type_: str, status: bool, reason: str = "", message: str = "") ->
 
 def _cluster_condition(type_: str, status: bool, reason: str, message: str = "") -> Obj:
     """A metav1.Condition, as RayCluster status.conditions holds them: message and reason always present."""
-    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": message,
-            "lastTransitionTime": now_rfc3339()}
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_rfc3339(),
+    }
 
 
 def _container_statuses(pod: Mapping[str, Any], *, ready: bool, waiting: Obj | None = None) -> list[Obj]:
     statuses = []
     for container in pod["spec"].get("containers", []):
         state: Obj = {"running": {"startedAt": now_rfc3339()}} if ready else {"waiting": dict(waiting or {})}
-        statuses.append({
-            "name": container.get("name", "ray"),
-            "image": container.get("image", ""),
-            "imageID": "",
-            "ready": ready,
-            "restartCount": 0,
-            "started": ready,
-            "state": state,
-        })
+        statuses.append(
+            {
+                "name": container.get("name", "ray"),
+                "image": container.get("image", ""),
+                "imageID": "",
+                "ready": ready,
+                "restartCount": 0,
+                "started": ready,
+                "state": state,
+            }
+        )
     return statuses
 
 
@@ -626,10 +680,14 @@ def unschedulable_message(pending: PendingPods) -> str:
         return pending.message
     n = pending.nodes
     if pending.reason is PendingReason.INSUFFICIENT_GPU:
-        return (f"0/{n} nodes are available: {n} Insufficient {constants.GPU_RESOURCE}. preemption: 0/{n} nodes are "
-                f"available: {n} No preemption victims found for incoming pod.")
-    return (f"0/{n} nodes are available: {n} node(s) didn't match Pod's node affinity/selector. preemption: 0/{n} "
-            f"nodes are available: {n} Preemption is not helpful for scheduling.")
+        return (
+            f"0/{n} nodes are available: {n} Insufficient {constants.GPU_RESOURCE}. preemption: 0/{n} nodes are "
+            f"available: {n} No preemption victims found for incoming pod."
+        )
+    return (
+        f"0/{n} nodes are available: {n} node(s) didn't match Pod's node affinity/selector. preemption: 0/{n} "
+        f"nodes are available: {n} Preemption is not helpful for scheduling."
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -682,31 +740,50 @@ class RayApi:
         self.ApiException = kubernetes.client.ApiException
 
     def create(self, plural: str, namespace: str, body: Obj) -> Obj:
-        return dict(self.custom.create_namespaced_custom_object(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, body))
+        return dict(
+            self.custom.create_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, body
+            )
+        )
 
     def get(self, plural: str, namespace: str, name: str) -> Obj | None:
         try:
-            return dict(self.custom.get_namespaced_custom_object(
-                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name))
+            return dict(
+                self.custom.get_namespaced_custom_object(
+                    constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name
+                )
+            )
         except self.ApiException as e:
             if e.status == 404:
                 return None
             raise
 
     def delete(self, plural: str, namespace: str, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name)
+        self.custom.delete_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name
+        )
 
     def patch(self, plural: str, obj: Obj, patch: Obj, *, status: bool = False, guarded: bool = False) -> Obj:
         """A merge patch; `guarded` adds obj's resourceVersion, so a stale write fails with 409 as KubeRay's Update."""
         meta = obj["metadata"]
         if guarded:
             patch = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        call = self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
-        return dict(call(constants.RAY_GROUP, constants.RAY_VERSION_API, meta["namespace"], plural, meta["name"], patch))
+        call = (
+            self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
+        )
+        return dict(
+            call(constants.RAY_GROUP, constants.RAY_VERSION_API, meta["namespace"], plural, meta["name"], patch)
+        )
 
-    def core(self, method: str, path: str, body: Any = None, *, query: list[tuple[str, str]] | None = None,
-             content_type: str = "application/json") -> Obj:
+    def core(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
         """A core/v1 call with plain JSON: the typed client validates pod templates stricter than the API server."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, headers, payload, _ = self.api_client.param_serialize(
@@ -718,8 +795,16 @@ class RayApi:
             raise self.ApiException(http_resp=response)
         return dict(json.loads(response.data))
 
-    def event(self, involved: Obj, type_: str, reason: str, message: str, component: str = RAYJOB_CONTROLLER,
-              host: str | None = None, action: str | None = None) -> None:
+    def event(
+        self,
+        involved: Obj,
+        type_: str,
+        reason: str,
+        message: str,
+        component: str = RAYJOB_CONTROLLER,
+        host: str | None = None,
+        action: str | None = None,
+    ) -> None:
         body = event_body(involved, type_, reason, message, component, host, action)
         try:
             self.core("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
@@ -743,8 +828,14 @@ class ClusterPods:
         for plan in self._missing(cluster, plan_pods(cluster)):
             pod = self._create(cluster, plan)
             waiting = {"reason": "ContainerCreating"}
-            self._set_status(pod, {"phase": "Pending", "conditions": [_condition("PodScheduled", True)],
-                                   "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting)})
+            self._set_status(
+                pod,
+                {
+                    "phase": "Pending",
+                    "conditions": [_condition("PodScheduled", True)],
+                    "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting),
+                },
+            )
 
     def ready(self, cluster: Obj) -> None:
         self.starting(cluster)
@@ -772,15 +863,25 @@ class ClusterPods:
         """The RayCluster's view of a stuck start: no state, no available workers, provisioning conditions."""
         head_ready = pending.reason is not PendingReason.IMAGE_PULL
         conditions = [
-            _cluster_condition("HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"),
-            _cluster_condition("RayClusterProvisioned", False, "RayClusterPodsProvisioning",
-                               "RayCluster Pods are being provisioned for first time"),
+            _cluster_condition(
+                "HeadPodReady", head_ready, "HeadPodRunningAndReady" if head_ready else "HeadPodNotReady"
+            ),
+            _cluster_condition(
+                "RayClusterProvisioned",
+                False,
+                "RayClusterPodsProvisioning",
+                "RayCluster Pods are being provisioned for first time",
+            ),
         ]
         if refusal:
             conditions.append(_cluster_condition("ReplicaFailure", True, "FailedCreateWorkerPod", refusal))
         workers = sum(1 for p in plans if p.node_type == "worker")
-        return {"desiredWorkerReplicas": workers, "availableWorkerReplicas": 0, "readyWorkerReplicas": 0,
-                "conditions": conditions}
+        return {
+            "desiredWorkerReplicas": workers,
+            "availableWorkerReplicas": 0,
+            "readyWorkerReplicas": 0,
+            "conditions": conditions,
+        }
 
     def delete_workers(self, cluster: Obj) -> None:
         """What the RayCluster controller does to a worker group with `suspend: true` (DeleteWorkers policy)."""
@@ -826,14 +927,24 @@ class ClusterPods:
         namespace = cluster["metadata"]["namespace"]
         pod = self.api.core("POST", f"/api/v1/namespaces/{namespace}/pods", pod_body(cluster, plan))
         reason = "CreatedHeadPod" if plan.node_type == "head" else "CreatedWorkerPod"
-        self.api.event(cluster, "Normal", reason, f"Created {plan.node_type} Pod {namespace}/{plan.name}",
-                       RAYCLUSTER_CONTROLLER, action="Create")
+        self.api.event(
+            cluster,
+            "Normal",
+            reason,
+            f"Created {plan.node_type} Pod {namespace}/{plan.name}",
+            RAYCLUSTER_CONTROLLER,
+            action="Create",
+        )
         return pod
 
     def _patch(self, pod: Obj, suffix: str, body: Obj) -> None:
         meta = pod["metadata"]
-        self.api.core("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}{suffix}", body,
-                      content_type="application/strategic-merge-patch+json")
+        self.api.core(
+            "PATCH",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}{suffix}",
+            body,
+            content_type="application/strategic-merge-patch+json",
+        )
 
     def _set_status(self, pod: Obj, status: Obj) -> None:
         self._patch(pod, "/status", {"status": status})
@@ -864,12 +975,15 @@ class ClusterPods:
     def _unschedulable(self, pod: Obj, pending: PendingPods) -> None:
         message = unschedulable_message(pending)
         self.api.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
-        self._set_status(pod, {"phase": "Pending",
-                               "conditions": [_condition("PodScheduled", False, "Unschedulable", message)]})
+        self._set_status(
+            pod, {"phase": "Pending", "conditions": [_condition("PodScheduled", False, "Unschedulable", message)]}
+        )
 
     def _image_pull_back_off(self, pod: Obj, image: str, pending: PendingPods) -> None:
         node = "ip-10-0-1-23.ec2.internal"
-        error = pending.message or f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'
+        error = (
+            pending.message or f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": not found'
+        )
         waiting = {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}
         self._patch(pod, "", {"spec": {"nodeName": node}})
         for type_, reason, message in (
@@ -880,12 +994,17 @@ class ClusterPods:
             ("Warning", "Failed", "Error: ImagePullBackOff"),
         ):
             self.api.event(pod, type_, reason, message, "kubelet", host=node)
-        self._set_status(pod, {
-            "phase": "Pending",
-            "conditions": [_condition("PodScheduled", True),
-                           _condition("Ready", False, "ContainersNotReady", "containers with unready status")],
-            "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting),
-        })
+        self._set_status(
+            pod,
+            {
+                "phase": "Pending",
+                "conditions": [
+                    _condition("PodScheduled", True),
+                    _condition("Ready", False, "ContainersNotReady", "containers with unready status"),
+                ],
+                "containerStatuses": _container_statuses(pod, ready=False, waiting=waiting),
+            },
+        )
 
 
 def ready_cluster_status(cluster: Obj) -> Obj:
@@ -905,11 +1024,21 @@ def ready_cluster_status(cluster: Obj) -> Obj:
         "minWorkerReplicas": sum(int(g.get("minReplicas", 0) or 0) for g in groups),
         "maxWorkerReplicas": sum(int(g.get("maxReplicas", 0) or 0) for g in groups),
         "endpoints": {"client": "10001", "dashboard": "8265", "gcs-server": "6379", "metrics": "8080"},
-        "head": {"podName": f"{name}-head-{random_suffix()}", "podIP": "10.0.0.2", "serviceName": f"{name}-head-svc",
-                 "serviceIP": "10.96.0.10"},
-        "conditions": [_cluster_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
-                       _cluster_condition("RayClusterProvisioned", True, "AllPodRunningAndReadyFirstTime",
-                                          "All Ray Pods are ready for the first time")],
+        "head": {
+            "podName": f"{name}-head-{random_suffix()}",
+            "podIP": "10.0.0.2",
+            "serviceName": f"{name}-head-svc",
+            "serviceIP": "10.96.0.10",
+        },
+        "conditions": [
+            _cluster_condition("HeadPodReady", True, "HeadPodRunningAndReady"),
+            _cluster_condition(
+                "RayClusterProvisioned",
+                True,
+                "AllPodRunningAndReadyFirstTime",
+                "All Ray Pods are ready for the first time",
+            ),
+        ],
         "observedGeneration": cluster["metadata"].get("generation", 1),
     }
 
@@ -933,7 +1062,8 @@ def cluster_for(rayjob: Obj, name: str) -> Obj:
     if submission_mode(spec) == "SidecarMode":
         annotations["ray.io/disable-provisioned-head-restart"] = "true"
         cluster_spec.setdefault("headGroupSpec", {}).setdefault("template", {}).setdefault("spec", {})[
-            "restartPolicy"] = "Never"
+            "restartPolicy"
+        ] = "Never"
     return {
         "apiVersion": constants.RAY_API_VERSION,
         "kind": constants.RAYCLUSTER_KIND,
@@ -953,8 +1083,11 @@ def submitter_job_for(rayjob: Obj, cluster: Obj) -> Obj:
     owned by it, backoffLimit from submitterConfig (default 2), its pod template from submitterPodTemplate (or the
     head container's image) with KubeRay's labels and RAY_DASHBOARD_ADDRESS / RAY_JOB_SUBMISSION_ID."""
     meta, spec, status = rayjob["metadata"], rayjob.get("spec") or {}, rayjob.get("status") or {}
-    kuberay_labels = {constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME: meta["name"],
-                      constants.RAY_LABEL_ORIGINATED_FROM_CRD: constants.RAYJOB_KIND, LABEL_CREATED_BY: CREATED_BY}
+    kuberay_labels = {
+        constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME: meta["name"],
+        constants.RAY_LABEL_ORIGINATED_FROM_CRD: constants.RAYJOB_KIND,
+        LABEL_CREATED_BY: CREATED_BY,
+    }
     template = copy.deepcopy(spec.get("submitterPodTemplate") or {})
     pod_spec = template.setdefault("spec", {})
     if not pod_spec.get("containers"):
@@ -965,18 +1098,27 @@ def submitter_job_for(rayjob: Obj, cluster: Obj) -> Obj:
     container = pod_spec["containers"][0]
     if not container.get("command"):
         container["command"] = ["/bin/bash", "-ce", "--"]
-        container["args"] = [f"ray job submit --address http://{status.get('dashboardURL', '')} "
-                             f"--submission-id {status.get('jobId', '')} --no-wait -- {spec.get('entrypoint', '')}"]
-    container["env"] = [*(container.get("env") or []), {"name": "PYTHONUNBUFFERED", "value": "1"},
-                        {"name": "RAY_DASHBOARD_ADDRESS", "value": status.get("dashboardURL", "")},
-                        {"name": "RAY_JOB_SUBMISSION_ID", "value": status.get("jobId", "")}]
+        container["args"] = [
+            f"ray job submit --address http://{status.get('dashboardURL', '')} "
+            f"--submission-id {status.get('jobId', '')} --no-wait -- {spec.get('entrypoint', '')}"
+        ]
+    container["env"] = [
+        *(container.get("env") or []),
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "RAY_DASHBOARD_ADDRESS", "value": status.get("dashboardURL", "")},
+        {"name": "RAY_JOB_SUBMISSION_ID", "value": status.get("jobId", "")},
+    ]
     template.setdefault("metadata", {}).setdefault("labels", {}).update(kuberay_labels)
     backoff = (spec.get("submitterConfig") or {}).get("backoffLimit", DEFAULT_SUBMITTER_BACKOFF_LIMIT)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": dict(kuberay_labels),
-                     "ownerReferences": [_owner_ref(rayjob)]},
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": dict(kuberay_labels),
+            "ownerReferences": [_owner_ref(rayjob)],
+        },
         "spec": {"backoffLimit": backoff, "template": template},
     }
 
@@ -992,19 +1134,24 @@ def validate_rayjob(rayjob: Mapping[str, Any]) -> tuple[str, str] | None:
     meta, spec, status = rayjob["metadata"], rayjob.get("spec") or {}, rayjob.get("status") or {}
     name = meta.get("name", "")
     if len(name) > MAX_RAYJOB_NAME_LENGTH:
-        return "InvalidRayJobMetadata", (f"The RayJob metadata is invalid: RayJob name should be no more than "
-                                         f"{MAX_RAYJOB_NAME_LENGTH} characters")
+        return "InvalidRayJobMetadata", (
+            f"The RayJob metadata is invalid: RayJob name should be no more than {MAX_RAYJOB_NAME_LENGTH} characters"
+        )
     if not _DNS1035.match(name) or len(name) > 63:
-        return "InvalidRayJobMetadata", ("The RayJob metadata is invalid: RayJob name should be a valid DNS1035 "
-                                         "label: [a DNS-1035 label must consist of lower case alphanumeric characters "
-                                         "or '-', start with an alphabetic character, and end with an alphanumeric "
-                                         "character]")
+        return "InvalidRayJobMetadata", (
+            "The RayJob metadata is invalid: RayJob name should be a valid DNS1035 "
+            "label: [a DNS-1035 label must consist of lower case alphanumeric characters "
+            "or '-', start with an alphabetic character, and end with an alphanumeric "
+            "character]"
+        )
     spec_error = _rayjob_spec_error(spec)
     if spec_error:
         return "InvalidRayJobSpec", spec_error
     if status.get("jobDeploymentStatus") == "Waiting" and submission_mode(spec) != "InteractiveMode":
-        return "InvalidRayJobStatus", ("The RayJob status is invalid: JobDeploymentStatus cannot be `Waiting` when "
-                                       "SubmissionMode is not InteractiveMode")
+        return "InvalidRayJobStatus", (
+            "The RayJob status is invalid: JobDeploymentStatus cannot be `Waiting` when "
+            "SubmissionMode is not InteractiveMode"
+        )
     return None
 
 
@@ -1040,8 +1187,9 @@ def _rayjob_spec_error(spec: Mapping[str, Any]) -> str | None:
             return "Currently, SidecarMode doesn't support SubmitterPodTemplate"
         if spec.get("submitterConfig") is not None:
             return "Currently, SidecarMode doesn't support SubmitterConfig"
-        head_policy = ((((spec.get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template") or {})
-                       .get("spec") or {}).get("restartPolicy", "")
+        head_policy = (
+            (((spec.get("rayClusterSpec") or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}
+        ).get("restartPolicy", "")
         if head_policy not in ("", "Never"):
             return "restartPolicy for head Pod should be Never or unset when using SidecarMode"
     runtime_env = spec.get("runtimeEnvYAML") or ""
@@ -1082,8 +1230,9 @@ def _deletion_configuration_error(spec: Mapping[str, Any]) -> str | None:
         return _legacy_deletion_error(spec, strategy, shutdown)
     if rules:
         return _deletion_rules_error(spec, rules)
-    return invalid + ("DeletionStrategy requires either BOTH onSuccess and onFailure, OR the deletionRules field "
-                      "(cannot be empty)")
+    return invalid + (
+        "DeletionStrategy requires either BOTH onSuccess and onFailure, OR the deletionRules field (cannot be empty)"
+    )
 
 
 def _autoscaling(spec: Mapping[str, Any]) -> bool:
@@ -1093,8 +1242,10 @@ def _autoscaling(spec: Mapping[str, Any]) -> bool:
 def _legacy_deletion_error(spec: Mapping[str, Any], strategy: Mapping[str, Any], shutdown: bool) -> str | None:
     on_success, on_failure = strategy.get("onSuccess"), strategy.get("onFailure")
     if on_success is None or on_failure is None:
-        return ("both DeletionStrategy.OnSuccess and DeletionStrategy.OnFailure must be set when using the legacy "
-                "deletion policy fields of DeletionStrategy")
+        return (
+            "both DeletionStrategy.OnSuccess and DeletionStrategy.OnFailure must be set when using the legacy "
+            "deletion policy fields of DeletionStrategy"
+        )
     success, failure = on_success.get("policy"), on_failure.get("policy")
     if success is None:
         return "the DeletionPolicyType field of DeletionStrategy.OnSuccess cannot be unset when DeletionStrategy is enabled"
@@ -1108,8 +1259,9 @@ def _legacy_deletion_error(spec: Mapping[str, Any], strategy: Mapping[str, Any],
     if "DeleteWorkers" in (success, failure) and _autoscaling(spec):
         return "DeletionStrategy=DeleteWorkers currently does not support RayCluster with autoscaling enabled"
     if shutdown and "DeleteNone" in (success, failure):
-        return ("The RayJob spec is invalid: shutdownAfterJobFinshes is set to 'true' while deletion policy is "
-                "'DeleteNone'")
+        return (
+            "The RayJob spec is invalid: shutdownAfterJobFinshes is set to 'true' while deletion policy is 'DeleteNone'"
+        )
     return None
 
 
@@ -1131,15 +1283,25 @@ def _deletion_rules_error(spec: Mapping[str, Any], rules: list[Mapping[str, Any]
             errors.append(f"deletionRules[{i}]: TTLSeconds must be non-negative")
             continue
         if spec.get("clusterSelector") and policy in ("DeleteCluster", "DeleteWorkers"):
-            errors.append(f"deletionRules[{i}]: DeletionPolicyType '{policy}' not supported when ClusterSelector is set")
+            errors.append(
+                f"deletionRules[{i}]: DeletionPolicyType '{policy}' not supported when ClusterSelector is set"
+            )
             continue
         if _autoscaling(spec) and policy == "DeleteWorkers":
-            errors.append(f"deletionRules[{i}]: DeletionPolicyType 'DeleteWorkers' not supported with autoscaling enabled")
+            errors.append(
+                f"deletionRules[{i}]: DeletionPolicyType 'DeleteWorkers' not supported with autoscaling enabled"
+            )
             continue
-        kind = ("JobStatus", condition["jobStatus"]) if has_job else ("JobDeploymentStatus", condition["jobDeploymentStatus"])
+        kind = (
+            ("JobStatus", condition["jobStatus"])
+            if has_job
+            else ("JobDeploymentStatus", condition["jobDeploymentStatus"])
+        )
         policies = by_condition.setdefault(kind, {})
         if policy in policies:
-            errors.append(f"deletionRules[{i}]: duplicate rule for DeletionPolicyType '{policy}' and {kind[0]} '{kind[1]}'")
+            errors.append(
+                f"deletionRules[{i}]: duplicate rule for DeletionPolicyType '{policy}' and {kind[0]} '{kind[1]}'"
+            )
             continue
         policies[policy] = ttl
     for (kind, value), policies in by_condition.items():
@@ -1148,8 +1310,10 @@ def _deletion_rules_error(spec: Mapping[str, Any], rules: list[Mapping[str, Any]
             if policy not in policies:
                 continue
             if previous is not None and policies[policy] < previous[1]:
-                errors.append(f"for {kind} '{value}': {policy} TTL ({policies[policy]}) must be >= {previous[0]} TTL "
-                              f"({previous[1]})")
+                errors.append(
+                    f"for {kind} '{value}': {policy} TTL ({policies[policy]}) must be >= {previous[0]} TTL "
+                    f"({previous[1]})"
+                )
             previous = (policy, policies[policy])
     return "\n".join(errors) or None
 
@@ -1190,10 +1354,12 @@ class KubeRayStandIn:
         self.queue = WorkQueue()
         ray = (self.api.custom, constants.RAY_GROUP, constants.RAY_VERSION_API)
         self.rayjobs = Informer(*ray, constants.RAYJOB_PLURAL, self._on_rayjob, namespace)
-        self.rayclusters = Informer(*ray, constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace,
-                                    on_delete=self._on_raycluster_gone)
-        self._workers = [threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True)
-                         for i in range(workers)]
+        self.rayclusters = Informer(
+            *ray, constants.RAYCLUSTER_PLURAL, self._on_raycluster, namespace, on_delete=self._on_raycluster_gone
+        )
+        self._workers = [
+            threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True) for i in range(workers)
+        ]
         self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (its cluster's uid, the run on it)
         self._gone: set[str] = set()  # uids of clusters the watch saw deleted (a stale cache read starts no run)
         self._failures: dict[Key, int] = {}
@@ -1263,10 +1429,15 @@ class KubeRayStandIn:
                 self._failures.pop(key, None)
             except Exception as e:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = min(0.05 * 2 ** failures, 2.0)
+                delay = min(0.05 * 2**failures, 2.0)
                 expected = isinstance(e, self.api.ApiException) and e.status in (404, 409)
-                logger.log(logging.DEBUG if expected else logging.WARNING,
-                           "reconcile %s/%s failed (%r); retrying in %.2fs", *key, e, delay)
+                logger.log(
+                    logging.DEBUG if expected else logging.WARNING,
+                    "reconcile %s/%s failed (%r); retrying in %.2fs",
+                    *key,
+                    e,
+                    delay,
+                )
             finally:
                 if key in self._reading:
                     self.reconciled[key] = self._reading.pop(key)
@@ -1293,8 +1464,9 @@ class KubeRayStandIn:
         if problem is not None:
             reason, error = problem
             self.api.event(rayjob, "Warning", reason, f"{meta['namespace']}/{meta['name']}: {error}", action="Validate")
-            step.status.update(jobDeploymentStatus=Deployment.VALIDATION_FAILED.value, reason=VALIDATION_FAILED,
-                               message=error)
+            step.status.update(
+                jobDeploymentStatus=Deployment.VALIDATION_FAILED.value, reason=VALIDATION_FAILED, message=error
+            )
             self._write_status(rayjob, original, step)
             return None
         deployment = original.get("jobDeploymentStatus", "")
@@ -1339,8 +1511,11 @@ class KubeRayStandIn:
         finalizers = rayjob["metadata"].get("finalizers") or []
         if RAYJOB_FINALIZER in finalizers:
             remaining = [f for f in finalizers if f != RAYJOB_FINALIZER]
-            self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob,
-                                                 {"metadata": {"finalizers": remaining or None}}, guarded=True))
+            self._remember_rayjob(
+                self.api.patch(
+                    constants.RAYJOB_PLURAL, rayjob, {"metadata": {"finalizers": remaining or None}}, guarded=True
+                )
+            )
         return None
 
     def _ensure_finalizer(self, rayjob: Obj) -> Obj | None:
@@ -1349,8 +1524,12 @@ class KubeRayStandIn:
         if RAYJOB_FINALIZER in finalizers:
             return rayjob
         try:
-            patched = self.api.patch(constants.RAYJOB_PLURAL, rayjob,
-                                     {"metadata": {"finalizers": [*finalizers, RAYJOB_FINALIZER]}}, guarded=True)
+            patched = self.api.patch(
+                constants.RAYJOB_PLURAL,
+                rayjob,
+                {"metadata": {"finalizers": [*finalizers, RAYJOB_FINALIZER]}},
+                guarded=True,
+            )
         except self.api.ApiException as e:
             if e.status == 409:
                 return None
@@ -1374,8 +1553,10 @@ class KubeRayStandIn:
     @staticmethod
     def _to_suspending(spec: Mapping[str, Any], status: Obj) -> bool:
         """updateStatusToSuspendingIfNeeded: only Running and Initializing may go to Suspending."""
-        if spec.get("suspend") and status.get("jobDeploymentStatus") in (Deployment.RUNNING.value,
-                                                                         Deployment.INITIALIZING.value):
+        if spec.get("suspend") and status.get("jobDeploymentStatus") in (
+            Deployment.RUNNING.value,
+            Deployment.INITIALIZING.value,
+        ):
             status["jobDeploymentStatus"] = Deployment.SUSPENDING.value
             return True
         return False
@@ -1394,8 +1575,11 @@ class KubeRayStandIn:
             return False
         start = parse_rfc3339(start_text).strftime("%Y-%m-%d %H:%M:%S +0000 UTC")
         label = field_name[0].upper() + field_name[1:]
-        step.status.update(jobDeploymentStatus=Deployment.FAILED.value, reason=reason,
-                           message=f"The RayJob has passed the {field_name}. StartTime: {start}. {label}: {seconds}")
+        step.status.update(
+            jobDeploymentStatus=Deployment.FAILED.value,
+            reason=reason,
+            message=f"The RayJob has passed the {field_name}. StartTime: {start}. {label}: {seconds}",
+        )
         return True
 
     def _initializing(self, key: Key, rayjob: Obj, step: _Step) -> bool:
@@ -1462,8 +1646,10 @@ class KubeRayStandIn:
                     status["reason"] = APP_FAILED
                 else:
                     status["reason"] = SUBMISSION_FAILED
-                    status["message"] = (f"Job submission has failed. Reason: {failed.get('reason', '')}. "
-                                         f"Message: {failed.get('message', '')}")
+                    status["message"] = (
+                        f"Job submission has failed. Reason: {failed.get('reason', '')}. "
+                        f"Message: {failed.get('message', '')}"
+                    )
                 return True
         run = self._run_for(key, rayjob, cluster)
         poll = run.poll()
@@ -1476,15 +1662,21 @@ class KubeRayStandIn:
             # GetJobInfo: the Ray job is not on the cluster yet (not submitted, or the cluster is new): requeue
             step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
             return False
-        job_status = {RunPhase.PENDING: JobStatus.PENDING, RunPhase.RUNNING: JobStatus.RUNNING,
-                      RunPhase.SUCCEEDED: JobStatus.SUCCEEDED, RunPhase.FAILED: JobStatus.FAILED,
-                      RunPhase.STOPPED: JobStatus.STOPPED}[phase].value
+        job_status = {
+            RunPhase.PENDING: JobStatus.PENDING,
+            RunPhase.RUNNING: JobStatus.RUNNING,
+            RunPhase.SUCCEEDED: JobStatus.SUCCEEDED,
+            RunPhase.FAILED: JobStatus.FAILED,
+            RunPhase.STOPPED: JobStatus.STOPPED,
+        }[phase].value
         terminal = job_status in TERMINAL_JOB
         finished_at = None
         if submitter is not None:
             # `ray job logs --follow` returns once the job ends, whatever its status: the submitter Job completes
             done = _job_condition(submitter, "Complete")
-            finished_at = self._finish_submitter(submitter) if terminal else done and str(done.get("lastTransitionTime"))
+            finished_at = (
+                self._finish_submitter(submitter) if terminal else done and str(done.get("lastTransitionTime"))
+            )
         if terminal and (submitter is None or finished_at is not None):
             failed = job_status == JobStatus.FAILED.value  # STOPPED is Complete, as SUCCEEDED
             status["jobDeploymentStatus"] = (Deployment.FAILED if failed else Deployment.COMPLETE).value
@@ -1496,8 +1688,9 @@ class KubeRayStandIn:
         info.setdefault("startTime", now_rfc3339())
         if terminal:
             info.setdefault("endTime", now_rfc3339())
-        status.update(rayClusterStatus=cluster.get("status") or {}, jobStatus=job_status, message=poll.message,
-                      rayJobInfo=info)
+        status.update(
+            rayClusterStatus=cluster.get("status") or {}, jobStatus=job_status, message=poll.message, rayJobInfo=info
+        )
         status.pop("jobStatusCheckFailureStartTime", None)
         step.wake_in(self.poll_interval if poll.recheck_after is None else poll.recheck_after)
         return True
@@ -1513,8 +1706,15 @@ class KubeRayStandIn:
             return False
         self._stop_run(key)
         status = step.status
-        for reset in ("rayClusterName", "dashboardURL", "jobId", "message", "reason", "rayJobInfo",
-                      "jobStatusCheckFailureStartTime"):
+        for reset in (
+            "rayClusterName",
+            "dashboardURL",
+            "jobId",
+            "message",
+            "reason",
+            "rayJobInfo",
+            "jobStatusCheckFailureStartTime",
+        ):
             status.pop(reset, None)
         status["rayClusterStatus"] = {}
         status["jobStatus"] = JobStatus.NEW.value
@@ -1602,8 +1802,11 @@ class KubeRayStandIn:
             return True
         if policy == "DeleteSelf":
             return False
-        cluster = self.api.get(constants.RAYCLUSTER_PLURAL, rayjob["metadata"]["namespace"],
-                               (rayjob.get("status") or {}).get("rayClusterName", ""))
+        cluster = self.api.get(
+            constants.RAYCLUSTER_PLURAL,
+            rayjob["metadata"]["namespace"],
+            (rayjob.get("status") or {}).get("rayClusterName", ""),
+        )
         if cluster is None or cluster["metadata"].get("deletionTimestamp"):
             return True
         if policy == "DeleteWorkers":
@@ -1626,12 +1829,17 @@ class KubeRayStandIn:
         if cluster is None:
             raise self.api.ApiException(status=404, reason=f"RayCluster {namespace}/{name} not found")
         groups = [{**g, "suspend": True} for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or []]
-        updated = self.api.patch(constants.RAYCLUSTER_PLURAL, cluster, {"spec": {"workerGroupSpecs": groups}},
-                                 guarded=True)
+        updated = self.api.patch(
+            constants.RAYCLUSTER_PLURAL, cluster, {"spec": {"workerGroupSpecs": groups}}, guarded=True
+        )
         self.rayclusters.remember(updated)
-        self.api.event(rayjob, "Normal", "UpdatedRayCluster",
-                       f"Set the `suspend` field to true for all worker groups in cluster {namespace}/{name}",
-                       action="Update")
+        self.api.event(
+            rayjob,
+            "Normal",
+            "UpdatedRayCluster",
+            f"Set the `suspend` field to true for all worker groups in cluster {namespace}/{name}",
+            action="Update",
+        )
         if not updated["metadata"].get("deletionTimestamp"):
             self.pods.delete_workers(updated)
 
@@ -1655,21 +1863,32 @@ class KubeRayStandIn:
         if (rayjob.get("spec") or {}).get("clusterSelector"):
             cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
             if cluster is None:
-                self.api.event(rayjob, "Warning", "RayClusterNotFound",
-                               f"RayCluster {namespace}/{name} set in the clusterSelector is not found. It must be "
-                               "created manually", action="Validate")
+                self.api.event(
+                    rayjob,
+                    "Warning",
+                    "RayClusterNotFound",
+                    f"RayCluster {namespace}/{name} set in the clusterSelector is not found. It must be "
+                    "created manually",
+                    action="Validate",
+                )
             return cluster
         try:
             cluster = self.api.create(constants.RAYCLUSTER_PLURAL, namespace, cluster_for(rayjob, name))
         except self.api.ApiException as e:
             if e.status != 409:
-                self.api.event(rayjob, "Warning", "FailedToCreateRayCluster",
-                               f"Failed to create RayCluster {namespace}/{name}: {e.reason}", action="Create")
+                self.api.event(
+                    rayjob,
+                    "Warning",
+                    "FailedToCreateRayCluster",
+                    f"Failed to create RayCluster {namespace}/{name}: {e.reason}",
+                    action="Create",
+                )
                 raise
             cluster = self.api.get(constants.RAYCLUSTER_PLURAL, namespace, name)
         else:
-            self.api.event(rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}",
-                           action="Create")
+            self.api.event(
+                rayjob, "Normal", "CreatedRayCluster", f"Created RayCluster {namespace}/{name}", action="Create"
+            )
         if cluster is not None:
             self.rayclusters.remember(cluster)
         return cluster
@@ -1712,8 +1931,9 @@ class KubeRayStandIn:
         if stuck is None:
             return cluster
         status = dict(cluster.get("status") or {})
-        status.update(desiredWorkerReplicas=stuck["desiredWorkerReplicas"], availableWorkerReplicas=0,
-                      readyWorkerReplicas=0)
+        status.update(
+            desiredWorkerReplicas=stuck["desiredWorkerReplicas"], availableWorkerReplicas=0, readyWorkerReplicas=0
+        )
         failures = [c for c in stuck["conditions"] if c["type"] == "ReplicaFailure"]
         status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] != "ReplicaFailure"] + failures
         return self._set_cluster_status(cluster, status)
@@ -1736,8 +1956,13 @@ class KubeRayStandIn:
         except self.api.ApiException as e:
             if e.status == 404:
                 return True
-            self.api.event(rayjob, "Warning", "FailedToDeleteRayCluster",
-                           f"Failed to delete cluster {namespace}/{name}: {e.reason}", action="Delete")
+            self.api.event(
+                rayjob,
+                "Warning",
+                "FailedToDeleteRayCluster",
+                f"Failed to delete cluster {namespace}/{name}: {e.reason}",
+                action="Delete",
+            )
             raise
         self.api.event(rayjob, "Normal", "DeletedRayCluster", f"Deleted cluster {namespace}/{name}", action="Delete")
         return False  # gone only when the API says so (the next reconcile looks again)
@@ -1762,16 +1987,27 @@ class KubeRayStandIn:
             return
         meta = rayjob["metadata"]
         try:
-            self.api.core("POST", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs", submitter_job_for(rayjob, cluster))
+            self.api.core(
+                "POST", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs", submitter_job_for(rayjob, cluster)
+            )
         except self.api.ApiException as e:
             if e.status == 409:
                 return
-            self.api.event(rayjob, "Warning", "FailedToCreateRayJobSubmitter",
-                           f"Failed to create new Kubernetes Job {meta['namespace']}/{meta['name']}: {e.reason}",
-                           action="Create")
+            self.api.event(
+                rayjob,
+                "Warning",
+                "FailedToCreateRayJobSubmitter",
+                f"Failed to create new Kubernetes Job {meta['namespace']}/{meta['name']}: {e.reason}",
+                action="Create",
+            )
             raise
-        self.api.event(rayjob, "Normal", "CreatedRayJobSubmitter",
-                       f"Created Kubernetes Job {meta['namespace']}/{meta['name']}", action="Create")
+        self.api.event(
+            rayjob,
+            "Normal",
+            "CreatedRayJobSubmitter",
+            f"Created Kubernetes Job {meta['namespace']}/{meta['name']}",
+            action="Create",
+        )
 
     def _finish_submitter(self, job: Obj) -> str:
         """What the Job controller records when the submitter pod exits 0; returns the Complete condition's time."""
@@ -1780,13 +2016,23 @@ class KubeRayStandIn:
             return str(done.get("lastTransitionTime", ""))
         now = now_rfc3339()
         meta = job["metadata"]
-        status = {"succeeded": 1, "startTime": (job.get("status") or {}).get("startTime") or now, "completionTime": now,
-                  "conditions": [_condition("SuccessCriteriaMet", True, "CompletionsReached",
-                                            "Reached expected number of succeeded pods"),
-                                 _condition("Complete", True, "CompletionsReached",
-                                            "Reached expected number of succeeded pods")]}
-        self.api.core("PATCH", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}/status",
-                      {"status": status}, content_type="application/merge-patch+json")
+        status = {
+            "succeeded": 1,
+            "startTime": (job.get("status") or {}).get("startTime") or now,
+            "completionTime": now,
+            "conditions": [
+                _condition(
+                    "SuccessCriteriaMet", True, "CompletionsReached", "Reached expected number of succeeded pods"
+                ),
+                _condition("Complete", True, "CompletionsReached", "Reached expected number of succeeded pods"),
+            ],
+        }
+        self.api.core(
+            "PATCH",
+            f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
         return now
 
     def _delete_submitter(self, rayjob: Obj) -> bool:
@@ -1804,12 +2050,21 @@ class KubeRayStandIn:
         except self.api.ApiException as e:
             if e.status == 404:
                 return True
-            self.api.event(rayjob, "Warning", "FailedToDeleteRayJobSubmitter",
-                           f"Failed to delete submitter K8s Job {meta['namespace']}/{meta['name']}: {e.reason}",
-                           action="Delete")
+            self.api.event(
+                rayjob,
+                "Warning",
+                "FailedToDeleteRayJobSubmitter",
+                f"Failed to delete submitter K8s Job {meta['namespace']}/{meta['name']}: {e.reason}",
+                action="Delete",
+            )
             raise
-        self.api.event(rayjob, "Normal", "DeletedRayJobSubmitter",
-                       f"Deleted submitter K8s Job {meta['namespace']}/{meta['name']}", action="Delete")
+        self.api.event(
+            rayjob,
+            "Normal",
+            "DeletedRayJobSubmitter",
+            f"Deleted submitter K8s Job {meta['namespace']}/{meta['name']}",
+            action="Delete",
+        )
         return False
 
     # ---- runs
@@ -1860,8 +2115,9 @@ class KubeRayStandIn:
         if status.get("jobDeploymentStatus") in (Deployment.COMPLETE.value, Deployment.FAILED.value):
             status["endTime"] = now_rfc3339()
         patch = {k: status.get(k) for k in set(status) | set(before) if status.get(k) != before.get(k)}
-        self._remember_rayjob(self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch},
-                                             status=True, guarded=True))
+        self._remember_rayjob(
+            self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch}, status=True, guarded=True)
+        )
 
 
 class _NoRun:
@@ -1890,9 +2146,18 @@ def _omit_empty(status: Mapping[str, Any]) -> Obj:
     return {k: v for k, v in status.items() if v is not None and v != ""}
 
 
-_CLUSTER_STATUS_COMPARED = ("state", "reason", "readyWorkerReplicas", "availableWorkerReplicas",
-                            "desiredWorkerReplicas", "minWorkerReplicas", "maxWorkerReplicas", "endpoints", "head",
-                            "conditions")
+_CLUSTER_STATUS_COMPARED = (
+    "state",
+    "reason",
+    "readyWorkerReplicas",
+    "availableWorkerReplicas",
+    "desiredWorkerReplicas",
+    "minWorkerReplicas",
+    "maxWorkerReplicas",
+    "endpoints",
+    "head",
+    "conditions",
+)
 
 
 def _cluster_status_differs(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

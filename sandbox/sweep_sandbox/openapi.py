@@ -31,11 +31,17 @@ _KIND = "Kind is a string value representing the REST resource this object repre
 _PATCH_PARAMETERS = (
     ("dryRun", "When present, indicates that modifications should not be persisted."),
     ("fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes."),
-    ("fieldValidation", "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/"
-                        "PATCH) containing unknown or duplicate fields. Valid values are: Ignore, Warn (the default) "
-                        "and Strict."),
-    ("force", "Force is going to \"force\" Apply requests. It means user will re-acquire conflicting fields owned "
-              "by other people."),
+    (
+        "fieldValidation",
+        "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/"
+        "PATCH) containing unknown or duplicate fields. Valid values are: Ignore, Warn (the default) "
+        "and Strict.",
+    ),
+    (
+        "force",
+        'Force is going to "force" Apply requests. It means user will re-acquire conflicting fields owned '
+        "by other people.",
+    ),
 )
 
 
@@ -54,27 +60,55 @@ def _gvk(group: str, version: str, kind: str) -> Obj:
 
 
 def _object_meta() -> Obj:
-    strings = ("name", "generateName", "namespace", "uid", "resourceVersion", "creationTimestamp",
-               "deletionTimestamp", "selfLink")
+    strings = (
+        "name",
+        "generateName",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "selfLink",
+    )
     properties: Obj = {key: {"type": "string"} for key in strings}
     properties["name"]["description"] = "Name must be unique within a namespace."
     properties["namespace"]["description"] = "Namespace defines the space within which each name must be unique."
-    properties.update({
-        "generation": {"type": "integer", "format": "int64"},
-        "deletionGracePeriodSeconds": {"type": "integer", "format": "int64"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string", "default": ""},
-                   "description": "Map of string keys and values that can be used to organize and categorize "
-                                  "objects."},
-        "annotations": {"type": "object", "additionalProperties": {"type": "string", "default": ""},
-                        "description": "Annotations is an unstructured key value map stored with a resource."},
-        "finalizers": {"type": "array", "items": {"type": "string", "default": ""},
-                       "x-kubernetes-list-type": "set"},
-        "ownerReferences": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                            "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uid"]},
-        "managedFields": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-    })
-    return {"type": "object", "description": "ObjectMeta is metadata that all persisted resources must have.",
-            "properties": properties}
+    properties.update(
+        {
+            "generation": {"type": "integer", "format": "int64"},
+            "deletionGracePeriodSeconds": {"type": "integer", "format": "int64"},
+            "labels": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "default": ""},
+                "description": "Map of string keys and values that can be used to organize and categorize objects.",
+            },
+            "annotations": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "default": ""},
+                "description": "Annotations is an unstructured key value map stored with a resource.",
+            },
+            "finalizers": {
+                "type": "array",
+                "items": {"type": "string", "default": ""},
+                "x-kubernetes-list-type": "set",
+            },
+            "ownerReferences": {
+                "type": "array",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["uid"],
+            },
+            "managedFields": {
+                "type": "array",
+                "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        }
+    )
+    return {
+        "type": "object",
+        "description": "ObjectMeta is metadata that all persisted resources must have.",
+        "properties": properties,
+    }
 
 
 def _published_schema(schema: Obj | None, group: str, version: str, kind: str, ref_prefix: str) -> Obj:
@@ -122,8 +156,12 @@ def _operations(resource: Any, ref_prefix: str, v3: bool) -> Obj:
 
     def parameter(name: str, description: str) -> Obj:
         if v3:
-            return {"name": name, "in": "query", "description": description, "schema": {"type": "string",
-                                                                                        "uniqueItems": True}}
+            return {
+                "name": name,
+                "in": "query",
+                "description": description,
+                "schema": {"type": "string", "uniqueItems": True},
+            }
         return {"name": name, "in": "query", "description": description, "type": "string", "uniqueItems": True}
 
     def operation(action: str, verb: str, schema: Obj, body: bool = False, suffix: str = "") -> Obj:
@@ -134,14 +172,18 @@ def _operations(resource: Any, ref_prefix: str, v3: bool) -> Obj:
             "responses": {"200": response(schema)},
         }
         if action in ("patch", "put", "post"):
-            op["parameters"] = [parameter(n, d) for n, d in _PATCH_PARAMETERS
-                                if action == "patch" or n != "force"]
+            op["parameters"] = [parameter(n, d) for n, d in _PATCH_PARAMETERS if action == "patch" or n != "force"]
         if body:
-            content_types = (["application/apply-patch+yaml", "application/json-patch+json",
-                              "application/merge-patch+json"] if action == "patch" else ["application/json"])
+            content_types = (
+                ["application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json"]
+                if action == "patch"
+                else ["application/json"]
+            )
             if v3:
-                op["requestBody"] = {"content": {t: {"schema": ref if action != "patch" else {"type": "object"}}
-                                                 for t in content_types}, "required": True}
+                op["requestBody"] = {
+                    "content": {t: {"schema": ref if action != "patch" else {"type": "object"}} for t in content_types},
+                    "required": True,
+                }
             else:
                 op["consumes"] = content_types
         return op
@@ -171,12 +213,20 @@ def _operations(resource: Any, ref_prefix: str, v3: bool) -> Obj:
 def _common_schemas() -> Obj:
     return {
         OBJECT_META: _object_meta(),
-        LIST_META: {"type": "object", "description": "ListMeta describes metadata that synthetic resources must "
-                                                     "have.",
-                    "properties": {"continue": {"type": "string"}, "resourceVersion": {"type": "string"},
-                                   "remainingItemCount": {"type": "integer", "format": "int64"}}},
-        STATUS: {"type": "object", "description": "Status is a return value for calls that don't return other "
-                                                  "objects.", "x-kubernetes-preserve-unknown-fields": True},
+        LIST_META: {
+            "type": "object",
+            "description": "ListMeta describes metadata that synthetic resources must have.",
+            "properties": {
+                "continue": {"type": "string"},
+                "resourceVersion": {"type": "string"},
+                "remainingItemCount": {"type": "integer", "format": "int64"},
+            },
+        },
+        STATUS: {
+            "type": "object",
+            "description": "Status is a return value for calls that don't return other objects.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
     }
 
 
@@ -190,8 +240,12 @@ def group_version_document(resources: Iterable[Any]) -> Obj:
         name = definition_name(resource.group, resource.version, resource.kind)
         schemas[name] = _published_schema(resource.openapi, resource.group, resource.version, resource.kind, prefix)
         schemas[name + "List"] = _list_schema(resource.group, resource.version, resource.kind, prefix)
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"}, "paths": paths,
-            "components": {"schemas": schemas}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
 
 
 def _v2_schema(schema: Any) -> Any:
@@ -219,11 +273,16 @@ def swagger_document(resources: Iterable[Any]) -> Obj:
     for resource in resources:
         paths.update(_operations(resource, prefix, v3=False))
         name = definition_name(resource.group, resource.version, resource.kind)
-        definitions[name] = _v2_schema(_published_schema(resource.openapi, resource.group, resource.version,
-                                                         resource.kind, prefix))
+        definitions[name] = _v2_schema(
+            _published_schema(resource.openapi, resource.group, resource.version, resource.kind, prefix)
+        )
         definitions[name + "List"] = _list_schema(resource.group, resource.version, resource.kind, prefix)
-    return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.33.0"}, "paths": paths,
-            "definitions": definitions}
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": paths,
+        "definitions": definitions,
+    }
 
 
 def group_version_path(group: str, version: str) -> str:

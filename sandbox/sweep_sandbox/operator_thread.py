@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import kopf
 
-from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.handlers import OperatorWiring, build_controller, operate
+from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,8 @@ log = logging.getLogger(__name__)
 class OperatorThread:
     """The kopf operator against the Kubernetes API at `url`, started and stopped on demand.
 
-        with OperatorThread(settings, server.url) as op:
-            ...   # op.controller is the live controller (metrics, ledger)
+    with OperatorThread(settings, server.url) as op:
+        ...   # op.controller is the live controller (metrics, ledger)
     """
 
     def __init__(

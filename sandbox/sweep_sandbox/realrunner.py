@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .kuberay import JobPoll, RunPhase
 
@@ -55,7 +56,9 @@ class LocalRayRun:
             return JobPoll(RunPhase.SUCCEEDED, "Job finished successfully.", float("inf"))
         detail = (result.message if result is not None else "") or f"see {self.log_dir}/driver.log"
         code = result.returncode if result is not None else "?"
-        return JobPoll(RunPhase.FAILED, f"Job entrypoint command failed with exit code {code}: {detail}"[:2000], float("inf"))
+        return JobPoll(
+            RunPhase.FAILED, f"Job entrypoint command failed with exit code {code}: {detail}"[:2000], float("inf")
+        )
 
     def stop(self) -> None:
         self._stop.set()

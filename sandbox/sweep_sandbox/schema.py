@@ -22,11 +22,25 @@ from .schema_cel import CelError, compile_fast
 Obj = dict[str, Any]
 
 # metav1.ObjectMeta's JSON fields: what decoding a CR's metadata (or an embedded resource's) keeps.
-OBJECT_META_FIELDS = frozenset({
-    "name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation", "creationTimestamp",
-    "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations", "ownerReferences", "finalizers",
-    "managedFields",
-})
+OBJECT_META_FIELDS = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
 _ROOT_FIELDS = ("apiVersion", "kind", "metadata")
 
 # k8s.io/apimachinery/pkg/util/validation/field/errors.go: ErrorType and ErrorType.String().
@@ -153,9 +167,7 @@ def invalid_status(kind: str, group: str, name: str, errors: list[FieldError]) -
 # --------------------------------------------------------------------------------------------------------------------
 # Formats (k8s.io/kube-openapi/pkg/validation/strfmt/default.go, the ones apiextensions accepts)
 
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
-)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DURATION = re.compile(r"^(-?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d|w))+$")
 # strfmt's hostname pattern without its Unicode classes (no CRD here uses non-ASCII host names)
@@ -317,9 +329,14 @@ def compile_node(raw: Mapping[str, Any], path: str = "", cel: CelCompiler | None
             setattr(node, attr, raw[key])
     node.exclusive_minimum = bool(raw.get("exclusiveMinimum", False))
     node.exclusive_maximum = bool(raw.get("exclusiveMaximum", False))
-    for key, attr in (("minLength", "min_length"), ("maxLength", "max_length"), ("minItems", "min_items"),
-                      ("maxItems", "max_items"), ("minProperties", "min_properties"),
-                      ("maxProperties", "max_properties")):
+    for key, attr in (
+        ("minLength", "min_length"),
+        ("maxLength", "max_length"),
+        ("minItems", "min_items"),
+        ("maxItems", "max_items"),
+        ("minProperties", "min_properties"),
+        ("maxProperties", "max_properties"),
+    ):
         if key in raw:
             setattr(node, attr, int(raw[key]))
     if "pattern" in raw:
@@ -355,9 +372,19 @@ def compile_node(raw: Mapping[str, Any], path: str = "", cel: CelCompiler | None
     node.rules_below = any(c.rules or c.rules_below for c in children)
     node.defaulted = tuple((k, c) for k, c in node.properties.items() if c.has_default)
     node.list_types_below = node.list_type in ("map", "set") or any(c.list_types_below for c in children)
-    node.scalar_checks = any(v is not None for v in (
-        node.enum, node.pattern, node.min_length, node.max_length, node.minimum, node.maximum, node.multiple_of,
-        FORMATS.get(node.format)))
+    node.scalar_checks = any(
+        v is not None
+        for v in (
+            node.enum,
+            node.pattern,
+            node.min_length,
+            node.max_length,
+            node.minimum,
+            node.maximum,
+            node.multiple_of,
+            FORMATS.get(node.format),
+        )
+    )
     return node
 
 
@@ -369,8 +396,15 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def prune(obj: Any, node: Node | None, path: str = "", *, root: bool = False, pruned: list[str] | None = None,
-          embedded_meta: bool = False) -> list[str]:
+def prune(
+    obj: Any,
+    node: Node | None,
+    path: str = "",
+    *,
+    root: bool = False,
+    pruned: list[str] | None = None,
+    embedded_meta: bool = False,
+) -> list[str]:
     """Drop fields the schema does not know, in place; returns their paths (`spec.foo`, `spec.items[0].bar`)."""
     pruned = [] if pruned is None else pruned
     if node is None:
@@ -453,8 +487,15 @@ def default(obj: Any, node: Node | None) -> None:
 # kubeOpenAPIResultToFieldErrors converts them)
 
 
-_TYPE_NAMES: dict[type, str] = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string",
-                                list: "array", dict: "object"}
+_TYPE_NAMES: dict[type, str] = {
+    type(None): "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
 
 
 def _json_type(value: Any) -> str:
@@ -500,12 +541,14 @@ def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: A
         if value is None and not node.nullable:
             # InvalidType with a "null" value: `must be of type string: "null"`
             type_name = "integer,string" if node.int_or_string else node.type
-            errors.append(FieldError("FieldValueTypeInvalid", path, "null",
-                                     f'{path} in body must be of type {type_name}: "null"'))
+            errors.append(
+                FieldError("FieldValueTypeInvalid", path, "null", f'{path} in body must be of type {type_name}: "null"')
+            )
             return
         type_name = "integer,string" if node.int_or_string else node.type
-        errors.append(FieldError("FieldValueTypeInvalid", path, actual,
-                                 f'{path} in body must be of type {type_name}: "{actual}"'))
+        errors.append(
+            FieldError("FieldValueTypeInvalid", path, actual, f'{path} in body must be of type {type_name}: "{actual}"')
+        )
         return
     if actual == "null" or not (node.scalar_checks or actual in ("object", "array")):
         return
@@ -515,8 +558,11 @@ def validate(value: Any, node: Node, path: str, errors: list[FieldError], old: A
         _validate_number(value, node, path, errors)
     if node.enum is not None and value not in node.enum:
         values = [v if isinstance(v, str) else json.dumps(v) for v in node.enum]
-        errors.append(FieldError("FieldValueNotSupported", path, value,
-                                 "supported values: " + ", ".join(json.dumps(v) for v in values)))
+        errors.append(
+            FieldError(
+                "FieldValueNotSupported", path, value, "supported values: " + ", ".join(json.dumps(v) for v in values)
+            )
+        )
     if actual == "object":
         _validate_object(value, node, path, errors, old)
     elif actual == "array":
@@ -528,35 +574,69 @@ def _validate_string(value: str, node: Node, path: str, errors: list[FieldError]
     if node.max_length is not None and length > node.max_length:
         errors.append(FieldError("FieldValueTooLong", path, value, f"may not be longer than {node.max_length}"))
     if node.min_length is not None and length < node.min_length:
-        errors.append(FieldError("FieldValueInvalid", path, value,
-                                 f"{path} in body should be at least {node.min_length} chars long"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid", path, value, f"{path} in body should be at least {node.min_length} chars long"
+            )
+        )
     if node.pattern is not None and not node.pattern.search(value):
-        errors.append(FieldError("FieldValueInvalid", path, value,
-                                 f"{path} in body should match '{node.pattern_text}'"))
+        errors.append(
+            FieldError("FieldValueInvalid", path, value, f"{path} in body should match '{node.pattern_text}'")
+        )
     check = FORMATS.get(node.format)
     if check is not None and not check(value):
-        errors.append(FieldError("FieldValueTypeInvalid", path, value,
-                                 f"{path} in body must be of type {node.format}: {json.dumps(value)}"))
+        errors.append(
+            FieldError(
+                "FieldValueTypeInvalid",
+                path,
+                value,
+                f"{path} in body must be of type {node.format}: {json.dumps(value)}",
+            )
+        )
 
 
 def _validate_number(value: float, node: Node, path: str, errors: list[FieldError]) -> None:
     if node.maximum is not None:
         if node.exclusive_maximum and value >= node.maximum:
-            errors.append(FieldError("FieldValueInvalid", path, value,
-                                     f"{path} in body should be less than {go_number(node.maximum)}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid", path, value, f"{path} in body should be less than {go_number(node.maximum)}"
+                )
+            )
         elif not node.exclusive_maximum and value > node.maximum:
-            errors.append(FieldError("FieldValueInvalid", path, value,
-                                     f"{path} in body should be less than or equal to {go_number(node.maximum)}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    path,
+                    value,
+                    f"{path} in body should be less than or equal to {go_number(node.maximum)}",
+                )
+            )
     if node.minimum is not None:
         if node.exclusive_minimum and value <= node.minimum:
-            errors.append(FieldError("FieldValueInvalid", path, value,
-                                     f"{path} in body should be greater than {go_number(node.minimum)}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid", path, value, f"{path} in body should be greater than {go_number(node.minimum)}"
+                )
+            )
         elif not node.exclusive_minimum and value < node.minimum:
-            errors.append(FieldError("FieldValueInvalid", path, value,
-                                     f"{path} in body should be greater than or equal to {go_number(node.minimum)}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    path,
+                    value,
+                    f"{path} in body should be greater than or equal to {go_number(node.minimum)}",
+                )
+            )
     if node.multiple_of and (value / node.multiple_of) != int(value / node.multiple_of):
-        errors.append(FieldError("FieldValueInvalid", path, value,
-                                 f"{path} in body should be a multiple of {go_number(node.multiple_of)}"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                path,
+                value,
+                f"{path} in body should be a multiple of {go_number(node.multiple_of)}",
+            )
+        )
 
 
 def _validate_object(value: Obj, node: Node, path: str, errors: list[FieldError], old: Any) -> None:
@@ -564,8 +644,14 @@ def _validate_object(value: Obj, node: Node, path: str, errors: list[FieldError]
     if node.max_properties is not None and count > node.max_properties:
         errors.append(FieldError("FieldValueTooMany", path, count, f"must have at most {node.max_properties} items"))
     if node.min_properties is not None and count < node.min_properties:
-        errors.append(FieldError("FieldValueInvalid", path, count,
-                                 f"{path} in body should have at least {node.min_properties} properties"))
+        errors.append(
+            FieldError(
+                "FieldValueInvalid",
+                path,
+                count,
+                f"{path} in body should have at least {node.min_properties} properties",
+            )
+        )
     for name in node.required:
         if name not in value:
             errors.append(FieldError("FieldValueRequired", _join(path, name)))
@@ -584,8 +670,9 @@ def _validate_array(value: list[Any], node: Node, path: str, errors: list[FieldE
     if node.max_items is not None and count > node.max_items:
         errors.append(FieldError("FieldValueTooMany", path, count, f"must have at most {node.max_items} items"))
     if node.min_items is not None and count < node.min_items:
-        errors.append(FieldError("FieldValueInvalid", path, count,
-                                 f"{path} in body should have at least {node.min_items} items"))
+        errors.append(
+            FieldError("FieldValueInvalid", path, count, f"{path} in body should have at least {node.min_items} items")
+        )
     if node.unique_items and len({json.dumps(v, sort_keys=True) for v in value}) != count:
         errors.append(FieldError("FieldValueInvalid", path, value, f"{path} in body shouldn't contain duplicates"))
     if node.items is not None:
@@ -639,10 +726,40 @@ def unknown_field_messages(paths: Iterable[str]) -> list[str]:
 
 _CEL_IDENT = re.compile(r"\b(self|oldSelf)((?:\s*\.\s*[A-Za-z_][A-Za-z0-9_]*)+)")
 _CEL_CALL = re.compile(r"(?<![\w$])\.?\s*([A-Za-z_][A-Za-z0-9_]*)\s*\(")
-_CEL_MACROS = {"has", "all", "exists", "exists_one", "map", "filter", "size", "int", "uint", "double", "string",
-               "bytes", "bool", "type", "duration", "timestamp", "dyn", "matches", "startsWith", "endsWith",
-               "contains", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth",
-               "getHours", "getMilliseconds", "getMinutes", "getSeconds", "list", "map"}
+_CEL_MACROS = {
+    "has",
+    "all",
+    "exists",
+    "exists_one",
+    "map",
+    "filter",
+    "size",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bytes",
+    "bool",
+    "type",
+    "duration",
+    "timestamp",
+    "dyn",
+    "matches",
+    "startsWith",
+    "endsWith",
+    "contains",
+    "getDate",
+    "getDayOfMonth",
+    "getDayOfWeek",
+    "getDayOfYear",
+    "getFullYear",
+    "getMonth",
+    "getHours",
+    "getMilliseconds",
+    "getMinutes",
+    "getSeconds",
+    "list",
+}
 
 
 def _k8s_functions() -> dict[str, Callable[..., Any]]:
@@ -712,9 +829,20 @@ def _k8s_functions() -> dict[str, Callable[..., Any]]:
         return celtypes.ListType([celtypes.StringType(m.group(0)) for m in re.finditer(str(pattern), str(text))])
 
     return {
-        "isSorted": is_sorted, "sum": list_sum, "min": list_min, "max": list_max, "indexOf": index_of,
-        "lastIndexOf": last_index_of, "lowerAscii": lower_ascii, "upperAscii": upper_ascii, "trim": trim,
-        "split": split, "join": join, "replace": replace, "find": find, "findAll": find_all,
+        "isSorted": is_sorted,
+        "sum": list_sum,
+        "min": list_min,
+        "max": list_max,
+        "indexOf": index_of,
+        "lastIndexOf": last_index_of,
+        "lowerAscii": lower_ascii,
+        "upperAscii": upper_ascii,
+        "trim": trim,
+        "split": split,
+        "join": join,
+        "replace": replace,
+        "find": find,
+        "findAll": find_all,
     }
 
 
@@ -818,8 +946,7 @@ def _cel_error_text(error: Any) -> str:
     if isinstance(error, CelError):
         text = str(error)
         if text == "no such overload":
-            return ("'no such overload': call arguments did not match a supported operator, function or macro "
-                    "signature")
+            return "'no such overload': call arguments did not match a supported operator, function or macro signature"
         return text
     text = repr(getattr(error, "args", error))
     match = re.search(r"no such member in mapping: '([^']*)'", text)
@@ -832,7 +959,12 @@ def _cel_error_text(error: Any) -> str:
 
 
 def run_rules(
-    value: Any, node: Node, path: str, errors: list[FieldError], cel: CelCompiler, old: Any = _OMIT,
+    value: Any,
+    node: Node,
+    path: str,
+    errors: list[FieldError],
+    cel: CelCompiler,
+    old: Any = _OMIT,
 ) -> None:
     """Evaluate every rule under `node` for `value`; non-transition rules on values unchanged from `old` are skipped.
 
@@ -861,8 +993,14 @@ def run_rules(
         old_items = _correlate_list(old, node)
         for index, item in enumerate(value):
             key = _list_key(item, node)
-            run_rules(item, node.items, f"{path}[{index}]", errors, cel,
-                      old_items.get(key, _OMIT) if key is not None else _OMIT)
+            run_rules(
+                item,
+                node.items,
+                f"{path}[{index}]",
+                errors,
+                cel,
+                old_items.get(key, _OMIT) if key is not None else _OMIT,
+            )
 
 
 def _list_key(item: Any, node: Node) -> str | None:
@@ -892,8 +1030,13 @@ def _evaluate(
 ) -> None:
     """The rules' errors for this value, memoized: rules are pure, and cel-python's interpreter costs ~0.3 ms a rule
     (a thousand sweeps from one template pay for one)."""
-    key = (id(node), len(rules), path, json.dumps(value, sort_keys=True),
-           json.dumps(old, sort_keys=True) if old is not _OMIT else None)
+    key = (
+        id(node),
+        len(rules),
+        path,
+        json.dumps(value, sort_keys=True),
+        json.dumps(old, sort_keys=True) if old is not _OMIT else None,
+    )
     found = _RESULTS.get(key)
     if found is None:
         found = []
@@ -922,12 +1065,24 @@ def _evaluate_now(
             if rule.fast is not None and not isinstance(result, bool):
                 raise CelError("no such overload")
         except Exception as e:
-            errors.append(FieldError("FieldValueInvalid", path, node.cel_type,
-                                     f"{_cel_error_text(e)} evaluating rule: {rule.error_string()}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    path,
+                    node.cel_type,
+                    f"{_cel_error_text(e)} evaluating rule: {rule.error_string()}",
+                )
+            )
             continue
         if isinstance(result, Exception):
-            errors.append(FieldError("FieldValueInvalid", path, node.cel_type,
-                                     f"{_cel_error_text(result)} evaluating rule: {rule.error_string()}"))
+            errors.append(
+                FieldError(
+                    "FieldValueInvalid",
+                    path,
+                    node.cel_type,
+                    f"{_cel_error_text(result)} evaluating rule: {rule.error_string()}",
+                )
+            )
             continue
         if bool(result):
             continue
@@ -1002,8 +1157,9 @@ def object_meta_errors(meta: Mapping[str, Any]) -> list[FieldError]:
         errors += _qualified_name_errors(str(key), "metadata.labels")
         text = "" if value is None else str(value)
         if len(text) > 63:
-            errors.append(FieldError("FieldValueInvalid", "metadata.labels", text,
-                                     "must be no more than 63 characters"))
+            errors.append(
+                FieldError("FieldValueInvalid", "metadata.labels", text, "must be no more than 63 characters")
+            )
         elif not _LABEL_VALUE.match(text):
             errors.append(FieldError("FieldValueInvalid", "metadata.labels", text, _LABEL_VALUE_MSG))
     annotations = meta.get("annotations") or {}
@@ -1011,8 +1167,14 @@ def object_meta_errors(meta: Mapping[str, Any]) -> list[FieldError]:
         errors += _qualified_name_errors(str(key), "metadata.annotations", str(key).lower())
     size = sum(len(str(k)) + len(str(v)) for k, v in annotations.items())
     if size > _TOTAL_ANNOTATION_SIZE:
-        errors.append(FieldError("FieldValueTooLong", "metadata.annotations", _OMIT,
-                                 f"may not be more than {_TOTAL_ANNOTATION_SIZE} bytes"))
+        errors.append(
+            FieldError(
+                "FieldValueTooLong",
+                "metadata.annotations",
+                _OMIT,
+                f"may not be more than {_TOTAL_ANNOTATION_SIZE} bytes",
+            )
+        )
     for index, finalizer in enumerate(meta.get("finalizers") or []):
         errors += _qualified_name_errors(str(finalizer), f"metadata.finalizers[{index}]")
     return errors
@@ -1020,10 +1182,17 @@ def object_meta_errors(meta: Mapping[str, Any]) -> list[FieldError]:
 
 _CEL: CelCompiler | None = None
 # customresource/strategy.go hasBlockingErr: these schema errors keep CEL rules from running at all
-_BLOCKING = {"FieldValueNotSupported", "FieldValueRequired", "FieldValueTooLong", "FieldValueTooMany",
-             "FieldValueTypeInvalid"}
-_NOT_CHECKED = ("some validation rules were not checked because the object was invalid; correct the existing errors "
-                "to complete validation")
+_BLOCKING = {
+    "FieldValueNotSupported",
+    "FieldValueRequired",
+    "FieldValueTooLong",
+    "FieldValueTooMany",
+    "FieldValueTypeInvalid",
+}
+_NOT_CHECKED = (
+    "some validation rules were not checked because the object was invalid; correct the existing errors "
+    "to complete validation"
+)
 
 
 def cel_compiler() -> CelCompiler:
@@ -1054,8 +1223,13 @@ class CrdSchema:
         self.root = compile_node(raw, "", self.cel)
         self.status = self.root.properties.get("status")
         # the root without apiVersion/kind/metadata (ObjectMeta is validated on its own, as the strategy does)
-        self.body = Node(**{**self.root.__dict__, "rules": [], "properties": {
-            k: v for k, v in self.root.properties.items() if k not in _ROOT_FIELDS}})
+        self.body = Node(
+            **{
+                **self.root.__dict__,
+                "rules": [],
+                "properties": {k: v for k, v in self.root.properties.items() if k not in _ROOT_FIELDS},
+            }
+        )
 
     def decode(
         self, obj: Obj, *, defaults: bool = True, status_only: bool = False, keys: set[str] | None = None
@@ -1097,8 +1271,9 @@ class CrdSchema:
             if name and not _DNS_SUBDOMAIN.match(name):
                 errors.append(FieldError("FieldValueInvalid", "metadata.name", name, _DNS_SUBDOMAIN_MSG))
             elif len(name) > 253:
-                errors.append(FieldError("FieldValueInvalid", "metadata.name", name,
-                                         "must be no more than 253 characters"))
+                errors.append(
+                    FieldError("FieldValueInvalid", "metadata.name", name, "must be no more than 253 characters")
+                )
         errors += object_meta_errors(obj.get("metadata") or {})
         body = {k: v for k, v in obj.items() if k not in _ROOT_FIELDS}
         old_body: Any = {k: v for k, v in old.items() if k not in _ROOT_FIELDS} if old is not None else _OMIT

@@ -38,10 +38,20 @@ class ApplyConflict(Exception):
         return f"Apply failed with {len(self.conflicts)} conflicts: " + "\n".join(lines)
 
     def status(self) -> Obj:
-        causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {print_manager(e)}",
-                   "field": path_text(p)} for p, e in self.conflicts]
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message(),
-                "reason": "Conflict", "details": {"causes": causes}, "code": 409}
+        causes = [
+            {"reason": "FieldManagerConflict", "message": f"conflict with {print_manager(e)}", "field": path_text(p)}
+            for p, e in self.conflicts
+        ]
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message(),
+            "reason": "Conflict",
+            "details": {"causes": causes},
+            "code": 409,
+        }
 
 
 def print_manager(entry: Obj) -> str:
@@ -231,8 +241,13 @@ def _scoped_diff(old: Obj, new: Obj, subresource: str | None) -> tuple[set[Path]
         _diff(old.get(key, _MISSING), new.get(key, _MISSING), (key,), changed, gone)
     old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
     for meta_key in ("labels", "annotations"):
-        _diff(old_meta.get(meta_key) or _MISSING, new_meta.get(meta_key) or _MISSING, ("metadata", meta_key),
-              changed, gone)
+        _diff(
+            old_meta.get(meta_key) or _MISSING,
+            new_meta.get(meta_key) or _MISSING,
+            ("metadata", meta_key),
+            changed,
+            gone,
+        )
     old_finalizers, new_finalizers = old_meta.get("finalizers") or [], new_meta.get("finalizers") or []
     if old_finalizers != new_finalizers:
         (changed if new_finalizers else gone).add(("metadata", "finalizers"))
@@ -316,15 +331,26 @@ def record(new: Obj, old: Obj | None, manager: str, api_version: str, subresourc
 
 
 def _entry(manager: str, api_version: str, subresource: str | None, tree: Obj) -> Obj:
-    entry = {"manager": manager, "operation": "Update", "apiVersion": api_version, "time": _now(),
-             "fieldsType": "FieldsV1", "fieldsV1": tree}
+    entry = {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": api_version,
+        "time": _now(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": tree,
+    }
     if subresource:
         entry["subresource"] = subresource
     return entry
 
 
 def apply(
-    old: Obj, applied: Obj, manager: str, api_version: str, force: bool, subresource: str | None,
+    old: Obj,
+    applied: Obj,
+    manager: str,
+    api_version: str,
+    force: bool,
+    subresource: str | None,
     defaults: Any = None,
 ) -> Obj:
     """Merge an applied configuration into `old` by ownership; raises ApplyConflict unless `force`.
@@ -348,21 +374,30 @@ def apply(
         raise ApplyConflict(conflicts)
     previous: set[Path] = set()
     for entry in entries:
-        if entry["manager"] == manager and entry.get("operation") == "Apply" and \
-                entry.get("subresource") == subresource:
+        if (
+            entry["manager"] == manager
+            and entry.get("operation") == "Apply"
+            and entry.get("subresource") == subresource
+        ):
             previous = parse_fields_v1(entry.get("fieldsV1") or {})
     others_own: set[Path] = set()
     new_entries = []
     for entry in entries:
-        if entry["manager"] == manager and entry.get("operation") == "Apply" and \
-                entry.get("subresource") == subresource:
+        if (
+            entry["manager"] == manager
+            and entry.get("operation") == "Apply"
+            and entry.get("subresource") == subresource
+        ):
             continue
         owned = parse_fields_v1(entry.get("fieldsV1") or {})
         if force:
             owned = {p for p in owned if not any(_overlaps(p, m) for m in mine_paths)}
         else:  # equal values are shared; a differing one was a conflict
-            owned = {p for p in owned if not any(_overlaps(p, m) and get_path(applied, p) != get_path(old, p)
-                                                 for m in mine_paths)}
+            owned = {
+                p
+                for p in owned
+                if not any(_overlaps(p, m) and get_path(applied, p) != get_path(old, p) for m in mine_paths)
+            }
         others_own |= owned
         new_entries.append({**entry, "fieldsV1": fields_v1(owned)})
     result = copy.deepcopy(old)
@@ -371,8 +406,14 @@ def apply(
             remove_path(result, path)
     for path in mine_paths:
         set_path(result, path, get_path(applied, path))
-    entry = {"manager": manager, "operation": "Apply", "apiVersion": api_version, "time": _now(),
-             "fieldsType": "FieldsV1", "fieldsV1": fields_v1(mine_paths)}
+    entry = {
+        "manager": manager,
+        "operation": "Apply",
+        "apiVersion": api_version,
+        "time": _now(),
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields_v1(mine_paths),
+    }
     if subresource:
         entry["subresource"] = subresource
     new_entries.append(entry)

@@ -11,14 +11,17 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     \s*(?:
       (?P<double>\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\.\d+(?:[eE][+-]?\d+)?)
     | (?P<int>\d+)
     | (?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
     | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
     | (?P<op>\|\||&&|==|!=|<=|>=|[-+*/%!<>?:.,()\[\]])
-    )""", re.VERBOSE)
+    )""",
+    re.VERBOSE,
+)
 _RESERVED = {"true": True, "false": False, "null": None}
 
 Program = Callable[[Mapping[str, Any]], Any]
@@ -368,6 +371,7 @@ def _relation(op: str, left: Program, right: Program) -> Program:
     if op == "!=":
         return lambda env: not cel_equal(left(env), right(env))
     if op == "in":
+
         def contains(env: Mapping[str, Any]) -> bool:
             item, collection = left(env), right(env)
             if isinstance(collection, list):

@@ -12,13 +12,15 @@ import dataclasses
 import logging
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.s3_layout import S3Uri
 from sweep_operator.settings import Settings
+
 from .s3server import SANDBOX_CREDENTIALS, S3Server
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,6 @@ and the checkpoint guard (R22) holding a real sweep whose committed checkpoint l
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import subprocess
@@ -27,9 +26,20 @@ SWEEPCTL = [sys.executable, "-m", "sweep_operator.cli"]
 def test_sandbox_run_digits_succeeds_verifies_and_the_guard_releases(tmp_path: Path) -> None:
     """`make demo`'s command: Succeeded, checkpoints verified in S3, deletion released by the guard (R22)."""
     proc = subprocess.run(
-        [*SWEEPCTL, "sandbox", "run", "--sweep", str(REPO / "examples" / "digits-cpu.yaml"), "--then-delete",
-         "--state-dir", str(tmp_path / "state")],
-        capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+        [
+            *SWEEPCTL,
+            "sandbox",
+            "run",
+            "--sweep",
+            str(REPO / "examples" / "digits-cpu.yaml"),
+            "--then-delete",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=tmp_path,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"{out}\n{proc.stderr}\n{(tmp_path / 'state' / 'sandbox.log').read_text()[-4000:]}"
@@ -65,11 +75,15 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
         api.create_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, manifest)
 
         def status() -> dict[str, Any]:
-            obj = api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
+            obj = api.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, "default", constants.PLURAL, name
+            )
             return obj.get("status") or {}
 
         final = wait_for(
-            lambda: status() if (status().get("checkpoints") or {}).get("verifiedAt") else None, 600, what="finished and verified"
+            lambda: status() if (status().get("checkpoints") or {}).get("verifiedAt") else None,
+            600,
+            what="finished and verified",
         )
         assert final["phase"] == "Succeeded" and final["checkpoints"]["verified"] is True, final
         s3 = sandbox.s3.client()
@@ -83,24 +97,37 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
         rayjob, cluster = final["rayJobName"], final["rayClusterName"]
         api.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
         held = wait_for(
-            lambda: next((c for c in status().get("conditions") or [] if c["type"] == "CheckpointsVerified" and c["status"] == "False" and victim in c["message"]), None),
+            lambda: next(
+                (
+                    c
+                    for c in status().get("conditions") or []
+                    if c["type"] == "CheckpointsVerified" and c["status"] == "False" and victim in c["message"]
+                ),
+                None,
+            ),
             120,
             what="CheckpointsVerified=False naming the deleted object",
         )
         assert held
         time.sleep(3)
         for plural, obj in ((constants.RAYJOB_PLURAL, rayjob), (constants.RAYCLUSTER_PLURAL, cluster)):
-            assert api.get_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default", plural, obj)
+            assert api.get_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, "default", plural, obj
+            )
         assert api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
 
         s3.put_object(Bucket=sandbox.bucket, Key=victim, Body=body)
 
         def all_gone() -> bool:
             items = [
-                api.list_namespaced_custom_object(g, v, "default", p, label_selector=f"{constants.LABEL_SWEEP}={name}")["items"]
-                for g, v, p in ((constants.GROUP, constants.VERSION, constants.PLURAL),
-                                (constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL),
-                                (constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYCLUSTER_PLURAL))
+                api.list_namespaced_custom_object(g, v, "default", p, label_selector=f"{constants.LABEL_SWEEP}={name}")[
+                    "items"
+                ]
+                for g, v, p in (
+                    (constants.GROUP, constants.VERSION, constants.PLURAL),
+                    (constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL),
+                    (constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYCLUSTER_PLURAL),
+                )
             ]
             sweep_gone = not [o for o in items[0] if o["metadata"]["name"] == name] and not _exists(api, name)
             return sweep_gone and not items[1] and not items[2]
@@ -108,7 +135,9 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
         wait_for(all_gone, 120, what="sweep, RayJob and RayCluster released after the restore")
 
 
-def _report_matches_what_tune_recorded(sandbox: Any, s3: Any, name: str, status: dict[str, Any], tmp_path: Path) -> None:
+def _report_matches_what_tune_recorded(
+    sandbox: Any, s3: Any, name: str, status: dict[str, Any], tmp_path: Path
+) -> None:
     """`sweepctl report NAME` on a real sandbox sweep (issue 17): its curve is the val_loss Tune recorded."""
     import json
 
@@ -117,8 +146,16 @@ def _report_matches_what_tune_recorded(sandbox: Any, s3: Any, name: str, status:
     assert sweepctl(["report", name, "--kubeconfig", str(sandbox.kubeconfig), "--out", str(tmp_path / "report")]) == 0
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     prefix = f"sweeps/default/{name}-{status['runId']}/tune/"
-    (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=sandbox.bucket, Prefix=prefix)["Contents"] if o["Key"].endswith("/result.json")]
-    rows = [json.loads(line) for line in s3.get_object(Bucket=sandbox.bucket, Key=key)["Body"].read().decode().splitlines() if line]
+    (key,) = [
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=sandbox.bucket, Prefix=prefix)["Contents"]
+        if o["Key"].endswith("/result.json")
+    ]
+    rows = [
+        json.loads(line)
+        for line in s3.get_object(Bucket=sandbox.bucket, Key=key)["Body"].read().decode().splitlines()
+        if line
+    ]
     (curve,) = data["learningCurves"]["trials"]
     assert curve["best"] and curve["trial"] == status["bestTrial"]["id"]
     assert curve["values"] == [r["val_loss"] for r in rows] and curve["epochs"] == [float(r["epoch"]) for r in rows]
@@ -155,7 +192,11 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
     proc = subprocess.Popen(
         [*SWEEPCTL, "sandbox", "up", "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     try:
         wait_for(lambda: (state / "env").exists() or proc.poll() is not None, 90, what="sandbox ready")
@@ -163,7 +204,14 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
         exports = dict(
             line.removeprefix("export ").split("=", 1) for line in (state / "env").read_text().splitlines() if line
         )
-        assert set(exports) == {"KUBECONFIG", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "SWEEP_SANDBOX_BUCKET"}
+        assert set(exports) == {
+            "KUBECONFIG",
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "SWEEP_SANDBOX_BUCKET",
+        }
         kenv = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
         kubectl = str(Path(sys.executable).with_name("kubectl"))
         manifest = yaml.safe_load((REPO / "examples" / "review-scalar.yaml").read_text())
@@ -177,11 +225,16 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
             return done.stdout
 
         assert "created" in kubectl_ok("apply", "-f", str(path))
-        wait_for(lambda: "Suspended" in kubectl_ok("get", "tsw", "review-scalar"), 30, what="Suspended in kubectl get tsw")
+        wait_for(
+            lambda: "Suspended" in kubectl_ok("get", "tsw", "review-scalar"), 30, what="Suspended in kubectl get tsw"
+        )
         assert "review-scalar" in kubectl_ok("get", "trainingsweeps", "-o", "name")
         assert "Events" in kubectl_ok("describe", "tsw", "review-scalar")
         kubectl_ok("delete", "tsw", "review-scalar", "--timeout=60s")
-        assert "No resources found" in subprocess.run([kubectl, "get", "tsw"], env=kenv, capture_output=True, text=True, timeout=60).stderr
+        assert (
+            "No resources found"
+            in subprocess.run([kubectl, "get", "tsw"], env=kenv, capture_output=True, text=True, timeout=60).stderr
+        )
         assert _marked_processes(marker), "the marker must be visible in the sandbox's own environment"
     finally:
         proc.send_signal(signal.SIGTERM)

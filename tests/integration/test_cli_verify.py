@@ -32,7 +32,9 @@ def sweepctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, 
     return code, out, err
 
 
-def test_verified_sweep_exits_0_with_a_table(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+def test_verified_sweep_exits_0_with_a_table(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep
+) -> None:
     """R22: exit 0 only when verified; the table has one row per checkpoint."""
     code, out, err = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
     assert code == 0, out + err
@@ -47,16 +49,31 @@ def test_verified_sweep_exits_0_with_a_table(capsys: pytest.CaptureFixture[str],
     assert err == ""
 
 
-def test_json_has_a_top_level_verified_boolean(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+def test_json_has_a_top_level_verified_boolean(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep
+) -> None:
     code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, "--json", *FAST)
     doc = json.loads(out)
     assert code == 0 and doc["verified"] is True
-    assert {"root", "deep", "checked", "bytes", "files", "problems", "warnings", "checkpoints", "durationSeconds", "verifiedAt"} <= doc.keys()
+    assert {
+        "root",
+        "deep",
+        "checked",
+        "bytes",
+        "files",
+        "problems",
+        "warnings",
+        "checkpoints",
+        "durationSeconds",
+        "verifiedAt",
+    } <= doc.keys()
     assert doc["checked"] == 4 and doc["problems"] == []
     assert doc["checkpoints"][0].keys() == {"trial", "checkpoint", "key", "committed", "files", "bytes", "status"}
 
 
-def test_missing_file_exits_1_listing_the_problem(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+def test_missing_file_exits_1_listing_the_problem(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep
+) -> None:
     key = sweep.delete_file(trial=sweep.trials[1])
     code, out, _ = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
     assert code == 1
@@ -80,7 +97,9 @@ def test_a_deleted_trial_directory_exits_1_naming_the_trial_and_the_record(
     assert out.splitlines()[-1].startswith(f"NOT VERIFIED {sweep.root_uri}: 1 problem(s)")
 
 
-def test_corruption_fails_only_with_deep(capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep) -> None:
+def test_corruption_fails_only_with_deep(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, sweep: SyntheticSweep
+) -> None:
     """R22: --deep compares sha256; sizes alone pass a same-size corruption."""
     sweep.corrupt_file()
     assert sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)[0] == 0
@@ -91,7 +110,9 @@ def test_corruption_fails_only_with_deep(capsys: pytest.CaptureFixture[str], s3_
 
 
 def test_wrong_bucket_exits_1_with_the_reason(capsys: pytest.CaptureFixture[str], s3_server: Any) -> None:
-    code, out, err = sweepctl(capsys, "s3://no-such-bucket-here/sweeps/ns/x-r1", "--endpoint-url", s3_server.endpoint_url, *FAST)
+    code, out, err = sweepctl(
+        capsys, "s3://no-such-bucket-here/sweeps/ns/x-r1", "--endpoint-url", s3_server.endpoint_url, *FAST
+    )
     assert code == 1
     assert "NoSuchBucket (HTTP 404)" in out and "Traceback" not in out + err
 
@@ -105,9 +126,18 @@ def _free_port() -> int:
 def test_server_down_exits_1_without_traceback() -> None:
     """The installed console script, end to end: an unreachable endpoint is 'not verified', never a crash."""
     proc = subprocess.run(
-        [str(SWEEPCTL), "verify", "s3://bucket-a/sweeps/ns/x-r1",
-         "--endpoint-url", f"http://127.0.0.1:{_free_port()}", "--json", *FAST],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(SWEEPCTL),
+            "verify",
+            "s3://bucket-a/sweeps/ns/x-r1",
+            "--endpoint-url",
+            f"http://127.0.0.1:{_free_port()}",
+            "--json",
+            *FAST,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -127,7 +157,9 @@ def test_server_down_exits_1_without_traceback() -> None:
         (["s3://bucket-a/x", "--endpoint-url", "127.0.0.1:9000"], "--endpoint-url: got '127.0.0.1:9000'"),
     ],
 )
-def test_input_errors_exit_2_before_any_request(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+def test_input_errors_exit_2_before_any_request(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     code, out, err = sweepctl(capsys, *args)
     assert code == 2
     assert message in err and out == ""

@@ -77,9 +77,19 @@ def owned(kind_obj: dict[str, Any], name: str, kind: str, api_version: str) -> d
     return {
         "apiVersion": api_version,
         "kind": kind,
-        "metadata": {"name": name, "ownerReferences": [{
-            "apiVersion": kind_obj["apiVersion"], "kind": kind_obj["kind"], "name": kind_obj["metadata"]["name"],
-            "uid": kind_obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "metadata": {
+            "name": name,
+            "ownerReferences": [
+                {
+                    "apiVersion": kind_obj["apiVersion"],
+                    "kind": kind_obj["kind"],
+                    "name": kind_obj["metadata"]["name"],
+                    "uid": kind_obj["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
         "spec": RAYCLUSTER_SPEC if kind == "RayCluster" else {},
     }
 
@@ -125,7 +135,9 @@ def test_create_fills_server_owned_metadata(custom: Any, ns: str) -> None:
     assert created["kind"] == constants.KIND and created["apiVersion"] == constants.API_VERSION
     assert meta["namespace"] == ns and meta["generation"] == 1
     assert meta["uid"] and int(meta["resourceVersion"]) > 0 and meta["creationTimestamp"].endswith("Z")
-    generated = custom.create_namespaced_custom_object(G, V, ns, P, {**sweep(""), "metadata": {"generateName": "sweep-"}})
+    generated = custom.create_namespaced_custom_object(
+        G, V, ns, P, {**sweep(""), "metadata": {"generateName": "sweep-"}}
+    )
     assert generated["metadata"]["name"].startswith("sweep-") and len(generated["metadata"]["name"]) == 11
 
 
@@ -144,9 +156,15 @@ def test_list_has_kind_api_version_selectors_and_pages(custom: Any, ns: str) -> 
     listed = custom.list_namespaced_custom_object(G, V, ns, P)
     assert listed["kind"] == f"{constants.KIND}List" and listed["apiVersion"] == constants.API_VERSION
     assert all(item["kind"] == constants.KIND for item in listed["items"])
-    assert [i["metadata"]["name"] for i in custom.list_namespaced_custom_object(G, V, ns, P, label_selector="team=a")["items"]] == ["s1", "s3"]
+    assert [
+        i["metadata"]["name"]
+        for i in custom.list_namespaced_custom_object(G, V, ns, P, label_selector="team=a")["items"]
+    ] == ["s1", "s3"]
     assert len(custom.list_namespaced_custom_object(G, V, ns, P, label_selector="team in (a,b),team!=b")["items"]) == 2
-    assert [i["metadata"]["name"] for i in custom.list_namespaced_custom_object(G, V, ns, P, field_selector="metadata.name=s4")["items"]] == ["s4"]
+    assert [
+        i["metadata"]["name"]
+        for i in custom.list_namespaced_custom_object(G, V, ns, P, field_selector="metadata.name=s4")["items"]
+    ] == ["s4"]
     first = custom.list_namespaced_custom_object(G, V, ns, P, limit=2)
     rest = custom.list_namespaced_custom_object(G, V, ns, P, limit=10, _continue=first["metadata"]["continue"])
     assert [i["metadata"]["name"] for i in first["items"] + rest["items"]] == [f"s{i}" for i in range(5)]
@@ -184,11 +202,14 @@ def test_creating_a_crd_serves_its_kind(server: EmulatorServer, api: Any, ns: st
 def test_status_subresource_owns_status_and_generation_counts_spec_changes(custom: Any, ns: str) -> None:
     created = custom.create_namespaced_custom_object(G, V, ns, P, {**sweep("a"), "status": {"phase": "Fake"}})
     assert "status" not in created  # create ignores status when the status subresource exists
-    patched = custom.patch_namespaced_custom_object_status(G, V, ns, P, "a",
-                                                           {"status": {"phase": "Running"}, "spec": {"image": "x"}})
+    patched = custom.patch_namespaced_custom_object_status(
+        G, V, ns, P, "a", {"status": {"phase": "Running"}, "spec": {"image": "x"}}
+    )
     assert patched["status"] == {"phase": "Running"} and patched["spec"]["image"] == "img:1"
     assert patched["metadata"]["generation"] == 1
-    patched = custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"spec": {"image": "y"}, "status": {"phase": "No"}})
+    patched = custom.patch_namespaced_custom_object(
+        G, V, ns, P, "a", {"spec": {"image": "y"}, "status": {"phase": "No"}}
+    )
     assert patched["spec"]["image"] == "y" and patched["status"] == {"phase": "Running"}
     assert patched["metadata"]["generation"] == 2
     patched = custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"metadata": {"labels": {"x": "1"}}})
@@ -206,9 +227,17 @@ def test_stale_resource_version_conflicts(custom: Any, ns: str) -> None:
     assert merge.value.status == 409
     with pytest.raises(kubernetes.client.ApiException) as json_patch:  # kopf's finalizer patches carry this test op
         custom.patch_namespaced_custom_object(
-            G, V, ns, P, "a", [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
-                               {"op": "add", "path": "/metadata/finalizers", "value": ["x"]}],
-            _content_type="application/json-patch+json")
+            G,
+            V,
+            ns,
+            P,
+            "a",
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": stale},
+                {"op": "add", "path": "/metadata/finalizers", "value": ["x"]},
+            ],
+            _content_type="application/json-patch+json",
+        )
     assert json_patch.value.status == 422
 
 
@@ -223,17 +252,27 @@ def test_strategic_merge_patch_is_refused_on_custom_resources(api: Any, ns: str,
 
     custom.create_namespaced_custom_object(G, V, ns, P, sweep("a"))
     with pytest.raises(kubernetes.client.ApiException) as raised:
-        custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"spec": {}},
-                                              _content_type="application/strategic-merge-patch+json")
+        custom.patch_namespaced_custom_object(
+            G, V, ns, P, "a", {"spec": {}}, _content_type="application/strategic-merge-patch+json"
+        )
     assert raised.value.status == 415
 
 
 def test_pod_quantities_are_stored_as_strings(server: EmulatorServer, core: Any, ns: str) -> None:
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "c", "image": "i", "resources": {"limits": {constants.GPU_RESOURCE: 1, "cpu": 0.5}}}]}}
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "i", "resources": {"limits": {constants.GPU_RESOURCE: 1, "cpu": 0.5}}}
+            ]
+        },
+    }
     request = urllib.request.Request(  # raw JSON: the typed client refuses the ints the API server accepts
-        f"{server.url}/api/v1/namespaces/{ns}/pods", data=json.dumps(pod).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"{server.url}/api/v1/namespaces/{ns}/pods",
+        data=json.dumps(pod).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     urllib.request.urlopen(request, timeout=5).close()
     read = core.read_namespaced_pod("p", ns)
     assert read.spec.containers[0].resources.limits == {constants.GPU_RESOURCE: "1", "cpu": "500m"}
@@ -246,13 +285,16 @@ def test_pod_quantities_are_stored_as_strings(server: EmulatorServer, core: Any,
 def test_finalizer_holds_deletion_until_removed(custom: Any, ns: str) -> None:
     import kubernetes.client
 
-    custom.create_namespaced_custom_object(G, V, ns, P, {**sweep("a"), "metadata": {"name": "a",
-                                                                                     "finalizers": [constants.FINALIZER]}})
+    custom.create_namespaced_custom_object(
+        G, V, ns, P, {**sweep("a"), "metadata": {"name": "a", "finalizers": [constants.FINALIZER]}}
+    )
     custom.delete_namespaced_custom_object(G, V, ns, P, "a")
     held = custom.get_namespaced_custom_object(G, V, ns, P, "a")
     assert held["metadata"]["deletionTimestamp"] and held["metadata"]["finalizers"] == [constants.FINALIZER]
     with pytest.raises(kubernetes.client.ApiException) as raised:
-        custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"metadata": {"finalizers": [constants.FINALIZER, "x/y"]}})
+        custom.patch_namespaced_custom_object(
+            G, V, ns, P, "a", {"metadata": {"finalizers": [constants.FINALIZER, "x/y"]}}
+        )
     assert raised.value.status == 422  # no new finalizers once deleting
     custom.patch_namespaced_custom_object(G, V, ns, P, "a", {"metadata": {"finalizers": None}})
     assert gone(lambda: custom.get_namespaced_custom_object(G, V, ns, P, "a"))
@@ -260,8 +302,12 @@ def test_finalizer_holds_deletion_until_removed(custom: Any, ns: str) -> None:
 
 def test_owner_deletion_cascades_to_dependents_in_the_background(custom: Any, core: Any, ns: str) -> None:
     owner = custom.create_namespaced_custom_object(G, V, ns, P, sweep("s"))
-    rayjob = custom.create_namespaced_custom_object(*RAY, ns, "rayjobs", owned(owner, "j", "RayJob", constants.RAY_API_VERSION))
-    cluster = custom.create_namespaced_custom_object(*RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION))
+    rayjob = custom.create_namespaced_custom_object(
+        *RAY, ns, "rayjobs", owned(owner, "j", "RayJob", constants.RAY_API_VERSION)
+    )
+    cluster = custom.create_namespaced_custom_object(
+        *RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION)
+    )
     pod = owned(cluster, "c-head", "Pod", "v1")
     pod["spec"] = {"containers": [{"name": "ray", "image": "i"}]}
     core.create_namespaced_pod(ns, pod)
@@ -281,8 +327,11 @@ def test_garbage_collection_respects_finalizers_on_owner_and_dependent(custom: A
     cluster = custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")
     assert "deletionTimestamp" not in cluster["metadata"]  # background: the owner must be gone first
     custom.patch_namespaced_custom_object(*RAY, ns, "rayjobs", "j", {"metadata": {"finalizers": None}})
-    wait_for(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")["metadata"].get("deletionTimestamp"),
-             5, what="the collector to delete the dependent")
+    wait_for(
+        lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")["metadata"].get("deletionTimestamp"),
+        5,
+        what="the collector to delete the dependent",
+    )
     custom.patch_namespaced_custom_object(*RAY, ns, "rayclusters", "c", {"metadata": {"finalizers": None}})
     assert gone(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c"))
 
@@ -291,9 +340,12 @@ def test_orphan_propagation_keeps_dependents(custom: Any, ns: str) -> None:
     import kubernetes.client
 
     rayjob = custom.create_namespaced_custom_object(*RAY, ns, "rayjobs", {"metadata": {"name": "j"}, "spec": {}})
-    custom.create_namespaced_custom_object(*RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION))
-    custom.delete_namespaced_custom_object(*RAY, ns, "rayjobs", "j",
-                                           body=kubernetes.client.V1DeleteOptions(propagation_policy="Orphan"))
+    custom.create_namespaced_custom_object(
+        *RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION)
+    )
+    custom.delete_namespaced_custom_object(
+        *RAY, ns, "rayjobs", "j", body=kubernetes.client.V1DeleteOptions(propagation_policy="Orphan")
+    )
     cluster = custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")
     assert "ownerReferences" not in cluster["metadata"]
 
@@ -302,18 +354,26 @@ def test_foreground_deletion_waits_for_dependents(custom: Any, ns: str) -> None:
     import kubernetes.client
 
     rayjob = custom.create_namespaced_custom_object(*RAY, ns, "rayjobs", {"metadata": {"name": "j"}, "spec": {}})
-    custom.create_namespaced_custom_object(*RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION))
-    custom.delete_namespaced_custom_object(*RAY, ns, "rayjobs", "j",
-                                           body=kubernetes.client.V1DeleteOptions(propagation_policy="Foreground"))
+    custom.create_namespaced_custom_object(
+        *RAY, ns, "rayclusters", owned(rayjob, "c", "RayCluster", constants.RAY_API_VERSION)
+    )
+    custom.delete_namespaced_custom_object(
+        *RAY, ns, "rayjobs", "j", body=kubernetes.client.V1DeleteOptions(propagation_policy="Foreground")
+    )
     wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayjobs", "j")), 5, what="the owner")
     assert gone(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c"))
 
 
 def test_dangling_owner_reference_is_collected(custom: Any, ns: str) -> None:
     ghost = {"apiVersion": constants.RAY_API_VERSION, "kind": "RayJob", "metadata": {"name": "ghost", "uid": "nope"}}
-    custom.create_namespaced_custom_object(*RAY, ns, "rayclusters", owned(ghost, "c", "RayCluster", constants.RAY_API_VERSION))
-    wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")), 5,
-             what="the collector to remove a dependent of a missing owner")
+    custom.create_namespaced_custom_object(
+        *RAY, ns, "rayclusters", owned(ghost, "c", "RayCluster", constants.RAY_API_VERSION)
+    )
+    wait_for(
+        lambda: gone(lambda: custom.get_namespaced_custom_object(*RAY, ns, "rayclusters", "c")),
+        5,
+        what="the collector to remove a dependent of a missing owner",
+    )
 
 
 def test_namespace_deletion_removes_its_contents(core: Any, custom: Any, ns: str) -> None:
@@ -336,8 +396,16 @@ def test_watch_replays_from_a_resource_version_and_follows_selectors(custom: Any
     custom.delete_namespaced_custom_object(G, V, ns, P, "a")
     seen = [
         (e["type"], (e["object"].get("status") or {}).get("phase"))
-        for e in kubernetes.watch.Watch().stream(custom.list_namespaced_custom_object, G, V, ns, P,
-                                                 resource_version=start, label_selector="team=x", timeout_seconds=1)
+        for e in kubernetes.watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            G,
+            V,
+            ns,
+            P,
+            resource_version=start,
+            label_selector="team=x",
+            timeout_seconds=1,
+        )
     ]
     assert seen == [("ADDED", None), ("MODIFIED", "Running"), ("DELETED", "Running")]  # leaving the selection
 
@@ -398,7 +466,7 @@ def test_injected_errors_can_target_one_client(server: EmulatorServer, custom: A
 # ---- kopf
 
 
-OPERATOR = '''
+OPERATOR = """
 import os
 import kopf
 
@@ -414,7 +482,7 @@ def created(body, patch, **_):
 @kopf.on.delete("sweeps.dev", "v1alpha1", "trainingsweeps")
 def deleted(**_):
     pass
-'''
+"""
 
 
 def test_kopf_watches_patches_status_posts_events_and_finalizes(
@@ -428,14 +496,23 @@ def test_kopf_watches_patches_status_posts_events_and_finalizes(
     args = ["run", "--standalone", "--namespace", ns, str(script)]
     with kopf.testing.KopfRunner(args, timeout=30) as runner:
         custom.create_namespaced_custom_object(G, V, ns, P, sweep("k"))
-        handled = wait_for(lambda: (o := custom.get_namespaced_custom_object(G, V, ns, P, "k")).get("status", {}).get("phase") == "Running" and o, 15,
-                           what="kopf to handle the creation")
+        handled = wait_for(
+            lambda: (
+                (o := custom.get_namespaced_custom_object(G, V, ns, P, "k")).get("status", {}).get("phase") == "Running"
+                and o
+            ),
+            15,
+            what="kopf to handle the creation",
+        )
         assert handled["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
         events = wait_for(lambda: core.list_namespaced_event(ns, field_selector="involvedObject.name=k").items, 10)
         assert [e.reason for e in events] == ["Admitted"]
         custom.delete_namespaced_custom_object(G, V, ns, P, "k")
-        wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(G, V, ns, P, "k")), 15,
-                 what="kopf to release its finalizer")
+        wait_for(
+            lambda: gone(lambda: custom.get_namespaced_custom_object(G, V, ns, P, "k")),
+            15,
+            what="kopf to release its finalizer",
+        )
     assert runner.exit_code == 0 and runner.exception is None
 
 
@@ -463,15 +540,30 @@ def example(ns: str) -> str:
     return text.replace("namespace: default", f"namespace: {ns}")
 
 
-def test_kubectl_apply_get_custom_columns_describe_and_delete(kubectl: Any, custom: Any, tmp_path: Path, ns: str) -> None:
+def test_kubectl_apply_get_custom_columns_describe_and_delete(
+    kubectl: Any, custom: Any, tmp_path: Path, ns: str
+) -> None:
     from sweep_operator.crd import PRINTER_COLUMNS
 
     manifest = tmp_path / "sweep.yaml"
     manifest.write_text(example(ns))
     assert "created" in kubectl("apply", "-f", str(manifest)).stdout
     assert "unchanged" in kubectl("apply", "-f", str(manifest)).stdout
-    custom.patch_namespaced_custom_object_status(G, V, ns, P, "digits-cpu", {"status": {
-        "phase": "Running", "trialsSummary": "1/2", "bestTrial": {"value": 0.25}, "checkpoints": {"verified": True}}})
+    custom.patch_namespaced_custom_object_status(
+        G,
+        V,
+        ns,
+        P,
+        "digits-cpu",
+        {
+            "status": {
+                "phase": "Running",
+                "trialsSummary": "1/2",
+                "bestTrial": {"value": 0.25},
+                "checkpoints": {"verified": True},
+            }
+        },
+    )
 
     table = kubectl("get", constants.SHORT_NAME).stdout.splitlines()
     assert table[0].split()[:4] == ["NAME", "PHASE", "TRIALS", "BEST"]  # the CRD's printer columns, server-side
@@ -490,8 +582,13 @@ def test_kubectl_apply_get_custom_columns_describe_and_delete(kubectl: Any, cust
 
 def test_kubectl_get_watch_prints_changes(kubectl: Any, custom: Any, ns: str) -> None:
     custom.create_namespaced_custom_object(G, V, ns, P, sweep("w"))
-    process = subprocess.Popen([str(KUBECTL), "get", constants.SHORT_NAME, "-w"], env=kubectl.env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [str(KUBECTL), "get", constants.SHORT_NAME, "-w"],
+        env=kubectl.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         assert process.stdout.readline().split()[:2] == ["NAME", "PHASE"]
@@ -505,9 +602,25 @@ def test_kubectl_get_watch_prints_changes(kubectl: Any, custom: Any, ns: str) ->
 
 def test_kubectl_get_pods_shows_waiting_reasons(kubectl: Any, core: Any, ns: str) -> None:
     core.create_namespaced_pod(ns, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
-    core.patch_namespaced_pod_status("p", ns, {"status": {"phase": "Pending", "containerStatuses": [
-        {"name": "c", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-         "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}})
+    core.patch_namespaced_pod_status(
+        "p",
+        ns,
+        {
+            "status": {
+                "phase": "Pending",
+                "containerStatuses": [
+                    {
+                        "name": "c",
+                        "image": "i",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ImagePullBackOff"}},
+                    }
+                ],
+            }
+        },
+    )
     assert kubectl("get", "pods").stdout.splitlines()[1].split()[:3] == ["p", "0/1", "ImagePullBackOff"]
 
 

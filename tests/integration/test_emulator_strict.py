@@ -60,8 +60,12 @@ INVALID: list[tuple[Any, dict[str, Any], str, str]] = [
     (cpu_sweep, {"spec.trial.workers": 0}, "spec.trial.workers", "should be greater than or equal to 1"),
     (cpu_sweep, {"spec.trial.workers": "two"}, "spec.trial.workers", "must be of type integer"),
     (cpu_sweep, {"spec.trial.resourcesPerWorker.gpu": 17}, "spec.trial.resourcesPerWorker.gpu", "less than or equal"),
-    (cpu_sweep, {"spec.trial.resourcesPerWorker.memory": "lots"}, "spec.trial.resourcesPerWorker.memory",
-     "should match"),
+    (
+        cpu_sweep,
+        {"spec.trial.resourcesPerWorker.memory": "lots"},
+        "spec.trial.resourcesPerWorker.memory",
+        "should match",
+    ),
     (cpu_sweep, {"spec.rayVersion": "2.9.0"}, "spec.rayVersion", 'Unsupported value: "2.9.0"'),
     (cpu_sweep, {"spec.image": ""}, "spec.image", "should be at least 1 chars long"),
     (cpu_sweep, {"spec.image": DELETE}, "spec.image", "Required value"),
@@ -72,26 +76,58 @@ INVALID: list[tuple[Any, dict[str, Any], str, str]] = [
     (cpu_sweep, {"spec.tune.scheduler.type": "pbt2"}, "spec.tune.scheduler.type", "Unsupported value"),
     (cpu_sweep, {"spec.suspend": "yes"}, "spec.suspend", "must be of type boolean"),
     (cpu_sweep, {"spec.deadlines.activeSeconds": 10}, "spec.deadlines.activeSeconds", "greater than or equal to 30"),
-    (cpu_sweep, {"spec.deletion.verificationTimeoutSeconds": 1}, "spec.deletion.verificationTimeoutSeconds",
-     "greater than or equal to 10"),
+    (
+        cpu_sweep,
+        {"spec.deletion.verificationTimeoutSeconds": 1},
+        "spec.deletion.verificationTimeoutSeconds",
+        "greater than or equal to 10",
+    ),
     (cpu_sweep, {"metadata.name": "Digits_CPU"}, "metadata.name", "RFC 1123 subdomain"),
     # CEL rules (x-kubernetes-validations), with their fieldPath
     (cpu_sweep, {"spec.tune.mode": DELETE}, "spec.tune.mode", "tune.metric and tune.mode must be set together"),
-    (cpu_sweep, {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.scheduler": {"type": "asha"}},
-     "spec.tune.metric", "required by every scheduler but fifo"),
-    (cpu_sweep, {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.searcher": {"type": "optuna"}},
-     "spec.tune.metric", "required by searcher optuna"),
+    (
+        cpu_sweep,
+        {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.scheduler": {"type": "asha"}},
+        "spec.tune.metric",
+        "required by every scheduler but fifo",
+    ),
+    (
+        cpu_sweep,
+        {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.searcher": {"type": "optuna"}},
+        "spec.tune.metric",
+        "required by searcher optuna",
+    ),
     (gpu_sweep, {"spec.tune.scheduler.gracePeriod": 7}, "spec.tune.scheduler.gracePeriod", "must be <= maxT"),
-    (gpu_sweep, {"spec.workerGroup.instanceType": ""}, "spec.workerGroup.instanceType",
-     "workerGroup.instanceType is required"),
-    (cpu_sweep, {"spec.workerGroup.minReplicas": 99}, "spec.workerGroup.minReplicas",
-     "workerGroup.minReplicas must be <= trial.workers x tune.maxConcurrentTrials"),
-    (cpu_sweep, {"spec.deadlines.startupSeconds": 30000}, "spec.deadlines.startupSeconds",
-     "deadlines.startupSeconds must be less than deadlines.activeSeconds"),
-    (cpu_sweep, {"spec.deadlines.gracefulStopSeconds": 30000}, "spec.deadlines.gracefulStopSeconds",
-     "gracefulStopSeconds must be less than deadlines.activeSeconds"),
-    (cpu_sweep, {"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 60},
-     "spec.deletion.maxRetryBackoffSeconds", "must be >= deletion.retryBackoffSeconds"),
+    (
+        gpu_sweep,
+        {"spec.workerGroup.instanceType": ""},
+        "spec.workerGroup.instanceType",
+        "workerGroup.instanceType is required",
+    ),
+    (
+        cpu_sweep,
+        {"spec.workerGroup.minReplicas": 99},
+        "spec.workerGroup.minReplicas",
+        "workerGroup.minReplicas must be <= trial.workers x tune.maxConcurrentTrials",
+    ),
+    (
+        cpu_sweep,
+        {"spec.deadlines.startupSeconds": 30000},
+        "spec.deadlines.startupSeconds",
+        "deadlines.startupSeconds must be less than deadlines.activeSeconds",
+    ),
+    (
+        cpu_sweep,
+        {"spec.deadlines.gracefulStopSeconds": 30000},
+        "spec.deadlines.gracefulStopSeconds",
+        "gracefulStopSeconds must be less than deadlines.activeSeconds",
+    ),
+    (
+        cpu_sweep,
+        {"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 60},
+        "spec.deletion.maxRetryBackoffSeconds",
+        "must be >= deletion.retryBackoffSeconds",
+    ),
 ]
 
 
@@ -113,8 +149,11 @@ def test_kubectl_apply_of_invalid_sweeps_prints_the_servers_refusal_naming_the_f
         name = doc["metadata"]["name"]
         assert f'The TrainingSweep "{name}" is invalid:' in done.stderr, (changes, done.stderr)
         assert f"{field_path}: " in done.stderr and text in done.stderr, (changes, done.stderr)
-    stored = server.call(lambda: [k for k in server.emulator._live_keys.get(server.emulator.resource_type(G, V, P).key,
-                                                                             ()) if k[1] == ns])
+    stored = server.call(
+        lambda: [
+            k for k in server.emulator._live_keys.get(server.emulator.resource_type(G, V, P).key, ()) if k[1] == ns
+        ]
+    )
     assert stored == []  # nothing invalid was stored
 
 
@@ -127,8 +166,10 @@ def test_plain_kubectl_apply_validates_on_the_server_and_refuses_unknown_fields(
     doc["spec"]["tune"]["numSampels"] = 4
     strict = kubectl("apply", "-f", "-", stdin=manifest(doc, ns))
     assert strict.returncode != 0
-    assert ('TrainingSweep in version "v1alpha1" cannot be handled as a TrainingSweep: strict decoding error: '
-            'unknown field "spec.tune.numSampels"') in strict.stderr
+    assert (
+        'TrainingSweep in version "v1alpha1" cannot be handled as a TrainingSweep: strict decoding error: '
+        'unknown field "spec.tune.numSampels"'
+    ) in strict.stderr
     warned = kubectl("apply", "--validate=warn", "-f", "-", stdin=manifest(doc, ns))
     assert warned.returncode == 0 and 'Warning: unknown field "spec.tune.numSampels"' in warned.stderr
     stored = yaml.safe_load(kubectl("get", "tsw", "typo", "-o", "yaml").stdout)
@@ -136,7 +177,7 @@ def test_plain_kubectl_apply_validates_on_the_server_and_refuses_unknown_fields(
     # on an existing object kubectl patches: handlers/patch.go answers 422 on the field `patch` quoting the result
     patched = kubectl("apply", "-f", "-", stdin=manifest(changed(doc, {"spec.tune.numSampels": 5}), ns))
     assert patched.returncode != 0 and "The request is invalid: patch: Invalid value: " in patched.stderr
-    assert 'strict decoding error: unknown field \"spec.tune.numSampels\"' in patched.stderr
+    assert 'strict decoding error: unknown field "spec.tune.numSampels"' in patched.stderr
     assert stored["spec"]["deletion"]["maxRetryBackoffSeconds"] == 600  # a schema default, applied by the server
 
 
@@ -148,7 +189,8 @@ def test_kubectl_explain_prints_our_field_descriptions(kubectl: Any) -> None:
     explained = kubectl("explain", "trainingsweep.spec.deadlines")
     assert explained.returncode == 0, explained.stderr
     deadlines = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
-        "deadlines"]
+        "deadlines"
+    ]
     assert "KIND:       TrainingSweep" in explained.stdout and "FIELD: deadlines <Object>" in explained.stdout
     assert deadlines["description"].split()[0] in explained.stdout
     for name in deadlines["properties"]:
@@ -163,8 +205,9 @@ def test_kubectl_get_tsw_prints_the_server_side_table(kubectl: Any, server: Emul
     import kubernetes.client
 
     custom = kubernetes.client.CustomObjectsApi(server.api_client())
-    custom.patch_namespaced_custom_object_status(G, V, ns, P, "t", {"status": {"phase": "Running", "trialsSummary":
-                                                                               "1/8"}})
+    custom.patch_namespaced_custom_object_status(
+        G, V, ns, P, "t", {"status": {"phase": "Running", "trialsSummary": "1/8"}}
+    )
     lines = kubectl("get", "tsw").stdout.splitlines()
     assert lines[0].split() == ["NAME", "PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "DEADLINE", "AGE"]
     assert lines[1].split()[:3] == ["t", "Running", "1/8"]
@@ -178,8 +221,10 @@ def test_server_side_apply_reports_conflicts_and_force_takes_the_fields(kubectl:
     edited = manifest(changed(cpu_sweep("ssa"), {"spec.tune.numSamples": 5}), ns)
     refused = kubectl("apply", "--server-side", "-f", "-", stdin=edited)
     assert refused.returncode != 0
-    assert ('Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using sweeps.dev/v1alpha1: '
-            ".spec.tune.numSamples") in refused.stderr
+    assert (
+        'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using sweeps.dev/v1alpha1: '
+        ".spec.tune.numSamples"
+    ) in refused.stderr
     forced = kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=edited)
     assert forced.returncode == 0 and "serverside-applied" in forced.stdout
     stored = yaml.safe_load(kubectl("get", "tsw", "ssa", "-o", "yaml", "--show-managed-fields").stdout)
@@ -190,8 +235,13 @@ def test_server_side_apply_reports_conflicts_and_force_takes_the_fields(kubectl:
     assert "f:numSamples" not in owners["kubectl-client-side-apply"]["fieldsV1"]["f:spec"].get("f:tune", {})
     fresh = kubectl("apply", "--server-side", "-f", "-", stdin=manifest(cpu_sweep("ssa-new"), ns))
     assert fresh.returncode == 0, fresh.stderr  # an apply creates a missing object
-    invalid = kubectl("apply", "--server-side", "-f", "-",
-                      stdin=manifest(changed(cpu_sweep("ssa-new"), {"spec.trial.workers": 0}), ns))
+    invalid = kubectl(
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        stdin=manifest(changed(cpu_sweep("ssa-new"), {"spec.trial.workers": 0}), ns),
+    )
     assert invalid.returncode != 0 and "spec.trial.workers: Invalid value: 0" in invalid.stderr
 
 
@@ -205,14 +255,16 @@ def test_status_writes_are_pruned_and_validated_and_spec_writes_ignore_status(se
     custom = kubernetes.client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(G, V, ns, P, cpu_sweep("st", ns))
     patched = custom.patch_namespaced_custom_object_status(
-        G, V, ns, P, "st", {"status": {"phase": "Running", "notInSchema": "x"}, "spec": {"image": "other"}})
+        G, V, ns, P, "st", {"status": {"phase": "Running", "notInSchema": "x"}, "spec": {"image": "other"}}
+    )
     assert patched["status"] == {"phase": "Running"} and patched["spec"]["image"] == cpu_sweep()["spec"]["image"]
     assert patched["metadata"]["generation"] == 1
     with pytest.raises(kubernetes.client.ApiException) as refused:
         custom.patch_namespaced_custom_object_status(G, V, ns, P, "st", {"status": {"phase": "Exploded"}})
     assert refused.value.status == 422 and "status.phase: Unsupported value" in refused.value.body
-    main = custom.patch_namespaced_custom_object(G, V, ns, P, "st", {"spec": {"suspend": True},
-                                                                     "status": {"phase": "Failed"}})
+    main = custom.patch_namespaced_custom_object(
+        G, V, ns, P, "st", {"spec": {"suspend": True}, "status": {"phase": "Failed"}}
+    )
     assert main["status"]["phase"] == "Running" and main["metadata"]["generation"] == 2
     _, _, headers = custom.patch_namespaced_custom_object_with_http_info(G, V, ns, P, "st", {"spec": {"zzz": 1}})
     assert 'unknown field \\"spec.zzz\\"' in headers.get("Warning", "")
@@ -262,12 +314,18 @@ def test_server_dry_run_validates_and_stores_nothing(kubectl: Any, ns: str) -> N
     created = kubectl("apply", "--dry-run=server", "-f", "-", stdin=manifest(cpu_sweep("dry"), ns))
     assert created.returncode == 0 and "created (server dry run)" in created.stdout, created.stderr
     assert "NotFound" in kubectl("get", "tsw", "dry").stderr
-    refused = kubectl("apply", "--dry-run=server", "-f", "-",
-                      stdin=manifest(changed(cpu_sweep("dry"), {"spec.trial.workers": 0}), ns))
+    refused = kubectl(
+        "apply", "--dry-run=server", "-f", "-", stdin=manifest(changed(cpu_sweep("dry"), {"spec.trial.workers": 0}), ns)
+    )
     assert refused.returncode != 0 and "spec.trial.workers: Invalid value: 0" in refused.stderr
     assert kubectl("apply", "-f", "-", stdin=manifest(cpu_sweep("dry"), ns)).returncode == 0
-    edited = kubectl("apply", "--dry-run=server", "-f", "-",
-                     stdin=manifest(changed(cpu_sweep("dry"), {"spec.tune.numSamples": 3}), ns))
+    edited = kubectl(
+        "apply",
+        "--dry-run=server",
+        "-f",
+        "-",
+        stdin=manifest(changed(cpu_sweep("dry"), {"spec.tune.numSamples": 3}), ns),
+    )
     assert edited.returncode == 0 and "configured (server dry run)" in edited.stdout, edited.stderr
     assert kubectl("get", "tsw", "dry", "-o", "jsonpath={.spec.tune.numSamples}").stdout == "8"
     assert kubectl("delete", "tsw", "dry", "--dry-run=server").returncode == 0
@@ -290,13 +348,20 @@ def test_custom_resources_take_no_unconditional_update_nor_a_create_with_a_resou
     with pytest.raises(kubernetes.client.ApiException) as unconditional:
         custom.replace_namespaced_custom_object(G, V, ns, P, "rv", body)
     assert unconditional.value.status == 422
-    assert ('trainingsweeps.sweeps.dev \\"rv\\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be '
-            "specified for an update") in unconditional.value.body
+    assert (
+        'trainingsweeps.sweeps.dev \\"rv\\" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be '
+        "specified for an update"
+    ) in unconditional.value.body
     replaced = custom.replace_namespaced_custom_object(G, V, ns, P, "rv", created)  # with it, fine
     assert replaced["metadata"]["name"] == "rv"
     with pytest.raises(kubernetes.client.ApiException) as recreated:
-        custom.create_namespaced_custom_object(G, V, ns, P, {**created, "metadata": {
-            "name": "rv2", "resourceVersion": created["metadata"]["resourceVersion"]}})
+        custom.create_namespaced_custom_object(
+            G,
+            V,
+            ns,
+            P,
+            {**created, "metadata": {"name": "rv2", "resourceVersion": created["metadata"]["resourceVersion"]}},
+        )
     assert recreated.value.status == 500 and "should not be set on objects to be created" in recreated.value.body
 
 
@@ -307,6 +372,7 @@ def test_pruned_fields_are_recorded_for_tests_to_assert_on(server: EmulatorServe
 
     custom = kubernetes.client.CustomObjectsApi(server.api_client())
     custom.create_namespaced_custom_object(G, V, ns, P, cpu_sweep("pr", ns))
-    custom.patch_namespaced_custom_object_status(G, V, ns, P, "pr", {"status": {"phase": "Running",
-                                                                                "startedAtt": "typo"}})
+    custom.patch_namespaced_custom_object_status(
+        G, V, ns, P, "pr", {"status": {"phase": "Running", "startedAtt": "typo"}}
+    )
     assert (f"{P}.{G}", "status.startedAtt") in server.call(lambda: list(server.emulator.unknown_fields))

@@ -35,7 +35,9 @@ def keys(s3_client: Any, bucket: str, prefix: str = "") -> list[str]:
     return [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
 
 
-def test_a_run_root_the_job_may_use_passes_and_keeps_no_probe(proxy: DenyingS3Proxy, s3_client: Any, s3_bucket: str) -> None:
+def test_a_run_root_the_job_may_use_passes_and_keeps_no_probe(
+    proxy: DenyingS3Proxy, s3_client: Any, s3_bucket: str
+) -> None:
     root = f"s3://{s3_bucket}/sweeps/ns/digits-r1"
     preflight.check_run_root(root, token="ok")
     actions = {action for action, _ in proxy.forwarded}
@@ -61,7 +63,10 @@ def test_a_missing_permission_fails_in_seconds_naming_the_s3_action_R20(
 
 def driver_env(bucket: str) -> dict[str, str]:
     doc = changed(cpu_sweep("denied"), {"spec.storage": {"uri": f"s3://{bucket}/sweeps", "region": "us-east-1"}})
-    return {constants.ENV_RUN_SPEC: build_run_spec(parse_sweep(doc), "r1").to_json(), constants.ENV_DEADLINE_AT: str(int(time.time()) + 900)}
+    return {
+        constants.ENV_RUN_SPEC: build_run_spec(parse_sweep(doc), "r1").to_json(),
+        constants.ENV_DEADLINE_AT: str(int(time.time()) + 900),
+    }
 
 
 def test_the_driver_refuses_before_ray_starts_and_records_why_in_status_json(

@@ -14,10 +14,10 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -32,7 +32,15 @@ from tests.support.sweep_factory import SyntheticSweep, write_sweep
 pytestmark = pytest.mark.integration
 
 ROWS = ("delete-sweep", "delete-rayjob", "kuberay-deletes-cluster", "deadline-stop", "retry-then-delete")
-COLUMNS = ("complete", "file-missing", "file-truncated", "manifest-missing", "trial-dir-missing", "s3-5xx", "s3-unreachable")
+COLUMNS = (
+    "complete",
+    "file-missing",
+    "file-truncated",
+    "manifest-missing",
+    "trial-dir-missing",
+    "s3-5xx",
+    "s3-unreachable",
+)
 # What the verifier must report in each broken column (a problem kind of verification.py).
 EXPECTED_KIND = {
     "file-missing": "missing-file",
@@ -75,7 +83,9 @@ class Router:
         with self._lock:
             key = (url, region)
             if key not in self._clients:
-                self._clients[key] = make_s3_client(S3ClientConfig(endpoint_url=url, region=region or "us-east-1", max_attempts=1))
+                self._clients[key] = make_s3_client(
+                    S3ClientConfig(endpoint_url=url, region=region or "us-east-1", max_attempts=1)
+                )
             return _Recording(self._clients[key], endpoint, self.calls)
 
 
@@ -108,7 +118,9 @@ def matrix(s3_server: Any) -> Iterator[tuple[OperatorEnv, Router, list[Seen]]]:
         def spy(client: Any, root: str, **kwargs: Any) -> Any:
             started = time.monotonic()
             result = real_verify(client, root, **kwargs)
-            seen.append(Seen(root, result.verified, result.checked, frozenset(p.kind for p in result.problems), started))
+            seen.append(
+                Seen(root, result.verified, result.checked, frozenset(p.kind for p in result.problems), started)
+            )
             return result
 
         controller.verify = spy
@@ -202,8 +214,14 @@ def _end_attempt(cell: Cell, rayjob: str, outcome: Outcome) -> None:
     for run in list(env.runner.runs):
         if run.rayjob_key == ("default", rayjob) and not run.stopped:
             run.outcome = outcome
-    env.custom.patch_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL,
-                                              rayjob, {"metadata": {"annotations": {"test.sweeps.dev/nudge": str(time.monotonic())}}})
+    env.custom.patch_namespaced_custom_object(
+        constants.RAY_GROUP,
+        constants.RAY_VERSION_API,
+        "default",
+        constants.RAYJOB_PLURAL,
+        rayjob,
+        {"metadata": {"annotations": {"test.sweeps.dev/nudge": str(time.monotonic())}}},
+    )
 
 
 def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
@@ -227,28 +245,46 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
         # KubeRay's activeDeadlineSeconds (per attempt, from a slightly later start) marks the RayJob Failed and, with
         # shutdownAfterJobFinishes, deletes the cluster after the TTL. Whichever comes first, its object is held.
         # A busy machine may see the deadline end the run before this looks: Running or already past it.
-        status = env.wait_status(name, lambda s: s.get("rayClusterName") and s.get("phase") in ("Running", "DeadlineExceeded"),
-                                 "Running or past its deadline", timeout=TIMEOUT * 2)
+        status = env.wait_status(
+            name,
+            lambda s: s.get("rayClusterName") and s.get("phase") in ("Running", "DeadlineExceeded"),
+            "Running or past its deadline",
+            timeout=TIMEOUT * 2,
+        )
         rayjob, cluster = status["rayJobName"], status["rayClusterName"]
-        readers = {"RayJob": lambda: env.get(constants.RAYJOB_PLURAL, rayjob),
-                   "RayCluster": lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster)}
+        readers = {
+            "RayJob": lambda: env.get(constants.RAYJOB_PLURAL, rayjob),
+            "RayCluster": lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster),
+        }
+
         def deleting(read: Callable[[], dict[str, Any] | None]) -> bool:
             obj = read()
             return obj is None or bool(obj["metadata"].get("deletionTimestamp"))  # gone: deleted and released
 
-        first = wait_for(lambda: next((k for k, read in readers.items() if deleting(read)), None),
-                         TIMEOUT * 2, what=f"{name}: a deadline deleting the RayJob or its cluster")
+        first = wait_for(
+            lambda: next((k for k, read in readers.items() if deleting(read)), None),
+            TIMEOUT * 2,
+            what=f"{name}: a deadline deleting the RayJob or its cluster",
+        )
         return first, readers[first]
     # retry-then-delete: the first attempt fails; KubeRay deletes its cluster to retry (the guard holds it until the
     # run verifies), the counters move, and then the user deletes the RayJob, whose jobStatus was reset.
     status = env.wait_phase(name, "Running", timeout=TIMEOUT * 2)
     first_cluster, rayjob = status["rayClusterName"], status["rayJobName"]
     _end_attempt(cell, rayjob, Outcome.fail(0.0))
-    wait_for(lambda: int(((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("status") or {}).get("failed") or 0) >= 1,
-             TIMEOUT, what=f"{name}: the first attempt failed")
+    wait_for(
+        lambda: int(((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("status") or {}).get("failed") or 0) >= 1,
+        TIMEOUT,
+        what=f"{name}: the first attempt failed",
+    )
     if cell.column != "complete":
-        wait_for(lambda: ((env.get(constants.RAYCLUSTER_PLURAL, first_cluster) or {}).get("metadata") or {}).get("deletionTimestamp"),
-                 TIMEOUT, what=f"{name}: KubeRay deleting the failed attempt's cluster")
+        wait_for(
+            lambda: ((env.get(constants.RAYCLUSTER_PLURAL, first_cluster) or {}).get("metadata") or {}).get(
+                "deletionTimestamp"
+            ),
+            TIMEOUT,
+            what=f"{name}: KubeRay deleting the failed attempt's cluster",
+        )
     env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
     return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
 
@@ -268,18 +304,30 @@ def _run_cell(cell: Cell) -> None:
         assert good, f"released without a verification that saw the 4 checkpoints: {cell.verifications()}"
     else:
         expected = EXPECTED_KIND[cell.column]
-        wait_for(lambda: (held() or {}).get("metadata", {}).get("deletionTimestamp"), TIMEOUT * 2,
-                 what=f"{cell.name}: {kind} being deleted")
+        wait_for(
+            lambda: (held() or {}).get("metadata", {}).get("deletionTimestamp"),
+            TIMEOUT * 2,
+            what=f"{cell.name}: {kind} being deleted",
+        )
         # "Still held" is judged after two re-checks that saw the problem, not after a sleep.
-        wait_for(lambda: len([s for s in cell.verifications(broken_at) if expected in s.kinds and not s.verified]) >= 2,
-                 TIMEOUT * 2, what=f"{cell.name}: two verifications reporting {expected}")
+        wait_for(
+            lambda: len([s for s in cell.verifications(broken_at) if expected in s.kinds and not s.verified]) >= 2,
+            TIMEOUT * 2,
+            what=f"{cell.name}: two verifications reporting {expected}",
+        )
         assert held() is not None, f"{kind} released while the run reports {expected}"
         for s in cell.verifications(broken_at):
             assert not s.verified, f"a verification passed while the run was broken: {s}"
-        env.wait_status(cell.name, lambda s: any(
-            c["type"] == "CheckpointsVerified" and c["status"] == "False" and (not key or key.split("/")[-1] in c["message"]
-                                                                                or expected in c["message"])
-            for c in s.get("conditions") or []), f"CheckpointsVerified=False naming {expected}")
+        env.wait_status(
+            cell.name,
+            lambda s: any(
+                c["type"] == "CheckpointsVerified"
+                and c["status"] == "False"
+                and (not key or key.split("/")[-1] in c["message"] or expected in c["message"])
+                for c in s.get("conditions") or []
+            ),
+            f"CheckpointsVerified=False naming {expected}",
+        )
         _repair(cell)
         wait_for(lambda: held() is None, TIMEOUT, what=f"{cell.name}: {kind} released after the repair")
         assert any(s.verified and s.checked == 4 for s in cell.verifications(broken_at)), "released by a verified check"
@@ -295,8 +343,9 @@ def _run_cell(cell: Cell) -> None:
 def test_guard_fault_matrix(matrix: tuple[OperatorEnv, Router, list[Seen]]) -> None:
     """R22: every row x column cell (issue 12's matrix); a table of the failing cells on failure."""
     env, router, seen = matrix
-    cells = [Cell(row, column, env, router, seen, i) for i, (row, column) in
-             enumerate((r, c) for r in ROWS for c in COLUMNS)]
+    cells = [
+        Cell(row, column, env, router, seen, i) for i, (row, column) in enumerate((r, c) for r in ROWS for c in COLUMNS)
+    ]
     failures: dict[tuple[str, str], str] = {}
 
     def run(cell: Cell) -> None:

@@ -38,15 +38,31 @@ def server() -> Iterator[EmulatorServer]:
 
 
 class World:
-    def __init__(self, server: EmulatorServer, namespace: str, name: str, root: str, endpoint: str, kubeconfig: Path, s3: Any, bucket: str):
+    def __init__(
+        self,
+        server: EmulatorServer,
+        namespace: str,
+        name: str,
+        root: str,
+        endpoint: str,
+        kubeconfig: Path,
+        s3: Any,
+        bucket: str,
+    ):
         self.server, self.namespace, self.name, self.root, self.endpoint = server, namespace, name, root, endpoint
         self.kubeconfig, self.s3, self.bucket = kubeconfig, s3, bucket
         self.merged = ""  # KUBECONFIG as a list of two files
 
     def kubectl(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        environ = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                   "HOME": str(self.kubeconfig.parent)}
-        return subprocess.run([str(KUBECTL), *args], env={**environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+        environ = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HOME": str(self.kubeconfig.parent),
+        }
+        return subprocess.run(
+            [str(KUBECTL), *args], env={**environ, **(env or {})}, capture_output=True, text=True, timeout=120
+        )
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +85,35 @@ def world(server: EmulatorServer, s3_server: Any, tmp_path_factory: pytest.TempP
     custom = kubernetes.client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, doc)
     status = {
-        "phase": "Succeeded", "runId": "rep001", "rayJobName": f"{name}-rep001", "message": "sweep succeeded",
-        "startedAt": "2026-12-03T11:47:00Z", "trainingStartedAt": "2026-12-03T11:47:15Z", "deadlineAt": "2026-12-03T12:17:00Z",
-        "finishedAt": RESULT["finishedAt"], "trialsSummary": "4/4",
-        "bestTrial": RESULT["bestTrial"], "replicas": {"workers": 1, "gpus": 0, "cap": 1, "namespaceBudget": "0/32"},
-        "checkpoints": {"verified": True, "checked": 5, "bytes": 1, "verifiedAt": "2026-12-03T11:49:10Z", "problems": []},
-        "guard": {"runRoot": root, "endpointUrl": s3_server.endpoint_url, "region": "us-east-1", "verify": True, "timeoutSeconds": 60},
+        "phase": "Succeeded",
+        "runId": "rep001",
+        "rayJobName": f"{name}-rep001",
+        "message": "sweep succeeded",
+        "startedAt": "2026-12-03T11:47:00Z",
+        "trainingStartedAt": "2026-12-03T11:47:15Z",
+        "deadlineAt": "2026-12-03T12:17:00Z",
+        "finishedAt": RESULT["finishedAt"],
+        "trialsSummary": "4/4",
+        "bestTrial": RESULT["bestTrial"],
+        "replicas": {"workers": 1, "gpus": 0, "cap": 1, "namespaceBudget": "0/32"},
+        "checkpoints": {
+            "verified": True,
+            "checked": 5,
+            "bytes": 1,
+            "verifiedAt": "2026-12-03T11:49:10Z",
+            "problems": [],
+        },
+        "guard": {
+            "runRoot": root,
+            "endpointUrl": s3_server.endpoint_url,
+            "region": "us-east-1",
+            "verify": True,
+            "timeoutSeconds": 60,
+        },
     }
-    custom.patch_namespaced_custom_object_status(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status})
+    custom.patch_namespaced_custom_object_status(
+        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"status": status}
+    )
     home = tmp_path_factory.mktemp("kube")
     elsewhere = kubeconfig_document("http://127.0.0.1:9", context="elsewhere")
     emu = kubeconfig_document(server.url, context="emu", namespace=namespace)
@@ -109,7 +146,9 @@ def test_sweep_status_honours_kubeconfig_lists_context_and_namespace(world: Worl
     assert "phase:       Succeeded" in done.stdout
     other = world.kubectl("sweep", "status", world.name, "--context=emu", "-n", "default", env=merged)
     assert other.returncode == 1 and f"TrainingSweep default/{world.name}: Not Found" in other.stderr
-    named = world.kubectl("sweep", "status", world.name, f"--namespace={world.namespace}", "--context", "emu", "--json", env=merged)
+    named = world.kubectl(
+        "sweep", "status", world.name, f"--namespace={world.namespace}", "--context", "emu", "--json", env=merged
+    )
     assert json.loads(named.stdout)["runId"] == "rep001"
     wrong = world.kubectl("sweep", "status", world.name, "--context", "nope", env=merged)
     assert wrong.returncode == 2 and "no such context" in wrong.stderr
@@ -163,9 +202,24 @@ def test_report_from_the_cluster_reads_status_and_s3(world: World, tmp_path: Pat
     assert "VERIFIED at" in (out / "report.html").read_text()
 
 
-def test_report_from_s3_alone_after_the_cluster_is_gone(world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = sweepctl(["report", "--storage", world.root, "--endpoint-url", world.endpoint, "--region", "us-east-1",
-                     "--kubeconfig", str(tmp_path / "absent"), "--out", str(tmp_path / "r")])
+def test_report_from_s3_alone_after_the_cluster_is_gone(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = sweepctl(
+        [
+            "report",
+            "--storage",
+            world.root,
+            "--endpoint-url",
+            world.endpoint,
+            "--region",
+            "us-east-1",
+            "--kubeconfig",
+            str(tmp_path / "absent"),
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert sum(len(t["values"]) for t in data["learningCurves"]["trials"]) == 9

@@ -75,15 +75,26 @@ def core(server: EmulatorServer) -> Any:
 
 def rayjob_body(name: str, *, annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
     """A RayJob shaped like the renderer's: sweep labels, a head and a GPU worker group."""
-    template = {"metadata": {"labels": {constants.LABEL_SWEEP: "s1"}},
-                "spec": {"containers": [{"name": "ray-head", "image": "trainer:1"}]}}
-    worker = {"metadata": {"labels": {constants.LABEL_SWEEP: "s1"}}, "spec": {"containers": [
-        {"name": "ray-worker", "image": "trainer:1", "resources": {"limits": {constants.GPU_RESOURCE: 1}}}]}}
+    template = {
+        "metadata": {"labels": {constants.LABEL_SWEEP: "s1"}},
+        "spec": {"containers": [{"name": "ray-head", "image": "trainer:1"}]},
+    }
+    worker = {
+        "metadata": {"labels": {constants.LABEL_SWEEP: "s1"}},
+        "spec": {
+            "containers": [
+                {"name": "ray-worker", "image": "trainer:1", "resources": {"limits": {constants.GPU_RESOURCE: 1}}}
+            ]
+        },
+    }
     return {
         "apiVersion": constants.RAY_API_VERSION,
         "kind": constants.RAYJOB_KIND,
-        "metadata": {"name": name, "labels": {constants.LABEL_SWEEP: "s1", constants.LABEL_RUN_ID: "r1"},
-                     "annotations": {"note": "copied"} if annotations is None else annotations},
+        "metadata": {
+            "name": name,
+            "labels": {constants.LABEL_SWEEP: "s1", constants.LABEL_RUN_ID: "r1"},
+            "annotations": {"note": "copied"} if annotations is None else annotations,
+        },
         "spec": {
             "entrypoint": constants.ENTRYPOINT_COMMAND,
             "shutdownAfterJobFinishes": True,
@@ -91,8 +102,16 @@ def rayjob_body(name: str, *, annotations: dict[str, str] | None = None, **spec:
             "rayClusterSpec": {
                 "rayVersion": constants.SUPPORTED_RAY_VERSION,
                 "headGroupSpec": {"rayStartParams": {}, "template": template},
-                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "minReplicas": 0, "maxReplicas": 4,
-                                      "rayStartParams": {}, "template": worker}],
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "gpu",
+                        "replicas": 2,
+                        "minReplicas": 0,
+                        "maxReplicas": 4,
+                        "rayStartParams": {},
+                        "template": worker,
+                    }
+                ],
             },
             **spec,
         },
@@ -138,13 +157,19 @@ class Cluster:
         return dict(self.rayjob(name).get("status") or {})
 
     def until(self, name: str, deployment: str, timeout: float = 10.0) -> dict[str, Any]:
-        return dict(wait_for(lambda: (s := self.status(name)).get("jobDeploymentStatus") == deployment and s,
-                             timeout, what=f"RayJob {name} to be {deployment}"))
+        return dict(
+            wait_for(
+                lambda: (s := self.status(name)).get("jobDeploymentStatus") == deployment and s,
+                timeout,
+                what=f"RayJob {name} to be {deployment}",
+            )
+        )
 
     def clusters(self, rayjob: str | None = None) -> list[dict[str, Any]]:
         selector = f"{constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME}={rayjob}" if rayjob else ""
-        return list(self.custom.list_namespaced_custom_object(*RAY, self.ns, "rayclusters",
-                                                              label_selector=selector)["items"])
+        return list(
+            self.custom.list_namespaced_custom_object(*RAY, self.ns, "rayclusters", label_selector=selector)["items"]
+        )
 
     def cluster(self, name: str) -> dict[str, Any] | None:
         found = [c for c in self.clusters() if c["metadata"]["name"] == name]
@@ -225,8 +250,12 @@ def test_raycluster_is_named_labelled_annotated_and_owned_like_kuberay(kube: Clu
     998-1005), ray.io/originated-from-cr-name, ray.io/originated-from-crd=RayJob, ray.io/job-submission-mode,
     spec = rayClusterSpec, ctrl.SetControllerReference; getOrCreateRayClusterInstance's CreatedRayCluster Event."""
     runner.script("owned", Outcome.hang())
-    guard_facts = {"sweeps.dev/run-root": "s3://b/sweeps/ns/s1-r1", "sweeps.dev/endpoint": "http://127.0.0.1:9000",
-                   "sweeps.dev/region": "eu-west-1", "sweeps.dev/verify": "true"}
+    guard_facts = {
+        "sweeps.dev/run-root": "s3://b/sweeps/ns/s1-r1",
+        "sweeps.dev/endpoint": "http://127.0.0.1:9000",
+        "sweeps.dev/region": "eu-west-1",
+        "sweeps.dev/verify": "true",
+    }
     body = rayjob_body("owned", annotations=guard_facts)
     rayjob = dict(kube.custom.create_namespaced_custom_object(*RAY, kube.ns, "rayjobs", body))
     status = kube.until("owned", "Running")
@@ -239,8 +268,14 @@ def test_raycluster_is_named_labelled_annotated_and_owned_like_kuberay(kube: Clu
     assert labels["ray.io/job-submission-mode"] == "K8sJobMode"  # the CRD's default for submissionMode
     assert cluster["metadata"]["annotations"] == guard_facts
     (owner,) = cluster["metadata"]["ownerReferences"]
-    assert owner == {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "owned", "uid": rayjob["metadata"]["uid"],
-                     "controller": True, "blockOwnerDeletion": True}
+    assert owner == {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "name": "owned",
+        "uid": rayjob["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     assert cluster["spec"] == rayjob["spec"]["rayClusterSpec"]
     assert cluster["status"]["state"] == "ready"
     (created,) = kube.events(**{"involvedObject.name": "owned", "reason": "CreatedRayCluster"})
@@ -257,7 +292,10 @@ def test_kuberay_events_have_the_events_api_shape(kube: Cluster, runner: Scripte
     assert (created.type, created.action, created.reporting_component) == ("Normal", "Create", "rayjob-controller")
     assert created.reporting_instance.startswith("rayjob-controller-") and created.event_time is not None
     assert not (created.source and created.source.component)
-    assert created.involved_object.kind == "RayJob" and created.involved_object.uid == kube.rayjob("evented")["metadata"]["uid"]
+    assert (
+        created.involved_object.kind == "RayJob"
+        and created.involved_object.uid == kube.rayjob("evented")["metadata"]["uid"]
+    )
 
 
 def test_submitter_job_in_k8s_job_mode(kube: Cluster, runner: ScriptedRunner) -> None:
@@ -269,10 +307,18 @@ def test_submitter_job_in_k8s_job_mode(kube: Cluster, runner: ScriptedRunner) ->
     status = kube.until("submit", "Complete")
     job = kube.job("submit")
     assert job.spec.backoff_limit == 1
-    assert job.metadata.labels == {"ray.io/originated-from-cr-name": "submit", "ray.io/originated-from-crd": "RayJob",
-                                   "app.kubernetes.io/created-by": "kuberay-operator"}
+    assert job.metadata.labels == {
+        "ray.io/originated-from-cr-name": "submit",
+        "ray.io/originated-from-crd": "RayJob",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
     (owner,) = job.metadata.owner_references
-    assert (owner.kind, owner.name, owner.uid, owner.controller) == ("RayJob", "submit", rayjob["metadata"]["uid"], True)
+    assert (owner.kind, owner.name, owner.uid, owner.controller) == (
+        "RayJob",
+        "submit",
+        rayjob["metadata"]["uid"],
+        True,
+    )
     env = {e.name: e.value for e in job.spec.template.spec.containers[0].env}
     assert env["RAY_JOB_SUBMISSION_ID"] == status["jobId"] and env["RAY_DASHBOARD_ADDRESS"] == status["dashboardURL"]
     assert {c.type for c in job.status.conditions if c.status == "True"} >= {"Complete"}
@@ -309,8 +355,20 @@ def test_backoff_limit_retries_each_attempt_on_a_new_cluster(kube: Cluster, runn
     kube.submit("flaky", backoffLimit=2)
     status = kube.until("flaky", "Complete")
     assert (status["failed"], status["succeeded"]) == (2, 1)
-    assert kube.deployments("flaky") == ["", "Initializing", "Running", "Retrying", "", "Initializing", "Running",
-                                         "Retrying", "", "Initializing", "Running", "Complete"]
+    assert kube.deployments("flaky") == [
+        "",
+        "Initializing",
+        "Running",
+        "Retrying",
+        "",
+        "Initializing",
+        "Running",
+        "Retrying",
+        "",
+        "Initializing",
+        "Running",
+        "Complete",
+    ]
     names = [s.get("rayClusterName") for s in kube.states("flaky")]
     assert len(set(names) - {None}) == 3  # one cluster per attempt
     assert [r.attempt for r in runs_of(runner, kube, "flaky")] == [0, 1, 2]
@@ -348,14 +406,21 @@ def test_a_failed_submitter_job_fails_the_rayjob_with_submission_failed(kube: Cl
     runner.script("unsent", Outcome.hang())
     kube.submit("unsent")
     kube.until("unsent", "Running")
-    failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-              "message": "Job has reached the specified backoff limit", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "BackoffLimitExceeded",
+        "message": "Job has reached the specified backoff limit",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
     kubernetes.client.BatchV1Api(kube.server.api_client()).patch_namespaced_job_status(
-        "unsent", kube.ns, {"status": {"conditions": [failed], "failed": 3}})
+        "unsent", kube.ns, {"status": {"conditions": [failed], "failed": 3}}
+    )
     status = kube.until("unsent", "Failed")
     assert status["reason"] == "SubmissionFailed"
-    assert status["message"] == ("Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached "
-                                 "the specified backoff limit")
+    assert status["message"] == (
+        "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the specified backoff limit"
+    )
 
 
 def test_default_backoff_limit_zero_never_retries(kube: Cluster, runner: ScriptedRunner) -> None:
@@ -374,8 +439,11 @@ def test_retrying_waits_until_a_guarded_cluster_is_really_gone(kube: Cluster, ru
     first = kube.until("held", "Running")["rayClusterName"]
     kube.guard(first)
     kube.until("held", "Retrying")
-    held = wait_for(lambda: (c := kube.cluster(first)) and c["metadata"].get("deletionTimestamp") and c, 10,
-                    what="KubeRay to delete the old cluster")
+    held = wait_for(
+        lambda: (c := kube.cluster(first)) and c["metadata"].get("deletionTimestamp") and c,
+        10,
+        what="KubeRay to delete the old cluster",
+    )
     looked_again(kube_standin(kube), kube, "held")
     assert kube.status("held")["jobDeploymentStatus"] == "Retrying" and len(kube.clusters("held")) == 1
     assert held["metadata"]["finalizers"] == [constants.FINALIZER]
@@ -410,7 +478,9 @@ def test_pre_running_deadline_without_retries_is_final(kube: Cluster, runner: Sc
 # ---- deadlines
 
 
-def test_active_deadline_fails_and_is_not_retried_and_does_not_stop_the_job(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_active_deadline_fails_and_is_not_retried_and_does_not_stop_the_job(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ checkActiveDeadlineAndUpdateStatusIfNeeded: Failed/DeadlineExceeded from this attempt's startTime;
     checkBackoffLimitAndUpdateStatusIfNeeded never retries it; nothing stops the Ray job (KR#2314): jobStatus stays
     RUNNING and the run goes on while the cluster exists (shutdownAfterJobFinishes false keeps it)."""
@@ -425,7 +495,9 @@ def test_active_deadline_fails_and_is_not_retried_and_does_not_stop_the_job(kube
     assert kube.status("slow")["failed"] == 1  # the counters do not move after the transition
 
 
-def test_deadline_then_shutdown_ends_the_job_only_when_the_cluster_is_gone(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_deadline_then_shutdown_ends_the_job_only_when_the_cluster_is_gone(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ checkActiveDeadlineAndUpdateStatusIfNeeded then handleShutdownAfterJobFinishes: the cluster is deleted
     ttlSecondsAfterFinished after endTime; with the guard's finalizer on it, its pods (the run) keep going."""
     runner.script("cut", Outcome.hang())
@@ -433,8 +505,11 @@ def test_deadline_then_shutdown_ends_the_job_only_when_the_cluster_is_gone(kube:
     name = kube.until("cut", "Running")["rayClusterName"]
     kube.guard(name)
     kube.until("cut", "Failed")
-    wait_for(lambda: (c := kube.cluster(name)) and c["metadata"].get("deletionTimestamp"), 10,
-             what="the cluster to be deleted")
+    wait_for(
+        lambda: (c := kube.cluster(name)) and c["metadata"].get("deletionTimestamp"),
+        10,
+        what="the cluster to be deleted",
+    )
     (run,) = runs_of(runner, kube, "cut")
     assert not run.stopped
     kube.release("rayclusters", name)
@@ -446,7 +521,8 @@ def test_deadline_then_shutdown_ends_the_job_only_when_the_cluster_is_gone(kube:
 
 
 def test_deleting_a_guarded_rayjob_stops_the_job_at_once_and_drops_only_kuberays_finalizer(
-        kube: Cluster, runner: ScriptedRunner) -> None:
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ Reconcile's deletion branch: StopJob when jobStatus is not terminal, RemoveFinalizer(ray.io/rayjob-finalizer)
     whatever other finalizers remain; the cluster stays until the RayJob is gone (background GC)."""
     runner.script("kept", Outcome.hang())
@@ -455,8 +531,11 @@ def test_deleting_a_guarded_rayjob_stops_the_job_at_once_and_drops_only_kuberays
     kube.custom.create_namespaced_custom_object(*RAY, kube.ns, "rayjobs", body)
     name = kube.until("kept", "Running")["rayClusterName"]
     kube.delete("rayjobs", "kept")
-    wait_for(lambda: kube.rayjob("kept")["metadata"]["finalizers"] == [constants.FINALIZER], 5,
-             what="KubeRay to drop only its own finalizer")
+    wait_for(
+        lambda: kube.rayjob("kept")["metadata"]["finalizers"] == [constants.FINALIZER],
+        5,
+        what="KubeRay to drop only its own finalizer",
+    )
     (run,) = runs_of(runner, kube, "kept")
     assert run.stopped  # at once, while our finalizer still holds the RayJob
     assert kube.cluster(name) is not None and "deletionTimestamp" not in kube.cluster(name)["metadata"]
@@ -465,7 +544,9 @@ def test_deleting_a_guarded_rayjob_stops_the_job_at_once_and_drops_only_kuberays
     wait_for(lambda: kube.cluster(name) is None, 10, what="the cluster to follow its released RayJob")
 
 
-def test_deleting_a_rayjob_after_its_deadline_stops_the_still_running_job(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_deleting_a_rayjob_after_its_deadline_stops_the_still_running_job(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ deletion branch: a DeadlineExceeded RayJob's jobStatus is still RUNNING (not terminal), so StopJob runs."""
     runner.script("overdue", Outcome.hang())
     kube.submit("overdue", activeDeadlineSeconds=1, shutdownAfterJobFinishes=False)
@@ -476,7 +557,9 @@ def test_deleting_a_rayjob_after_its_deadline_stops_the_still_running_job(kube: 
     wait_for(lambda: run.stopped, 10, what="StopJob on deletion")
 
 
-def test_deleting_a_running_rayjob_removes_its_cluster_through_garbage_collection(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_deleting_a_running_rayjob_removes_its_cluster_through_garbage_collection(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ deletion branch then Kubernetes' background GC of the controller-owned RayCluster and submitter Job."""
     runner.script("doomed", Outcome.hang())
     kube.submit("doomed")
@@ -494,8 +577,9 @@ def test_a_deleting_raycluster_is_not_reconciled(kube: Cluster, runner: Scripted
     finalizer holds it; RJ getOrCreateRayClusterInstance still finds it, so the RayJob waits in Initializing."""
     runner.script("frozen", Outcome.succeed(0.1, startup=1.5))
     kube.submit("frozen")
-    name = wait_for(lambda: (n := kube.status("frozen").get("rayClusterName")) and kube.cluster(n) and n, 10,
-                    what="the cluster")
+    name = wait_for(
+        lambda: (n := kube.status("frozen").get("rayClusterName")) and kube.cluster(n) and n, 10, what="the cluster"
+    )
     kube.guard(name)
     kube.delete("rayclusters", name)
     (run,) = wait_for(lambda: runs_of(runner, kube, "frozen"), 10, what="the run")
@@ -508,7 +592,9 @@ def test_a_deleting_raycluster_is_not_reconciled(kube: Cluster, runner: Scripted
     assert kube.until("frozen", "Complete")["rayClusterName"] == name  # recreated under the same name
 
 
-def test_a_cluster_deleted_under_a_running_rayjob_is_recreated_with_the_same_name(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_a_cluster_deleted_under_a_running_rayjob_is_recreated_with_the_same_name(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ Running branch -> getOrCreateRayClusterInstance: a missing cluster is created again (same
     status.rayClusterName); the submitter resubmits the job to it (the stand-in: a new run on the new cluster)."""
     runner.script("phoenix", Outcome.hang())
@@ -524,7 +610,9 @@ def test_a_cluster_deleted_under_a_running_rayjob_is_recreated_with_the_same_nam
 # ---- shutdownAfterJobFinishes, ttlSecondsAfterFinished, deletionStrategy
 
 
-def test_cluster_deletion_on_finish_is_held_by_a_finalizer_until_released(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_cluster_deletion_on_finish_is_held_by_a_finalizer_until_released(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ handleShutdownAfterJobFinishes -> deleteClusterResources: a real delete, which the guard's finalizer holds;
     the RayJob stays Complete, its status unchanged."""
     runner.script("guarded", Outcome.succeed(1.5))
@@ -532,8 +620,11 @@ def test_cluster_deletion_on_finish_is_held_by_a_finalizer_until_released(kube: 
     name = kube.until("guarded", "Running")["rayClusterName"]
     kube.guard(name)
     done = kube.until("guarded", "Complete")
-    held = wait_for(lambda: (c := kube.cluster(name)) and c["metadata"].get("deletionTimestamp") and c, 10,
-                    what="KubeRay to delete the cluster")
+    held = wait_for(
+        lambda: (c := kube.cluster(name)) and c["metadata"].get("deletionTimestamp") and c,
+        10,
+        what="KubeRay to delete the cluster",
+    )
     assert held["metadata"]["finalizers"] == [constants.FINALIZER]
     (deleted,) = kube.events(**{"involvedObject.name": "guarded", "reason": "DeletedRayCluster"})
     assert deleted.message == f"Deleted cluster {kube.ns}/{name}" and deleted.action == "Delete"
@@ -565,12 +656,19 @@ def test_delete_rayjob_cr_after_job_finishes_deletes_the_rayjob_instead(quiet: C
     """RJ handleShutdownAfterJobFinishes with the operator's env DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true: the RayJob
     is deleted (its cluster follows by GC) instead of the cluster alone."""
     kube = quiet
-    with KubeRayStandIn(kube.server.api_client(), ScriptedRunner(Outcome.succeed(0.05)), poll_interval=0.1,
-                        delete_rayjob_after_job_finishes=True):
+    with KubeRayStandIn(
+        kube.server.api_client(),
+        ScriptedRunner(Outcome.succeed(0.05)),
+        poll_interval=0.1,
+        delete_rayjob_after_job_finishes=True,
+    ):
         kube.submit("gone")
         name = wait_for(lambda: kube.status("gone").get("rayClusterName"), 10, what="the cluster name")
-        wait_for(lambda: not kube.custom.list_namespaced_custom_object(*RAY, kube.ns, "rayjobs")["items"], 10,
-                 what="the RayJob to be deleted")
+        wait_for(
+            lambda: not kube.custom.list_namespaced_custom_object(*RAY, kube.ns, "rayjobs")["items"],
+            10,
+            what="the RayJob to be deleted",
+        )
         wait_for(lambda: kube.cluster(name) is None, 10, what="its cluster to follow")
 
 
@@ -578,8 +676,10 @@ def test_deletion_rules_delete_the_cluster_on_success(kube: Cluster, runner: Scr
     """RJ handleDeletionRules / isDeletionRuleMatched / executeDeletionPolicy (feature gate RayJobDeletionPolicy is
     on by default in v1.7.0): a matching rule runs ttlSeconds after endTime; DeleteNone does nothing."""
     runner.script("rules", Outcome.succeed(0.05))
-    rules = [{"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 1}},
-             {"policy": "DeleteSelf", "condition": {"jobStatus": "FAILED"}}]
+    rules = [
+        {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 1}},
+        {"policy": "DeleteSelf", "condition": {"jobStatus": "FAILED"}},
+    ]
     kube.submit("rules", shutdownAfterJobFinishes=False, deletionStrategy={"deletionRules": rules})
     name = kube.until("rules", "Complete")["rayClusterName"]
     wait_for(lambda: kube.cluster(name) is None, 6, what="DeleteCluster after its ttlSeconds")
@@ -591,9 +691,16 @@ def test_deletion_rules_delete_self_on_failure(kube: Cluster, runner: ScriptedRu
     runner.script("selfish", Outcome.fail(0.05))
     rules = [{"policy": "DeleteSelf", "condition": {"jobDeploymentStatus": "Failed"}}]
     kube.submit("selfish", shutdownAfterJobFinishes=False, deletionStrategy={"deletionRules": rules})
-    wait_for(lambda: not any(r["metadata"]["name"] == "selfish" for r in
-                             kube.custom.list_namespaced_custom_object(*RAY, kube.ns, "rayjobs")["items"]), 10,
-             what="the RayJob to delete itself")
+    wait_for(
+        lambda: (
+            not any(
+                r["metadata"]["name"] == "selfish"
+                for r in kube.custom.list_namespaced_custom_object(*RAY, kube.ns, "rayjobs")["items"]
+            )
+        ),
+        10,
+        what="the RayJob to delete itself",
+    )
 
 
 def test_deletion_rules_delete_workers_suspends_the_worker_groups(kube: Cluster, runner: ScriptedRunner) -> None:
@@ -602,8 +709,11 @@ def test_deletion_rules_delete_workers_suspends_the_worker_groups(kube: Cluster,
     rules = [{"policy": "DeleteWorkers", "condition": {"jobStatus": "SUCCEEDED"}}]
     kube.submit("lean", shutdownAfterJobFinishes=False, deletionStrategy={"deletionRules": rules})
     name = kube.until("lean", "Complete")["rayClusterName"]
-    wait_for(lambda: all(g.get("suspend") for g in kube.cluster(name)["spec"]["workerGroupSpecs"]), 10,
-             what="the worker groups to be suspended")
+    wait_for(
+        lambda: all(g.get("suspend") for g in kube.cluster(name)["spec"]["workerGroupSpecs"]),
+        10,
+        what="the worker groups to be suspended",
+    )
     assert kube.events(**{"involvedObject.name": "lean", "reason": "UpdatedRayCluster"})
 
 
@@ -621,29 +731,62 @@ def test_legacy_deletion_policy_deletes_the_cluster_on_success(kube: Cluster, ru
 # ---- validation (ValidationFailed)
 
 
-@pytest.mark.parametrize(("name", "spec", "event", "message"), [
-    ("rules-and-shutdown",
-     {"deletionStrategy": {"deletionRules": [{"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED"}}]}},
-     "InvalidRayJobSpec",
-     "The RayJob spec is invalid: spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules are mutually exclusive"),
-    ("ttl-without-shutdown", {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 5}, "InvalidRayJobSpec",
-     "The RayJob spec is invalid: a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished"),
-    ("suspend-without-shutdown", {"shutdownAfterJobFinishes": False, "suspend": True}, "InvalidRayJobSpec",
-     "The RayJob spec is invalid: a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended"),
-    ("legacy-delete-none",
-     {"deletionStrategy": {"onSuccess": {"policy": "DeleteNone"}, "onFailure": {"policy": "DeleteCluster"}}},
-     "InvalidRayJobSpec",
-     "The RayJob spec is invalid: shutdownAfterJobFinshes is set to 'true' while deletion policy is 'DeleteNone'"),
-    ("rules-ttl-order",
-     {"shutdownAfterJobFinishes": False, "deletionStrategy": {"deletionRules": [
-         {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 10}},
-         {"policy": "DeleteSelf", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 5}}]}},
-     "InvalidRayJobSpec", "for JobStatus 'SUCCEEDED': DeleteSelf TTL (5) must be >= DeleteCluster TTL (10)"),
-    ("a" * 48, {}, "InvalidRayJobMetadata",
-     "The RayJob metadata is invalid: RayJob name should be no more than 47 characters"),
-])
-def test_invalid_rayjob_specs_fail_validation(kube: Cluster, name: str, spec: dict[str, Any], event: str,
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "spec", "event", "message"),
+    [
+        (
+            "rules-and-shutdown",
+            {
+                "deletionStrategy": {
+                    "deletionRules": [{"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED"}}]
+                }
+            },
+            "InvalidRayJobSpec",
+            "The RayJob spec is invalid: spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules are mutually exclusive",
+        ),
+        (
+            "ttl-without-shutdown",
+            {"shutdownAfterJobFinishes": False, "ttlSecondsAfterFinished": 5},
+            "InvalidRayJobSpec",
+            "The RayJob spec is invalid: a RayJob with shutdownAfterJobFinishes set to false cannot have TTLSecondsAfterFinished",
+        ),
+        (
+            "suspend-without-shutdown",
+            {"shutdownAfterJobFinishes": False, "suspend": True},
+            "InvalidRayJobSpec",
+            "The RayJob spec is invalid: a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended",
+        ),
+        (
+            "legacy-delete-none",
+            {"deletionStrategy": {"onSuccess": {"policy": "DeleteNone"}, "onFailure": {"policy": "DeleteCluster"}}},
+            "InvalidRayJobSpec",
+            "The RayJob spec is invalid: shutdownAfterJobFinshes is set to 'true' while deletion policy is 'DeleteNone'",
+        ),
+        (
+            "rules-ttl-order",
+            {
+                "shutdownAfterJobFinishes": False,
+                "deletionStrategy": {
+                    "deletionRules": [
+                        {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 10}},
+                        {"policy": "DeleteSelf", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 5}},
+                    ]
+                },
+            },
+            "InvalidRayJobSpec",
+            "for JobStatus 'SUCCEEDED': DeleteSelf TTL (5) must be >= DeleteCluster TTL (10)",
+        ),
+        (
+            "a" * 48,
+            {},
+            "InvalidRayJobMetadata",
+            "The RayJob metadata is invalid: RayJob name should be no more than 47 characters",
+        ),
+    ],
+)
+def test_invalid_rayjob_specs_fail_validation(
+    kube: Cluster, name: str, spec: dict[str, Any], event: str, message: str
+) -> None:
     """RJ Reconcile -> validateRayJob (V ValidateRayJobMetadata, ValidateRayJobSpec, validateDeletionConfiguration,
     validateDeletionRules, validateLegacyDeletionPolicies): jobDeploymentStatus ValidationFailed, reason
     ValidationFailed, message the error, a Warning Event (action Validate, note "<ns>/<name>: <error>"); validation
@@ -658,7 +801,9 @@ def test_invalid_rayjob_specs_fail_validation(kube: Cluster, name: str, spec: di
     assert not kube.clusters(name)
 
 
-def test_a_spec_made_invalid_while_running_fails_validation_and_stays_failed(kube: Cluster, runner: ScriptedRunner) -> None:
+def test_a_spec_made_invalid_while_running_fails_validation_and_stays_failed(
+    kube: Cluster, runner: ScriptedRunner
+) -> None:
     """RJ Reconcile validates on every reconcile: a Running RayJob edited into an invalid spec goes ValidationFailed
     (its cluster and job left as they are); fixing the spec does not bring it back (the switch has no
     ValidationFailed case: "Unknown JobDeploymentStatus")."""
@@ -753,6 +898,7 @@ def _pods(kube: Cluster, cluster: str) -> list[Any]:
 
 def _settled_pods(kube: Cluster, cluster: str, count: int) -> list[Any]:
     """The cluster's `count` pods once each carries the status the scheduler/kubelet gave it."""
+
     def settled() -> list[Any]:
         pods = _pods(kube, cluster)
         return pods if len(pods) == count and all(p.status.conditions for p in pods) else []
@@ -777,7 +923,11 @@ def test_pending_pods_show_insufficient_gpu_from_the_scheduler(kube: Cluster, ru
         (scheduled,) = pod.status.conditions
         assert (scheduled.type, scheduled.status, scheduled.reason) == ("PodScheduled", "False", "Unschedulable")
         (event,) = kube.events(**{"involvedObject.name": pod.metadata.name})
-        assert (event.type, event.reason, event.source.component) == ("Warning", "FailedScheduling", "default-scheduler")
+        assert (event.type, event.reason, event.source.component) == (
+            "Warning",
+            "FailedScheduling",
+            "default-scheduler",
+        )
         assert event.message.startswith("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
         assert event.involved_object.uid == pod.metadata.uid
     assert kube.status("gpu")["jobDeploymentStatus"] == "Initializing"  # stuck until a deadline
@@ -795,8 +945,9 @@ def test_gpu_workers_autoscaled_from_zero_leave_the_rayjob_running(kube: Cluster
     kube.custom.create_namespaced_custom_object(*RAY, kube.ns, "rayjobs", body)
     status = wait_for(lambda: (s := kube.status("zero")).get("jobStatus") == "RUNNING" and s, 10, what="RUNNING")
     assert status["jobDeploymentStatus"] == "Running" and status["rayClusterStatus"]["state"] == "ready"
-    (worker,) = [p for p in _settled_pods(kube, status["rayClusterName"], 2)
-                 if p.metadata.labels["ray.io/node-type"] == "worker"]
+    (worker,) = [
+        p for p in _settled_pods(kube, status["rayClusterName"], 2) if p.metadata.labels["ray.io/node-type"] == "worker"
+    ]
     assert worker.status.phase == "Pending" and worker.status.conditions[0].reason == "Unschedulable"
     assert kube.cluster(status["rayClusterName"])["status"]["state"] == "ready"
 
@@ -807,8 +958,19 @@ def test_rayclusterspec_changes_on_the_rayjob_do_not_reach_the_cluster(kube: Clu
     runner.script("edit", Outcome.hang())
     kube.submit("edit")
     name = kube.until("edit", "Running")["rayClusterName"]
-    kube.patch("rayjobs", "edit", {"spec": {"rayClusterSpec": {"workerGroupSpecs": [
-        {**kube.rayjob("edit")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0], "replicas": 3}]}}})
+    kube.patch(
+        "rayjobs",
+        "edit",
+        {
+            "spec": {
+                "rayClusterSpec": {
+                    "workerGroupSpecs": [
+                        {**kube.rayjob("edit")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0], "replicas": 3}
+                    ]
+                }
+            }
+        },
+    )
     looked_again(kube_standin(kube), kube, "edit")
     assert kube.cluster(name)["spec"]["workerGroupSpecs"][0]["replicas"] == 2
 
@@ -837,7 +999,9 @@ def test_quota_refusal_shows_failed_create_events_on_the_cluster(kube: Cluster, 
     events = wait_for(lambda: len(e := kube.events(**selector)) == 2 and e, 10, what="one refusal per worker")
     assert all("exceeded quota" in e.message for e in events)
     assert [p.metadata.labels["ray.io/node-type"] for p in _pods(kube, name)] == ["head"]
-    conditions = {c["type"]: c for c in wait_for(lambda: (kube.cluster(name) or {}).get("status", {}).get("conditions"), 5)}
+    conditions = {
+        c["type"]: c for c in wait_for(lambda: (kube.cluster(name) or {}).get("status", {}).get("conditions"), 5)
+    }
     assert conditions["RayClusterProvisioned"]["status"] == "False"
     assert "exceeded quota" in conditions["ReplicaFailure"]["message"]
 
@@ -861,11 +1025,14 @@ def test_emulated_pods_run_once_the_cluster_is_ready(quiet: Cluster) -> None:
 # ---- robustness and lifecycle
 
 
-def test_injected_api_errors_are_retried_to_convergence(server: EmulatorServer, kube: Cluster, runner: ScriptedRunner) -> None:
+def test_injected_api_errors_are_retried_to_convergence(
+    server: EmulatorServer, kube: Cluster, runner: ScriptedRunner
+) -> None:
     """controller-runtime requeues a failed reconcile; RJ updateRayJobStatus / getOrCreateRayClusterInstance retry."""
     runner.script("bumpy", Outcome.succeed(0.1))
-    server.emulator.errors.inject(500, times=3, verb="patch", plural="rayjobs", subresource="status",
-                                  user_agent="kuberay-standin")
+    server.emulator.errors.inject(
+        500, times=3, verb="patch", plural="rayjobs", subresource="status", user_agent="kuberay-standin"
+    )
     server.emulator.errors.inject(409, times=1, verb="create", plural="rayclusters", user_agent="kuberay-standin")
     kube.submit("bumpy")
     assert kube.until("bumpy", "Complete")["jobStatus"] == "SUCCEEDED"

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sweep_contracts import constants
+from sweep_operator.settings import OperatorLimits
 from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
-from sweep_operator.settings import OperatorLimits
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
 
@@ -92,7 +92,9 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
     scrape = Scrape(env)
     try:
         # Deadline: activeSeconds 30 (the API's minimum), 2 s graceful window; it runs meanwhile (CPU only: no budget).
-        late = env.new_sweep("late", namespace=NS, spec__deadlines={"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2})
+        late = env.new_sweep(
+            "late", namespace=NS, spec__deadlines={"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}
+        )
         env.runner.script(late["metadata"]["name"], Outcome.hang())
         env.apply(late)
         bucket, prefix = env.run_root(late["metadata"]["name"], NS)
@@ -109,11 +111,19 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
         env.apply(second)
         queued = env.wait_phase(b, "Queued", namespace=NS)
 
-        samples = await_metrics(scrape, lambda s: value(s, "trainingsweep_queued_sweeps", namespace=NS) == 1
-                                and value(s, "trainingsweep_sweep_phase", namespace=NS, sweep=a, phase="Running") == 1, "admit + queue")
+        samples = await_metrics(
+            scrape,
+            lambda s: (
+                value(s, "trainingsweep_queued_sweeps", namespace=NS) == 1
+                and value(s, "trainingsweep_sweep_phase", namespace=NS, sweep=a, phase="Running") == 1
+            ),
+            "admit + queue",
+        )
         assert value(samples, "trainingsweep_sweeps", namespace=NS, phase="Queued") == 1
         assert value(samples, "trainingsweep_sweep_phase", namespace=NS, sweep=b, phase="Queued") == 1
-        assert value(samples, "trainingsweep_sweep_queued_timestamp_seconds", namespace=NS, sweep=b) == unix(queued["queuedAt"])
+        assert value(samples, "trainingsweep_sweep_queued_timestamp_seconds", namespace=NS, sweep=b) == unix(
+            queued["queuedAt"]
+        )
         assert value(samples, "trainingsweep_admitted_gpus", namespace=NS) == 2
         assert value(samples, "trainingsweep_namespace_gpu_budget", namespace=NS) == 2
         assert value(samples, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 0
@@ -125,11 +135,29 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
         body = env.s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
         env.s3_client.delete_object(Bucket=bucket, Key=key)
         env.delete_sweep(a, NS)
-        env.wait_status(a, lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []), "held", NS)
+        env.wait_status(
+            a,
+            lambda s: any(
+                c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []
+            ),
+            "held",
+            NS,
+        )
         deleting = (env.sweep(a, NS) or {})["metadata"]["deletionTimestamp"]
-        samples = await_metrics(scrape, lambda s: value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 1, "hold")
+        samples = await_metrics(
+            scrape,
+            lambda s: value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 1,
+            "hold",
+        )
         assert value(samples, "trainingsweep_guard_holds_total", namespace=NS, sweep=a, kind="TrainingSweep") >= 1
-        assert value(samples, "trainingsweep_guard_holding_since_timestamp_seconds", namespace=NS, sweep=a, kind="TrainingSweep", name=a) == unix(deleting)
+        assert value(
+            samples,
+            "trainingsweep_guard_holding_since_timestamp_seconds",
+            namespace=NS,
+            sweep=a,
+            kind="TrainingSweep",
+            name=a,
+        ) == unix(deleting)
         assert value(samples, "trainingsweep_verification_failures_total", namespace=NS, sweep=a) >= 1
         assert value(samples, "trainingsweep_verifications_total", namespace=NS, sweep=a, result="not_verified") >= 1
         assert value(samples, "trainingsweep_queued_sweeps", namespace=NS) == 1  # b still waits behind the held a
@@ -139,8 +167,14 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
         env.s3_client.put_object(Bucket=bucket, Key=key, Body=body)
         wait_for(lambda: env.sweep(a, NS) is None, TIMEOUT, what="released once verified")
         env.wait_phase(b, "Starting", "Running", namespace=NS)
-        samples = await_metrics(scrape, lambda s: value(s, "trainingsweep_queued_sweeps", namespace=NS) == 0
-                                and value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 0, "release")
+        samples = await_metrics(
+            scrape,
+            lambda s: (
+                value(s, "trainingsweep_queued_sweeps", namespace=NS) == 0
+                and value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 0
+            ),
+            "release",
+        )
         assert value(samples, "trainingsweep_verifications_total", namespace=NS, sweep=a, result="verified") >= 1
         assert not series(samples, "trainingsweep_sweep_phase", namespace=NS, sweep=a)
         assert not series(samples, "trainingsweep_guard_holding_since_timestamp_seconds", namespace=NS, sweep=a)
@@ -149,11 +183,20 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
         # Deadline: the operator stops the late sweep's RayJob once its deadline and graceful window passed.
         late_name = late["metadata"]["name"]
         env.wait_phase(late_name, "DeadlineExceeded", namespace=NS, timeout=TIMEOUT + 40)
-        samples = await_metrics(scrape, lambda s: value(s, "trainingsweep_deadline_stops_total", namespace=NS, sweep=late_name) == 1, "deadline stop")
+        samples = await_metrics(
+            scrape,
+            lambda s: value(s, "trainingsweep_deadline_stops_total", namespace=NS, sweep=late_name) == 1,
+            "deadline stop",
+        )
         assert value(samples, "trainingsweep_sweep_phase", namespace=NS, sweep=late_name, phase="DeadlineExceeded") == 1
         assert sum(series(samples, "trainingsweep_deadline_stops_total", namespace=NS).values()) == 1
         assert_histogram(samples, "trainingsweep_reconcile_duration_seconds")
-        assert {dict(k)["le"] for k in series(samples, "trainingsweep_reconcile_duration_seconds_bucket")} >= {"0.005", "1.0", "60.0", "+Inf"}
+        assert {dict(k)["le"] for k in series(samples, "trainingsweep_reconcile_duration_seconds_bucket")} >= {
+            "0.005",
+            "1.0",
+            "60.0",
+            "+Inf",
+        }
     finally:
         scrape.close()
 
@@ -172,9 +215,18 @@ def test_after_a_restart_steady_sweeps_are_counted_at_once(env: OperatorEnv) -> 
     env.operator.start()
     scrape = Scrape(env)
     try:
-        samples = await_metrics(scrape, lambda s: value(s, "trainingsweep_sweeps", namespace=ns, phase="Running") == 2, "steady sweeps after restart")
+        samples = await_metrics(
+            scrape,
+            lambda s: value(s, "trainingsweep_sweeps", namespace=ns, phase="Running") == 2,
+            "steady sweeps after restart",
+        )
         for doc in docs:
-            assert value(samples, "trainingsweep_sweep_phase", namespace=ns, sweep=doc["metadata"]["name"], phase="Running") == 1
+            assert (
+                value(
+                    samples, "trainingsweep_sweep_phase", namespace=ns, sweep=doc["metadata"]["name"], phase="Running"
+                )
+                == 1
+            )
         # Nothing changed phase in the new operator: the counts came from its sweep cache.
         assert all(env.status(d["metadata"]["name"], ns)["phase"] == "Running" for d in docs)
     finally:

@@ -19,10 +19,10 @@ import yaml
 
 from sweep_contracts import constants
 from sweep_operator.rendering import build_rayjob
-from sweep_sandbox.emulator import wait_for
-from sweep_sandbox.kuberay import Outcome, PendingReason
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome, PendingReason
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.s3_fault_server import FaultyS3Server
 from tests.support.sweep_factory import write_sweep
@@ -68,20 +68,35 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     status = env.wait_status(name, lambda s: (s.get("checkpoints") or {}).get("verifiedAt"), "verification recorded")
 
     (rayjob,) = env.rayjobs(name)
-    expected = build_rayjob(parse_sweep(created, env.settings.limits), status["runId"], env.operator.controller.render_context)
+    expected = build_rayjob(
+        parse_sweep(created, env.settings.limits), status["runId"], env.operator.controller.render_context
+    )
     assert rayjob["metadata"]["name"] == expected["metadata"]["name"] == status["rayJobName"]
     assert rayjob["metadata"]["labels"][constants.LABEL_SWEEP] == name
     assert rayjob["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
     assert constants.FINALIZER in rayjob["metadata"]["finalizers"]
-    for key in ("entrypoint", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "preRunningDeadlineSeconds", "backoffLimit", "rayClusterSpec"):
+    for key in (
+        "entrypoint",
+        "shutdownAfterJobFinishes",
+        "activeDeadlineSeconds",
+        "preRunningDeadlineSeconds",
+        "backoffLimit",
+        "rayClusterSpec",
+    ):
         # The API server adds the CRD's defaults (numOfHosts, container port protocols): what was rendered must
         # all be there, unchanged.
         assert_rendered_within(expected["spec"][key], rayjob["spec"][key], f"spec.{key}")
-    assert rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] == expected["metadata"]["annotations"][constants.ANNOTATION_GUARD]
+    assert (
+        rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD]
+        == expected["metadata"]["annotations"][constants.ANNOTATION_GUARD]
+    )
     env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
     assert int(env_vars[constants.ENV_DEADLINE_AT]) > time.time()
 
-    phases = [((s.get("status") or {}).get("phase")) for s in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)]
+    phases = [
+        ((s.get("status") or {}).get("phase"))
+        for s in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)
+    ]
     seen = [p for i, p in enumerate(phases) if p and (i == 0 or p != phases[i - 1])]
     assert seen[0] == "Starting" and "Running" in seen and seen[-1] == "Succeeded", seen
 
@@ -92,8 +107,14 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
     assert all(c["lastTransitionTime"] and c["observedGeneration"] == 1 for c in status["conditions"])
     assert status["checkpoints"]["verified"] is True and status["checkpoints"]["checked"] == 4
     assert status["bestTrial"]["checkpointUri"].startswith(f"s3://{bucket}/{prefix}/train/")
-    assert status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
-    wait_for(lambda: {"Starting", "Running", "Succeeded"} <= set(env.event_reasons(name)), TIMEOUT, what="an Event per transition")
+    assert (
+        status["trialsSummary"] and status["deadlineAt"] and status["rayClusterName"].startswith(status["rayJobName"])
+    )
+    wait_for(
+        lambda: {"Starting", "Running", "Succeeded"} <= set(env.event_reasons(name)),
+        TIMEOUT,
+        what="an Event per transition",
+    )
     assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
 
 
@@ -126,13 +147,23 @@ def test_escape_hatch_releases_with_an_audit_event(env: OperatorEnv) -> None:
     rayjob = env.wait_phase(name, "Running")["rayJobName"]
     missing = synthetic.delete_file()
     env.delete_sweep(name)
-    env.wait_status(name, lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []), "held")
+    env.wait_status(
+        name,
+        lambda s: any(c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []),
+        "held",
+    )
     env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="released by the escape hatch")
-    wait_for(lambda: [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"], TIMEOUT, what="audit Event")
+    wait_for(
+        lambda: [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"], TIMEOUT, what="audit Event"
+    )
     audits = [e for e in env.events(name) if e.reason == "CheckpointGuardBypassed"]
     assert audits and audits[0].type == "Warning" and "WITHOUT checkpoint verification" in audits[0].message
-    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None, TIMEOUT, what="RayJob released too (the hatch covers it)")
+    wait_for(
+        lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None,
+        TIMEOUT,
+        what="RayJob released too (the hatch covers it)",
+    )
     assert missing
 
 
@@ -161,7 +192,9 @@ def test_namespace_budget_admits_fifo_as_capacity_frees(env: OperatorEnv) -> Non
     env.wait_phase(names[2], "Starting", "Running", namespace=ns)
     # q3 was queued behind q2; once q2 is admitted its reason must become the budget itself (a state change to
     # wait for, not a sleep), and it stays Queued: q1 and q2 hold all 4 GPUs.
-    status = env.wait_status(names[3], lambda s: "waiting behind" not in (s.get("message") or ""), "re-queued on the budget", ns)
+    status = env.wait_status(
+        names[3], lambda s: "waiting behind" not in (s.get("message") or ""), "re-queued on the budget", ns
+    )
     assert status["phase"] == "Queued" and not env.rayjobs(names[3], ns)
     for name in names:
         env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"}, ns)
@@ -213,8 +246,13 @@ def test_startup_deadline_fails_with_pending_pod_diagnosis(env: OperatorEnv) -> 
     # Nothing was written: the guard still verifies, sees an empty run root and releases with an audit Event.
     env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="released (nothing to protect)")
-    wait_for(lambda: any(e.reason == "CheckpointGuardBypassed" and "nothing to protect" in e.message for e in env.events(name)),
-             TIMEOUT, what="the audited release")
+    wait_for(
+        lambda: any(
+            e.reason == "CheckpointGuardBypassed" and "nothing to protect" in e.message for e in env.events(name)
+        ),
+        TIMEOUT,
+        what="the audited release",
+    )
 
 
 # ----------------------------------------------------------------------------- restart and API errors
@@ -239,7 +277,13 @@ def test_operator_restart_mid_run_creates_no_duplicate_and_continues(env: Operat
         env.operator.start()
     env.wait_phase(name, "Succeeded")
     assert len(env.rayjobs(name)) == 1
-    creates = env.server.history(constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL, "default", env.status(name)["rayJobName"])
+    creates = env.server.history(
+        constants.RAY_GROUP,
+        constants.RAY_VERSION_API,
+        constants.RAYJOB_PLURAL,
+        "default",
+        env.status(name)["rayJobName"],
+    )
     assert creates, "one RayJob, followed through the restart"
 
 
@@ -274,11 +318,18 @@ def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
     groups = body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     groups[0]["maxReplicas"] = 64
     env.custom.patch_namespaced_custom_object(
-        constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL, rayjob,
+        constants.RAY_GROUP,
+        constants.RAY_VERSION_API,
+        "default",
+        constants.RAYJOB_PLURAL,
+        rayjob,
         {"spec": {"rayClusterSpec": {"workerGroupSpecs": groups}}},
     )
     wait_for(
-        lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == cap,
+        lambda: (
+            env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"]
+            == cap
+        ),
         TIMEOUT,
         what="maxReplicas set back",
     )
@@ -294,12 +345,20 @@ def test_spec_change_refused_while_running_and_suspend_honoured(env: OperatorEnv
     env.runner.script(name, Outcome.hang())
     env.apply(doc)
     rayjob = env.wait_phase(name, "Running")["rayJobName"]
-    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"tune": {"numSamples": 50}}})
+    env.custom.patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"tune": {"numSamples": 50}}}
+    )
     status = env.wait_status(name, lambda s: "spec change refused" in (s.get("message") or ""), "refusal")
     assert "spec.tune" in status["message"]
     wait_for(lambda: "SpecChangeRefused" in env.event_reasons(name), TIMEOUT, what="SpecChangeRefused Event")
-    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"suspend": True}})
-    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"].get("suspend") is True, TIMEOUT, what="RayJob suspended")
+    env.custom.patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"spec": {"suspend": True}}
+    )
+    wait_for(
+        lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"].get("suspend") is True,
+        TIMEOUT,
+        what="RayJob suspended",
+    )
     env.wait_phase(name, "Suspended")
     env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
     env.delete_sweep(name)
@@ -318,7 +377,9 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(manifest))
     env.runner.script("kubectl-scalar", Outcome.succeed(1.5))
-    applied = subprocess.run([kubectl, "apply", "-f", str(path)], env=run_env, capture_output=True, text=True, timeout=60)
+    applied = subprocess.run(
+        [kubectl, "apply", "-f", str(path)], env=run_env, capture_output=True, text=True, timeout=60
+    )
     assert applied.returncode == 0, applied.stderr
     bucket, prefix = env.run_root("kubectl-scalar")
     write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1)
@@ -328,7 +389,10 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     columns = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in PRINTER_COLUMNS)
     got = subprocess.run(
         [kubectl, "get", "tsw", "kubectl-scalar", "-o", f"custom-columns=NAME:.metadata.name,{columns}"],
-        env=run_env, capture_output=True, text=True, timeout=60,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert got.returncode == 0, got.stderr
     header, row = got.stdout.strip().splitlines()
@@ -338,11 +402,19 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     assert cells[2] != "<none>" and cells[3] == "0.1", cells
     shown = subprocess.run(
         [sys.executable, "-m", "sweep_operator.cli", "status", "kubectl-scalar", "--kubeconfig", str(kubeconfig)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
     assert "phase:       Succeeded" in shown.stdout and "checkpoints: verified" in shown.stdout
     assert "CheckpointsVerified" in shown.stdout
-    deleted = subprocess.run([kubectl, "delete", "tsw", "kubectl-scalar", "--wait=true", "--timeout=60s"], env=run_env, capture_output=True, text=True, timeout=90)
+    deleted = subprocess.run(
+        [kubectl, "delete", "tsw", "kubectl-scalar", "--wait=true", "--timeout=60s"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert deleted.returncode == 0, deleted.stderr
     assert env.sweep("kubectl-scalar") is None

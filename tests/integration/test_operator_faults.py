@@ -45,11 +45,19 @@ def test_removing_the_label_does_not_unguard_a_rayjob_or_its_cluster(env: Operat
     synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
     status = env.wait_phase(name, "Running")
     rayjob, cluster = status["rayJobName"], status["rayClusterName"]
-    wait_for(lambda: constants.FINALIZER in (env.get(constants.RAYCLUSTER_PLURAL, cluster) or {}).get("metadata", {}).get("finalizers", []),
-             TIMEOUT, what="the cluster guarded")
+    wait_for(
+        lambda: (
+            constants.FINALIZER
+            in (env.get(constants.RAYCLUSTER_PLURAL, cluster) or {}).get("metadata", {}).get("finalizers", [])
+        ),
+        TIMEOUT,
+        what="the cluster guarded",
+    )
     unlabel = {"metadata": {"labels": {constants.LABEL_SWEEP: None}}}
     for plural, obj in ((constants.RAYJOB_PLURAL, rayjob), (constants.RAYCLUSTER_PLURAL, cluster)):
-        env.custom.patch_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default", plural, obj, unlabel)
+        env.custom.patch_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, "default", plural, obj, unlabel
+        )
     for obj in (rayjob, cluster):  # the operator saw the edit: a state change, not a sleep
         wait_for(lambda o=obj: "GuardLabelRemoved" in env.event_reasons(o), TIMEOUT, what=f"{obj}: GuardLabelRemoved")
     for plural, obj in ((constants.RAYJOB_PLURAL, rayjob), (constants.RAYCLUSTER_PLURAL, cluster)):
@@ -58,12 +66,20 @@ def test_removing_the_label_does_not_unguard_a_rayjob_or_its_cluster(env: Operat
         assert constants.LABEL_SWEEP not in (current["metadata"].get("labels") or {})
     missing = synthetic.delete_file()
     env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
-    wait_for(lambda: sum(r == "CheckpointsNotVerified" for r in env.event_reasons(rayjob)) >= 2, TIMEOUT,
-             what="the unlabelled RayJob held through two verifications")
+    wait_for(
+        lambda: sum(r == "CheckpointsNotVerified" for r in env.event_reasons(rayjob)) >= 2,
+        TIMEOUT,
+        what="the unlabelled RayJob held through two verifications",
+    )
     assert env.get(constants.RAYJOB_PLURAL, rayjob) is not None and missing
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
-    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob) is None and env.get(constants.RAYCLUSTER_PLURAL, cluster) is None,
-             TIMEOUT, what="released after verification")
+    wait_for(
+        lambda: (
+            env.get(constants.RAYJOB_PLURAL, rayjob) is None and env.get(constants.RAYCLUSTER_PLURAL, cluster) is None
+        ),
+        TIMEOUT,
+        what="released after verification",
+    )
     assert "CheckpointGuardReleased" in env.event_reasons(rayjob)
 
 
@@ -86,8 +102,12 @@ class RandomErrors(ErrorInjector):
                 return None
             code = self._rng.choice((500, 503, 429))
             self.answered[code] = self.answered.get(code, 0) + 1
-        return ApiError(code, {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code],
-                        f"injected random error {code}", {"retryAfterSeconds": 1} if code == 429 else None)
+        return ApiError(
+            code,
+            {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code],
+            f"injected random error {code}",
+            {"retryAfterSeconds": 1} if code == 429 else None,
+        )
 
 
 def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any) -> None:
@@ -106,14 +126,23 @@ def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any
             env.apply(doc)
         for name in names:
             env.wait_phase(name, "Succeeded", namespace=ns, timeout=240)
-        rayjobs = env.custom.list_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, ns, constants.RAYJOB_PLURAL)["items"]
+        rayjobs = env.custom.list_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, ns, constants.RAYJOB_PLURAL
+        )["items"]
         per_sweep = [rj["metadata"]["labels"][constants.LABEL_SWEEP] for rj in rayjobs]
         assert sorted(per_sweep) == sorted(names), "exactly one RayJob per sweep"
         assert sum(injector.answered.values()) > 100, f"the operator met errors: {injector.answered}"
         for name in names:
             env.delete_sweep(name, ns)
-        wait_for(lambda: not env.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, ns, constants.PLURAL)["items"],
-                 240, what="every sweep released")
+        wait_for(
+            lambda: (
+                not env.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, ns, constants.PLURAL)[
+                    "items"
+                ]
+            ),
+            240,
+            what="every sweep released",
+        )
         releases = [e for e in env.core.list_namespaced_event(ns).items if e.reason == "CheckpointGuardBypassed"]
         assert {e.involved_object.name for e in releases} >= set(names), "each sweep released by the guard, audited"
     finally:
@@ -132,14 +161,24 @@ class OperatorProcess:
         self.starts = 0
 
     def start(self) -> None:
-        env = {**os.environ, "SWEEP_RECONCILE_SECONDS": "1", "SWEEP_STATUS_POLL_SECONDS": "0.5",
-               "SWEEP_S3_ENDPOINT_URL": self.s3_endpoint, "SWEEP_S3_REGION": "us-east-1",
-               "SWEEP_METRICS_PORT": "0", "SWEEP_LIVENESS_PORT": "0"}
+        env = {
+            **os.environ,
+            "SWEEP_RECONCILE_SECONDS": "1",
+            "SWEEP_STATUS_POLL_SECONDS": "0.5",
+            "SWEEP_S3_ENDPOINT_URL": self.s3_endpoint,
+            "SWEEP_S3_REGION": "us-east-1",
+            "SWEEP_METRICS_PORT": "0",
+            "SWEEP_LIVENESS_PORT": "0",
+        }
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self.starts += 1
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "sweep_operator", "--kubeconfig", str(self.kubeconfig)],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sweep_operator", "--kubeconfig", str(self.kubeconfig)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -155,7 +194,9 @@ class OperatorProcess:
                 self.proc.kill()
 
 
-def test_kill_9_at_each_phase_converges_without_duplicates_or_unverified_release(tmp_path: Path, s3_server: Any, s3_client: Any) -> None:
+def test_kill_9_at_each_phase_converges_without_duplicates_or_unverified_release(
+    tmp_path: Path, s3_server: Any, s3_client: Any
+) -> None:
     """kill -9 when the sweep is admitted, when its RayJob exists, while it runs and while its deletion is held:
     a new process converges, the RayJob is created once, and the deletion waits for a verified run."""
     bucket = "kill-nine"
@@ -171,28 +212,44 @@ def test_kill_9_at_each_phase_converges_without_duplicates_or_unverified_release
         try:
             from tests.support.factories import changed, cpu_sweep
 
-            doc = changed(cpu_sweep("nine", "default"), {
-                "spec.storage.uri": f"s3://{bucket}/sweeps", "spec.storage.endpointUrl": s3_server.endpoint_url,
-                "spec.storage.region": "us-east-1",
-                "spec.deletion": {"verifyCheckpoints": True, "verificationTimeoutSeconds": 20, "retryBackoffSeconds": 1,
-                                  "maxRetryBackoffSeconds": 2}})
+            doc = changed(
+                cpu_sweep("nine", "default"),
+                {
+                    "spec.storage.uri": f"s3://{bucket}/sweeps",
+                    "spec.storage.endpointUrl": s3_server.endpoint_url,
+                    "spec.storage.region": "us-east-1",
+                    "spec.deletion": {
+                        "verifyCheckpoints": True,
+                        "verificationTimeoutSeconds": 20,
+                        "retryBackoffSeconds": 1,
+                        "maxRetryBackoffSeconds": 2,
+                    },
+                },
+            )
 
             def sweep() -> dict[str, Any] | None:
                 try:
-                    return custom.get_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, "nine")
+                    return custom.get_namespaced_custom_object(
+                        constants.GROUP, constants.VERSION, "default", constants.PLURAL, "nine"
+                    )
                 except kubernetes.client.ApiException as exc:
                     if exc.status == 404:
                         return None
                     raise
 
             def rayjobs() -> list[dict[str, Any]]:
-                return custom.list_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default",
-                                                            constants.RAYJOB_PLURAL)["items"]
+                return custom.list_namespaced_custom_object(
+                    constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL
+                )["items"]
 
             operator.start()
             custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, doc)
             # 1. admitted: kopf put the guard's finalizer on; the RayJob may or may not exist yet.
-            wait_for(lambda: constants.FINALIZER in ((sweep() or {}).get("metadata") or {}).get("finalizers", []), 60, what="finalizer")
+            wait_for(
+                lambda: constants.FINALIZER in ((sweep() or {}).get("metadata") or {}).get("finalizers", []),
+                60,
+                what="finalizer",
+            )
             operator.kill()
             operator.start()
             # 2. RayJob created.
@@ -200,18 +257,29 @@ def test_kill_9_at_each_phase_converges_without_duplicates_or_unverified_release
             operator.kill()
             operator.start()
             # 3. Running.
-            status = wait_for(lambda: (sweep() or {}).get("status", {}).get("phase") == "Running" and sweep()["status"], 60, what="Running")
+            status = wait_for(
+                lambda: (sweep() or {}).get("status", {}).get("phase") == "Running" and sweep()["status"],
+                60,
+                what="Running",
+            )
             root = status["guard"]["runRoot"]
             synthetic = write_sweep(s3_client, bucket, root.split("/", 3)[3], trials=2, checkpoints=1, files=1)
             operator.kill()
             operator.start()
             # 4. Deleting, with a file missing: held.
             synthetic.delete_file()
-            custom.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, "nine")
+            custom.delete_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, "default", constants.PLURAL, "nine"
+            )
 
             def held_checks() -> int:
-                return len([e for e in core.list_namespaced_event("default").items
-                            if e.involved_object.name == "nine" and e.reason == "CheckpointsNotVerified"])
+                return len(
+                    [
+                        e
+                        for e in core.list_namespaced_event("default").items
+                        if e.involved_object.name == "nine" and e.reason == "CheckpointsNotVerified"
+                    ]
+                )
 
             wait_for(lambda: held_checks() >= 1, 60, what="the deletion held")
             operator.kill()
@@ -221,7 +289,11 @@ def test_kill_9_at_each_phase_converges_without_duplicates_or_unverified_release
             assert sweep() is not None and len(rayjobs()) == 1
             write_sweep(s3_client, bucket, root.split("/", 3)[3], trials=2, checkpoints=1, files=1)
             wait_for(lambda: sweep() is None and not rayjobs(), 60, what="released after the repair")
-            created = [c for c in server.emulator.changes.since(0) if c.type == "ADDED" and c.resource.plural == constants.RAYJOB_PLURAL]
+            created = [
+                c
+                for c in server.emulator.changes.since(0)
+                if c.type == "ADDED" and c.resource.plural == constants.RAYJOB_PLURAL
+            ]
             assert len(created) == 1, f"one RayJob ever created, got {len(created)}"
             assert operator.starts == 5
         finally:

@@ -43,8 +43,13 @@ def kubeconfig(env: OperatorEnv, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def sweepctl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep_operator.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, "KUBECONFIG": str(kubeconfig)}, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "sweep_operator.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        timeout=180,
+    )
 
 
 def put_json(env: OperatorEnv, bucket: str, key: str, doc: dict[str, Any]) -> None:
@@ -60,8 +65,13 @@ def timeline(env: OperatorEnv, name: str) -> list[tuple[Any, ...]]:
     rows = []
     for version in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name):
         status = version.get("status") or {}
-        row = (status.get("phase"), (status.get("checkpoints") or {}).get("verifiedAt"), status.get("finishedAt"),
-               tuple(a.get("outcome") for a in status.get("attempts") or []), status.get("rayJobName"))
+        row = (
+            status.get("phase"),
+            (status.get("checkpoints") or {}).get("verifiedAt"),
+            status.get("finishedAt"),
+            tuple(a.get("outcome") for a in status.get("attempts") or []),
+            status.get("rayJobName"),
+        )
         if not rows or rows[-1] != row:
             rows.append(row)
     return rows
@@ -76,10 +86,17 @@ def stopped_at_deadline(env: OperatorEnv, prefix: str, **changes: Any) -> tuple[
     env.apply(doc)
     bucket, root = env.run_root(name)
     synthetic = write_sweep(env.s3_client, bucket, root, trials=2, checkpoints=1, files=1)
-    put_json(env, bucket, f"{root}/_sweep/result.json", {**get_json(env, bucket, f"{root}/_sweep/result.json"),
-                                                         "deadlineReached": True})
-    env.wait_status(name, lambda s: s.get("phase") == "DeadlineExceeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
-                    "DeadlineExceeded, verified")
+    put_json(
+        env,
+        bucket,
+        f"{root}/_sweep/result.json",
+        {**get_json(env, bucket, f"{root}/_sweep/result.json"), "deadlineReached": True},
+    )
+    env.wait_status(
+        name,
+        lambda s: s.get("phase") == "DeadlineExceeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
+        "DeadlineExceeded, verified",
+    )
     return name, bucket, root, synthetic
 
 
@@ -98,12 +115,23 @@ def test_a_resume_continues_on_the_same_run_root_as_attempt_two_and_the_guard_re
     assert done.stdout.splitlines()[-1].startswith("Started: resuming (spec.resume.generation 1): attempt 2")
 
     status = env.wait_status(
-        name, lambda s: s.get("phase") == "Succeeded" and (s.get("checkpoints") or {}).get("verifiedAt")
-        and len(s.get("attempts") or []) == 2 and (s["attempts"][1].get("endedAt")), "attempt 2 Succeeded, verified")
+        name,
+        lambda s: (
+            s.get("phase") == "Succeeded"
+            and (s.get("checkpoints") or {}).get("verifiedAt")
+            and len(s.get("attempts") or []) == 2
+            and (s["attempts"][1].get("endedAt"))
+        ),
+        "attempt 2 Succeeded, verified",
+    )
     one, two = status["attempts"]
     assert (one["attempt"], one["rayJobName"], one["outcome"]) == (1, first["rayJobName"], "DeadlineExceeded")
     assert (two["attempt"], two["rayJobName"], two["trigger"], two["outcome"]) == (
-        2, f"{first['rayJobName']}-a2", "Resume", "Succeeded")
+        2,
+        f"{first['rayJobName']}-a2",
+        "Resume",
+        "Succeeded",
+    )
     assert two["activeSeconds"] == 600 and two["numSamples"] == 3
     assert two["checkpointsAtStart"] == 2 and two["checkpointsVerified"] == 2
     assert status["totalRanSeconds"] == one["ranSeconds"] + two["ranSeconds"] > 0
@@ -122,8 +150,11 @@ def test_a_resume_continues_on_the_same_run_root_as_attempt_two_and_the_guard_re
     wait_for(lambda: "Resumed" in env.event_reasons(name), TIMEOUT, what="a Resumed Event")
 
     env.delete_sweep(name)  # the guard verifies and releases everything of both attempts
-    wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name) and not env.rayclusters(name), TIMEOUT,
-             what="the sweep and both attempts' RayJobs and RayClusters released")
+    wait_for(
+        lambda: env.sweep(name) is None and not env.rayjobs(name) and not env.rayclusters(name),
+        TIMEOUT,
+        what="the sweep and both attempts' RayJobs and RayClusters released",
+    )
     assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
 
 
@@ -162,14 +193,34 @@ def test_a_lost_cluster_is_resumed_automatically_when_the_policy_allows(env: Ope
 
     batch = kubernetes.client.BatchV1Api(env.server.api_client())
     now = "2026-12-03T15:00:00Z"
-    batch.patch_namespaced_job_status(first["rayJobName"], "default", {"status": {"failed": 3, "conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-         "message": "Job has reached the specified backoff limit", "lastTransitionTime": now}]}})
+    batch.patch_namespaced_job_status(
+        first["rayJobName"],
+        "default",
+        {
+            "status": {
+                "failed": 3,
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+    )
     # KubeRay watches the Jobs it owns (SetupWithManager: Owns(&batchv1.Job{})); the stand-in watches RayJobs only,
     # so an annotation stands in for that Job event.
-    env.custom.patch_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, "default",
-                                              constants.RAYJOB_PLURAL, first["rayJobName"],
-                                              {"metadata": {"annotations": {"test/job-event": "1"}}})
+    env.custom.patch_namespaced_custom_object(
+        constants.RAY_GROUP,
+        constants.RAY_VERSION_API,
+        "default",
+        constants.RAYJOB_PLURAL,
+        first["rayJobName"],
+        {"metadata": {"annotations": {"test/job-event": "1"}}},
+    )
 
     status = env.wait_status(name, lambda s: len(s.get("attempts") or []) == 2, "attempt 2 started")
     one, two = status["attempts"]
@@ -180,8 +231,11 @@ def test_a_lost_cluster_is_resumed_automatically_when_the_policy_allows(env: Ope
     auto = next(e for e in env.events(name) if e.reason == "AutoResume")
     assert "SubmissionFailed" in auto.message and "automatic resume 1/1" in auto.message
     put_json(env, bucket, f"{root}/_sweep/status.json", get_json(env, bucket, f"{root}/_sweep/result.json"))
-    env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
-                    "attempt 2 Succeeded")
+    env.wait_status(
+        name,
+        lambda s: s.get("phase") == "Succeeded" and (s.get("checkpoints") or {}).get("verifiedAt"),
+        "attempt 2 Succeeded",
+    )
     env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name), TIMEOUT, what="everything released")
 
@@ -208,19 +262,34 @@ def test_in_kueue_mode_the_resumed_attempt_is_queued_by_kueue_and_gets_its_own_d
     result = get_json(env, bucket, f"{root}/_sweep/result.json")
     put_json(env, bucket, f"{root}/_sweep/result.json", {k: v for k, v in result.items() if k != "deadlineReached"})
     env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(3.0, startup=0.3))
-    env.custom.patch_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name,
-                                              {"spec": {"resume": {"generation": 1, "activeSeconds": 900}}})
+    env.custom.patch_namespaced_custom_object(
+        constants.GROUP,
+        constants.VERSION,
+        "default",
+        constants.PLURAL,
+        name,
+        {"spec": {"resume": {"generation": 1, "activeSeconds": 900}}},
+    )
     try:
-        status = env.wait_status(name, lambda s: s.get("phase") == "Succeeded" and len(s.get("attempts") or []) == 2
-                                 and s["attempts"][1].get("endedAt"), "attempt 2 admitted by Kueue, ended and verified")
+        status = env.wait_status(
+            name,
+            lambda s: (
+                s.get("phase") == "Succeeded" and len(s.get("attempts") or []) == 2 and s["attempts"][1].get("endedAt")
+            ),
+            "attempt 2 admitted by Kueue, ended and verified",
+        )
     except TimeoutError:
         raise AssertionError("\n".join(map(str, timeline(env, name)))) from None
     again = next(r for r in env.rayjobs(name) if r["metadata"]["name"] == f"{first['rayJobName']}-a2")
     assert again["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team"
-    assert status["kueue"]["admissions"] == 1 and status["attempts"][1].get("outcome") == "Succeeded", "\n".join(map(str, timeline(env, name)))
+    assert status["kueue"]["admissions"] == 1 and status["attempts"][1].get("outcome") == "Succeeded", "\n".join(
+        map(str, timeline(env, name))
+    )
     assert status["attempts"][1]["activeSeconds"] == 900 and run_spec_of(again).attempt == 2
-    phases = [(s.get("status") or {}).get("phase") for s in
-              env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)]
-    assert "Queued" in phases[phases.index("DeadlineExceeded"):]  # Kueue admitted attempt 2, not the operator
+    phases = [
+        (s.get("status") or {}).get("phase")
+        for s in env.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)
+    ]
+    assert "Queued" in phases[phases.index("DeadlineExceeded") :]  # Kueue admitted attempt 2, not the operator
     env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None and not env.rayjobs(name), TIMEOUT, what="everything released")

@@ -35,10 +35,18 @@ def test_a_retried_rayjob_shows_two_attempts_on_the_timeline(env: OperatorEnv, t
     env.runner.script(name, Outcome.fail(2.0), Outcome.hang())
     env.apply(doc)
     bucket, prefix = env.run_root(name)
-    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1)  # the guard lets the retry's cluster go
+    write_sweep(
+        env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1
+    )  # the guard lets the retry's cluster go
     rayjob = env.wait_status(name, lambda s: s.get("rayJobName"), "a RayJob")["rayJobName"]
-    created = wait_for(lambda: [e for e in env.events(rayjob) if e.reason == "CreatedRayCluster"][1:] and
-                       [e for e in env.events(rayjob) if e.reason == "CreatedRayCluster"], TIMEOUT, what="a second attempt")
+    created = wait_for(
+        lambda: (
+            [e for e in env.events(rayjob) if e.reason == "CreatedRayCluster"][1:]
+            and [e for e in env.events(rayjob) if e.reason == "CreatedRayCluster"]
+        ),
+        TIMEOUT,
+        what="a second attempt",
+    )
     env.wait_phase(name, "Running")
     kubeconfig = env.server.write_kubeconfig(tmp_path / "kubeconfig")
     assert sweepctl(["report", name, "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "r")]) == 0

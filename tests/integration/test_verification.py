@@ -98,7 +98,9 @@ def test_missing_manifest_is_not_verified(client: Any, sweep: SyntheticSweep) ->
     assert problems(result) == [(v.MISSING_MANIFEST, key)]
 
 
-def test_sharded_checkpoint_missing_one_rank_manifest_is_not_verified(client: Any, s3_client: Any, s3_bucket: str) -> None:
+def test_sharded_checkpoint_missing_one_rank_manifest_is_not_verified(
+    client: Any, s3_client: Any, s3_bucket: str
+) -> None:
     """R10/R22: per-rank manifests; losing rank 1's leaves its shards unaccounted for (written through boto3)."""
     sharded = write_sweep(s3_client, s3_bucket, trials=1, checkpoints=1, files=6, ranks=3)
     assert verify_sweep_checkpoints(client, sharded.root_uri).verified
@@ -107,9 +109,13 @@ def test_sharded_checkpoint_missing_one_rank_manifest_is_not_verified(client: An
     assert (v.MISSING_MANIFEST, key) in problems(result)
 
 
-def test_sharded_checkpoint_missing_its_highest_rank_manifest_is_not_verified_R10(client: Any, s3_client: Any, s3_bucket: str) -> None:
+def test_sharded_checkpoint_missing_its_highest_rank_manifest_is_not_verified_R10(
+    client: Any, s3_client: Any, s3_bucket: str
+) -> None:
     """R10: the manifests record the world size, so the last rank's manifest (no gap below it) is missed too."""
-    sharded = write_sweep(s3_client, s3_bucket, prefix="sweeps/team-a/sharded-r2", trials=1, checkpoints=1, files=6, ranks=3)
+    sharded = write_sweep(
+        s3_client, s3_bucket, prefix="sweeps/team-a/sharded-r2", trials=1, checkpoints=1, files=6, ranks=3
+    )
     key = sharded.delete_manifest(rank=2)
     result = verify_sweep_checkpoints(client, sharded.root_uri)
     assert (v.MISSING_MANIFEST, key) in problems(result)

@@ -36,11 +36,15 @@ class Ca:
 
     def __init__(self) -> None:
         self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self.cert = (
-            x509.CertificateBuilder().subject_name(_name("sweeps-webhook-ca")).issuer_name(_name("sweeps-webhook-ca"))
-            .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
+            x509.CertificateBuilder()
+            .subject_name(_name("sweeps-webhook-ca"))
+            .issuer_name(_name("sweeps-webhook-ca"))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .sign(self.key, hashes.SHA256())
         )
@@ -51,15 +55,23 @@ class Ca:
     def issue(self) -> tuple[bytes, bytes, bytes]:
         """(certificate PEM, key PEM, certificate DER) for 127.0.0.1, a new key each time (rotationPolicy: Always)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (
-            x509.CertificateBuilder().subject_name(_name("sweeps-webhook")).issuer_name(self.cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            x509.CertificateBuilder()
+            .subject_name(_name("sweeps-webhook"))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+            )
             .sign(self.key, hashes.SHA256())
         )
-        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         return cert.public_bytes(serialization.Encoding.PEM), key_pem, cert.public_bytes(serialization.Encoding.DER)
 
 
@@ -82,8 +94,11 @@ class CountingServer(ReloadingWebhookServer):
 
 
 async def _review(data: Any, **_: Any) -> Any:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": data["request"]["uid"], "allowed": True}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": data["request"]["uid"], "allowed": True},
+    }
 
 
 async def _served_certificate(port: int, trust: ssl.SSLContext) -> bytes | None:
@@ -123,8 +138,13 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
     trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
 
     async def scenario() -> None:
-        server = CountingServer(addr="127.0.0.1", port=port, certfile=str(tmp_path / "tls.crt"),
-                                pkeyfile=str(tmp_path / "tls.key"), file_check_interval=0.05)
+        server = CountingServer(
+            addr="127.0.0.1",
+            port=port,
+            certfile=str(tmp_path / "tls.crt"),
+            pkeyfile=str(tmp_path / "tls.key"),
+            file_check_interval=0.05,
+        )
         configs: list[Any] = []
 
         async def serve() -> None:
@@ -146,10 +166,17 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
             (tmp_path / "tls.key").write_bytes(second_key)
             await _until_served(port, trust, second_der)
             async with aiohttp.ClientSession() as session:
-                review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                          "request": {"uid": "u1", "operation": "CREATE", "object": {}}}
-                async with session.post(f"https://127.0.0.1:{port}/validate-trainingsweep", data=json.dumps(review),
-                                        headers={"Content-Type": "application/json"}, ssl=trust) as response:
+                review = {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "request": {"uid": "u1", "operation": "CREATE", "object": {}},
+                }
+                async with session.post(
+                    f"https://127.0.0.1:{port}/validate-trainingsweep",
+                    data=json.dumps(review),
+                    headers={"Content-Type": "application/json"},
+                    ssl=trust,
+                ) as response:
                     assert response.status == 200
                     assert (await response.json())["response"] == {"uid": "u1", "allowed": True}
             assert not task.done() and len(configs) >= 2  # restarted its listener in-process, never exited

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sweep_operator.settings import Settings, TenancyPolicy
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
-from sweep_operator.settings import Settings, TenancyPolicy
 from tests.integration.test_webhook_certificate_rotation import Ca, _served_certificate
 from tests.support.factories import changed, cpu_sweep
 
@@ -35,14 +35,19 @@ def _free_port() -> int:
 def _review(obj: dict[str, Any]) -> dict[str, Any]:
     """An AdmissionReview as the API server sends it for a TrainingSweep CREATE."""
     return {
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
         "request": {
-            "uid": str(uuid.uuid4()), "operation": "CREATE", "dryRun": False,
+            "uid": str(uuid.uuid4()),
+            "operation": "CREATE",
+            "dryRun": False,
             "kind": {"group": "sweeps.dev", "version": "v1alpha1", "kind": "TrainingSweep"},
             "resource": {"group": "sweeps.dev", "version": "v1alpha1", "resource": "trainingsweeps"},
-            "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
+            "namespace": obj["metadata"]["namespace"],
+            "name": obj["metadata"]["name"],
             "userInfo": {"username": "alice@team-a", "groups": ["system:authenticated"]},
-            "object": obj, "oldObject": None,
+            "object": obj,
+            "oldObject": None,
         },
     }
 
@@ -54,12 +59,15 @@ class Webhook:
         self.trust = ssl.create_default_context(cafile=str(ca))
 
     async def ask(self, obj: dict[str, Any]) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(self.url, data=json.dumps(_review(obj)), ssl=self.trust,
-                                    headers={"Content-Type": "application/json"},
-                                    timeout=aiohttp.ClientTimeout(total=10)) as response:
-                assert response.status == 200
-                return (await response.json())["response"]
+        async with aiohttp.ClientSession() as session, session.post(
+            self.url,
+            data=json.dumps(_review(obj)),
+            ssl=self.trust,
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as response:
+            assert response.status == 200
+            return (await response.json())["response"]
 
     async def until_served(self, der: bytes) -> None:
         loop = asyncio.get_running_loop()
@@ -78,8 +86,13 @@ def test_a_running_operators_webhook_refuses_renews_and_answers_under_load(tmp_p
     port = _free_port()
     settings = Settings(
         tenancy=TenancyPolicy(allowed_endpoint_hosts=("*.amazonaws.com",)),
-        metrics_port=0, liveness_port=0, webhook_port=port, webhook_cert_dir=str(tmp_path),
-        webhook_cert_check_seconds=0.1, reconcile_seconds=1.0, verification_workers=1,
+        metrics_port=0,
+        liveness_port=0,
+        webhook_port=port,
+        webhook_cert_dir=str(tmp_path),
+        webhook_cert_check_seconds=0.1,
+        reconcile_seconds=1.0,
+        verification_workers=1,
     )
     webhook = Webhook(port, tmp_path / "ca.crt")
     good = changed(cpu_sweep("digits", "team-a"), {})
@@ -89,6 +102,7 @@ def test_a_running_operators_webhook_refuses_renews_and_answers_under_load(tmp_p
         operator = OperatorThread(settings, server.url)
         operator.start()
         try:
+
             async def scenario() -> None:
                 await webhook.until_served(der)
                 assert (await webhook.ask(good))["allowed"] is True

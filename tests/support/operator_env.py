@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import kubernetes
 
 from sweep_contracts import constants
+from sweep_operator.settings import OperatorLimits, Settings
 from sweep_sandbox.emulator import EmulatorServer, wait_for
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from sweep_sandbox.operator_thread import OperatorThread
-from sweep_operator.settings import OperatorLimits, Settings
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 
 TIMEOUT = 60.0  # generous: the CI machine has 2 cores and Ray tests may share them
@@ -64,7 +65,12 @@ class OperatorEnv:
                 "spec.storage.uri": f"s3://{self.bucket}/sweeps",
                 "spec.storage.endpointUrl": self.s3_endpoint,
                 "spec.storage.region": "us-east-1",
-                "spec.deletion": {"verifyCheckpoints": True, "verificationTimeoutSeconds": 20, "retryBackoffSeconds": 1, "maxRetryBackoffSeconds": 2},
+                "spec.deletion": {
+                    "verifyCheckpoints": True,
+                    "verificationTimeoutSeconds": 20,
+                    "retryBackoffSeconds": 1,
+                    "maxRetryBackoffSeconds": 2,
+                },
                 "spec.tune.numSamples": 2,
                 **{k.replace("__", "."): v for k, v in changes.items()},
             },
@@ -73,11 +79,15 @@ class OperatorEnv:
 
     def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
         meta = doc["metadata"]
-        return self.custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, meta["namespace"], constants.PLURAL, copy.deepcopy(doc))
+        return self.custom.create_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, meta["namespace"], constants.PLURAL, copy.deepcopy(doc)
+        )
 
     def sweep(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+            return self.custom.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+            )
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -86,11 +96,20 @@ class OperatorEnv:
     def status(self, name: str, namespace: str = "default") -> dict[str, Any]:
         return ((self.sweep(name, namespace) or {}).get("status")) or {}
 
-    def wait_status(self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, namespace: str = "default", timeout: float = TIMEOUT) -> dict[str, Any]:
+    def wait_status(
+        self,
+        name: str,
+        predicate: Callable[[dict[str, Any]], Any],
+        what: str,
+        namespace: str = "default",
+        timeout: float = TIMEOUT,
+    ) -> dict[str, Any]:
         wait_for(lambda: predicate(self.status(name, namespace)), timeout, what=f"{name}: {what}")
         return self.status(name, namespace)
 
-    def wait_phase(self, name: str, *phases: str, namespace: str = "default", timeout: float = TIMEOUT) -> dict[str, Any]:
+    def wait_phase(
+        self, name: str, *phases: str, namespace: str = "default", timeout: float = TIMEOUT
+    ) -> dict[str, Any]:
         return self.wait_status(name, lambda s: s.get("phase") in phases, f"phase in {phases}", namespace, timeout)
 
     def condition(self, name: str, type_: str, namespace: str = "default") -> dict[str, Any] | None:
@@ -98,7 +117,9 @@ class OperatorEnv:
 
     def get(self, plural: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
         try:
-            return self.custom.get_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name)
+            return self.custom.get_namespaced_custom_object(
+                constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name
+            )
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -106,13 +127,19 @@ class OperatorEnv:
 
     def rayjobs(self, sweep: str, namespace: str = "default") -> list[dict[str, Any]]:
         return self.custom.list_namespaced_custom_object(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYJOB_PLURAL,
+            constants.RAY_GROUP,
+            constants.RAY_VERSION_API,
+            namespace,
+            constants.RAYJOB_PLURAL,
             label_selector=f"{constants.LABEL_SWEEP}={sweep}",
         )["items"]
 
     def rayclusters(self, sweep: str, namespace: str = "default") -> list[dict[str, Any]]:
         return self.custom.list_namespaced_custom_object(
-            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL,
+            constants.RAY_GROUP,
+            constants.RAY_VERSION_API,
+            namespace,
+            constants.RAYCLUSTER_PLURAL,
             label_selector=f"{constants.LABEL_SWEEP}={sweep}",
         )["items"]
 
@@ -123,14 +150,23 @@ class OperatorEnv:
         return [e.reason for e in self.events(name, namespace)]
 
     def delete_sweep(self, name: str, namespace: str = "default") -> None:
-        self.custom.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name)
+        self.custom.delete_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+        )
 
     def delete_ray(self, plural: str, name: str, namespace: str = "default") -> None:
-        self.custom.delete_namespaced_custom_object(constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name)
+        self.custom.delete_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name
+        )
 
     def annotate_sweep(self, name: str, annotations: dict[str, str], namespace: str = "default") -> None:
         self.custom.patch_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, {"metadata": {"annotations": annotations}}
+            constants.GROUP,
+            constants.VERSION,
+            namespace,
+            constants.PLURAL,
+            name,
+            {"metadata": {"annotations": annotations}},
         )
 
     def pruned(self) -> list[tuple[str, str]]:
@@ -143,7 +179,11 @@ class OperatorEnv:
         the startup clock stops only when a trial runs."""
         import json
 
-        doc = {"phase": "Running", "trials": {"total": running, "running": running}, "updatedAt": "2026-12-02T10:00:00Z"}
+        doc = {
+            "phase": "Running",
+            "trials": {"total": running, "running": running},
+            "updatedAt": "2026-12-02T10:00:00Z",
+        }
         self.s3_client.put_object(Bucket=bucket, Key=f"{prefix}/_sweep/status.json", Body=json.dumps(doc).encode())
 
     def run_root(self, name: str, namespace: str = "default") -> tuple[str, str]:
@@ -198,8 +238,9 @@ def start_operator_env(
         kueue = KueueStandIn(server.api_client(), server=server, poll_interval=0.1).start()
     operator = OperatorThread(settings, server.url, s3_client_for=switch)
     operator.start()
-    env = OperatorEnv(server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch,
-                      kueue)
+    env = OperatorEnv(
+        server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch, kueue
+    )
 
     def stop() -> None:
         steps = (env.operator.stop, operator.stop, *((kueue.stop,) if kueue else ()), standin.stop, server.stop)

@@ -56,7 +56,9 @@ def digits_with_rank_facts(config: dict[str, Any]) -> None:
 
     def report_recording(metrics: dict[str, Any], *, epoch: int, model: torch.nn.Module, **kwargs: Any) -> None:
         seen = recorder[0].seen
-        epochs.append({"epoch": epoch, "indices": list(seen), "params": parameters_digest(model), "metrics": dict(metrics)})
+        epochs.append(
+            {"epoch": epoch, "indices": list(seen), "params": parameters_digest(model), "metrics": dict(metrics)}
+        )
         seen.clear()
         out.write_text(json.dumps(epochs))
         report(metrics, epoch=epoch, model=model, **kwargs)

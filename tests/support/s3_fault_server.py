@@ -1,9 +1,9 @@
 """A loopback HTTP server that answers every S3 request with one error (503 SlowDown, 500, 403...) or never answers.
 
-    with FaultyS3Server(503, "SlowDown") as server:
-        client = make_s3_client(S3ClientConfig(endpoint_url=server.endpoint_url, max_attempts=2))
-        ...
-        assert server.requests == 2   # botocore retried once, then gave up
+with FaultyS3Server(503, "SlowDown") as server:
+    client = make_s3_client(S3ClientConfig(endpoint_url=server.endpoint_url, max_attempts=2))
+    ...
+    assert server.requests == 2   # botocore retried once, then gave up
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep_contracts import checkpoint_manifest
-from sweep_contracts import s3_layout
+from sweep_contracts import checkpoint_manifest, s3_layout
 from sweep_contracts.s3_layout import S3Uri
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -91,7 +90,9 @@ def tune_experiment_state(trials: Mapping[str, str | None]) -> dict[str, Any]:
         last["trial_id"] = trial_id
         if path is not None:
             last["checkpoint_path"] = path
-        trial_data.append([json.dumps({**template_trial, "trial_id": trial_id}), json.dumps({**template_meta, "last_result": last})])
+        trial_data.append(
+            [json.dumps({**template_trial, "trial_id": trial_id}), json.dumps({**template_meta, "last_result": last})]
+        )
     return {**real, "trial_data": trial_data}
 
 
@@ -190,7 +191,9 @@ class SyntheticSweep:
         self.client.delete_object(Bucket=self.bucket, Key=key)
         return key
 
-    def truncate_file(self, trial: str | None = None, checkpoint: str | None = None, path: str | None = None, keep: int = 1) -> str:
+    def truncate_file(
+        self, trial: str | None = None, checkpoint: str | None = None, path: str | None = None, keep: int = 1
+    ) -> str:
         """Overwrite one file with its first `keep` bytes (a partial upload)."""
         trial, checkpoint, path = self._pick(trial, checkpoint, path)
         key = self.file_key(trial, checkpoint, path)
@@ -259,7 +262,9 @@ class SyntheticSweep:
             if not page.get("IsTruncated") or not page.get("Contents"):
                 return prefix
 
-    def add_uncommitted_checkpoint(self, trial: str | None = None, name: str = "checkpoint_epoch-999999", files: int = 2) -> str:
+    def add_uncommitted_checkpoint(
+        self, trial: str | None = None, name: str = "checkpoint_epoch-999999", files: int = 2
+    ) -> str:
         """A checkpoint dir no snapshot names (an interrupted save): a warning, never a problem."""
         trial = trial or self.trials[0]
         contents = {f"part-{i:04d}.bin": file_content(trial, name, str(i), 32) for i in range(files)}
@@ -270,7 +275,9 @@ class SyntheticSweep:
 
     def set_best_checkpoint_uri(self, uri: str | None) -> str:
         """Rewrite `_sweep/result.json` so its best checkpoint is `uri`."""
-        self.client.put_object(Bucket=self.bucket, Key=self.result_key, Body=_json_bytes(_result_document(uri, self.trial_results)))
+        self.client.put_object(
+            Bucket=self.bucket, Key=self.result_key, Body=_json_bytes(_result_document(uri, self.trial_results))
+        )
         return self.result_key
 
     def point_best_at_uncommitted(self, trial: str | None = None) -> str:
@@ -323,7 +330,9 @@ def write_sweep(
     `_sweep/result.json` (both with every trial's checkpoint in `trialResults`).
     """
     if min(trials, checkpoints, files, ranks) < 1 or file_size < 0 or files < ranks:
-        raise ValueError(f"need trials, checkpoints, ranks >= 1, files >= ranks, file_size >= 0; got {trials=} {checkpoints=} {files=} {ranks=} {file_size=}")
+        raise ValueError(
+            f"need trials, checkpoints, ranks >= 1, files >= ranks, file_size >= 0; got {trials=} {checkpoints=} {files=} {ranks=} {file_size=}"
+        )
     root = S3Uri.parse(f"s3://{bucket}/{prefix}")
     objects: dict[str, bytes] = {}
     trial_ids = tuple(f"trial_{t:04d}" for t in range(trials))
@@ -340,7 +349,7 @@ def write_sweep(
             if dir_markers:
                 objects[ckpt_prefix] = b""
             shard = {
-                (f"model.pt" if ranks == 1 and i == 0 else f"rank-{i % ranks:04d}/shard-{i:05d}.bin"): i % ranks
+                ("model.pt" if ranks == 1 and i == 0 else f"rank-{i % ranks:04d}/shard-{i:05d}.bin"): i % ranks
                 for i in range(files)
             }
             data = {path: file_content(trial, name, path, file_size) for path in shard}
@@ -349,7 +358,9 @@ def write_sweep(
             for rank in range(ranks):
                 own = {p: b for p, b in data.items() if shard[p] == rank}
                 manifest_name = s3_layout.MANIFEST_FILE if ranks == 1 else s3_layout.rank_manifest_name(rank)
-                objects[ckpt_prefix + manifest_name] = _json_bytes(manifest_document(own, rank=rank, epoch=epoch, world_size=ranks))
+                objects[ckpt_prefix + manifest_name] = _json_bytes(
+                    manifest_document(own, rank=rank, epoch=epoch, world_size=ranks)
+                )
             metrics[name] = {METRIC: 1.0 / (epoch + 1) + t, "epoch": epoch}
         objects[trial_prefix + s3_layout.SNAPSHOT_FILE] = _json_bytes(ray_snapshot(names, metrics=metrics))
         objects[trial_prefix + ".validate_storage_marker"] = b""
@@ -357,11 +368,19 @@ def write_sweep(
         objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, f"basic-variant-state-{i}.json").key] = b"{}"
     sweep.best = (trial_ids[0], committed[trial_ids[0]][-1])
     sweep.trial_results = [
-        {"id": trial, "status": "TERMINATED", "value": None, "config": {}, "checkpointUri": sweep.checkpoint_uri(trial, committed[trial][-1])}
+        {
+            "id": trial,
+            "status": "TERMINATED",
+            "value": None,
+            "config": {},
+            "checkpointUri": sweep.checkpoint_uri(trial, committed[trial][-1]),
+        }
         for trial in trial_ids
     ]
     if experiment_state:
-        state = tune_experiment_state({t: s3_layout.strip_scheme(r["checkpointUri"]) for t, r in zip(trial_ids, sweep.trial_results)})
+        state = tune_experiment_state(
+            {t: s3_layout.strip_scheme(r["checkpointUri"]) for t, r in zip(trial_ids, sweep.trial_results)}
+        )
         objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, EXPERIMENT_STATE_NAME).key] = _json_bytes(state)
     status_rows = [{k: r[k] for k in ("id", "status", "checkpointUri")} for r in sweep.trial_results]
     objects[root.join(s3_layout.STATUS_KEY).key] = _json_bytes(

@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sweep_operator import settings as operator_settings
 from sweep_contracts.constants import CRD_FILENAME
+from sweep_operator import settings as operator_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainingsweep-operator"
@@ -42,7 +42,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "watch-namespaces": {"watchNamespaces": ["team-a", "team-b"]},
     "webhook": {"webhook": {"enabled": True}},
-    "webhook-off": {"webhook": {"enabled": False}, "guardPolicy": {"enabled": False}, "networkPolicy": {"enabled": False}},
+    "webhook-off": {
+        "webhook": {"enabled": False},
+        "guardPolicy": {"enabled": False},
+        "networkPolicy": {"enabled": False},
+    },
     "webhook-own-certificate": {
         "webhook": {
             "enabled": True,
@@ -368,7 +372,9 @@ def test_webhook_validates_trainingsweeps_on_the_operators_path_and_port() -> No
     assert str(container_port["containerPort"]) == env["SWEEP_WEBHOOK_PORT"] != "0"
     # The serving certificate: cert-manager writes it to the Secret the pod mounts at the cert dir.
     (certificate,) = [c for c in of_kind(docs, "Certificate") if not c["spec"].get("isCA")]
-    annotation = one(docs, "ValidatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    annotation = one(docs, "ValidatingWebhookConfiguration")["metadata"]["annotations"][
+        "cert-manager.io/inject-ca-from"
+    ]
     assert annotation == f"{NAMESPACE}/{certificate['metadata']['name']}"
     assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == env["SWEEP_WEBHOOK_CERT_DIR"]]
@@ -382,9 +388,10 @@ def test_webhook_with_own_certificate_carries_the_ca_bundle_and_needs_no_cert_ma
     docs = render("webhook-own-certificate")
     configuration = one(docs, "ValidatingWebhookConfiguration")
     assert "annotations" not in configuration["metadata"]
-    assert configuration["webhooks"][0]["clientConfig"]["caBundle"] == SCENARIOS["webhook-own-certificate"]["webhook"][
-        "caBundle"
-    ]
+    assert (
+        configuration["webhooks"][0]["clientConfig"]["caBundle"]
+        == SCENARIOS["webhook-own-certificate"]["webhook"]["caBundle"]
+    )
     assert not of_kind(docs, "Certificate") and not of_kind(docs, "Issuer")
     volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert {"secretName": "sweep-webhook-tls", "defaultMode": 0o440} in [v.get("secret") for v in volumes]
@@ -541,13 +548,27 @@ def test_iam_policies_are_scoped_to_the_bucket_prefix_and_the_operator_only_read
             assert not any(action.endswith("*") for action in statement["Action"]), (name, statement)
             for resource in statement["Resource"]:
                 assert resource in ("arn:aws:s3:::my-checkpoint-bucket", "arn:aws:s3:::my-checkpoint-bucket/sweeps/*")
-            if statement["Resource"] == ["arn:aws:s3:::my-checkpoint-bucket"] and "s3:ListBucket" in statement["Action"]:
+            if (
+                statement["Resource"] == ["arn:aws:s3:::my-checkpoint-bucket"]
+                and "s3:ListBucket" in statement["Action"]
+            ):
                 (condition,) = statement["Condition"].values()
                 assert condition == {"s3:prefix": ["sweeps/*"]}
     operator_actions = {a for s in _statements("operator-policy.json") for a in s["Action"]}
-    assert operator_actions == {"s3:ListBucket", "s3:GetObject", "s3:GetBucketVersioning", "s3:GetLifecycleConfiguration"}
+    assert operator_actions == {
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:GetBucketVersioning",
+        "s3:GetLifecycleConfiguration",
+    }
     runner_actions = {a for s in _statements("runner-policy.json") for a in s["Action"]}
-    assert {"s3:GetObject", "s3:PutObject", "s3:ListBucket", "s3:DeleteObject", "s3:AbortMultipartUpload"} <= runner_actions
+    assert {
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:ListBucket",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+    } <= runner_actions
 
 
 def test_irsa_trust_policies_name_the_service_accounts_the_chart_creates() -> None:

@@ -13,7 +13,15 @@ import pytest
 
 from sweep_operator.settings import Settings
 from tests.unit.test_chart import (
-    CHART, NAMESPACE, RELEASE, _chart, of_kind, one, operator_container, render_values, settings_env,
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    _chart,
+    of_kind,
+    one,
+    operator_container,
+    render_values,
+    settings_env,
 )
 
 ROLE = "arn:aws:iam::123456789012:role/sweep-runner"
@@ -23,16 +31,30 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 def runners(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {a["metadata"]["namespace"]: a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "sweep-runner"}
+    return {
+        a["metadata"]["namespace"]: a
+        for a in of_kind(docs, "ServiceAccount")
+        if a["metadata"]["name"] == "sweep-runner"
+    }
 
 
 def test_each_namespace_gets_a_runner_account_with_its_own_role() -> None:
-    docs = render_values({
-        "watchNamespaces": ["team-a", "team-b", "team-c"],
-        "runner": {"serviceAccount": {"create": True, "roleArn": ROLE, "annotations": {"owner": "platform"},
-                                      "perNamespace": {"team-a": {"roleArn": ROLE_A},
-                                                       "team-b": {"roleArn": ROLE_B, "annotations": {"owner": "team-b"}}}}},
-    })
+    docs = render_values(
+        {
+            "watchNamespaces": ["team-a", "team-b", "team-c"],
+            "runner": {
+                "serviceAccount": {
+                    "create": True,
+                    "roleArn": ROLE,
+                    "annotations": {"owner": "platform"},
+                    "perNamespace": {
+                        "team-a": {"roleArn": ROLE_A},
+                        "team-b": {"roleArn": ROLE_B, "annotations": {"owner": "team-b"}},
+                    },
+                }
+            },
+        }
+    )
     found = runners(docs)
     assert sorted(found) == ["team-a", "team-b", "team-c"]
     assert found["team-a"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_A, "owner": "platform"}
@@ -41,18 +63,33 @@ def test_each_namespace_gets_a_runner_account_with_its_own_role() -> None:
 
 
 def test_per_namespace_roles_alone_name_the_namespaces() -> None:
-    docs = render_values({"runner": {"serviceAccount": {"create": True, "perNamespace": {"team-b": {"roleArn": ROLE_B},
-                                                                                      "team-a": {"roleArn": ROLE_A}}}}})
+    docs = render_values(
+        {
+            "runner": {
+                "serviceAccount": {
+                    "create": True,
+                    "perNamespace": {"team-b": {"roleArn": ROLE_B}, "team-a": {"roleArn": ROLE_A}},
+                }
+            }
+        }
+    )
     found = runners(docs)
     assert sorted(found) == ["team-a", "team-b"]
     assert found["team-a"]["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": ROLE_A}
 
 
 def test_tenancy_allowlists_reach_the_operator_through_the_configmap() -> None:
-    docs = render_values({"tenancy": {"allowedServiceAccounts": ["*/sweep-runner", "team-a/team-a-runner"],
-                                      "allowedEndpointHosts": ["*.amazonaws.com", "minio.storage.svc:9000"]},
-                          "limits": {"maxVerificationTimeoutSeconds": 600},
-                          "verification": {"workers": 2}, "s3": {"clientCacheSize": 8}})
+    docs = render_values(
+        {
+            "tenancy": {
+                "allowedServiceAccounts": ["*/sweep-runner", "team-a/team-a-runner"],
+                "allowedEndpointHosts": ["*.amazonaws.com", "minio.storage.svc:9000"],
+            },
+            "limits": {"maxVerificationTimeoutSeconds": 600},
+            "verification": {"workers": 2},
+            "s3": {"clientCacheSize": 8},
+        }
+    )
     settings = Settings.from_env(settings_env(docs))
     assert settings.tenancy.allowed_service_accounts == ("*/sweep-runner", "team-a/team-a-runner")
     assert settings.tenancy.allowed_endpoint_hosts == ("*.amazonaws.com", "minio.storage.svc:9000")
@@ -100,7 +137,11 @@ def test_the_default_webhook_certificate_is_signed_by_the_charts_ca_and_renewed_
 
 def test_readiness_probe_beside_liveness() -> None:
     container = operator_container(render_values({}))
-    assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert (
+        container["readinessProbe"]["httpGet"]
+        == container["livenessProbe"]["httpGet"]
+        == {"path": "/healthz", "port": "liveness"}
+    )
     assert container["readinessProbe"]["periodSeconds"] == 10
 
 
@@ -114,7 +155,9 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
     assert ports == ["webhook", "metrics"]
     named = {p["name"] for p in operator_container(docs)["ports"]}
     assert set(ports) <= named and "liveness" not in ports
-    scoped = render_values({"networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}})
+    scoped = render_values(
+        {"networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}}
+    )
     (_, metrics_rule) = one(scoped, "NetworkPolicy")["spec"]["ingress"]
     assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
     closed = one(render_values({"webhook": {"enabled": False}, "metrics": {"enabled": False}}), "NetworkPolicy")

@@ -38,5 +38,8 @@ def test_uninstall_check_covers_each_watched_namespace() -> None:
 
 
 def test_uninstall_check_can_be_turned_off() -> None:
-    assert not [d for d in of_kind(render_values({"uninstallGuard": {"enabled": False}}), "Job")
-                if d["metadata"]["name"].endswith("uninstall-guard")]
+    assert not [
+        d
+        for d in of_kind(render_values({"uninstallGuard": {"enabled": False}}), "Job")
+        if d["metadata"]["name"].endswith("uninstall-guard")
+    ]

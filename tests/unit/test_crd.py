@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -200,8 +201,14 @@ SIZE_AND_PATTERN_CASES = {
     "endpoint with a path": ({"spec.storage.endpointUrl": "http://minio:9000/evil/path"}, "spec.storage.endpointUrl"),
     "region not a region": ({"spec.storage.region": "oregon"}, "spec.storage.region"),
     "paramSpace too many": ({"spec.paramSpace": {f"p{i}": 1 for i in range(65)}}, "spec.paramSpace"),
-    "tolerations too many": ({"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]}, "spec.workerGroup.tolerations"),
-    "nodeSelector too many": ({"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}}, "spec.workerGroup.nodeSelector"),
+    "tolerations too many": (
+        {"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]},
+        "spec.workerGroup.tolerations",
+    ),
+    "nodeSelector too many": (
+        {"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}},
+        "spec.workerGroup.nodeSelector",
+    ),
     "quantity too long": ({"spec.trial.resourcesPerWorker.memory": "1" * 65}, "spec.trial.resourcesPerWorker.memory"),
     "metric too long": ({"spec.tune.metric": "m" * 129}, "spec.tune.metric"),
 }

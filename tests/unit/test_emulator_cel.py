@@ -39,10 +39,15 @@ def spec_corpus() -> list[Any]:
     """
     schema = emulator.compiled_schema("TrainingSweep", "sweeps.dev", emulator.sweep_crd()["spec"]["versions"][0])
     variants = [
-        {}, {"spec.tune.mode": DELETE}, {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE},
-        {"spec.tune.scheduler": {"type": "asha", "gracePeriod": 9, "maxT": 3}}, {"spec.tune.searcher": {"type": "optuna"}},
-        {"spec.workerGroup.minReplicas": 99}, {"spec.deadlines.activeSeconds": DELETE},
-        {"spec.deadlines.startupSeconds": 99999}, {"spec.deadlines.gracefulStopSeconds": 99999},
+        {},
+        {"spec.tune.mode": DELETE},
+        {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE},
+        {"spec.tune.scheduler": {"type": "asha", "gracePeriod": 9, "maxT": 3}},
+        {"spec.tune.searcher": {"type": "optuna"}},
+        {"spec.workerGroup.minReplicas": 99},
+        {"spec.deadlines.activeSeconds": DELETE},
+        {"spec.deadlines.startupSeconds": 99999},
+        {"spec.deadlines.gracefulStopSeconds": 99999},
         {"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 1},
     ]
     specs = []
@@ -57,8 +62,17 @@ def spec_corpus() -> list[Any]:
 def object_corpus() -> list[Any]:
     """Whole TrainingSweeps for the rules at the CRD's root (they read status.runId and status.phase: resume, issue
     16): specs of `spec_corpus`, with and without spec.resume, before a run, while it runs and after it ended."""
-    statuses: list[Any] = [None, {"runId": "r1abcd", "phase": "Running"}, {"runId": "r1abcd", "phase": "DeadlineExceeded"}]
-    resumes: list[Any] = [None, {"generation": 1, "activeSeconds": 3600}, {"generation": 2}, {"generation": 1, "activeSeconds": 60}]
+    statuses: list[Any] = [
+        None,
+        {"runId": "r1abcd", "phase": "Running"},
+        {"runId": "r1abcd", "phase": "DeadlineExceeded"},
+    ]
+    resumes: list[Any] = [
+        None,
+        {"generation": 1, "activeSeconds": 3600},
+        {"generation": 2},
+        {"generation": 1, "activeSeconds": 60},
+    ]
     objects = []
     for index, (spec, status, resume) in enumerate(itertools.product(spec_corpus()[:3], statuses, resumes)):
         spec = {**spec, "tune": {**spec["tune"], "numSamples": 4 + index % 3}}
@@ -87,16 +101,29 @@ def rules_of_loaded_crds() -> list[tuple[str, str, str]]:
 
 
 VALUES: list[Any] = [
-    {}, {"jobStatus": "SUCCEEDED"}, {"jobDeploymentStatus": "Complete"},
-    {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed"}, {"onSuccess": {"policy": "DeleteCluster"}},
-    {"onSuccess": {}, "onFailure": {}}, {"deletionRules": []}, {"onSuccess": {}, "deletionRules": [{}]},
-    "ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue", "other", "redis", "", 3, None,
+    {},
+    {"jobStatus": "SUCCEEDED"},
+    {"jobDeploymentStatus": "Complete"},
+    {"jobStatus": "FAILED", "jobDeploymentStatus": "Failed"},
+    {"onSuccess": {"policy": "DeleteCluster"}},
+    {"onSuccess": {}, "onFailure": {}},
+    {"deletionRules": []},
+    {"onSuccess": {}, "deletionRules": [{}]},
+    "ray.io/kuberay-operator",
+    "kueue.x-k8s.io/multikueue",
+    "other",
+    "redis",
+    "",
+    3,
+    None,
 ]
 
 
 def fast_rules() -> list[tuple[str, str, str]]:
     """The loaded rules the subset evaluator compiles (the others are evaluated by cel-python only)."""
-    return [(where, node_type, rule) for where, node_type, rule in rules_of_loaded_crds() if compile_fast(rule) is not None]
+    return [
+        (where, node_type, rule) for where, node_type, rule in rules_of_loaded_crds() if compile_fast(rule) is not None
+    ]
 
 
 def test_the_fast_subset_covers_most_loaded_rules() -> None:
@@ -112,8 +139,13 @@ def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str,
     program = compile_fast(rule)
     assert program is not None
     cel = CelCompiler()
-    corpus = (object_corpus() if where == "trainingsweeps.sweeps.dev:" else
-              spec_corpus() if where.startswith("trainingsweeps") else VALUES)
+    corpus = (
+        object_corpus()
+        if where == "trainingsweeps.sweeps.dev:"
+        else spec_corpus()
+        if where.startswith("trainingsweeps")
+        else VALUES
+    )
     corpus = [v for v in corpus if _json_type(v) == node_type or (node_type == "number" and _json_type(v) == "integer")]
     assert corpus, (where, node_type)
     # A transition rule runs only with a correlated old value (cel/validation.go), so never without oldSelf.
@@ -124,24 +156,27 @@ def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str,
         assert outcome_fast(program, env) == outcome_celpy(cel, rule, env), (rule, value, old)
 
 
-@pytest.mark.parametrize(("expression", "wanted"), [
-    ("1 == 1.0", True),  # heterogeneous numeric equality (cel-go, as Kubernetes enables it)
-    ("true == 1", False),  # a bool is no number
-    ("2 < 2.5", True),
-    ("7 / -2 == -3 && -7 % 2 == -1", True),  # truncated division, as Go
-    ("'b' > 'a' && 'a' + 'b' == 'ab'", True),
-    ("[1, 2] == [1, 2] && 2 in [1, 2] && !(3 in [1, 2])", True),
-    ("true || self.missing", True),  # errors absorbed by ||
-    ("self.missing && false", False),  # and by &&
-    ("false || self.missing", "error"),
-    ("1 + 2.0 == 3.0", "error"),  # no implicit int/double arithmetic
-    ("has(self.a) ? self.a.b == 1 : false", True),
-    ("!has(self.x) || self.x > 0", True),
-    ("self.a.c", "error"),
-    ("1 / 0 == 1", "error"),
-    ("has(self.missing.x)", "error"),  # has() tests the last field only: the operand errors (cel-go)
-    ("self.a.b == 1.0", True),
-])
+@pytest.mark.parametrize(
+    ("expression", "wanted"),
+    [
+        ("1 == 1.0", True),  # heterogeneous numeric equality (cel-go, as Kubernetes enables it)
+        ("true == 1", False),  # a bool is no number
+        ("2 < 2.5", True),
+        ("7 / -2 == -3 && -7 % 2 == -1", True),  # truncated division, as Go
+        ("'b' > 'a' && 'a' + 'b' == 'ab'", True),
+        ("[1, 2] == [1, 2] && 2 in [1, 2] && !(3 in [1, 2])", True),
+        ("true || self.missing", True),  # errors absorbed by ||
+        ("self.missing && false", False),  # and by &&
+        ("false || self.missing", "error"),
+        ("1 + 2.0 == 3.0", "error"),  # no implicit int/double arithmetic
+        ("has(self.a) ? self.a.b == 1 : false", True),
+        ("!has(self.x) || self.x > 0", True),
+        ("self.a.c", "error"),
+        ("1 / 0 == 1", "error"),
+        ("has(self.missing.x)", "error"),  # has() tests the last field only: the operand errors (cel-go)
+        ("self.a.b == 1.0", True),
+    ],
+)
 def test_fast_subset_semantics_follow_cel_spec(expression: str, wanted: Any) -> None:
     """google/cel-spec doc/langdef.md (and google/cel-go as Kubernetes configures it): logical operators, equality,
     arithmetic, has() and errors."""
@@ -151,6 +186,12 @@ def test_fast_subset_semantics_follow_cel_spec(expression: str, wanted: Any) -> 
 
 
 def test_expressions_outside_the_subset_are_left_to_cel_python() -> None:
-    for expression in ("self.size() > 0", "self.all(x, x > 0)", "int(self) > 1", "self.matches('^a')",
-                       "'\\u00e9' == self", "[1,2].isSorted()"):
+    for expression in (
+        "self.size() > 0",
+        "self.all(x, x > 0)",
+        "int(self) > 1",
+        "self.matches('^a')",
+        "'\\u00e9' == self",
+        "[1,2].isSorted()",
+    ):
         assert compile_fast(expression) is None, expression

@@ -16,8 +16,11 @@ def test_the_patch_operation_carries_the_kind_and_field_validation() -> None:
     fieldValidation; without it kubectl falls back to client-side validation from /openapi/v2."""
     document = openapi.group_version_document([sweep_type()])
     patch = document["paths"]["/apis/sweeps.dev/v1alpha1/namespaces/{namespace}/trainingsweeps/{name}"]["patch"]
-    assert patch["x-kubernetes-group-version-kind"] == {"group": "sweeps.dev", "kind": "TrainingSweep",
-                                                        "version": "v1alpha1"}
+    assert patch["x-kubernetes-group-version-kind"] == {
+        "group": "sweeps.dev",
+        "kind": "TrainingSweep",
+        "version": "v1alpha1",
+    }
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
     assert "application/apply-patch+yaml" in patch["requestBody"]["content"]
     assert "/apis/sweeps.dev/v1alpha1/namespaces/{namespace}/trainingsweeps/{name}/status" in document["paths"]
@@ -30,13 +33,17 @@ def test_the_published_schema_is_the_crds_with_object_meta_referenced() -> None:
     document = openapi.group_version_document([sweep_type()])
     schemas = document["components"]["schemas"]
     published = schemas["dev.sweeps.v1alpha1.TrainingSweep"]
-    assert published["x-kubernetes-group-version-kind"] == [{"group": "sweeps.dev", "kind": "TrainingSweep",
-                                                             "version": "v1alpha1"}]
+    assert published["x-kubernetes-group-version-kind"] == [
+        {"group": "sweeps.dev", "kind": "TrainingSweep", "version": "v1alpha1"}
+    ]
     assert published["properties"]["metadata"]["allOf"] == [
-        {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]
+        {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
+    ]
     crd_spec = sweep_type().openapi["properties"]["spec"]  # type: ignore[index]
-    assert published["properties"]["spec"]["properties"]["deadlines"]["description"] == \
-        crd_spec["properties"]["deadlines"]["description"]
+    assert (
+        published["properties"]["spec"]["properties"]["deadlines"]["description"]
+        == crd_spec["properties"]["deadlines"]["description"]
+    )
     assert "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta" in schemas
     assert "dev.sweeps.v1alpha1.TrainingSweepList" in schemas
 
@@ -47,8 +54,10 @@ def test_swagger_v2_refers_to_definitions() -> None:
     document = openapi.swagger_document([sweep_type()])
     assert document["swagger"] == "2.0"
     published = document["definitions"]["dev.sweeps.v1alpha1.TrainingSweep"]
-    assert published["properties"]["metadata"]["allOf"][0]["$ref"] == \
-        "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+    assert (
+        published["properties"]["metadata"]["allOf"][0]["$ref"]
+        == "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+    )
     assert "nullable" not in str(document)
 
 

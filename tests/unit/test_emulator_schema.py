@@ -12,8 +12,15 @@ import pytest
 
 from sweep_operator.crd import build_crd
 from sweep_sandbox import emulator, schema_apply
-from sweep_sandbox.schema import CelCompiler, CrdSchema, FieldError, SchemaError, compile_node, every_rule, \
-    invalid_status
+from sweep_sandbox.schema import (
+    CelCompiler,
+    CrdSchema,
+    FieldError,
+    SchemaError,
+    compile_node,
+    every_rule,
+    invalid_status,
+)
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 from tests.support.schemas import require_kuberay_crds
 
@@ -56,11 +63,14 @@ def test_every_cel_rule_of_every_crd_the_emulator_loads_compiles() -> None:
     assert counted >= 9  # our CRD's spec rules at least (KubeRay's add theirs when ../shared has them)
 
 
-@pytest.mark.parametrize(("rule", "wanted"), [
-    ("self.tune.metrc == 'x'", "undefined field 'metrc'"),
-    ("self.image.startWith('x')", "undeclared reference to 'startWith'"),
-    ("self.image ==", "compilation failed"),
-])
+@pytest.mark.parametrize(
+    ("rule", "wanted"),
+    [
+        ("self.tune.metrc == 'x'", "undefined field 'metrc'"),
+        ("self.image.startWith('x')", "undeclared reference to 'startWith'"),
+        ("self.image ==", "compilation failed"),
+    ],
+)
 def test_a_rule_that_would_not_compile_on_the_apiserver_is_refused(rule: str, wanted: str) -> None:
     """apiextensions-apiserver/pkg/apiserver/schema/cel/compilation.go Compile: undeclared references and undefined
     fields are compile errors (cel-go's checker)."""
@@ -73,17 +83,21 @@ def test_a_rule_that_would_not_compile_on_the_apiserver_is_refused(rule: str, wa
 def test_kubernetes_cel_library_functions_missing_from_cel_python_are_provided() -> None:
     """apiserver/pkg/cel/library/lists.go (isSorted, sum, min, max, indexOf); cel-go ext/strings.go (lowerAscii,
     split)."""
-    schema = CrdSchema("K", "g", {
-        "type": "object",
-        "properties": {"xs": {"type": "array", "items": {"type": "integer"}}, "s": {"type": "string"}},
-        "x-kubernetes-validations": [
-            {"rule": "self.xs.isSorted()", "message": "sorted"},
-            {"rule": "self.xs.sum() == 6", "message": "sum"},
-            {"rule": "self.xs.min() == 1 && self.xs.max() == 3", "message": "minmax"},
-            {"rule": "self.xs.indexOf(2) == 1", "message": "indexOf"},
-            {"rule": "self.s.lowerAscii() == 'ab' && self.s.split('B') == ['A', '']", "message": "strings"},
-        ],
-    })
+    schema = CrdSchema(
+        "K",
+        "g",
+        {
+            "type": "object",
+            "properties": {"xs": {"type": "array", "items": {"type": "integer"}}, "s": {"type": "string"}},
+            "x-kubernetes-validations": [
+                {"rule": "self.xs.isSorted()", "message": "sorted"},
+                {"rule": "self.xs.sum() == 6", "message": "sum"},
+                {"rule": "self.xs.min() == 1 && self.xs.max() == 3", "message": "minmax"},
+                {"rule": "self.xs.indexOf(2) == 1", "message": "indexOf"},
+                {"rule": "self.s.lowerAscii() == 'ab' && self.s.split('B') == ['A', '']", "message": "strings"},
+            ],
+        },
+    )
     assert schema.errors({"metadata": {"name": "a"}, "xs": [1, 2, 3], "s": "AB"}) == []
     failed = schema.errors({"metadata": {"name": "a"}, "xs": [3, 2, 1], "s": "Ab"})
     assert [e.detail for e in failed] == ["sorted", "strings"]
@@ -99,8 +113,11 @@ def test_unknown_fields_are_pruned_and_preserve_unknown_fields_kept(sweeps: CrdS
     obj["spec"]["bogus"] = 1
     obj["spec"]["tune"]["typo"] = {"x": 1}
     obj["metadata"]["extra"] = "x"
-    obj["status"] = {"phase": "Running", "notAField": "2026-01-01T00:00:00Z",
-                     "bestTrial": {"config": {"lr": 0.1, "any": {"thing": 1}}}}
+    obj["status"] = {
+        "phase": "Running",
+        "notAField": "2026-01-01T00:00:00Z",
+        "bestTrial": {"config": {"lr": 0.1, "any": {"thing": 1}}},
+    }
     pruned = sweeps.decode(obj)
     assert sorted(pruned) == ["metadata.extra", "spec.bogus", "spec.tune.typo", "status.notAField"]
     assert obj["status"]["bestTrial"]["config"] == {"lr": 0.1, "any": {"thing": 1}}  # preserve-unknown-fields
@@ -110,13 +127,23 @@ def test_unknown_fields_are_pruned_and_preserve_unknown_fields_kept(sweeps: CrdS
 def test_embedded_resource_keeps_type_meta_and_prunes_its_metadata() -> None:
     """apiextensions-apiserver/pkg/apiserver/schema/pruning/algorithm.go prune: x-kubernetes-embedded-resource keeps
     apiVersion/kind/metadata, metadata as ObjectMeta."""
-    node = compile_node({"type": "object", "properties": {"template": {
-        "type": "object", "x-kubernetes-embedded-resource": True,
-        "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}}}})
+    node = compile_node(
+        {
+            "type": "object",
+            "properties": {
+                "template": {
+                    "type": "object",
+                    "x-kubernetes-embedded-resource": True,
+                    "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}},
+                }
+            },
+        }
+    )
     from sweep_sandbox.schema import prune
 
-    obj = {"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "bad": 1},
-                        "spec": {"a": "1", "b": 2}}}
+    obj = {
+        "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "bad": 1}, "spec": {"a": "1", "b": 2}}
+    }
     assert sorted(prune(obj, node)) == ["template.metadata.bad", "template.spec.b"]
     assert obj == {"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {"a": "1"}}}
 
@@ -135,33 +162,52 @@ def test_defaults_apply_top_down_and_replace_non_nullable_nulls(sweeps: CrdSchem
 # ---- validation messages, as the apiserver writes them
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"spec.tune.numSamples": 0},
-     "spec.tune.numSamples: Invalid value: 0: spec.tune.numSamples in body should be greater than or equal to 1"),
-    ({"spec.rayVersion": "2.9.0"}, 'spec.rayVersion: Unsupported value: "2.9.0": supported values: "2.58.0"'),
-    ({"spec.image": ""}, 'spec.image: Invalid value: "": spec.image in body should be at least 1 chars long'),
-    ({"spec.trainLoop": DELETE}, "spec.trainLoop: Required value"),
-    ({"spec.trial.workers": "2"},
-     'spec.trial.workers: Invalid value: "string": spec.trial.workers in body must be of type integer: "string"'),
-    ({"spec.trial.resourcesPerWorker.gpu": 17},
-     "spec.trial.resourcesPerWorker.gpu: Invalid value: 17: spec.trial.resourcesPerWorker.gpu in body should be "
-     "less than or equal to 16"),
-    ({"spec.trial.resourcesPerWorker.memory": "lots"},
-     'spec.trial.resourcesPerWorker.memory: Invalid value: "lots": spec.trial.resourcesPerWorker.memory in body '
-     "should match '^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+"
-     "(\\.[0-9]*)?)|(\\.[0-9]+))))?$'"),
-    ({"spec.trial.resourcesPerWorker.memory": True},
-     'spec.trial.resourcesPerWorker.memory: Invalid value: "boolean": spec.trial.resourcesPerWorker.memory in body '
-     'must be of type integer,string: "boolean"'),
-    ({"spec.tune.mode": DELETE},
-     'spec.tune.mode: Invalid value: "object": tune.metric and tune.mode must be set together'),
-    ({"spec.deadlines.startupSeconds": 30000},  # `!has(..) || ..`: cel-python's compiled runner got it wrong
-     'spec.deadlines.startupSeconds: Invalid value: "object": deadlines.startupSeconds must be less than '
-     "deadlines.activeSeconds"),
-    ({"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 60},
-     'spec.deletion.maxRetryBackoffSeconds: Invalid value: "object": deletion.maxRetryBackoffSeconds must be >= '
-     "deletion.retryBackoffSeconds"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"spec.tune.numSamples": 0},
+            "spec.tune.numSamples: Invalid value: 0: spec.tune.numSamples in body should be greater than or equal to 1",
+        ),
+        ({"spec.rayVersion": "2.9.0"}, 'spec.rayVersion: Unsupported value: "2.9.0": supported values: "2.58.0"'),
+        ({"spec.image": ""}, 'spec.image: Invalid value: "": spec.image in body should be at least 1 chars long'),
+        ({"spec.trainLoop": DELETE}, "spec.trainLoop: Required value"),
+        (
+            {"spec.trial.workers": "2"},
+            'spec.trial.workers: Invalid value: "string": spec.trial.workers in body must be of type integer: "string"',
+        ),
+        (
+            {"spec.trial.resourcesPerWorker.gpu": 17},
+            "spec.trial.resourcesPerWorker.gpu: Invalid value: 17: spec.trial.resourcesPerWorker.gpu in body should be "
+            "less than or equal to 16",
+        ),
+        (
+            {"spec.trial.resourcesPerWorker.memory": "lots"},
+            'spec.trial.resourcesPerWorker.memory: Invalid value: "lots": spec.trial.resourcesPerWorker.memory in body '
+            "should match '^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+"
+            "(\\.[0-9]*)?)|(\\.[0-9]+))))?$'",
+        ),
+        (
+            {"spec.trial.resourcesPerWorker.memory": True},
+            'spec.trial.resourcesPerWorker.memory: Invalid value: "boolean": spec.trial.resourcesPerWorker.memory in body '
+            'must be of type integer,string: "boolean"',
+        ),
+        (
+            {"spec.tune.mode": DELETE},
+            'spec.tune.mode: Invalid value: "object": tune.metric and tune.mode must be set together',
+        ),
+        (
+            {"spec.deadlines.startupSeconds": 30000},  # `!has(..) || ..`: cel-python's compiled runner got it wrong
+            'spec.deadlines.startupSeconds: Invalid value: "object": deadlines.startupSeconds must be less than '
+            "deadlines.activeSeconds",
+        ),
+        (
+            {"spec.deletion.retryBackoffSeconds": 900, "spec.deletion.maxRetryBackoffSeconds": 60},
+            'spec.deletion.maxRetryBackoffSeconds: Invalid value: "object": deletion.maxRetryBackoffSeconds must be >= '
+            "deletion.retryBackoffSeconds",
+        ),
+    ],
+)
 def test_refusals_read_as_the_apiserver_writes_them(sweeps: CrdSchema, changes: dict[str, Any], message: str) -> None:
     """apiextensions-apiserver/pkg/apiserver/validation/validation.go kubeOpenAPIResultToFieldErrors over
     kubernetes/kube-openapi pkg/validation/errors/schema.go messages;
@@ -174,8 +220,11 @@ def test_schema_errors_that_block_cel_say_so(sweeps: CrdSchema) -> None:
     """apiextensions-apiserver/pkg/registry/customresource/strategy.go hasBlockingErr: a Required/type/enum error keeps
     the rules from running."""
     errors = admitted(sweeps, changed(cpu_sweep(), {"spec.image": DELETE, "spec.tune.mode": DELETE}))
-    assert errors == ["spec.image: Required value", '<nil>: Invalid value: "null": some validation rules were not '
-                      "checked because the object was invalid; correct the existing errors to complete validation"]
+    assert errors == [
+        "spec.image: Required value",
+        '<nil>: Invalid value: "null": some validation rules were not '
+        "checked because the object was invalid; correct the existing errors to complete validation",
+    ]
 
 
 def test_metadata_name_must_be_a_dns_subdomain(sweeps: CrdSchema) -> None:
@@ -202,10 +251,14 @@ def test_field_error_bodies_print_values_as_go_does() -> None:
     Required/Forbidden/TooLong without the value."""
     assert FieldError("FieldValueInvalid", "a", 0.5, "d").body() == "Invalid value: 0.5: d"
     assert FieldError("FieldValueInvalid", "a", 4.0, "d").body() == "Invalid value: 4: d"
-    assert FieldError("FieldValueTooLong", "a", "xxx", "may not be longer than 2").body() == \
-        "Too long: may not be longer than 2"
-    assert FieldError("FieldValueTooMany", "a", 3, "must have at most 2 items").body() == \
-        "Too many: 3: must have at most 2 items"
+    assert (
+        FieldError("FieldValueTooLong", "a", "xxx", "may not be longer than 2").body()
+        == "Too long: may not be longer than 2"
+    )
+    assert (
+        FieldError("FieldValueTooMany", "a", 3, "must have at most 2 items").body()
+        == "Too many: 3: must have at most 2 items"
+    )
 
 
 def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdSchema) -> None:
@@ -217,7 +270,8 @@ def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdS
     assert [str(e) for e in sweeps.errors(update, stored, status_only=True)][0] == (
         'status.phase: Unsupported value: "Bogus": supported values: "Pending", "Queued", "Starting", "Running", '
         '"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting", "Suspended", '
-        '"BudgetExhausted"')
+        '"BudgetExhausted"'
+    )
     legacy = changed(stored, {"spec.tune.numSamples": 0})  # stored before the rule existed
     relabelled = changed(legacy, {"metadata.labels": {"a": "b"}})
     assert sweeps.errors(relabelled, legacy) == []  # unchanged invalid value is ratcheted
@@ -234,8 +288,12 @@ def test_kuberay_transition_rule_makes_managed_by_immutable() -> None:
     rayjobs = next(c for c in emulator.kuberay_crds() if c["spec"]["names"]["kind"] == "RayJob")
     version = next(v for v in rayjobs["spec"]["versions"] if v["name"] == "v1")
     schema = emulator.compiled_schema("RayJob", "ray.io", version)
-    job = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j"},
-           "spec": {"entrypoint": "python x.py", "managedBy": "ray.io/kuberay-operator"}}
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "j"},
+        "spec": {"entrypoint": "python x.py", "managedBy": "ray.io/kuberay-operator"},
+    }
     assert admitted(schema, job) == []
     moved = changed(job, {"spec.managedBy": "kueue.x-k8s.io/multikueue"})
     assert admitted(schema, moved, job) == ['spec.managedBy: Invalid value: "string": the managedBy field is immutable']
@@ -249,19 +307,26 @@ def test_kuberay_transition_rule_makes_managed_by_immutable() -> None:
 def test_apply_conflict_names_the_field_and_the_updater() -> None:
     """apimachinery/pkg/util/managedfields/internal/conflict.go NewConflictError and printManager (an Update manager
     `using` its version)."""
-    stored = {"apiVersion": "sweeps.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "a"},
-              "spec": {"tune": {"numSamples": 2}, "image": "i"}}
+    stored = {
+        "apiVersion": "sweeps.dev/v1alpha1",
+        "kind": "TrainingSweep",
+        "metadata": {"name": "a"},
+        "spec": {"tune": {"numSamples": 2}, "image": "i"},
+    }
     schema_apply.record(stored, None, "kubectl-client-side-apply", "sweeps.dev/v1alpha1")
     applied = {"metadata": {"name": "a"}, "spec": {"tune": {"numSamples": 5}, "image": "i"}}
     with pytest.raises(schema_apply.ApplyConflict) as raised:
         schema_apply.apply(stored, applied, "kubectl", "sweeps.dev/v1alpha1", False, None)
-    assert str(raised.value) == ('Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using '
-                                 "sweeps.dev/v1alpha1: .spec.tune.numSamples")
+    assert str(raised.value) == (
+        'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using '
+        "sweeps.dev/v1alpha1: .spec.tune.numSamples"
+    )
     assert raised.value.status()["details"]["causes"][0]["field"] == ".spec.tune.numSamples"
     forced = schema_apply.apply(stored, applied, "kubectl", "sweeps.dev/v1alpha1", True, None)
     assert forced["spec"]["tune"]["numSamples"] == 5
-    shared = schema_apply.apply(stored, {"metadata": {"name": "a"}, "spec": {"image": "i"}}, "kubectl",
-                                "sweeps.dev/v1alpha1", False, None)  # an equal value is co-owned, no conflict
+    shared = schema_apply.apply(
+        stored, {"metadata": {"name": "a"}, "spec": {"image": "i"}}, "kubectl", "sweeps.dev/v1alpha1", False, None
+    )  # an equal value is co-owned, no conflict
     managers = {e["manager"] for e in shared["metadata"]["managedFields"]}
     assert managers == {"kubectl", "kubectl-client-side-apply"}
 
@@ -270,10 +335,10 @@ def test_apply_removes_fields_the_applier_stopped_sending() -> None:
     """kubernetes-sigs/structured-merge-diff merge/update.go Updater.Apply: a field only this applier owned goes when
     it is dropped."""
     stored = {"metadata": {"name": "a"}, "spec": {"image": "i"}}
-    first = schema_apply.apply(stored, {"metadata": {"name": "a"}, "spec": {"image": "i", "suspend": True}},
-                               "kubectl", "v", False, None)
-    second = schema_apply.apply(first, {"metadata": {"name": "a"}, "spec": {"image": "i"}}, "kubectl", "v", False,
-                                None)
+    first = schema_apply.apply(
+        stored, {"metadata": {"name": "a"}, "spec": {"image": "i", "suspend": True}}, "kubectl", "v", False, None
+    )
+    second = schema_apply.apply(first, {"metadata": {"name": "a"}, "spec": {"image": "i"}}, "kubectl", "v", False, None)
     assert "suspend" not in second["spec"] and second["spec"]["image"] == "i"
 
 
@@ -296,22 +361,35 @@ def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
     built = emulator.build_emulator()
     rayjobs = built.resource_type("ray.io", "v1", "rayjobs")
     assert rayjobs is not None and rayjobs.schema is not None
-    job = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j"},
-           "spec": {"entrypoint": "python x.py", "notAField": 1}}
+    job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "j"},
+        "spec": {"entrypoint": "python x.py", "notAField": 1},
+    }
     assert rayjobs.schema.decode(job) == ["spec.notAField"] and job["spec"]["entrypoint"] == "python x.py"
     assert built.resource_type("ray.io", "v1alpha1", "rayjobs") is not None  # KubeRay serves v1alpha1 too
 
 
-@pytest.mark.parametrize(("meta", "message"), [
-    ({"labels": {"sweeps.dev/run": "a" * 64}},
-     f'metadata.labels: Invalid value: "{"a" * 64}": must be no more than 63 characters'),
-    ({"labels": {"sweeps.dev/run": "has space"}},
-     'metadata.labels: Invalid value: "has space": a valid label must be an empty string or consist of'),
-    ({"labels": {"bad key": "x"}}, 'metadata.labels: Invalid value: "bad key": name part must consist of'),
-    ({"annotations": {"Sweeps.Dev/x": "1", "/x": "1"}}, 'metadata.annotations: Invalid value: "/x": prefix part'),
-    ({"finalizers": ["sweeps.dev/guard", "not a finalizer"]},
-     'metadata.finalizers[1]: Invalid value: "not a finalizer": name part must consist of'),
-])
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        (
+            {"labels": {"sweeps.dev/run": "a" * 64}},
+            f'metadata.labels: Invalid value: "{"a" * 64}": must be no more than 63 characters',
+        ),
+        (
+            {"labels": {"sweeps.dev/run": "has space"}},
+            'metadata.labels: Invalid value: "has space": a valid label must be an empty string or consist of',
+        ),
+        ({"labels": {"bad key": "x"}}, 'metadata.labels: Invalid value: "bad key": name part must consist of'),
+        ({"annotations": {"Sweeps.Dev/x": "1", "/x": "1"}}, 'metadata.annotations: Invalid value: "/x": prefix part'),
+        (
+            {"finalizers": ["sweeps.dev/guard", "not a finalizer"]},
+            'metadata.finalizers[1]: Invalid value: "not a finalizer": name part must consist of',
+        ),
+    ],
+)
 def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], message: str) -> None:
     """apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaAccessor: labels (ValidateLabels),
     annotations (ValidateAnnotations: keys lower-cased, 256 KiB in all) and finalizers (qualified names)."""
@@ -319,27 +397,54 @@ def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], m
 
     errors = [str(e) for e in object_meta_errors({"name": "a", **meta})]
     assert len(errors) == 1 and errors[0].startswith(message), errors
-    assert object_meta_errors({"labels": {"sweeps.dev/sweep": "digits-cpu", "empty": ""},
-                               "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
-                               "finalizers": ["sweeps.dev/checkpoint-guard", "kubernetes"]}) == []
+    assert (
+        object_meta_errors(
+            {
+                "labels": {"sweeps.dev/sweep": "digits-cpu", "empty": ""},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "finalizers": ["sweeps.dev/checkpoint-guard", "kubernetes"],
+            }
+        )
+        == []
+    )
 
 
 def test_message_expression_reason_and_field_path_shape_the_cel_refusal() -> None:
     """apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go validateExpressions: messageExpression (its
     value, or the message when it fails), reason (fieldErrorForReason) and fieldPath (appended to the rule's path);
     a transition rule runs only on an update."""
-    schema = CrdSchema("K", "g", {"type": "object", "properties": {"spec": {
-        "type": "object",
-        "properties": {"replicas": {"type": "integer"}, "mode": {"type": "string"}},
-        "x-kubernetes-validations": [
-            {"rule": "self.replicas <= 3", "messageExpression": "'replicas ' + string(self.replicas) + ' > 3'",
-             "fieldPath": ".replicas"},
-            {"rule": "self.mode != 'x'", "message": "mode x is refused", "messageExpression": "self.nope",
-             "reason": "FieldValueForbidden", "fieldPath": ".mode"},
-            {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"},
-        ]}}})
+    schema = CrdSchema(
+        "K",
+        "g",
+        {
+            "type": "object",
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "properties": {"replicas": {"type": "integer"}, "mode": {"type": "string"}},
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "self.replicas <= 3",
+                            "messageExpression": "'replicas ' + string(self.replicas) + ' > 3'",
+                            "fieldPath": ".replicas",
+                        },
+                        {
+                            "rule": "self.mode != 'x'",
+                            "message": "mode x is refused",
+                            "messageExpression": "self.nope",
+                            "reason": "FieldValueForbidden",
+                            "fieldPath": ".mode",
+                        },
+                        {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"},
+                    ],
+                }
+            },
+        },
+    )
     obj = {"metadata": {"name": "a"}, "spec": {"replicas": 5, "mode": "x"}}
     assert [str(e) for e in schema.errors(obj)] == [
-        'spec.replicas: Invalid value: "object": replicas 5 > 3', "spec.mode: Forbidden: mode x is refused"]
+        'spec.replicas: Invalid value: "object": replicas 5 > 3',
+        "spec.mode: Forbidden: mode x is refused",
+    ]
     old = {"metadata": {"name": "a"}, "spec": {"replicas": 1, "mode": "y"}}
-    assert "spec: Invalid value: \"object\": mode is immutable" in [str(e) for e in schema.errors(obj, old)]
+    assert 'spec: Invalid value: "object": mode is immutable' in [str(e) for e in schema.errors(obj, old)]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from tests.support.schemas import KUBERAY_CRD_FILES, REQUIRE_VARIABLE, require_kuberay_crds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +19,11 @@ def run_subset(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("KUBERAY_CRDS", REQUIRE_VARIABLE, "PYTEST_ADDOPTS")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", SUBSET, "-q", "-rsf", "-p", "no:cacheprovider"],
-        cwd=REPO, env={**environ, **env}, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

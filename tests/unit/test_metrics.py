@@ -4,9 +4,8 @@ operator knows (right after a restart), thread-safe phase transitions, per-sweep
 from __future__ import annotations
 
 import threading
-from typing import Any
-
 from datetime import datetime
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,15 +63,23 @@ def test_state_gauges_come_from_the_known_sweeps_without_any_transition_seen() -
     assert value(metrics, "trainingsweep_sweep_phase", namespace="team-a", sweep="c", phase="Queued") == 1
     assert value(metrics, "trainingsweep_queued_sweeps", namespace="team-a") == 1
     assert value(metrics, "trainingsweep_queued_sweeps", namespace="team-b") == 0
-    assert value(metrics, "trainingsweep_sweep_queued_timestamp_seconds", namespace="team-a", sweep="c") == unix("2026-12-03T10:00:00Z")
+    assert value(metrics, "trainingsweep_sweep_queued_timestamp_seconds", namespace="team-a", sweep="c") == unix(
+        "2026-12-03T10:00:00Z"
+    )
     # Budget held as the ledger counts it: admitted (runId), not terminal, not being deleted.
     assert value(metrics, "trainingsweep_admitted_gpus", namespace="team-a") == 6
     assert value(metrics, "trainingsweep_admitted_gpus", namespace="team-b") == 1
     assert value(metrics, "trainingsweep_namespace_gpu_budget", namespace="team-b") == 16
     # The sweep being deleted is held by its guard since its deletionTimestamp.
     assert value(metrics, "trainingsweep_guard_holding_objects", namespace="team-b", kind="TrainingSweep") == 1
-    assert value(metrics, "trainingsweep_guard_holding_since_timestamp_seconds",
-                 namespace="team-b", sweep="f", kind="TrainingSweep", name="f") == unix("2026-12-03T11:00:00Z")
+    assert value(
+        metrics,
+        "trainingsweep_guard_holding_since_timestamp_seconds",
+        namespace="team-b",
+        sweep="f",
+        kind="TrainingSweep",
+        name="f",
+    ) == unix("2026-12-03T11:00:00Z")
 
 
 def test_the_gauges_follow_the_source_at_each_scrape() -> None:
@@ -104,7 +111,7 @@ def test_observe_phase_from_eight_workers_at_once_loses_nothing() -> None:
                     metrics.observe_phase(uid, None)
                 if i % 50 == 0:
                     metrics.exposition()
-        except BaseException as exc:  # noqa: BLE001 - any failure in a worker fails the test
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
@@ -134,14 +141,22 @@ def test_events_are_labelled_by_namespace_and_sweep() -> None:
     metrics.deadline_stopped("ml", "digits")
     metrics.verification_finished("s3://bucket/sweeps/ml/digits-a1b2c3", 0.7, verified=False)
     metrics.verification_finished("s3://bucket/sweeps/ml/digits-a1b2c3", 3.0, verified=True)
-    rayjob = {"metadata": {"name": "digits-a1b2c3", "namespace": "ml", "labels": {"sweeps.dev/sweep": "digits"},
-                           "deletionTimestamp": "2026-12-03T11:00:00Z"}}
+    rayjob = {
+        "metadata": {
+            "name": "digits-a1b2c3",
+            "namespace": "ml",
+            "labels": {"sweeps.dev/sweep": "digits"},
+            "deletionTimestamp": "2026-12-03T11:00:00Z",
+        }
+    }
     metrics.guard_held("RayJob", rayjob)
     metrics.guard_held("RayJob", rayjob)
     assert value(metrics, "trainingsweep_deadline_stops_total", namespace="ml", sweep="digits") == 2
     assert value(metrics, "trainingsweep_verification_failures_total", namespace="ml", sweep="digits") == 1
     assert value(metrics, "trainingsweep_verifications_total", namespace="ml", sweep="digits", result="verified") == 1
-    assert value(metrics, "trainingsweep_verifications_total", namespace="ml", sweep="digits", result="not_verified") == 1
+    assert (
+        value(metrics, "trainingsweep_verifications_total", namespace="ml", sweep="digits", result="not_verified") == 1
+    )
     assert value(metrics, "trainingsweep_verification_duration_seconds_bucket", namespace="ml", le="0.5") == 0
     assert value(metrics, "trainingsweep_verification_duration_seconds_bucket", namespace="ml", le="1.0") == 1
     assert value(metrics, "trainingsweep_verification_duration_seconds_bucket", namespace="ml", le="5.0") == 2
@@ -149,8 +164,14 @@ def test_events_are_labelled_by_namespace_and_sweep() -> None:
     assert value(metrics, "trainingsweep_verification_duration_seconds_sum", namespace="ml") == pytest.approx(3.7)
     assert value(metrics, "trainingsweep_guard_holds_total", namespace="ml", sweep="digits", kind="RayJob") == 2
     assert value(metrics, "trainingsweep_guard_holding_objects", namespace="ml", kind="RayJob") == 1
-    assert value(metrics, "trainingsweep_guard_holding_since_timestamp_seconds",
-                 namespace="ml", sweep="digits", kind="RayJob", name="digits-a1b2c3") == unix("2026-12-03T11:00:00Z")
+    assert value(
+        metrics,
+        "trainingsweep_guard_holding_since_timestamp_seconds",
+        namespace="ml",
+        sweep="digits",
+        kind="RayJob",
+        name="digits-a1b2c3",
+    ) == unix("2026-12-03T11:00:00Z")
     metrics.guard_released("RayJob", rayjob)
     assert value(metrics, "trainingsweep_guard_holding_objects", namespace="ml", kind="RayJob") == 0
     assert metrics.total("trainingsweep_deadline_stops_total") == 2
@@ -178,7 +199,13 @@ def test_names_follow_prometheus_conventions_and_metric_names_lists_every_export
         for s in family.samples:
             if "sweep" in s.labels:
                 assert "namespace" in s.labels, s
-    buckets = {s.labels["le"] for f in families if f.name == "trainingsweep_reconcile_duration_seconds" for s in f.samples if "le" in s.labels}
+    buckets = {
+        s.labels["le"]
+        for f in families
+        if f.name == "trainingsweep_reconcile_duration_seconds"
+        for s in f.samples
+        if "le" in s.labels
+    }
     assert {"0.005", "0.05", "1.0", "+Inf"} <= buckets
 
 

@@ -183,9 +183,23 @@ def test_each_wheel_holds_its_own_packages(tmp_path: Path) -> None:
                     shutil.copy2(REPO / path, tree / path)
         out = tmp_path / name / "wheel"
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w",
-             str(out), str(tree / project)],
-            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-q",
+                "-w",
+                str(out),
+                str(tree / project),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
         )
         assert done.returncode == 0, done.stderr
         (wheel,) = out.glob("*.whl")

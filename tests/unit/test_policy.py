@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import pytest
 
+from sweep_contracts.spec_checks import parse_spec
 from sweep_operator import instance_types
 from sweep_operator.policy import (
     Admit,
@@ -17,7 +18,6 @@ from sweep_operator.policy import (
     demand_of,
 )
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError
-from sweep_contracts.spec_checks import parse_spec
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 
 
@@ -92,7 +92,12 @@ def test_operator_default_active_seconds_is_checked_against_startup() -> None:
 @pytest.mark.parametrize(
     ("instance_type", "resources", "field", "text"),
     [
-        ("g5.2xlarge", {"cpu": "4", "gpu": 2, "memory": "24Gi"}, "gpu", "2 GPUs per worker do not fit a g5.2xlarge (1 GPU)"),
+        (
+            "g5.2xlarge",
+            {"cpu": "4", "gpu": 2, "memory": "24Gi"},
+            "gpu",
+            "2 GPUs per worker do not fit a g5.2xlarge (1 GPU)",
+        ),
         ("g4dn.xlarge", {"cpu": "4", "gpu": 1, "memory": "8Gi"}, "cpu", "4 vCPUs"),
         ("g5.xlarge", {"cpu": "2", "gpu": 1, "memory": "16Gi"}, "memory", "16Gi per worker does not fit a g5.xlarge"),
         ("g6.12xlarge", {"cpu": "8", "gpu": 8, "memory": "64Gi"}, "gpu", "g6.12xlarge (4 GPUs)"),
@@ -101,15 +106,15 @@ def test_operator_default_active_seconds_is_checked_against_startup() -> None:
         ("g6e.xlarge", {"cpu": "2", "gpu": 1, "memory": "40Gi"}, "memory", "g6e.xlarge: 32Gi"),
     ],
 )
-def test_bundle_that_cannot_fit_one_node_is_invalid(
-    instance_type: str, resources: dict, field: str, text: str
-) -> None:
+def test_bundle_that_cannot_fit_one_node_is_invalid(instance_type: str, resources: dict, field: str, text: str) -> None:
     """R14: CPU/GPU totals prove nothing; one worker's bundle must fit one node of the instance type."""
     spec = spec_with({"spec.workerGroup.instanceType": instance_type, "spec.trial.resourcesPerWorker": resources})
     problems = bundle_fit_problems(spec)
     matching = [p for p in problems if p.path == f"spec.trial.resourcesPerWorker.{field}"]
     assert matching and text in matching[0].message, problems
-    assert isinstance(decide_admission(spec, OperatorLimits(max_gpus_per_sweep=64, max_gpus_per_namespace=64), Demand()), Reject)
+    assert isinstance(
+        decide_admission(spec, OperatorLimits(max_gpus_per_sweep=64, max_gpus_per_namespace=64), Demand()), Reject
+    )
 
 
 @pytest.mark.parametrize(
@@ -158,7 +163,11 @@ def test_limits_reject_nonsense_naming_the_setting() -> None:
 
 def test_settings_from_env_read_once_with_named_errors() -> None:
     settings = Settings.from_env(
-        {"SWEEP_MAX_GPUS_PER_NAMESPACE": "12", "SWEEP_WATCH_NAMESPACES": "ml, research", "SWEEP_STATUS_POLL_SECONDS": "2.5"}
+        {
+            "SWEEP_MAX_GPUS_PER_NAMESPACE": "12",
+            "SWEEP_WATCH_NAMESPACES": "ml, research",
+            "SWEEP_STATUS_POLL_SECONDS": "2.5",
+        }
     )
     assert settings.limits.max_gpus_per_namespace == 12
     assert settings.namespaces == ("ml", "research")

@@ -12,8 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sweep_contracts import constants
-from sweep_contracts import s3_layout
+from sweep_contracts import constants, s3_layout
+from sweep_contracts.runspec import RunSpec
 from sweep_operator.cli import main as sweepctl
 from sweep_operator.rendering import (
     RenderContext,
@@ -24,7 +24,6 @@ from sweep_operator.rendering import (
     runtime_env_yaml,
     worker_group_cap,
 )
-from sweep_contracts.runspec import RunSpec
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
@@ -64,7 +63,9 @@ SPEC_MATRIX: dict[str, dict[str, Any]] = {
     "no-active-seconds": changed(cpu_sweep(), {"spec.deadlines": {"startupSeconds": 600}}),
     "long-dotted-name": changed(cpu_sweep(name="team.very-long-experiment-name-for-the-digits-model-v2"), {}),
     # Kueue mode (docs/kueue.md)
-    "kueue-queue-and-priority": changed(gpu_sweep(), {"spec.queueName": "team-a-gpu", "spec.priorityClassName": "high"}),
+    "kueue-queue-and-priority": changed(
+        gpu_sweep(), {"spec.queueName": "team-a-gpu", "spec.priorityClassName": "high"}
+    ),
     "kueue-cpu-suspended": changed(cpu_sweep(), {"spec.queueName": "cpu", "spec.suspend": True}),
 }
 
@@ -398,28 +399,43 @@ def test_kueue_mode_renders_a_suspended_labelled_rayjob_kueues_webhook_accepts()
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4  # 2 workers x 2 trials
     assert group["groupName"] != "head"
     assert validate_rayjob_for_kueue(rayjob) == []
-    gpus = {ps["name"]: ps["count"] * int(ps["template"]["spec"]["containers"][0]["resources"]["requests"].get(
-        constants.GPU_RESOURCE, 0)) for ps in pod_sets_for(rayjob)}
+    gpus = {
+        ps["name"]: ps["count"]
+        * int(ps["template"]["spec"]["containers"][0]["resources"]["requests"].get(constants.GPU_RESOURCE, 0))
+        for ps in pod_sets_for(rayjob)
+    }
     assert gpus == {"head": 0, "gpu-workers": 4, "submitter": 0}  # Kueue reserves the sweep's whole GPU demand
 
 
 def test_kueue_worker_group_never_exceeds_the_worker_cap() -> None:
-    rayjob = render(SPEC_MATRIX["kueue-queue-and-priority"], limits=RenderContext(limits=OperatorLimits(
-        max_workers_per_sweep=3, max_gpus_per_sweep=16)))
+    rayjob = render(
+        SPEC_MATRIX["kueue-queue-and-priority"],
+        limits=RenderContext(limits=OperatorLimits(max_workers_per_sweep=3, max_gpus_per_sweep=16)),
+    )
     group = worker_group_of(rayjob)
-    assert group["replicas"] == group["maxReplicas"] == worker_group_cap(parse_sweep(
-        SPEC_MATRIX["kueue-queue-and-priority"]).spec, OperatorLimits(max_workers_per_sweep=3)) == 3
+    assert (
+        group["replicas"]
+        == group["maxReplicas"]
+        == worker_group_cap(
+            parse_sweep(SPEC_MATRIX["kueue-queue-and-priority"]).spec, OperatorLimits(max_workers_per_sweep=3)
+        )
+        == 3
+    )
 
 
-@pytest.mark.parametrize("default,namespaces,spec_queue,expected", [
-    ("gpu", (), "", "gpu"),  # the chart's default queue
-    ("gpu", ("ml=ml-gpu",), "", "ml-gpu"),  # the sweep's namespace (ml) has its own
-    ("gpu", ("ml=",), "", None),  # Kueue mode off in ml
-    ("", (), "mine", "mine"),  # spec.queueName alone
-    ("", (), "", None),  # not Kueue mode: no label, not suspended, autoscaling as usual
-])
-def test_the_default_queue_comes_from_the_settings(default: str, namespaces: tuple[str, ...], spec_queue: str,
-                                                   expected: str | None) -> None:
+@pytest.mark.parametrize(
+    "default,namespaces,spec_queue,expected",
+    [
+        ("gpu", (), "", "gpu"),  # the chart's default queue
+        ("gpu", ("ml=ml-gpu",), "", "ml-gpu"),  # the sweep's namespace (ml) has its own
+        ("gpu", ("ml=",), "", None),  # Kueue mode off in ml
+        ("", (), "mine", "mine"),  # spec.queueName alone
+        ("", (), "", None),  # not Kueue mode: no label, not suspended, autoscaling as usual
+    ],
+)
+def test_the_default_queue_comes_from_the_settings(
+    default: str, namespaces: tuple[str, ...], spec_queue: str, expected: str | None
+) -> None:
     doc = changed(gpu_sweep(), {"spec.queueName": spec_queue})
     rayjob = render(doc, limits=RenderContext(kueue_default_queue=default, kueue_namespace_queues=namespaces))
     assert rayjob["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == expected

@@ -30,7 +30,9 @@ EPOCHS = 6  # paramSpace.epochs of tests/support/fixtures/report-sweep.yaml (ASH
 
 def tune_rows(root: Path, trial: str) -> list[dict[str, Any]]:
     """What Tune recorded for a trial, read here independently of the report's reader."""
-    return [json.loads(line) for line in (root / "tune" / trial / "result.json").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in (root / "tune" / trial / "result.json").read_text().splitlines() if line.strip()
+    ]
 
 
 def result_doc(root: Path = FIXTURE) -> dict[str, Any]:
@@ -69,7 +71,10 @@ def test_each_varying_hyper_parameter_is_plotted_against_the_final_metric() -> N
     curves = learning_curves(records_of(FIXTURE))
     (lr,) = parameter_points(curves)  # batch_size, epochs and hidden are constant in this sweep
     assert lr.name == "lr" and not lr.categorical and lr.log_scale
-    expected = sorted((r["config"]["lr"], r["val_loss"], r["trial_id"]) for r in (tune_rows(FIXTURE, t.trial)[-1] for t in curves.trials))
+    expected = sorted(
+        (r["config"]["lr"], r["val_loss"], r["trial_id"])
+        for r in (tune_rows(FIXTURE, t.trial)[-1] for t in curves.trials)
+    )
     assert sorted(lr.points) == expected
 
 
@@ -93,9 +98,15 @@ def test_timeline_from_the_sweep_status_has_phases_attempts_deadline_and_verific
     records = records_of(FIXTURE)
     records.sweep = {
         "metadata": {"name": "digits-asha", "namespace": "default", "creationTimestamp": "2026-12-03T11:40:00Z"},
-        "status": {"phase": "Succeeded", "queuedAt": "2026-12-03T11:40:01Z", "startedAt": "2026-12-03T11:45:00Z",
-                   "trainingStartedAt": "2026-12-03T11:47:10Z", "deadlineAt": "2026-12-03T12:15:00Z",
-                   "finishedAt": "2026-12-03T11:49:05Z", "checkpoints": {"verified": True, "verifiedAt": "2026-12-03T11:49:07Z"}},
+        "status": {
+            "phase": "Succeeded",
+            "queuedAt": "2026-12-03T11:40:01Z",
+            "startedAt": "2026-12-03T11:45:00Z",
+            "trainingStartedAt": "2026-12-03T11:47:10Z",
+            "deadlineAt": "2026-12-03T12:15:00Z",
+            "finishedAt": "2026-12-03T11:49:05Z",
+            "checkpoints": {"verified": True, "verifiedAt": "2026-12-03T11:49:07Z"},
+        },
     }
     line = timeline(records, now=2_000_000_000.0)
     phases = {s.label: (s.start, s.end) for s in line.spans if s.kind == "phase"}
@@ -107,10 +118,14 @@ def test_timeline_from_the_sweep_status_has_phases_attempts_deadline_and_verific
     }
     assert [s.label for s in line.spans if s.kind == "attempt"] == ["attempt 1"]
     assert {m.kind: m.at for m in line.markers if m.kind in ("deadline", "verification")} == {
-        "deadline": t("2026-12-03T12:15:00Z"), "verification": t("2026-12-03T11:49:07Z")
+        "deadline": t("2026-12-03T12:15:00Z"),
+        "verification": t("2026-12-03T11:49:07Z"),
     }
-    records.events = [{"time": "2026-12-03T11:46:00Z", "reason": "CreatedRayCluster"}, {"time": "2026-12-03T11:45:30Z", "reason": "Running"},
-                      {"time": "2026-12-03T11:45:01Z", "reason": "CreatedRayCluster"}]
+    records.events = [
+        {"time": "2026-12-03T11:46:00Z", "reason": "CreatedRayCluster"},
+        {"time": "2026-12-03T11:45:30Z", "reason": "Running"},
+        {"time": "2026-12-03T11:45:01Z", "reason": "CreatedRayCluster"},
+    ]
     attempts = [s for s in timeline(records, now=2_000_000_000.0).spans if s.kind == "attempt"]
     assert [(s.label, s.start, s.end) for s in attempts] == [
         ("attempt 1", t("2026-12-03T11:45:01Z"), t("2026-12-03T11:46:00Z")),
@@ -131,19 +146,25 @@ def test_a_running_sweep_gives_partial_curves(tmp_path: Path) -> None:
     assert curve.values == [r["val_loss"] for r in tune_rows(FIXTURE, best)[:3]]
     assert curve.best and curve.status == "RUNNING" and not curve.early_stopped  # best so far: _sweep/status.json
     # Tune marked the ASHA-stopped trials' last results done: they show as stopped before the sweep ends.
-    assert {t.trial for t in curves.trials if t.early_stopped} == {t["id"] for t in result_doc()["trialResults"]} - {best}
+    assert {t.trial for t in curves.trials if t.early_stopped} == {t["id"] for t in result_doc()["trialResults"]} - {
+        best
+    }
 
 
 def test_report_html_embeds_the_pngs_written_beside_it(tmp_path: Path) -> None:
     report = write_report(records_of(FIXTURE), tmp_path / "out", now=2_000_000_000.0)
     page = report.html.read_text()
     embedded = [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
-    assert embedded == [report.figures[name].read_bytes() for name in ("learning_curves.png", "parameters.png", "timeline.png")]
+    assert embedded == [
+        report.figures[name].read_bytes() for name in ("learning_curves.png", "parameters.png", "timeline.png")
+    ]
     for data in embedded:
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
     assert "http://" not in page and "https://" not in page  # self-contained: nothing to fetch
     data = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert data["learningCurves"]["trials"][0]["values"] == [r["val_loss"] for r in tune_rows(FIXTURE, data["learningCurves"]["trials"][0]["trial"])]
+    assert data["learningCurves"]["trials"][0]["values"] == [
+        r["val_loss"] for r in tune_rows(FIXTURE, data["learningCurves"]["trials"][0]["trial"])
+    ]
     assert result_doc()["bestTrial"]["id"] in page
 
 
@@ -152,7 +173,11 @@ def test_sweepctl_report_on_a_local_run_root(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "4 trial(s), 9 val_loss point(s)" in out
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
-        "learning_curves.png", "parameters.png", "report.html", "report.json", "timeline.png"
+        "learning_curves.png",
+        "parameters.png",
+        "report.html",
+        "report.json",
+        "timeline.png",
     ]
 
 

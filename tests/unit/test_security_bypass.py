@@ -18,23 +18,36 @@ SKIP = constants.ANNOTATION_SKIP_VERIFICATION
 
 def managed_by(manager: str) -> dict[str, object]:
     """A managedFields entry as the API server writes it for `kubectl annotate` (fieldsV1 of metadata.annotations)."""
-    return {"manager": manager, "operation": "Update", "apiVersion": "sweeps.dev/v1alpha1", "fieldsType": "FieldsV1",
-            "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, f"f:{SKIP}": {}}}}}
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "sweeps.dev/v1alpha1",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, f"f:{SKIP}": {}}}},
+    }
 
 
-def test_a_release_through_the_escape_hatch_is_counted_logged_and_on_the_sweep(world: World, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+def test_a_release_through_the_escape_hatch_is_counted_logged_and_on_the_sweep(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     status = ran(world)
     world.verifier.verified = False
     sweep = world.kube.objects[("TrainingSweep", "ml", "digits")]
     sweep["metadata"]["annotations"] = {SKIP: "true"}
-    sweep["metadata"]["managedFields"] = [managed_by("kubectl-annotate"),
-                                          {"manager": "kopf", "fieldsV1": {"f:metadata": {"f:finalizers": {}}}}]
+    sweep["metadata"]["managedFields"] = [
+        managed_by("kubectl-annotate"),
+        {"manager": "kopf", "fieldsV1": {"f:metadata": {"f:finalizers": {}}}},
+    ]
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     before = world.controller.metrics.total("trainingsweep_guard_bypasses_total")
     with caplog.at_level(logging.WARNING, logger="sweep_operator.audit"):
         world.controller.guard_rayjob_deletion(rayjob, attempt=0)
-    assert world.controller.metrics.total("trainingsweep_guard_bypasses_total", namespace="ml", sweep="digits",
-                                          kind="RayJob") == before + 1
+    assert (
+        world.controller.metrics.total(
+            "trainingsweep_guard_bypasses_total", namespace="ml", sweep="digits", kind="RayJob"
+        )
+        == before + 1
+    )
     (line,) = [r.getMessage() for r in caplog.records if "BYPASSED" in r.getMessage()]
     assert "RayJob ml/" in line and "kubectl-annotate" in line and "TrainingSweep digits" in line
     condition = get_condition(world.status("digits").get("conditions"), "CheckpointsVerified")
@@ -52,7 +65,14 @@ def test_an_ordinary_release_records_no_bypass(world: World) -> None:  # noqa: F
 
 
 def test_setters_are_the_managers_that_own_the_annotation() -> None:
-    body = {"metadata": {"managedFields": [managed_by("kubectl-annotate"), managed_by("argocd-controller"),
-                                          {"manager": "kubectl-edit", "fieldsV1": {"f:metadata": {"f:labels": {}}}}]}}
+    body = {
+        "metadata": {
+            "managedFields": [
+                managed_by("kubectl-annotate"),
+                managed_by("argocd-controller"),
+                {"manager": "kubectl-edit", "fieldsV1": {"f:metadata": {"f:labels": {}}}},
+            ]
+        }
+    }
     assert annotation_setters(body) == ["argocd-controller", "kubectl-annotate"]
     assert annotation_setters({"metadata": {}}) == []

@@ -11,7 +11,12 @@ DOC = REPO / "docs" / "security.md"
 
 def rows() -> list[list[str]]:
     table = [line for line in DOC.read_text().splitlines() if line.startswith("|")]
-    assert table[0].split("|")[1:-1] == [" actor ", " what they can do (or try) ", " what stops them ", " which test proves it "]
+    assert table[0].split("|")[1:-1] == [
+        " actor ",
+        " what they can do (or try) ",
+        " what stops them ",
+        " which test proves it ",
+    ]
     return [[cell.strip() for cell in line.split("|")[1:-1]] for line in table[2:]]
 
 

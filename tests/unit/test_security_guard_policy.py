@@ -20,8 +20,12 @@ OPERATOR = f"system:serviceaccount:{NAMESPACE}:sweeps-trainingsweep-operator"
 KUBERAY = "system:serviceaccount:kuberay-system:kuberay-operator"
 ADMINS = "sweeps:guard-admins"
 ALICE = ("alice@team-a", ["system:authenticated", "team-a:developers"])
-SKIP, GUARD, LABEL, FINALIZER = (constants.ANNOTATION_SKIP_VERIFICATION, constants.ANNOTATION_GUARD,
-                                 constants.LABEL_SWEEP, constants.FINALIZER)
+SKIP, GUARD, LABEL, FINALIZER = (
+    constants.ANNOTATION_SKIP_VERIFICATION,
+    constants.ANNOTATION_GUARD,
+    constants.LABEL_SWEEP,
+    constants.FINALIZER,
+)
 GUARD_VALUE = '{"runRoot": "s3://ckpt/sweeps/team-a/digits-r1", "endpointUrl": "", "verify": true}'
 
 
@@ -47,18 +51,35 @@ class PolicyEvaluator:
         self.cel = CelCompiler()
         name = policy["metadata"]["name"]
         self.rules = spec["matchConstraints"]["resourceRules"]
-        self.conditions = [self.cel._program(c["expression"], f"{name} matchCondition {c['name']}") for c in spec["matchConditions"]]
-        self.variables = [(v["name"], self.cel._program(v["expression"], f"{name} variable {v['name']}")) for v in spec["variables"]]
+        self.conditions = [
+            self.cel._program(c["expression"], f"{name} matchCondition {c['name']}") for c in spec["matchConditions"]
+        ]
+        self.variables = [
+            (v["name"], self.cel._program(v["expression"], f"{name} variable {v['name']}")) for v in spec["variables"]
+        ]
         self.validations = [
-            (self.cel._program(v["expression"], f"{name} validation"), self.cel._program(v["messageExpression"], f"{name} message"))
+            (
+                self.cel._program(v["expression"], f"{name} validation"),
+                self.cel._program(v["messageExpression"], f"{name} message"),
+            )
             for v in spec["validations"]
         ]
 
     def _matches(self, group: str, resource: str, operation: str) -> bool:
-        return any(group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"] for r in self.rules)
+        return any(
+            group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"] for r in self.rules
+        )
 
-    def review(self, *, resource: str, operation: str, user: tuple[str, list[str]], new: dict[str, Any],
-               old: dict[str, Any] | None = None, subresource: str = "") -> Decision:
+    def review(
+        self,
+        *,
+        resource: str,
+        operation: str,
+        user: tuple[str, list[str]],
+        new: dict[str, Any],
+        old: dict[str, Any] | None = None,
+        subresource: str = "",
+    ) -> Decision:
         group = "sweeps.dev" if resource == "trainingsweeps" else "ray.io"
         # resourceRules name a subresource as "resource/subresource" (admissionregistration/v1 RuleWithOperations).
         if not self._matches(group, f"{resource}/{subresource}" if subresource else resource, operation):
@@ -67,8 +88,14 @@ class PolicyEvaluator:
         activation: dict[str, Any] = {
             "object": self.cel.to_cel(new),
             "oldObject": self.cel.to_cel(old),
-            "request": self.cel.to_cel({"operation": operation, "userInfo": {"username": username, "groups": groups},
-                                        "resource": {"group": group, "resource": resource}, "subResource": subresource}),
+            "request": self.cel.to_cel(
+                {
+                    "operation": operation,
+                    "userInfo": {"username": username, "groups": groups},
+                    "resource": {"group": group, "resource": resource},
+                    "subResource": subresource,
+                }
+            ),
         }
         for condition in self.conditions:
             if not self._evaluate(condition, activation):
@@ -103,11 +130,20 @@ def policy() -> PolicyEvaluator:
 
 
 def guarded(kind: str = "RayJob", **meta: Any) -> dict[str, Any]:
-    metadata = {"name": "digits-r1", "namespace": "team-a", "labels": {LABEL: "digits", "app": "x"},
-                "annotations": {GUARD: GUARD_VALUE}, "finalizers": [FINALIZER]}
+    metadata = {
+        "name": "digits-r1",
+        "namespace": "team-a",
+        "labels": {LABEL: "digits", "app": "x"},
+        "annotations": {GUARD: GUARD_VALUE},
+        "finalizers": [FINALIZER],
+    }
     metadata.update(meta)
-    return {"apiVersion": "ray.io/v1" if kind != "TrainingSweep" else "sweeps.dev/v1alpha1", "kind": kind,
-            "metadata": metadata, "spec": {"entrypoint": "python -m training_entrypoints.sweep"}}
+    return {
+        "apiVersion": "ray.io/v1" if kind != "TrainingSweep" else "sweeps.dev/v1alpha1",
+        "kind": kind,
+        "metadata": metadata,
+        "spec": {"entrypoint": "python -m training_entrypoints.sweep"},
+    }
 
 
 def edited(obj: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -134,14 +170,19 @@ def test_a_user_with_patch_rights_cannot_set_the_escape_hatch(policy: PolicyEval
 
 
 @pytest.mark.parametrize("resource", RESOURCES)
-def test_a_user_cannot_remove_the_finalizer_or_the_label_or_touch_the_guard_annotation(policy: PolicyEvaluator, resource: str) -> None:
+def test_a_user_cannot_remove_the_finalizer_or_the_label_or_touch_the_guard_annotation(
+    policy: PolicyEvaluator, resource: str
+) -> None:
     old = guarded()
     cases = {
         "finalizer removed": (edited(old, finalizers=[]), FINALIZER),
         "finalizers dropped": (edited(old, finalizers=None), FINALIZER),
         "label removed": (edited(old, labels={"app": "x"}), LABEL),
         "label re-pointed": (edited(old, labels={LABEL: "other-sweep", "app": "x"}), LABEL),
-        "guard annotation re-aimed": (edited(old, annotations={GUARD: GUARD_VALUE.replace('""', '"http://169.254.169.254"')}), GUARD),
+        "guard annotation re-aimed": (
+            edited(old, annotations={GUARD: GUARD_VALUE.replace('""', '"http://169.254.169.254"')}),
+            GUARD,
+        ),
         "guard annotation removed": (edited(old, annotations={}), GUARD),
     }
     for case, (new, named) in cases.items():
@@ -168,7 +209,11 @@ def test_ordinary_edits_pass(policy: PolicyEvaluator) -> None:
     for case, new in cases.items():
         decision = policy.review(resource="rayjobs", operation="UPDATE", user=ALICE, old=old, new=new)
         assert decision.matched and decision.allowed, (case, decision)
-    plain = {"apiVersion": "sweeps.dev/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "digits", "namespace": "team-a"}}
+    plain = {
+        "apiVersion": "sweeps.dev/v1alpha1",
+        "kind": "TrainingSweep",
+        "metadata": {"name": "digits", "namespace": "team-a"},
+    }
     assert policy.review(resource="trainingsweeps", operation="CREATE", user=ALICE, new=plain).allowed
 
 
@@ -228,9 +273,14 @@ def test_only_the_operator_and_kuberay_write_status(policy: PolicyEvaluator, res
     """A forged status.guard would aim the guard (and the operator's credentials) elsewhere."""
     old = guarded("TrainingSweep")
     new = {**copy.deepcopy(old), "status": {"guard": {"runRoot": "s3://other/x", "endpointUrl": "http://10.0.0.1"}}}
-    (message,) = policy.review(resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="status").denials
+    (message,) = policy.review(
+        resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="status"
+    ).denials
     assert "status" in message and "alice@team-a" in message
     for trusted in (OPERATOR, KUBERAY):
-        assert policy.review(resource=resource, operation="UPDATE", user=(trusted, []), old=old, new=new,
-                             subresource="status").allowed
-    assert not policy.review(resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="scale").matched
+        assert policy.review(
+            resource=resource, operation="UPDATE", user=(trusted, []), old=old, new=new, subresource="status"
+        ).allowed
+    assert not policy.review(
+        resource=resource, operation="UPDATE", user=ALICE, old=old, new=new, subresource="scale"
+    ).matched

@@ -73,7 +73,9 @@ def test_the_per_namespace_trust_names_the_account_the_chart_renders_for_that_na
     (trust,) = statements("runner-trust-policy-namespace.json")
     (subject,) = [v for k, v in trust["Condition"]["StringEquals"].items() if k.endswith(":sub")]
     role = "arn:aws:iam::123456789012:role/sweep-runner-team-a"
-    docs = render_values({"runner": {"serviceAccount": {"create": True, "perNamespace": {"team-a": {"roleArn": role}}}}})
+    docs = render_values(
+        {"runner": {"serviceAccount": {"create": True, "perNamespace": {"team-a": {"roleArn": role}}}}}
+    )
     (account,) = [d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "sweep-runner"]
     assert subject == f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
     assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] == role

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from sweep_sandbox.emulator import wait_for
+from sweep_operator.handlers import S3ClientCache
 from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.reconcile.guard import GuardTarget
-from sweep_operator.handlers import S3ClientCache
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError, TenancyPolicy
 from sweep_operator.validation import validate_sweep
+from sweep_sandbox.emulator import wait_for
 from tests.support.factories import changed, gpu_sweep
 from tests.support.fake_kube import FakeKube
 
@@ -31,7 +31,9 @@ def sweep(namespace: str = "team-a", **changes: Any) -> dict[str, Any]:
     return doc
 
 
-def problems(doc: dict[str, Any], tenancy: TenancyPolicy = TENANCY, limits: OperatorLimits | None = None) -> dict[str, str]:
+def problems(
+    doc: dict[str, Any], tenancy: TenancyPolicy = TENANCY, limits: OperatorLimits | None = None
+) -> dict[str, str]:
     return {p.path: p.message for p in validate_sweep(doc, limits, tenancy)}
 
 
@@ -39,15 +41,21 @@ def problems(doc: dict[str, Any], tenancy: TenancyPolicy = TENANCY, limits: Oper
 
 
 def test_allowlists_come_from_comma_separated_environment_variables() -> None:
-    settings = Settings.from_env({
-        "SWEEP_ALLOWED_SERVICE_ACCOUNTS": "team-a/team-a-runner, */sweep-runner",
-        "SWEEP_ALLOWED_ENDPOINT_HOSTS": "*.amazonaws.com,minio.storage.svc:9000",
-        "SWEEP_MAX_VERIFICATION_TIMEOUT_SECONDS": "600",
-        "SWEEP_S3_CLIENT_CACHE_SIZE": "4",
-        "SWEEP_VERIFICATION_WORKERS": "2",
-    })
+    settings = Settings.from_env(
+        {
+            "SWEEP_ALLOWED_SERVICE_ACCOUNTS": "team-a/team-a-runner, */sweep-runner",
+            "SWEEP_ALLOWED_ENDPOINT_HOSTS": "*.amazonaws.com,minio.storage.svc:9000",
+            "SWEEP_MAX_VERIFICATION_TIMEOUT_SECONDS": "600",
+            "SWEEP_S3_CLIENT_CACHE_SIZE": "4",
+            "SWEEP_VERIFICATION_WORKERS": "2",
+        }
+    )
     assert settings.tenancy == TENANCY
-    assert (settings.limits.max_verification_timeout_seconds, settings.s3_client_cache_size, settings.verification_workers) == (600, 4, 2)
+    assert (
+        settings.limits.max_verification_timeout_seconds,
+        settings.s3_client_cache_size,
+        settings.verification_workers,
+    ) == (600, 4, 2)
 
 
 @pytest.mark.parametrize(
@@ -139,8 +147,12 @@ def controller(kube: FakeKube, **kwargs: Any) -> tuple[SweepController, list[tup
     events: list[tuple[str, str, str]] = []
     settings = Settings(tenancy=TENANCY, status_poll_seconds=0)
     made = SweepController(
-        settings, kube, Refuse(), lambda body, type_, reason, message: events.append((type_, reason, message)),  # type: ignore[arg-type]
-        verifier=Refuse(), **kwargs,
+        settings,
+        kube,
+        Refuse(),
+        lambda body, type_, reason, message: events.append((type_, reason, message)),  # type: ignore[arg-type]
+        verifier=Refuse(),
+        **kwargs,
     )
     return made, events
 
@@ -200,8 +212,14 @@ def test_verifications_run_on_the_dedicated_pool_with_the_timeout_capped() -> No
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
     settings = Settings(limits=OperatorLimits(max_verification_timeout_seconds=120))
-    made = SweepController(settings, FakeKube(), lambda e, r: object(), lambda *a: None,  # type: ignore[arg-type]
-                           verifier=verifier, verification_pool=pool)
+    made = SweepController(
+        settings,
+        FakeKube(),
+        lambda e, r: object(),
+        lambda *a: None,  # type: ignore[arg-type]
+        verifier=verifier,
+        verification_pool=pool,
+    )
     try:
         made.reads.verify(GuardTarget(run_root="s3://b/sweeps/team-a/digits-r1", timeout_seconds=900))
     finally:
@@ -223,23 +241,34 @@ def test_the_s3_client_cache_is_bounded_and_drops_the_least_recently_used() -> N
     assert len(cache) == 2
     cache("https://a.example", "us-west-2")
     cache("https://b.example", "us-west-2")
-    assert built == [("https://a.example", "us-west-2"), ("https://b.example", "us-west-2"),
-                     ("https://c.example", "us-west-2"), ("https://b.example", "us-west-2")]
+    assert built == [
+        ("https://a.example", "us-west-2"),
+        ("https://b.example", "us-west-2"),
+        ("https://c.example", "us-west-2"),
+        ("https://b.example", "us-west-2"),
+    ]
 
 
 def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() -> None:
     """Every guard verification worker is stuck on a hung bucket: a sweep that just succeeded still gets its
     checkpoints verified and its status written by the reconcile (a reconcile worker waiting in the guard's queue
     would stall every tenant's deadlines)."""
-    from tests.support.fakes import Clock, FakeVerifier
     from tests.support.fake_s3 import FakeS3
+    from tests.support.fakes import Clock, FakeVerifier
 
     kube, s3, verifier = FakeKube(), FakeS3(), FakeVerifier()
     release = threading.Event()
     pool = ThreadPoolExecutor(max_workers=1)
     stuck = pool.submit(release.wait, 60)
-    made = SweepController(Settings(status_poll_seconds=0), kube, lambda e, r: s3, lambda *a: None,  # type: ignore[arg-type]
-                           verifier=verifier, clock=Clock(), verification_pool=pool)
+    made = SweepController(
+        Settings(status_poll_seconds=0),
+        kube,
+        lambda e, r: s3,
+        lambda *a: None,  # type: ignore[arg-type]
+        verifier=verifier,
+        clock=Clock(),
+        verification_pool=pool,
+    )
     try:
         doc = changed(gpu_sweep(name="digits"), {})
         doc["metadata"]["namespace"] = "ml"
@@ -250,12 +279,20 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
         for obj in [o for (kind, _, _), o in kube.objects.items() if kind == "RayJob"]:
             made.observe_rayjob(obj)
         done = threading.Event()
-        threading.Thread(target=lambda: (made.reconcile_sweep(kube.get_sweep("ml", "digits")), done.set()), daemon=True).start()
+        threading.Thread(
+            target=lambda: (made.reconcile_sweep(kube.get_sweep("ml", "digits")), done.set()), daemon=True
+        ).start()
         assert done.wait(10), "the reconcile waited on the guard's verification pool"
         assert kube.get_sweep("ml", "digits")["status"]["phase"] == "Succeeded"
         # The end-of-run verification runs on its own pool: not behind the stuck guard, not on the reconcile worker.
-        status = wait_for(lambda: (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verified") is True
-                          and kube.get_sweep("ml", "digits")["status"], 10, what="the end-of-run verification")
+        status = wait_for(
+            lambda: (
+                (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verified") is True
+                and kube.get_sweep("ml", "digits")["status"]
+            ),
+            10,
+            what="the end-of-run verification",
+        )
         assert status["checkpoints"]["verified"] is True and verifier.calls
         assert not stuck.done()
     finally:
@@ -267,8 +304,8 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
 def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
     """Issue 15, item 5: the end-of-run verification of a sweep whose bucket hangs runs on the finish pool; the
     reconcile that saw the sweep end returns at once, and the status is written when the verification returns."""
-    from tests.support.fakes import Clock, FakeResult
     from tests.support.fake_s3 import FakeS3
+    from tests.support.fakes import Clock, FakeResult
 
     kube, s3, gate = FakeKube(), FakeS3(), threading.Event()
     entered: list[str] = []
@@ -278,8 +315,15 @@ def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
         gate.wait(30)
         return FakeResult(True)
 
-    made = SweepController(Settings(status_poll_seconds=0), kube, lambda e, r: s3, lambda *a: None,  # type: ignore[arg-type]
-                           verifier=hanging_verifier, clock=Clock(), verification_pool=ThreadPoolExecutor(max_workers=1))
+    made = SweepController(
+        Settings(status_poll_seconds=0),
+        kube,
+        lambda e, r: s3,
+        lambda *a: None,  # type: ignore[arg-type]
+        verifier=hanging_verifier,
+        clock=Clock(),
+        verification_pool=ThreadPoolExecutor(max_workers=1),
+    )
     try:
         doc = changed(gpu_sweep(name="digits"), {})
         doc["metadata"]["namespace"] = "ml"
@@ -295,8 +339,11 @@ def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
         assert not (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verifiedAt")
         made.reconcile_sweep(kube.get_sweep("ml", "digits"))  # a tick meanwhile starts no second verification
         gate.set()
-        wait_for(lambda: (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verifiedAt"), 10,
-                 what="the status written after the verification")
+        wait_for(
+            lambda: (kube.get_sweep("ml", "digits")["status"].get("checkpoints") or {}).get("verifiedAt"),
+            10,
+            what="the status written after the verification",
+        )
         assert len(entered) == 1
     finally:
         gate.set()
@@ -311,15 +358,19 @@ def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learn
 
     built: list[str] = []
     settings = Settings(tenancy=TENANCY, s3_endpoint_url="http://minio.default.svc:9000")
-    cache = S3ClientCache(4, lambda endpoint, region: built.append(endpoint) or object(),
-                          allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e))
+    cache = S3ClientCache(
+        4,
+        lambda endpoint, region: built.append(endpoint) or object(),
+        allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e),
+    )
     refused = cache("http://169.254.169.254", "us-west-2")
     assert isinstance(refused, RefusedEndpoint) and built == [] and len(cache) == 0
     cache(settings.s3_endpoint_url, "")  # the operator's own default is the platform's choice
     cache("https://s3.us-west-2.amazonaws.com", "us-west-2")
     assert built == [settings.s3_endpoint_url, "https://s3.us-west-2.amazonaws.com"]
-    result = verify_sweep_checkpoints(refused, "s3://bucket/sweeps/team-a/digits-r1", concurrency=2,
-                                      timeout_seconds=10, min_retention_days=30)
+    result = verify_sweep_checkpoints(
+        refused, "s3://bucket/sweeps/team-a/digits-r1", concurrency=2, timeout_seconds=10, min_retention_days=30
+    )
     assert not result.verified and result.checked == 0
     assert any("169.254.169.254" in p.detail and "allowedEndpointHosts" in p.detail for p in result.problems)
 
@@ -327,6 +378,8 @@ def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learn
 def test_an_entry_with_a_port_allows_that_port_only() -> None:
     tenancy = TenancyPolicy(allowed_endpoint_hosts=("*.corp.example:9000", "minio.svc"))
     assert tenancy.endpoint_allowed("http://s3.corp.example:9000")
-    assert not tenancy.endpoint_allowed("http://s3.corp.example:9001") and not tenancy.endpoint_allowed("http://s3.corp.example")
+    assert not tenancy.endpoint_allowed("http://s3.corp.example:9001") and not tenancy.endpoint_allowed(
+        "http://s3.corp.example"
+    )
     assert tenancy.endpoint_allowed("http://minio.svc:9000") and tenancy.endpoint_allowed("https://minio.svc")
     assert not tenancy.endpoint_allowed("http://minio.svc.attacker.example")

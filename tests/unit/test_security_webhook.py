@@ -12,14 +12,15 @@ import kopf
 import pytest
 
 from sweep_contracts import constants
-
 from sweep_operator.handlers import WEBHOOK_ID, OperatorWiring, ReloadingWebhookServer, build_registry, configure_kopf
 from sweep_operator.settings import Settings
 
 
 def test_the_admission_server_reloads_its_certificate_at_the_configured_interval() -> None:
     kopf_settings = kopf.OperatorSettings()
-    configure_kopf(kopf_settings, Settings(webhook_port=9443, webhook_cert_dir="/certs", webhook_cert_check_seconds=3.0))
+    configure_kopf(
+        kopf_settings, Settings(webhook_port=9443, webhook_cert_dir="/certs", webhook_cert_check_seconds=3.0)
+    )
     server = kopf_settings.admission.server
     assert isinstance(server, ReloadingWebhookServer)
     assert (server.certfile, server.pkeyfile, server.file_check_interval) == ("/certs/tls.crt", "/certs/tls.key", 3.0)
@@ -54,8 +55,14 @@ def test_the_webhook_logs_who_sets_the_escape_hatch(caplog: pytest.LogCaptureFix
     controller = NoController()
     registry = build_registry(OperatorWiring(Settings(webhook_port=9443), controller))  # type: ignore[arg-type]
     (handler,) = [h for h in registry._webhooks.get_all_handlers() if h.id == WEBHOOK_ID]
-    body = {"metadata": {"name": "digits", "namespace": "team-a",
-                         "annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}, "spec": {}}
+    body = {
+        "metadata": {
+            "name": "digits",
+            "namespace": "team-a",
+            "annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"},
+        },
+        "spec": {},
+    }
     userinfo = {"username": "alice@team-a", "groups": ["team-a:developers"]}
     with caplog.at_level(logging.WARNING, logger="sweep_operator.handlers"):
         try:

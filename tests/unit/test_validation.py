@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_operator.cli import main as sweepctl
 from sweep_contracts.problems import SpecError
+from sweep_operator.cli import main as sweepctl
 from sweep_operator.validation import parse_sweep, validate_sweep
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 
@@ -27,35 +27,105 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str, str]] = [
     ("storage-bad-bucket", {"spec.storage.uri": "s3://My_Bucket/sweeps"}, "spec.storage.uri", "bucket 'My_Bucket'"),
     ("storage-no-prefix", {"spec.storage.uri": "s3://bucket"}, "spec.storage.uri", "no prefix"),
     ("storage-missing", {"spec.storage": DELETE}, "spec.storage", "required"),
-    ("param-unknown-distribution", {"spec.paramSpace.lr": {"logunifrom": [1e-4, 1e-1]}}, "spec.paramSpace.lr", "logunifrom"),
+    (
+        "param-unknown-distribution",
+        {"spec.paramSpace.lr": {"logunifrom": [1e-4, 1e-1]}},
+        "spec.paramSpace.lr",
+        "logunifrom",
+    ),
     ("param-log-bound-not-positive", {"spec.paramSpace.lr": {"loguniform": [0, 1]}}, "spec.paramSpace.lr", "> 0"),
-    ("param-bounds-reversed", {"spec.paramSpace.drop": {"uniform": [0.5, 0.1]}}, "spec.paramSpace.drop", "low must be < high"),
+    (
+        "param-bounds-reversed",
+        {"spec.paramSpace.drop": {"uniform": [0.5, 0.1]}},
+        "spec.paramSpace.drop",
+        "low must be < high",
+    ),
     ("param-empty-choice", {"spec.paramSpace.hidden": {"choice": []}}, "spec.paramSpace.hidden", "non-empty"),
     ("param-randint-float", {"spec.paramSpace.seed": {"randint": [0.5, 10]}}, "spec.paramSpace.seed", "integer bounds"),
-    ("param-quniform-q", {"spec.paramSpace.batch": {"quniform": [16, 256, 0]}}, "spec.paramSpace.batch", "q must be > 0"),
+    (
+        "param-quniform-q",
+        {"spec.paramSpace.batch": {"quniform": [16, 256, 0]}},
+        "spec.paramSpace.batch",
+        "q must be > 0",
+    ),
     ("param-bare-list", {"spec.paramSpace.hidden": [64, 128]}, "spec.paramSpace.hidden", "choice"),
     ("param-reserved-name", {"spec.paramSpace._sweep_ctx": 1}, "spec.paramSpace._sweep_ctx", "reserved"),
     ("mode-not-enum", {"spec.tune.mode": "minimum"}, "spec.tune.mode", "'minimum'"),
     ("num-samples-zero", {"spec.tune.numSamples": 0}, "spec.tune.numSamples", ">= 1"),
-    ("scheduler-needs-metric", {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.checkpoints": {}}, "spec.tune.metric", "asha"),
+    (
+        "scheduler-needs-metric",
+        {"spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.checkpoints": {}},
+        "spec.tune.metric",
+        "asha",
+    ),
     ("metric-without-mode", {"spec.tune.mode": DELETE}, "spec.tune.mode", "metric='val_loss'"),
     ("scheduler-unknown-type", {"spec.tune.scheduler.type": "bohb"}, "spec.tune.scheduler.type", "'bohb'"),
     ("asha-grace-over-max-t", {"spec.tune.scheduler.gracePeriod": 10}, "spec.tune.scheduler.gracePeriod", "maxT"),
     ("grid-searcher-with-sampled", {"spec.tune.searcher.type": "grid"}, "spec.tune.searcher.type", "lr"),
-    ("optuna-with-grid", {"spec.tune.searcher.type": "optuna", "spec.paramSpace.x": {"grid": [1, 2]}}, "spec.paramSpace.x", "optuna"),
+    (
+        "optuna-with-grid",
+        {"spec.tune.searcher.type": "optuna", "spec.paramSpace.x": {"grid": [1, 2]}},
+        "spec.paramSpace.x",
+        "optuna",
+    ),
     ("pbt-never-exploits", {"spec.tune.scheduler": {"type": "pbt"}}, "spec.tune.scheduler.type", "never exploit"),
-    ("worker-failures-below-minus-one", {"spec.failurePolicy.workerFailures": -2}, "spec.failurePolicy.workerFailures", ">= -1"),
+    (
+        "worker-failures-below-minus-one",
+        {"spec.failurePolicy.workerFailures": -2},
+        "spec.failurePolicy.workerFailures",
+        ">= -1",
+    ),
     ("job-retries-negative", {"spec.failurePolicy.jobRetries": -1}, "spec.failurePolicy.jobRetries", ">= 0"),
-    ("failure-policy-not-integer", {"spec.failurePolicy.controllerFailures": 2.5}, "spec.failurePolicy.controllerFailures", "integer"),
+    (
+        "failure-policy-not-integer",
+        {"spec.failurePolicy.controllerFailures": 2.5},
+        "spec.failurePolicy.controllerFailures",
+        "integer",
+    ),
     ("startup-not-before-active", {"spec.deadlines.startupSeconds": 21600}, "spec.deadlines.startupSeconds", "21600"),
-    ("graceful-not-before-active", {"spec.deadlines.gracefulStopSeconds": 30000}, "spec.deadlines.gracefulStopSeconds", "30000"),
-    ("active-over-operator-max", {"spec.deadlines.activeSeconds": 10**7}, "spec.deadlines.activeSeconds", "maxActiveSeconds"),
-    ("memory-not-a-quantity", {"spec.trial.resourcesPerWorker.memory": "24GB"}, "spec.trial.resourcesPerWorker.memory", "'24GB'"),
+    (
+        "graceful-not-before-active",
+        {"spec.deadlines.gracefulStopSeconds": 30000},
+        "spec.deadlines.gracefulStopSeconds",
+        "30000",
+    ),
+    (
+        "active-over-operator-max",
+        {"spec.deadlines.activeSeconds": 10**7},
+        "spec.deadlines.activeSeconds",
+        "maxActiveSeconds",
+    ),
+    (
+        "memory-not-a-quantity",
+        {"spec.trial.resourcesPerWorker.memory": "24GB"},
+        "spec.trial.resourcesPerWorker.memory",
+        "'24GB'",
+    ),
     ("cpu-zero", {"spec.trial.resourcesPerWorker.cpu": "0"}, "spec.trial.resourcesPerWorker.cpu", "greater than zero"),
-    ("gpus-do-not-fit-node", {"spec.trial.resourcesPerWorker.gpu": 2}, "spec.trial.resourcesPerWorker.gpu", "g5.2xlarge (1 GPU)"),
-    ("gpu-without-instance-type", {"spec.workerGroup.instanceType": DELETE}, "spec.workerGroup.instanceType", "gpu > 0"),
-    ("unknown-instance-type", {"spec.workerGroup.instanceType": "g9.huge"}, "spec.workerGroup.instanceType", "'g9.huge'"),
-    ("cpu-does-not-fit-node", {"spec.trial.resourcesPerWorker.cpu": 8}, "spec.trial.resourcesPerWorker.cpu", "allocatable"),
+    (
+        "gpus-do-not-fit-node",
+        {"spec.trial.resourcesPerWorker.gpu": 2},
+        "spec.trial.resourcesPerWorker.gpu",
+        "g5.2xlarge (1 GPU)",
+    ),
+    (
+        "gpu-without-instance-type",
+        {"spec.workerGroup.instanceType": DELETE},
+        "spec.workerGroup.instanceType",
+        "gpu > 0",
+    ),
+    (
+        "unknown-instance-type",
+        {"spec.workerGroup.instanceType": "g9.huge"},
+        "spec.workerGroup.instanceType",
+        "'g9.huge'",
+    ),
+    (
+        "cpu-does-not-fit-node",
+        {"spec.trial.resourcesPerWorker.cpu": 8},
+        "spec.trial.resourcesPerWorker.cpu",
+        "allocatable",
+    ),
     ("ray-version-unsupported", {"spec.rayVersion": "2.9.0"}, "spec.rayVersion", "'2.58.0'"),
     ("name-not-dns", {"metadata.name": "Digits_Sweep"}, "metadata.name", "'Digits_Sweep'"),
     ("workers-zero", {"spec.trial.workers": 0}, "spec.trial.workers", ">= 1"),
@@ -65,20 +135,65 @@ INVALID_SPECS: list[tuple[str, dict[str, Any], str, str]] = [
     ("bad-endpoint", {"spec.storage.endpointUrl": "minio:9000"}, "spec.storage.endpointUrl", "http"),
     ("suspend-not-boolean", {"spec.suspend": "yes"}, "spec.suspend", "true or false"),
     ("over-worker-cap", {"spec.trial.workers": 10}, "spec.trial.workers", "maxWorkersPerSweep 16"),
-    ("toleration-exists-with-value", {"spec.workerGroup.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "spec.workerGroup.tolerations[0].value", "Exists"),
-    ("score-attribute-without-order", {"spec.checkpoints": {"scoreAttribute": "acc"}, "spec.tune.metric": DELETE, "spec.tune.mode": DELETE, "spec.tune.scheduler": {"type": "fifo"}}, "spec.checkpoints.scoreOrder", "'acc'"),
+    (
+        "toleration-exists-with-value",
+        {"spec.workerGroup.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+        "spec.workerGroup.tolerations[0].value",
+        "Exists",
+    ),
+    (
+        "score-attribute-without-order",
+        {
+            "spec.checkpoints": {"scoreAttribute": "acc"},
+            "spec.tune.metric": DELETE,
+            "spec.tune.mode": DELETE,
+            "spec.tune.scheduler": {"type": "fifo"},
+        },
+        "spec.checkpoints.scoreOrder",
+        "'acc'",
+    ),
     # Size limits (issue 15): every string, list and map is bounded, in the CRD and here.
     ("image-too-long", {"spec.image": "registry.example/" + "a" * 600}, "spec.image", "at most 512"),
     ("train-loop-too-long", {"spec.trainLoop": "m" * 300 + ":f"}, "spec.trainLoop", "at most 256"),
     ("storage-uri-too-long", {"spec.storage.uri": "s3://bucket/" + "p" * 1100}, "spec.storage.uri", "at most 1024"),
     ("metric-name-too-long", {"spec.tune.metric": "m" * 129}, "spec.tune.metric", "at most 128"),
-    ("param-space-too-many", {"spec.paramSpace": {f"p{i}": 1 for i in range(65)}}, "spec.paramSpace", "65 entries; at most 64"),
-    ("tolerations-too-many", {"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]}, "spec.workerGroup.tolerations", "33 items; at most 32"),
-    ("node-selector-too-many", {"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}}, "spec.workerGroup.nodeSelector", "at most 32"),
+    (
+        "param-space-too-many",
+        {"spec.paramSpace": {f"p{i}": 1 for i in range(65)}},
+        "spec.paramSpace",
+        "65 entries; at most 64",
+    ),
+    (
+        "tolerations-too-many",
+        {"spec.workerGroup.tolerations": [{"key": f"k{i}"} for i in range(33)]},
+        "spec.workerGroup.tolerations",
+        "33 items; at most 32",
+    ),
+    (
+        "node-selector-too-many",
+        {"spec.workerGroup.nodeSelector": {f"k{i}": "v" for i in range(33)}},
+        "spec.workerGroup.nodeSelector",
+        "at most 32",
+    ),
     ("quantity-too-long", {"spec.head.memory": "1" * 65}, "spec.head.memory", "at most 64"),
-    ("toleration-value-too-long", {"spec.workerGroup.tolerations": [{"key": "k", "value": "v" * 64}]}, "spec.workerGroup.tolerations[0].value", "at most 63"),
-    ("service-account-not-a-name", {"spec.storage.serviceAccountName": "Runner_A"}, "spec.storage.serviceAccountName", "DNS-1123"),
-    ("verification-timeout-over-cap", {"spec.deletion.verificationTimeoutSeconds": 7200}, "spec.deletion.verificationTimeoutSeconds", "maxVerificationTimeoutSeconds 1800"),
+    (
+        "toleration-value-too-long",
+        {"spec.workerGroup.tolerations": [{"key": "k", "value": "v" * 64}]},
+        "spec.workerGroup.tolerations[0].value",
+        "at most 63",
+    ),
+    (
+        "service-account-not-a-name",
+        {"spec.storage.serviceAccountName": "Runner_A"},
+        "spec.storage.serviceAccountName",
+        "DNS-1123",
+    ),
+    (
+        "verification-timeout-over-cap",
+        {"spec.deletion.verificationTimeoutSeconds": 7200},
+        "spec.deletion.verificationTimeoutSeconds",
+        "maxVerificationTimeoutSeconds 1800",
+    ),
 ]
 
 
@@ -214,15 +329,33 @@ def test_bad_limits_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureFix
 RAN = {"status": {"runId": "r1abcd", "phase": "DeadlineExceeded"}}
 
 REFUSED_EDITS: list[tuple[str, dict[str, Any], str, str]] = [
-    ("another train loop", {"spec.trainLoop": "training_entrypoints.loops.other:train_loop"}, "spec.trainLoop",
-     "cannot change once the sweep has run"),
+    (
+        "another train loop",
+        {"spec.trainLoop": "training_entrypoints.loops.other:train_loop"},
+        "spec.trainLoop",
+        "cannot change once the sweep has run",
+    ),
     ("another param space", {"spec.paramSpace.hidden": {"choice": [64, 256]}}, "spec.paramSpace", "cannot change"),
     ("another storage uri", {"spec.storage.uri": "s3://bucket/elsewhere"}, "spec.storage.uri", "cannot change"),
-    ("another endpoint", {"spec.storage.endpointUrl": "http://minio:9000"}, "spec.storage.endpointUrl", "cannot change"),
+    (
+        "another endpoint",
+        {"spec.storage.endpointUrl": "http://minio:9000"},
+        "spec.storage.endpointUrl",
+        "cannot change",
+    ),
     ("another region", {"spec.storage.region": "eu-west-1"}, "spec.storage.region", "cannot change"),
-    ("another metric", {"spec.tune.metric": "val_acc", "spec.checkpoints.scoreAttribute": "val_acc"},
-     "spec.tune.metric", "cannot change"),
-    ("another mode", {"spec.tune.mode": "max", "spec.checkpoints.scoreOrder": "max"}, "spec.tune.mode", "cannot change"),
+    (
+        "another metric",
+        {"spec.tune.metric": "val_acc", "spec.checkpoints.scoreAttribute": "val_acc"},
+        "spec.tune.metric",
+        "cannot change",
+    ),
+    (
+        "another mode",
+        {"spec.tune.mode": "max", "spec.checkpoints.scoreOrder": "max"},
+        "spec.tune.mode",
+        "cannot change",
+    ),
     ("another searcher", {"spec.tune.searcher": {"type": "random", "seed": 7}}, "spec.tune.searcher", "cannot change"),
     ("fewer samples", {"spec.tune.numSamples": 4}, "spec.tune.numSamples", "cannot go down once the sweep has run"),
 ]
@@ -247,7 +380,9 @@ def api_server_errors(new: dict[str, Any], old: dict[str, Any] | None) -> list[s
 
 
 @pytest.mark.parametrize(("case", "changes", "path", "text"), REFUSED_EDITS, ids=[c[0] for c in REFUSED_EDITS])
-def test_a_resume_refuses_edits_to_what_defines_the_run(case: str, changes: dict[str, Any], path: str, text: str) -> None:
+def test_a_resume_refuses_edits_to_what_defines_the_run(
+    case: str, changes: dict[str, Any], path: str, text: str
+) -> None:
     from sweep_operator.validation import transition_problems
 
     old = changed(gpu_sweep(), RAN)
@@ -311,13 +446,18 @@ def test_resume_active_seconds_must_fit_the_startup_and_graceful_windows_and_the
     short = changed(gpu_sweep(), {"spec.resume": {"generation": 1, "activeSeconds": 240}})  # startup 1800, graceful 300
     problems = validate_sweep(short)
     assert [p.path for p in problems] == ["spec.resume.activeSeconds"] * 2
-    assert {p.message for p in problems} == {"must be more than spec.deadlines.startupSeconds",
-                                              "must be more than spec.deadlines.gracefulStopSeconds"}
+    assert {p.message for p in problems} == {
+        "must be more than spec.deadlines.startupSeconds",
+        "must be more than spec.deadlines.gracefulStopSeconds",
+    }
     assert sorted(api_server_errors(short, None)) == sorted(
-        f'spec.resume.activeSeconds: Invalid value: "object": {p.message}' for p in problems)
+        f'spec.resume.activeSeconds: Invalid value: "object": {p.message}' for p in problems
+    )
     long = changed(gpu_sweep(), {"spec.resume": {"generation": 1, "activeSeconds": 90_000}})
     (problem,) = validate_sweep(long, OperatorLimits(max_active_seconds=86_400, default_active_seconds=3600))
     assert problem.path == "spec.resume.activeSeconds" and "exceeds maxActiveSeconds 86400s" in problem.message
     assert validate_sweep(changed(gpu_sweep(), {"spec.resume": {"generation": 0}}))[0].path == "spec.resume.generation"
-    assert validate_sweep(changed(gpu_sweep(), {"spec.failurePolicy.resumeOnClusterLoss": -1}))[0].path == \
-        "spec.failurePolicy.resumeOnClusterLoss"
+    assert (
+        validate_sweep(changed(gpu_sweep(), {"spec.failurePolicy.resumeOnClusterLoss": -1}))[0].path
+        == "spec.failurePolicy.resumeOnClusterLoss"
+    )

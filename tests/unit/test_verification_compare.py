@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pytest
 
-from sweep_operator import verification as v
 from sweep_contracts.checkpoint_manifest import ManifestEntry
 from sweep_contracts.s3_layout import S3Uri
-from sweep_operator.verification import Manifest, TrialObjects, assess_checkpoint, check_best_checkpoint, retention_findings
+from sweep_operator import verification as v
+from sweep_operator.verification import (
+    Manifest,
+    TrialObjects,
+    assess_checkpoint,
+    check_best_checkpoint,
+    retention_findings,
+)
 
 ROOT = S3Uri.parse("s3://bucket/sweeps/ns/digits-r1")
 DIR = "sweeps/ns/digits-r1/train/t1/checkpoint_epoch-000001/"
@@ -44,7 +50,13 @@ def test_listing_groups_checkpoint_dirs_and_keeps_the_snapshot_a_file() -> None:
 
 def test_complete_checkpoint_is_verified_with_its_files_and_bytes() -> None:
     contents = {"_manifest.json": 100, "model.pt": 10, "optim/state.pt": 20}
-    result = assess_checkpoint("t1", "checkpoint_epoch-000001", DIR, contents, {"_manifest.json": manifest(("model.pt", 10), ("optim/state.pt", 20))})
+    result = assess_checkpoint(
+        "t1",
+        "checkpoint_epoch-000001",
+        DIR,
+        contents,
+        {"_manifest.json": manifest(("model.pt", 10), ("optim/state.pt", 20))},
+    )
     assert result.problems == ()
     assert result.report.verified and result.report.committed
     assert (result.report.files, result.report.bytes) == (2, 30)
@@ -79,7 +91,9 @@ def test_missing_and_resized_files_are_each_reported() -> None:
 
 
 def test_invalid_manifest_is_a_problem() -> None:
-    result = assess_checkpoint("t1", "c", DIR, {"_manifest.json": 3}, {"_manifest.json": v.FormatError("files: got None")})
+    result = assess_checkpoint(
+        "t1", "c", DIR, {"_manifest.json": 3}, {"_manifest.json": v.FormatError("files: got None")}
+    )
     assert [(p.kind, p.key) for p in result.problems] == [(v.INVALID_MANIFEST, DIR + "_manifest.json")]
 
 
@@ -127,7 +141,15 @@ def test_sharded_checkpoint_with_all_ranks_is_verified() -> None:
 
 
 def test_manifest_names_order() -> None:
-    names = v.manifest_names({"_manifest.rank-0010.json": 1, "_manifest.json": 1, "_manifest.rank-0002.json": 1, "model.pt": 1, "x/_manifest.json": 1})
+    names = v.manifest_names(
+        {
+            "_manifest.rank-0010.json": 1,
+            "_manifest.json": 1,
+            "_manifest.rank-0002.json": 1,
+            "model.pt": 1,
+            "x/_manifest.json": 1,
+        }
+    )
     assert names == ["_manifest.json", "_manifest.rank-0002.json", "_manifest.rank-0010.json"]
 
 
@@ -195,23 +217,85 @@ def test_versioned_bucket_without_rules_has_no_warning() -> None:
 @pytest.mark.parametrize(
     ("rule", "expected"),
     [
-        ({"ID": "short", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 7}}, [v.LIFECYCLE_EXPIRATION]),
+        (
+            {"ID": "short", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 7}},
+            [v.LIFECYCLE_EXPIRATION],
+        ),
         ({"ID": "bucket", "Status": "Enabled", "Filter": {}, "Expiration": {"Days": 7}}, [v.LIFECYCLE_EXPIRATION]),
-        ({"ID": "legacy", "Status": "Enabled", "Prefix": "sweeps/ns/", "Expiration": {"Days": 1}}, [v.LIFECYCLE_EXPIRATION]),
-        ({"ID": "inner", "Status": "Enabled", "Filter": {"Prefix": "sweeps/ns/digits-r1/tune/"}, "Expiration": {"Days": 1}}, [v.LIFECYCLE_EXPIRATION]),
+        (
+            {"ID": "legacy", "Status": "Enabled", "Prefix": "sweeps/ns/", "Expiration": {"Days": 1}},
+            [v.LIFECYCLE_EXPIRATION],
+        ),
+        (
+            {
+                "ID": "inner",
+                "Status": "Enabled",
+                "Filter": {"Prefix": "sweeps/ns/digits-r1/tune/"},
+                "Expiration": {"Days": 1},
+            },
+            [v.LIFECYCLE_EXPIRATION],
+        ),
         ({"ID": "long", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 30}}, []),
         ({"ID": "off", "Status": "Disabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 1}}, []),
         ({"ID": "elsewhere", "Status": "Enabled", "Filter": {"Prefix": "logs/"}, "Expiration": {"Days": 1}}, []),
-        ({"ID": "sibling", "Status": "Enabled", "Filter": {"Prefix": "sweeps/ns/digits-r10"}, "Expiration": {"Days": 1}}, []),
         (
-            {"ID": "tagged", "Status": "Enabled", "Filter": {"And": {"Prefix": "sweeps/", "Tags": [{"Key": "tmp", "Value": "1"}]}}, "Expiration": {"Days": 2}},
+            {
+                "ID": "sibling",
+                "Status": "Enabled",
+                "Filter": {"Prefix": "sweeps/ns/digits-r10"},
+                "Expiration": {"Days": 1},
+            },
+            [],
+        ),
+        (
+            {
+                "ID": "tagged",
+                "Status": "Enabled",
+                "Filter": {"And": {"Prefix": "sweeps/", "Tags": [{"Key": "tmp", "Value": "1"}]}},
+                "Expiration": {"Days": 2},
+            },
             [v.LIFECYCLE_EXPIRATION],
         ),
-        ({"ID": "glacier", "Status": "Enabled", "Filter": {"Prefix": ""}, "Transitions": [{"Days": 3, "StorageClass": "GLACIER"}]}, [v.LIFECYCLE_TRANSITION]),
-        ({"ID": "dated", "Status": "Enabled", "Filter": {}, "Expiration": {"Date": datetime(2026, 12, 10, tzinfo=timezone.utc)}}, [v.LIFECYCLE_EXPIRATION]),
-        ({"ID": "far", "Status": "Enabled", "Filter": {}, "Expiration": {"Date": datetime(2028, 1, 1, tzinfo=timezone.utc)}}, []),
-        ({"ID": "noncurrent", "Status": "Enabled", "Filter": {}, "NoncurrentVersionExpiration": {"NoncurrentDays": 1}}, [v.LIFECYCLE_NONCURRENT_EXPIRATION]),
-        ({"ID": "mpu", "Status": "Enabled", "Filter": {}, "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}, []),
+        (
+            {
+                "ID": "glacier",
+                "Status": "Enabled",
+                "Filter": {"Prefix": ""},
+                "Transitions": [{"Days": 3, "StorageClass": "GLACIER"}],
+            },
+            [v.LIFECYCLE_TRANSITION],
+        ),
+        (
+            {
+                "ID": "dated",
+                "Status": "Enabled",
+                "Filter": {},
+                "Expiration": {"Date": datetime(2026, 12, 10, tzinfo=UTC)},
+            },
+            [v.LIFECYCLE_EXPIRATION],
+        ),
+        (
+            {"ID": "far", "Status": "Enabled", "Filter": {}, "Expiration": {"Date": datetime(2028, 1, 1, tzinfo=UTC)}},
+            [],
+        ),
+        (
+            {
+                "ID": "noncurrent",
+                "Status": "Enabled",
+                "Filter": {},
+                "NoncurrentVersionExpiration": {"NoncurrentDays": 1},
+            },
+            [v.LIFECYCLE_NONCURRENT_EXPIRATION],
+        ),
+        (
+            {
+                "ID": "mpu",
+                "Status": "Enabled",
+                "Filter": {},
+                "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1},
+            },
+            [],
+        ),
     ],
 )
 def test_lifecycle_rules_shorter_than_the_minimum_are_warnings(rule: dict, expected: list[str]) -> None:
@@ -223,6 +307,11 @@ def test_lifecycle_rules_shorter_than_the_minimum_are_warnings(rule: dict, expec
 
 
 def test_tag_filter_is_named_in_the_warning() -> None:
-    rule = {"ID": "t", "Status": "Enabled", "Filter": {"Tag": {"Key": "tmp", "Value": "yes"}}, "Expiration": {"Days": 2}}
+    rule = {
+        "ID": "t",
+        "Status": "Enabled",
+        "Filter": {"Tag": {"Key": "tmp", "Value": "yes"}},
+        "Expiration": {"Days": 2},
+    }
     (finding,) = retention_findings(ENABLED, [rule], ROOT, 30, TODAY)
     assert "tagged tmp=yes" in finding.detail

@@ -25,7 +25,9 @@ def test_real_ray_snapshot_names_the_kept_checkpoints_and_the_latest() -> None:
 def test_factory_snapshot_has_exactly_the_real_snapshot_fields() -> None:
     """The synthetic snapshots tests rely on must not drift from what Ray writes (same keys, same value types)."""
     real = json.loads(REAL_RAY_SNAPSHOT.read_text())
-    synthetic = ray_snapshot(["checkpoint_epoch-000001", "checkpoint_epoch-000002"], metrics={"checkpoint_epoch-000002": {"val_loss": 0.3}})
+    synthetic = ray_snapshot(
+        ["checkpoint_epoch-000001", "checkpoint_epoch-000002"], metrics={"checkpoint_epoch-000002": {"val_loss": 0.3}}
+    )
     assert synthetic.keys() == real.keys()
     for key in real:
         assert type(synthetic[key]) is type(real[key]), key
@@ -40,7 +42,9 @@ def test_ray_itself_loads_the_factory_snapshot_and_the_fixture() -> None:
 
     real = _CheckpointManagerState.model_validate(json.loads(REAL_RAY_SNAPSHOT.read_text()))
     synthetic = _CheckpointManagerState.model_validate(ray_snapshot(["checkpoint_epoch-000000"]))
-    assert [r.checkpoint_dir_name for r in real.checkpoint_results] == list(parse_snapshot(REAL_RAY_SNAPSHOT.read_bytes()).committed)
+    assert [r.checkpoint_dir_name for r in real.checkpoint_results] == list(
+        parse_snapshot(REAL_RAY_SNAPSHOT.read_bytes()).committed
+    )
     assert synthetic.latest_checkpoint_result is not None
     assert synthetic.latest_checkpoint_result.checkpoint_dir_name == "checkpoint_epoch-000000"
 

@@ -95,7 +95,9 @@ def test_a_trial_left_with_only_its_storage_marker_is_not_verified(s3: FakeS3, s
     assert kinds_and_keys(result) == [(v.MISSING_SNAPSHOT, sweep.snapshot_key(trial))]
 
 
-def test_a_snapshot_that_commits_nothing_for_a_recorded_trial_is_not_verified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+def test_a_snapshot_that_commits_nothing_for_a_recorded_trial_is_not_verified(
+    s3: FakeS3, sweep: SyntheticSweep
+) -> None:
     from tests.support.sweep_factory import ray_snapshot
 
     trial = sweep.trials[1]
@@ -116,7 +118,9 @@ def test_a_trial_the_records_show_without_a_checkpoint_needs_none(s3: FakeS3) ->
     assert result.verified, result.problems
 
 
-def test_result_json_naming_a_trial_checkpoint_that_is_not_committed_is_not_verified(s3: FakeS3, sweep: SyntheticSweep) -> None:
+def test_result_json_naming_a_trial_checkpoint_that_is_not_committed_is_not_verified(
+    s3: FakeS3, sweep: SyntheticSweep
+) -> None:
     trial = sweep.trials[1]
     prefix = sweep.add_uncommitted_checkpoint(trial)
     sweep.trial_results[1] = {**sweep.trial_results[1], "checkpointUri": f"s3://{BUCKET}/{prefix.rstrip('/')}"}
@@ -149,7 +153,10 @@ def test_recorded_checkpoints_reads_trial_results_and_the_best_trial() -> None:
         "trialResults": [{"id": "a", "checkpointUri": "s3://b/x/train/a/c1"}, {"id": "b", "checkpointUri": None}],
         "bestTrial": {"id": "c", "checkpointUri": "s3://b/x/train/c/c2"},
     }
-    assert recorded_checkpoints(json.dumps(doc).encode(), "status.json") == {"a": "s3://b/x/train/a/c1", "c": "s3://b/x/train/c/c2"}
+    assert recorded_checkpoints(json.dumps(doc).encode(), "status.json") == {
+        "a": "s3://b/x/train/a/c1",
+        "c": "s3://b/x/train/c/c2",
+    }
     assert recorded_checkpoints(b'{"trials": {"total": 2}}', "status.json") == {}
     with pytest.raises(v.FormatError, match=r"trialResults\[0\]"):
         recorded_checkpoints(b'{"trialResults": [{"checkpointUri": "s3://b/k"}]}', "status.json")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
 from sweep_contracts import s3_layout
-from sweep_operator import verification as v
 from sweep_contracts.api import CheckpointsStatus
+from sweep_operator import verification as v
 from sweep_operator.verification import verify_sweep_checkpoints
 from tests.support.fake_s3 import FakeS3, client_error
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
@@ -62,7 +62,7 @@ def test_deep_mode_reads_every_file_once(s3: FakeS3, sweep: SyntheticSweep) -> N
 
 def test_result_maps_onto_the_sweep_status_and_json(s3: FakeS3, sweep: SyntheticSweep) -> None:
     sweep.delete_file()
-    moment = datetime(2026, 12, 2, 10, 30, 5, tzinfo=timezone.utc)
+    moment = datetime(2026, 12, 2, 10, 30, 5, tzinfo=UTC)
     result = verify(s3, sweep, now=lambda: moment)
     status = CheckpointsStatus.model_validate(result.to_status())
     assert status.verified is False and status.checked == 6
@@ -174,7 +174,9 @@ def test_lifecycle_read_denied_is_a_warning_not_a_verdict(s3: FakeS3, sweep: Syn
 
 
 def test_short_lifecycle_rule_on_the_run_is_a_warning(s3: FakeS3, sweep: SyntheticSweep) -> None:
-    s3.lifecycle[BUCKET] = [{"ID": "tmp", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 3}}]
+    s3.lifecycle[BUCKET] = [
+        {"ID": "tmp", "Status": "Enabled", "Filter": {"Prefix": "sweeps/"}, "Expiration": {"Days": 3}}
+    ]
     result = verify(s3, sweep, min_retention_days=14)
     assert result.verified
     assert [w.kind for w in result.warnings] == [v.LIFECYCLE_EXPIRATION]
@@ -259,13 +261,21 @@ class _InterleavedListing:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    def list_objects_v2(self, Bucket: str, Prefix: str = "", ContinuationToken: str = "", **kwargs: object) -> dict[str, object]:
+    def list_objects_v2(
+        self, Bucket: str, Prefix: str = "", ContinuationToken: str = "", **kwargs: object
+    ) -> dict[str, object]:
         everything = self.inner.list_objects_v2(Bucket=Bucket, Prefix=Prefix, MaxKeys=100_000)["Contents"]
-        ordered = sorted(everything, key=lambda o: (o["Key"].rsplit("/", 1)[-1], o["Key"]))  # by file name: trials interleave
+        ordered = sorted(
+            everything, key=lambda o: (o["Key"].rsplit("/", 1)[-1], o["Key"])
+        )  # by file name: trials interleave
         start = int(ContinuationToken or 0)
-        page = ordered[start:start + self.page]
+        page = ordered[start : start + self.page]
         more = start + self.page < len(ordered)
-        return {"Contents": page, "IsTruncated": more, **({"NextContinuationToken": str(start + self.page)} if more else {})}
+        return {
+            "Contents": page,
+            "IsTruncated": more,
+            **({"NextContinuationToken": str(start + self.page)} if more else {}),
+        }
 
 
 def test_an_unordered_listing_still_gives_every_trial_all_its_objects(s3: FakeS3, sweep: SyntheticSweep) -> None:

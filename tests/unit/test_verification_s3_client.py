@@ -9,8 +9,15 @@ from sweep_operator.s3 import S3ClientConfig, make_s3_client
 
 def test_client_carries_bounded_retries_and_timeouts() -> None:
     client = make_s3_client(
-        S3ClientConfig(endpoint_url="http://127.0.0.1:9000", region="eu-west-1", retry_mode="adaptive", max_attempts=3,
-                       connect_timeout_seconds=2, read_timeout_seconds=7, max_pool_connections=12)
+        S3ClientConfig(
+            endpoint_url="http://127.0.0.1:9000",
+            region="eu-west-1",
+            retry_mode="adaptive",
+            max_attempts=3,
+            connect_timeout_seconds=2,
+            read_timeout_seconds=7,
+            max_pool_connections=12,
+        )
     )
     config = client.meta.config
     assert config.retries == {"mode": "adaptive", "total_max_attempts": 3}

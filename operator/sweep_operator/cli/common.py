@@ -51,6 +51,7 @@ def load_limits(path: str | None) -> Any:
 def load_sweep(path: str, limits: Any) -> Any:
     """The one TrainingSweep in `path`, parsed and checked against `limits`; UsageError listing every problem."""
     from sweep_contracts.problems import SpecError
+
     from ..validation import parse_sweep
 
     docs = load_documents(path)

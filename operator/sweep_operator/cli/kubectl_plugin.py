@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .common import EXIT_FAILED, EXIT_USAGE
 
@@ -85,9 +86,11 @@ def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
         return EXIT_USAGE
     namespace = found.get("namespace") or (active or {}).get("context", {}).get("namespace") or "default"
     try:
-        return custom_object(kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
-        ))
+        return custom_object(
+            kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
+            )
+        )
     except kubernetes.client.ApiException as exc:
         print(f"kubectl sweep: TrainingSweep {namespace}/{name}: {exc.reason} ({exc.status})", file=sys.stderr)
         return EXIT_FAILED
@@ -102,7 +105,8 @@ def _manifest_file(sweep: dict[str, Any]) -> str:
 
     meta = sweep.get("metadata") or {}
     doc = {
-        "apiVersion": sweep.get("apiVersion"), "kind": sweep.get("kind"),
+        "apiVersion": sweep.get("apiVersion"),
+        "kind": sweep.get("kind"),
         "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)},
         "spec": sweep.get("spec") or {},
     }
@@ -133,10 +137,14 @@ def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str
 
         root, endpoint, region = _run_root_of(sweep)
         if not root:
-            print(f"kubectl sweep verify: TrainingSweep {name} has no run yet (phase {status.get('phase', 'Pending')})", file=sys.stderr)
+            print(
+                f"kubectl sweep verify: TrainingSweep {name} has no run yet (phase {status.get('phase', 'Pending')})",
+                file=sys.stderr,
+            )
             return EXIT_FAILED
         extra = (["--endpoint-url", endpoint] if endpoint and "--endpoint-url" not in options else []) + (
-            ["--region", region] if region and "--region" not in options else [])
+            ["--region", region] if region and "--region" not in options else []
+        )
         return ["verify", root, *extra, *options]
     manifest = _manifest_file(sweep)
     if verb == "render" and status.get("runId") and "--run-id" not in options:

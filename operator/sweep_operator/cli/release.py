@@ -12,7 +12,7 @@ import getpass
 import json
 import sys
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
@@ -28,9 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--reason", required=True, help="why (recorded in the Events; required with --force)")
     p.add_argument("--force", action="store_true", help="release WITHOUT verification; who and why are recorded")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint to verify against (default: the run's recorded one)")
+    p.add_argument(
+        "--endpoint-url", default=None, help="S3 endpoint to verify against (default: the run's recorded one)"
+    )
     p.set_defaults(func=run)
-    g = subparsers.add_parser("guarded", help="list objects the checkpoint guard's finalizer still holds (exit 1 if any)")
+    g = subparsers.add_parser(
+        "guarded", help="list objects the checkpoint guard's finalizer still holds (exit 1 if any)"
+    )
     g.add_argument("-n", "--namespace", action="append", default=None, help="a namespace to check (repeatable)")
     g.add_argument("-A", "--all-namespaces", action="store_true")
     g.add_argument("--kubeconfig")
@@ -59,8 +63,9 @@ def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     import kubernetes
 
     namespace = getattr(args, "namespace", None)
-    api_client, namespace, user = kube_connection(args.kubeconfig, args.context,
-                                                  namespace[0] if isinstance(namespace, list) else namespace)
+    api_client, namespace, user = kube_connection(
+        args.kubeconfig, args.context, namespace[0] if isinstance(namespace, list) else namespace
+    )
     return kubernetes.client.CustomObjectsApi(api_client), kubernetes.client.CoreV1Api(api_client), namespace, user
 
 
@@ -77,6 +82,7 @@ def _kinds() -> list[tuple[str, str, str, str]]:
 def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -> list[Held]:
     """Objects carrying the guard's finalizer (of one sweep: by name, label or guard annotation)."""
     from sweep_contracts import constants
+
     from ..reconcile.guard import target_of
 
     held = []
@@ -91,8 +97,12 @@ def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -
                 continue
             if sweep is not None:
                 target = target_of(obj)
-                belongs = (meta.get("name") == sweep if kind == constants.KIND else
-                           (meta.get("labels") or {}).get(constants.LABEL_SWEEP) == sweep or (target and target.sweep == sweep))
+                belongs = (
+                    meta.get("name") == sweep
+                    if kind == constants.KIND
+                    else (meta.get("labels") or {}).get(constants.LABEL_SWEEP) == sweep
+                    or (target and target.sweep == sweep)
+                )
                 if not belongs:
                     continue
             held.append(Held(kind, plural, group, version, obj))
@@ -115,7 +125,8 @@ def _who(core: Any, kube_user: str) -> str:
         from kubernetes import client
 
         review = client.AuthenticationV1Api(core.api_client).create_self_subject_review(
-            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview"))
+            client.V1SelfSubjectReview(api_version="authentication.k8s.io/v1", kind="SelfSubjectReview")
+        )
         user = review.status.user_info if review.status else None
         name = user.username if user else None
         if name:
@@ -128,14 +139,26 @@ def _who(core: Any, kube_user: str) -> str:
 
 def _event(core: Any, item: Held, type_: str, reason: str, message: str) -> None:
     meta = item.obj["metadata"]
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
-        "involvedObject": {"apiVersion": item.obj.get("apiVersion"), "kind": item.kind, "name": meta["name"],
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-        "type": type_, "reason": reason, "message": message[:1024], "source": {"component": RELEASER},
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1, "reportingComponent": RELEASER,
+        "involvedObject": {
+            "apiVersion": item.obj.get("apiVersion"),
+            "kind": item.kind,
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": RELEASER},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": RELEASER,
     }
     core.create_namespaced_event(meta.get("namespace") or "default", body)
 
@@ -146,18 +169,22 @@ def _remove_finalizer(custom: Any, item: Held) -> None:
     meta = item.obj["metadata"]
     finalizers = meta.get("finalizers") or []
     index = finalizers.index(constants.FINALIZER)
-    patch = [{"op": "test", "path": f"/metadata/finalizers/{index}", "value": constants.FINALIZER},
-             {"op": "remove", "path": f"/metadata/finalizers/{index}"}]
+    patch = [
+        {"op": "test", "path": f"/metadata/finalizers/{index}", "value": constants.FINALIZER},
+        {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+    ]
     custom.api_client.set_default_header("Content-Type", "application/json-patch+json")
     try:
-        custom.patch_namespaced_custom_object(item.group, item.version, meta.get("namespace") or "default", item.plural,
-                                              meta["name"], patch)
+        custom.patch_namespaced_custom_object(
+            item.group, item.version, meta.get("namespace") or "default", item.plural, meta["name"], patch
+        )
     finally:
         custom.api_client.default_headers.pop("Content-Type", None)
 
 
 def run(args: argparse.Namespace) -> int:
     from sweep_contracts import constants
+
     from ..reconcile.guard import GuardFacts, Hold, Release, decide_before_verification
 
     if not args.reason.strip():
@@ -180,19 +207,34 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.force:
         who = _who(core, kube_user)
-        record = json.dumps({"by": who, "reason": args.reason, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        record = json.dumps({"by": who, "reason": args.reason, "at": datetime.now(UTC).isoformat(timespec="seconds")})
         for item in deleting:
             meta = item.obj["metadata"]
-            custom.patch_namespaced_custom_object(item.group, item.version, meta.get("namespace") or "default", item.plural,
-                                                  meta["name"], {"metadata": {"annotations": {constants.ANNOTATION_FORCE_RELEASED: record}}})
-            _event(core, item, "Warning", "CheckpointGuardForceReleased",
-                   f"{item.kind} {item.name} released WITHOUT checkpoint verification by {who}: {args.reason}")
+            custom.patch_namespaced_custom_object(
+                item.group,
+                item.version,
+                meta.get("namespace") or "default",
+                item.plural,
+                meta["name"],
+                {"metadata": {"annotations": {constants.ANNOTATION_FORCE_RELEASED: record}}},
+            )
+            _event(
+                core,
+                item,
+                "Warning",
+                "CheckpointGuardForceReleased",
+                f"{item.kind} {item.name} released WITHOUT checkpoint verification by {who}: {args.reason}",
+            )
             _remove_finalizer(custom, item)
             print(f"  {item.kind} {item.name}: released WITHOUT verification (recorded: {who}: {args.reason})")
         return EXIT_OK
     target = _target(held)
-    facts = GuardFacts("TrainingSweep", args.name, target=target,
-                       target_unknown="" if target else "no object of this sweep records its run root")
+    facts = GuardFacts(
+        "TrainingSweep",
+        args.name,
+        target=target,
+        target_unknown="" if target else "no object of this sweep records its run root",
+    )
     decision = decide_before_verification(facts, attempt=0, base_backoff=0, max_backoff=0)
     if isinstance(decision, Release):
         verdict, detail = decision, decision.reason
@@ -206,8 +248,13 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     for item in deleting:
         reason = "CheckpointGuardBypassed" if verdict.audit else "CheckpointGuardReleased"
-        _event(core, item, "Warning" if verdict.audit else "Normal", reason,
-               f"{item.kind} {item.name} released by sweepctl release ({args.reason}): {verdict.reason}")
+        _event(
+            core,
+            item,
+            "Warning" if verdict.audit else "Normal",
+            reason,
+            f"{item.kind} {item.name} released by sweepctl release ({args.reason}): {verdict.reason}",
+        )
         _remove_finalizer(custom, item)
         print(f"  {item.kind} {item.name}: released: {verdict.reason}")
     return EXIT_OK
@@ -216,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
 def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
     """Verify the run root with the caller's credentials; (the guard's decision, a line saying why)."""
     from sweep_contracts import s3_layout
+
     from ..reconcile.guard import decide_after_verification, problems_message
     from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
@@ -233,8 +281,9 @@ def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
             docs.append(None)
             code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code") or "")
             readable = readable and code in ("NoSuchKey", "404")
-    decision = decide_after_verification(result, attempt=0, base_backoff=0, max_backoff=0, progress=docs[0],
-                                         final=docs[1], progress_readable=readable)
+    decision = decide_after_verification(
+        result, attempt=0, base_backoff=0, max_backoff=0, progress=docs[0], final=docs[1], progress_readable=readable
+    )
     return decision, decision.reason or problems_message(result.problems)
 
 
@@ -251,6 +300,9 @@ def run_guarded(args: argparse.Namespace) -> int:
         meta = item.obj["metadata"]
         state = "being deleted" if item.deleting else "guarded"
         print(f"{meta.get('namespace')}/{item.kind}/{item.name}: {state}")
-    print(f"{len(held)} object(s) still guarded: delete the TrainingSweeps first and let the operator verify them "
-          "(docs/runbook.md)", file=sys.stderr)
+    print(
+        f"{len(held)} object(s) still guarded: delete the TrainingSweeps first and let the operator verify them "
+        "(docs/runbook.md)",
+        file=sys.stderr,
+    )
     return EXIT_FAILED

@@ -15,7 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limits", metavar="FILE", help="operator limits YAML (maxWorkersPerSweep, ...)")
     p.add_argument("--run-id", help="run id (default: a fresh one)")
     p.add_argument(
-        "--deadline-at", type=int, metavar="EPOCH", help="sweep deadline in epoch seconds (default: now + activeSeconds)"
+        "--deadline-at",
+        type=int,
+        metavar="EPOCH",
+        help="sweep deadline in epoch seconds (default: now + activeSeconds)",
     )
     p.set_defaults(func=run)
 

@@ -14,10 +14,11 @@ import io
 import json
 import math
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Protocol
 
 from ..status import epoch_seconds
 from .common import EXIT_FAILED, EXIT_OK, UsageError, kube_connection
@@ -39,10 +40,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: ./report-<name>)")
-    p.add_argument("--storage", metavar="RUN_ROOT", help="read this run root (s3://bucket/prefix/<ns>/<sweep>-<runId> or a local directory) instead of the sweep's")
-    p.add_argument("--endpoint-url", default=None, metavar="URL", help="S3-compatible endpoint (default: the sweep's, else AWS_ENDPOINT_URL_S3 / AWS)")
+    p.add_argument(
+        "--storage",
+        metavar="RUN_ROOT",
+        help="read this run root (s3://bucket/prefix/<ns>/<sweep>-<runId> or a local directory) instead of the sweep's",
+    )
+    p.add_argument(
+        "--endpoint-url",
+        default=None,
+        metavar="URL",
+        help="S3-compatible endpoint (default: the sweep's, else AWS_ENDPOINT_URL_S3 / AWS)",
+    )
     p.add_argument("--region", default=None, metavar="R", help="S3 region (default: the sweep's, else AWS_REGION)")
-    p.add_argument("--no-verify", action="store_true", help="do not verify the checkpoints in S3 (show the status' last verification only)")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not verify the checkpoints in S3 (show the status' last verification only)",
+    )
     p.set_defaults(func=run)
 
 
@@ -108,8 +122,10 @@ class S3Store:
     def trial_dirs(self) -> list[str]:
         prefix = self.uri.join("tune").prefix
         names: set[str] = set()
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.uri.bucket, Prefix=prefix, Delimiter="/"):
-            names.update(p["Prefix"][len(prefix):].strip("/") for p in page.get("CommonPrefixes", []))
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.uri.bucket, Prefix=prefix, Delimiter="/"
+        ):
+            names.update(p["Prefix"][len(prefix) :].strip("/") for p in page.get("CommonPrefixes", []))
         return sorted(names)
 
 
@@ -192,7 +208,9 @@ def metric_and_mode(records: RunRecords) -> tuple[str | None, str | None]:
     if metric and mode not in ("min", "max"):
         # Without the spec: the best trial's value is its metric's min or max over the trials (progress.best_trial).
         best_value = _finite(((records.result or records.progress or {}).get("bestTrial") or {}).get("value"))
-        finals = [v for v in (_best_of(rows, metric, "min") for rows in records.trial_results.values()) if v is not None]
+        finals = [
+            v for v in (_best_of(rows, metric, "min") for rows in records.trial_results.values()) if v is not None
+        ]
         mode = "max" if best_value is not None and finals and best_value > min(finals) else "min"
     return metric, mode
 
@@ -250,10 +268,17 @@ def learning_curves(records: RunRecords) -> Curves:
         rows = records.trial_results[trial]
         status = statuses.get(trial) or (("TERMINATED" if rows[-1].get("done") else "RUNNING") if rows else "")
         finished_early = bool(xs) and last is not None and xs[-1] < last
-        trials.append(TrialCurve(
-            trial=trial, config=configs.get(trial, {}), status=status, epochs=xs, values=ys, best=trial == best,
-            early_stopped=status == "TERMINATED" and finished_early,
-        ))
+        trials.append(
+            TrialCurve(
+                trial=trial,
+                config=configs.get(trial, {}),
+                status=status,
+                epochs=xs,
+                values=ys,
+                best=trial == best,
+                early_stopped=status == "TERMINATED" and finished_early,
+            )
+        )
     return Curves(metric=metric, mode=mode or "min", x_label=x_key, trials=trials)
 
 
@@ -308,9 +333,17 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     (Tune's result timestamps), the deadline and the last verification."""
     status, meta = records.status, (records.sweep or {}).get("metadata") or {}
     created = epoch_seconds(meta.get("creationTimestamp"))
-    queued, started, training = epoch_seconds(status.get("queuedAt")), epoch_seconds(status.get("startedAt")), epoch_seconds(status.get("trainingStartedAt"))
+    queued, started, training = (
+        epoch_seconds(status.get("queuedAt")),
+        epoch_seconds(status.get("startedAt")),
+        epoch_seconds(status.get("trainingStartedAt")),
+    )
     # With the sweep at hand its status says whether it ended; result.json alone says so only without it.
-    finished = epoch_seconds(status.get("finishedAt")) if records.sweep is not None else epoch_seconds((records.result or {}).get("finishedAt"))
+    finished = (
+        epoch_seconds(status.get("finishedAt"))
+        if records.sweep is not None
+        else epoch_seconds((records.result or {}).get("finishedAt"))
+    )
     trial_spans = []
     for trial, rows in sorted(records.trial_results.items()):
         stamps = [(_finite(r.get("timestamp")), _finite(r.get("time_total_s")) or 0.0) for r in rows]
@@ -328,22 +361,38 @@ def timeline(records: RunRecords, now: float) -> Timeline:
     if running_from is not None:
         spans.append(Span("phase", "Running", running_from, finished, "phase"))
     # KubeRay creates a RayCluster per attempt and says so on the RayJob (rayjob_controller.go: CreatedRayCluster).
-    attempts = sorted((e for e in records.events if e.get("reason") == "CreatedRayCluster" and epoch_seconds(e.get("time")) is not None),
-                      key=lambda e: epoch_seconds(e.get("time")) or 0.0)
+    attempts = sorted(
+        (
+            e
+            for e in records.events
+            if e.get("reason") == "CreatedRayCluster" and epoch_seconds(e.get("time")) is not None
+        ),
+        key=lambda e: epoch_seconds(e.get("time")) or 0.0,
+    )
     for i, event in enumerate(attempts):
         at = epoch_seconds(event.get("time"))
         nxt = epoch_seconds(attempts[i + 1].get("time")) if i + 1 < len(attempts) else finished
         if at is not None:
             spans.append(Span("RayJob attempts", f"attempt {i + 1}", at, nxt, "attempt"))
     if not attempts and (status.get("attemptStartedAt") or started):
-        spans.append(Span("RayJob attempts", "attempt 1", epoch_seconds(status.get("attemptStartedAt")) or started or 0.0, finished, "attempt"))
+        spans.append(
+            Span(
+                "RayJob attempts",
+                "attempt 1",
+                epoch_seconds(status.get("attemptStartedAt")) or started or 0.0,
+                finished,
+                "attempt",
+            )
+        )
     spans += trial_spans
     markers = []
     if created is not None:
         markers.append(Marker("created", created, "event"))
     if epoch_seconds(status.get("deadlineAt")) is not None:
         markers.append(Marker("deadline", epoch_seconds(status.get("deadlineAt")) or 0.0, "deadline"))
-    verified_at = epoch_seconds((records.verification or {}).get("verifiedAt")) or epoch_seconds((status.get("checkpoints") or {}).get("verifiedAt"))
+    verified_at = epoch_seconds((records.verification or {}).get("verifiedAt")) or epoch_seconds(
+        (status.get("checkpoints") or {}).get("verifiedAt")
+    )
     if verified_at is not None:
         markers.append(Marker("verification", verified_at, "verification"))
     if finished is not None:
@@ -379,10 +428,20 @@ def render_learning_curves(curves: Curves) -> bytes:
         if not t.values:
             continue
         style = {"linewidth": 3.0, "color": "tab:red", "zorder": 3} if t.best else {"linewidth": 1.2, "alpha": 0.8}
-        label = (f"{t.trial}{' (best)' if t.best else ''}{' (running)' if t.status == 'RUNNING' else ''}"
-                 f"{f' (stopped early at {curves.x_label} {t.epochs[-1]:g})' if t.early_stopped else ''}"
-                 f"{' (errored)' if t.status == 'ERROR' else ''}")
-        (line,) = ax.plot(t.epochs, t.values, marker="o", markersize=3, linestyle="--" if t.status == "RUNNING" else "-", label=label, **style)
+        label = (
+            f"{t.trial}{' (best)' if t.best else ''}{' (running)' if t.status == 'RUNNING' else ''}"
+            f"{f' (stopped early at {curves.x_label} {t.epochs[-1]:g})' if t.early_stopped else ''}"
+            f"{' (errored)' if t.status == 'ERROR' else ''}"
+        )
+        (line,) = ax.plot(
+            t.epochs,
+            t.values,
+            marker="o",
+            markersize=3,
+            linestyle="--" if t.status == "RUNNING" else "-",
+            label=label,
+            **style,
+        )
         if t.early_stopped:
             ax.plot(t.epochs[-1], t.values[-1], marker="X", markersize=11, color=line.get_color(), zorder=4)
         if t.status == "ERROR":
@@ -435,17 +494,28 @@ def render_timeline(line: Timeline) -> bytes:
         if row not in rows:
             rows.append(row)
         y = rows.index(row)
-        start = datetime.fromtimestamp(span.start, timezone.utc)
-        end = datetime.fromtimestamp(span.end if span.end is not None else line.now, timezone.utc)
-        ax.barh(y, end - start, left=start, height=0.6, color=colors.get(span.label, "tab:blue" if span.kind == "trial" else "tab:purple"),
-                alpha=0.85 if span.end is not None else 0.45, edgecolor="black", linewidth=0.5)
+        start = datetime.fromtimestamp(span.start, UTC)
+        end = datetime.fromtimestamp(span.end if span.end is not None else line.now, UTC)
+        ax.barh(
+            y,
+            end - start,
+            left=start,
+            height=0.6,
+            color=colors.get(span.label, "tab:blue" if span.kind == "trial" else "tab:purple"),
+            alpha=0.85 if span.end is not None else 0.45,
+            edgecolor="black",
+            linewidth=0.5,
+        )
         if span.kind != "trial":
             ax.text(start, y, f" {span.label}", va="center", fontsize=8)
     for marker in line.markers:
-        at = datetime.fromtimestamp(marker.at, timezone.utc)
-        style = {"deadline": ("tab:red", "--"), "verification": ("tab:green", ":"), "finished": ("black", "-")}.get(marker.kind, ("gray", ":"))
-        ax.axvline(at, color=style[0], linestyle=style[1], linewidth=1.2,
-                   label=f"{marker.label} {at.strftime('%H:%M:%S')}")
+        at = datetime.fromtimestamp(marker.at, UTC)
+        style = {"deadline": ("tab:red", "--"), "verification": ("tab:green", ":"), "finished": ("black", "-")}.get(
+            marker.kind, ("gray", ":")
+        )
+        ax.axvline(
+            at, color=style[0], linestyle=style[1], linewidth=1.2, label=f"{marker.label} {at.strftime('%H:%M:%S')}"
+        )
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_title("timeline (UTC)")
@@ -487,7 +557,7 @@ def _table(rows: Iterable[Iterable[Any]], header: Iterable[str]) -> str:
 
 def write_report(records: RunRecords, out: Path, now: float | None = None) -> Report:
     """Write the PNG figures, report.html (the same figures inlined: one file to mail or attach) and report.json."""
-    now = now if now is not None else datetime.now(timezone.utc).timestamp()
+    now = now if now is not None else datetime.now(UTC).timestamp()
     out.mkdir(parents=True, exist_ok=True)
     curves = learning_curves(records)
     series = parameter_points(curves)
@@ -516,21 +586,39 @@ def _html(records: RunRecords, curves: Curves, images: Mapping[str, bytes], now:
     facts = [
         ("run root", records.root),
         ("phase", phase),
-        ("trials", status.get("trialsSummary") or json.dumps((records.result or records.progress or {}).get("trials") or {})),
-        ("best trial", f"{best.trial} {curves.metric}={min(best.values) if curves.mode == 'min' else max(best.values):.6g} {best.config}" if best and best.values else "-"),
+        (
+            "trials",
+            status.get("trialsSummary") or json.dumps((records.result or records.progress or {}).get("trials") or {}),
+        ),
+        (
+            "best trial",
+            f"{best.trial} {curves.metric}={min(best.values) if curves.mode == 'min' else max(best.values):.6g} {best.config}"
+            if best and best.values
+            else "-",
+        ),
         ("deadline", status.get("deadlineAt") or "-"),
-        ("report written", datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ("report written", datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")),
     ]
     trials = [
-        (t.trial, t.status or "-", ", ".join(f"{k}={v}" for k, v in sorted(t.config.items())), len(t.values),
-         f"{t.values[-1]:.6g}" if t.values else "-", "best" if t.best else ("stopped early" if t.early_stopped else ""))
+        (
+            t.trial,
+            t.status or "-",
+            ", ".join(f"{k}={v}" for k, v in sorted(t.config.items())),
+            len(t.values),
+            f"{t.values[-1]:.6g}" if t.values else "-",
+            "best" if t.best else ("stopped early" if t.early_stopped else ""),
+        )
         for t in curves.trials
     ]
     verification = records.verification or {}
-    checkpoints = [(c.get("trial"), c.get("checkpoint"), c.get("files"), c.get("bytes"), c.get("status"))
-                   for c in verification.get("checkpoints") or []]
+    checkpoints = [
+        (c.get("trial"), c.get("checkpoint"), c.get("files"), c.get("bytes"), c.get("status"))
+        for c in verification.get("checkpoints") or []
+    ]
     if verification:
-        verdict = ("VERIFIED" if verification.get("verified") else "NOT VERIFIED") + f" at {verification.get('verifiedAt')}"
+        verdict = (
+            "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
+        ) + f" at {verification.get('verifiedAt')}"
     elif status.get("checkpoints"):
         c = status["checkpoints"]
         verdict = f"{'verified' if c.get('verified') else 'NOT verified'} (operator, {c.get('verifiedAt')}): {c.get('checked')} checkpoints, {c.get('bytes')} bytes"
@@ -573,19 +661,29 @@ def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
-        sweep = custom_object(api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name))
+        sweep = custom_object(
+            api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
+        )
     except kubernetes.client.ApiException as exc:
-        raise UsageError(f"TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status}); without the cluster, "
-                         "pass the run root: --storage s3://bucket/prefix/<namespace>/<sweep>-<runId>") from None
+        raise UsageError(
+            f"TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status}); without the cluster, "
+            "pass the run root: --storage s3://bucket/prefix/<namespace>/<sweep>-<runId>"
+        ) from None
     except Exception as exc:  # connection refused, DNS, TLS
         raise UsageError(f"cannot reach the cluster ({exc}); without it, pass the run root with --storage") from None
     try:
         events = kubernetes.client.CoreV1Api(api_client).list_namespaced_event(namespace).items
         names = {args.name, (sweep.get("status") or {}).get("rayJobName")}
         sweep["_events"] = [
-            {"time": when.isoformat() if (when := e.last_timestamp or e.event_time or e.first_timestamp) else None,
-             "object": e.involved_object.name, "kind": e.involved_object.kind, "reason": e.reason, "message": e.message}
-            for e in events if e.involved_object.name in names
+            {
+                "time": when.isoformat() if (when := e.last_timestamp or e.event_time or e.first_timestamp) else None,
+                "object": e.involved_object.name,
+                "kind": e.involved_object.kind,
+                "reason": e.reason,
+                "message": e.message,
+            }
+            for e in events
+            if e.involved_object.name in names
         ]
     except Exception:  # Events are a nicety (RBAC may forbid them): the timeline has the status' times
         sweep["_events"] = []
@@ -601,8 +699,14 @@ def _run_root_of(sweep: Mapping[str, Any]) -> tuple[str | None, str, str]:
     root = guard.get("runRoot")
     if not root and status.get("runId") and storage.get("uri"):
         meta = sweep.get("metadata") or {}
-        root = s3_layout.run_root(storage["uri"], meta.get("namespace") or "default", meta.get("name") or "", status["runId"])
-    return root, guard.get("endpointUrl") or storage.get("endpointUrl") or "", guard.get("region") or storage.get("region") or ""
+        root = s3_layout.run_root(
+            storage["uri"], meta.get("namespace") or "default", meta.get("name") or "", status["runId"]
+        )
+    return (
+        root,
+        guard.get("endpointUrl") or storage.get("endpointUrl") or "",
+        guard.get("region") or storage.get("region") or "",
+    )
 
 
 def run(args: argparse.Namespace, *, now: Callable[[], float] | None = None) -> int:
@@ -615,7 +719,9 @@ def run(args: argparse.Namespace, *, now: Callable[[], float] | None = None) -> 
     if sweep is not None:
         root, sweep_endpoint, sweep_region = _run_root_of(sweep)
         if root is None:
-            raise UsageError(f"TrainingSweep {args.name} has no run yet (phase {(sweep.get('status') or {}).get('phase', 'Pending')}): nothing to report")
+            raise UsageError(
+                f"TrainingSweep {args.name} has no run yet (phase {(sweep.get('status') or {}).get('phase', 'Pending')}): nothing to report"
+            )
         endpoint, region = endpoint or sweep_endpoint, region or sweep_region
     else:
         root = args.storage
@@ -643,12 +749,18 @@ def run(args: argparse.Namespace, *, now: Callable[[], float] | None = None) -> 
     if client is not None and not args.no_verify:
         from ..verification import verify_sweep_checkpoints
 
-        records.verification = verify_sweep_checkpoints(client, root, timeout_seconds=300, min_retention_days=0).to_dict()
+        records.verification = verify_sweep_checkpoints(
+            client, root, timeout_seconds=300, min_retention_days=0
+        ).to_dict()
     name = args.name or root.rstrip("/").rsplit("/", 1)[-1]
     out = Path(args.out or f"report-{name}")
     report = write_report(records, out, now() if now else None)
     curves = report.data["learningCurves"]
-    print(f"sweepctl report: {len(curves['trials'])} trial(s), {sum(len(t['values']) for t in curves['trials'])} "
-          f"{curves['metric']} point(s) from {root}")
-    print(f"sweepctl report: wrote {report.html} ({', '.join(sorted(p.name for p in report.figures.values()))}, {DATA})")
+    print(
+        f"sweepctl report: {len(curves['trials'])} trial(s), {sum(len(t['values']) for t in curves['trials'])} "
+        f"{curves['metric']} point(s) from {root}"
+    )
+    print(
+        f"sweepctl report: wrote {report.html} ({', '.join(sorted(p.name for p in report.figures.values()))}, {DATA})"
+    )
     return EXIT_OK

@@ -87,7 +87,9 @@ def result_table(result: dict[str, Any]) -> str:
     metric = (result.get("bestTrial") or {}).get("metric") or "value"
     rows = [("", "trial", "status", "config", metric, "checkpoint")]
     for t in result.get("trialResults") or []:
-        config = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("config") or {}).items())
+        config = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("config") or {}).items()
+        )
         value = t.get("value")
         rows.append(
             (

@@ -1,7 +1,7 @@
 """`sweepctl sandbox up|run`: the product on 127.0.0.1 without a cluster (Kubernetes emulator, S3, operator, local Ray).
 
-    sweepctl sandbox up --state-dir .sandbox           # foreground; Ctrl-C stops everything it started
-    sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
+sweepctl sandbox up --state-dir .sandbox           # foreground; Ctrl-C stops everything it started
+sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
 """
 
 from __future__ import annotations
@@ -25,14 +25,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
     up = sub.add_parser("up", help="start the sandbox in the foreground and drive it with kubectl")
     up.add_argument("--state-dir", default=".sandbox", help="where kubeconfig, env and job logs go (default .sandbox)")
-    up.add_argument("--kueue", action="store_true", help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)")
+    up.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
+    )
     up.set_defaults(func=run_up)
     run = sub.add_parser("run", help="start the sandbox, run one sweep to the end, report, stop")
     run.add_argument("--sweep", required=True, metavar="FILE", help="TrainingSweep manifest")
-    run.add_argument("--then-delete", action="store_true", help="delete the sweep at the end and show the guard's decision")
+    run.add_argument(
+        "--then-delete", action="store_true", help="delete the sweep at the end and show the guard's decision"
+    )
     run.add_argument("--state-dir", help="keep kubeconfig, env and job logs here (default: a temporary directory)")
     run.add_argument("--timeout", type=float, help="seconds to wait for the sweep (default: its deadlines + 2 min)")
-    run.add_argument("--kueue", action="store_true", help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)")
+    run.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
+    )
     run.set_defaults(func=run_sweep)
 
 
@@ -84,8 +94,10 @@ def _sandbox_class() -> type:
 def _kueue_line(sandbox: Any) -> str:
     if not getattr(sandbox, "kueue", False):
         return ""
-    return (f"  Kueue           LocalQueue {sandbox.settings.kueue_default_queue} -> ClusterQueue sandbox-cq "
-            f"(kubectl get workloads,clusterqueues,localqueues)\n")
+    return (
+        f"  Kueue           LocalQueue {sandbox.settings.kueue_default_queue} -> ClusterQueue sandbox-cq "
+        f"(kubectl get workloads,clusterqueues,localqueues)\n"
+    )
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -95,7 +107,10 @@ def run_up(args: argparse.Namespace) -> int:
     sandbox = Sandbox(Path(args.state_dir), kueue=args.kueue)
     log_path = _quiet_logs(sandbox.state_dir)
     try:
-        print("sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...", flush=True)
+        print(
+            "sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...",
+            flush=True,
+        )
         sandbox.start()
         env = sandbox.environment()
         print(
@@ -160,7 +175,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace") or "default"
     deadlines = manifest.get("spec", {}).get("deadlines", {})
-    timeout = args.timeout or float(deadlines.get("activeSeconds") or 3600) + float(deadlines.get("startupSeconds") or 0) + 120
+    timeout = (
+        args.timeout
+        or float(deadlines.get("activeSeconds") or 3600) + float(deadlines.get("startupSeconds") or 0) + 120
+    )
 
     state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="sweep-sandbox-"))
     stop = _Stop()
@@ -168,9 +186,15 @@ def run_sweep(args: argparse.Namespace) -> int:
     _quiet_logs(state_dir)
     started = time.monotonic()
     try:
-        print("sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...", flush=True)
+        print(
+            "sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...",
+            flush=True,
+        )
         sandbox.start()
-        print(f"sandbox: ready in {time.monotonic() - started:.1f}s (state: {state_dir}; kubeconfig: {sandbox.kubeconfig})", flush=True)
+        print(
+            f"sandbox: ready in {time.monotonic() - started:.1f}s (state: {state_dir}; kubeconfig: {sandbox.kubeconfig})",
+            flush=True,
+        )
         note = sandbox.rewrite_storage(manifest)
         if note:
             print(f"sandbox: {note}", flush=True)
@@ -205,7 +229,9 @@ def _get(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def _watch(api: Any, namespace: str, name: str, timeout: float, stop: threading.Event, started: float) -> dict[str, Any]:
+def _watch(
+    api: Any, namespace: str, name: str, timeout: float, stop: threading.Event, started: float
+) -> dict[str, Any]:
     """A line per change and a progress bar of trials, until the sweep is terminal and verified (or timeout)."""
     from sweep_contracts.api import TERMINAL_PHASES
 
@@ -236,7 +262,9 @@ def _watch(api: Any, namespace: str, name: str, timeout: float, stop: threading.
 def _print_table(sandbox: Any, namespace: str) -> None:
     got = subprocess.run(
         [_kubectl(), "--kubeconfig", str(sandbox.kubeconfig), "get", "tsw", "-n", namespace],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     print(f"$ kubectl get tsw -n {namespace}")
     print(got.stdout.rstrip() or got.stderr.rstrip())
@@ -259,7 +287,9 @@ def _report(status: dict[str, Any]) -> bool:
     return ok
 
 
-def _delete_and_report(api: Any, sandbox: Any, namespace: str, name: str, status: dict[str, Any], stop: threading.Event) -> bool:
+def _delete_and_report(
+    api: Any, sandbox: Any, namespace: str, name: str, status: dict[str, Any], stop: threading.Event
+) -> bool:
     import kubernetes
 
     from sweep_contracts import constants

@@ -44,8 +44,10 @@ def budget_lines(status: dict[str, Any], now: float, namespace_gpu_hours: float 
         ns_budget = float(ns["budgetGpuHours"])
         window = ns.get("windowSeconds")
         per = f" per {format_duration(float(window))}" if isinstance(window, (int, float)) else ""
-        lines.append(f"  namespace:   {format_hours(window_used)} used of {format_hours(ns_budget)}{per} "
-                     f"({format_hours(max(ns_budget - window_used, 0.0))} left)")
+        lines.append(
+            f"  namespace:   {format_hours(window_used)} used of {format_hours(ns_budget)}{per} "
+            f"({format_hours(max(ns_budget - window_used, 0.0))} left)"
+        )
     return lines
 
 
@@ -53,12 +55,23 @@ def namespace_window_gpu_hours(sweeps: list[dict[str, Any]], window_seconds: flo
     """The namespace's use inside its window: every sweep's recorded intervals overlapping [now - window, now]."""
     from ..reconcile.usage import HOUR, UsageLedger
 
-    return sum(UsageLedger.from_status((s.get("status") or {}).get("usage")).window_gpu_seconds(now, window_seconds)
-               for s in sweeps) / HOUR
+    return (
+        sum(
+            UsageLedger.from_status((s.get("status") or {}).get("usage")).window_gpu_seconds(now, window_seconds)
+            for s in sweeps
+        )
+        / HOUR
+    )
 
 
-def format_status(name: str, namespace: str, status: dict[str, Any], *, now: float | None = None,
-                  namespace_gpu_hours: float | None = None) -> str:
+def format_status(
+    name: str,
+    namespace: str,
+    status: dict[str, Any],
+    *,
+    now: float | None = None,
+    namespace_gpu_hours: float | None = None,
+) -> str:
     import time
 
     best = status.get("bestTrial") or {}
@@ -71,15 +84,21 @@ def format_status(name: str, namespace: str, status: dict[str, Any], *, now: flo
         f"  trials:      {status.get('trialsSummary', '0/0')}  {status.get('trials') or ''}".rstrip(),
     ]
     if best:
-        lines.append(f"  best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  {best.get('config') or ''}".rstrip())
+        lines.append(
+            f"  best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  {best.get('config') or ''}".rstrip()
+        )
         lines.append(f"  checkpoint:  {best.get('checkpointUri', '-')}")
     lines += budget_lines(status, time.time() if now is None else now, namespace_gpu_hours)
     if checkpoints:
         verdict = "verified" if checkpoints.get("verified") else "NOT verified"
-        lines.append(f"  checkpoints: {verdict}, {checkpoints.get('checked')} checked, {checkpoints.get('bytes')} bytes at {checkpoints.get('verifiedAt')}")
+        lines.append(
+            f"  checkpoints: {verdict}, {checkpoints.get('checked')} checked, {checkpoints.get('bytes')} bytes at {checkpoints.get('verifiedAt')}"
+        )
         lines += [f"    - {p.get('kind')} {p.get('key')}: {p.get('detail')}" for p in checkpoints.get("problems") or []]
     for condition in status.get("conditions") or []:
-        lines.append(f"  {condition['type']:<20} {condition['status']:<6} {condition.get('reason', '')}: {condition.get('message', '')}")
+        lines.append(
+            f"  {condition['type']:<20} {condition['status']:<6} {condition.get('reason', '')}: {condition.get('message', '')}"
+        )
     return "\n".join(lines)
 
 
@@ -93,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     api_client, namespace, _user = kube_connection(args.kubeconfig, args.context, args.namespace)
     api = kubernetes.client.CustomObjectsApi(api_client)
     try:
-        obj = custom_object(api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name))
+        obj = custom_object(
+            api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
+        )
     except kubernetes.client.ApiException as exc:
         print(f"sweepctl status: TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})", file=sys.stderr)
         return EXIT_FAILED
@@ -101,8 +122,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"sweepctl status: cannot reach the cluster: {exc}", file=sys.stderr)
         return EXIT_FAILED
     status = obj.get("status") or {}
-    print(json.dumps(status, indent=2) if args.json else format_status(
-        args.name, namespace, status, namespace_gpu_hours=_namespace_gpu_hours(api, namespace, status)))
+    print(
+        json.dumps(status, indent=2)
+        if args.json
+        else format_status(
+            args.name, namespace, status, namespace_gpu_hours=_namespace_gpu_hours(api, namespace, status)
+        )
+    )
     return EXIT_OK
 
 
@@ -116,7 +142,9 @@ def _namespace_gpu_hours(api: Any, namespace: str, status: dict[str, Any]) -> fl
     if not isinstance(window, (int, float)):
         return None
     try:
-        sweeps = api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)["items"]
+        sweeps = api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)[
+            "items"
+        ]
     except Exception:  # the recorded figure is shown instead
         return None
     return namespace_window_gpu_hours(sweeps, float(window), time.time())

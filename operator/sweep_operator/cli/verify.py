@@ -15,6 +15,7 @@ from .common import EXIT_FAILED, EXIT_OK, UsageError
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from sweep_contracts.api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
+
     from ..settings import Settings
 
     defaults = Settings()
@@ -24,20 +25,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Verify that every checkpoint Ray committed for a sweep run is complete in S3 (R22).",
     )
     p.add_argument("uri", metavar="URI", help="run root: s3://bucket/prefix/<namespace>/<sweep>-<runId>")
-    p.add_argument("--endpoint-url", default="", metavar="URL", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS)")
+    p.add_argument(
+        "--endpoint-url", default="", metavar="URL", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS)"
+    )
     p.add_argument("--region", default="", metavar="R", help="S3 region (default: AWS_REGION / AWS_DEFAULT_REGION)")
     p.add_argument("--deep", action="store_true", help="also download every file and compare sha256 with the manifest")
     p.add_argument("--json", action="store_true", help="print the result as JSON (top-level boolean 'verified')")
-    p.add_argument("--timeout", type=float, default=float(DEFAULT_VERIFICATION_TIMEOUT_SECONDS), metavar="SECONDS", help="give up (not verified) after this long")
-    p.add_argument("--concurrency", type=int, default=defaults.verify_concurrency, metavar="N", help="parallel S3 requests")
-    p.add_argument("--max-attempts", type=int, default=5, metavar="N", help="attempts per S3 request (botocore retries)")
-    p.add_argument("--min-retention-days", type=int, default=defaults.min_retention_days, metavar="DAYS", help="warn about lifecycle rules shorter than this")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=float(DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
+        metavar="SECONDS",
+        help="give up (not verified) after this long",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=defaults.verify_concurrency, metavar="N", help="parallel S3 requests"
+    )
+    p.add_argument(
+        "--max-attempts", type=int, default=5, metavar="N", help="attempts per S3 request (botocore retries)"
+    )
+    p.add_argument(
+        "--min-retention-days",
+        type=int,
+        default=defaults.min_retention_days,
+        metavar="DAYS",
+        help="warn about lifecycle rules shorter than this",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..s3 import S3ClientConfig, make_s3_client
     from sweep_contracts.s3_layout import S3Uri
+
+    from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
 
     try:
@@ -45,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not root.key:
-        raise UsageError(f"{args.uri!r} names a bucket, not a run root (s3://bucket/prefix/<namespace>/<sweep>-<runId>)")
+        raise UsageError(
+            f"{args.uri!r} names a bucket, not a run root (s3://bucket/prefix/<namespace>/<sweep>-<runId>)"
+        )
     if not args.timeout > 0:
         raise UsageError(f"--timeout: got {args.timeout:g}; must be > 0 seconds")
     if args.concurrency < 1:
@@ -100,7 +122,12 @@ def print_report(result: Any, out: TextIO) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     if len(rows) > 1:
         for row in rows:
-            out.write("  ".join(cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+            out.write(
+                "  ".join(
+                    cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w)
+                    for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+                ).rstrip()
+            )
             out.write("\n")
         out.write("\n")
     bucket = result.root.split("/")[2]

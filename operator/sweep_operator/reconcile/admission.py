@@ -216,8 +216,8 @@ def after_create(
             },
             trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
             trialsSummary="0/0",
-        # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
-        resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
+            # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
+            resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
         )
     )
 

@@ -83,7 +83,9 @@ class SweepController:
         verifier = verifier or verify_sweep_checkpoints
         self.reads = Reads(settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool)
         self.settings = settings
-        self.status = StatusWriter(kube, self.cache, events, [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)])
+        self.status = StatusWriter(
+            kube, self.cache, events, [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)]
+        )
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self.reads.unfinished_runs)
         self.verification_pool = verification_pool
@@ -249,9 +251,14 @@ class SweepController:
 
     def _run(self, facts: SweepFacts) -> None:
         if is_terminal(facts.status.get("phase")) and not run_phase.awaiting_verification(facts.status) and facts.sweep:
-            resumed = resume.resume_step(facts.body, facts.sweep, self._resume_ports(facts), now=facts.now,
-                                         context=self.render_context,
-                                         max_active_seconds=self.settings.limits.max_active_seconds)
+            resumed = resume.resume_step(
+                facts.body,
+                facts.sweep,
+                self._resume_ports(facts),
+                now=facts.now,
+                context=self.render_context,
+                max_active_seconds=self.settings.limits.max_active_seconds,
+            )
             if resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
                 queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
                 if queue and resumed.status and resumed.status.get("phase") == "Starting":  # Kueue admits it
@@ -376,10 +383,15 @@ class SweepController:
         worst = worst_case_gpu_hours(workers, gpus, trials, active)
         text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
         decided = decide_budget_admission(
-            worst_case=worst, sweep_budget=spec.budget.gpu_hours, run_until_exhausted=spec.budget.run_until_exhausted,
+            worst_case=worst,
+            sweep_budget=spec.budget.gpu_hours,
+            run_until_exhausted=spec.budget.run_until_exhausted,
             sweep_used=UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now),
-            namespace=self._gpu_hour_budget(ref.namespace), namespace_sweeps=self._namespace_usage(ref.namespace, now),
-            sweep_name=ref.name, now=now, worst_case_text=text,
+            namespace=self._gpu_hour_budget(ref.namespace),
+            namespace_sweeps=self._namespace_usage(ref.namespace, now),
+            sweep_name=ref.name,
+            now=now,
+            worst_case_text=text,
         )
         if isinstance(decided, BudgetReject):
             answer: Any = Reject((Problem(decided.field, decided.reason),))
@@ -410,18 +422,34 @@ class SweepController:
             return decision
         view = namespace_view(self._namespace_usage(ref.namespace, now), namespace_budget, now)
         graceful = spec.deadlines.graceful_stop_seconds if spec is not None else 0
-        measured = measure(status, pods, clusters, now, budget_gpu_hours=hours, graceful_stop_seconds=graceful,
-                           refresh_seconds=self.settings.usage_refresh_seconds, namespace=view)
+        measured = measure(
+            status,
+            pods,
+            clusters,
+            now,
+            budget_gpu_hours=hours,
+            graceful_stop_seconds=graceful,
+            refresh_seconds=self.settings.usage_refresh_seconds,
+            namespace=view,
+        )
         changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
         actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
         if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
             message = f"{measured.facts.stop_reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
-            changes.update({
-                "phase": "BudgetExhausted", "message": message, "finishedAt": rfc3339(now),
-                "conditions": conditions_with(status, facts.generation, now,
-                                              ("BudgetExhausted", True, "GpuBudgetSpent", message),
-                                              ("Running", False, "BudgetExhausted", message)),
-            })
+            changes.update(
+                {
+                    "phase": "BudgetExhausted",
+                    "message": message,
+                    "finishedAt": rfc3339(now),
+                    "conditions": conditions_with(
+                        status,
+                        facts.generation,
+                        now,
+                        ("BudgetExhausted", True, "GpuBudgetSpent", message),
+                        ("Running", False, "BudgetExhausted", message),
+                    ),
+                }
+            )
             actions = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
             actions += [DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
         if not changes and len(events) == len(decision.events):

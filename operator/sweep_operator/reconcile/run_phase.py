@@ -333,8 +333,15 @@ def decide_finish(
         reason, text = "NotVerified", problems_message(verification.problems) or judged.reason
     changes["checkpoints"] = verification.to_status()
     # The attempt's row in status.attempts (resume, issue 16): when it ended, how, what it left verified.
-    changes.update(end_patch(status, phase=status.get("phase") or "", now=facts.now, reason=status.get("reason"),
-                             checkpoints_verified=verification.checked if verified else None))
+    changes.update(
+        end_patch(
+            status,
+            phase=status.get("phase") or "",
+            now=facts.now,
+            reason=status.get("reason"),
+            checkpoints_verified=verification.checked if verified else None,
+        )
+    )
     ready = status.get("phase") == "Succeeded" and verified
     changes["conditions"] = conditions_with(
         status,
