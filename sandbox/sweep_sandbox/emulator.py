@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import copy
 import datetime
 import functools
@@ -798,10 +799,8 @@ class ChangeLog:
 
     async def wait(self, timeout: float | None) -> None:
         wakeup = self._wakeup
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wakeup.wait(), timeout)
-        except TimeoutError:
-            pass
 
     def wake_all(self) -> None:
         self._wakeup.set()
@@ -956,10 +955,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         self.changes.wake_all()
         if self._gc_task is not None:
             self._gc_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._gc_task
-            except asyncio.CancelledError:
-                pass
         await super().__aexit__(*exc)
 
     # ---- HTTP entry point

@@ -50,7 +50,7 @@ class OperatorThread:
     def _run(self) -> None:
         wiring = OperatorWiring(self.settings, self.controller, self._login)
         try:
-            asyncio.run(operate(wiring, stop_flag=self._stop, ready_flag=self._ready))  # type: ignore[arg-type]
+            asyncio.run(operate(wiring, stop_flag=self._stop, ready_flag=self._ready))
         except BaseException as exc:  # surfaced by start()/stop()
             self.failure = exc
             log.exception("operator stopped with an error")

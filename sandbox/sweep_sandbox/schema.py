@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import itertools
 import json
 import logging
 import re
@@ -768,7 +769,7 @@ def _k8s_functions() -> dict[str, Callable[..., Any]]:
 
     def is_sorted(items: Any) -> Any:
         values = list(items)
-        return celtypes.BoolType(all(a <= b for a, b in zip(values, values[1:], strict=False)))
+        return celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(values)))
 
     def list_sum(items: Any) -> Any:
         values = list(items)
@@ -919,10 +920,7 @@ def _valid_field_path(field_path: str, node: Node) -> bool:
             return False
         if current.properties and name in current.properties:
             current = current.properties[name]
-        elif current.additional is not None or current.preserve_unknown:
-            return True
-        else:
-            return False
+        return bool(current.additional is not None or current.preserve_unknown)
     return True
 
 

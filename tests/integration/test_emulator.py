@@ -530,7 +530,7 @@ def kubectl(server: EmulatorServer, tmp_path: Path, ns: str) -> Any:
             raise AssertionError(f"kubectl {' '.join(args)} -> {done.returncode}\n{done.stdout}\n{done.stderr}")
         return done
 
-    run.env = env  # type: ignore[attr-defined]
+    run.env = env
     return run
 
 

@@ -203,7 +203,7 @@ def _break(cell: Cell) -> str:
 def _repair(cell: Cell) -> None:
     cell.router.broken.pop(cell.endpoint, None)
     if cell.column not in ("complete", "s3-5xx", "s3-unreachable"):
-        bucket, prefix = cell.synthetic.bucket, cell.root.split("/", 3)[3]  # type: ignore[union-attr]
+        bucket, prefix = cell.synthetic.bucket, cell.root.split("/", 3)[3]
         cell.synthetic = write_sweep(cell.env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
 
 

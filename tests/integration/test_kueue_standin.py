@@ -354,14 +354,14 @@ def test_admission_within_quota_unsuspends_the_rayjob_and_kuberay_runs_it(
     wl = space.wait_admitted(rayjob)
     reserved = space.condition(rayjob, "QuotaReserved")
     assert reserved is not None and reserved["message"] == f"Quota reserved in ClusterQueue {cq}"
-    assert space.condition(rayjob, "Admitted")["message"] == "The workload is admitted"  # type: ignore[index]
+    assert space.condition(rayjob, "Admitted")["message"] == "The workload is admitted"
     assignment = {a["name"]: a for a in wl["status"]["admission"]["podSetAssignments"]}
     assert wl["status"]["admission"]["clusterQueue"] == cq
     assert assignment["gpu-workers"]["flavors"][GPU] == "default-flavor"
     assert assignment["gpu-workers"]["resourceUsage"][GPU] == "2" and assignment["gpu-workers"]["count"] == 2
     wait_for(lambda: space.deployment("fits") == "Complete", 20, what="the RayJob completes")
     wait_for(lambda: space.is_true(rayjob, "Finished"), 10, what="the Workload finished")
-    assert space.condition(rayjob, "Finished")["reason"] == "Succeeded"  # type: ignore[index]
+    assert space.condition(rayjob, "Finished")["reason"] == "Succeeded"
     assert ("fits", "Started", f"Admitted by clusterQueue {cq}") in kueue.events
 
 
@@ -465,11 +465,11 @@ def test_eviction_suspends_the_rayjob_holds_quota_until_the_cluster_is_gone_and_
     requeued = space.condition(victim, "Requeued")
     assert requeued is not None and requeued["status"] == "True" and requeued["reason"] == "Preempted"
     reserved = space.condition(victim, "QuotaReserved")
-    assert reserved["status"] == "False" and reserved["reason"] in ("PendingEvaluation", "WaitingForQuota")  # type: ignore[index]
+    assert reserved["status"] == "False" and reserved["reason"] in ("PendingEvaluation", "WaitingForQuota")
     wait_for(lambda: space.deployment("urgent") == "Complete", 20)
     space.wait_admitted(victim)
     evicted = space.condition(victim, "Evicted")
-    assert evicted["status"] == "False" and evicted["message"].startswith("Previously: Preempted")  # type: ignore[index]
+    assert evicted["status"] == "False" and evicted["message"].startswith("Previously: Preempted")
     readmitted = wait_for(lambda: space.deployment("victim") in ("Running", "Complete") and space.rayjob("victim"), 15)
     assert readmitted["status"]["rayClusterName"] != cluster
 

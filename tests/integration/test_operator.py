@@ -127,7 +127,7 @@ def assert_rendered_within(rendered: Any, stored: Any, path: str) -> None:
             assert_rendered_within(value, stored[key], f"{path}.{key}")
     elif isinstance(rendered, list):
         assert isinstance(stored, list) and len(stored) == len(rendered), path
-        for i, (a, b) in enumerate(zip(rendered, stored)):
+        for i, (a, b) in enumerate(zip(rendered, stored, strict=False)):
             assert_rendered_within(a, b, f"{path}[{i}]")
     else:
         assert rendered == stored, f"{path}: rendered {rendered!r}, stored {stored!r}"

@@ -159,7 +159,7 @@ def test_gpu_hours_follow_the_pods_across_a_restart_and_the_budget_stops_the_swe
     """4 one-GPU workers run until the sweep's 0.012 GPU-hours (43 GPU-seconds) are spent: the operator, restarted
     mid-run, records every pod from its PodScheduled time to its end within one reconcile interval, stops the run
     through the checkpoint guard (phase BudgetExhausted, condition BudgetExhausted) and verifies the checkpoints."""
-    spy: VerifierSpy = env.spy  # type: ignore[attr-defined]
+    spy: VerifierSpy = env.spy
     doc = env.new_sweep(
         "budget",
         gpu=True,

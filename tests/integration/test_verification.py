@@ -26,7 +26,7 @@ FAST = {"max_attempts": 2, "connect_timeout_seconds": 1.0, "read_timeout_seconds
 def counting_client(s3_server: Any) -> Any:
     """The verifier's client, built by the product's factory, counting S3 operations by name."""
     made = make_s3_client(S3ClientConfig(endpoint_url=s3_server.endpoint_url, **FAST))
-    made.operation_counts = Counter()  # type: ignore[attr-defined]
+    made.operation_counts = Counter()
     made.meta.events.register("before-call.s3.*", lambda model, **_: made.operation_counts.update([model.name]))
     return made
 

@@ -59,13 +59,16 @@ class Webhook:
         self.trust = ssl.create_default_context(cafile=str(ca))
 
     async def ask(self, obj: dict[str, Any]) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as session, session.post(
-            self.url,
-            data=json.dumps(_review(obj)),
-            ssl=self.trust,
-            headers={"Content-Type": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                self.url,
+                data=json.dumps(_review(obj)),
+                ssl=self.trust,
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as response,
+        ):
             assert response.status == 200
             return (await response.json())["response"]
 

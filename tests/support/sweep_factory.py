@@ -379,7 +379,10 @@ def write_sweep(
     ]
     if experiment_state:
         state = tune_experiment_state(
-            {t: s3_layout.strip_scheme(r["checkpointUri"]) for t, r in zip(trial_ids, sweep.trial_results)}
+            {
+                t: s3_layout.strip_scheme(r["checkpointUri"])
+                for t, r in zip(trial_ids, sweep.trial_results, strict=False)
+            }
         )
         objects[root.join(s3_layout.TUNE_EXPERIMENT_NAME, EXPERIMENT_STATE_NAME).key] = _json_bytes(state)
     status_rows = [{k: r[k] for k in ("id", "status", "checkpointUri")} for r in sweep.trial_results]

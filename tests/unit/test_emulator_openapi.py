@@ -39,7 +39,7 @@ def test_the_published_schema_is_the_crds_with_object_meta_referenced() -> None:
     assert published["properties"]["metadata"]["allOf"] == [
         {"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}
     ]
-    crd_spec = sweep_type().openapi["properties"]["spec"]  # type: ignore[index]
+    crd_spec = sweep_type().openapi["properties"]["spec"]
     assert (
         published["properties"]["spec"]["properties"]["deadlines"]["description"]
         == crd_spec["properties"]["deadlines"]["description"]

@@ -267,7 +267,7 @@ def test_status_writes_validate_status_and_ratchet_unchanged_values(sweeps: CrdS
     stored = cpu_sweep()
     sweeps.decode(stored)
     update = {**copy.deepcopy(stored), "status": {"phase": "Bogus"}}
-    assert [str(e) for e in sweeps.errors(update, stored, status_only=True)][0] == (
+    assert next(str(e) for e in sweeps.errors(update, stored, status_only=True)) == (
         'status.phase: Unsupported value: "Bogus": supported values: "Pending", "Queued", "Starting", "Running", '
         '"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "Deleting", "Suspended", '
         '"BudgetExhausted"'

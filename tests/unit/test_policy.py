@@ -21,7 +21,7 @@ from sweep_operator.settings import OperatorLimits, Settings, SettingsError
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
 
 
-def spec_with(changes: dict | None = None, base: dict | None = None):  # type: ignore[no-untyped-def]
+def spec_with(changes: dict | None = None, base: dict | None = None):
     doc = changed(base or gpu_sweep(), changes or {})
     return parse_spec(doc["spec"])
 

@@ -5,6 +5,7 @@ gives partial curves, and report.html embeds exactly the PNGs written beside it.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import shutil
@@ -89,7 +90,7 @@ def test_timeline_spans_each_trial_from_tunes_timestamps() -> None:
     assert len(trials) == 4
     # Trials ran one at a time (maxConcurrentTrials 1): each starts after the previous ended (1 s timestamp grain).
     ordered = sorted(trials.values(), key=lambda s: s.start)
-    assert all(a.end <= b.start + 1.0 for a, b in zip(ordered, ordered[1:]))
+    assert all(a.end <= b.start + 1.0 for a, b in itertools.pairwise(ordered))
     (finished,) = [m for m in line.markers if m.kind == "finished"]
     assert finished.at == unix(result_doc()["finishedAt"])
 

@@ -28,7 +28,8 @@ def managed_by(manager: str) -> dict[str, object]:
 
 
 def test_a_release_through_the_escape_hatch_is_counted_logged_and_on_the_sweep(
-    world: World, caplog: pytest.LogCaptureFixture
+    world: World,  # noqa: F811  the fixture imported above, used as a parameter
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     status = ran(world)
     world.verifier.verified = False
@@ -55,7 +56,7 @@ def test_a_release_through_the_escape_hatch_is_counted_logged_and_on_the_sweep(
     assert "kubectl-annotate" in condition["message"] and SKIP in condition["message"]
 
 
-def test_an_ordinary_release_records_no_bypass(world: World) -> None:  # noqa: F811
+def test_an_ordinary_release_records_no_bypass(world: World) -> None:  # noqa: F811  the fixture imported above, used as a parameter
     status = ran(world)
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     world.controller.guard_rayjob_deletion(rayjob, attempt=0)

@@ -150,7 +150,7 @@ def controller(kube: FakeKube, **kwargs: Any) -> tuple[SweepController, list[tup
         settings,
         kube,
         Refuse(),
-        lambda body, type_, reason, message: events.append((type_, reason, message)),  # type: ignore[arg-type]
+        lambda body, type_, reason, message: events.append((type_, reason, message)),
         verifier=Refuse(),
         **kwargs,
     )
@@ -216,7 +216,7 @@ def test_verifications_run_on_the_dedicated_pool_with_the_timeout_capped() -> No
         settings,
         FakeKube(),
         lambda e, r: object(),
-        lambda *a: None,  # type: ignore[arg-type]
+        lambda *a: None,
         verifier=verifier,
         verification_pool=pool,
     )
@@ -264,7 +264,7 @@ def test_a_finishing_reconcile_does_not_queue_behind_the_guards_verifications() 
         Settings(status_poll_seconds=0),
         kube,
         lambda e, r: s3,
-        lambda *a: None,  # type: ignore[arg-type]
+        lambda *a: None,
         verifier=verifier,
         clock=Clock(),
         verification_pool=pool,
@@ -319,7 +319,7 @@ def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
         Settings(status_poll_seconds=0),
         kube,
         lambda e, r: s3,
-        lambda *a: None,  # type: ignore[arg-type]
+        lambda *a: None,
         verifier=hanging_verifier,
         clock=Clock(),
         verification_pool=ThreadPoolExecutor(max_workers=1),

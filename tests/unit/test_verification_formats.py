@@ -116,7 +116,7 @@ def test_malformed_manifest_is_rejected_naming_the_field(doc: dict, message: str
 def test_per_rank_manifest_must_agree_with_its_file_name() -> None:
     """R10: sharded saves write one manifest per rank; a rank-3 file claiming rank 1 is a broken save."""
     doc = manifest_document({"shard.bin": b"x"}, rank=1)
-    with pytest.raises(FormatError, match="_manifest.rank-0003.json says rank 3"):
+    with pytest.raises(FormatError, match=r"_manifest\.rank-0003\.json says rank 3"):
         parse_manifest(_bytes(doc), "_manifest.rank-0003.json")
     assert parse_manifest(_bytes(doc), "_manifest.rank-0001.json").rank == 1
 
@@ -155,7 +155,7 @@ def test_result_best_checkpoint_uri() -> None:
     assert best_checkpoint_uri(_bytes({"bestTrial": None})) is None
     assert best_checkpoint_uri(_bytes({"bestTrial": {"id": "t1", "checkpointUri": None}})) is None
     assert best_checkpoint_uri(_bytes({"trials": {}})) is None
-    with pytest.raises(FormatError, match="bestTrial.checkpointUri"):
+    with pytest.raises(FormatError, match=r"bestTrial\.checkpointUri"):
         best_checkpoint_uri(_bytes({"bestTrial": {"checkpointUri": 3}}))
     with pytest.raises(FormatError, match="not valid JSON"):
         best_checkpoint_uri(b"")

@@ -32,7 +32,7 @@ def sweep(s3: FakeS3) -> SyntheticSweep:
 
 
 def verify(s3: FakeS3, sweep: SyntheticSweep) -> v.VerificationResult:
-    return verify_sweep_checkpoints(s3, sweep.root_uri)  # type: ignore[arg-type]
+    return verify_sweep_checkpoints(s3, sweep.root_uri)
 
 
 def kinds_and_keys(result: v.VerificationResult) -> list[tuple[str, str]]:

@@ -34,7 +34,7 @@ def sweep(s3: FakeS3) -> SyntheticSweep:
 
 def verify(s3: FakeS3, sweep: SyntheticSweep, **kwargs: object) -> v.VerificationResult:
     s3.calls.clear()
-    return verify_sweep_checkpoints(s3, sweep.root_uri, **kwargs)  # type: ignore[arg-type]
+    return verify_sweep_checkpoints(s3, sweep.root_uri, **kwargs)
 
 
 def test_complete_sweep_is_verified_from_listings_and_small_reads_only(s3: FakeS3, sweep: SyntheticSweep) -> None:
@@ -280,9 +280,9 @@ class _InterleavedListing:
 
 def test_an_unordered_listing_still_gives_every_trial_all_its_objects(s3: FakeS3, sweep: SyntheticSweep) -> None:
     """R22 fail closed: a trial whose keys come back in pieces is judged on all of them, not the first piece."""
-    assert verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri).verified  # type: ignore[arg-type]
+    assert verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri).verified
     key = sweep.delete_file()
-    result = verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri)  # type: ignore[arg-type]
+    result = verify_sweep_checkpoints(_InterleavedListing(s3), sweep.root_uri)
     assert (v.MISSING_FILE, key) in [(p.kind, p.key) for p in result.problems]
     assert result.checked == sweep.committed_count
 
@@ -304,6 +304,6 @@ def test_list_trials_groups_by_trial_and_repeats_a_trial_seen_again() -> None:
             }
 
     seen: list[tuple[str, dict[str, int]]] = []
-    trials = v.list_trials(Client(), "bkt", "t/train/", lambda trial, objects: seen.append((trial, dict(objects))))  # type: ignore[arg-type]
+    trials = v.list_trials(Client(), "bkt", "t/train/", lambda trial, objects: seen.append((trial, dict(objects))))
     assert trials == {"a": {"x": 1, "y": 2, "z": 4}, "b": {"x": 3}}
     assert seen == [("a", {"x": 1, "y": 2}), ("b", {"x": 3}), ("a", {"x": 1, "y": 2, "z": 4})]

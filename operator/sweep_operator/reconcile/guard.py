@@ -25,9 +25,15 @@ EMPTY_RUN_ROOT = "empty-run-root"
 class VerificationOutcome(Protocol):
     """What the guard needs from a verification result (see verification.VerificationResult)."""
 
-    verified: bool
-    checked: int
-    problems: Sequence[Any]
+    # Read-only members: the verifier's result is a frozen dataclass.
+    @property
+    def verified(self) -> bool: ...
+
+    @property
+    def checked(self) -> int: ...
+
+    @property
+    def problems(self) -> Sequence[Any]: ...
 
     @property
     def reason(self) -> str: ...
