@@ -920,6 +920,7 @@ def _valid_field_path(field_path: str, node: Node) -> bool:
             return False
         if current.properties and name in current.properties:
             current = current.properties[name]
+            continue
         return bool(current.additional is not None or current.preserve_unknown)
     return True
 
