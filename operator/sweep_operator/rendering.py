@@ -22,7 +22,8 @@ from sweep_contracts import constants, runtime_env
 from sweep_contracts.api import SweepSpec
 from sweep_contracts.runspec import build_run_spec
 
-from .policy import demand_of, effective_active_seconds
+from .policy import effective_active_seconds
+from .reconcile.drift import worker_cap
 from .reconcile.guard import GuardTarget
 from .reconcile.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, queue_name_for
 from .settings import OperatorLimits, Settings, kueue_queue_for
@@ -173,7 +174,7 @@ def build_rayjob(
     sa = spec.storage.service_account_name
     res = spec.trial.resources_per_worker
     mct = spec.tune.max_concurrent_trials
-    max_replicas = min(demand_of(spec).workers, ctx.limits.max_workers_per_sweep)
+    max_replicas = worker_cap(spec, ctx.limits)
 
     head_container = {
         "name": HEAD_CONTAINER,
@@ -330,11 +331,6 @@ def guard_target(sweep: Sweep, run_root: str, run_id: str, ctx: RenderContext = 
         sweep=sweep.name,
         run_id=run_id,
     )
-
-
-def worker_group_cap(sweep_spec: SweepSpec, limits: OperatorLimits) -> int:
-    """maxReplicas the worker group may have: the drift corrector sets anything above it back."""
-    return min(demand_of(sweep_spec).workers, limits.max_workers_per_sweep)
 
 
 class _ManifestDumper(yaml.SafeDumper):

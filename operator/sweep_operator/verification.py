@@ -29,6 +29,8 @@ from sweep_contracts.checkpoint_manifest import (
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
+from .status import rfc3339
+
 # --------------------------------------------------------------------------------- finding kinds
 
 # Problems: any one makes the run not verified.
@@ -777,10 +779,6 @@ class _DeadlineExceeded(Exception):
     pass
 
 
-def _utc_rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _wait_all(futures: Sequence[Future[Any]], deadline: float | None, clock: Callable[[], float]) -> None:
     """Wait for `futures` until the deadline; their S3 errors are collected afterwards, not raised here."""
     remaining = None if deadline is None else max(0.0, deadline - clock())
@@ -1090,5 +1088,5 @@ def _result(root: S3Uri, deep: bool, run: _Run, duration: float, moment: datetim
         best_checkpoint_uri=run.best_uri,
         objects_listed=run.objects_listed,
         duration_seconds=duration,
-        verified_at=_utc_rfc3339(moment),
+        verified_at=rfc3339(moment),
     )

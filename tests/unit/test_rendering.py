@@ -15,6 +15,7 @@ import yaml
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.runspec import RunSpec
 from sweep_operator.cli import main as sweepctl
+from sweep_operator.reconcile.drift import worker_cap
 from sweep_operator.rendering import (
     RenderContext,
     build_rayjob,
@@ -22,7 +23,6 @@ from sweep_operator.rendering import (
     rayjob_name,
     run_id_for,
     runtime_env_yaml,
-    worker_group_cap,
 )
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
@@ -201,7 +201,7 @@ def test_max_replicas_is_demand_and_never_above_the_cap() -> None:
     assert worker_group_of(build_rayjob(sweep, "a1"))["maxReplicas"] == 6
     capped = OperatorLimits(max_workers_per_sweep=4)
     assert worker_group_of(build_rayjob(sweep, "a1", capped))["maxReplicas"] == 4
-    assert worker_group_cap(sweep.spec, capped) == 4
+    assert worker_cap(sweep.spec, capped) == 4
 
 
 def test_worker_placement_from_instance_type_selector_and_tolerations() -> None:
@@ -416,7 +416,7 @@ def test_kueue_worker_group_never_exceeds_the_worker_cap() -> None:
     assert (
         group["replicas"]
         == group["maxReplicas"]
-        == worker_group_cap(
+        == worker_cap(
             parse_sweep(SPEC_MATRIX["kueue-queue-and-priority"]).spec, OperatorLimits(max_workers_per_sweep=3)
         )
         == 3

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..status import rfc3339
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
 
 RELEASER = "sweepctl-release"
@@ -139,7 +140,7 @@ def _who(core: Any, kube_user: str) -> str:
 
 def _event(core: Any, item: Held, type_: str, reason: str, message: str) -> None:
     meta = item.obj["metadata"]
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = rfc3339(datetime.now(UTC))
     body = {
         "apiVersion": "v1",
         "kind": "Event",

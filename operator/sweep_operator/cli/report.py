@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..status import epoch_seconds
+from ..status import epoch_seconds, rfc3339
 from .common import EXIT_FAILED, EXIT_OK, UsageError, kube_connection
 
 FIGURES = ("learning_curves.png", "parameters.png", "timeline.png")
@@ -597,7 +597,7 @@ def _html(records: RunRecords, curves: Curves, images: Mapping[str, bytes], now:
             else "-",
         ),
         ("deadline", status.get("deadlineAt") or "-"),
-        ("report written", datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ("report written", rfc3339(now)),
     ]
     trials = [
         (
