@@ -405,8 +405,7 @@ class SweepController:
     def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
         """Fold this pass's read of the run's GPU pods into status.usage; a spent sweep budget stops the run through
         the checkpoint guard like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
-        from ..status import is_terminal, rfc3339
-        from .usage import clusters_to_read, measure, namespace_view
+        from .usage import clusters_to_read, decide_measured, measure, namespace_view
 
         status = decision.status if decision.status is not None else facts.status
         spec, ref, now = facts.admitted_spec, facts.ref, facts.now
@@ -432,29 +431,7 @@ class SweepController:
             refresh_seconds=self.settings.usage_refresh_seconds,
             namespace=view,
         )
-        changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
-        actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
-        if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
-            message = f"{measured.facts.stop_reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
-            changes.update(
-                {
-                    "phase": "BudgetExhausted",
-                    "message": message,
-                    "finishedAt": rfc3339(now),
-                    "conditions": conditions_with(
-                        status,
-                        facts.generation,
-                        now,
-                        ("BudgetExhausted", True, "GpuBudgetSpent", message),
-                        ("Running", False, "BudgetExhausted", message),
-                    ),
-                }
-            )
-            actions = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
-            actions += [DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
-        if not changes and len(events) == len(decision.events):
-            return decision
-        return Decision(updated(status, changes), tuple(actions), tuple(events))
+        return decide_measured(facts, decision, status, measured)
 
     def _namespace_budget(self, namespace: str) -> str:
         """`<GPUs admitted>/<maxGpusPerNamespace>` in the namespace (the -o wide NS-BUDGET column)."""

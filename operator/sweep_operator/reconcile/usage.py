@@ -20,6 +20,11 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from ..status import conditions_with, is_terminal, updated
+from ..status import rfc3339 as status_rfc3339
+from .actions import Decision, DeleteRayJob, Event, Finish, ReleaseBudget
+from .facts import SweepFacts
+
 GPU_RESOURCE = "nvidia.com/gpu"
 # status.usage.podIntervals is a bounded record: past this many, the oldest finished intervals of one attempt are
 # merged (their GPU-seconds and span kept exactly; only where inside the span they fell is lost).
@@ -705,3 +710,34 @@ class BudgetThresholdCallback:
         meta = body.get("metadata") or {}
         for threshold in sorted(after - before):
             self.metrics.budget_threshold_crossed(meta.get("namespace") or "default", meta.get("name") or "", threshold)
+
+
+def decide_measured(
+    facts: SweepFacts, decision: Decision, status: Mapping[str, Any], measured: Measurement
+) -> Decision:
+    """Fold a measurement into the pass's decision: a spent sweep budget stops the run through the checkpoint guard
+    like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
+    now = facts.now
+    changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
+    actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
+    if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
+        message = f"{measured.facts.stop_reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
+        changes.update(
+            {
+                "phase": "BudgetExhausted",
+                "message": message,
+                "finishedAt": status_rfc3339(now),
+                "conditions": conditions_with(
+                    status,
+                    facts.generation,
+                    now,
+                    ("BudgetExhausted", True, "GpuBudgetSpent", message),
+                    ("Running", False, "BudgetExhausted", message),
+                ),
+            }
+        )
+        actions = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
+        actions += [DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
+    if not changes and len(events) == len(decision.events):
+        return decision
+    return Decision(updated(status, changes), tuple(actions), tuple(events))
