@@ -363,41 +363,12 @@ class SweepController:
 
     def _gpu_hour_admission(self, facts: SweepFacts, budget: Any) -> Decision | None:
         """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision (docs/budgets.md)."""
-        from sweep_contracts.problems import Problem
+        from .usage import decide_gpu_hour_answer
 
-        from ..policy import Queue, Reject, effective_active_seconds
-        from .usage import (
-            BudgetQueue,
-            BudgetReject,
-            UsageLedger,
-            decide_budget_admission,
-            format_hours,
-            worst_case_gpu_hours,
-        )
-
-        spec, ref, now = facts.sweep.spec if facts.sweep else None, facts.ref, facts.now
-        if spec is None or not isinstance(budget, Admit) or spec.trial.resources_per_worker.gpu == 0:
-            return None
-        active = effective_active_seconds(spec, self.settings.limits)
-        workers, gpus, trials = spec.trial.workers, spec.trial.resources_per_worker.gpu, spec.tune.max_concurrent_trials
-        worst = worst_case_gpu_hours(workers, gpus, trials, active)
-        text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
-        decided = decide_budget_admission(
-            worst_case=worst,
-            sweep_budget=spec.budget.gpu_hours,
-            run_until_exhausted=spec.budget.run_until_exhausted,
-            sweep_used=UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now),
-            namespace=self._gpu_hour_budget(ref.namespace),
-            namespace_sweeps=self._namespace_usage(ref.namespace, now),
-            sweep_name=ref.name,
-            now=now,
-            worst_case_text=text,
-        )
-        if isinstance(decided, BudgetReject):
-            answer: Any = Reject((Problem(decided.field, decided.reason),))
-        elif isinstance(decided, BudgetQueue):
-            answer = Queue(budget.demand, decided.reason)
-        else:
+        ref, now = facts.ref, facts.now
+        namespace, sweeps = self._gpu_hour_budget(ref.namespace), self._namespace_usage(ref.namespace, now)
+        answer = decide_gpu_hour_answer(facts, budget, self.settings.limits, namespace, sweeps)
+        if answer is None:
             return None
         self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
         return admission.decide_budget(facts, answer, self._namespace_budget(ref.namespace), self.render_context)

@@ -741,3 +741,36 @@ def decide_measured(
     if not changes and len(events) == len(decision.events):
         return decision
     return Decision(updated(status, changes), tuple(actions), tuple(events))
+
+
+def decide_gpu_hour_answer(
+    facts: SweepFacts, budget: Any, limits: Any, namespace: NamespaceBudget | None, namespace_sweeps: list[Any]
+) -> Any:
+    """The GPU-hour check beside the GPU caps: None admits; else the policy's Reject or Queue (docs/budgets.md)."""
+    from sweep_contracts.problems import Problem
+
+    from ..policy import Admit, Queue, Reject, effective_active_seconds
+
+    spec, ref, now = facts.sweep.spec if facts.sweep else None, facts.ref, facts.now
+    if spec is None or not isinstance(budget, Admit) or spec.trial.resources_per_worker.gpu == 0:
+        return None
+    active = effective_active_seconds(spec, limits)
+    workers, gpus, trials = spec.trial.workers, spec.trial.resources_per_worker.gpu, spec.tune.max_concurrent_trials
+    worst = worst_case_gpu_hours(workers, gpus, trials, active)
+    text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
+    decided = decide_budget_admission(
+        worst_case=worst,
+        sweep_budget=spec.budget.gpu_hours,
+        run_until_exhausted=spec.budget.run_until_exhausted,
+        sweep_used=UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now),
+        namespace=namespace,
+        namespace_sweeps=namespace_sweeps,
+        sweep_name=ref.name,
+        now=now,
+        worst_case_text=text,
+    )
+    if isinstance(decided, BudgetReject):
+        return Reject((Problem(decided.field, decided.reason),))
+    if isinstance(decided, BudgetQueue):
+        return Queue(budget.demand, decided.reason)
+    return None
