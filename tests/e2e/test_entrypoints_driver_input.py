@@ -100,5 +100,7 @@ def test_a_finished_run_is_not_overwritten_R16(tmp_path: Path) -> None:
     Path(layout.result_path).write_text('{"bestTrial": null}')
     done = driver(tmp_path, {})
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "already finished" in done.stderr and "new run id (R16)" in done.stderr
+    assert (
+        "already finished" in done.stderr and "a new run needs a new run id" in done.stderr and "(R16)" in done.stderr
+    )
     assert not Path(layout.tune_dir).exists()

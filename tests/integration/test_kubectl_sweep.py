@@ -176,11 +176,18 @@ def test_get_tsw_wide_shows_gpus_namespace_budget_and_verification_time(world: W
     assert plain.returncode == 0 and wide.returncode == 0, plain.stderr + wide.stderr
     header, row = wide.stdout.splitlines()[:2]
     columns = header.split()
-    assert columns[-3:] == ["GPUS", "NS-BUDGET", "VERIFIED-AT"], header
+    assert columns[-4:] == ["GPUS", "NS-BUDGET", "VERIFIED-AT", "KUEUE"], header
     assert "GPUS" not in plain.stdout.splitlines()[0]
-    values = row.split()
-    assert values[columns.index("NS-BUDGET")] == "0/32" and values[columns.index("GPUS")] == "0"
-    assert values[columns.index("VERIFIED-AT")] not in ("", "<none>")  # an age, like AGE
+    # Cells by the header's column offsets: an empty cell (GPU-HOURS before any pod ran, KUEUE outside Kueue mode)
+    # would shift a whitespace split.
+    starts = [header.index(name) for name in columns]
+
+    def cell(name: str) -> str:
+        i = columns.index(name)
+        return row[starts[i] : starts[i + 1] if i + 1 < len(starts) else None].strip()
+
+    assert cell("NS-BUDGET") == "0/32" and cell("GPUS") == "0"
+    assert cell("VERIFIED-AT") not in ("", "<none>")  # an age, like AGE
 
 
 def test_report_from_the_cluster_reads_status_and_s3(world: World, tmp_path: Path) -> None:
