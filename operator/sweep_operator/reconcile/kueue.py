@@ -14,10 +14,11 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of
+from ..status import rfc3339
 
 # Label and API names: the RayJob integration reads the queue and the WorkloadPriorityClass from these labels
 # (jobframework QueueName / WorkloadPriorityClassName; pkg/controller/constants QueueLabel,
@@ -55,10 +56,6 @@ def _seconds(value: Any, where: str) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         raise KueueError(f"{where}: got {value!r}; expected an RFC 3339 time") from None
-
-
-def rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..status import conditions_with, is_terminal, updated
-from ..status import rfc3339 as status_rfc3339
+from ..status import conditions_with, is_terminal, rfc3339, updated
 from .actions import Decision, DeleteRayJob, Event, Finish, ReleaseBudget
 from .facts import SweepFacts
 
@@ -51,11 +50,6 @@ def epoch(value: Any) -> float | None:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
-
-
-def rfc3339(seconds: float) -> str:
-    """Unix time as RFC 3339 UTC, to the second (Kubernetes' own precision for conditions and timestamps)."""
-    return datetime.fromtimestamp(math.floor(seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ----------------------------------------------------------------------------------------------- pods
@@ -726,7 +720,7 @@ def decide_measured(
             {
                 "phase": "BudgetExhausted",
                 "message": message,
-                "finishedAt": status_rfc3339(now),
+                "finishedAt": rfc3339(now),
                 "conditions": conditions_with(
                     status,
                     facts.generation,
