@@ -3,6 +3,7 @@ the new status and the actions out (run_phase.decide_run, R6, R20)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -325,3 +326,33 @@ def test_tick_due(status: dict[str, Any], deleting: bool, poll_due: bool, due: b
         "status": status,
     }
     assert tick_due(body, T0, lambda: poll_due) is due
+
+
+@pytest.mark.parametrize(
+    "edit,refused",
+    [
+        ({"suspend": True}, None),  # suspending attempt 2: its own deadline differs from spec.deadlines, not an edit
+        ({"suspend": True, "image": "ghcr.io/example/other:2"}, "spec.image"),
+        ({"deadlines.gracefulStopSeconds": 5}, "spec.deadlines"),
+    ],
+)
+def test_a_resumed_attempt_is_compared_without_its_own_deadline(edit: dict[str, Any], refused: str | None) -> None:
+    """Attempt 2 runs with spec.resume's activeSeconds (resume.attempt_sweep) while spec.deadlines.activeSeconds
+    keeps attempt 1's: only a real edit is refused, and suspend still reaches the RayJob."""
+    from sweep_contracts.runspec import build_run_spec
+
+    resumed = {"resume": {"generation": 1, "activeSeconds": 7200}, "deadlines.activeSeconds": 3600}
+    admitted = parse_sweep(changed(gpu_sweep(), {f"spec.{k}": v for k, v in resumed.items()}), LIMITS)
+    deadlines = admitted.spec.deadlines.model_copy(update={"active_seconds": 7200})
+    run_spec = build_run_spec(
+        replace(admitted, spec=admitted.spec.model_copy(update={"deadlines": deadlines})), "r1", attempt=2
+    )
+    given = facts({**RUNNING, "observedGeneration": 0}, job(), spec={**resumed, **edit}, run_spec=run_spec)
+    decision = decide_run(given)
+    assert decision.status is not None
+    message = decision.status.get("message") or ""
+    if refused is None:
+        assert "spec change refused" not in message and "SpecChangeRefused" not in [e.reason for e in decision.events]
+    else:
+        assert f"spec change refused: {refused} changed" in message, message
+    assert (SetSuspend(JOB, True) in decision.actions) == bool(edit.get("suspend"))

@@ -131,6 +131,11 @@ def phase_message(phase: str, rayjob: RayJobFacts) -> str:
 # ------------------------------------------------------------------------------------------------- decisions
 
 
+def _without_active_seconds(spec: Mapping[str, Any]) -> dict[str, Any]:
+    deadlines = {k: v for k, v in dict(spec.get("deadlines") or {}).items() if k != "activeSeconds"}
+    return {**spec, "deadlines": deadlines}
+
+
 def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any], events: list[Event]) -> None:
     """Only `suspend` may change while a run exists; other edits are refused (status message + Event)."""
     changes["observedGeneration"] = facts.generation
@@ -148,6 +153,10 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
         return
     admitted = facts.run_spec.spec.model_dump(by_alias=True, mode="json")
     wanted = sweep.spec.model_dump(by_alias=True, mode="json") if sweep else (facts.body.get("spec") or {})
+    if facts.run_spec.attempt > 1:
+        # A resumed attempt runs with its own deadline, set by spec.resume (resume.attempt_sweep), while
+        # spec.deadlines.activeSeconds still holds the first attempt's: that difference is not an edit.
+        admitted, wanted = (_without_active_seconds(spec) for spec in (admitted, wanted))
     changed = sorted(k for k in set(admitted) | set(wanted) if k != "suspend" and admitted.get(k) != wanted.get(k))
     if sweep is None:
         changed = changed or ["spec"]
