@@ -356,3 +356,21 @@ def test_a_resumed_attempt_is_compared_without_its_own_deadline(edit: dict[str, 
     else:
         assert f"spec change refused: {refused} changed" in message, message
     assert (SetSuspend(JOB, True) in decision.actions) == bool(edit.get("suspend"))
+
+
+@pytest.mark.parametrize("asked,acted,due", [(1, 0, True), (1, 1, False)], ids=["resume pending", "resume acted on"])
+def test_a_pending_resume_keeps_the_tick_due(asked: int, acted: int, due: bool) -> None:
+    """An ended, verified sweep with a resume not acted on yet: the tick retries it, so a failed create of the
+    attempt's RayJob (its status is only written after the create) is tried again without a new event."""
+    body = {
+        "metadata": {"name": "digits"},
+        "spec": {"resume": {"generation": asked}},
+        "status": {
+            "phase": "DeadlineExceeded",
+            "runId": "r1",
+            "resumedGeneration": acted,
+            "finishedAt": rfc3339(T0 - 10),
+            "checkpoints": {"verifiedAt": rfc3339(T0)},
+        },
+    }
+    assert tick_due(body, T0, lambda: False) is due
