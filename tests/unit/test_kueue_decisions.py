@@ -529,3 +529,80 @@ def test_a_kueue_sweep_holds_none_of_the_namespace_budget_after_a_ledger_rebuild
     decision = ledger.decide("ml", "new", "2026-12-03T10:00:00Z", spec, OperatorLimits(max_gpus_per_namespace=8))
     assert isinstance(decision, Admit)  # 4 (own) + 4 (new) fit in 8: the Kueue sweep's 4 GPUs are Kueue's
     assert ledger.in_use("ml").gpus == 8
+
+
+def kueue_pass_facts(*, rayjob_deadline: float | None) -> Any:
+    """A Kueue sweep's pass facts: its RayJob (queue label, suspended, waiting) as the operator rendered it."""
+    from sweep_contracts.runtime_env import encode, run_spec_of
+    from sweep_operator.reconcile.facts import SweepFacts
+    from sweep_operator.rendering import build_rayjob
+
+    body = {**gpu_sweep("s", "ml"), "status": {"runId": "abc123", "phase": "Starting"}}
+    body["metadata"] = {**body["metadata"], "uid": "u1", "generation": 1}
+    sweep = parse_sweep(body)
+    rayjob = build_rayjob(sweep, "abc123")
+    rayjob["metadata"] = {**rayjob["metadata"], "uid": "rj-uid", "labels": {"kueue.x-k8s.io/queue-name": "team-a"}}
+    rayjob["spec"] = {**rayjob["spec"], "suspend": True, "runtimeEnvYAML": encode(run_spec_of(rayjob), None)}
+    if rayjob_deadline is not None:
+        rayjob["spec"]["runtimeEnvYAML"] = encode(run_spec_of(rayjob), int(rayjob_deadline))
+    rayjob["status"] = {"jobDeploymentStatus": "Suspended"}
+    limits = OperatorLimits()
+    return SweepFacts(body, T0 + 60, limits, sweep, rayjob_body=rayjob, run_spec=run_spec_of(rayjob))
+
+
+def test_a_plain_rayjob_is_no_kueue_run_and_its_workloads_are_not_read() -> None:
+    from dataclasses import replace
+
+    from sweep_operator.reconcile.kueue import run_of as kueue_run_of
+
+    facts = kueue_pass_facts(rayjob_deadline=None)
+    plain = {**facts.rayjob_body, "metadata": {**facts.rayjob_body["metadata"], "labels": {}}}
+
+    def no_listing(namespace: str) -> list[dict[str, Any]]:
+        raise AssertionError("the Workloads are read only for a Kueue RayJob")
+
+    assert kueue_run_of(replace(facts, rayjob_body=plain), no_listing) is None
+    assert kueue_run_of(replace(facts, rayjob_body=None), no_listing) is None
+
+
+@pytest.mark.parametrize(
+    ("rayjob_deadline", "rewritten"),
+    [
+        (None, True),  # no SWEEP_DEADLINE_AT yet: set it to now + the admitted time left
+        (T0 + 60 + 21600 - 20, False),  # within the tolerance of what is left: left as it is
+    ],
+)
+def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_deadline_current(
+    rayjob_deadline: float | None, rewritten: bool
+) -> None:
+    from sweep_contracts.runtime_env import decode
+    from sweep_operator.reconcile.actions import Decision, Event, ReleaseBudget, SetRuntimeEnv, SetSuspend
+    from sweep_operator.reconcile.kueue import decide_kueue_run
+    from sweep_operator.reconcile.kueue import run_of as kueue_run_of
+
+    facts = kueue_pass_facts(rayjob_deadline=rayjob_deadline)
+    listed: list[str] = []
+
+    def workloads(namespace: str) -> list[dict[str, Any]]:
+        listed.append(namespace)
+        return [owned(QUEUED)]
+
+    run = kueue_run_of(facts, workloads)
+    assert run is not None and listed == ["ml"]
+    assert run.active_seconds == 21600  # gpu_sweep's deadlines.activeSeconds
+    asked = Decision(
+        {**facts.status, "phase": "Suspended"},
+        (SetSuspend("s-abc123", True), ReleaseBudget()),
+        (Event("Normal", "Kept", "the run-phase decision's Event"),),
+    )
+    decided = decide_kueue_run(facts, asked, run, reconcile_seconds=10)
+    assert decided.status is not None and decided.status["phase"] == "Queued"
+    assert [e.reason for e in decided.events] == ["Kept", "SuspendIgnoredInKueueMode"]
+    assert decided.wants(SetSuspend) is None and decided.wants(ReleaseBudget) == ReleaseBudget()
+    if rewritten:
+        assert isinstance(decided.actions[0], SetRuntimeEnv)  # sent before the other actions and the write
+        assert decided.actions[0].rayjob == facts.rayjob_body["metadata"]["name"]
+        env = decode(decided.actions[0].runtime_env)["env_vars"]
+        assert env["SWEEP_DEADLINE_AT"] == str(int(T0 + 60 + 21600))
+    else:
+        assert decided.wants(SetRuntimeEnv) is None

@@ -1,8 +1,8 @@
 """What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
 
-The controller executes the actions before the status write (CreateRayJob, DeleteRayJob, SetSuspend) or after it
-(ReleaseBudget, Finish); Events are posted after the write. A new action is a dataclass here and one branch in
-`controller.SweepController._act`.
+The controller executes the actions before the status write (CreateRayJob, DeleteRayJob, SetSuspend, SetRuntimeEnv)
+or after it (ReleaseBudget, Finish); Events are posted after the write. A new action is a dataclass here and one
+branch in `controller.SweepController._act`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ class SetSuspend:
 
 
 @dataclass(frozen=True)
+class SetRuntimeEnv:
+    """Rewrite a RayJob's runtimeEnvYAML (Kueue mode: the driver's deadline while the RayJob waits suspended)."""
+
+    rayjob: str
+    runtime_env: str
+
+
+@dataclass(frozen=True)
 class Diagnose:
     """The decision needs to know why the cluster does not start: read pods and Events, then decide again."""
 
@@ -64,7 +72,7 @@ class Finish:
     """The run ended: read its result and verify its checkpoints once (`run_phase.decide_finish`)."""
 
 
-Action = CreateRayJob | DeleteRayJob | SetSuspend | Diagnose | ReleaseBudget | Finish
+Action = CreateRayJob | DeleteRayJob | SetSuspend | SetRuntimeEnv | Diagnose | ReleaseBudget | Finish
 
 
 @dataclass(frozen=True)

@@ -12,21 +12,19 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
-from sweep_contracts.runtime_env import deadline_of, run_spec_of
-from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from .. import audit
 from ..kube import KubeApi
 from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
-from ..policy import Admit, effective_active_seconds
+from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
 from ..status import conditions_with, is_terminal, parse_time, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, kueue, resume, run_phase
-from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
+from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
 from .cache import Cache, run_ref
 from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
@@ -266,7 +264,7 @@ class SweepController:
                 self._act(facts.body, resumed)
                 return
         facts = self.reads.run_facts(facts)
-        body, run = facts.body, self._kueue_run(facts)
+        body, run = facts.body, kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
             facts = replace(facts, body={**body, "status": kueue.status_for_run_phase(facts.status, run, facts.now)})
         decision = run_phase.decide_run(facts)
@@ -275,48 +273,10 @@ class SweepController:
             decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
         decision = self._measured(facts, decision)
         if run is not None:
-            decision = self._kueue_decision(replace(facts, body=body), decision, run)
-        self._act(body, decision)
-
-    def _kueue_run(self, facts: SweepFacts) -> kueue.KueueRun | None:
-        """Where Kueue has the run's RayJob (None: not Kueue's); reads the namespace's Workloads."""
-        rayjob, spec = facts.rayjob_body, facts.admitted_spec
-        if rayjob is None or spec is None or not kueue.kueue_managed(rayjob):
-            return None
-        workloads = self.kube.list_workloads(facts.ref.namespace)
-        active = float(effective_active_seconds(spec, facts.limits))
-        return kueue.kueue_run(facts.status, rayjob, workloads, facts.now, active)
-
-    def _kueue_decision(self, facts: SweepFacts, decision: Decision, run: kueue.KueueRun) -> Decision:
-        """Kueue mode over the run-phase decision; keeps the waiting RayJob's SWEEP_DEADLINE_AT current."""
-        rayjob = facts.rayjob_body or {}
-        outcome = kueue.kueue_outcome(
-            facts.status,
-            decision.status if decision.status is not None else facts.status,
-            run,
-            facts.now,
-            rayjob_deadline_at=deadline_of(rayjob),
-            tolerance_seconds=max(3 * self.settings.reconcile_seconds, 5.0),
-        )
-        status = dict(outcome.status)
-        if outcome.conditions:
-            status["conditions"] = conditions_with(status, facts.generation, facts.now, *outcome.conditions)
-        events = [*decision.events, *(Event(*e) for e in outcome.events)]
-        actions = [a for a in decision.actions if not (outcome.drop_suspend and isinstance(a, SetSuspend))]
-        if len(actions) != len(decision.actions):
-            events.append(
-                Event(
-                    "Warning",
-                    "SuspendIgnoredInKueueMode",
-                    kueue.SUSPEND_IN_KUEUE_MODE.format(workload=run.workload or "<workload>"),
-                )
+            decision = kueue.decide_kueue_run(
+                replace(facts, body=body), decision, run, reconcile_seconds=self.settings.reconcile_seconds
             )
-        run_spec = run_spec_of(rayjob)
-        if outcome.driver_deadline_at is not None and run_spec is not None:
-            # KubeRay starts the readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it
-            env = encode_runtime_env(run_spec, int(outcome.driver_deadline_at))
-            self.kube.patch_rayjob(facts.ref.namespace, meta_of(rayjob)["name"], {"spec": {"runtimeEnvYAML": env}})
-        return Decision(status, tuple(actions), tuple(events))
+        self._act(body, decision)
 
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
@@ -326,6 +286,8 @@ class SweepController:
                 self.kube.delete_rayjob(ref.namespace, action.name)
             elif isinstance(action, SetSuspend):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
+            elif isinstance(action, SetRuntimeEnv):
+                self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"runtimeEnvYAML": action.runtime_env}})
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
         self.status.write(body, decision.status, decision.events)

@@ -12,13 +12,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of
-from ..status import rfc3339
+from sweep_contracts.runtime_env import deadline_of, run_spec_of
+from sweep_contracts.runtime_env import encode as encode_runtime_env
+
+from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
+from ..status import conditions_with, rfc3339
+from .actions import Decision, Event, SetRuntimeEnv, SetSuspend
+from .facts import SweepFacts, meta_of
 
 # Label and API names: the RayJob integration reads the queue and the WorkloadPriorityClass from these labels
 # (jobframework QueueName / WorkloadPriorityClassName; pkg/controller/constants QueueLabel,
@@ -446,6 +451,16 @@ def kueue_run(
     )
 
 
+def run_of(facts: SweepFacts, workloads: Callable[[str], Sequence[Mapping[str, Any]]]) -> KueueRun | None:
+    """Where Kueue has the run's RayJob (None: not Kueue's); `workloads` lists a namespace's Workloads, called
+    only for a Kueue RayJob."""
+    rayjob, spec = facts.rayjob_body, facts.admitted_spec
+    if rayjob is None or spec is None or not kueue_managed(rayjob):
+        return None
+    active = float(effective_active_seconds(spec, facts.limits))
+    return kueue_run(facts.status, rayjob, workloads(facts.ref.namespace), facts.now, active)
+
+
 def status_for_run_phase(status: Mapping[str, Any], run: KueueRun, now: float) -> dict[str, Any]:
     """The status the run-phase decision should judge: `deadlineAt` from the admitted clock (absent while Kueue
     holds the sweep, so no deadline passes then), `startedAt` at the current admission (the startup clock starts
@@ -543,6 +558,34 @@ def kueue_outcome(
         if rayjob_deadline_at is None or abs(rayjob_deadline_at - wanted) > tolerance_seconds:
             refresh = wanted
     return KueueOutcome(status, tuple(conditions), tuple(events), drop_suspend=True, driver_deadline_at=refresh)
+
+
+def decide_kueue_run(facts: SweepFacts, decision: Decision, run: KueueRun, *, reconcile_seconds: float) -> Decision:
+    """Kueue mode over the run-phase decision: `kueue_outcome`'s status and Events, no SetSuspend (with a Warning
+    saying why), and a SetRuntimeEnv first that keeps the waiting RayJob's SWEEP_DEADLINE_AT current."""
+    rayjob = facts.rayjob_body or {}
+    outcome = kueue_outcome(
+        facts.status,
+        decision.status if decision.status is not None else facts.status,
+        run,
+        facts.now,
+        rayjob_deadline_at=deadline_of(rayjob),
+        tolerance_seconds=max(3 * reconcile_seconds, 5.0),
+    )
+    status = dict(outcome.status)
+    if outcome.conditions:
+        status["conditions"] = conditions_with(status, facts.generation, facts.now, *outcome.conditions)
+    events = [*decision.events, *(Event(*e) for e in outcome.events)]
+    actions = [a for a in decision.actions if not (outcome.drop_suspend and isinstance(a, SetSuspend))]
+    if len(actions) != len(decision.actions):
+        message = SUSPEND_IN_KUEUE_MODE.format(workload=run.workload or "<workload>")
+        events.append(Event("Warning", "SuspendIgnoredInKueueMode", message))
+    run_spec = run_spec_of(rayjob)
+    if outcome.driver_deadline_at is not None and run_spec is not None:
+        # KubeRay starts the readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it
+        env = encode_runtime_env(run_spec, int(outcome.driver_deadline_at))
+        actions.insert(0, SetRuntimeEnv(meta_of(rayjob)["name"], env))
+    return Decision(status, tuple(actions), tuple(events))
 
 
 def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[str, Any]:
