@@ -35,13 +35,27 @@ def encode(run_spec: RunSpec, deadline_at: int | None) -> str:
     return yaml.dump({"env_vars": env_vars}, Dumper=_DUMPER, sort_keys=True, width=1_000_000)
 
 
+def decode(text: str | None) -> dict[str, Any]:
+    """A runtimeEnvYAML document as KubeRay reads it: a YAML mapping, or nothing ({}) for an empty or null document.
+    ValueError, naming the field, when it is not YAML or not a mapping (KubeRay rejects both; the schema inside is
+    Ray's to check). Keys come back as strings, as KubeRay's YAML-to-JSON step makes them."""
+    try:
+        doc = yaml.load(text or "", Loader=_LOADER)
+    except yaml.YAMLError as e:
+        raise ValueError(f"runtimeEnvYAML is not YAML: {e}") from e
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"runtimeEnvYAML must be a YAML mapping, not {type(doc).__name__}")
+    return {str(k): v for k, v in doc.items()}
+
+
 def env_vars(text: str | None) -> dict[str, str]:
     """The `env_vars` a runtimeEnvYAML document carries ({} when absent or unreadable)."""
     try:
-        doc = yaml.load(text or "", Loader=_LOADER) or {}
-    except yaml.YAMLError:
+        found = decode(text).get("env_vars")
+    except ValueError:
         return {}
-    found = doc.get("env_vars") if isinstance(doc, dict) else None
     return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sweep_contracts import constants
+from sweep_contracts import constants, runtime_env
 
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
 
@@ -1192,14 +1192,14 @@ def _rayjob_spec_error(spec: Mapping[str, Any]) -> str | None:
         ).get("restartPolicy", "")
         if head_policy not in ("", "Never"):
             return "restartPolicy for head Pod should be Never or unset when using SidecarMode"
-    runtime_env = spec.get("runtimeEnvYAML") or ""
-    if runtime_env:
-        import yaml
-
-        try:
-            yaml.safe_load(runtime_env)
-        except yaml.YAMLError as e:
-            return f"failed to unmarshal RuntimeEnvYAML: {runtime_env}: {e}"
+    # utils/validation.go ValidateRayJobSpec -> utils/dashboardclient/dashboard_httpclient.go UnmarshalRuntimeEnvYAML
+    # (v1.7.0): sigs.k8s.io/yaml into map[string]any, so YAML that is not a mapping fails like YAML that does not
+    # parse. Read with the contract's decoder (the one codec), under KubeRay's prefix.
+    text = spec.get("runtimeEnvYAML") or ""
+    try:
+        runtime_env.decode(text)
+    except ValueError as e:
+        return f"failed to unmarshal RuntimeEnvYAML: {text}: {e}"
     for field_name in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
         if spec.get(field_name) is not None and int(spec[field_name]) <= 0:
             return invalid + f"{field_name} must be a positive integer"
