@@ -24,6 +24,7 @@ from sweep_sandbox.kuberay import (
     ScriptedRun,
     ScriptedRunner,
 )
+from tests.support import standins
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -31,46 +32,14 @@ RAY = (constants.RAY_GROUP, constants.RAY_VERSION_API)
 CLUSTER_NAME = re.compile(r"^(?P<rayjob>.+)-[bcdfghjklmnpqrstvwxz2456789]{5}$")  # KubeRay: <rayjob>-<5 chars>
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with EmulatorServer() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def runner() -> ScriptedRunner:
-    return ScriptedRunner(default=Outcome.succeed(0.2))
-
-
-@pytest.fixture(scope="module")
-def standin(server: EmulatorServer, runner: ScriptedRunner) -> Iterator[KubeRayStandIn]:
-    with KubeRayStandIn(server.api_client(), runner, poll_interval=0.1) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def _clear_injected_errors(server: EmulatorServer) -> Iterator[None]:
-    yield
-    server.emulator.errors.clear()
-
-
-@pytest.fixture
-def ns() -> str:
-    return f"k-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def custom(server: EmulatorServer) -> Any:
-    import kubernetes.client
-
-    return kubernetes.client.CustomObjectsApi(server.api_client())
-
-
-@pytest.fixture
-def core(server: EmulatorServer) -> Any:
-    import kubernetes.client
-
-    return kubernetes.client.CoreV1Api(server.api_client())
+# The emulator, runner and stand-in fixtures the Kueue stand-in's tests use too (tests/support/standins.py).
+server = standins.emulator()
+runner = standins.scripted_runner(Outcome.succeed(0.2))
+standin = standins.kuberay()
+_clear_injected_errors = standins.clear_injected_errors()
+ns = standins.namespace("k-")
+custom = standins.kube_api("CustomObjectsApi")
+core = standins.kube_api("CoreV1Api")
 
 
 def rayjob_body(name: str, *, annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -799,6 +768,38 @@ def test_invalid_rayjob_specs_fail_validation(
     assert (warning.type, warning.action, warning.message) == ("Warning", "Validate", f"{kube.ns}/{name}: {message}")
     assert RAYJOB_FINALIZER not in (kube.rayjob(name)["metadata"].get("finalizers") or [])
     assert not kube.clusters(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("env-not-yaml", "env_vars: [unclosed", "runtimeEnvYAML is not YAML"),
+        ("env-a-string", "just words", "runtimeEnvYAML must be a YAML mapping, not str"),
+        ("env-a-list", "- env_vars", "runtimeEnvYAML must be a YAML mapping, not list"),
+    ],
+)
+def test_a_runtime_env_that_is_not_a_yaml_mapping_fails_validation(
+    kube: Cluster, name: str, text: str, words: str
+) -> None:
+    """V ValidateRayJobSpec -> utils/dashboardclient/dashboard_httpclient.go UnmarshalRuntimeEnvYAML (v1.7.0):
+    sigs.k8s.io/yaml into RuntimeEnvType (map[string]any) fails for YAML that does not parse and for YAML that is
+    not a mapping; the error is "failed to unmarshal RuntimeEnvYAML: <text>: <parser's words>" (the words here are
+    the contract decoder's, sweep_contracts.runtime_env.decode), Event reason InvalidRayJobSpec."""
+    kube.submit(name, runtimeEnvYAML=text)
+    status = kube.until(name, "ValidationFailed")
+    assert status["reason"] == "ValidationFailed"
+    assert status["message"].startswith(f"failed to unmarshal RuntimeEnvYAML: {text}: {words}")
+    warning = wait_for(
+        lambda: kube.events(**{"involvedObject.name": name, "reason": "InvalidRayJobSpec"}), 5, what="the Event"
+    )[0]
+    assert warning.message == f"{kube.ns}/{name}: {status['message']}"
+    assert not kube.clusters(name)
+
+
+def test_a_runtime_env_mapping_passes_validation(kube: Cluster, runner: ScriptedRunner) -> None:
+    """V ValidateRayJobSpec checks only that runtimeEnvYAML unmarshals into a map, not Ray's schema inside it."""
+    kube.submit("env-ok", runtimeEnvYAML="env_vars:\n  A: '1'\nanything: [1, 2]\n")
+    kube.until("env-ok", "Complete")
 
 
 def test_a_spec_made_invalid_while_running_fails_validation_and_stays_failed(

@@ -10,7 +10,6 @@ PR = pkg/scheduler/preemption/preemption.go, DOC = site/content/en/docs/tasks/ru
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +28,7 @@ from sweep_sandbox.kueue import (
     workload_name,
     workload_priority_class,
 )
+from tests.support import standins
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -37,21 +37,12 @@ KUEUE = ("kueue.x-k8s.io", "v1beta2")
 GPU = constants.GPU_RESOURCE
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmulatorServer]:
-    with EmulatorServer() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def runner() -> ScriptedRunner:
-    return ScriptedRunner(default=Outcome.succeed(0.3))
-
-
-@pytest.fixture(scope="module")
-def kuberay(server: EmulatorServer, runner: ScriptedRunner) -> Iterator[KubeRayStandIn]:
-    with KubeRayStandIn(server.api_client(), runner, poll_interval=0.1) as running:
-        yield running
+# The emulator, runner and KubeRay stand-in fixtures the KubeRay stand-in's tests use too (tests/support/standins.py).
+server = standins.emulator()
+runner = standins.scripted_runner(Outcome.succeed(0.3))
+kuberay = standins.kuberay()
+ns = standins.namespace("q-")
+custom = standins.kube_api("CustomObjectsApi")
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +50,6 @@ def kueue(server: EmulatorServer, kuberay: KubeRayStandIn) -> Iterator[KueueStan
     with KueueStandIn(server.api_client(), server=server, poll_interval=0.1) as running:
         running.apply(resource_flavor())
         yield running
-
-
-@pytest.fixture
-def ns() -> str:
-    return f"q-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def custom(server: EmulatorServer) -> Any:
-    import kubernetes.client
-
-    return kubernetes.client.CustomObjectsApi(server.api_client())
 
 
 def queues(kueue: KueueStandIn, ns: str, gpus: int, *, strategy: str = "BestEffortFIFO") -> str:
