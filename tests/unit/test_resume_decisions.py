@@ -723,3 +723,29 @@ def test_a_verification_from_before_the_end_is_not_the_end_of_run_one() -> None:
     assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:11Z"}})
     assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:10Z"}})
     assert not awaiting_verification({"phase": "Running", "finishedAt": None})
+
+
+@pytest.mark.parametrize(
+    ("budget", "hours", "expected"),
+    [
+        ("admit", None, None),
+        ("queue", None, "4 GPUs wanted, 2 free"),
+        ("reject", None, "spec.trial: over the cap"),
+        ("admit", {"phase": "Queued", "message": "the GPU-hour window frees up"}, "the GPU-hour window frees up"),
+        ("admit", {"phase": "Queued"}, "the GPU-hour budget"),  # a decision without a message still refuses
+    ],
+)
+def test_a_resume_waits_for_the_gpu_caps_then_the_gpu_hours(
+    budget: str, hours: dict[str, str] | None, expected: str | None
+) -> None:
+    from sweep_contracts.problems import Problem
+    from sweep_operator.policy import Admit, Demand, Queue, Reject
+    from sweep_operator.reconcile.actions import Decision
+
+    demand = Demand(workers=2, gpus=4)
+    answer = {
+        "admit": Admit(demand),
+        "queue": Queue(demand, "4 GPUs wanted, 2 free"),
+        "reject": Reject((Problem("spec.trial", "over the cap"),)),
+    }[budget]
+    assert r.budget_refusal(answer, Decision(hours) if hours is not None else None) == expected

@@ -28,9 +28,10 @@ from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, Rel
 from .cache import Cache, run_ref
 from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
+from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .status_writer import EventSink, PhaseCallback, Stale, StatusWriter
-from .usage import BudgetThresholdCallback, NamespaceBudget
+from .usage import BudgetThresholdCallback
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,6 @@ class SweepController:
         self.kube, self.emit, self.clock = kube, events, clock
         self.metrics = metrics or OperatorMetrics()
         self.cache = Cache(settings)
-        self.metrics.follow(
-            self.cache.sweeps, gpu_budget=settings.limits.max_gpus_per_namespace, gpu_hour_budget=self._gpu_hour_budget
-        )
         verifier = verifier or verify_sweep_checkpoints
         self.reads = Reads(settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool)
         self.settings = settings
@@ -86,6 +84,12 @@ class SweepController:
         )
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self.reads.unfinished_runs)
+        self.budgets = Budgets(self.reads, self.ledger, self.render_context)
+        self.metrics.follow(
+            self.cache.sweeps,
+            gpu_budget=settings.limits.max_gpus_per_namespace,
+            gpu_hour_budget=self.budgets.gpu_hour_budget,
+        )
         self.verification_pool = verification_pool
         self.queue: WorkQueue[ObjectRef] = WorkQueue(lambda ref: self._pass(ref), workers=reconcile_workers)
         # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
@@ -200,22 +204,15 @@ class SweepController:
         decision, ref = admission.decide_admission(facts), facts.ref
         if decision is None:  # ask the namespace's budget
             assert facts.sweep is not None
-            created = meta_of(facts.body).get("creationTimestamp") or ""
-            queue = self.render_context.queue_name(facts.sweep.spec, ref.namespace)
-            budget: Any
-            if kueue.our_queue_steps_aside(queue):  # Kueue mode: Kueue's quota, not our namespace budget
-                budget = kueue.decide_kueue_admission(facts.sweep.spec, self.settings.limits)
-            else:
-                budget = self.ledger.decide(ref.namespace, ref.name, created, facts.sweep.spec, self.settings.limits)
-            decision = admission.decide_budget(
-                facts, budget, self._namespace_budget(ref.namespace), self.render_context
-            )
+            budget = self.budgets.ask(facts, facts.sweep.spec)
+            decision = admission.decide_budget(facts, budget, self.budgets.in_use(ref.namespace), self.render_context)
             create = decision.wants(CreateRayJob)
-            hours = self._gpu_hour_admission(facts, budget) if create is not None else None
+            hours = self.budgets.gpu_hours(facts, budget) if create is not None else None
             if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
                 decision, create = hours, None
             if create is not None and isinstance(budget, Admit):
                 decision, failed = self._create(facts, create, budget)
+                queue = self.render_context.queue_name(facts.sweep.spec, ref.namespace)
                 if queue and not failed and decision.status and decision.status.get("runId"):
                     decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
                 if failed:
@@ -241,7 +238,7 @@ class SweepController:
             return admission.after_create(facts, create, budget, outcome, "", render), True
         self.cache.create_succeeded(ref)
         outcome = admission.CreateOutcome(rayjob, created)
-        decision = admission.after_create(facts, create, budget, outcome, self._namespace_budget(ref.namespace), render)
+        decision = admission.after_create(facts, create, budget, outcome, self.budgets.in_use(ref.namespace), render)
         if facts.sweep is not None and decision.status and decision.status.get("runId"):
             self.cache.observe_rayjob(rayjob)  # the next pass reads it from memory, not with a GET
             self.cache.remember_cap(RunRef(ref, create.run_id), worker_cap(facts.sweep.spec, self.settings.limits))
@@ -252,7 +249,7 @@ class SweepController:
             resumed = resume.resume_step(
                 facts.body,
                 facts.sweep,
-                self._resume_ports(facts),
+                resume_ports(facts, self.budgets, self.emit),
                 now=facts.now,
                 context=self.render_context,
                 max_active_seconds=self.settings.limits.max_active_seconds,
@@ -314,27 +311,6 @@ class SweepController:
                 continue
 
     # ------------------------------------------------------------------------------ GPU-hour budgets (issue 18)
-    def _gpu_hour_budget(self, namespace: str) -> NamespaceBudget | None:
-        hours = self.settings.namespace_gpu_hour_budget(namespace)
-        return NamespaceBudget(hours, self.settings.gpu_hours_window_seconds) if hours else None
-
-    def _namespace_usage(self, namespace: str, now: float) -> list[Any]:
-        from .usage import sweep_usage_of
-
-        return [sweep_usage_of(b, now) for b in self.cache.sweeps() if meta_of(b).get("namespace") == namespace]
-
-    def _gpu_hour_admission(self, facts: SweepFacts, budget: Any) -> Decision | None:
-        """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision (docs/budgets.md)."""
-        from .usage import decide_gpu_hour_answer
-
-        ref, now = facts.ref, facts.now
-        namespace, sweeps = self._gpu_hour_budget(ref.namespace), self._namespace_usage(ref.namespace, now)
-        answer = decide_gpu_hour_answer(facts, budget, self.settings.limits, namespace, sweeps)
-        if answer is None:
-            return None
-        self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
-        return admission.decide_budget(facts, answer, self._namespace_budget(ref.namespace), self.render_context)
-
     def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
         """Fold this pass's read of the run's GPU pods into status.usage; a spent sweep budget stops the run through
         the checkpoint guard like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
@@ -343,7 +319,7 @@ class SweepController:
         status = decision.status if decision.status is not None else facts.status
         spec, ref, now = facts.admitted_spec, facts.ref, facts.now
         hours = spec.budget.gpu_hours if spec is not None else None
-        namespace_budget = self._gpu_hour_budget(ref.namespace)
+        namespace_budget = self.budgets.gpu_hour_budget(ref.namespace)
         clusters = clusters_to_read(status)
         if not clusters and hours is None and namespace_budget is None:
             return decision
@@ -352,7 +328,7 @@ class SweepController:
         except Exception as exc:  # the next pass measures; nothing is lost while the pods' records stand
             log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
             return decision
-        view = namespace_view(self._namespace_usage(ref.namespace, now), namespace_budget, now)
+        view = namespace_view(self.reads.namespace_usage(ref.namespace, now), namespace_budget, now)
         graceful = spec.deadlines.graceful_stop_seconds if spec is not None else 0
         measured = measure(
             status,
@@ -365,10 +341,6 @@ class SweepController:
             namespace=view,
         )
         return decide_measured(facts, decision, status, measured)
-
-    def _namespace_budget(self, namespace: str) -> str:
-        """`<GPUs admitted>/<maxGpusPerNamespace>` in the namespace (the -o wide NS-BUDGET column)."""
-        return f"{self.ledger.in_use(namespace).gpus}/{self.settings.limits.max_gpus_per_namespace}"
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
         """A sweep ended or left: free its budget and give the queue, oldest first, a chance."""
@@ -538,37 +510,6 @@ class SweepController:
             self.emit(sweep, "Warning", "GuardLabelRemoved", message)
 
     # --------------------------------------------------------------------------------- the webhook
-    def _resume_ports(self, facts: SweepFacts) -> resume.ResumePorts:
-        """The I/O a resume step may do for this sweep: verify afresh, read the run's records, ask the namespace
-        budget, create (or adopt) the attempt's RayJob, post Events."""
-        ref = facts.ref
-
-        def admit(sweep: Any) -> str | None:  # as _admit asks: Kueue's rules or the namespace budget, GPU-hours
-            created = meta_of(facts.body).get("creationTimestamp") or ""
-            budget: Any
-            if kueue.our_queue_steps_aside(self.render_context.queue_name(sweep.spec, ref.namespace)):
-                budget = kueue.decide_kueue_admission(sweep.spec, self.settings.limits)
-            else:
-                budget = self.ledger.decide(ref.namespace, ref.name, created, sweep.spec, self.settings.limits)
-            if not isinstance(budget, Admit):
-                return str(getattr(budget, "reason", budget))
-            hours = self._gpu_hour_admission(facts, budget)
-            return None if hours is None else str((hours.status or {}).get("message") or "the GPU-hour budget")
-
-        def create(rayjob: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-            made, created = self.kube.create_rayjob(rayjob)
-            self.cache.observe_rayjob(made)
-            return made, created
-
-        return resume.ResumePorts(
-            verify=lambda target: self.reads.verify(target, pooled=False),
-            documents=self.reads.run_documents,
-            rayjob=lambda name: self.reads.rayjob(ObjectRef(ref.namespace, name)),
-            admit=admit,
-            create=create,
-            emit=lambda type_, reason, message: self.emit(facts.body, type_, reason, message),
-        )
-
     def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
         """Problems that make the API server refuse a CREATE/UPDATE (the validating webhook; no I/O)."""
         if meta_of(body).get("deletionTimestamp"):

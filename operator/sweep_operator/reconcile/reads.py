@@ -29,6 +29,7 @@ from .facts import ObjectRef, SweepFacts, meta_of, status_of
 from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of
 from .kueue import kueue_managed
 from .run_phase import progress_wanted, result_wanted
+from .usage import SweepUsage, sweep_usage_of
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,10 @@ class Reads:
         if result_wanted(facts):
             facts = replace(facts, stopped_at_deadline=self.stopped_at_deadline(facts.body))
         return facts
+
+    def namespace_usage(self, namespace: str, now: float) -> list[SweepUsage]:
+        """The GPU-hours of each sweep in `namespace`, from the cached copies (the GPU-hour budget's window)."""
+        return [sweep_usage_of(b, now) for b in self.cache.sweeps() if meta_of(b).get("namespace") == namespace]
 
     def run_cap(self, body: Mapping[str, Any], kind: str) -> int | None:
         """The worker-group cap of the run a RayJob or RayCluster belongs to; fixed for a run, so remembered."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from sweep_contracts import constants
 
+from ..policy import Admit
 from ..status import epoch_seconds, rfc3339
 from .guard import EMPTY_RUN_ROOT, reported_checkpoints
 
@@ -788,6 +789,16 @@ class ResumePorts:
     admit: Any  # (parsed sweep) -> None when the namespace budget admits it, else why it waits
     create: Any  # (rayjob dict) -> (object, created): kube.KubeApi.create_rayjob
     emit: Any  # (type, reason, message) -> None: an Event on the sweep
+
+
+def budget_refusal(budget: Any, hours: Any = None) -> str | None:
+    """`ResumePorts.admit`'s answer: why the namespace keeps the attempt waiting, None when it admits. `budget` is
+    the GPU caps' answer (Admit, Queue, Reject), `hours` the GPU-hour check's decision (None admits)."""
+    if not isinstance(budget, Admit):
+        return str(getattr(budget, "reason", budget))
+    if hours is None:
+        return None
+    return str((hours.status or {}).get("message") or "the GPU-hour budget")
 
 
 def resume_step(
