@@ -199,3 +199,66 @@ def test_reported_checkpoints_reads_status_and_result() -> None:
         REPORTED, {"trialResults": [{"checkpointUri": "s3://b/y"}, {"checkpointUri": None}]}
     ) == ["s3://b/sweeps/ml/digits-abc123/train/t1/checkpoint_epoch-000001", "s3://b/y"]
     assert reported_checkpoints(None, {"bestTrial": "garbage"}) == []
+
+
+# ---- one deletion: the decision, the verification it takes, what it tells
+SWEEP = {"metadata": {"name": "digits", "namespace": "ml", "generation": 3}, "spec": {}, "status": {"phase": "Running"}}
+RAYJOB = {"metadata": {"name": "digits-abc123", "namespace": "ml"}}
+
+
+@pytest.mark.parametrize(
+    ("facts", "result", "decided", "verified", "event", "on_sweep_too"),
+    [
+        (GuardFacts("RayJob", "digits-abc123", target=TARGET), FakeResult(True), Release, True, "Released", False),
+        (
+            GuardFacts("RayJob", "digits-abc123", target=TARGET),
+            FakeResult(False, (Finding("missing-file"),)),
+            Hold,
+            True,
+            "NotVerified",
+            True,
+        ),
+        (GuardFacts("RayJob", "digits-abc123"), None, Hold, False, "NotVerified", True),  # no target: no verification
+        (GuardFacts("RayJob", "digits-abc123", skip=True, target=TARGET), None, Release, False, "Bypassed", True),
+    ],
+)
+def test_a_deletion_verifies_only_when_asked_and_tells_the_sweep_of_a_hold_or_a_bypass(
+    facts: GuardFacts, result: FakeResult | None, decided: type, verified: bool, event: str, on_sweep_too: bool
+) -> None:
+    from sweep_operator.reconcile.facts import DeletionFacts
+    from sweep_operator.reconcile.guard import decide_deletion, deletion_notice
+
+    deletion = DeletionFacts("RayJob", RAYJOB, attempt=0, sweep=SWEEP)
+    asked: list[str] = []
+
+    def verify(target: GuardTarget) -> FakeResult:
+        asked.append(target.run_root)
+        assert result is not None
+        return result
+
+    def documents(target: GuardTarget) -> tuple[None, None, bool]:
+        asked.append("documents")
+        return None, None, True
+
+    decision, ran = decide_deletion(deletion, facts, verify, documents)
+    assert isinstance(decision, decided) and ran is (result if verified else None)
+    assert asked == ([TARGET.run_root, "documents"] if verified else [])
+    notice = deletion_notice(deletion, facts, decision)
+    assert notice.reason.endswith(event) and "digits-abc123" in notice.message
+    assert notice.objects == ((RAYJOB, SWEEP) if on_sweep_too else (RAYJOB,))
+    assert notice.type == ("Normal" if event == "Released" else "Warning")
+
+
+def test_a_sweeps_own_deletion_is_told_once_and_a_hold_without_verification_says_why() -> None:
+    from sweep_operator.reconcile.facts import DeletionFacts
+    from sweep_operator.reconcile.guard import deletion_notice, held_status
+
+    deletion = DeletionFacts("TrainingSweep", SWEEP, attempt=2, sweep=SWEEP)
+    hold = Hold("the run root cannot be determined", 120)
+    notice = deletion_notice(deletion, GuardFacts("TrainingSweep", "digits"), hold)
+    assert notice.objects == (SWEEP,)  # the sweep is the object: one Event, not two
+    assert notice.message.endswith("the run root cannot be determined; re-checking in 120s")
+    (condition,) = held_status(SWEEP, 1_800_000_000.0, notice.message)["conditions"]
+    assert (condition["type"], condition["status"]) == ("CheckpointsVerified", "False")
+    assert condition["reason"] == "NotVerified"
+    assert condition["message"] == notice.message and condition["observedGeneration"] == 3

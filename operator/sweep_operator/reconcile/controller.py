@@ -20,7 +20,7 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import conditions_with, is_terminal, parse_time, updated
+from ..status import is_terminal, parse_time, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, kueue, resume, run_phase
@@ -432,53 +432,25 @@ class SweepController:
         Status changes are computed from the sweep as the deletion found it and written onto `newest` (our own
         write just before) or the freshest copy."""
         facts, body, sweep = guard.guard_facts(deletion, self.reads.defaults), deletion.body, deletion.sweep
-        found = status_of(sweep or {})
-        generation = meta_of(sweep or {}).get("generation")
-        base, most = guard.backoff_settings(sweep)
-        decision: guard.GuardDecision = guard.decide_before_verification(
-            facts, attempt=deletion.attempt, base_backoff=base, max_backoff=most
-        )
-        result = None
-        if isinstance(decision, guard.Verify):
-            result = self.reads.verify(decision.target)
-            progress, final, readable = self.reads.run_documents(decision.target)
-            decision = guard.decide_after_verification(
-                result,
-                progress=progress,
-                final=final,
-                progress_readable=readable,
-                attempt=deletion.attempt,
-                base_backoff=base,
-                max_backoff=most,
-            )
-            if sweep is not None:
-                changes = guard.verification_status(found, generation, self.clock(), result, decision)
-                self.status.update(newest or sweep, lambda s: updated(s, changes))
-        name = meta_of(body).get("name", "")
+        decision, result = guard.decide_deletion(deletion, facts, self.reads.verify, self.reads.run_documents)
+        if sweep is not None and result is not None:
+            found, generation = status_of(sweep), meta_of(sweep).get("generation")
+            changes = guard.verification_status(found, generation, self.clock(), result, decision)
+            self.status.update(newest or sweep, lambda s: updated(s, changes))
         if isinstance(decision, guard.Hold):
-            message = guard.hold_message(facts.kind, name, decision.reason, decision.retry_after)
             self.metrics.guard_held(facts.kind, body, meta_of(sweep or {}).get("name"))
-            for target in (body, sweep) if sweep is not None and sweep is not body else (body,):
-                self.emit(target, "Warning", "CheckpointsNotVerified", message)
-            if sweep is not None and result is None:
-                held = {
-                    "conditions": conditions_with(
-                        found, generation, self.clock(), ("CheckpointsVerified", False, "NotVerified", message)
-                    )
-                }
-                self.status.update(newest or sweep, lambda s: updated(s, held))
-            raise RetryLater(message, decision.retry_after)
-        self.metrics.guard_released(facts.kind, body)
-        if decision.audit:
-            message = f"{facts.kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
-            for target in (body, sweep) if sweep is not None and sweep is not body else (body,):
-                self.emit(target, "Warning", "CheckpointGuardBypassed", message)
-            if facts.skip:  # the escape hatch: a metric, a log line naming its setter, the sweep's condition
-                audit.record_bypass(self, facts.kind, body, sweep)
         else:
-            self.emit(
-                body, "Normal", "CheckpointGuardReleased", f"{facts.kind} {name} deletion released: {decision.reason}"
-            )
+            self.metrics.guard_released(facts.kind, body)
+        notice = guard.deletion_notice(deletion, facts, decision)
+        for target in notice.objects:
+            self.emit(target, notice.type, notice.reason, notice.message)
+        if isinstance(decision, guard.Hold):
+            if sweep is not None and result is None:
+                held = guard.held_status(sweep, self.clock(), notice.message)
+                self.status.update(newest or sweep, lambda s: updated(s, held))
+            raise RetryLater(notice.message, decision.retry_after)
+        if decision.audit and facts.skip:  # the escape hatch: a metric, a log naming its setter, a condition
+            audit.record_bypass(self, facts.kind, body, sweep)
         return facts, decision
 
     def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:

@@ -5,7 +5,7 @@ or hold it and re-check with backoff. docs/guard.md states the rules as one tabl
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -443,6 +443,61 @@ def error_code(exc: BaseException) -> str:
     return str((response.get("Error") or {}).get("Code") or "")
 
 
+# --------------------------------------------------------------------------------- one deletion, verification lent
+Documents = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, bool]  # status.json, result.json, readable
+
+
+def decide_deletion(
+    deletion: DeletionFacts,
+    facts: GuardFacts,
+    verify: Callable[[GuardTarget], Any],
+    documents: Callable[[GuardTarget], Documents],
+) -> tuple[Release | Hold, Any]:
+    """The decision for one deletion and the verification it took (None: it needed none). `verify` checks a target
+    afresh and `documents` reads the run's records (the controller lends reads.Reads.verify and run_documents)."""
+    base, most = backoff_settings(deletion.sweep)
+    decision = decide_before_verification(facts, attempt=deletion.attempt, base_backoff=base, max_backoff=most)
+    if not isinstance(decision, Verify):
+        return decision, None
+    result = verify(decision.target)
+    progress, final, readable = documents(decision.target)
+    after = decide_after_verification(
+        result,
+        progress=progress,
+        final=final,
+        progress_readable=readable,
+        attempt=deletion.attempt,
+        base_backoff=base,
+        max_backoff=most,
+    )
+    return after, result
+
+
+@dataclass(frozen=True)
+class Notice:
+    """The Event a deletion decision posts on each of `objects`."""
+
+    type: str
+    reason: str
+    message: str
+    objects: tuple[Mapping[str, Any], ...]
+
+
+def deletion_notice(deletion: DeletionFacts, facts: GuardFacts, decision: Release | Hold) -> Notice:
+    """A hold, or a release without verification, is told on the object and on its sweep (where people look); a
+    verified release on the object only."""
+    body, sweep, kind = deletion.body, deletion.sweep, facts.kind
+    name = meta_of(body).get("name", "")
+    both = (body, sweep) if sweep is not None and sweep is not body else (body,)
+    if isinstance(decision, Hold):
+        message = hold_message(kind, name, decision.reason, decision.retry_after)
+        return Notice("Warning", "CheckpointsNotVerified", message, both)
+    if decision.audit:
+        message = f"{kind} {name} deletion released WITHOUT checkpoint verification: {decision.reason}"
+        return Notice("Warning", "CheckpointGuardBypassed", message, both)
+    return Notice("Normal", "CheckpointGuardReleased", f"{kind} {name} deletion released: {decision.reason}", (body,))
+
+
 # --------------------------------------------------------------------------------- what the sweep's status says
 
 
@@ -465,6 +520,12 @@ def verification_status(
         ready = status.get("phase") == "Succeeded" and verified
         updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
     return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, *updates)}
+
+
+def held_status(sweep: Mapping[str, Any], now: float, message: str) -> dict[str, Any]:
+    """A hold without a verification (nothing to record but why): CheckpointsVerified false with the hold's message."""
+    condition = ("CheckpointsVerified", False, "NotVerified", message)
+    return {"conditions": conditions_with(status_of(sweep), meta_of(sweep).get("generation"), now, condition)}
 
 
 def hold_message(kind: str, name: str, reason: str, delay: float) -> str:
