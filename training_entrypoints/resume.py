@@ -28,8 +28,11 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ray.tune import Callback
+from ray.tune.result import EXPR_PROGRESS_FILE, EXPR_RESULT_FILE
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchGenerator
 
 logger = logging.getLogger(__name__)
@@ -361,3 +364,31 @@ def prepare_experiment(tune_dir: str) -> ContinuePlan:
         tune_dir, len(plan.finished), len(plan.stopped), len(plan.unfinished), len(plan.errored),
     )  # fmt: skip
     return plan
+
+
+class KeepTrialLogs(Callback):
+    """A continued trial keeps its learning curve. Tune 2.58's JSON and CSV loggers bring a restored trial's
+    result.json and progress.csv back from storage only when the trial holds a Tune checkpoint
+    (`LoggerCallback._restore_from_remote`); our checkpoints are Train V2's, under train/<trialId>, so on a new
+    driver those files would start empty and be uploaded over the earlier rows. This callback copies them into the
+    trial's local directory first: Tune runs the user's callbacks before the default loggers it appends
+    (`tune.utils.callback._create_default_callbacks`), which then append to what was there."""
+
+    FILES = (EXPR_RESULT_FILE, EXPR_PROGRESS_FILE)
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        import pyarrow.fs as pafs
+
+        for name in self.FILES:
+            local = Path(trial.local_path, name)
+            if local.exists() and local.stat().st_size > 0:
+                continue  # this driver has been writing it: nothing to bring back
+            remote = f"{str(trial.storage.trial_fs_path).rstrip('/')}/{name}"
+            if Path(remote) == local:
+                continue  # local storage: the remote file is this one
+            fs = trial.storage.storage_filesystem
+            if fs.get_file_info(remote).type != pafs.FileType.File:
+                continue  # a trial that never reported
+            trial.init_local_path()
+            pafs.copy_files(remote, local.as_posix(), source_filesystem=fs)
+            logger.info("trial %s: kept its %s from %s", trial.trial_id, name, remote)

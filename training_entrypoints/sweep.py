@@ -231,9 +231,11 @@ def restore_tuner(
         max_concurrent_trials=internal._tune_config.max_concurrent_trials,
     )
     internal._tune_config.max_concurrent_trials = None  # already applied by continuing_search (a ConcurrencyLimiter)
-    # This attempt's progress callback (its attempt facts), not the pickled one of the first attempt.
-    callbacks = [c for c in (internal._run_config.callbacks or []) if not isinstance(c, SweepProgressCallback)]
-    internal._run_config.callbacks = [*callbacks, progress]
+    # This attempt's progress callback (its attempt facts), not the pickled one of the first attempt; KeepTrialLogs
+    # first, before any logger that came back with the pickled run config.
+    ours = (SweepProgressCallback, resume.KeepTrialLogs)
+    callbacks = [c for c in (internal._run_config.callbacks or []) if not isinstance(c, ours)]
+    internal._run_config.callbacks = [resume.KeepTrialLogs(), *callbacks, progress]
     return tuner, continued
 
 

@@ -366,3 +366,52 @@ def test_a_completed_trial_is_saved_with_done_even_after_tune_cached_its_metadat
     callback.flush()
     row = [trial.get_json_state()[0], trial.run_metadata.get_json_state()]
     assert resume.restored_trials({"trial_data": [row]})[0].done is True
+
+
+def _logged_trial(tmp_path: Path) -> Any:
+    from types import SimpleNamespace
+
+    import pyarrow.fs as pafs
+
+    local, remote = tmp_path / "driver" / "t_00000", tmp_path / "storage" / "tune" / "t_00000"
+    storage = SimpleNamespace(trial_fs_path=str(remote), storage_filesystem=pafs.LocalFileSystem())
+    return SimpleNamespace(
+        trial_id="t_00000",
+        local_path=str(local),
+        storage=storage,
+        init_local_path=lambda: local.mkdir(parents=True, exist_ok=True),
+    )
+
+
+def test_a_continued_trial_keeps_the_rows_its_earlier_attempt_uploaded(tmp_path: Path) -> None:
+    """On a new driver a continued trial's result.json and progress.csv come back from storage before Tune's loggers
+    open them for appending (Tune itself brings them back only for trials with a Tune checkpoint)."""
+    trial = _logged_trial(tmp_path)
+    remote = Path(trial.storage.trial_fs_path)
+    remote.mkdir(parents=True)
+    (remote / "result.json").write_text('{"epoch": 0}\n{"epoch": 1}\n')
+    (remote / "progress.csv").write_text("epoch\n0\n1\n")
+    resume.KeepTrialLogs().on_trial_start(0, [trial], trial)
+    assert (Path(trial.local_path) / "result.json").read_text() == '{"epoch": 0}\n{"epoch": 1}\n'
+    assert (Path(trial.local_path) / "progress.csv").read_text() == "epoch\n0\n1\n"
+    # A file this driver has been writing is not replaced by the stored copy.
+    (Path(trial.local_path) / "result.json").write_text('{"epoch": 0}\n{"epoch": 1}\n{"epoch": 2}\n')
+    resume.KeepTrialLogs().on_trial_start(0, [trial], trial)
+    assert (Path(trial.local_path) / "result.json").read_text().count("epoch") == 3
+
+
+def test_a_trial_that_never_reported_has_nothing_to_keep(tmp_path: Path) -> None:
+    trial = _logged_trial(tmp_path)
+    resume.KeepTrialLogs().on_trial_start(0, [trial], trial)
+    assert not Path(trial.local_path).exists()
+
+
+def test_tune_runs_keep_trial_logs_before_its_own_loggers() -> None:
+    """What KeepTrialLogs relies on: Tune appends its default JSON and CSV loggers after the user's callbacks."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+    from ray.tune.utils.callback import _create_default_callbacks
+
+    callbacks = _create_default_callbacks([resume.KeepTrialLogs()], metric="val_loss", mode="min")
+    kinds = [type(c) for c in callbacks]
+    assert kinds[0] is resume.KeepTrialLogs
+    assert kinds.index(JsonLoggerCallback) > 0 and kinds.index(CSVLoggerCallback) > 0
