@@ -636,6 +636,42 @@ def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
     assert namespace_view([a], None, T0) is None
 
 
+@pytest.mark.parametrize(
+    ("status", "sweep_hours", "namespace_hours", "expected"),
+    [
+        ({"rayClusterName": "c1"}, None, None, {"c1"}),  # a cluster to measure, no budget anywhere
+        ({}, None, None, None),  # no cluster, no budget: nothing to read or to keep current
+        ({}, 10.0, None, set()),  # the sweep's budget: status.usage is kept, with no pod to read
+        ({}, None, 50.0, set()),  # the namespace's budget: status.usage.namespace is kept
+    ],
+)
+def test_a_pass_measures_when_there_is_a_cluster_or_a_budget(
+    status: dict[str, Any], sweep_hours: float | None, namespace_hours: float | None, expected: set[str] | None
+) -> None:
+    from sweep_operator.reconcile.actions import Decision
+    from sweep_operator.reconcile.facts import SweepFacts
+    from sweep_operator.reconcile.usage import clusters_to_measure
+    from sweep_operator.settings import OperatorLimits
+    from sweep_operator.validation import parse_sweep
+    from tests.support.factories import gpu_sweep
+
+    body = gpu_sweep()
+    if sweep_hours is not None:
+        body["spec"]["budget"] = {"gpuHours": sweep_hours}
+    facts = SweepFacts({**body, "status": {"phase": "Running"}}, T0, OperatorLimits(), parse_sweep(body))
+    namespace = NamespaceBudget(namespace_hours, 86400) if namespace_hours is not None else None
+    assert clusters_to_measure(facts, Decision({"phase": "Running", **status}), namespace) == expected
+
+
+def test_an_ended_run_is_measured_until_its_gpu_pods_are_gone_unless_the_sweep_is_deleted() -> None:
+    from sweep_operator.reconcile.usage import usage_open
+
+    holding = {"usage": UsageLedger((PodInterval("p", "c1", 2.0, T0, None),)).to_status(T0 + HOUR)}
+    assert usage_open({"metadata": {}, "status": {"phase": "Succeeded", **holding}})
+    assert not usage_open({"metadata": {"deletionTimestamp": at(0)}, "status": holding})
+    assert not usage_open({"metadata": {}, "status": {"phase": "Succeeded"}})
+
+
 def test_threshold_metric_is_counted_once_after_the_write_that_records_it() -> None:
     from sweep_operator.metrics import OperatorMetrics
     from sweep_operator.reconcile.usage import BudgetThresholdCallback

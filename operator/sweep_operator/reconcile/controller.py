@@ -23,7 +23,7 @@ from ..settings import Settings
 from ..status import is_terminal, parse_time, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, kueue, resume, run_phase
+from . import admission, guard, kueue, resume, run_phase, usage
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
 from .cache import Cache, run_ref
 from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
@@ -44,12 +44,6 @@ class RetryLater(Exception):
     def __init__(self, message: str, delay: float):
         super().__init__(message)
         self.delay = delay
-
-
-def usage_open(body: Mapping[str, Any]) -> bool:
-    from .usage import holding_gpus
-
-    return not meta_of(body).get("deletionTimestamp") and holding_gpus(status_of(body))
 
 
 class SweepController:
@@ -152,7 +146,7 @@ class SweepController:
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work (run_phase.tick_due); ticks for steady sweeps cost no API call."""
-        if usage_open(body):
+        if usage.usage_open(body):
             return True  # an ended run's GPU pods are measured until they are gone (docs/budgets.md)
         return run_phase.tick_due(
             body, self.clock(), lambda: self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
@@ -312,35 +306,21 @@ class SweepController:
 
     # ------------------------------------------------------------------------------ GPU-hour budgets (issue 18)
     def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
-        """Fold this pass's read of the run's GPU pods into status.usage; a spent sweep budget stops the run through
-        the checkpoint guard like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
-        from .usage import clusters_to_read, decide_measured, measure, namespace_view
-
-        status = decision.status if decision.status is not None else facts.status
-        spec, ref, now = facts.admitted_spec, facts.ref, facts.now
-        hours = spec.budget.gpu_hours if spec is not None else None
-        namespace_budget = self.budgets.gpu_hour_budget(ref.namespace)
-        clusters = clusters_to_read(status)
-        if not clusters and hours is None and namespace_budget is None:
+        """The run's GPU pods into status.usage; a spent sweep budget stops the run (docs/budgets.md)."""
+        budget = self.budgets.gpu_hour_budget(facts.ref.namespace)
+        clusters = usage.clusters_to_measure(facts, decision, budget)
+        pods = self.reads.cluster_pods(facts.ref, clusters) if clusters is not None else None
+        if clusters is None or pods is None:
             return decision
-        try:
-            pods = [p for c in sorted(clusters) for p in self.kube.list_pods(ref.namespace, f"ray.io/cluster={c}")]
-        except Exception as exc:  # the next pass measures; nothing is lost while the pods' records stand
-            log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
-            return decision
-        view = namespace_view(self.reads.namespace_usage(ref.namespace, now), namespace_budget, now)
-        graceful = spec.deadlines.graceful_stop_seconds if spec is not None else 0
-        measured = measure(
-            status,
+        return usage.decide_pods_measured(
+            facts,
+            decision,
             pods,
             clusters,
-            now,
-            budget_gpu_hours=hours,
-            graceful_stop_seconds=graceful,
+            namespace_sweeps=self.reads.namespace_usage(facts.ref.namespace, facts.now),
+            namespace_budget=budget,
             refresh_seconds=self.settings.usage_refresh_seconds,
-            namespace=view,
         )
-        return decide_measured(facts, decision, status, measured)
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
         """A sweep ended or left: free its budget and give the queue, oldest first, a chance."""

@@ -223,6 +223,15 @@ class Reads:
             workers_wanted=wanted.workers_wanted,
         )
 
+    def cluster_pods(self, ref: ObjectRef, clusters: set[str]) -> list[dict[str, Any]] | None:
+        """The pods of the sweep's RayClusters, for GPU-hours; None when they cannot be read (the next pass
+        measures; nothing is lost while the pods' records stand)."""
+        try:
+            return [p for c in sorted(clusters) for p in self.kube.list_pods(ref.namespace, f"ray.io/cluster={c}")]
+        except Exception as exc:
+            log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
+            return None
+
     def rayjob_of_sweep(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator
         that crashed between the create and the status write left exactly that one). Never a foreign one."""

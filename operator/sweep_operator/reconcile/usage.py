@@ -737,6 +737,51 @@ def decide_measured(
     return Decision(updated(status, changes), tuple(actions), tuple(events))
 
 
+def clusters_to_measure(
+    facts: SweepFacts, decision: Decision, namespace_budget: NamespaceBudget | None
+) -> set[str] | None:
+    """The RayClusters whose pods this pass reads for GPU-hours; None: nothing to measure (no cluster, and neither
+    the sweep nor its namespace has a GPU-hour budget to keep current)."""
+    status = decision.status if decision.status is not None else facts.status
+    spec = facts.admitted_spec
+    clusters = clusters_to_read(status)
+    if not clusters and (spec is None or spec.budget.gpu_hours is None) and namespace_budget is None:
+        return None
+    return clusters
+
+
+def decide_pods_measured(
+    facts: SweepFacts,
+    decision: Decision,
+    pods: Iterable[Mapping[str, Any]],
+    clusters: Iterable[str],
+    *,
+    namespace_sweeps: Iterable[SweepUsage],
+    namespace_budget: NamespaceBudget | None,
+    refresh_seconds: float,
+) -> Decision:
+    """This pass's read of the run's GPU pods folded into status.usage (`measure`), then into the decision
+    (`decide_measured`), against the sweep's budget as admitted."""
+    status = decision.status if decision.status is not None else facts.status
+    spec, now = facts.admitted_spec, facts.now
+    measured = measure(
+        status,
+        pods,
+        clusters,
+        now,
+        budget_gpu_hours=spec.budget.gpu_hours if spec is not None else None,
+        graceful_stop_seconds=spec.deadlines.graceful_stop_seconds if spec is not None else 0,
+        refresh_seconds=refresh_seconds,
+        namespace=namespace_view(namespace_sweeps, namespace_budget, now),
+    )
+    return decide_measured(facts, decision, status, measured)
+
+
+def usage_open(body: Mapping[str, Any]) -> bool:
+    """An ended run's GPU pods are measured (and ticked) until they are gone, unless the sweep is being deleted."""
+    return not (body.get("metadata") or {}).get("deletionTimestamp") and holding_gpus(body.get("status") or {})
+
+
 def decide_gpu_hour_answer(
     facts: SweepFacts, budget: Any, limits: Any, namespace: NamespaceBudget | None, namespace_sweeps: list[Any]
 ) -> Any:
