@@ -15,7 +15,7 @@ the stopper dropped, errored trials given their retry budget again) and restores
 subclasses below, which reopen it and raise its sample count to the run spec's `tune.numSamples`. Another Tuner
 writing into the same experiment (the other way to raise num_samples) would replace Tune's experiment state, and a
 later retry would restore that second Tuner alone: the first attempt's trials would drop out of the result. The
-experiment-state format is ray 2.58's (pinned, R1); the e2e test `test_entrypoints_continue.py` runs it for real.
+experiment-state format is ray 2.58's (pinned, R1); the e2e test `tests/e2e/test_sandbox_resume.py` runs it for real.
 
 The pure parts (decisions over the run root's documents) come first; I/O is at the bottom.
 """
