@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_contracts import constants
+from sweep_contracts import constants, runtime_env
 from sweep_operator.rendering import build_rayjob
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
@@ -90,7 +90,7 @@ def test_apply_creates_the_rendered_rayjob_and_progresses_to_succeeded(env: Oper
         rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD]
         == expected["metadata"]["annotations"][constants.ANNOTATION_GUARD]
     )
-    env_vars = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+    env_vars = runtime_env.env_vars_of(rayjob)
     assert int(env_vars[constants.ENV_DEADLINE_AT]) > time.time()
 
     phases = [
