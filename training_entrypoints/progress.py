@@ -12,12 +12,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from ray.tune import Callback
 
 from sweep_contracts.s3_layout import RunLayout
+from sweep_contracts.timestamps import rfc3339
 
 from . import storage
 from .trainable import CONTEXT_KEY
@@ -51,7 +51,7 @@ class TrialSummary:
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def trial_counts(trials: Iterable[TrialSummary]) -> dict[str, int]:

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES
+from sweep_contracts.timestamps import parse_time as parse_time  # re-exported: the operator reads times here
+from sweep_contracts.timestamps import rfc3339
 
 # KubeRay v1.7 JobDeploymentStatus values.
 DEPLOYMENT_NEW = ""
@@ -24,19 +26,6 @@ DEPLOYMENT_SUSPENDED = frozenset({"Suspending", "Suspended"})
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
 JOB_SUCCEEDED = "SUCCEEDED"
 JOB_RUNNING = "RUNNING"
-
-
-def rfc3339(moment: datetime | float) -> str:
-    """The one RFC 3339 form the operator writes (UTC, whole seconds); `moment` a datetime or Unix time."""
-    if not isinstance(moment, datetime):
-        moment = datetime.fromtimestamp(moment, tz=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def epoch_seconds(value: Any) -> float | None:

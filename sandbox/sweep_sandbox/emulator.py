@@ -35,6 +35,7 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering as kmock_rendering
 
 from sweep_contracts import constants
+from sweep_contracts.timestamps import rfc3339
 
 from . import openapi
 from . import schema as crd_schema
@@ -74,7 +75,7 @@ def random_suffix(length: int = 5) -> str:
 
 
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def parse_rfc3339(value: str) -> datetime.datetime:

@@ -6,10 +6,11 @@ Models k8s.io/apiserver/pkg/endpoints/handlers/fieldmanager and sigs.k8s.io/stru
 from __future__ import annotations
 
 import copy
-import datetime
 import json
 from collections.abc import Iterable
 from typing import Any
+
+from sweep_contracts.timestamps import rfc3339
 
 Obj = dict[str, Any]
 Path = tuple[str, ...]
@@ -70,7 +71,7 @@ def path_text(path: Path) -> str:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 # ---- field sets
