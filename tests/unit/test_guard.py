@@ -262,3 +262,40 @@ def test_a_sweeps_own_deletion_is_told_once_and_a_hold_without_verification_says
     assert (condition["type"], condition["status"]) == ("CheckpointsVerified", "False")
     assert condition["reason"] == "NotVerified"
     assert condition["message"] == notice.message and condition["observedGeneration"] == 3
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "age", "expected"),
+    [
+        ([constants.FINALIZER], 0, None),  # on: nothing to do
+        ([], 5, "wait"),  # kopf adds it; adding it too would race kopf's patch
+        ([], 30, "add"),  # a reconcile interval later: the operator adds it itself
+        (["other/finalizer"], 60, "add"),
+    ],
+)
+def test_the_guards_finalizer_is_left_to_kopf_for_one_reconcile_interval(
+    finalizers: list[str], age: float, expected: str | None
+) -> None:
+    from sweep_operator.reconcile.guard import missing_finalizer
+
+    created = 1_800_000_000.0
+    body = {"metadata": {"name": "s", "finalizers": finalizers, "creationTimestamp": "2027-01-15T08:00:00Z"}}
+    assert missing_finalizer(body, created + age, grace_seconds=30) == expected
+    no_time = {"metadata": {"name": "s", "finalizers": finalizers}}
+    assert missing_finalizer(no_time, created, grace_seconds=30) == (None if expected is None else "add")
+
+
+@pytest.mark.parametrize(
+    ("labels", "finalizers", "lost"),
+    [
+        ({}, [constants.FINALIZER], True),
+        ({constants.LABEL_SWEEP: "digits"}, [constants.FINALIZER], False),
+        ({}, [], False),  # not guarded (released, or never ours)
+    ],
+)
+def test_a_guarded_object_without_its_sweep_label_is_noticed(
+    labels: dict[str, str], finalizers: list[str], lost: bool
+) -> None:
+    from sweep_operator.reconcile.guard import label_lost
+
+    assert label_lost({"metadata": {"name": "j", "labels": labels, "finalizers": finalizers}}) is lost

@@ -20,7 +20,7 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import is_terminal, parse_time, updated
+from ..status import is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, kueue, resume, run_phase, usage
@@ -162,15 +162,11 @@ class SweepController:
                 fresh = self.reads.sweep(ref, reread=attempt > 0)
                 if fresh is None or meta_of(fresh).get("deletionTimestamp"):
                     return
-                # Nothing is created for a sweep before the guard's finalizer is on it (R22). kopf adds it (it owns
-                # the finalizer: settings.persistence.finalizer), and that write's event brings the sweep back here;
-                # adding it here at once only raced kopf's patch. The operator adds it only to a sweep still without
-                # one a reconcile interval after its creation: the guard never depends on kopf's retry alone.
-                if constants.FINALIZER not in (meta_of(fresh).get("finalizers") or []):
-                    created = parse_time(meta_of(fresh).get("creationTimestamp"))
-                    if created is not None and self.clock() - created.timestamp() < self.settings.reconcile_seconds:
-                        log.debug("sweep %s: waiting for the guard's finalizer", ref)
-                        return
+                missing = guard.missing_finalizer(fresh, self.clock(), self.settings.reconcile_seconds)
+                if missing == guard.WAIT:
+                    log.debug("sweep %s: waiting for the guard's finalizer", ref)
+                    return
+                if missing == guard.ADD:
                     log.info(
                         "sweep %s: no finalizer %.0fs after creation; adding it", ref, self.settings.reconcile_seconds
                     )
@@ -312,15 +308,9 @@ class SweepController:
         pods = self.reads.cluster_pods(facts.ref, clusters) if clusters is not None else None
         if clusters is None or pods is None:
             return decision
-        return usage.decide_pods_measured(
-            facts,
-            decision,
-            pods,
-            clusters,
-            namespace_sweeps=self.reads.namespace_usage(facts.ref.namespace, facts.now),
-            namespace_budget=budget,
-            refresh_seconds=self.settings.usage_refresh_seconds,
-        )
+        sweeps = self.reads.namespace_usage(facts.ref.namespace, facts.now)
+        refresh = self.settings.usage_refresh_seconds
+        return usage.decide_pods_measured(facts, decision, pods, clusters, sweeps, budget, refresh_seconds=refresh)
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
         """A sweep ended or left: free its budget and give the queue, oldest first, a chance."""
@@ -339,13 +329,8 @@ class SweepController:
 
     def workload_changed(self, workload: Mapping[str, Any]) -> None:
         """A Kueue Workload changed: reconcile the sweep whose RayJob it belongs to (Kueue mode)."""
-        namespace = meta_of(workload).get("namespace") or "default"
-        for owner in meta_of(workload).get("ownerReferences") or []:
-            if owner.get("kind") == constants.RAYJOB_KIND and owner.get("controller"):
-                rayjob = self.kube.get_rayjob(namespace, owner.get("name", ""))
-                sweep = ((meta_of(rayjob or {}).get("labels")) or {}).get(constants.LABEL_SWEEP)
-                if sweep:
-                    self.request_reconcile(namespace, sweep)
+        for sweep in self.reads.sweeps_of_workload(workload):
+            self.request_reconcile(sweep.namespace, sweep.name)
 
     # --------------------------------------------------------------------------------- drift (R21)
     def drifted(self, body: Mapping[str, Any], kind: str) -> bool:
@@ -369,14 +354,11 @@ class SweepController:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {ref.name}: {correction.message}")
 
     # --------------------------------------------------------------------------------- the checkpoint guard
-    # Each deletion handler reads DeletionFacts, asks guard.decide_* (docs/guard.md) and carries the decision out.
     def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         ref, meta, newest = ObjectRef.of(body), meta_of(body), None
         if status_of(body).get("phase") != "Deleting":
-            newest = self.status.update(
-                body, lambda s: updated(s, {"phase": "Deleting", "message": "verifying checkpoints before deletion"})
-            )
+            newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
         rayjob = self.reads.rayjob_of_sweep(body)
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
@@ -388,22 +370,16 @@ class SweepController:
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        facts, decision = self._guard(
-            DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body))
-        )
+        deletion = DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body))
+        facts, decision = self._guard(deletion)
         if facts.skip:
             self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), rayjobs=False)
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        deletion = DeletionFacts(
-            constants.RAYCLUSTER_KIND,
-            body,
-            attempt,
-            rayjob=self.reads.rayjob_of_cluster(body),
-            sweep=self.reads.sweep_of(body),
-        )
-        return self._guard(deletion)[1].reason
+        rayjob, sweep = self.reads.rayjob_of_cluster(body), self.reads.sweep_of(body)
+        _, decision = self._guard(DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep))
+        return decision.reason
 
     def _guard(
         self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None
@@ -449,11 +425,7 @@ class SweepController:
         """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through
         the guard); say so once, on the object and on its sweep."""
         meta = meta_of(body)
-        if constants.LABEL_SWEEP in (meta.get("labels") or {}) or constants.FINALIZER not in (
-            meta.get("finalizers") or []
-        ):
-            return
-        if not self.cache.first_label_warning(meta.get("uid") or meta.get("name", "")):
+        if not guard.label_lost(body) or not self.cache.first_label_warning(meta.get("uid") or meta.get("name", "")):
             return
         message = guard.label_removed_message(kind, body)
         self.emit(body, "Warning", "GuardLabelRemoved", message)

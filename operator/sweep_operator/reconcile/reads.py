@@ -265,6 +265,17 @@ class Reads:
             runs.append((run_spec.sweep, demand_of(run_spec.spec)))
         return runs
 
+    def sweeps_of_workload(self, workload: Mapping[str, Any]) -> list[ObjectRef]:
+        """The sweep (by its RayJob's label) of the RayJob that controls a Kueue Workload, read fresh."""
+        namespace, sweeps = meta_of(workload).get("namespace") or "default", []
+        for owner in meta_of(workload).get("ownerReferences") or []:
+            if owner.get("kind") == constants.RAYJOB_KIND and owner.get("controller"):
+                rayjob = self.kube.get_rayjob(namespace, owner.get("name", ""))
+                sweep = ((meta_of(rayjob or {}).get("labels")) or {}).get(constants.LABEL_SWEEP)
+                if sweep:
+                    sweeps.append(ObjectRef(namespace, sweep))
+        return sweeps
+
     def sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """The sweep a RayJob or RayCluster belongs to, read fresh."""
         name = sweep_name_of(obj)

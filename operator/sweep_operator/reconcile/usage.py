@@ -755,9 +755,9 @@ def decide_pods_measured(
     decision: Decision,
     pods: Iterable[Mapping[str, Any]],
     clusters: Iterable[str],
-    *,
     namespace_sweeps: Iterable[SweepUsage],
     namespace_budget: NamespaceBudget | None,
+    *,
     refresh_seconds: float,
 ) -> Decision:
     """This pass's read of the run's GPU pods folded into status.usage (`measure`), then into the decision
