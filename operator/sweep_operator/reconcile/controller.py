@@ -192,7 +192,7 @@ class SweepController:
 
     def _admit(self, facts: SweepFacts) -> None:
         decision, ref = admission.decide_admission(facts), facts.ref
-        if decision is None:  # ask the namespace's budget
+        if decision is None:
             assert facts.sweep is not None
             budget = self.budgets.ask(facts, facts.sweep.spec)
             decision = admission.decide_budget(facts, budget, self.budgets.in_use(ref.namespace), self.render_context)
@@ -300,7 +300,7 @@ class SweepController:
             except Stale:
                 continue
 
-    # ------------------------------------------------------------------------------ GPU-hour budgets (issue 18)
+    # ------------------------------------------------------------ budgets: GPU-hours (issue 18), the FIFO, Kueue
     def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
         """The run's GPU pods into status.usage; a spent sweep budget stops the run (docs/budgets.md)."""
         budget = self.budgets.gpu_hour_budget(facts.ref.namespace)
