@@ -4,7 +4,7 @@ status, deadlines (R6, R20), drift (R21), spec changes, and the checkpoint guard
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -1069,3 +1069,25 @@ def test_a_failed_run_says_what_the_driver_recorded(world: World) -> None:
     status = world.reconcile("digits")
     assert status["phase"] == "Failed"
     assert "exit code 1" in status["message"] and "s3:PutObject denied" in status["message"]
+
+
+@pytest.mark.parametrize("namespace_hours,reads_others", [(0.0, False), (500.0, True)], ids=["no window", "window"])
+def test_the_other_sweeps_hours_are_read_only_for_a_namespace_window(
+    world: World, monkeypatch: pytest.MonkeyPatch, namespace_hours: float, reads_others: bool
+) -> None:
+    """Reading the namespace's GPU-hours parses every cached sweep there: a pass (admission or a running sweep's
+    measurement) pays it only when a namespace GPU-hour window exists, else a burst of N sweeps costs N^2 parses."""
+    world.controller.settings = replace(world.controller.settings, namespace_gpu_hours=namespace_hours)
+    calls: list[str] = []
+    original = world.controller.reads.namespace_usage
+
+    def spy(namespace: str, now: float) -> Any:
+        calls.append(namespace)
+        return original(namespace, now)
+
+    monkeypatch.setattr(world.controller.reads, "namespace_usage", spy)
+    for name in ("a", "b"):
+        add_sweep(world, name)
+        assert world.reconcile(name)["phase"] == "Starting"
+        world.reconcile(name)  # a running sweep's pass measures its pods
+    assert bool(calls) is reads_others, calls

@@ -308,7 +308,7 @@ class SweepController:
         pods = self.reads.cluster_pods(facts.ref, clusters) if clusters is not None else None
         if clusters is None or pods is None:
             return decision
-        sweeps = self.reads.namespace_usage(facts.ref.namespace, facts.now)
+        sweeps = self.reads.namespace_usage(facts.ref.namespace, facts.now) if budget is not None else []
         refresh = self.settings.usage_refresh_seconds
         return usage.decide_pods_measured(facts, decision, pods, clusters, sweeps, budget, refresh_seconds=refresh)
 

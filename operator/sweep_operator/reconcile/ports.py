@@ -46,7 +46,10 @@ class Budgets:
     def gpu_hours(self, facts: SweepFacts, budget: Any) -> Decision | None:
         """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision (docs/budgets.md)."""
         ref = facts.ref
-        namespace, sweeps = self.gpu_hour_budget(ref.namespace), self.reads.namespace_usage(ref.namespace, facts.now)
+        namespace = self.gpu_hour_budget(ref.namespace)
+        # Only a namespace window needs the others' hours: reading them parses every cached sweep of the namespace,
+        # which each admission of a burst would otherwise pay.
+        sweeps = self.reads.namespace_usage(ref.namespace, facts.now) if namespace is not None else []
         answer = decide_gpu_hour_answer(facts, budget, self.settings.limits, namespace, sweeps)
         if answer is None:
             return None
