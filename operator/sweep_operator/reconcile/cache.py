@@ -95,6 +95,7 @@ class Cache:
         self._rayjob_news: dict[str, tuple[Any, ...]] = {}  # RayJob uid -> the fields its sweep's status mirrors
         self._caps: dict[RunRef, int] = {}
         self._polled: dict[ObjectRef, float] = {}  # -> monotonic time of the last progress poll
+        self._pods_read: dict[ObjectRef, float] = {}  # -> monotonic time of the last GPU-pod read (GPU-hours)
         self._create_failures: dict[ObjectRef, tuple[int, float]] = {}  # -> (failed creates in a row, retry at)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
         self.parsed = Lru(PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
@@ -225,6 +226,18 @@ class Cache:
             due = last is None or now - last >= self.settings.status_poll_seconds
             if due and take:
                 self._polled[ref] = now
+            return due
+
+    def pods_due(self, ref: ObjectRef, now: float) -> bool:
+        """Whether the run's GPU pods may be read again, and if so records the read: status_poll_seconds apart,
+        as progress. Every event of a running sweep brings a pass; a pod LIST on each would be most of the
+        operator's requests in a burst, and GPU-hours need no finer grain than the poll (intervals start and end
+        at the pods' own timestamps where they carry them)."""
+        with self._lock:
+            last = self._pods_read.get(ref)
+            due = last is None or now - last >= self.settings.status_poll_seconds
+            if due:
+                self._pods_read[ref] = now
             return due
 
     def create_retry_at(self, ref: ObjectRef) -> float | None:

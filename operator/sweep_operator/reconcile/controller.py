@@ -305,7 +305,8 @@ class SweepController:
         """The run's GPU pods into status.usage; a spent sweep budget stops the run (docs/budgets.md)."""
         budget = self.budgets.gpu_hour_budget(facts.ref.namespace)
         clusters = usage.clusters_to_measure(facts, decision, budget)
-        pods = self.reads.cluster_pods(facts.ref, clusters) if clusters is not None else None
+        due = clusters is not None and self.cache.pods_due(facts.ref, time.monotonic())
+        pods = self.reads.cluster_pods(facts.ref, clusters) if due and clusters is not None else None
         if clusters is None or pods is None:
             return decision
         sweeps = self.reads.namespace_usage(facts.ref.namespace, facts.now) if budget is not None else []
