@@ -351,6 +351,8 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "operator"), env.get("PYTHONPATH", "")) if p),
         }
     )
+    if args.kopf_untuned:  # the caller's SWEEP_* are dropped above, so the switch is passed on here
+        env["SWEEP_KOPF_UNTUNED"] = "1"
     return env
 
 
@@ -535,6 +537,11 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else",
     )
     parser.add_argument(
+        "--kopf-untuned",
+        action="store_true",
+        help="run the operator with SWEEP_KOPF_UNTUNED=1: kopf's scheduler as it ships (to measure kopf_tuning)",
+    )
+    parser.add_argument(
         "--standin",
         choices=("process", "thread", "none"),
         default="process",
@@ -567,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "operator": args.operator,
             "kuberayStandIn": args.standin,
+            "kopfTuned": not args.kopf_untuned,
             "reconcileSeconds": args.reconcile_seconds,
             "runSeconds": args.run_seconds,
             "startupSeconds": args.startup_seconds,
