@@ -148,6 +148,14 @@ class Cluster:
         fields = ",".join(f"{k}={v}" for k, v in selector.items())
         return list(self.core.list_namespaced_event(self.ns, field_selector=fields).items)
 
+    def event_after(self, name: str, reason: str) -> Any:
+        """The one Event `reason` on `name`, waited for: KubeRay records it after the write it reports
+        (rayjob_controller.go deleteClusterResources / suspendWorkerGroups: r.Delete or r.Update, then
+        r.Recorder.Eventf), so a test that saw the write may look before the Event exists."""
+        selector = {"involvedObject.name": name, "reason": reason}
+        (event,) = wait_for(lambda: (e := self.events(**selector)) and e, 10, what=f"the {reason} Event")
+        return event
+
     def deployments(self, name: str) -> list[str]:
         """Every jobDeploymentStatus the RayJob has had, in order (from the emulator's change log)."""
         seen: list[str] = []
@@ -595,7 +603,7 @@ def test_cluster_deletion_on_finish_is_held_by_a_finalizer_until_released(
         what="KubeRay to delete the cluster",
     )
     assert held["metadata"]["finalizers"] == [constants.FINALIZER]
-    (deleted,) = kube.events(**{"involvedObject.name": "guarded", "reason": "DeletedRayCluster"})
+    deleted = kube.event_after("guarded", "DeletedRayCluster")
     assert deleted.message == f"Deleted cluster {kube.ns}/{name}" and deleted.action == "Delete"
     kube.release("rayclusters", name)
     wait_for(lambda: kube.cluster(name) is None, 5, what="the released cluster to go")
@@ -683,7 +691,8 @@ def test_deletion_rules_delete_workers_suspends_the_worker_groups(kube: Cluster,
         10,
         what="the worker groups to be suspended",
     )
-    assert kube.events(**{"involvedObject.name": "lean", "reason": "UpdatedRayCluster"})
+    updated = kube.event_after("lean", "UpdatedRayCluster")
+    assert updated.message == f"Set the `suspend` field to true for all worker groups in cluster {kube.ns}/{name}"
 
 
 def test_legacy_deletion_policy_deletes_the_cluster_on_success(kube: Cluster, runner: ScriptedRunner) -> None:
