@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES
-from sweep_contracts.timestamps import parse_time as parse_time  # re-exported: the operator reads times here
+from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
+from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
 from sweep_contracts.timestamps import rfc3339
 
 # KubeRay v1.7 JobDeploymentStatus values.
@@ -26,18 +27,6 @@ DEPLOYMENT_SUSPENDED = frozenset({"Suspending", "Suspended"})
 REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
 JOB_SUCCEEDED = "SUCCEEDED"
 JOB_RUNNING = "RUNNING"
-
-
-def epoch_seconds(value: Any) -> float | None:
-    """An RFC 3339 time (or a number already in seconds) as Unix time; None when absent or unreadable."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from sweep_contracts.checkpoint_manifest import (
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
-from .status import rfc3339
+from .status import parse_time, rfc3339
 
 # --------------------------------------------------------------------------------- finding kinds
 
@@ -464,9 +464,10 @@ def _days_until(when: Any, today: date) -> int | None:
         return (when - today).days
     if isinstance(when, str):
         try:
-            return (datetime.fromisoformat(when.replace("Z", "+00:00")).date() - today).days
+            parsed = parse_time(when)
         except ValueError:
             return None
+        return (parsed.date() - today).days if parsed is not None else None
     return None
 
 

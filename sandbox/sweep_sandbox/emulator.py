@@ -35,7 +35,7 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering as kmock_rendering
 
 from sweep_contracts import constants
-from sweep_contracts.timestamps import rfc3339
+from sweep_contracts.timestamps import parse_time, rfc3339
 
 from . import openapi
 from . import schema as crd_schema
@@ -79,7 +79,10 @@ def now_rfc3339() -> str:
 
 
 def parse_rfc3339(value: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    parsed = parse_time(value)
+    if parsed is None:
+        raise ValueError("an empty time")
+    return parsed
 
 
 def human_age(timestamp: str | None) -> str:

@@ -1020,15 +1020,22 @@ def test_emulated_pods_run_once_the_cluster_is_ready(quiet: Cluster) -> None:
     """RC reconcilePods (head and workers), calculateStatus (state ready once they run); the pods go with the
     cluster by ownerReference GC."""
     kube = quiet
-    runner = ScriptedRunner(Outcome.succeed(0.3, startup=0.3))
+    # The job runs for seconds, not a blink: the pods are checked while they run, and the RayJob's Running is read
+    # from the emulator's change log, so a loaded machine that polls late cannot miss either.
+    runner = ScriptedRunner(Outcome.succeed(3.0, startup=0.3))
     with KubeRayStandIn(kube.server.api_client(), runner, poll_interval=0.1, emulate_pods=True):
         kube.submit("pods")
         name = kube.until("pods", "Initializing")["rayClusterName"]
         starting = _settled_pods(kube, name, 3)
         assert {p.status.phase for p in starting} == {"Pending"}
-        kube.until("pods", "Running")
-        assert {p.status.phase for p in _pods(kube, name)} == {"Running"}
+        running = wait_for(
+            lambda: len(p := _pods(kube, name)) == 3 and {x.status.phase for x in p} == {"Running"} and p,
+            10,
+            what="the cluster's 3 pods to be Running",
+        )
+        assert {p.metadata.name for p in running} == {p.metadata.name for p in starting}  # the same pods, now running
         kube.until("pods", "Complete")
+        assert kube.deployments("pods")[-3:] == ["Initializing", "Running", "Complete"]
         wait_for(lambda: not _pods(kube, name), 10, what="the pods to go with their cluster")
 
 

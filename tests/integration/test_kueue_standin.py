@@ -363,7 +363,10 @@ def test_over_quota_waits_with_kueues_message_and_is_admitted_fifo_as_quota_free
         f"{GPU} in flavor default-flavor, 2 more needed"
     )
     space.wait_pending(third)
-    assert space.rayjob("second")["spec"]["suspend"] is True and space.deployment("second") == "Suspended"
+    # KubeRay takes a suspended RayJob New -> Initializing -> Suspending -> Suspended on its own clock (RJ
+    # updateStatusToSuspendingIfNeeded), independent of Kueue's pending Workload: wait for the state, then read it.
+    wait_for(lambda: space.deployment("second") == "Suspended", 10, what="KubeRay to park the queued RayJob")
+    assert space.rayjob("second")["spec"]["suspend"] is True
     space.custom.delete_namespaced_custom_object(*RAY, space.ns, "rayjobs", "first")  # its quota goes with it
     space.wait_admitted(second)
     space.wait_admitted(third)

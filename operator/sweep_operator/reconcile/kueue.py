@@ -14,14 +14,13 @@ import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
 
 from sweep_contracts.runtime_env import deadline_of, run_spec_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
-from ..status import conditions_with, rfc3339
+from ..status import conditions_with, parse_time, rfc3339
 from .actions import Decision, Event, SetRuntimeEnv, SetSuspend
 from .facts import SweepFacts, meta_of
 
@@ -58,9 +57,10 @@ def _seconds(value: Any, where: str) -> float | None:
     if not isinstance(value, str):
         raise KueueError(f"{where}: got {value!r}; expected an RFC 3339 time")
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        parsed = parse_time(value)
     except ValueError:
         raise KueueError(f"{where}: got {value!r}; expected an RFC 3339 time") from None
+    return parsed.timestamp() if parsed is not None else None
 
 
 @dataclass(frozen=True)
