@@ -31,6 +31,11 @@ from tests.support.sweep_factory import SyntheticSweep, write_sweep
 
 pytestmark = pytest.mark.integration
 
+# The 35 cells wait concurrently in this process, beside the emulator, the stand-in and the operator: polling at
+# the helpers' default (20 ms) made the cells' own reads most of the load and starved the guard's re-checks on a
+# busy machine. A quarter second is far below every backoff and deadline asserted here.
+POLL = 0.25
+
 ROWS = ("delete-sweep", "delete-rayjob", "kuberay-deletes-cluster", "deadline-stop", "retry-then-delete")
 COLUMNS = (
     "complete",
@@ -110,6 +115,7 @@ def _closed_port() -> int:
 def matrix(s3_server: Any) -> Iterator[tuple[OperatorEnv, Router, list[Seen]]]:
     with FaultyS3Server(503, "ServiceUnavailable", "S3 is answering 5xx (injected)") as faulty:
         env, stop = start_operator_env(s3_server)
+        env.poll = POLL
         router = Router(s3_server.endpoint_url, faulty.endpoint_url, f"http://127.0.0.1:{_closed_port()}")
         seen: list[Seen] = []
         controller = env.operator.controller
@@ -264,6 +270,7 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
         first = wait_for(
             lambda: next((k for k, read in readers.items() if deleting(read)), None),
             TIMEOUT * 2,
+            interval=POLL,
             what=f"{name}: a deadline deleting the RayJob or its cluster",
         )
         return first, readers[first]
@@ -275,6 +282,7 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
     wait_for(
         lambda: int(((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("status") or {}).get("failed") or 0) >= 1,
         TIMEOUT,
+        interval=POLL,
         what=f"{name}: the first attempt failed",
     )
     if cell.column != "complete":
@@ -283,6 +291,7 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
                 "deletionTimestamp"
             ),
             TIMEOUT,
+            interval=POLL,
             what=f"{name}: KubeRay deleting the failed attempt's cluster",
         )
     env.delete_ray(constants.RAYJOB_PLURAL, rayjob)
@@ -299,7 +308,7 @@ def _run_cell(cell: Cell) -> None:
     assert not cell.verifications(), f"{cell.name}: the row's deletion came before the run was broken (a slow machine)"
     kind, held = _held_object(cell)
     if cell.column == "complete":
-        wait_for(lambda: held() is None, TIMEOUT * 2, what=f"{cell.name}: {kind} released")
+        wait_for(lambda: held() is None, TIMEOUT * 2, interval=POLL, what=f"{cell.name}: {kind} released")
         good = [s for s in cell.verifications() if s.verified and s.checked == 4]
         assert good, f"released without a verification that saw the 4 checkpoints: {cell.verifications()}"
     else:
@@ -307,12 +316,14 @@ def _run_cell(cell: Cell) -> None:
         wait_for(
             lambda: (held() or {}).get("metadata", {}).get("deletionTimestamp"),
             TIMEOUT * 2,
+            interval=POLL,
             what=f"{cell.name}: {kind} being deleted",
         )
         # "Still held" is judged after two re-checks that saw the problem, not after a sleep.
         wait_for(
             lambda: len([s for s in cell.verifications(broken_at) if expected in s.kinds and not s.verified]) >= 2,
             TIMEOUT * 2,
+            interval=POLL,
             what=f"{cell.name}: two verifications reporting {expected}",
         )
         assert held() is not None, f"{kind} released while the run reports {expected}"
@@ -329,7 +340,7 @@ def _run_cell(cell: Cell) -> None:
             f"CheckpointsVerified=False naming {expected}",
         )
         _repair(cell)
-        wait_for(lambda: held() is None, TIMEOUT, what=f"{cell.name}: {kind} released after the repair")
+        wait_for(lambda: held() is None, TIMEOUT, interval=POLL, what=f"{cell.name}: {kind} released after the repair")
         assert any(s.verified and s.checked == 4 for s in cell.verifications(broken_at)), "released by a verified check"
     # Nothing under the run root was deleted or written by the operator (the repair rewrote what the test broke).
     mutations = [c for c in cell.router.calls if c[0] == cell.endpoint and c[1] in MUTATING]

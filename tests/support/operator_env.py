@@ -47,6 +47,9 @@ class OperatorEnv:
     bucket: str
     s3_switch: S3Switch
     kueue: Any = None  # the Kueue stand-in, when started with kueue_default_queue
+    # How often the waits below read the API. The emulator, the stand-in and the operator share this process (and
+    # its GIL), so a test that watches many sweeps at once raises it: its own polling must not starve the operator.
+    poll: float = 0.02
     custom: Any = field(init=False)
     core: Any = field(init=False)
 
@@ -104,7 +107,7 @@ class OperatorEnv:
         namespace: str = "default",
         timeout: float = TIMEOUT,
     ) -> dict[str, Any]:
-        wait_for(lambda: predicate(self.status(name, namespace)), timeout, what=f"{name}: {what}")
+        wait_for(lambda: predicate(self.status(name, namespace)), timeout, self.poll, what=f"{name}: {what}")
         return self.status(name, namespace)
 
     def wait_phase(
