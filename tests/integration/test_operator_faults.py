@@ -113,6 +113,7 @@ class RandomErrors(ErrorInjector):
 def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any) -> None:
     """Every sweep gets exactly one RayJob and finishes; every deletion goes through the guard and is released."""
     env, stop = start_operator_env(s3_server)
+    env.poll = 0.25  # 200 sweeps to watch: the test's own reads stay a small share of the shared process
     try:
         env.operator.controller.kube.api_client.user_agent = "sweep-operator-under-test"
         injector = RandomErrors(0.10, ("kopf/", "sweep-operator-under-test"))
@@ -141,6 +142,7 @@ def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any
                 ]
             ),
             240,
+            interval=0.25,
             what="every sweep released",
         )
         releases = [e for e in env.core.list_namespaced_event(ns).items if e.reason == "CheckpointGuardBypassed"]
