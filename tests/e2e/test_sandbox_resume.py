@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import uuid
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 
 from sweep_contracts import constants
 from sweep_contracts.s3_layout import RunLayout, checkpoint_dir_name
+from sweep_contracts.timestamps import epoch_seconds
 from sweep_sandbox.emulator import wait_for
 from training_entrypoints.checkpointing import MODEL_FILE, state_dict_digest
 
@@ -78,7 +78,7 @@ def _committed_epochs(layout: RunLayout, trial_id: str) -> list[int]:
 
 
 def _stamp(value: str | None) -> float:
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else 0.0
+    return epoch_seconds(value) or 0.0
 
 
 @pytest.mark.timeout(900)

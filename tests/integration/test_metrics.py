@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sweep_contracts import constants
+from sweep_contracts.timestamps import epoch_seconds as unix  # the one RFC 3339 reader
 from sweep_operator.settings import OperatorLimits
 from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
@@ -61,10 +61,6 @@ def value(samples: Samples, metric: str, **labels: str) -> float | None:
 def series(samples: Samples, metric: str, **labels: str) -> dict[tuple[tuple[str, str], ...], float]:
     """Every sample of `metric` whose labels include `labels`."""
     return {k[1]: v for k, v in samples.items() if k[0] == metric and labels.items() <= dict(k[1]).items()}
-
-
-def unix(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def await_metrics(scrape: Scrape, predicate: Any, what: str) -> Samples:

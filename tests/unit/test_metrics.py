@@ -4,19 +4,15 @@ operator knows (right after a restart), thread-safe phase transitions, per-sweep
 from __future__ import annotations
 
 import threading
-from datetime import datetime
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sweep_contracts.timestamps import epoch_seconds as unix  # the one RFC 3339 reader
 from sweep_operator.metrics import PHASES, STATE_GAUGES, OperatorMetrics, run_root_identity
 
 T0 = 1_796_000_000.0
-
-
-def unix(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def samples(metrics: OperatorMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -9,12 +9,12 @@ import itertools
 import json
 import re
 import shutil
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sweep_contracts.timestamps import epoch_seconds as unix  # the one RFC 3339 reader
 from sweep_operator.cli import main as sweepctl
 from sweep_operator.cli.report import (
     LocalStore,
@@ -38,10 +38,6 @@ def tune_rows(root: Path, trial: str) -> list[dict[str, Any]]:
 
 def result_doc(root: Path = FIXTURE) -> dict[str, Any]:
     return json.loads((root / "_sweep" / "result.json").read_text())
-
-
-def unix(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def records_of(root: Path) -> Any:
