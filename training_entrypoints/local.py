@@ -6,6 +6,7 @@ the entrypoint runs in a subprocess with the container env and the runtime env, 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -36,6 +37,16 @@ EXIT_TIMED_OUT = 124
 # What Ray's job supervisor hands a submitted driver so that its runtime env reaches every worker.
 RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 _READY_LINE = "Ray runtime started"
+# Even with --include-dashboard=false a minimal dashboard head starts, on 8265 unless told otherwise.
+_COMPONENT_PORT_FLAGS = (
+    "--dashboard-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+)
+# A port chosen free can be taken before Ray binds it (another test, another cluster): that many fresh sets are tried.
+PORT_CLASH_ATTEMPTS = 3
 
 
 class LocalRunError(RuntimeError):
@@ -140,10 +151,21 @@ def s3_endpoint(env: Mapping[str, str]) -> str | None:
     return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports.
+
+    Every socket stays bound until all are chosen: one bound and closed at a time, the OS may hand out the same port
+    twice, and Ray refuses to start when two of its components are given one port.
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
+# Ray's own words when a port it was given is taken; the ports were free when chosen, so a fresh set is tried.
+_PORT_CLASH = ("is trying to use a port number", "Address already in use", "Failed to bind")
 
 
 # ------------------------------------------------------------------------------------ local cluster
@@ -162,11 +184,15 @@ class LocalRayCluster:
         # On SIGTERM a node drains first (up to 30 s, reported as a preemption); a throwaway local node has nothing to
         # hand over, so it stops at once.
         self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
-        self.port = _free_port()
+        self._choose_ports()
         self.temp_dir = tempfile.mkdtemp(prefix="sray-")
+        self._log_in_temp_dir = not log_path
         self.log_path = Path(log_path) if log_path else Path(self.temp_dir) / "ray-start.log"
         self._process: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
+
+    def _choose_ports(self) -> None:
+        self.port, *self._component_ports = _free_ports(1 + len(_COMPONENT_PORT_FLAGS))
 
     @property
     def address(self) -> str:
@@ -179,16 +205,29 @@ class LocalRayCluster:
             "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
             f"--num-cpus={self.size.num_cpus}", f"--num-gpus={self.size.num_gpus}",
             f"--resources={json.dumps(self.size.resources)}", f"--object-store-memory={self.size.object_store_bytes}",
-            # Even with --include-dashboard=false a minimal dashboard head starts, on 8265 unless told otherwise.
-            f"--dashboard-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}",
+            *(f"{flag}={port}" for flag, port in zip(_COMPONENT_PORT_FLAGS, self._component_ports, strict=True)),
             # `ray start` defaults every cluster to worker ports 10002-19999; two local clusters then collide.
             "--min-worker-port=0", "--max-worker-port=0",
         ]  # fmt: skip
 
     def start(self, timeout_s: float = CLUSTER_START_TIMEOUT_S) -> LocalRayCluster:
+        attempt = 1
+        while True:
+            try:
+                return self._start_once(timeout_s)
+            except LocalRunError as e:
+                if attempt >= PORT_CLASH_ATTEMPTS or not any(words in str(e) for words in _PORT_CLASH):
+                    raise
+            attempt += 1
+            self._choose_ports()
+            self.temp_dir = tempfile.mkdtemp(prefix="sray-")  # stop() removed the last one
+            if self._log_in_temp_dir:
+                self.log_path = Path(self.temp_dir) / "ray-start.log"
+
+    def _start_once(self, timeout_s: float) -> LocalRayCluster:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._ready.clear()
         self._process = subprocess.Popen(
             self.command(),
             env=self.env,
@@ -197,22 +236,22 @@ class LocalRayCluster:
             text=True,
             start_new_session=True,
         )
-        threading.Thread(target=self._drain, daemon=True, name="ray-start-log").start()
+        threading.Thread(target=self._drain, args=(self._process,), daemon=True, name="ray-start-log").start()
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.2):
             exited = self._process.poll() is not None
             if exited or time.monotonic() > deadline:
                 time.sleep(0.5)  # let the log thread write the last lines
-                tail = self.log_path.read_text()[-2000:] if self.log_path.exists() else ""
+                tail = self.log_path.read_text()[offset:][-2000:] if self.log_path.exists() else ""
                 self.stop()
                 why = "exited" if exited else f"did not start within {timeout_s:g} s"
                 raise LocalRunError(f"local Ray ({' '.join(self.command()[:3])}) {why}:\n{tail}")
         return self
 
-    def _drain(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
+    def _drain(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
         with self.log_path.open("a") as log:
-            for line in self._process.stdout:
+            for line in process.stdout:
                 log.write(line)
                 log.flush()
                 if _READY_LINE in line:

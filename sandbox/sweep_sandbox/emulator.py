@@ -2087,10 +2087,15 @@ def build_emulator(**options: Any) -> KubernetesApiEmulator:
     return emulator
 
 
+class GiveUp(Exception):
+    """Raised by a `wait_for` condition that has seen the awaited state can no longer come (a sweep Failed)."""
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
     """Poll `condition` until it returns something truthy and return that; TimeoutError (naming `what`) otherwise.
 
-    Exceptions from `condition` count as "not yet" (an object not created yet answers 404) until the timeout.
+    Exceptions from `condition` count as "not yet" (an object not created yet answers 404) until the timeout, except
+    `GiveUp`, which ends the wait at once.
     """
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -2099,6 +2104,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
             result = condition()
             if result:
                 return result
+        except GiveUp:
+            raise
         except Exception as e:
             last_error = e
         if time.monotonic() >= deadline:

@@ -19,7 +19,7 @@ import yaml
 from sweep_contracts import constants
 from sweep_contracts.s3_layout import RunLayout, checkpoint_dir_name
 from sweep_contracts.timestamps import epoch_seconds
-from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.emulator import GiveUp, wait_for
 from training_entrypoints.checkpointing import MODEL_FILE, state_dict_digest
 from training_entrypoints.resume import EXPERIMENT_STATE_PATTERN, plan_continue, restored_trials
 
@@ -130,7 +130,7 @@ def test_sweepctl_resume_continues_a_deadline_stopped_sandbox_sweep_and_the_guar
             s = status()
             rows = s.get("attempts") or []
             if s.get("phase") in ("Failed",):
-                raise AssertionError(f"the sweep failed: {s.get('message')}\n{driver_logs()}")
+                raise GiveUp(f"the sweep failed: {s.get('message')}\n{driver_logs()}")
             done = s.get("phase") == phase and len(rows) == attempts and rows[-1].get("endedAt")
             # This attempt's own end-of-run verification, not the one before it.
             verified = _stamp((s.get("checkpoints") or {}).get("verifiedAt")) >= _stamp(rows[-1].get("endedAt"))

@@ -118,6 +118,75 @@ def test_local_ray_keeps_to_loopback_its_own_ports_and_temp_dir() -> None:
     assert not Path(cluster.temp_dir).exists()
 
 
+def test_every_port_given_to_local_ray_is_distinct() -> None:
+    # CI once saw gcs_server and runtime_env_agent given one port (each chosen by its own bind-and-close), and Ray
+    # refused to start: ray/_private/parameter.py, RayParams.update_pre_selected_port.
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=2, num_gpus=0, resources={}))
+    try:
+        ports = []
+        for arg in cluster.command():
+            flag, _, value = arg.partition("=")
+            if flag.endswith("-port") and flag not in ("--min-worker-port", "--max-worker-port"):
+                ports.append(int(value))
+        assert cluster.port in ports and len(ports) == 6 and len(set(ports)) == 6, ports
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize(
+    ("first_failure", "starts", "raised"),
+    [
+        (
+            "Ray component runtime_env_agent is trying to use a port number 35661 that is used by other components",
+            2,
+            False,
+        ),
+        ("OSError: [Errno 98] Address already in use", 2, False),
+        ("ModuleNotFoundError: No module named 'torch'", 1, True),
+    ],
+)
+def test_a_start_that_loses_a_port_race_is_tried_again_on_fresh_ports(
+    monkeypatch: pytest.MonkeyPatch, first_failure: str, starts: int, raised: bool
+) -> None:
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=2, num_gpus=0, resources={}))
+    seen: list[tuple[int, str]] = []
+
+    def start_once(self: LocalRayCluster, timeout_s: float) -> LocalRayCluster:
+        seen.append((self.port, self.temp_dir))
+        if len(seen) == 1:
+            raise LocalRunError(f"local Ray exited:\n{first_failure}")
+        return self
+
+    monkeypatch.setattr(LocalRayCluster, "_start_once", start_once)
+    try:
+        if raised:
+            with pytest.raises(LocalRunError, match="torch"):
+                cluster.start()
+        else:
+            assert cluster.start() is cluster
+        assert len(seen) == starts
+        if starts == 2:
+            assert seen[0][0] != seen[1][0] and seen[0][1] != seen[1][1]  # fresh ports, fresh temp dir
+            assert cluster.log_path.parent == Path(cluster.temp_dir)
+    finally:
+        cluster.stop()
+
+
+def test_a_port_race_lost_every_time_ends_after_the_last_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=2, num_gpus=0, resources={}))
+    starts: list[int] = []
+
+    def start_once(self: LocalRayCluster, timeout_s: float) -> LocalRayCluster:
+        starts.append(self.port)
+        raise LocalRunError("local Ray exited:\nAddress already in use")
+
+    monkeypatch.setattr(LocalRayCluster, "_start_once", start_once)
+    with pytest.raises(LocalRunError, match="Address already in use"):
+        cluster.start()
+    cluster.stop()
+    assert len(starts) == local.PORT_CLASH_ATTEMPTS
+
+
 def test_cpu_only_renders_the_same_sweep_without_gpus() -> None:
     sweep = cpu_only(parse_sweep(gpu_sweep()))
     assert sweep.spec.trial.resources_per_worker.gpu == 0
