@@ -206,7 +206,10 @@ def looked_again(standin: KubeRayStandIn, kube: Cluster, name: str) -> None:
 def test_rayjob_walks_new_initializing_running_complete(kube: Cluster, runner: ScriptedRunner) -> None:
     """RJ Reconcile (New -> Initializing -> Running -> Complete), initRayJobStatusIfNeed (jobId, rayClusterName,
     startTime), updateRayJobStatus (endTime on Complete), checkBackoffLimitAndUpdateStatusIfNeeded (succeeded)."""
-    runner.script("walk", Outcome.succeed(0.3, submit=0.2))
+    # KubeRay reads the job's status only when it reconciles (every 3 s while Running, here every 0.1 s): a phase
+    # shorter than a reconcile's delay on a busy machine is never seen, as on a real cluster (CI once saw a 0.2 s
+    # PENDING and a 0.3 s RUNNING both missed). Each lasts long enough here to be seen.
+    runner.script("walk", Outcome.succeed(1.5, submit=1.0))
     kube.submit("walk")
     status = kube.until("walk", "Complete")
     assert kube.deployments("walk") == ["", "Initializing", "Running", "Complete"]
