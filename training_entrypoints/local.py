@@ -242,7 +242,9 @@ class LocalRayCluster:
             exited = self._process.poll() is not None
             if exited or time.monotonic() > deadline:
                 time.sleep(0.5)  # let the log thread write the last lines
-                tail = self.log_path.read_text()[offset:][-2000:] if self.log_path.exists() else ""
+                # This start's lines only (the log may hold an earlier try's); the offset counts bytes.
+                log = self.log_path.read_bytes()[offset:] if self.log_path.exists() else b""
+                tail = log.decode(errors="replace")[-2000:]
                 self.stop()
                 why = "exited" if exited else f"did not start within {timeout_s:g} s"
                 raise LocalRunError(f"local Ray ({' '.join(self.command()[:3])}) {why}:\n{tail}")

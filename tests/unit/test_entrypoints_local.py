@@ -4,6 +4,7 @@ the entrypoint gets, and `sweepctl run-local`'s own parts."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,32 @@ def test_a_start_that_loses_a_port_race_is_tried_again_on_fresh_ports(
             assert cluster.log_path.parent == Path(cluster.temp_dir)
     finally:
         cluster.stop()
+
+
+def test_a_retried_start_runs_a_fresh_process_and_reports_only_its_own_log_lines(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Stand-ins for `ray start`: the first loses its port, the second fails for another reason.
+    scripts = iter(
+        [
+            "print('ValueError: Ray component gcs_server is trying to use a port number 1 that is used'); exit(1)",
+            "print('the second try: no such module'); exit(1)",
+        ]
+    )
+    commands: list[list[str]] = []
+
+    def command(self: LocalRayCluster) -> list[str]:
+        if not commands or commands[-1][-1] != f"--port={self.port}":  # one script per start (per port choice)
+            commands.append([sys.executable, "-c", next(scripts), f"--port={self.port}"])
+        return commands[-1]
+
+    monkeypatch.setattr(LocalRayCluster, "command", command)
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=2, num_gpus=0, resources={}), log_path=tmp_path / "ray.log")
+    with pytest.raises(LocalRunError, match="the second try") as failed:
+        cluster.start(timeout_s=30)
+    assert len(commands) == 2 and commands[0][-1] != commands[1][-1]  # fresh ports for the second process
+    assert "gcs_server" not in str(failed.value)  # the first try's lines stay in the log, not in this error
+    assert "gcs_server" in (tmp_path / "ray.log").read_text()
 
 
 def test_a_port_race_lost_every_time_ends_after_the_last_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
