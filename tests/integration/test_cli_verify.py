@@ -109,6 +109,38 @@ def test_corruption_fails_only_with_deep(
     assert [p["kind"] for p in doc["problems"]] == ["checksum-mismatch", "best-checkpoint-unverified"]
 
 
+def test_the_storage_prefix_is_refused_naming_the_run_roots_under_it(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, s3_bucket: str
+) -> None:
+    """Issue 28: `verify <storage.uri>` holding two runs once printed VERIFIED with 0 checkpoints and exited 0."""
+    writer = MotoDirectWriter()
+    first = write_sweep(writer, s3_bucket, "sweeps/team-a/digits-r1", trials=1, checkpoints=1, files=1)
+    second = write_sweep(writer, s3_bucket, "sweeps/team-b/mnist-r2", trials=1, checkpoints=1, files=1)
+
+    code, out, err = sweepctl(capsys, f"s3://{s3_bucket}/sweeps", "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert (code, out) == (2, ""), out + err
+    assert "VERIFIED" not in err
+    assert f"s3://{s3_bucket}/sweeps is not a run root: expected s3://bucket/prefix/<namespace>/<sweep>-<runId>" in err
+    assert err.splitlines()[-3:] == [
+        f"run roots under s3://{s3_bucket}/sweeps:",
+        f"  {first.root_uri}",
+        f"  {second.root_uri}",
+    ]
+
+    code, _, err = sweepctl(capsys, f"s3://{s3_bucket}/sweeps/team-b", "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 2 and err.splitlines()[-1] == f"  {second.root_uri}"
+    assert sweepctl(capsys, second.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)[0] == 0
+
+
+def test_a_prefix_with_no_run_under_it_says_so(
+    capsys: pytest.CaptureFixture[str], s3_server: Any, s3_bucket: str
+) -> None:
+    MotoDirectWriter().put_object(Bucket=s3_bucket, Key="notes/readme.txt", Body=b"x")
+    code, _, err = sweepctl(capsys, f"s3://{s3_bucket}/notes", "--endpoint-url", s3_server.endpoint_url, *FAST)
+    assert code == 2
+    assert err.splitlines()[-1] == f"no run root within 3 levels under s3://{s3_bucket}/notes"
+
+
 def test_wrong_bucket_exits_1_with_the_reason(capsys: pytest.CaptureFixture[str], s3_server: Any) -> None:
     code, out, err = sweepctl(
         capsys, "s3://no-such-bucket-here/sweeps/ns/x-r1", "--endpoint-url", s3_server.endpoint_url, *FAST

@@ -1,4 +1,5 @@
 """`sweepctl verify URI`: are a run's checkpoints safely in S3? Exit 0 verified, 1 not verified, 2 usage error.
+A URI that is not a run root (a storage.uri, a namespace) is a usage error listing the run roots under it.
 
 Prints a table (trial, checkpoint, files, bytes, status) or, with --json, the result with a top-level `verified`.
 """
@@ -9,6 +10,9 @@ import argparse
 import json
 import sys
 from typing import Any, TextIO
+
+from sweep_contracts import s3_layout
+from sweep_contracts.s3_layout import S3Uri
 
 from .common import EXIT_FAILED, EXIT_OK, UsageError
 
@@ -24,7 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify a sweep run's checkpoints in S3 (exit 0 verified, 1 not verified, 2 usage error)",
         description="Verify that every checkpoint Ray committed for a sweep run is complete in S3 (R22).",
     )
-    p.add_argument("uri", metavar="URI", help="run root: s3://bucket/prefix/<namespace>/<sweep>-<runId>")
+    p.add_argument(
+        "uri",
+        metavar="URI",
+        help="run root: s3://bucket/prefix/<namespace>/<sweep>-<runId> (a storage.uri lists the run roots under it)",
+    )
     p.add_argument(
         "--endpoint-url", default="", metavar="URL", help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS)"
     )
@@ -55,8 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep_contracts.s3_layout import S3Uri
-
     from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
 
@@ -90,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # botocore refuses some configurations (e.g. an invalid region name) before any request
         raise UsageError(f"cannot build an S3 client: {exc}") from None
 
+    not_a_run_root = run_root_problem(client, root)
+    if not_a_run_root:
+        raise UsageError(not_a_run_root)
+
     result = verify_sweep_checkpoints(
         client,
         root,
@@ -104,6 +114,79 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_report(result, sys.stdout)
     return EXIT_OK if result.verified else EXIT_FAILED
+
+
+# A run root holds at least one of these (s3_layout): the driver writes _sweep/ first, Ray tune/ and train/.
+_RUN_ROOT_DIRS = frozenset({s3_layout.SWEEP_META_DIR, s3_layout.TUNE_EXPERIMENT_NAME, s3_layout.TRAIN_DIR})
+# `<storage.uri>/<namespace>/<sweep>-<runId>`: a storage prefix is two levels above its run roots; one more
+# level covers a prefix given a level too high. The listings are bounded so a huge bucket cannot stall an error.
+_SEARCH_DEPTH = 3
+_MAX_LISTINGS = 200
+
+
+def _child_dirs(client: Any, bucket: str, prefix: str) -> tuple[set[str], bool]:
+    """(names of the `dir/`s directly under `prefix`, whether anything at all is there): one delimited listing."""
+    dirs: set[str] = set()
+    anything = False
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
+    while True:
+        page = client.list_objects_v2(**kwargs)
+        anything = anything or bool(page.get("Contents") or page.get("CommonPrefixes"))
+        dirs.update(p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", []))
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return dirs - {""}, anything
+        kwargs["ContinuationToken"] = token
+
+
+def _run_roots_under(client: Any, root: S3Uri) -> tuple[list[str], bool]:
+    """The run roots within `_SEARCH_DEPTH` levels below `root` (breadth first), and whether the search was cut
+    short by `_MAX_LISTINGS`."""
+    found: list[str] = []
+    level = [root]
+    listings = 0
+    for _ in range(_SEARCH_DEPTH):
+        below: list[S3Uri] = []
+        for parent in level:
+            for name in sorted(_child_dirs(client, parent.bucket, parent.prefix)[0]):
+                below.append(parent.join(name))
+            listings += 1
+            if listings >= _MAX_LISTINGS:
+                return found, True
+        level = []
+        for candidate in below:
+            if listings >= _MAX_LISTINGS:
+                return found, True
+            dirs, _ = _child_dirs(client, candidate.bucket, candidate.prefix)
+            listings += 1
+            if dirs & _RUN_ROOT_DIRS:
+                found.append(str(candidate))
+            else:
+                level.append(candidate)
+    return found, False
+
+
+def run_root_problem(client: Any, root: S3Uri) -> str | None:
+    """Why `root` is not a run root (naming the run roots under it), or None when it is one, is empty (the
+    verifier reports an empty root as not verified) or cannot be listed (the verifier reports the S3 error)."""
+    try:
+        dirs, anything = _child_dirs(client, root.bucket, root.prefix)
+        if not anything or dirs & _RUN_ROOT_DIRS:
+            return None
+        roots, cut_short = _run_roots_under(client, root)
+    except Exception:  # any S3 error is left to the verifier, which fails closed and names it
+        return None
+    expected = ", ".join(f"{d}/" for d in sorted(_RUN_ROOT_DIRS))
+    lines = [
+        f"{root} is not a run root: expected s3://bucket/prefix/<namespace>/<sweep>-<runId> "
+        f"(the storage.uri, then the namespace and the run directory), holding {expected}"
+    ]
+    if roots:
+        lines.append(f"run roots under {root}:" if not cut_short else f"run roots under {root} (the first found):")
+        lines += [f"  {r}" for r in roots]
+    else:
+        lines.append(f"no run root within {_SEARCH_DEPTH} levels under {root}")
+    return "\n".join(lines)
 
 
 def _human_bytes(n: int) -> str:
