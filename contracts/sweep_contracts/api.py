@@ -625,8 +625,15 @@ class SweepStatus(StatusModel):
     deadline_at: str | None = Field(None, description="startedAt + activeSeconds.")
     finished_at: str | None = Field(None, description="When the sweep reached a terminal phase.")
     trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
-    trials_summary: str | None = Field(None, description="finished/total, e.g. 3/8.")
+    trials_summary: str | None = Field(
+        None,
+        description="Trials finished out of those the sweep asks for (tune.numSamples, times the grid's points), "
+        "and how many run now: e.g. 3/8 (2 running).",
+    )
     best_trial: BestTrial | None = Field(None, description="Best trial so far.")
+    best_summary: str | None = Field(
+        None, description="bestTrial.value to 4 significant digits (the BEST column); bestTrial.value is exact."
+    )
     waiting_for: str | None = Field(
         None,
         description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).",

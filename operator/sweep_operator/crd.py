@@ -81,8 +81,19 @@ SPEC_RULES: list[dict[str, str]] = [
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
-    {"name": "Trials", "type": "string", "jsonPath": ".status.trialsSummary", "description": "Finished/total trials"},
-    {"name": "Best", "type": "number", "jsonPath": ".status.bestTrial.value", "description": "Best metric value"},
+    {
+        "name": "Trials",
+        "type": "string",
+        "jsonPath": ".status.trialsSummary",
+        "description": "Trials finished out of tune.numSamples (times the grid's points), and how many run now",
+    },
+    # A string rounded by the operator: a number column prints all 16-17 digits of a float.
+    {
+        "name": "Best",
+        "type": "string",
+        "jsonPath": ".status.bestSummary",
+        "description": "Best metric value (4 significant digits)",
+    },
     {
         "name": "Verified",
         "type": "boolean",
@@ -94,7 +105,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "GPU-Hours",
         "type": "number",
         "jsonPath": ".status.usage.gpuHours",
-        "description": "GPU-hours used (its GPU pods, scheduled to gone)",
+        "description": "GPU-hours used (its GPU pods, scheduled to gone; 0 for a CPU sweep)",
     },
     # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
     {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},

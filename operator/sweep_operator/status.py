@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES
+from sweep_contracts.paramspace import grid_size
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
 from sweep_contracts.timestamps import rfc3339
@@ -182,10 +183,22 @@ def trial_counts(doc: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def trials_summary(counts: Mapping[str, int]) -> str:
-    """`finished/total`, e.g. `3/8` (the TRIALS printer column)."""
+def planned_trials(spec: Any) -> int | None:
+    """How many trials the sweep asks for in all (over every attempt): `tune.numSamples`, times the grid's points
+    when paramSpace has grid values (Tune repeats the whole grid numSamples times); None without a spec."""
+    if spec is None:
+        return None
+    return int(spec.tune.num_samples) * grid_size(dict(spec.param_space))
+
+
+def trials_summary(counts: Mapping[str, int], planned: int | None = None) -> str:
+    """The TRIALS printer column: finished out of the trials the sweep asks for, and how many run now, e.g.
+    `3/8 (2 running)`. Ray's count of trials started so far is no denominator: it reads `0/1` while the first trial
+    trains and `2/2` when a 100-sample sweep has only begun."""
     finished = counts.get("terminated", 0) + counts.get("errored", 0)
-    return f"{finished}/{counts.get('total', 0)}"
+    total = max(planned or 0, counts.get("total", 0))
+    running = counts.get("running", 0)
+    return f"{finished}/{total} ({running} running)" if running else f"{finished}/{total}"
 
 
 def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -206,14 +219,21 @@ def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def progress_patch(doc: Mapping[str, Any]) -> dict[str, Any]:
+def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
     """Status fields from a run's `_sweep/status.json` or `_sweep/result.json`; `waitingFor` is cleared (None: the
-    merge patch removes it) as soon as nothing is pending, and by result.json, which has no `pending` block."""
+    merge patch removes it) as soon as nothing is pending, and by result.json, which has no `pending` block. `spec`
+    (the run's SweepSpec) gives trialsSummary its denominator, the trials asked for (`planned_trials`)."""
     from .ray_demand import waiting_for
 
     counts = trial_counts(doc)
-    patch: dict[str, Any] = {"trials": counts, "trialsSummary": trials_summary(counts), "waitingFor": waiting_for(doc)}
+    patch: dict[str, Any] = {
+        "trials": counts,
+        "trialsSummary": trials_summary(counts, planned_trials(spec)),
+        "waitingFor": waiting_for(doc),
+    }
     best = best_trial(doc)
     if best:
         patch["bestTrial"] = best
+        if "value" in best:
+            patch["bestSummary"] = f"{best['value']:.4g}"
     return patch

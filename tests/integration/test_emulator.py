@@ -560,6 +560,7 @@ def test_kubectl_apply_get_custom_columns_describe_and_delete(
                 "phase": "Running",
                 "trialsSummary": "1/2",
                 "bestTrial": {"value": 0.25},
+                "bestSummary": "0.25",
                 "checkpoints": {"verified": True},
             }
         },

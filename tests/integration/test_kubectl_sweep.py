@@ -190,6 +190,43 @@ def test_get_tsw_wide_shows_gpus_namespace_budget_and_verification_time(world: W
     assert cell("VERIFIED-AT") not in ("", "<none>")  # an age, like AGE
 
 
+def row_cells(table: str) -> dict[str, str]:
+    """The first row of a `kubectl get` table by the header's column offsets (a cell may be empty or hold spaces)."""
+    header, row = table.splitlines()[:2]
+    columns = header.split()
+    starts = [header.index(name) for name in columns]
+    ends = [*starts[1:], None]
+    return {name: row[start:end].strip() for name, start, end in zip(columns, starts, ends, strict=True)}
+
+
+def test_get_tsw_columns_read_finished_of_num_samples_a_short_best_and_0_gpu_hours(world: World) -> None:
+    """Issue 28: TRIALS counted trials started so far (`0/1`), BEST printed 16 digits, GPU-HOURS was blank on a CPU
+    sweep. The status is what the operator computes from a driver's status.json two trials into 100 samples."""
+    from sweep_operator.status import progress_patch
+    from sweep_operator.validation import parse_sweep
+
+    doc = yaml.safe_load((REPO / "tests" / "support" / "fixtures" / "report-sweep.yaml").read_text())
+    doc["metadata"].update(name="wide-cpu", namespace=world.namespace)
+    doc["spec"]["paramSpace"]["lr"] = {"loguniform": [1.0e-4, 1.0e-1]}
+    doc["spec"]["tune"].update(numSamples=100, searcher={"type": "random"})
+    progress = {
+        "trials": {"total": 3, "terminated": 2, "running": 1},
+        "bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.123456789012345678},
+    }
+    status = {"phase": "Running", **progress_patch(progress, parse_sweep(doc).spec), "usage": {"gpuHours": 0}}
+    custom = kubernetes.client.CustomObjectsApi(world.server.api_client())
+    args = (constants.GROUP, constants.VERSION, world.namespace, constants.PLURAL)
+    custom.create_namespaced_custom_object(*args, doc)
+    try:
+        custom.patch_namespaced_custom_object_status(*args, "wide-cpu", {"status": status})
+        done = world.kubectl("get", "tsw", "wide-cpu")
+        assert done.returncode == 0, done.stderr
+        cells = row_cells(done.stdout)
+        assert (cells["TRIALS"], cells["BEST"], cells["GPU-HOURS"]) == ("2/100 (1 running)", "0.1235", "0"), done.stdout
+    finally:
+        custom.delete_namespaced_custom_object(*args, "wide-cpu")
+
+
 def test_report_from_the_cluster_reads_status_and_s3(world: World, tmp_path: Path) -> None:
     out = tmp_path / "report"
     done = world.kubectl("sweep", "report", world.name, "--out", str(out))

@@ -116,6 +116,28 @@ def test_admission_creates_exactly_one_rayjob_as_rendered(world: World) -> None:
     assert "Starting" in world.reasons("digits")
 
 
+def test_columns_count_trials_against_num_samples_and_a_cpu_sweep_shows_0_gpu_hours(world: World) -> None:
+    """Issue 28: TRIALS read `0/1` while the first trial trained and `2/2` two trials into a 100-sample sweep;
+    BEST printed 16 digits; GPU-HOURS stayed blank on a CPU sweep."""
+    doc = changed(cpu_sweep(name="wide", namespace="ml"), {"spec.tune.numSamples": 100})
+    doc["metadata"]["creationTimestamp"] = "2026-12-02T12:00:00Z"
+    world.kube.add("TrainingSweep", doc)
+    status = world.reconcile("wide")
+    assert (status["phase"], status["trialsSummary"], status["usage"]) == ("Starting", "0/100", {"gpuHours": 0})
+    name, run_id = status["rayJobName"], status["runId"]
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p"
+    )
+    progress = f"bucket/sweeps/ml/wide-{run_id}/_sweep/status.json"
+    world.put(progress, json.dumps({"trials": {"total": 1, "running": 1}}).encode())
+    assert world.reconcile("wide")["trialsSummary"] == "0/100 (1 running)"
+    best = {"id": "t1", "metric": "val_loss", "value": 0.31415926535897931}
+    world.put(progress, json.dumps({"trials": {"total": 2, "terminated": 2}, "bestTrial": best}).encode())
+    status = world.reconcile("wide")
+    assert (status["trialsSummary"], status["bestSummary"]) == ("2/100", "0.3142")
+    assert status["usage"] == {"gpuHours": 0}  # its (CPU) pods were read: nothing to record, no rewrite each pass
+
+
 def test_nothing_is_created_before_the_guards_finalizer_is_on(world: World) -> None:
     """R22: kopf adds the finalizer on the sweep's first event; until it is there, a reconcile creates nothing."""
     add_sweep(world, "digits")
@@ -268,7 +290,7 @@ def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     assert status["phase"] == "Running"
     assert status["rayClusterName"] == f"{name}-x7k2p"
     assert status["jobDeploymentStatus"] == "Running" and status["jobStatus"] == "RUNNING"
-    assert status["trialsSummary"] == "3/8" and status["bestTrial"]["value"] == 0.25
+    assert status["trialsSummary"] == "3/8 (2 running)" and status["bestTrial"]["value"] == 0.25
     assert status["trainingStartedAt"]
     running = next(c for c in status["conditions"] if c["type"] == "Running")
     assert running["status"] == "True" and running["observedGeneration"] == 1

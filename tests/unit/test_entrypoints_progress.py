@@ -67,7 +67,7 @@ def test_result_file_has_the_design_shape_and_every_reader_accepts_it() -> None:
     # The operator's status reader, its API model and the verifier read the same file.
     assert best_checkpoint_uri(data) == doc["bestTrial"]["checkpointUri"]
     BestTrial.model_validate(doc["bestTrial"])
-    assert progress_patch(json.loads(data))["trialsSummary"] == "3/5"
+    assert progress_patch(json.loads(data))["trialsSummary"] == "3/5 (1 running)"
 
 
 def test_status_file_carries_phase_counts_best_and_time() -> None:

@@ -10,10 +10,13 @@ from sweep_operator.diagnosis import diagnose_startup
 from sweep_operator.status import (
     RayJobFacts,
     phase_for,
+    planned_trials,
     progress_patch,
     set_condition,
     trials_summary,
 )
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import changed, cpu_sweep
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -83,7 +86,8 @@ def test_progress_from_status_file() -> None:
         },
     }
     patch = progress_patch(doc)
-    assert patch["trialsSummary"] == "4/8"
+    assert patch["trialsSummary"] == "4/8 (2 running)"
+    assert patch["bestSummary"] == "0.12"
     assert patch["trials"]["running"] == 2
     assert patch["bestTrial"] == {
         "id": "t3",
@@ -99,6 +103,28 @@ def test_progress_tolerates_partial_or_odd_files() -> None:
     assert patch["trials"] == {"pending": 0, "running": 1, "terminated": 0, "errored": 0, "total": 1}
     assert "bestTrial" not in patch or "value" not in patch["bestTrial"]
     assert trials_summary({"total": 0}) == "0/0"
+
+
+def test_trials_column_counts_finished_against_the_trials_asked_for() -> None:
+    """Issue 28: TRIALS read Ray's count of trials started so far (`0/1` while the first trained, `2/2` for a
+    100-sample sweep two trials in); it is finished / numSamples (x the grid's points), with the running ones."""
+    spec = parse_sweep(changed(cpu_sweep(), {"spec.tune.numSamples": 100})).spec
+    first_training = {"trials": {"total": 1, "running": 1}}
+    two_done = {"trials": {"total": 2, "terminated": 2}}
+    assert progress_patch(first_training, spec)["trialsSummary"] == "0/100 (1 running)"
+    assert progress_patch(two_done, spec)["trialsSummary"] == "2/100"
+    assert trials_summary({}, planned_trials(spec)) == "0/100"
+    grid = parse_sweep(changed(cpu_sweep(), {"spec.paramSpace.hidden": {"grid": [32, 64, 128]}})).spec
+    assert planned_trials(grid) == 8 * 3  # Tune repeats the whole grid numSamples times
+    # More trials than asked (a resumed Tune experiment that kept extra ones) never reads as over 100 %.
+    assert trials_summary({"total": 30, "terminated": 30}, 24) == "30/30"
+
+
+def test_best_column_is_rounded_and_the_exact_value_kept() -> None:
+    patch = progress_patch({"bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.123456789012345678}})
+    assert patch["bestSummary"] == "0.1235"
+    assert patch["bestTrial"]["value"] == 0.123456789012345678
+    assert "bestSummary" not in progress_patch({"bestTrial": {"id": "t1", "value": float("nan")}})
 
 
 def pending_pod(name: str, role: str, reason: str, message: str) -> dict:

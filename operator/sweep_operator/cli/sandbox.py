@@ -149,7 +149,7 @@ def _line(elapsed: float, name: str, status: dict[str, Any]) -> str:
     best = status.get("bestTrial") or {}
     best_text = f" best {best.get('metric')}={best['value']:.4g}" if isinstance(best.get("value"), (int, float)) else ""
     return (
-        f"[{elapsed:6.1f}s] {name}  {status.get('phase', 'Pending'):<16} trials {status.get('trialsSummary', '0/0'):<6}"
+        f"[{elapsed:6.1f}s] {name}  {status.get('phase', 'Pending'):<16} trials {status.get('trialsSummary', '-'):<17}"
         f"{best_text}  {status.get('message', '')}"
     )
 

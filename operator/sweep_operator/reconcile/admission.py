@@ -13,7 +13,7 @@ from sweep_contracts.runtime_env import deadline_of
 
 from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
 from ..rendering import RenderContext, build_rayjob, guard_target, new_run_id, run_id_for
-from ..status import conditions_with, is_terminal, parse_time, rfc3339, updated
+from ..status import conditions_with, is_terminal, parse_time, planned_trials, rfc3339, trials_summary, updated
 from .actions import CreateRayJob, Decision, Event, ReleaseBudget
 from .drift import worker_cap
 from .facts import SweepFacts, meta_of
@@ -215,7 +215,8 @@ def after_create(
                 "namespaceBudget": namespace_budget,
             },
             trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
-            trialsSummary="0/0",
+            trialsSummary=trials_summary({}, planned_trials(sweep.spec)),
+            usage={"gpuHours": 0},  # the GPU-HOURS column reads 0, not blank, until (unless) a GPU pod is measured
             # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
             resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
         )

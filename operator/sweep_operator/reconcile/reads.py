@@ -156,7 +156,7 @@ class Reads:
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
         doc = self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
-        return progress_patch(doc) if doc else {}
+        return progress_patch(doc, facts.admitted_spec) if doc else {}
 
     def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""

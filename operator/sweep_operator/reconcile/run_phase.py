@@ -322,9 +322,9 @@ def decide_finish(
     status, generation = facts.status, facts.generation
     changes: dict[str, Any] = {}
     if result:
-        changes.update(progress_patch(result))
+        changes.update(progress_patch(result, facts.admitted_spec))
     elif progress:
-        changes.update(progress_patch(progress))
+        changes.update(progress_patch(progress, facts.admitted_spec))
     said = (progress or {}).get("message") if status.get("phase") == "Failed" else None
     if isinstance(said, str) and said and said not in (status.get("message") or ""):
         # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does not

@@ -670,7 +670,12 @@ def measure(
     if namespace is not None:
         doc["namespace"] = namespace
     changed = needs_write(stored, doc, refresh_seconds) or (stored or {}).get("namespace") != doc.get("namespace")
-    if not ledger.intervals and stored is None and budget_gpu_hours is None and namespace is None:
+    if (
+        not ledger.intervals
+        and not (stored or {}).get("podIntervals")
+        and budget_gpu_hours is None
+        and namespace is None
+    ):
         changed = False  # nothing measured, nothing to say
     events = tuple(("Warning", THRESHOLD_REASONS[t], threshold_message(t, facts)) for t in facts.crossed)
     return Measurement(doc if changed else None, facts, events)
