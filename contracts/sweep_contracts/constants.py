@@ -27,6 +27,14 @@ ANNOTATION_GUARD: Final = "sweeps.dev/guard"
 # Set by `sweepctl release --force`: who released a held object without verification, and why (JSON).
 ANNOTATION_FORCE_RELEASED: Final = "sweeps.dev/force-released"
 
+# Every annotation key under this prefix is the operator's alone (kopf's handler progress records included:
+# `AnnotationsProgressStorage(prefix=GROUP)`); the chart's ValidatingAdmissionPolicy guards them.
+OPERATOR_ANNOTATION_PREFIX: Final = f"{GROUP}/"
+# The marks that make a RayJob or RayCluster the operator's, besides an annotation under the prefix: the one list
+# the admission policy's protected set comes from (tests/unit/test_security_guard_policy.py compares).
+PROTECTED_LABELS: Final = (LABEL_SWEEP, LABEL_RUN_ID)
+PROTECTED_FINALIZERS: Final = (FINALIZER,)
+
 # KubeRay (v1.7.0) names we read or write.
 RAY_GROUP: Final = "ray.io"
 RAY_VERSION_API: Final = "v1"

@@ -124,3 +124,8 @@ Cross-field checks values.schema.json cannot express; fails the render with a me
 {{- if hasKey $ports $key -}}{{- fail (printf "webhook.port %s is already used by %s" $key (get $ports $key)) -}}{{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* KubeRay's identity in admission requests (it creates our RayClusters and writes RayJob/RayCluster status). */}}
+{{- define "tso.kuberayUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Values.kuberay.namespace .Values.kuberay.serviceAccountName -}}
+{{- end -}}
