@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray.train
@@ -18,6 +18,7 @@ from sweep_contracts import constants
 from sweep_contracts.api import SweepSpec, parse_quantity
 from sweep_contracts.runspec import RunSpec
 
+from . import ray_internals, trial_stop
 from .search import EntrypointError
 
 logger = logging.getLogger(__name__)
@@ -114,8 +115,10 @@ class RankReportCallback(UserCallback):
         metrics[0] = {**metrics[0], **extra}
 
 
-def train_run_config(run_spec: RunSpec, trial_id: str) -> ray.train.RunConfig:
-    """The Trainer's `ray.train.RunConfig` for one trial. Must be called inside a Tune trial (R18)."""
+def train_run_config(run_spec: RunSpec, trial_id: str, extra_callbacks: Sequence[Any] = ()) -> ray.train.RunConfig:
+    """The Trainer's `ray.train.RunConfig` for one trial. Must be called inside a Tune trial (R18).
+
+    `extra_callbacks` are controller callbacks (the one that lets a Tune stop abort the run: trial_stop)."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     spec = run_spec.spec
@@ -125,7 +128,7 @@ def train_run_config(run_spec: RunSpec, trial_id: str) -> ray.train.RunConfig:
         failure_config=train_failure_config(spec),
         checkpoint_config=checkpoint_config(spec),
         # TuneReportCallback forwards rank 0's metrics and the checkpoint path, not the checkpoint (R18).
-        callbacks=[RankReportCallback(spec.tune.metric), TuneReportCallback()],
+        callbacks=[RankReportCallback(spec.tune.metric), TuneReportCallback(), *extra_callbacks],
     )
 
 
@@ -147,16 +150,22 @@ def make_trial_driver(run_spec: RunSpec) -> Callable[[dict[str, Any]], None]:
         from ray.train.torch import TorchTrainer
 
         trial_id = tune.get_context().get_trial_id()
+        run = trial_stop.begin_trial_run(trial_id, run_spec.layout.trial_dir(trial_id))
+        # A retried or resumed trial reports the same folder names again: an orphan left by an earlier stop or a
+        # killed driver must not be merged into.
+        trial_stop.remove_uncommitted_checkpoints(run.train_run_dir)
         trainer = TorchTrainer(
             load_train_loop(run_spec.spec.train_loop),
             train_loop_config={**config, CONTEXT_KEY: trial_context(run_spec, trial_id)},
             scaling_config=scaling_config(run_spec.spec),
-            run_config=train_run_config(run_spec, trial_id),
+            run_config=train_run_config(run_spec, trial_id, [run.controller_callback()]),
         )
         # A retried or resumed trial has the same id, so Train continues from its own snapshot in storage.
-        trainer.fit()
+        run.fit(trainer)
 
     trial_driver.__name__ = trial_driver.__qualname__ = "trial_driver"
+    # Tune's stop of the trial aborts its Train run (trial_stop.AbortTrainRunOnStop.cleanup).
+    setattr(trial_driver, ray_internals.TRAINABLE_MIXINS_ATTR, (trial_stop.AbortTrainRunOnStop,))
     return trial_driver
 
 

@@ -1,0 +1,297 @@
+"""What a Tune stop does to a trial's Train run: Train's own `abort()` frees its worker group and placement group,
+then the checkpoint folders the stop left uploaded but uncommitted are removed (KUBERAY-KUEUE.md, Ray #54305, #58515).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray import tune
+
+from sweep_contracts import s3_layout
+
+from . import ray_internals, storage
+
+logger = logging.getLogger(__name__)
+
+# The abort waits for the controller to abort its workers (Train gives them 5 s) and to stop its placement-group
+# cleaner (up to 12 s when the State API is slow); a stopping trial is force-killed by Tune only after 600 s.
+ABORT_TIMEOUT_S = 30.0
+# Tune's force-kill of a stopping trial actor (TUNE_FORCE_TRIAL_CLEANUP_S) minus this margin bounds the abort.
+FORCE_KILL_MARGIN_S = 5.0
+MAILBOX_PUT_TIMEOUT_S = 30.0
+_POLL_S = 0.2
+_DRAIN_BATCH = 8
+
+
+class AbortOutcome(enum.Enum):
+    """How a stop ended the trial's Train run."""
+
+    NOT_STARTED = "no fit() was running"  # stopped before fit() or after it returned
+    NO_CONTROLLER = "the controller never sent its handle"
+    ABORTED = "aborted through TrainController.abort()"
+    TIMED_OUT = "the abort did not finish in time"
+
+
+def abort_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """ABORT_TIMEOUT_S, kept below the point where Tune force-kills the stopping trial (the controller would die with
+    it, without abort)."""
+    env = os.environ if env is None else env
+    try:
+        force_kill_s = float(
+            env.get(ray_internals.ENV_TUNE_FORCE_TRIAL_CLEANUP, ray_internals.TUNE_FORCE_TRIAL_CLEANUP_DEFAULT_S)
+        )
+    except ValueError:
+        force_kill_s = ray_internals.TUNE_FORCE_TRIAL_CLEANUP_DEFAULT_S
+    return max(1.0, min(ABORT_TIMEOUT_S, force_kill_s - FORCE_KILL_MARGIN_S))
+
+
+# ------------------------------------------------------------------------------- the controller's handle
+
+
+class ControllerMailbox:
+    """A zero-CPU actor the trial owns: the controller leaves its own handle here, the trial's cleanup picks it up."""
+
+    def __init__(self) -> None:
+        self._controller: Any = None
+
+    def put(self, controller: Any) -> None:
+        self._controller = controller
+
+    def get(self) -> Any:
+        return self._controller
+
+
+class SendControllerHandle(ray_internals.ControllerCallback):
+    """Runs inside the Train controller actor: at start, sends that actor's handle to the trial's mailbox.
+
+    `fit()` keeps the controller's handle to itself; only the controller knows it is `current_actor`."""
+
+    def __init__(self, mailbox: Any):
+        self._mailbox = mailbox
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        try:
+            controller = ray.get_runtime_context().current_actor
+            ray.get(self._mailbox.put.remote(controller), timeout=MAILBOX_PUT_TIMEOUT_S)
+        except Exception:
+            # Training goes on; only a Tune stop of this trial would then leave its placement group behind.
+            logger.warning("could not hand the Train controller to its trial; a stop cannot abort it", exc_info=True)
+
+
+# ------------------------------------------------------------------------------------------ the trial run
+
+
+@dataclass
+class TrialTrainRun:
+    """One trial's `fit()`, as its Tune trial actor sees it: the thread running `fit()` and Tune's stop share it."""
+
+    trial_id: str
+    train_run_dir: str  # train/<trialId>: where Train writes its checkpoints and snapshot
+    mailbox: Any = None
+    fit_started: bool = False
+    fit_ended: bool = False
+    stopping: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def controller_callback(self) -> SendControllerHandle:
+        if self.mailbox is None:
+            self.mailbox = ray.remote(num_cpus=0)(ControllerMailbox).remote()
+        return SendControllerHandle(self.mailbox)
+
+    def fit(self, trainer: Any) -> Any:
+        """`trainer.fit()`, unless Tune already stopped the trial; the error of a fit() that a stop aborted is not
+        the trial's: Tune marked it TERMINATED before the stop, and an error here must not turn it into ERROR."""
+        with self._lock:
+            if self.stopping:
+                return None
+            self.fit_started = True
+        try:
+            return trainer.fit()
+        except Exception as exc:
+            if not self.stopping:
+                raise
+            logger.info("trial %s: fit() ended by its stop (%s)", self.trial_id, type(exc).__name__)
+            return None
+        finally:
+            with self._lock:
+                self.fit_ended = True
+            self._release_mailbox()
+
+    def _release_mailbox(self) -> None:
+        mailbox, self.mailbox = self.mailbox, None
+        if mailbox is not None:
+            ray.kill(mailbox)  # it holds the controller's handle, which would keep an ended controller alive
+
+    def abort(self, timeout_s: float, *, drain: Callable[[], None] | None = None) -> AbortOutcome:
+        """Train's `abort()` on this trial's controller, waited for up to `timeout_s`.
+
+        `drain` empties TuneReportCallback's queue while waiting: a stopped trial reads no more results, so the
+        controller can be stuck in a report that holds its event loop, with the abort queued behind it."""
+        with self._lock:
+            self.stopping = True
+            if not self.fit_started or self.fit_ended:
+                return AbortOutcome.NOT_STARTED
+            mailbox = self.mailbox
+        deadline = time.monotonic() + timeout_s
+        controller = self._wait_for_controller(mailbox, deadline)
+        if controller is None:
+            return AbortOutcome.NOT_STARTED if self.fit_ended else AbortOutcome.NO_CONTROLLER
+        done = getattr(controller, ray_internals.CONTROLLER_ABORT_METHOD).remote()
+        while True:
+            ready, _ = ray.wait([done], timeout=_POLL_S)
+            if ready:
+                # abort() ends with exit_actor(): the controller is gone, as asked.
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    ray.get(ready[0])
+                return AbortOutcome.ABORTED
+            if time.monotonic() >= deadline:
+                return AbortOutcome.TIMED_OUT
+            if drain is not None:
+                drain()
+
+    def _wait_for_controller(self, mailbox: Any, deadline: float) -> Any:
+        """The controller's handle; None when fit() ended first or the controller never sent it before `deadline`."""
+        while mailbox is not None and not self.fit_ended:
+            try:
+                controller = ray.get(mailbox.get.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return None  # released: fit() returned meanwhile
+            if controller is not None:
+                return controller
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(_POLL_S)
+        return None
+
+
+_RUNS: dict[str, TrialTrainRun] = {}
+_RUNS_LOCK = threading.Lock()
+
+
+def begin_trial_run(trial_id: str, train_run_dir: str) -> TrialTrainRun:
+    """Register this trial's run so that Tune's stop (`AbortTrainRunOnStop.cleanup`, same process) finds it."""
+    run = TrialTrainRun(trial_id, train_run_dir)
+    with _RUNS_LOCK:
+        _RUNS[trial_id] = run
+    return run
+
+
+def stop_trial_run(trial_id: str, timeout_s: float | None = None) -> AbortOutcome:
+    """Tune is stopping the trial: abort its Train run, then remove the checkpoints the stop left uncommitted."""
+    with _RUNS_LOCK:
+        run = _RUNS.pop(trial_id, None)
+    if run is None:
+        return AbortOutcome.NOT_STARTED
+    started = time.monotonic()
+    outcome = run.abort(abort_timeout_s() if timeout_s is None else timeout_s, drain=drain_tune_reports)
+    took = time.monotonic() - started
+    if outcome is AbortOutcome.ABORTED:
+        logger.info("trial %s stopped by Tune: Train run aborted in %.1f s", trial_id, took)
+        # The controller and its workers are gone: nothing can commit or upload any more.
+        remove_uncommitted_checkpoints(run.train_run_dir)
+    elif outcome in (AbortOutcome.TIMED_OUT, AbortOutcome.NO_CONTROLLER):
+        logger.warning(
+            "trial %s stopped by Tune: %s after %.1f s; its placement group stays reserved until the sweep's driver "
+            "exits",
+            trial_id,
+            outcome.value,
+            took,
+        )
+    return outcome
+
+
+def drain_tune_reports() -> None:
+    """Empty TuneReportCallback's queue (results of a stopped trial go nowhere), unblocking the controller."""
+    from ray.util.queue import Empty
+
+    queue = ray_internals.tune_session_report_queue()
+    if queue is None:
+        return
+    for _ in range(_DRAIN_BATCH):
+        try:
+            queue.get_nowait()
+        except Empty:
+            return
+        except ray.exceptions.RayActorError:
+            return
+
+
+class AbortTrainRunOnStop(tune.Trainable):
+    """Mixed into the trial driver's function trainable (`__mixins__`): Tune's stop aborts the trial's Train run
+    before the trial actor goes, which would otherwise kill the controller without `abort()` and leave the worker
+    group's placement group reserved until the sweep's driver exits."""
+
+    def cleanup(self) -> None:
+        try:
+            stop_trial_run(self.trial_id)
+        except Exception:
+            logger.exception("trial %s: aborting its Train run failed", self.trial_id)
+        finally:
+            super().cleanup()
+
+
+# ------------------------------------------------------------------------------- uncommitted checkpoints
+
+
+def committed_checkpoint_names(snapshot: Mapping[str, Any]) -> set[str]:
+    """Checkpoint folders Ray's snapshot names (kept ones, the latest, and any still pending validation)."""
+    names: set[str] = set()
+    results: list[Any] = []
+    for key in ray_internals.SNAPSHOT_RESULT_LISTS:
+        value = snapshot.get(key)
+        if isinstance(value, list):
+            results.extend(value)
+    results.append(snapshot.get(ray_internals.SNAPSHOT_LATEST_RESULT))
+    for result in results:
+        if isinstance(result, dict) and isinstance(result.get(ray_internals.SNAPSHOT_DIR_NAME), str):
+            names.add(result[ray_internals.SNAPSHOT_DIR_NAME])
+    return names
+
+
+def uncommitted_checkpoint_names(folders: Iterable[str], snapshot: Mapping[str, Any] | None) -> list[str]:
+    """`checkpoint_*` folders no snapshot names: uploaded by a report whose commit never happened."""
+    committed = committed_checkpoint_names(snapshot) if snapshot is not None else set()
+    return sorted(f for f in folders if f.startswith(s3_layout.CHECKPOINT_DIR_PREFIX) and f not in committed)
+
+
+@dataclass(frozen=True)
+class RemovedCheckpoints:
+    names: tuple[str, ...] = ()
+    bytes: int = 0
+
+
+def remove_uncommitted_checkpoints(train_run_dir: str) -> RemovedCheckpoints:
+    """Delete the Train run's uncommitted checkpoint folders (an `s3://` URI or a local path). Call it only when no
+    controller or worker of the run is alive: a folder being uploaded is uncommitted too. Never raises."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = storage.filesystem(train_run_dir)
+        snapshot = storage.read_json(s3_layout.join(train_run_dir, ray_internals.SNAPSHOT_FILENAME))
+        if snapshot is not None and not isinstance(snapshot, dict):
+            return RemovedCheckpoints()
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        folders = [os.path.basename(i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory]
+        names = uncommitted_checkpoint_names(folders, snapshot)
+        total = 0
+        for name in names:
+            folder = f"{path.rstrip('/')}/{name}"
+            files = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+            total += sum(i.size or 0 for i in files if i.type == pafs.FileType.File)
+            fs.delete_dir(folder)
+    except (OSError, ValueError) as exc:
+        logger.warning("could not remove uncommitted checkpoints under %s: %s", train_run_dir, exc)
+        return RemovedCheckpoints()
+    if names:
+        logger.info("removed %d uncommitted checkpoint folder(s) (%d bytes) under %s", len(names), total, train_run_dir)
+    return RemovedCheckpoints(tuple(names), total)
