@@ -30,7 +30,7 @@ from sweep_contracts import constants
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
-from .reconcile.controller import RetryLater, SweepController
+from .reconcile.controller import SweepController
 from .reconcile.guard import sweep_name_of
 from .settings import WEBHOOK_PATH, Settings, SettingsError
 
@@ -64,8 +64,10 @@ def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mappin
 
 
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-MAX_HANDLER_THREADS = 16  # guards (S3 verification); event handlers only enqueue
+KOPF_FINALIZER = f"{constants.GROUP}/kopf-unused"
+MAX_HANDLER_THREADS = 16  # kopf's executor; event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
+GUARD_WORKERS = 8  # the guard's deletion pipeline (each may wait on an S3 verification)
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -120,13 +122,19 @@ def quiet_routine_handler_logs() -> None:
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
-    kopf_settings.persistence.finalizer = constants.FINALIZER
+    # The guard's finalizer is ours, not kopf's: kopf removes its configured finalizer from any object no deletion
+    # handler requires, and we register none (the controller's deletion pipeline adds and removes ours). kopf gets
+    # a name of its own that it never has a reason to add.
+    kopf_settings.persistence.finalizer = KOPF_FINALIZER
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
     kopf_settings.execution.max_workers = MAX_HANDLER_THREADS
     # Our Events are explicit (kopf.event: every transition, every guard decision); kopf's own per-object log
     # lines become Events only from WARNING up (handler failures and retries), not its INFO successes.
     kopf_settings.posting.level = logging.WARNING
+    # Events name their writer (kopf's defaults: From "kopf", reportingInstance "dev"); a pod's hostname is its name.
+    kopf_settings.posting.reporting_component = "trainingsweep-operator"
+    kopf_settings.posting.reporting_instance = os.uname().nodename
     quiet_routine_handler_logs()
     kopf_settings.scanning.disabled = True  # our kinds are known; no cluster-wide namespace/CRD scans
     kopf_settings.watching.server_timeout = 300
@@ -186,6 +194,9 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
             controller.forget_sweep(body)
             return
+        if body.metadata.deletion_timestamp:
+            await _guard_deletion(controller, constants.KIND, body)
+            return
         await _off_loop_unless_queued(controller, controller.sweep_event, body)
 
     # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
@@ -204,10 +215,6 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
                 controller, controller.request_reconcile, body.metadata.namespace or "default", body.metadata.name
             )
 
-    @kopf.on.delete(**SWEEPS, registry=registry)
-    def sweep_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
-        _guarded(lambda: controller.guard_sweep_deletion(body, retry))
-
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
         # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
         # wait on S3 in those threads, and the API server's admission call must never queue behind them.
@@ -224,6 +231,10 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     @kopf.on.event(**RAYJOBS, when=ours, registry=registry)
     async def rayjob_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
+            if body.metadata.deletion_timestamp:
+                await _guard_deletion(controller, constants.RAYJOB_KIND, body)
+            else:
+                await _guard_object(controller, constants.RAYJOB_KIND, body)
             controller.check_guard_label(body, constants.RAYJOB_KIND)
             controller.observe_rayjob(body)
             if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
@@ -234,15 +245,16 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         elif controller.rayjob_changed(body):
             await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
 
-    @kopf.on.delete(**RAYJOBS, when=ours, registry=registry)
-    def rayjob_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
-        _guarded(lambda: controller.guard_rayjob_deletion(body, retry))
-
-    # kopf puts the guard's finalizer on each of our RayClusters as it appears (the deletion handler below needs
-    # it); this handler only sets back a worker group raised above the run's cap.
+    # The guard's finalizer goes on each of our RayClusters as it appears; a deleting one enters the guard's
+    # pipeline; a worker group raised above the run's cap is set back.
     @kopf.on.event(**RAYCLUSTERS, when=ours, registry=registry)
     async def raycluster_changed(type: str, body: kopf.Body, **_: Any) -> None:
+        if type != "DELETED" and body.metadata.deletion_timestamp:
+            controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
+            await _guard_deletion(controller, constants.RAYCLUSTER_KIND, body)
+            return
         if type != "DELETED":
+            await _guard_object(controller, constants.RAYCLUSTER_KIND, body)
             controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
         if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
             await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
@@ -252,10 +264,6 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     async def workload_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             await asyncio.to_thread(controller.workload_changed, body)
-
-    @kopf.on.delete(**RAYCLUSTERS, when=ours, registry=registry)
-    def raycluster_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
-        _guarded(lambda: controller.guard_raycluster_deletion(body, retry))
 
     return registry
 
@@ -292,15 +300,17 @@ async def _off_loop_unless_queued(controller: SweepController, fn: Callable[...,
         await asyncio.to_thread(fn, *args)
 
 
-def _guarded(decide: Callable[[], str]) -> None:
-    """The guard's decision; a hold becomes kopf's TemporaryError (the finalizer stays, kopf retries after the
-    delay). Nothing is returned to kopf: it would store a return value under `status.<handler id>`, which our CRDs'
-    schemas do not have (a real API server prunes it); the reason is in the guard's Events and status."""
-    try:
-        reason = decide()
-    except RetryLater as hold:
-        raise kopf.TemporaryError(str(hold), delay=hold.delay) from None
-    log.info("checkpoint guard released: %s", reason)
+async def _guard_deletion(controller: SweepController, kind: str, body: kopf.Body) -> None:
+    """A deleting object of ours enters the guard's pipeline (its queue runs the verification off the loop)."""
+    if controller.guards.threaded:
+        controller.deletion_seen(kind, body)
+    else:
+        await asyncio.to_thread(controller.deletion_seen, kind, body)
+
+
+async def _guard_object(controller: SweepController, kind: str, body: kopf.Body) -> None:
+    if constants.FINALIZER not in (body.metadata.get("finalizers") or []):
+        await asyncio.to_thread(controller.guard_object, kind, body)
 
 
 def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
@@ -399,6 +409,7 @@ def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetri
         metrics=metrics,
         reconcile_workers=RECONCILE_WORKERS,
         verification_pool=pool,
+        guard_workers=GUARD_WORKERS,
     )
 
 

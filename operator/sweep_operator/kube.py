@@ -29,6 +29,12 @@ def custom_object(answer: object) -> dict[str, Any]:
     return cast("dict[str, Any]", answer)
 
 
+PLURALS = {
+    constants.KIND: constants.PLURAL,
+    constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
+    constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL,
+}
+
 # One pooled connection per handler thread (urllib3 otherwise keeps 10 and re-dials past them).
 CONNECTION_POOL_SIZE = 32
 
@@ -252,11 +258,7 @@ class KubeApi:
         A conditional merge patch (resourceVersion) so no other finalizer is lost; re-read and retry on conflict.
         """
         group, version = obj["apiVersion"].split("/")
-        plural = {
-            constants.KIND: constants.PLURAL,
-            constants.RAYJOB_KIND: constants.RAYJOB_PLURAL,
-            constants.RAYCLUSTER_KIND: constants.RAYCLUSTER_PLURAL,
-        }[obj["kind"]]
+        plural = PLURALS[obj["kind"]]
         meta = obj["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         current: dict[str, Any] = obj
@@ -283,6 +285,50 @@ class KubeApi:
                 return None
             current, meta = fresh, fresh["metadata"]
         return None
+
+    def remove_finalizer(self, obj: dict[str, Any], finalizer: str = constants.FINALIZER) -> bool:
+        """Take `finalizer` off `obj`: True once it is off (or the object is gone). A JSON patch that tests the
+        finalizer at its index, so no other finalizer is lost and no resourceVersion is needed: the guard decided
+        on S3, not on the object's other fields (KubeRay's status writes move the resourceVersion constantly)."""
+        group, version = obj["apiVersion"].split("/")
+        plural = PLURALS[obj["kind"]]
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        for _ in range(self.retry.attempts):
+            finalizers = list(meta.get("finalizers") or [])
+            if finalizer not in finalizers:
+                return True
+            index = finalizers.index(finalizer)
+            patch = [
+                {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
+                {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+            ]
+            try:
+                self.custom.patch_namespaced_custom_object(
+                    group, version, namespace, plural, name, patch, _content_type="application/json-patch+json"
+                )
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                if exc.status not in (*RETRY_STATUSES, 422):  # 422: the test failed, the list moved
+                    raise
+            fresh = self._get(lambda: self.custom.get_namespaced_custom_object(group, version, namespace, plural, name))
+            if fresh is None or fresh["metadata"].get("uid") != meta.get("uid"):
+                return True  # gone, or another object of the same name: ours is not held any more
+            meta = fresh["metadata"]
+        return False
+
+    def get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A TrainingSweep, RayJob or RayCluster by kind (the guard's pipeline reads each kind the same way)."""
+        group, version = (
+            (constants.GROUP, constants.VERSION)
+            if kind == constants.KIND
+            else (constants.RAY_GROUP, constants.RAY_VERSION_API)
+        )
+        return self._get(
+            lambda: self.custom.get_namespaced_custom_object(group, version, namespace, PLURALS[kind], name)
+        )
 
     # ---------------------------------------------------------------------- pods and events
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

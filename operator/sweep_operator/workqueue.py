@@ -51,6 +51,8 @@ class WorkQueue(Generic[K]):
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        self._timers: dict[K, threading.Timer] = {}  # add_after: one pending timer per key, the earliest kept
+        self._timer_due: dict[K, float] = {}
 
     @property
     def threaded(self) -> bool:
@@ -73,6 +75,35 @@ class WorkQueue(Generic[K]):
                 return
             self._push(key, priority)  # new, or more urgent than it was (the older heap entry goes stale)
             self._start_workers()
+
+    def add_after(self, key: K, delay: float, priority: int = ROUTINE) -> None:
+        """`add` once `delay` seconds have passed (client-go's AddAfter); a key waits on at most one timer, the
+        earliest asked for."""
+        due = time.monotonic() + max(delay, 0.0)
+        with self._cv:
+            if self._stopped:
+                return
+            if key in self._timers and self._timer_due[key] <= due:
+                return
+            old = self._timers.pop(key, None)
+            if old is not None:
+                old.cancel()
+            # The request's context travels with it, as with `add` (kopf.event() in the pass needs kopf's).
+            context = contextvars.copy_context()
+            timer = threading.Timer(max(delay, 0.0), context.run, args=(self._fire, key, priority))
+            timer.daemon = True
+            timer.name = f"{self._name}-after"
+            self._timers[key], self._timer_due[key] = timer, due
+        timer.start()
+
+    def _fire(self, key: K, priority: int) -> None:
+        with self._cv:
+            self._timers.pop(key, None)
+            self._timer_due.pop(key, None)
+        try:
+            self.add(key, priority)
+        except Exception:  # workers=0 runs the pass here: a failure must not kill the timer thread silently
+            log.exception("%s of %s failed", self._name, key)
 
     def run_now(self, key: K, priority: int = ROUTINE) -> None:
         """Work on `key` in the caller's thread (and once more for each burst of requests meanwhile), unless a
@@ -146,6 +177,10 @@ class WorkQueue(Generic[K]):
             self._queued.clear()
             self._again.clear()
             self._contexts.clear()
+            for timer in self._timers.values():
+                timer.cancel()
+            self._timers.clear()
+            self._timer_due.clear()
             self._cv.notify_all()
             threads, self._threads = self._threads, []
         deadline = time.monotonic() + timeout

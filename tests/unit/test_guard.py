@@ -265,24 +265,13 @@ def test_a_sweeps_own_deletion_is_told_once_and_a_hold_without_verification_says
 
 
 @pytest.mark.parametrize(
-    ("finalizers", "age", "expected"),
-    [
-        ([constants.FINALIZER], 0, None),  # on: nothing to do
-        ([], 5, "wait"),  # kopf adds it; adding it too would race kopf's patch
-        ([], 30, "add"),  # a reconcile interval later: the operator adds it itself
-        (["other/finalizer"], 60, "add"),
-    ],
+    ("finalizers", "missing"),
+    [([constants.FINALIZER], False), ([], True), (["other/finalizer"], True)],
 )
-def test_the_guards_finalizer_is_left_to_kopf_for_one_reconcile_interval(
-    finalizers: list[str], age: float, expected: str | None
-) -> None:
+def test_the_operator_adds_the_guards_finalizer_itself(finalizers: list[str], missing: bool) -> None:
     from sweep_operator.reconcile.guard import missing_finalizer
 
-    created = 1_800_000_000.0
-    body = {"metadata": {"name": "s", "finalizers": finalizers, "creationTimestamp": "2027-01-15T08:00:00Z"}}
-    assert missing_finalizer(body, created + age, grace_seconds=30) == expected
-    no_time = {"metadata": {"name": "s", "finalizers": finalizers}}
-    assert missing_finalizer(no_time, created, grace_seconds=30) == (None if expected is None else "add")
+    assert missing_finalizer({"metadata": {"name": "s", "finalizers": finalizers}}) is missing
 
 
 @pytest.mark.parametrize(

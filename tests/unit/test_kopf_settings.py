@@ -1,4 +1,4 @@
-"""kopf's settings as the operator configures them: kopf owns the guard's finalizer, its per-object log lines
+"""kopf's settings as the operator configures them: kopf never owns the guard's finalizer, its per-object log lines
 become Events only from WARNING up, and the success line of the handlers that run on every event is dropped."""
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ def _record(message: str, level: int = logging.INFO) -> logging.LogRecord:
     return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
 
 
-def test_kopf_owns_the_guards_finalizer_and_posts_only_warnings() -> None:
+def test_kopf_never_manages_the_guards_finalizer_and_posts_only_warnings() -> None:
+    """kopf removes its configured finalizer from objects no deletion handler needs, and stores handler progress
+    a tenant can forge: the guard's finalizer must not be kopf's (R22)."""
     settings = kopf.OperatorSettings()
     configure_kopf(settings, Settings())
-    assert settings.persistence.finalizer == constants.FINALIZER  # kopf adds and removes it (R22)
+    assert settings.persistence.finalizer != constants.FINALIZER
     assert settings.posting.enabled and settings.posting.level == logging.WARNING
     assert any(isinstance(f, RoutineHandlerSuccess) for f in logging.getLogger("kopf.objects").filters)
 
@@ -50,3 +52,16 @@ def test_the_filter_is_installed_once() -> None:
     quiet_routine_handler_logs()
     filters = [f for f in logging.getLogger("kopf.objects").filters if isinstance(f, RoutineHandlerSuccess)]
     assert len(filters) == 1
+
+
+def test_no_kopf_deletion_handler_is_registered() -> None:
+    """A progress-tracked on.delete handler is what a forged `sweeps.dev/<handler>: {"success": true}` annotation
+    short-circuits; the guard's pipeline is driven by watch events only (R22)."""
+    from unittest import mock
+
+    from sweep_operator.handlers import OperatorWiring, build_registry
+
+    registry = build_registry(OperatorWiring(Settings(), mock.MagicMock()))
+    changing = list(registry._changing.get_all_handlers())
+    assert not changing, f"kopf change/delete handlers registered: {[h.id for h in changing]}"
+    assert list(registry._watching.get_all_handlers()), "the event handlers drive the guard"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from sweep_operator.reconcile import resume as r
+from sweep_operator.reconcile.guard import target_of
 from sweep_operator.reconcile.resume import (
     Attempt,
     AutoResume,
@@ -493,7 +494,8 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     root = run_spec_of(first).run_root
     decision = r.decide(facts(resume_active_seconds=3600, num_samples=12, verification=VERIFIED))
     assert isinstance(decision, StartAttempt)
-    rayjob = r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, root)
+    recorded = target_of(first)
+    rayjob = r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, recorded)
     run_spec = run_spec_of(rayjob)
     assert rayjob["metadata"]["name"] == "digits-abc123-a2" != rayjob_name("digits", "abc123")
     assert (run_spec.attempt, run_spec.run_root, run_spec.run_id) == (2, root, "abc123")
@@ -505,7 +507,30 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     assert rayjob["metadata"]["labels"] == first["metadata"]["labels"]
     assert rayjob["metadata"]["annotations"] == first["metadata"]["annotations"]
     with pytest.raises(ValueError, match="not the run root"):
-        r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, "s3://bucket/elsewhere/ml/digits-abc123")
+        elsewhere = replace(recorded, run_root="s3://bucket/elsewhere/ml/digits-abc123")
+        r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, elsewhere)
+
+
+def test_a_resumed_attempt_is_guarded_by_the_first_attempts_record_not_todays_spec() -> None:
+    """Issue 25, defect 2 (R22): the tenant sets spec.deletion.verifyCheckpoints: false (and a short verification
+    timeout) before resuming; attempt 2's guard annotation still verifies, with attempt 1's recorded facts, since
+    the shared run root holds attempt 1's checkpoints."""
+    from sweep_operator.rendering import RenderContext, build_rayjob
+    from sweep_operator.validation import parse_sweep
+    from tests.support.factories import changed, cpu_sweep
+
+    doc = {**cpu_sweep("digits", "ml"), "metadata": {"name": "digits", "namespace": "ml", "uid": "u1"}}
+    first = build_rayjob(parse_sweep(doc), "abc123", RenderContext())
+    recorded = target_of(first)
+    assert recorded is not None and recorded.verify
+    edited = parse_sweep(
+        changed(doc, {"spec.deletion.verifyCheckpoints": False, "spec.deletion.verificationTimeoutSeconds": 31})
+    )
+    decision = r.decide(facts(resume_active_seconds=3600, num_samples=12, verification=VERIFIED))
+    assert isinstance(decision, StartAttempt)
+    rayjob = r.attempt_rayjob(edited, "abc123", RenderContext(), decision, recorded)
+    guarded = target_of(rayjob)
+    assert guarded == recorded and guarded.verify is True and guarded.timeout_seconds != 31
 
 
 def test_decisions_become_the_controllers_status_write_and_events() -> None:

@@ -160,3 +160,28 @@ def test_a_pass_runs_in_the_context_of_the_latest_request() -> None:
         wait_until(lambda: seen == ["handler"])  # kopf.event() finds kopf's context variables this way
     finally:
         queue.stop()
+
+
+def test_add_after_runs_the_key_once_its_delay_has_passed_and_keeps_the_earliest_timer() -> None:
+    """client-go's AddAfter: the guard's holds come back after their backoff, not before, and a key waits on one
+    timer only (the earliest asked for)."""
+    import threading
+
+    from sweep_operator.workqueue import WorkQueue
+
+    ran: list[str] = []
+    done = threading.Event()
+
+    def work(key: str) -> None:
+        ran.append(key)
+        done.set()
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    try:
+        queue.add_after("held", 30.0)
+        queue.add_after("held", 0.05)  # earlier: replaces the 30 s timer
+        queue.add_after("held", 60.0)  # later: ignored
+        assert done.wait(10.0), "the delayed key never ran"
+        assert ran == ["held"]
+    finally:
+        queue.stop()

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts import constants
@@ -38,6 +38,16 @@ log = logging.getLogger(__name__)
 FINISH_VERIFICATION_WORKERS = 2
 
 
+@dataclass(frozen=True)
+class GuardKey:
+    """One object in the guard's deletion pipeline; the uid tells a re-created object of the same name apart."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
 class RetryLater(Exception):
     """Keep the finalizer (or the handler) and come back after `delay` seconds."""
 
@@ -62,6 +72,7 @@ class SweepController:
         metrics: OperatorMetrics | None = None,
         reconcile_workers: int = 0,
         verification_pool: Any = None,
+        guard_workers: int = 0,
     ):
         """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
         queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
@@ -93,6 +104,13 @@ class SweepController:
             workers=FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0,
             name="finish-verify",
         )
+        # The guard's deletion pipeline: our own finalizer, our own retries. kopf's on.delete kept its progress
+        # ("handler done", retry counts) in annotations a tenant can write; nothing stored stands in for a
+        # verification here: a release is decided by verifying, in this process, every time.
+        self.guards: WorkQueue[GuardKey] = WorkQueue(self._guard_pass, workers=guard_workers, name="guard")
+        self._guard_lock = threading.Lock()
+        self._guard_attempts: dict[GuardKey, int] = {}
+        self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
 
     @property
     def settings(self) -> Settings:
@@ -105,6 +123,7 @@ class SweepController:
     def close(self) -> None:
         """Stop the work queues' threads (the operator is stopping)."""
         self.queue.stop()
+        self.guards.stop(timeout=0)
         self.finishing.stop(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
 
     # ------------------------------------------------------------------------------ watch events and ticks
@@ -162,14 +181,7 @@ class SweepController:
                 fresh = self.reads.sweep(ref, reread=attempt > 0)
                 if fresh is None or meta_of(fresh).get("deletionTimestamp"):
                     return
-                missing = guard.missing_finalizer(fresh, self.clock(), self.settings.reconcile_seconds)
-                if missing == guard.WAIT:
-                    log.debug("sweep %s: waiting for the guard's finalizer", ref)
-                    return
-                if missing == guard.ADD:
-                    log.info(
-                        "sweep %s: no finalizer %.0fs after creation; adding it", ref, self.settings.reconcile_seconds
-                    )
+                if guard.missing_finalizer(fresh):
                     fresh = self.kube.add_finalizer(fresh)
                     if fresh is None:
                         return
@@ -355,6 +367,87 @@ class SweepController:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {ref.name}: {correction.message}")
 
     # --------------------------------------------------------------------------------- the checkpoint guard
+    def deletion_seen(self, kind: str, body: Mapping[str, Any]) -> None:
+        """An object of ours is being deleted and carries the guard's finalizer: the pipeline takes it. Events that
+        arrive while a hold waits out its backoff do not hurry the next check (our own status writes on a held
+        sweep would otherwise re-verify it in a loop)."""
+        meta = meta_of(body)
+        if not meta.get("deletionTimestamp") or constants.FINALIZER not in (meta.get("finalizers") or []):
+            return
+        key = GuardKey(kind, meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid") or "")
+        with self._guard_lock:
+            if key in self._guard_due:
+                return
+        self.guards.add(key)
+
+    def _guard_pass(self, key: GuardKey) -> None:
+        """Read the object afresh, decide (verifying), and take the finalizer off only on a release."""
+        with self._guard_lock:
+            due = self._guard_due.get(key)
+            if due is not None and time.monotonic() < due:
+                return
+            self._guard_due.pop(key, None)
+        fresh = self.kube.get_object(key.kind, key.namespace, key.name)
+        meta = meta_of(fresh or {})
+        if (
+            fresh is None
+            or (key.uid and meta.get("uid") != key.uid)
+            or not meta.get("deletionTimestamp")
+            or constants.FINALIZER not in (meta.get("finalizers") or [])
+        ):
+            self._guard_done(key)
+            return
+        attempt = self._guard_attempts.get(key, 0)
+        try:
+            reason = self._deletion_kinds[key.kind](fresh, attempt)
+        except RetryLater as hold:
+            self._guard_retry(key, attempt, hold.delay)
+            return
+        except Exception:  # fail closed: an unexpected error holds like any other, with backoff
+            delay = guard.backoff_seconds(attempt, 1.0, 60.0)
+            log.exception(
+                "checkpoint guard of %s %s/%s failed; holding, next check in %gs",
+                key.kind,
+                key.namespace,
+                key.name,
+                delay,
+            )
+            self._guard_retry(key, attempt, delay)
+            return
+        if not self.kube.remove_finalizer(fresh):
+            self._guard_retry(key, attempt, 1.0)
+            return
+        self._guard_done(key)
+        log.info("checkpoint guard released %s %s/%s: %s", key.kind, key.namespace, key.name, reason)
+
+    def _guard_retry(self, key: GuardKey, attempt: int, delay: float) -> None:
+        with self._guard_lock:
+            self._guard_attempts[key] = attempt + 1
+            self._guard_due[key] = time.monotonic() + delay
+        self.guards.add_after(key, delay)
+
+    def _guard_done(self, key: GuardKey) -> None:
+        with self._guard_lock:
+            self._guard_attempts.pop(key, None)
+            self._guard_due.pop(key, None)
+
+    @property
+    def _deletion_kinds(self) -> dict[str, Callable[[Mapping[str, Any], int], str]]:
+        """The deletion pipeline's table: one row per kind the guard holds."""
+        return {
+            constants.KIND: self.guard_sweep_deletion,
+            constants.RAYJOB_KIND: self.guard_rayjob_deletion,
+            constants.RAYCLUSTER_KIND: self.guard_raycluster_deletion,
+        }
+
+    def guard_object(self, kind: str, body: Mapping[str, Any]) -> None:
+        """A RayJob or RayCluster of ours carries the guard's finalizer from the moment we see it (the RayJob from
+        its rendering; KubeRay's RayCluster from here)."""
+        meta = meta_of(body)
+        if meta.get("deletionTimestamp") or constants.FINALIZER in (meta.get("finalizers") or []):
+            return
+        self.kube.add_finalizer(dict(body))
+
     def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         ref, meta, newest = ObjectRef.of(body), meta_of(body), None

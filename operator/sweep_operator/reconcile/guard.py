@@ -15,7 +15,7 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.runtime_env import run_spec_of
 from sweep_contracts.spec_checks import parse_spec
 
-from ..status import conditions_with, get_condition, parse_time
+from ..status import conditions_with, get_condition
 from .facts import DeletionFacts, meta_of, status_of
 
 # Verification problem kinds the guard reads (verification.py defines them).
@@ -444,19 +444,10 @@ def error_code(exc: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------------- the guard's finalizer and label
-WAIT, ADD = "wait", "add"
-
-
-def missing_finalizer(body: Mapping[str, Any], now: float, grace_seconds: float) -> str | None:
-    """Nothing is created for a sweep before the guard's finalizer is on it (R22). None: it is on. WAIT: kopf adds
-    it (it owns the finalizer: settings.persistence.finalizer) and its write's event brings the sweep back; adding
-    it at once only raced kopf's patch. ADD: still missing a reconcile interval (`grace_seconds`) after the
-    creation, so the guard never depends on kopf's retry alone."""
-    meta = meta_of(body)
-    if constants.FINALIZER in (meta.get("finalizers") or []):
-        return None
-    created = parse_time(meta.get("creationTimestamp"))
-    return WAIT if created is not None and now - created.timestamp() < grace_seconds else ADD
+def missing_finalizer(body: Mapping[str, Any]) -> bool:
+    """Nothing is created for a sweep before the guard's finalizer is on it (R22): the operator adds it itself (the
+    guard's pipeline owns the finalizer; kopf manages none of ours)."""
+    return constants.FINALIZER not in (meta_of(body).get("finalizers") or [])
 
 
 def label_lost(body: Mapping[str, Any]) -> bool:

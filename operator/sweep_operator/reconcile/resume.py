@@ -684,20 +684,26 @@ def attempt_sweep(sweep: Any, decision: StartAttempt) -> Any:
     return replace(sweep, spec=spec.model_copy(update={"deadlines": deadlines, "tune": tune}))
 
 
-def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: StartAttempt, run_root: str) -> dict[str, Any]:
-    """The RayJob of attempt N > 1: rendered as any (guard annotation, finalizer, labels, owner), named
-    `decision.rayjob_name`, its run spec carrying `attempt` and the attempt's deadline. ValueError when the rendered
-    run root is not `run_root` (the one the earlier attempts wrote: a resume never moves it)."""
+def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: StartAttempt, target: Any) -> dict[str, Any]:
+    """The RayJob of attempt N > 1: rendered as any (finalizer, labels, owner), named `decision.rayjob_name`, its run
+    spec carrying `attempt` and the attempt's deadline. Its guard annotation is `target` (guard.GuardTarget), the
+    one the first attempt recorded (status.guard), never re-read from today's spec: the run root holds the earlier
+    attempts' checkpoints, and a spec edit (spec.deletion.verifyCheckpoints: false) must not unguard them.
+    ValueError when the rendered run root is not the target's (a resume never moves it)."""
+    from dataclasses import replace as replace_fields
+
     from sweep_contracts import runtime_env
 
     from ..rendering import build_rayjob
 
     rayjob = build_rayjob(attempt_sweep(sweep, decision), run_id, context, deadline_at=int(decision.deadline_at))
     run_spec = runtime_env.run_spec_of(rayjob)
-    if run_spec is None or run_spec.run_root != run_root:
+    if run_spec is None or run_spec.run_root != target.run_root:
         rendered = run_spec.run_root if run_spec else "none"
-        raise ValueError(f"attempt {decision.attempt} would write to {rendered}, not the run root {run_root}")
+        raise ValueError(f"attempt {decision.attempt} would write to {rendered}, not the run root {target.run_root}")
     rayjob["metadata"]["name"] = decision.rayjob_name
+    recorded = replace_fields(target, sweep=sweep.name, run_id=run_id)
+    rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] = recorded.to_annotation()
     rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(
         replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
     )
@@ -859,7 +865,7 @@ def resume_step(
             message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
             return Decision(updated(status, {"message": message})) if status.get("message") != message else None
         try:
-            wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target.run_root)
+            wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target)
         except ValueError as exc:
             decision = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
         else:
