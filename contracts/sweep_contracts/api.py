@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from . import constants
 from .paramspace import ParamValue
@@ -68,6 +69,13 @@ Quantity = Annotated[str, BeforeValidator(_quantity), Field(max_length=64, json_
 # the same forms in the parser with messages that name what is allowed.
 TRAIN_LOOP_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 STORAGE_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+$"
+# A CEL rule, not a schema pattern: the API server answers a failed pattern with the regex itself; a rule's message
+# is what `kubectl apply` prints. The parser (_storage_uri) checks the same form and says what is wrong in detail.
+STORAGE_URI_RULE: Final[JsonDict] = {
+    "rule": f"self.matches('{STORAGE_URI_PATTERN}')",
+    "message": "expected s3://bucket/prefix: a bucket name (3-63 lowercase letters, digits, '.' and '-'), then a "
+    "prefix under which each run writes <namespace>/<sweep>-<runId>/",
+}
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 REGION_PATTERN = r"^([a-z]{2}(-[a-z]+)+-[0-9]+)?$"
 ENDPOINT_PATTERN = r"^(https?://[^\s/]+(:[0-9]+)?/?)?$"
@@ -114,32 +122,49 @@ class ApiModel(BaseModel):
 class SearcherSpec(ApiModel):
     type: Literal["random", "grid", "optuna"] = Field(
         "random",
-        description="How candidates are picked (R13): random samples the space; grid enumerates grid "
+        description="How candidates are picked: random samples the space; grid enumerates grid "
         "values; optuna adapts to past results (needs optuna in the image, plus metric and mode).",
     )
     seed: int | None = Field(None, ge=0, description="Random seed for reproducible sampling; unset: random.")
 
 
+# Scheduler parameters are defaulted by the parser, not by the API server: a sweep then shows (`kubectl describe`,
+# `-o yaml`) the parameters its scheduler uses, never another scheduler's defaults. The CRD states each default.
+PARSER_DEFAULT: Final[JsonDict] = {"parserDefault": True}
+
+
 class SchedulerSpec(ApiModel):
     type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
         "fifo",
-        description="Trial scheduler (R13): fifo runs every trial to the end; asha, hyperband and median stop "
+        description="Trial scheduler: fifo runs every trial to the end; asha, hyperband and median stop "
         "poor trials early. All but fifo need tune.metric and tune.mode. pbt is refused with the reason: under "
-        "Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a checkpoint it can clone "
-        "(R18), so PBT could never exploit and every trial would train as under fifo.",
+        "Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a checkpoint it can clone, "
+        "so PBT could never exploit and every trial would train as under fifo.",
     )
     time_attr: str = Field(
         "training_iteration",
         max_length=NAME_MAX,
+        json_schema_extra=PARSER_DEFAULT,
         description="Metric used as time by the scheduler (asha, hyperband, median, pbt).",
     )
-    max_t: int = Field(100, ge=1, description="asha/hyperband: maximum time units per trial.")
-    grace_period: int = Field(1, ge=1, description="asha/median: time units before a trial may be stopped.")
-    reduction_factor: float = Field(4.0, gt=1, description="asha/hyperband: halving rate (> 1).")
-    brackets: int = Field(1, ge=1, description="asha: number of brackets.")
-    min_samples_required: int = Field(3, ge=1, description="median: trials needed before stopping any.")
+    max_t: int = Field(
+        100, ge=1, json_schema_extra=PARSER_DEFAULT, description="asha/hyperband: maximum time units per trial."
+    )
+    grace_period: int = Field(
+        1, ge=1, json_schema_extra=PARSER_DEFAULT, description="asha/median: time units before a trial may be stopped."
+    )
+    reduction_factor: float = Field(
+        4.0, gt=1, json_schema_extra=PARSER_DEFAULT, description="asha/hyperband: halving rate (> 1)."
+    )
+    brackets: int = Field(1, ge=1, json_schema_extra=PARSER_DEFAULT, description="asha: number of brackets.")
+    min_samples_required: int = Field(
+        3, ge=1, json_schema_extra=PARSER_DEFAULT, description="median: trials needed before stopping any."
+    )
     perturbation_interval: float = Field(
-        2.0, gt=0, description="pbt (refused, see type): time units between perturbations."
+        2.0,
+        gt=0,
+        json_schema_extra=PARSER_DEFAULT,
+        description="pbt (refused, see type): time units between perturbations.",
     )
 
 
@@ -161,22 +186,20 @@ class TuneSpec(ApiModel):
         1,
         ge=1,
         description="Trials running at once. Each holds trial.workers workers; the head admits exactly "
-        "this many trial drivers (R5, R14).",
+        "this many trial drivers.",
     )
     searcher: SearcherSpec = Field(default_factory=SearcherSpec, description="Search algorithm.")
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description="Trial scheduler.")
 
 
 class ResourcesPerWorker(ApiModel):
-    cpu: Quantity = Field("1", description="CPU per train worker (Kubernetes quantity), requests = limits (R15).")
-    gpu: int = Field(
-        0, ge=0, le=16, description="nvidia.com/gpu per train worker (0: CPU-only). Requests = limits (R15)."
-    )
+    cpu: Quantity = Field("1", description="CPU per train worker (Kubernetes quantity), requests = limits.")
+    gpu: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per train worker (0: CPU-only). Requests = limits.")
     memory: Quantity = Field("4Gi", description="Memory per train worker (Kubernetes quantity).")
 
 
 class TrialSpec(ApiModel):
-    workers: int = Field(1, ge=1, description="Ray Train workers per trial (ScalingConfig.num_workers, R4).")
+    workers: int = Field(1, ge=1, description="Ray Train workers per trial (ScalingConfig.num_workers).")
     resources_per_worker: ResourcesPerWorker = Field(
         default_factory=ResourcesPerWorker, description="Resources of one worker: one placement-group bundle."
     )
@@ -198,7 +221,7 @@ class WorkerGroupSpec(ApiModel):
     instance_type: str = Field(
         "",
         max_length=64,
-        description="EKS instance type of the GPU nodes (e.g. g5.2xlarge). Every worker must fit one node (R14). "
+        description="EKS instance type of the GPU nodes (e.g. g5.2xlarge). Every worker must fit one node. "
         "Required when trial.resourcesPerWorker.gpu > 0.",
     )
     node_selector: dict[str, str] = Field(
@@ -223,8 +246,8 @@ class StorageSpec(ApiModel):
     uri: Annotated[str, AfterValidator(_storage_uri)] = Field(
         ...,
         max_length=1024,
-        json_schema_extra={"pattern": STORAGE_URI_PATTERN},
-        description="s3://bucket/prefix where every run gets <namespace>/<sweep>-<runId>/ (R11, R16).",
+        json_schema_extra={"x-kubernetes-validations": [STORAGE_URI_RULE]},
+        description="s3://bucket/prefix where every run gets <namespace>/<sweep>-<runId>/.",
     )
     region: str = Field(
         "",
@@ -267,7 +290,7 @@ class DeadlinesSpec(ApiModel):
     startup_seconds: int = Field(
         DEFAULT_STARTUP_SECONDS,
         ge=10,
-        description="The RayJob must be Running within this many seconds, else Failed with a diagnosis (R6).",
+        description="The RayJob must be Running within this many seconds, else Failed with a diagnosis.",
     )
     graceful_stop_seconds: int = Field(
         DEFAULT_GRACEFUL_STOP_SECONDS,
@@ -279,10 +302,10 @@ class DeadlinesSpec(ApiModel):
 class FailurePolicySpec(ApiModel):
     worker_failures: int = Field(1, ge=-1, description="Train FailureConfig.max_failures per trial (-1: unlimited).")
     controller_failures: int = Field(
-        3, ge=-1, description="Train FailureConfig.controller_failure_limit (Ray's default -1 retries forever, R12)."
+        3, ge=-1, description="Train FailureConfig.controller_failure_limit (Ray's default -1 retries forever)."
     )
     preemption_failures: int = Field(
-        5, ge=-1, description="Train FailureConfig.max_preemption_failures (Ray's default -1 is unlimited, R12)."
+        5, ge=-1, description="Train FailureConfig.max_preemption_failures (Ray's default -1 is unlimited)."
     )
     trial_failures: int = Field(0, ge=-1, description="Tune FailureConfig.max_failures per trial.")
     job_retries: int = Field(0, ge=0, description="RayJob backoffLimit: whole-job retries, each on a new RayCluster.")
@@ -299,7 +322,7 @@ class FailurePolicySpec(ApiModel):
 
 class DeletionSpec(ApiModel):
     verify_checkpoints: bool = Field(
-        True, description="Verify checkpoints in S3 before the sweep, its RayJob or RayCluster may go (R22)."
+        True, description="Verify checkpoints in S3 before the sweep, its RayJob or RayCluster may go."
     )
     verification_timeout_seconds: int = Field(
         DEFAULT_VERIFICATION_TIMEOUT_SECONDS, ge=10, description="Time allowed for one verification pass."
@@ -359,7 +382,7 @@ class SweepSpec(ApiModel):
         ..., min_length=1, max_length=512, description="Training image with ray 2.58.0 and this package."
     )
     ray_version: Literal["2.58.0"] = Field(
-        constants.SUPPORTED_RAY_VERSION, description="Ray version of the image; only 2.58.0 is supported (R1)."
+        constants.SUPPORTED_RAY_VERSION, description="Ray version of the image; only 2.58.0 is supported."
     )
     train_loop: Annotated[str, AfterValidator(_train_loop)] = Field(
         ...,
@@ -381,9 +404,14 @@ class SweepSpec(ApiModel):
     checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec, description="Checkpoint retention.")
     deadlines: DeadlinesSpec = Field(default_factory=DeadlinesSpec, description="Sweep deadlines.")
     failure_policy: FailurePolicySpec = Field(
-        default_factory=FailurePolicySpec, description="Every retry class, set explicitly (R12)."
+        default_factory=FailurePolicySpec,
+        description="Every retry class of Ray Train, Ray Tune and the RayJob, each with a finite default.",
     )
-    deletion: DeletionSpec = Field(default_factory=DeletionSpec, description="The checkpoint guard (R22).")
+    deletion: DeletionSpec = Field(
+        default_factory=DeletionSpec,
+        description="The checkpoint guard: the sweep, its RayJob and its RayCluster are deleted only once the run's "
+        "checkpoints are verified complete in S3.",
+    )
     budget: BudgetSpec = Field(
         default_factory=BudgetSpec, description="GPU-hour budget, measured from the GPU pods (docs/budgets.md)."
     )
@@ -405,7 +433,7 @@ class SweepSpec(ApiModel):
     )
     resume: ResumeSpec | None = Field(
         None,
-        description="Continue an ended sweep on its run root (issue 16). Once the sweep has run, trainLoop, "
+        description="Continue an ended sweep on its run root. Once the sweep has run, trainLoop, "
         "paramSpace, storage.uri/endpointUrl/region and tune.metric/mode/searcher cannot change and "
         "tune.numSamples (the total over all attempts) may only go up.",
     )
@@ -604,7 +632,7 @@ class UsageStatus(StatusModel):
 
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
-    run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId> (R16).")
+    run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId>.")
     ray_job_name: str | None = Field(None, description="The RayJob of this run.")
     ray_cluster_name: str | None = Field(None, description="The RayCluster of the current attempt.")
     job_deployment_status: str | None = Field(None, description="RayJob status.jobDeploymentStatus.")
@@ -636,9 +664,11 @@ class SweepStatus(StatusModel):
     )
     waiting_for: str | None = Field(
         None,
-        description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json (R20).",
+        description="While Running: why trials stay pending, as Ray reports it (trial count and oldest age, unmet resource bundles, pending placement groups, bundles no node can hold, failed node launches), from the run's _sweep/status.json.",
     )
-    checkpoints: CheckpointsStatus | None = Field(None, description="Checkpoint verification (R22).")
+    checkpoints: CheckpointsStatus | None = Field(
+        None, description="The last verification of the run's checkpoints in S3."
+    )
     replicas: ReplicasStatus | None = Field(None, description="Admitted demand and rendered cap.")
     usage: UsageStatus | None = Field(
         None, description="GPU-hours measured from the sweep's GPU pods (docs/budgets.md)."

@@ -24,7 +24,7 @@ _RESERVED_PARAM_PREFIX = "_sweep"
 METRIC_SCHEDULERS = ("asha", "hyperband", "median", "pbt")
 PBT_REFUSED = (
     "got 'pbt'; refused: under Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a "
-    "checkpoint it can clone (R18), so PBT could never exploit a better trial and every trial would train as under "
+    "checkpoint it can clone, so PBT could never exploit a better trial and every trial would train as under "
     "fifo; use asha, hyperband or median to stop poor trials early"
 )
 

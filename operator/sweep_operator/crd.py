@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from sweep_contracts import constants
-from sweep_contracts.api import SweepSpec, SweepStatus
+from sweep_contracts.api import SchedulerSpec, SweepSpec, SweepStatus
 
 from .validation import RESUME_RULES
 
@@ -28,6 +28,8 @@ from .validation import RESUME_RULES
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+
+_SCHEDULER = SchedulerSpec()  # the parser's defaults, which CEL rules assume for an unset field
 
 # Cross-field rules the API server enforces at admission; the semantic validator checks the same and more.
 SPEC_RULES: list[dict[str, str]] = [
@@ -47,13 +49,16 @@ SPEC_RULES: list[dict[str, str]] = [
         "fieldPath": ".tune.metric",
     },
     {
-        "rule": "self.tune.scheduler.type != 'asha' || self.tune.scheduler.gracePeriod <= self.tune.scheduler.maxT",
+        # Neither has an API-server default (api.PARSER_DEFAULT): an unset one is the parser's default.
+        "rule": "self.tune.scheduler.type != 'asha' || "
+        f"(has(self.tune.scheduler.gracePeriod) ? self.tune.scheduler.gracePeriod : {_SCHEDULER.grace_period}) <= "
+        f"(has(self.tune.scheduler.maxT) ? self.tune.scheduler.maxT : {_SCHEDULER.max_t})",
         "message": "tune.scheduler.gracePeriod must be <= maxT",
         "fieldPath": ".tune.scheduler.gracePeriod",
     },
     {
         "rule": "self.trial.resourcesPerWorker.gpu == 0 || self.workerGroup.instanceType != ''",
-        "message": "workerGroup.instanceType is required when trial.resourcesPerWorker.gpu > 0 (bundle fit, R14)",
+        "message": "workerGroup.instanceType is required when trial.resourcesPerWorker.gpu > 0 (bundle fit)",
         "fieldPath": ".workerGroup.instanceType",
     },
     {
@@ -198,6 +203,8 @@ def _constraints(info: FieldInfo, json_type: str | None = None) -> dict[str, Any
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     if "pattern" in extra:  # CRD-only patterns (api.py: the parser checks the same form with its own message)
         out["pattern"] = extra["pattern"]
+    if "x-kubernetes-validations" in extra:  # CRD-only rules, for a message a user can act on (api.py)
+        out["x-kubernetes-validations"] = extra["x-kubernetes-validations"]
     for meta in info.metadata:
         if isinstance(meta, annotated_types.Ge):
             out["minimum"] = meta.ge
@@ -213,7 +220,13 @@ def _constraints(info: FieldInfo, json_type: str | None = None) -> dict[str, Any
     return out
 
 
+def _parser_default(info: FieldInfo) -> bool:
+    return isinstance(info.json_schema_extra, dict) and bool(info.json_schema_extra.get("parserDefault"))
+
+
 def _default(info: FieldInfo) -> tuple[bool, Any]:
+    if _parser_default(info):
+        return False, None
     if info.default_factory is not None:
         value = info.default_factory()  # type: ignore[call-arg]  # pydantic allows a factory of the data; ours take none
     elif info.is_required() or info.default is None:
@@ -232,6 +245,8 @@ def model_schema(model: type[BaseModel], with_defaults: bool = True) -> dict[str
     for name, info in model.model_fields.items():
         key = info.alias or name
         prop: dict[str, Any] = {"description": info.description or ""}
+        if _parser_default(info):
+            prop["description"] += f" Default: {json.dumps(info.default)}."
         prop.update(_type_schema(info.annotation, info))
         prop.update(_constraints(info, prop.get("type")))
         if info.is_required():

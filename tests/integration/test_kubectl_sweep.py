@@ -134,6 +134,11 @@ def test_kubectl_finds_the_plugin_and_sweep_status_reads_the_sweep(world: World)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"TrainingSweep {world.namespace}/{world.name}" in done.stdout
     assert "phase:       Succeeded" in done.stdout and RESULT["bestTrial"]["id"] in done.stdout
+    # Issue 28: the trial counts and the best config were printed as Python dicts.
+    assert "{'" not in done.stdout and "': " not in done.stdout, done.stdout
+    config = RESULT["bestTrial"]["config"]
+    config_line = next(line for line in done.stdout.splitlines() if line.startswith("  config:      "))
+    assert all(f"{key}=" in config_line for key in config), done.stdout
 
 
 def test_sweep_status_honours_kubeconfig_lists_context_and_namespace(world: World) -> None:
@@ -225,6 +230,20 @@ def test_get_tsw_columns_read_finished_of_num_samples_a_short_best_and_0_gpu_hou
         assert (cells["TRIALS"], cells["BEST"], cells["GPU-HOURS"]) == ("2/100 (1 running)", "0.1235", "0"), done.stdout
     finally:
         custom.delete_namespaced_custom_object(*args, "wide-cpu")
+
+
+def test_kubectl_apply_of_a_bad_storage_uri_says_what_is_expected(world: World, tmp_path: Path) -> None:
+    """Issue 28: the API server answered a bad storage.uri with the schema's regex; the validator's words never
+    reached kubectl."""
+    doc = yaml.safe_load((REPO / "tests" / "support" / "fixtures" / "report-sweep.yaml").read_text())
+    doc["metadata"].update(name="bad-uri", namespace=world.namespace)
+    doc["spec"]["storage"]["uri"] = "gs://bucket/sweeps"
+    manifest = tmp_path / "bad-uri.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    done = world.kubectl("apply", "-f", str(manifest))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'spec.storage.uri: Invalid value: "string": expected s3://bucket/prefix: a bucket name' in done.stderr
+    assert "^s3://" not in done.stderr
 
 
 def test_report_from_the_cluster_reads_status_and_s3(world: World, tmp_path: Path) -> None:

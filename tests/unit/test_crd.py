@@ -33,6 +33,10 @@ UNSET_MEANS_SOMETHING = {
 }
 
 
+# Defaulted by the parser, not the API server, so a sweep never shows another scheduler's parameters.
+PARSER_DEFAULTED = "tune.scheduler."
+
+
 def walk(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any], bool]]:
     required = set(schema.get("required", []))
     for name, prop in schema.get("properties", {}).items():
@@ -94,7 +98,10 @@ def test_every_optional_spec_field_has_a_default() -> None:
     missing = [
         path
         for path, prop, required in walk(spec)
-        if not required and "default" not in prop and path not in UNSET_MEANS_SOMETHING
+        if not required
+        and "default" not in prop
+        and path not in UNSET_MEANS_SOMETHING
+        and not path.startswith(PARSER_DEFAULTED)
     ]
     assert missing == []
     for path in UNSET_MEANS_SOMETHING:
@@ -194,8 +201,6 @@ SIZE_AND_PATTERN_CASES = {
     "trainLoop too long": ({"spec.trainLoop": "m" * 300 + ":f"}, "spec.trainLoop"),
     "trainLoop not module:function": ({"spec.trainLoop": "pkg.mod.fn"}, "spec.trainLoop"),
     "trainLoop with spaces": ({"spec.trainLoop": "pkg.mod: fn"}, "spec.trainLoop"),
-    "uri not s3": ({"spec.storage.uri": "https://bucket/prefix"}, "spec.storage.uri"),
-    "uri without prefix": ({"spec.storage.uri": "s3://bucket/"}, "spec.storage.uri"),
     "uri too long": ({"spec.storage.uri": "s3://bucket/" + "p" * 1100}, "spec.storage.uri"),
     "service account not a name": ({"spec.storage.serviceAccountName": "Runner_A"}, "spec.storage.serviceAccountName"),
     "endpoint with a path": ({"spec.storage.endpointUrl": "http://minio:9000/evil/path"}, "spec.storage.endpointUrl"),
@@ -223,6 +228,36 @@ def test_size_limits_and_patterns_are_refused_by_the_crd_and_the_validator(
     assert path in {p.path for p in validate_sweep(doc)}
 
 
+@pytest.mark.parametrize("uri", ["https://bucket/prefix", "s3://bucket/", "s3://Bucket_1/x", "gs://b/x"])
+def test_a_bad_storage_uri_is_refused_with_words_not_a_regex(uri: str) -> None:
+    """Issue 28: a schema pattern's only message is the regex; the API server prints a CEL rule's message. The
+    emulator's apiserver validation, as `kubectl apply` would show it; the validator names the field too."""
+    from sweep_sandbox import emulator
+
+    schema = emulator.compiled_schema("TrainingSweep", constants.GROUP, build_crd()["spec"]["versions"][0])
+    doc = changed(cpu_sweep(), {"spec.storage.uri": uri})
+    schema.decode(doc)
+    (error,) = [str(e) for e in schema.errors(doc)]
+    assert error.startswith('spec.storage.uri: Invalid value: "string": expected s3://bucket/prefix: a bucket name')
+    assert "^s3://" not in error and "[a-z0-9]" not in error
+    assert "spec.storage.uri" in {p.path for p in validate_sweep(doc)}
+
+
+def test_user_facing_text_names_no_internal_rule_or_issue_ids() -> None:
+    """Issue 28: `(R5, R14)` in `kubectl explain`, `(issue 16)` in the reference, `(R18)` in validate's output."""
+    import re
+
+    from sweep_contracts.spec_checks import PBT_REFUSED
+
+    internal = re.compile(r"\bR\d{1,2}\b|\bissue \d+")
+    crd_text = CRD_FILE.read_text()
+    reference = (REPO / "docs" / "trainingsweep-reference.md").read_text()
+    refused = [str(p) for p in validate_sweep(changed(cpu_sweep(), {"spec.tune.scheduler": {"type": "pbt"}}))]
+    assert refused and any("PBT could never exploit" in p for p in refused) and PBT_REFUSED in refused[0]
+    for where, text in {"CRD": crd_text, "reference": reference, "validate": "\n".join(refused)}.items():
+        assert not internal.findall(text), f"{where}: {sorted(set(internal.findall(text)))}"
+
+
 def test_every_spec_string_list_and_map_is_bounded() -> None:
     spec = openapi_schema()["properties"]["spec"]
     unbounded = []
@@ -238,8 +273,39 @@ def test_every_spec_string_list_and_map_is_bounded() -> None:
             unbounded.append(path)  # a map
     assert unbounded == []
     props = spec["properties"]
-    assert props["trainLoop"]["pattern"] and props["storage"]["properties"]["uri"]["pattern"].startswith("^s3://")
+    assert props["trainLoop"]["pattern"]
+    assert props["storage"]["properties"]["uri"]["x-kubernetes-validations"][0]["rule"].startswith("self.matches(")
     assert props["storage"]["properties"]["serviceAccountName"]["pattern"]
+
+
+def errors_of(schema: Any, doc: dict[str, Any]) -> list[str]:
+    """What the emulator's API server answers a create of `doc` (decoded and defaulted as it stores it)."""
+    schema.decode(doc)
+    schema.apply_defaults(doc)
+    return [str(e) for e in schema.errors(doc)]
+
+
+def test_a_fifo_sweep_is_stored_without_other_schedulers_parameters() -> None:
+    """Issue 28: the API server defaulted asha's maxT, gracePeriod, brackets... into every sweep, and `kubectl
+    describe` showed them on a fifo sweep. They stay unset; the parser's defaults say what an unset one means,
+    also to the asha rule gracePeriod <= maxT."""
+    from sweep_contracts.api import SchedulerSpec
+    from sweep_sandbox import emulator
+
+    schema = emulator.compiled_schema("TrainingSweep", constants.GROUP, build_crd()["spec"]["versions"][0])
+    doc = cpu_sweep()
+    schema.decode(doc)
+    schema.apply_defaults(doc)
+    assert doc["spec"]["tune"]["scheduler"] == {"type": "fifo"}
+    defaults = SchedulerSpec()
+    scheduler = openapi_schema()["properties"]["spec"]["properties"]["tune"]["properties"]["scheduler"]
+    for key, prop in scheduler["properties"].items():
+        if key != "type":
+            assert "default" not in prop and "Default: " in prop["description"], key
+    rule = next(r for r in SPEC_RULES if r["fieldPath"] == ".tune.scheduler.gracePeriod")
+    asha = changed(gpu_sweep(), {"spec.tune.scheduler": {"type": "asha", "gracePeriod": defaults.max_t + 1}})
+    assert errors_of(schema, asha) == [f'spec.tune.scheduler.gracePeriod: Invalid value: "object": {rule["message"]}']
+    assert errors_of(schema, changed(gpu_sweep(), {"spec.tune.scheduler": {"type": "asha", "maxT": 1}})) == []
 
 
 def test_crd_defaults_match_the_model_defaults() -> None:
@@ -249,7 +315,8 @@ def test_crd_defaults_match_the_model_defaults() -> None:
     spec_schema = openapi_schema()["properties"]["spec"]
     model_defaults = SweepSpec.model_validate(cpu_sweep()["spec"]).model_dump(by_alias=True)
     tune = spec_schema["properties"]["tune"]["properties"]
-    assert tune["scheduler"]["properties"]["maxT"]["default"] == 100
+    scheduler = tune["scheduler"]["properties"]
+    assert "default" not in scheduler["maxT"] and scheduler["maxT"]["description"].endswith(" Default: 100.")
     for section in ("failurePolicy", "deletion"):
         props = spec_schema["properties"][section]["properties"]
         fresh = SweepSpec.model_validate({**cpu_sweep()["spec"], section: {}}).model_dump(by_alias=True)[section]

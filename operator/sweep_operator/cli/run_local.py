@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="base for the run root instead of spec.storage.uri: another s3://bucket/prefix or a local directory",
     )
     p.add_argument("--cpu-only", action="store_true", help="train on CPUs: render the sweep with 0 GPUs per worker")
-    p.add_argument("--run-id", help="run id (default: a fresh one; a new run gets a new prefix, R16)")
+    p.add_argument("--run-id", help="run id (default: a fresh one; a new run gets a new prefix)")
     p.add_argument("--limits", metavar="FILE", help="operator limits YAML (maxWorkersPerSweep, ...)")
     p.add_argument("--log-dir", metavar="DIR", help="where the driver and Ray logs go (default: a temp dir)")
     p.set_defaults(func=run)

@@ -64,6 +64,28 @@ def namespace_window_gpu_hours(sweeps: list[dict[str, Any]], window_seconds: flo
     )
 
 
+def _trial_counts(trials: Any) -> str:
+    """`(3 pending, 2 running, 3 terminated, 1 errored)`: the states with trials in them, in the order trials go."""
+    if not isinstance(trials, dict):
+        return ""
+    states = ("pending", "running", "terminated", "errored")
+    parts = [f"{trials[s]} {s}" for s in states if isinstance(trials.get(s), int) and trials[s] > 0]
+    return f"({', '.join(parts)})" if parts else ""
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    """`lr=0.003162  hidden=64`: a trial's hyper-parameters as a user wrote them in paramSpace, not a Python dict."""
+
+    def shown(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        if isinstance(value, (dict, list)):
+            return json.dumps(value, separators=(",", ":"))
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return "  ".join(f"{key}={shown(value)}" for key, value in config.items())
+
+
 def format_status(
     name: str,
     namespace: str,
@@ -81,12 +103,14 @@ def format_status(
         f"  phase:       {status.get('phase', 'Pending')}  {status.get('message', '')}".rstrip(),
         f"  run:         {status.get('runId', '-')}  RayJob {status.get('rayJobName', '-')}  RayCluster {status.get('rayClusterName', '-')}",
         f"  deadline:    {status.get('deadlineAt', '-')}  (started {status.get('startedAt', '-')})",
-        f"  trials:      {status.get('trialsSummary', '0/0')}  {status.get('trials') or ''}".rstrip(),
+        f"  trials:      {status.get('trialsSummary', '-')}  {_trial_counts(status.get('trials'))}".rstrip(),
     ]
     if best:
-        lines.append(
-            f"  best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  {best.get('config') or ''}".rstrip()
-        )
+        value = best.get("value")
+        shown = f"{value:.6g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+        lines.append(f"  best trial:  {best.get('id')}  {best.get('metric')}={shown}")
+        if isinstance(best.get("config"), dict) and best["config"]:
+            lines.append(f"  config:      {_config_text(best['config'])}")
         lines.append(f"  checkpoint:  {best.get('checkpointUri', '-')}")
     lines += budget_lines(status, time.time() if now is None else now, namespace_gpu_hours)
     if checkpoints:

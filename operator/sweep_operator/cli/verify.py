@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "verify",
         help="verify a sweep run's checkpoints in S3 (exit 0 verified, 1 not verified, 2 usage error)",
-        description="Verify that every checkpoint Ray committed for a sweep run is complete in S3 (R22).",
+        description="Verify that every checkpoint Ray committed for a sweep run is complete in S3.",
     )
     p.add_argument(
         "uri",

@@ -1,0 +1,35 @@
+"""`sweepctl status`'s text: what a user reads, never a Python dict or another scheduler's fields."""
+
+from __future__ import annotations
+
+from sweep_operator.cli.status import format_status
+
+STATUS = {
+    "phase": "Running",
+    "message": "running: RayJob digits-abc123 Running",
+    "runId": "abc123",
+    "rayJobName": "digits-abc123",
+    "trialsSummary": "3/8 (2 running)",
+    "trials": {"total": 6, "pending": 1, "running": 2, "terminated": 3, "errored": 0},
+    "bestTrial": {
+        "id": "t1",
+        "metric": "val_loss",
+        "value": 0.12345678901234,
+        "config": {"lr": 0.0031622776601683794, "hidden": 64, "nesterov": True, "layers": [64, 32]},
+    },
+}
+
+
+def test_status_prints_counts_and_the_best_config_as_words_not_python_dicts() -> None:
+    """Issue 28: `trials: 3/8  {'total': 6, ...}` and `{'lr': 0.0031622776601683794}` were Python reprs."""
+    text = format_status("digits", "ml", STATUS)
+    lines = text.splitlines()
+    assert "  trials:      3/8 (2 running)  (1 pending, 2 running, 3 terminated)" in lines
+    assert "  best trial:  t1  val_loss=0.123457" in lines
+    assert "  config:      lr=0.003162  hidden=64  nesterov=true  layers=[64,32]" in lines
+    assert "{'" not in text and "True" not in text
+
+
+def test_status_before_any_trial_has_no_empty_brackets() -> None:
+    text = format_status("digits", "ml", {"phase": "Starting", "trialsSummary": "0/8", "trials": {"total": 0}})
+    assert "  trials:      0/8" in text.splitlines() and "()" not in text
