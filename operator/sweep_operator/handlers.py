@@ -27,6 +27,7 @@ import kopf
 
 from sweep_contracts import constants
 
+from .install_checks import run_startup_checks
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
@@ -178,6 +179,13 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, wiring.settings)
+
+    # Issue 28: the webhook's own certificate (kopf starts its admission server after this) and KubeRay's identity.
+    @kopf.on.startup(registry=registry)
+    def install_checks(**_: Any) -> None:
+        kube_client = getattr(controller.kube, "api_client", None)
+        if kube_client is not None:
+            run_startup_checks(wiring.settings, kube_client, controller.metrics.registry)
 
     if wiring.login is not None:
         kopf.on.login(registry=registry)(wiring.login)

@@ -172,6 +172,20 @@ class Settings:
     # (empty: none) and per namespace as `namespace=queue` entries (an entry with no queue turns it off there).
     kueue_default_queue: str = field(default="", metadata=_env("SWEEP_KUEUE_DEFAULT_QUEUE"))
     kueue_namespace_queues: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_KUEUE_NAMESPACE_QUEUES"))
+    # The operator's own namespace (the chart's release namespace): where its webhook certificate Secret lives.
+    operator_namespace: str = field(default="", metadata=_env("SWEEP_OPERATOR_NAMESPACE"))
+    # webhook.certProvider=operator (issue 28): the Secret the replicas share the CA and serving pair in; the operator
+    # renews it, writes the pair into webhook_cert_dir and injects the CA into webhook_configurations
+    # (`ValidatingWebhookConfiguration/<name>` entries). Empty: the files are mounted (cert-manager or your own).
+    webhook_cert_secret: str = field(default="", metadata=_env("SWEEP_WEBHOOK_CERT_SECRET"))
+    webhook_service: str = field(default="", metadata=_env("SWEEP_WEBHOOK_SERVICE"))
+    webhook_configurations: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_WEBHOOK_CONFIGURATIONS"))
+    webhook_cert_validity_days: int = field(default=365, metadata=_env("SWEEP_WEBHOOK_CERT_VALIDITY_DAYS"))
+    webhook_cert_renew_before_days: int = field(default=30, metadata=_env("SWEEP_WEBHOOK_CERT_RENEW_BEFORE_DAYS"))
+    webhook_cert_sync_seconds: float = field(default=300.0, metadata=_env("SWEEP_WEBHOOK_CERT_SYNC_SECONDS"))
+    # KubeRay's ServiceAccount as `namespace/name` (the chart's kuberay values): checked at startup, because the
+    # guard policy trusts exactly that identity. Empty: not checked.
+    kuberay_service_account: str = field(default="", metadata=_env("SWEEP_KUBERAY_SERVICE_ACCOUNT"))
 
     def __post_init__(self) -> None:
         for name in ("verification_workers", "s3_client_cache_size"):
@@ -190,10 +204,46 @@ class Settings:
                 f"gpuHoursWindowSeconds (SWEEP_GPU_HOURS_WINDOW_SECONDS): got "
                 f"{self.gpu_hours_window_seconds!r}; must be an integer >= 1"
             )
+        self._check_webhook_certificate_and_kuberay()
         if not self.namespace_gpu_hours >= 0:
             raise SettingsError(
                 f"namespaceGpuHours (SWEEP_NAMESPACE_GPU_HOURS): got {self.namespace_gpu_hours!r}; "
                 "must be >= 0 (0: no namespace budget)"
+            )
+
+    def _check_webhook_certificate_and_kuberay(self) -> None:
+        if self.webhook_cert_secret and not (self.operator_namespace and self.webhook_service):
+            raise SettingsError(
+                "webhookCertSecret (SWEEP_WEBHOOK_CERT_SECRET) needs SWEEP_OPERATOR_NAMESPACE and SWEEP_WEBHOOK_SERVICE "
+                "(the certificate names the Service)"
+            )
+        if not 0 < self.webhook_cert_renew_before_days < self.webhook_cert_validity_days:
+            raise SettingsError(
+                f"webhookCertRenewBeforeDays (SWEEP_WEBHOOK_CERT_RENEW_BEFORE_DAYS): got "
+                f"{self.webhook_cert_renew_before_days!r}; must be >= 1 and below SWEEP_WEBHOOK_CERT_VALIDITY_DAYS "
+                f"({self.webhook_cert_validity_days!r})"
+            )
+        if not self.webhook_cert_sync_seconds > 0:
+            raise SettingsError(
+                f"webhookCertSyncSeconds (SWEEP_WEBHOOK_CERT_SYNC_SECONDS): got {self.webhook_cert_sync_seconds!r}; "
+                "must be > 0"
+            )
+        for entry in self.webhook_configurations:
+            kind, _, name = entry.rpartition("/")
+            if kind not in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration") or not name:
+                raise SettingsError(
+                    f"webhookConfigurations (SWEEP_WEBHOOK_CONFIGURATIONS): got {entry!r}; entries are "
+                    "ValidatingWebhookConfiguration/<name> or MutatingWebhookConfiguration/<name>"
+                )
+        if self.kuberay_service_account and not _SERVICE_ACCOUNT_ENTRY.match(self.kuberay_service_account):
+            raise SettingsError(
+                f"kuberayServiceAccount (SWEEP_KUBERAY_SERVICE_ACCOUNT): got {self.kuberay_service_account!r}; "
+                "expected namespace/name, as kuberay.namespace and kuberay.serviceAccountName"
+            )
+        if self.kuberay_service_account.startswith("*/"):
+            raise SettingsError(
+                f"kuberayServiceAccount (SWEEP_KUBERAY_SERVICE_ACCOUNT): got {self.kuberay_service_account!r}; "
+                "name the namespace KubeRay runs in"
             )
 
     def namespace_gpu_hour_budget(self, namespace: str) -> float | None:

@@ -47,10 +47,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "guardPolicy": {"enabled": False},
         "networkPolicy": {"enabled": False},
     },
+    "webhook-cert-manager": {"webhook": {"enabled": True, "certProvider": "cert-manager"}},
     "webhook-own-certificate": {
         "webhook": {
             "enabled": True,
-            "certManager": {"enabled": False},
+            "certProvider": "secret",
             "tls": {"secretName": "sweep-webhook-tls"},
             "caBundle": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==",
         }
@@ -65,7 +66,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "everything": {
         "watchNamespaces": ["team-a"],
         "ha": {"enabled": True},
-        "webhook": {"enabled": True, "certManager": {"issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}}},
+        "webhook": {
+            "enabled": True,
+            "certProvider": "cert-manager",
+            "certManager": {"issuerRef": {"kind": "ClusterIssuer", "name": "corp-ca"}},
+        },
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
         "serviceAccount": {"roleArn": OPERATOR_ROLE},
         "runner": {"serviceAccount": {"create": True, "roleArn": RUNNER_ROLE}},
@@ -209,13 +214,25 @@ NAMESPACED_GRANTS = {
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
+# Both scoped by resourceNames (tests/unit/test_chart_install.py): KubeRay's ServiceAccount, our webhook configuration.
+NAMED_CLUSTER_GRANTS = {
+    ("", "serviceaccounts"): {"get"},
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
+}
+WEBHOOK_SECRET_GRANTS = {("", "secrets"): {"get", "update"}}
+
+
+def manager_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Roles of watched namespaces (the webhook certificate's Role in the release namespace left out)."""
+    return [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith("-webhook-certificate")]
 PEERING = {"get", "list", "watch", "patch"}
 
 
 def test_cluster_wide_mode_grants_exactly_what_the_operator_touches() -> None:
     docs = render("defaults")
-    assert not of_kind(docs, "Role")
-    assert grants(of_kind(docs, "ClusterRole")) == NAMESPACED_GRANTS | CRD_READ | NAMESPACES_READ
+    assert not manager_roles(docs)
+    assert grants(of_kind(docs, "Role")) == WEBHOOK_SECRET_GRANTS
+    assert grants(of_kind(docs, "ClusterRole")) == NAMESPACED_GRANTS | CRD_READ | NAMESPACES_READ | NAMED_CLUSTER_GRANTS
     for binding in of_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": one(docs, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
@@ -224,12 +241,13 @@ def test_cluster_wide_mode_grants_exactly_what_the_operator_touches() -> None:
 
 def test_watch_namespaces_renders_a_role_per_namespace_and_no_cluster_role_for_namespaced_resources() -> None:
     docs = render("watch-namespaces")
-    assert grants(of_kind(docs, "ClusterRole")) == CRD_READ  # no namespaced rights, no namespaces list
-    roles = of_kind(docs, "Role")
+    # no namespaced rights, no namespaces list
+    assert grants(of_kind(docs, "ClusterRole")) == CRD_READ | NAMED_CLUSTER_GRANTS
+    roles = manager_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert grants([role]) == NAMESPACED_GRANTS
-    bindings = of_kind(docs, "RoleBinding")
+    bindings = [b for b in of_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("-webhook-certificate")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
@@ -322,8 +340,17 @@ def test_configmap_sets_exactly_the_operator_settings_and_the_operator_accepts_t
 
 
 def test_chart_defaults_are_the_operator_defaults() -> None:
-    # Except the webhook port: the chart turns the webhook on (it brings the certificate); a bare operator has none.
-    expected = dataclasses.replace(operator_settings.Settings(), webhook_port=9443)
+    # Except what only an install knows: the webhook (the chart turns it on, the operator keeps its certificate in the
+    # chart's Secret), the release namespace, and where KubeRay runs; a bare operator has none of them.
+    expected = dataclasses.replace(
+        operator_settings.Settings(),
+        webhook_port=9443,
+        operator_namespace=NAMESPACE,
+        webhook_cert_secret=f"{RELEASE}-trainingsweep-operator-webhook-tls",
+        webhook_service=f"{RELEASE}-trainingsweep-operator-webhook",
+        webhook_configurations=(f"ValidatingWebhookConfiguration/{RELEASE}-trainingsweep-operator",),
+        kuberay_service_account="kuberay-system/kuberay-operator",
+    )
     assert operator_settings.Settings.from_env(settings_env(render("defaults"))) == expected
 
 
@@ -349,7 +376,7 @@ def test_defaults_annotate_nothing_and_create_no_runner_account() -> None:
 
 
 def test_webhook_validates_trainingsweeps_on_the_operators_path_and_port() -> None:
-    docs = render("webhook")
+    docs = render("webhook-cert-manager")
     (hook,) = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
     assert hook["rules"] == [
         {
@@ -453,7 +480,9 @@ BAD_VALUES = {
     "HA with one replica": {"ha": {"enabled": True, "replicas": 1}},
     "not a role ARN": {"serviceAccount": {"roleArn": "sweep-operator"}},
     "root user": {"securityContext": {"runAsUser": 0}},
-    "webhook without certificate": {"webhook": {"enabled": True, "certManager": {"enabled": False}}},
+    "webhook without certificate": {"webhook": {"enabled": True, "certProvider": "secret"}},
+    "unknown certificate provider": {"webhook": {"certProvider": "vault"}},
+    "kuberay namespace with a quote": {"kuberay": {"namespace": "x' || true || '"}},
 }
 
 
@@ -478,6 +507,10 @@ def test_values_schema_is_valid_and_accepts_every_scenario() -> None:
     [
         ({"limits": {"defaultActiveSeconds": 999999}}, "must not exceed limits.maxActiveSeconds"),
         ({"metrics": {"port": 8080}}, "metrics.port 8080 is already used by liveness.port"),
+        (
+            {"webhook": {"operatorCertificate": {"validityDays": 30, "renewBeforeDays": 30}}},
+            "renewBeforeDays (30) must be less than webhook.operatorCertificate.validityDays (30)",
+        ),
     ],
 )
 def test_render_refuses_values_that_contradict_each_other(values: dict[str, Any], message: str) -> None:

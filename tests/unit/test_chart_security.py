@@ -116,8 +116,8 @@ def test_bad_security_values_are_refused(values: dict[str, Any]) -> None:
         jsonschema.validate(_chart().merge_values(values), json.loads((CHART / "values.schema.json").read_text()))
 
 
-def test_the_default_webhook_certificate_is_signed_by_the_charts_ca_and_renewed_without_a_restart() -> None:
-    docs = render_values({})
+def test_cert_managers_webhook_certificate_is_signed_by_the_charts_ca_and_renewed_without_a_restart() -> None:
+    docs = render_values({"webhook": {"certProvider": "cert-manager"}})
     issuers = {i["metadata"]["name"]: i["spec"] for i in of_kind(docs, "Issuer")}
     certificates = {c["metadata"]["name"]: c["spec"] for c in of_kind(docs, "Certificate")}
     (ca_name,) = [n for n, c in certificates.items() if c.get("isCA")]

@@ -74,10 +74,23 @@ app.kubernetes.io/part-of: trainingsweep-operator
 {{- end -}}
 
 {{- define "tso.webhookSecretName" -}}
-{{- if .Values.webhook.certManager.enabled -}}
-{{- printf "%s-webhook-tls" (include "tso.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- if eq (include "tso.webhookCertProvider" .) "secret" -}}
+{{- required "webhook.tls.secretName is required when webhook.certProvider is secret" .Values.webhook.tls.secretName -}}
 {{- else -}}
-{{- required "webhook.tls.secretName is required when webhook.certManager.enabled is false" .Values.webhook.tls.secretName -}}
+{{- printf "%s-webhook-tls" (include "tso.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Who issues the webhook's serving certificate: operator, cert-manager or secret. `auto` picks cert-manager when
+the cluster serves cert-manager.io/v1 (.Capabilities: `helm template` and Argo CD without --api-versions see
+none, and get the operator's own certificate).
+*/}}
+{{- define "tso.webhookCertProvider" -}}
+{{- if eq .Values.webhook.certProvider "auto" -}}
+{{- ternary "cert-manager" "operator" (.Capabilities.APIVersions.Has "cert-manager.io/v1") -}}
+{{- else -}}
+{{- .Values.webhook.certProvider -}}
 {{- end -}}
 {{- end -}}
 
@@ -118,6 +131,9 @@ Cross-field checks values.schema.json cannot express; fails the render with a me
 {{- $key := toString (int64 .Values.metrics.port) -}}
 {{- if hasKey $ports $key -}}{{- fail (printf "metrics.port %s is already used by %s" $key (get $ports $key)) -}}{{- end -}}
 {{- $_ := set $ports $key "metrics.port" -}}
+{{- end -}}
+{{- if ge (int64 .Values.webhook.operatorCertificate.renewBeforeDays) (int64 .Values.webhook.operatorCertificate.validityDays) -}}
+{{- fail (printf "webhook.operatorCertificate.renewBeforeDays (%d) must be less than webhook.operatorCertificate.validityDays (%d)" (int64 .Values.webhook.operatorCertificate.renewBeforeDays) (int64 .Values.webhook.operatorCertificate.validityDays)) -}}
 {{- end -}}
 {{- if .Values.webhook.enabled -}}
 {{- $key := toString (int64 .Values.webhook.port) -}}

@@ -60,6 +60,18 @@ namespace otherwise.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
+# The startup check that KubeRay's ServiceAccount (kuberay.namespace/serviceAccountName) exists: that name only.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get"]
+  resourceNames: [{{ .Values.kuberay.serviceAccountName | quote }}]
+{{- if and .Values.webhook.enabled (eq (include "tso.webhookCertProvider" .) "operator") }}
+# webhook.certProvider=operator: the operator injects its CA into this chart's webhook configuration only.
+- apiGroups: ["admissionregistration.k8s.io"]
+  resources: ["validatingwebhookconfigurations"]
+  verbs: ["get", "patch"]
+  resourceNames: [{{ include "tso.fullname" . | quote }}]
+{{- end }}
 {{- if include "tso.clusterWide" . }}
 # Cluster-wide mode: kopf follows namespaces as they come and go.
 - apiGroups: [""]
