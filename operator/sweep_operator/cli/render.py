@@ -1,10 +1,16 @@
-"""`sweepctl render -f FILE [--limits FILE] [--run-id ID]`: the RayJob the operator would create, as YAML."""
+"""`sweepctl render -f FILE [--limits FILE] [--run-id ID]`: the RayJob the operator would create, as YAML.
+
+The run spec inside runtimeEnvYAML (SWEEP_RUN_SPEC) is shown as indented JSON: the same document the operator
+writes on one line, parsed alike by the driver.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from typing import Any
 
 from .common import EXIT_OK, load_limits, load_sweep, run_id_from
 
@@ -31,5 +37,20 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.filename, limits)
     run_id = run_id_from(args.run_id)
     deadline = args.deadline_at or int(time.time()) + effective_active_seconds(sweep.spec, limits)
-    sys.stdout.write(to_yaml(build_rayjob(sweep, run_id, limits, deadline_at=deadline)))
+    sys.stdout.write(to_yaml(readable(build_rayjob(sweep, run_id, limits, deadline_at=deadline))))
     return EXIT_OK
+
+
+def readable(rayjob: dict[str, Any]) -> dict[str, Any]:
+    """`rayjob` with its run spec indented, one field a line: on one line it is a 2,000-character JSON string."""
+    from sweep_contracts import constants, runtime_env
+
+    from ..rendering import to_yaml
+
+    spec = rayjob["spec"]
+    env = runtime_env.decode(spec.get("runtimeEnvYAML"))
+    env_vars = env.get("env_vars")
+    if isinstance(env_vars, dict) and isinstance(env_vars.get(constants.ENV_RUN_SPEC), str):
+        env_vars[constants.ENV_RUN_SPEC] = json.dumps(json.loads(env_vars[constants.ENV_RUN_SPEC]), indent=2) + "\n"
+        spec["runtimeEnvYAML"] = to_yaml(env)
+    return rayjob
