@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sweep_operator.cli.status import format_status
 
 STATUS = {
@@ -33,3 +35,12 @@ def test_status_prints_counts_and_the_best_config_as_words_not_python_dicts() ->
 def test_status_before_any_trial_has_no_empty_brackets() -> None:
     text = format_status("digits", "ml", {"phase": "Starting", "trialsSummary": "0/8", "trials": {"total": 0}})
     assert "  trials:      0/8" in text.splitlines() and "()" not in text
+
+
+def test_the_sandbox_summary_prints_the_best_config_as_words(capsys: pytest.CaptureFixture[str]) -> None:
+    from sweep_operator.cli.sandbox import _report
+
+    _report({"phase": "Succeeded", "bestTrial": STATUS["bestTrial"], "checkpoints": {"verified": True}})
+    out = capsys.readouterr().out
+    assert "best trial:  t1  val_loss=0.123457\n" in out and "config:      lr=0.003162  hidden=64" in out
+    assert "{'" not in out

@@ -274,7 +274,13 @@ def _print_table(sandbox: Any, namespace: str) -> None:
 def _report(status: dict[str, Any]) -> bool:
     best = status.get("bestTrial") or {}
     if best:
-        print(f"best trial:  {best.get('id')}  {best.get('metric')}={best.get('value')}  config={best.get('config')}")
+        from .status import config_text
+
+        value = best.get("value")
+        shown = f"{value:.6g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+        print(f"best trial:  {best.get('id')}  {best.get('metric')}={shown}")
+        if isinstance(best.get("config"), dict) and best["config"]:
+            print(f"config:      {config_text(best['config'])}")
         print(f"checkpoint:  {best.get('checkpointUri')}")
     checkpoints = status.get("checkpoints") or {}
     if checkpoints.get("verified"):

@@ -73,7 +73,7 @@ def _trial_counts(trials: Any) -> str:
     return f"({', '.join(parts)})" if parts else ""
 
 
-def _config_text(config: dict[str, Any]) -> str:
+def config_text(config: dict[str, Any]) -> str:
     """`lr=0.003162  hidden=64`: a trial's hyper-parameters as a user wrote them in paramSpace, not a Python dict."""
 
     def shown(value: Any) -> str:
@@ -110,7 +110,7 @@ def format_status(
         shown = f"{value:.6g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
         lines.append(f"  best trial:  {best.get('id')}  {best.get('metric')}={shown}")
         if isinstance(best.get("config"), dict) and best["config"]:
-            lines.append(f"  config:      {_config_text(best['config'])}")
+            lines.append(f"  config:      {config_text(best['config'])}")
         lines.append(f"  checkpoint:  {best.get('checkpointUri', '-')}")
     lines += budget_lines(status, time.time() if now is None else now, namespace_gpu_hours)
     if checkpoints:
