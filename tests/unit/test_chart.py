@@ -225,6 +225,8 @@ WEBHOOK_SECRET_GRANTS = {("", "secrets"): {"get", "update"}}
 def manager_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Roles of watched namespaces (the webhook certificate's Role in the release namespace left out)."""
     return [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith("-webhook-certificate")]
+
+
 PEERING = {"get", "list", "watch", "patch"}
 
 
