@@ -39,10 +39,20 @@ def sweepctl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def held_run(server: EmulatorServer, s3_client: Any, endpoint: str, bucket: str) -> tuple[str, SyntheticSweep]:
-    """A sweep, RayJob and RayCluster as an operator left them, all being deleted, the run complete in S3."""
+def held_run(
+    server: EmulatorServer,
+    s3_client: Any,
+    endpoint: str,
+    bucket: str,
+    *,
+    name: str | None = None,
+    run_id: str = "r1abcd",
+    write: bool = True,
+) -> tuple[str, SyntheticSweep | None]:
+    """A sweep, RayJob and RayCluster as an operator left them, all being deleted, the run complete in S3 (nothing
+    written with `write=False`)."""
     custom = kubernetes.client.CustomObjectsApi(server.api_client())
-    name = f"rel-{uuid.uuid4().hex[:5]}"
+    name = name or f"rel-{uuid.uuid4().hex[:5]}"
     doc = changed(
         cpu_sweep(name, "default"),
         {
@@ -54,7 +64,7 @@ def held_run(server: EmulatorServer, s3_client: Any, endpoint: str, bucket: str)
     doc["metadata"]["finalizers"] = [constants.FINALIZER]
     sweep = custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, doc)
     parsed = parse_sweep(sweep)
-    rayjob = build_rayjob(parsed, "r1abcd", RenderContext())
+    rayjob = build_rayjob(parsed, run_id, RenderContext())
     root = json.loads(rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD])["runRoot"]
     custom.patch_namespaced_custom_object_status(
         constants.GROUP,
@@ -65,7 +75,7 @@ def held_run(server: EmulatorServer, s3_client: Any, endpoint: str, bucket: str)
         {
             "status": {
                 "phase": "Running",
-                "runId": "r1abcd",
+                "runId": run_id,
                 "rayJobName": rayjob["metadata"]["name"],
                 "guard": {
                     "runRoot": root,
@@ -104,7 +114,9 @@ def held_run(server: EmulatorServer, s3_client: Any, endpoint: str, bucket: str)
     custom.create_namespaced_custom_object(
         constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYCLUSTER_PLURAL, raycluster
     )
-    synthetic = write_sweep(s3_client, bucket, root.split("/", 3)[3], trials=2, checkpoints=1, files=1)
+    synthetic = (
+        write_sweep(s3_client, bucket, root.split("/", 3)[3], trials=2, checkpoints=1, files=1) if write else None
+    )
     for group, version, plural, obj_name in (
         (constants.GROUP, constants.VERSION, constants.PLURAL, name),
         (constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL, rayjob["metadata"]["name"]),
@@ -146,6 +158,7 @@ def test_release_verifies_first_and_releases_only_a_verified_run(
 ) -> None:
     server, kubeconfig = cluster
     name, synthetic = held_run(server, s3_client, s3_server.endpoint_url, s3_bucket)
+    assert synthetic is not None
     assert len(remaining(server, name)) == 3
     guarded = sweepctl(kubeconfig, "guarded", "-A")
     assert guarded.returncode == 1 and "3 object(s) still guarded" in guarded.stderr
@@ -172,6 +185,7 @@ def test_release_force_records_who_and_why(
 ) -> None:
     server, kubeconfig = cluster
     name, synthetic = held_run(server, s3_client, s3_server.endpoint_url, s3_bucket)
+    assert synthetic is not None
     synthetic.delete_manifest()
     forced = sweepctl(kubeconfig, "release", name, "--force", "--reason", "data is expendable (ticket 42)")
     assert forced.returncode == 0, forced.stdout + forced.stderr
@@ -197,3 +211,55 @@ def test_release_refuses_what_is_not_being_deleted(cluster: tuple[EmulatorServer
     result = sweepctl(kubeconfig, "release", "alive", "--reason", "x")
     assert result.returncode == 2 and "not being deleted" in result.stdout
     assert custom.get_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, "alive")
+
+
+def _drop_finalizer(server: EmulatorServer, plural: str, name: str) -> None:
+    """What a release of that object did earlier (the operator's guard, before this run's)."""
+    group, version = (
+        (constants.GROUP, constants.VERSION)
+        if plural == constants.PLURAL
+        else (constants.RAY_GROUP, constants.RAY_VERSION_API)
+    )
+    custom = kubernetes.client.CustomObjectsApi(server.api_client())
+    custom.patch_namespaced_custom_object(
+        group,
+        version,
+        "default",
+        plural,
+        name,
+        [{"op": "remove", "path": "/metadata/finalizers/0"}],
+        _content_type="application/json-patch+json",
+    )
+
+
+def test_release_matches_objects_by_the_run_in_their_guard_record_and_refuses_several_runs(
+    cluster: tuple[EmulatorServer, Path], s3_server: Any, s3_client: Any, s3_bucket: str
+) -> None:
+    """Issue 25, defect 4: an older run's RayCluster is held (a checkpoint file missing); the sweep was deleted and
+    re-created under the same name, and its new run (nothing in S3 yet) is being deleted too. `release` by name
+    sees two runs: it refuses and lists them; `--run-id` releases only that run's objects, verified against that
+    run's own root, and the older run's cluster stays held (the new empty root never speaks for it)."""
+    server, kubeconfig = cluster
+    name, old = held_run(server, s3_client, s3_server.endpoint_url, s3_bucket, run_id="r1abcd")
+    assert old is not None
+    old_objects = remaining(server, name)
+    old_cluster = next(o.split("/", 1)[1] for o in old_objects if o.startswith(constants.RAYCLUSTER_PLURAL))
+    _drop_finalizer(server, constants.PLURAL, name)
+    _drop_finalizer(server, constants.RAYJOB_PLURAL, next(o.split("/", 1)[1] for o in old_objects if "rayjobs/" in o))
+    wait_for(lambda: remaining(server, name) == [f"{constants.RAYCLUSTER_PLURAL}/{old_cluster}"], 10, what="old run")
+    missing = old.delete_file()
+    held_run(server, s3_client, s3_server.endpoint_url, s3_bucket, name=name, run_id="r2efgh", write=False)
+
+    refused = sweepctl(kubeconfig, "release", name, "--reason", "cleanup")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "several runs" in refused.stderr and "r1abcd" in refused.stderr and "r2efgh" in refused.stderr
+    assert len(remaining(server, name)) == 4, "nothing is released when the runs are ambiguous"
+
+    newer = sweepctl(kubeconfig, "release", name, "--reason", "cleanup", "--run-id", "r2efgh")
+    assert newer.returncode == 0, newer.stdout + newer.stderr
+    wait_for(
+        lambda: remaining(server, name) == [f"{constants.RAYCLUSTER_PLURAL}/{old_cluster}"], 10, what="run 2 released"
+    )
+    older = sweepctl(kubeconfig, "release", name, "--reason", "cleanup", "--run-id", "r1abcd")
+    assert older.returncode == 1 and "missing-file" in older.stderr and missing.split("/")[-1] in older.stderr
+    assert remaining(server, name) == [f"{constants.RAYCLUSTER_PLURAL}/{old_cluster}"], "the older run stays held"

@@ -533,7 +533,9 @@ def test_rayjob_guard_reads_its_own_run_spec(world: World) -> None:
     assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
 
 
-def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: World) -> None:
+def test_raycluster_guard_finds_the_run_through_its_own_annotation_or_its_rayjobs(world: World) -> None:
+    """KubeRay copies the RayJob's guard annotation onto the cluster: it names the run after the RayJob and the
+    sweep are gone. A cluster without its own copy is guarded through its RayJob's (R22)."""
     status = ran(world)
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]
@@ -549,14 +551,70 @@ def test_raycluster_guard_finds_the_run_through_its_rayjob_or_head_env(world: Wo
     world.verifier.verified = False
     with pytest.raises(RetryLater):
         world.controller.guard_raycluster_deletion(cluster, attempt=0)
-    # RayJob and sweep both gone: the head's SWEEP_RUN_ROOT still names the run; still fail-closed.
+    assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"  # the RayJob's record
+    copied = changed(cluster, {"metadata.annotations": dict(rayjob["metadata"]["annotations"])})
     del world.kube.objects[("RayJob", "ml", status["rayJobName"])]
     del world.kube.objects[("TrainingSweep", "ml", "digits")]
     with pytest.raises(RetryLater):
-        world.controller.guard_raycluster_deletion(cluster, attempt=1)
+        world.controller.guard_raycluster_deletion(copied, attempt=1)
     assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
     world.verifier.verified = True
-    assert "verified" in world.controller.guard_raycluster_deletion(cluster, attempt=2)
+    assert "verified" in world.controller.guard_raycluster_deletion(copied, attempt=2)
+
+
+def _look_alike(namespace: str, root: str, annotation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A RayCluster with our label and finalizer whose head names another namespace's run root (confused deputy)."""
+    env = [
+        {"name": constants.ENV_RUN_ROOT, "value": root},
+        {"name": "AWS_ENDPOINT_URL_S3", "value": "http://attacker.example:9000"},
+    ]
+    cluster: dict[str, Any] = {
+        "metadata": {
+            "name": "look-alike",
+            "namespace": namespace,
+            "labels": {constants.LABEL_SWEEP: "digits", constants.LABEL_RUN_ID: "abc123"},
+            "finalizers": [constants.FINALIZER],
+        },
+        "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "env": env}]}}}},
+    }
+    if annotation is not None:
+        cluster["metadata"]["annotations"] = {constants.ANNOTATION_GUARD: json.dumps(annotation)}
+    return cluster
+
+
+def test_a_look_alike_cluster_never_points_the_guard_at_another_namespace(world: World) -> None:
+    """Issue 25, defect 3: a tenant's RayCluster in `tenant` carries our label and finalizer, and its head env (or
+    runtime env, or a label) names `victim`'s run root and its own endpoint. The guard reads none of them: it holds,
+    calls no verifier and no S3 endpoint, names `sweepctl release`, and says nothing about `victim`."""
+    victim_root = "s3://bucket/sweeps/victim/digits-abc123"
+    cluster = _look_alike("tenant", victim_root)
+    with pytest.raises(RetryLater, match="sweepctl release") as held:
+        world.controller.guard_raycluster_deletion(cluster, attempt=0)
+    assert world.verifier.calls == [], "the guard verified a root a tenant named"
+    assert "victim" not in str(held.value)
+    for _, _, reason, message in world.events:
+        assert "victim" not in message and "attacker" not in message, (reason, message)
+
+
+@pytest.mark.parametrize(
+    "root",
+    [
+        "s3://bucket/sweeps/victim/digits-abc123",  # another namespace
+        "s3://bucket/sweeps/tenant/other-abc123",  # another sweep's run in the same namespace
+        "s3://bucket/sweeps/victim/tenant/digits-abc123/..",  # not a run root at all
+    ],
+)
+def test_a_guard_record_outside_the_objects_own_run_prefix_is_never_read(world: World, root: str) -> None:
+    """Issue 25, defect 3: even a guard annotation (written before the policy protected it, or with it off) is read
+    only when its run root is `<storage>/<the object's own namespace>/<sweep>-<runId>`."""
+    record = {"runRoot": root, "endpointUrl": "", "region": "", "verify": True, "sweep": "digits", "runId": "abc123"}
+    with pytest.raises(RetryLater, match="never read"):
+        world.controller.guard_raycluster_deletion(_look_alike("tenant", root, record), attempt=0)
+    assert world.verifier.calls == []
+    own = {**record, "runRoot": "s3://bucket/sweeps/tenant/digits-abc123"}
+    world.verifier.verified = True
+    assert "verified" in world.controller.guard_raycluster_deletion(_look_alike("tenant", root, own), attempt=1)
+    assert world.verifier.calls == ["s3://bucket/sweeps/tenant/digits-abc123"]
 
 
 def test_raycluster_without_any_run_root_is_held(world: World) -> None:

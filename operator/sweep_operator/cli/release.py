@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--endpoint-url", default=None, help="S3 endpoint to verify against (default: the run's recorded one)"
     )
+    p.add_argument(
+        "--run-id", default=None, help="the run to release when objects of several runs of this name are held"
+    )
     p.set_defaults(func=run)
     g = subparsers.add_parser(
         "guarded", help="list objects the checkpoint guard's finalizer still holds (exit 1 if any)"
@@ -59,6 +62,15 @@ class Held:
     def deleting(self) -> bool:
         return bool(self.obj["metadata"].get("deletionTimestamp"))
 
+    @property
+    def target(self) -> Any:
+        """The guard record the operator wrote for this object (its protected annotation; a sweep's status.guard),
+        if it names this object's own run prefix; None otherwise. Never a label or a name."""
+        from ..reconcile.guard import status_target, target_of, trusted_target
+
+        record = target_of(self.obj) or (status_target(self.obj) if self.kind == "TrainingSweep" else None)
+        return trusted_target(record, self.obj["metadata"].get("namespace") or "default")[0]
+
 
 def _clients(args: argparse.Namespace) -> tuple[Any, Any, str, str]:
     import kubernetes
@@ -81,7 +93,8 @@ def _kinds() -> list[tuple[str, str, str, str]]:
 
 
 def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -> list[Held]:
-    """Objects carrying the guard's finalizer (of one sweep: by name, label or guard annotation)."""
+    """Objects carrying the guard's finalizer (of one sweep: the sweep by name, RayJobs and RayClusters by the sweep
+    their guard record or label names; which run each belongs to is decided by its record alone, `runs_of`)."""
     from sweep_contracts import constants
 
     from ..reconcile.guard import target_of
@@ -110,14 +123,18 @@ def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -
     return held
 
 
-def _target(held: list[Held]) -> Any:
-    from ..reconcile.guard import status_target, target_of
-
+def runs_of(held: list[Held]) -> tuple[dict[str, list[Held]], list[Held]]:
+    """The held objects by the run id in their guard record, and those without a record the operator wrote (made
+    by an earlier version, or by hand: only `--force` releases them)."""
+    runs: dict[str, list[Held]] = {}
+    unrecorded = []
     for item in held:
-        target = target_of(item.obj) or (status_target(item.obj) if item.kind == "TrainingSweep" else None)
-        if target is not None:
-            return target
-    return None
+        target = item.target
+        if target is None:
+            unrecorded.append(item)
+        else:
+            runs.setdefault(target.run_id, []).append(item)
+    return runs, unrecorded
 
 
 def _who(core: Any, kube_user: str) -> str:
@@ -186,7 +203,7 @@ def _remove_finalizer(custom: Any, item: Held) -> None:
 def run(args: argparse.Namespace) -> int:
     from sweep_contracts import constants
 
-    from ..reconcile.guard import GuardFacts, Hold, Release, decide_before_verification
+    from ..reconcile.guard import Release
 
     if not args.reason.strip():
         raise UsageError("--reason: say why (it is recorded)")
@@ -229,25 +246,26 @@ def run(args: argparse.Namespace) -> int:
             _remove_finalizer(custom, item)
             print(f"  {item.kind} {item.name}: released WITHOUT verification (recorded: {who}: {args.reason})")
         return EXIT_OK
-    target = _target(held)
-    facts = GuardFacts(
-        "TrainingSweep",
-        args.name,
-        target=target,
-        target_unknown="" if target else "no object of this sweep records its run root",
-    )
-    decision = decide_before_verification(facts, attempt=0, base_backoff=0, max_backoff=0)
-    if isinstance(decision, Release):
-        verdict, detail = decision, decision.reason
-    elif isinstance(decision, Hold):
-        print(f"sweepctl release: held: {decision.reason}", file=sys.stderr)
+    runs, unrecorded = runs_of(deleting)
+    for item in unrecorded:
+        print(f"  {item.kind} {item.name}: no guard record the operator wrote; left held (release it with --force)")
+    if args.run_id is not None:
+        runs = {k: v for k, v in runs.items() if k == args.run_id}
+    if len(runs) > 1:
+        print("sweepctl release: objects of several runs are held; choose one with --run-id:", file=sys.stderr)
+        for run_id, items in sorted(runs.items()):
+            print(f"  run {run_id}: {', '.join(f'{i.kind} {i.name}' for i in items)}", file=sys.stderr)
+        return EXIT_USAGE
+    if not runs:
+        which = f"run {args.run_id}" if args.run_id is not None else "any run"
+        print(f"sweepctl release: no held object of {which} has a guard record to verify", file=sys.stderr)
         return EXIT_FAILED
-    else:
-        verdict, detail = _verify(target, args.endpoint_url)
-        if not isinstance(verdict, Release):
-            print(f"sweepctl release: not released: {detail}", file=sys.stderr)
-            return EXIT_FAILED
-    for item in deleting:
+    ((run_id, items),) = runs.items()
+    verdict, detail = _decide(items[0].target, args.endpoint_url)
+    if not isinstance(verdict, Release):
+        print(f"sweepctl release: not released (run {run_id}): {detail}", file=sys.stderr)
+        return EXIT_FAILED
+    for item in items:
         reason = "CheckpointGuardBypassed" if verdict.audit else "CheckpointGuardReleased"
         _event(
             core,
@@ -257,35 +275,33 @@ def run(args: argparse.Namespace) -> int:
             f"{item.kind} {item.name} released by sweepctl release ({args.reason}): {verdict.reason}",
         )
         _remove_finalizer(custom, item)
-        print(f"  {item.kind} {item.name}: released: {verdict.reason}")
+        print(f"  {item.kind} {item.name}: released (run {run_id}): {verdict.reason}")
     return EXIT_OK
 
 
-def _verify(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
-    """Verify the run root with the caller's credentials; (the guard's decision, a line saying why)."""
-    from sweep_contracts import s3_layout
+def _decide(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
+    """The guard's own decision (guard.decide_with_verification) over the run root, read with the caller's
+    credentials; (the decision, a line saying why)."""
+    from dataclasses import replace
 
-    from ..reconcile.guard import decide_after_verification, problems_message
+    from ..reconcile.guard import GuardFacts, decide_with_verification, problems_message
+    from ..reconcile.reads import run_documents
     from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
 
-    client = make_s3_client(S3ClientConfig(endpoint_url=endpoint_override or target.endpoint_url, region=target.region))
-    result = verify_sweep_checkpoints(client, target.run_root, timeout_seconds=target.timeout_seconds)
-    docs = []
-    readable = True
-    layout = s3_layout.RunLayout(target.run_root)
-    for location in (layout.status_path, layout.result_path):
-        uri = s3_layout.S3Uri.parse(location)
-        try:
-            docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
-        except Exception as exc:
-            docs.append(None)
-            code = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code") or "")
-            readable = readable and code in ("NoSuchKey", "404")
-    decision = decide_after_verification(
-        result, attempt=0, base_backoff=0, max_backoff=0, progress=docs[0], final=docs[1], progress_readable=readable
+    if endpoint_override:
+        target = replace(target, endpoint_url=endpoint_override)
+    client = make_s3_client(S3ClientConfig(endpoint_url=target.endpoint_url, region=target.region))
+    facts = GuardFacts("TrainingSweep", target.sweep, target=target)
+    decision, result = decide_with_verification(
+        facts,
+        lambda t: verify_sweep_checkpoints(client, t.run_root, timeout_seconds=t.timeout_seconds),
+        lambda t: run_documents(client, t),
+        attempt=0,
+        base_backoff=0,
+        max_backoff=0,
     )
-    return decision, decision.reason or problems_message(result.problems)
+    return decision, decision.reason or (problems_message(result.problems) if result is not None else "")
 
 
 def run_guarded(args: argparse.Namespace) -> int:

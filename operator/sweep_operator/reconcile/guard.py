@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from sweep_contracts import constants, s3_layout
-from sweep_contracts.api import DEFAULT_VERIFICATION_TIMEOUT_SECONDS
 from sweep_contracts.problems import SpecError
-from sweep_contracts.runtime_env import run_spec_of
 from sweep_contracts.spec_checks import parse_spec
 
 from ..status import conditions_with, get_condition
@@ -318,43 +316,25 @@ def run_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarge
     return status_target(body) or spec_target(body, defaults)
 
 
-def legacy_target(rayjob: Mapping[str, Any] | None, defaults: StorageDefaults) -> GuardTarget | None:
-    """RayJobs rendered before the guard annotation existed: the run spec in their runtime env."""
-    run_spec = run_spec_of(rayjob) if rayjob else None
-    if run_spec is None:
-        return None
-    storage = run_spec.spec.storage
-    return GuardTarget(
-        run_spec.run_root,
-        storage.endpoint_url or defaults.endpoint_url,
-        storage.region or defaults.region,
-        run_spec.spec.deletion.verify_checkpoints,
-        run_spec.spec.deletion.verification_timeout_seconds,
-        run_spec.sweep,
-        run_spec.run_id,
-    )
+def trusted_target(target: GuardTarget | None, namespace: str) -> tuple[GuardTarget | None, str]:
+    """The target a guard record names, if it may be read with the operator's rights: its run root must be the run's
+    own prefix in the object's own namespace (`<storage>/<namespace>/<sweep>-<runId>`), so no record, however it got
+    there, points the operator at another namespace's data. (None, why) otherwise."""
+    if target is None:
+        return None, ""
+    own = f"/{namespace}/{target.sweep}-{target.run_id}"
+    if not target.sweep or not target.run_id or not target.run_root.rstrip("/").endswith(own):
+        return None, (
+            f"the guard record's run root is not this run's prefix in namespace {namespace} "
+            f"(expected it to end in {own}); it is never read"
+        )
+    return target, ""
 
 
-def head_env_target(cluster: Mapping[str, Any]) -> GuardTarget | None:
-    """Clusters whose RayJob predates the guard annotation: the head's env names root, endpoint and region."""
-    try:
-        containers = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e.get("value", "") for c in containers for e in c.get("env") or []}
-    except (KeyError, TypeError):
-        env = {}
-    root = env.get(constants.ENV_RUN_ROOT)
-    if not root:
-        return None
-    labels = meta_of(cluster).get("labels") or {}
-    return GuardTarget(
-        root,
-        env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "",
-        env.get("AWS_REGION") or "",
-        True,
-        DEFAULT_VERIFICATION_TIMEOUT_SECONDS,
-        labels.get(constants.LABEL_SWEEP, ""),
-        labels.get(constants.LABEL_RUN_ID, ""),
-    )
+UNGUARDED_HINT = (
+    "it carries no guard record ({annotation}) the operator wrote: objects created by an earlier version, or by "
+    "hand, are held until a guard admin runs `sweepctl release` with their own credentials"
+)
 
 
 def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
@@ -362,6 +342,10 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
     verifies": first found wins)."""
     body, rayjob, sweep = facts.body, facts.rayjob, facts.sweep
     meta = meta_of(body)
+    namespace = meta.get("namespace") or "default"
+    hint = UNGUARDED_HINT.format(annotation=constants.ANNOTATION_GUARD)
+    # Trust boundary: a target only from what the operator wrote and the policy protects (the guard annotation,
+    # status.guard), never from a pod's env, runtimeEnvYAML, today's spec, a label or a name.
     if facts.kind == constants.KIND:
         status = status_of(body)
         started = run_records(rayjob) if rayjob else ()
@@ -372,12 +356,11 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
         ):
             if status.get(key):
                 started += (record,)
-        target = (target_of(rayjob) or legacy_target(rayjob, defaults)) if rayjob else None
-        target = target or run_target(body, defaults)
-        unknown = ""
-        if target is None:
+        target, untrusted = trusted_target((target_of(rayjob) if rayjob else None) or status_target(body), namespace)
+        unknown = untrusted
+        if target is None and not unknown:
             unknown = (
-                f"run {status.get('runId')} has no recorded run root, and the spec cannot name one"
+                f"run {status.get('runId')} has no recorded run root (status.guard)"
                 if status.get("runId")
                 else "the run root cannot be determined"
             )
@@ -391,28 +374,18 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
             started=started,
         )
     if facts.kind == constants.RAYJOB_KIND:
-        target = target_of(body) or legacy_target(body, defaults)
+        target, untrusted = trusted_target(target_of(body), namespace)
         return GuardFacts(
             kind=facts.kind,
             name=meta.get("name", ""),
             skip=skip_requested(meta.get("annotations"), meta_of(sweep or {}).get("annotations")),
             target=target,
-            target_unknown=""
-            if target
-            else "the RayJob carries no guard annotation and its run spec is unreadable: "
-            "the run root to verify is unknown",
+            target_unknown=untrusted or f"the RayJob's run root is unknown: {hint}",
             started=run_records(body),
         )
     # A RayCluster: its own copy of the RayJob's annotation first (KubeRay copies it at creation): it outlives the
     # RayJob and names the sweep's own storage, not the operator's defaults.
-    target = target_of(body) or (target_of(rayjob) or legacy_target(rayjob, defaults) if rayjob else None)
-    target = target or head_env_target(body)
-    if (
-        target is None
-        and sweep is not None
-        and status_of(sweep).get("runId") == (meta.get("labels") or {}).get(constants.LABEL_RUN_ID)
-    ):
-        target = status_target(sweep)
+    target, untrusted = trusted_target(target_of(body) or (target_of(rayjob) if rayjob else None), namespace)
     return GuardFacts(
         kind=facts.kind,
         name=meta.get("name", ""),
@@ -420,9 +393,7 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
             meta.get("annotations"), meta_of(rayjob or {}).get("annotations"), meta_of(sweep or {}).get("annotations")
         ),
         target=target,
-        target_unknown=""
-        if target
-        else "no run root found for this cluster (no guard annotation, RayJob, head SWEEP_RUN_ROOT or sweep record)",
+        target_unknown=untrusted or f"no run root found for this cluster: {hint}",
         started=("a RayCluster exists",),
     )
 
@@ -472,7 +443,23 @@ def decide_deletion(
     """The decision for one deletion and the verification it took (None: it needed none). `verify` checks a target
     afresh and `documents` reads the run's records (the controller lends reads.Reads.verify and run_documents)."""
     base, most = backoff_settings(deletion.sweep)
-    decision = decide_before_verification(facts, attempt=deletion.attempt, base_backoff=base, max_backoff=most)
+    return decide_with_verification(
+        facts, verify, documents, attempt=deletion.attempt, base_backoff=base, max_backoff=most
+    )
+
+
+def decide_with_verification(
+    facts: GuardFacts,
+    verify: Callable[[GuardTarget], Any],
+    documents: Callable[[GuardTarget], Documents],
+    *,
+    attempt: int,
+    base_backoff: float,
+    max_backoff: float,
+) -> tuple[Release | Hold, Any]:
+    """Decide, verify when the decision needs it, decide again: the one decision every deletion path takes (the
+    operator's kinds and `sweepctl release`, each with its own reads)."""
+    decision = decide_before_verification(facts, attempt=attempt, base_backoff=base_backoff, max_backoff=max_backoff)
     if not isinstance(decision, Verify):
         return decision, None
     result = verify(decision.target)
@@ -482,9 +469,9 @@ def decide_deletion(
         progress=progress,
         final=final,
         progress_readable=readable,
-        attempt=deletion.attempt,
-        base_backoff=base,
-        max_backoff=most,
+        attempt=attempt,
+        base_backoff=base_backoff,
+        max_backoff=max_backoff,
     )
     return after, result
 

@@ -168,23 +168,7 @@ class Reads:
 
     def run_documents(self, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
         """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
-        client = self.s3_client_for(target.endpoint_url, target.region)
-        layout = s3_layout.RunLayout(target.run_root)
-        docs: list[Any] = []
-        readable = True
-        for location in (layout.status_path, layout.result_path):
-            uri = s3_layout.S3Uri.parse(location)
-            try:
-                docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
-            except Exception as exc:  # absent is an answer; anything else means "cannot tell"
-                docs.append(None)
-                if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
-                    readable = False
-        return (
-            docs[0] if isinstance(docs[0], dict) else None,
-            docs[1] if isinstance(docs[1], dict) else None,
-            readable,
-        )
+        return run_documents(self.s3_client_for(target.endpoint_url, target.region), target)
 
     def verify(self, target: GuardTarget, *, pooled: bool = True) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
@@ -280,3 +264,24 @@ class Reads:
         """The sweep a RayJob or RayCluster belongs to, read fresh."""
         name = sweep_name_of(obj)
         return self.kube.get_sweep(meta_of(obj).get("namespace") or "default", name) if name else None
+
+
+def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+    """The run's `_sweep/status.json` and `result.json` through `client` (None when absent) and whether both could
+    be read: the guard's reads and `sweepctl release` (with the caller's credentials) share it."""
+    layout = s3_layout.RunLayout(target.run_root)
+    docs: list[Any] = []
+    readable = True
+    for location in (layout.status_path, layout.result_path):
+        uri = s3_layout.S3Uri.parse(location)
+        try:
+            docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
+        except Exception as exc:  # absent is an answer; anything else means "cannot tell"
+            docs.append(None)
+            if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
+                readable = False
+    return (
+        docs[0] if isinstance(docs[0], dict) else None,
+        docs[1] if isinstance(docs[1], dict) else None,
+        readable,
+    )
