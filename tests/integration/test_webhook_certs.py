@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import logging
 import re
 import socket
 import ssl
@@ -15,9 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from kubernetes import client as k8s
 
 from sweep_operator.kube import api_client_for_url
+from sweep_operator.settings import Settings
 from sweep_operator.webhook_certs import (
     CA_BUNDLE,
     TLS_CERT,
@@ -28,7 +32,8 @@ from sweep_operator.webhook_certs import (
     WebhookCertificates,
     issue,
 )
-from sweep_sandbox.emulator import EmulatorServer
+from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.operator_thread import OperatorThread
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -143,3 +148,63 @@ def test_a_missing_secret_says_the_chart_creates_it(api: EmulatorServer) -> None
     store = KubeCertStore(api_client_for_url(api.url), NAMESPACE, "absent")
     with pytest.raises(RuntimeError, match=re.escape("webhook.certProvider=operator")):
         store.read()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _served(port: int, ca_bundle: bytes, server_name: str) -> bytes:
+    """The DER certificate a client trusting `ca_bundle` gets from the operator's webhook port."""
+    context = ssl.create_default_context(cadata=ca_bundle.decode())
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_a_running_operator_fills_the_secret_serves_its_pair_and_says_kuberay_is_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole startup hook: the operator (kopf, in a thread) finds the chart's empty Secret, issues the pair,
+    serves it on its webhook port before anything else, and logs an ERROR for a KubeRay account that is not there."""
+    port = _free_port()
+    settings = Settings(
+        metrics_port=0,
+        liveness_port=0,
+        webhook_port=port,
+        webhook_cert_dir=str(tmp_path / "tls"),
+        webhook_cert_check_seconds=0.1,
+        operator_namespace="ops",
+        webhook_cert_secret="op-webhook-tls",
+        webhook_service="op-webhook",
+        kuberay_service_account="default/kuberay-operator",
+    )
+    with EmulatorServer() as server:
+        core = k8s.CoreV1Api(api_client_for_url(server.url))
+        core.create_namespace({"metadata": {"name": "ops"}})
+        core.create_namespaced_secret("ops", {"metadata": {"name": "op-webhook-tls"}, "type": "Opaque"})
+        operator = OperatorThread(settings, server.url)
+        with caplog.at_level(logging.INFO, logger="sweep_operator.install_checks"):
+            operator.start()
+        try:
+            stored = json.loads(core.read_namespaced_secret("op-webhook-tls", "ops", _preload_content=False).data)
+            data = {k: base64.b64decode(v) for k, v in stored["data"].items()}
+            served = wait_for(lambda: _try_served(port, data[CA_BUNDLE]), timeout=20)
+            assert served == x509.load_pem_x509_certificate(data[TLS_CERT]).public_bytes(serialization.Encoding.DER)
+        finally:
+            operator.stop()
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "default/kuberay-operator does not exist" in error.getMessage()
+
+
+def _try_served(port: int, ca_bundle: bytes) -> bytes | None:
+    try:
+        return _served(port, ca_bundle, "op-webhook.ops.svc")
+    except (OSError, ssl.SSLError):
+        return None
