@@ -1,0 +1,88 @@
+"""Each Ray-internal name training_entrypoints.ray_internals pins exists, and does what we rely on, in the installed ray.
+
+A Ray upgrade that renames or reshapes one fails here, naming it, instead of a sweep leaking its worker groups."""
+
+from __future__ import annotations
+
+import inspect
+
+import ray
+import ray.train
+from ray.runtime_context import RuntimeContext
+from ray.train._internal import session as train_session
+from ray.train.v2._internal import constants as train_constants
+from ray.train.v2._internal.execution.checkpoint import checkpoint_manager
+from ray.train.v2._internal.execution.controller.controller import TrainController
+from ray.train.v2.api import data_parallel_trainer
+from ray.tune.execution import tune_controller
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.trainable import function_trainable
+from ray.tune.trainable.trainable import Trainable
+
+from training_entrypoints import ray_internals
+
+
+def test_the_controller_start_hook_runs_inside_the_controller_actor() -> None:
+    """`after_controller_start(train_run_context)` is called from TrainController's constructor, i.e. in the actor."""
+    hook = getattr(ray_internals.ControllerCallback, ray_internals.CONTROLLER_START_HOOK)
+    assert list(inspect.signature(hook).parameters) == ["self", "train_run_context"]
+    assert f'"{ray_internals.CONTROLLER_START_HOOK}"' in inspect.getsource(TrainController._start)
+    assert "self._start()" in inspect.getsource(TrainController.__init__)
+    assert isinstance(getattr(RuntimeContext, "current_actor", None), property)
+
+
+def test_run_config_callbacks_that_are_not_user_callbacks_reach_the_controller() -> None:
+    """RunConfig accepts any RayTrainCallback; fit() passes the non-UserCallback ones to the controller as they are."""
+    callback = ray_internals.ControllerCallback()
+    assert ray.train.RunConfig(callbacks=[callback]).callbacks == [callback]
+    source = inspect.getsource(data_parallel_trainer.DataParallelTrainer._create_default_callbacks)
+    assert "not isinstance(cb, UserCallback)" in source
+
+
+def test_controller_abort_is_trains_clean_stop_of_the_worker_group() -> None:
+    """`TrainController.abort` (async) aborts the worker group, which shuts its placement group down, then exits."""
+    abort = getattr(TrainController, ray_internals.CONTROLLER_ABORT_METHOD)
+    assert inspect.iscoroutinefunction(abort) and list(inspect.signature(abort).parameters) == ["self"]
+    source = inspect.getsource(abort)
+    assert "self._worker_group.abort()" in source and "exit_actor()" in source
+    # fit() itself aborts only on Ctrl-C in the main thread: a Tune trial runs fit() in another thread.
+    assert "abort.remote()" in inspect.getsource(data_parallel_trainer.DataParallelTrainer._register_sigint_handler)
+
+
+def test_function_trainables_take_mixins_and_tunes_stop_calls_their_cleanup() -> None:
+    class Probe(Trainable):
+        def cleanup(self) -> None:
+            super().cleanup()
+
+    def fn(config: dict[str, object]) -> None:
+        pass
+
+    setattr(fn, ray_internals.TRAINABLE_MIXINS_ATTR, (Probe,))
+    cls = function_trainable.wrap_function(fn)
+    mro = cls.__mro__
+    assert mro.index(Probe) < mro.index(function_trainable.FunctionTrainable)
+    assert getattr(cls, ray_internals.TRAINABLE_CLEANUP_METHOD) is Probe.cleanup
+    assert f"self.{ray_internals.TRAINABLE_CLEANUP_METHOD}()" in inspect.getsource(Trainable.stop)
+
+
+def test_tunes_force_kill_of_a_stopping_trial_is_what_the_abort_stays_under() -> None:
+    source = inspect.getsource(tune_controller.TuneController.__init__)
+    default = int(ray_internals.TUNE_FORCE_TRIAL_CLEANUP_DEFAULT_S)
+    assert f'os.environ.get("{ray_internals.ENV_TUNE_FORCE_TRIAL_CLEANUP}", "{default}")' in source
+    end_of_experiment = int(ray_internals.TUNE_END_OF_EXPERIMENT_CLEANUP_S)
+    assert f"self._actor_force_cleanup_timeout: int = {end_of_experiment}" in source
+
+
+def test_tune_report_callback_blocks_on_the_sessions_one_slot_queue() -> None:
+    """TuneReportCallback puts into the session's `_inter_actor_queue` (maxsize 1): the queue trial_stop drains."""
+    assert "_get_or_create_inter_actor_queue()" in inspect.getsource(TuneReportCallback.__init__)
+    create = inspect.getsource(train_session._TrainSession._get_or_create_inter_actor_queue)
+    assert f"self.{ray_internals.SESSION_REPORT_QUEUE_ATTR} = ray_queue.Queue(1" in create
+    assert f"self.{ray_internals.SESSION_REPORT_QUEUE_ATTR}: " in inspect.getsource(train_session._TrainSession.reset)
+
+
+def test_the_snapshot_file_and_fields_naming_checkpoint_folders() -> None:
+    assert train_constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME == ray_internals.SNAPSHOT_FILENAME
+    fields = checkpoint_manager._CheckpointManagerState.model_fields
+    assert {*ray_internals.SNAPSHOT_RESULT_LISTS, ray_internals.SNAPSHOT_LATEST_RESULT} <= set(fields)
+    assert ray_internals.SNAPSHOT_DIR_NAME in checkpoint_manager._TrainingResultState.model_fields

@@ -1,0 +1,306 @@
+"""A Tune stop aborts the trial's Train run and removes what the stop left uncommitted (training_entrypoints.trial_stop).
+
+Ray is never started here: the controller, its mailbox and their object refs are stand-ins resolved by a patched
+`ray.get`/`ray.wait`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import (
+    _CheckpointManagerState,
+    _TrainingResultState,
+)
+from ray.tune.trainable import function_trainable
+
+from sweep_contracts.runspec import build_run_spec
+from sweep_operator.validation import parse_sweep
+from tests.support.factories import cpu_sweep
+from training_entrypoints import ray_internals, trainable, trial_stop
+from training_entrypoints.trial_stop import AbortOutcome, TrialTrainRun
+
+
+class Ref:
+    """An object ref stand-in: `ready_after` polls before it resolves to `value` (or raises `error`)."""
+
+    def __init__(self, value: Any = None, *, ready_after: int = 0, error: BaseException | None = None):
+        self.value, self.ready_after, self.error = value, ready_after, error
+
+
+class Method:
+    def __init__(self, result: Any):
+        self.result = result
+        self.calls: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> Ref:
+        self.calls.append(args)
+        return self.result(*args) if callable(self.result) else self.result
+
+
+class FakeController:
+    def __init__(self, abort_ref: Ref):
+        self.abort = Method(abort_ref)
+
+
+class FakeMailbox:
+    def __init__(self, controllers: list[Any]):
+        self._controllers = controllers
+        self.get = Method(lambda: Ref(self._controllers.pop(0) if len(self._controllers) > 1 else self._controllers[0]))
+        self.put = Method(lambda controller: Ref(None))
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    def get(ref: Ref, timeout: float | None = None) -> Any:
+        if ref.error:
+            raise ref.error
+        return ref.value
+
+    def wait(refs: list[Ref], timeout: float | None = None) -> tuple[list[Ref], list[Ref]]:
+        ref = refs[0]
+        if ref.ready_after <= 0:
+            return [ref], []
+        ref.ready_after -= 1
+        return [], [ref]
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "kill", lambda actor: None)
+    monkeypatch.setattr(trial_stop, "_POLL_S", 0.001)
+
+
+def running(mailbox: Any) -> TrialTrainRun:
+    run = TrialTrainRun("t_00001", "/nowhere", mailbox=mailbox)
+    run.fit_started = True
+    return run
+
+
+# ------------------------------------------------------------------------------------------- the abort
+
+
+def test_a_stop_aborts_the_controller_the_mailbox_received_draining_reports_meanwhile(fake_ray: None) -> None:
+    """The controller is stuck in a report until the queue is drained; abort() then ends it (exit_actor: an actor
+    error for the caller)."""
+    controller = FakeController(Ref(error=ray.exceptions.RayActorError(), ready_after=3))
+    run = running(FakeMailbox([None, controller]))
+    drained: list[int] = []
+    assert run.abort(5.0, drain=lambda: drained.append(1)) is AbortOutcome.ABORTED
+    assert controller.abort.calls == [()] and len(drained) == 3 and run.stopping
+
+
+def test_an_abort_that_does_not_finish_is_given_up_within_its_bound(fake_ray: None) -> None:
+    controller = FakeController(Ref(ready_after=10**9))
+    run = running(FakeMailbox([controller]))
+    assert run.abort(0.05) is AbortOutcome.TIMED_OUT
+
+
+def test_a_controller_that_never_sends_its_handle_is_reported(fake_ray: None) -> None:
+    run = running(FakeMailbox([None]))
+    assert run.abort(0.05) is AbortOutcome.NO_CONTROLLER
+
+
+def test_a_stop_before_fit_keeps_fit_from_starting_and_a_stop_after_fit_does_nothing(fake_ray: None) -> None:
+    class Trainer:
+        fitted = False
+
+        def fit(self) -> None:
+            self.fitted = True
+
+    early = TrialTrainRun("t_00001", "/nowhere", mailbox=FakeMailbox([None]))
+    assert early.abort(1.0) is AbortOutcome.NOT_STARTED
+    trainer = Trainer()
+    assert early.fit(trainer) is None and not trainer.fitted
+
+    done = TrialTrainRun("t_00002", "/nowhere", mailbox=FakeMailbox([None]))
+    done.fit(trainer)
+    assert trainer.fitted and done.fit_ended and done.mailbox is None
+    assert done.abort(1.0) is AbortOutcome.NOT_STARTED
+
+
+def test_fit_errors_after_a_stop_are_the_stops_not_the_trials(fake_ray: None) -> None:
+    """Tune marks a stopped trial TERMINATED before stopping it; fit()'s error after the abort must not turn it ERROR,
+    while an error of a trial nobody stopped still fails it."""
+
+    class Failing:
+        def fit(self) -> None:
+            raise ray.exceptions.RayActorError()
+
+    run = TrialTrainRun("t_00001", "/nowhere", mailbox=FakeMailbox([None]))
+    with pytest.raises(ray.exceptions.RayActorError):
+        run.fit(Failing())
+
+    stopped = TrialTrainRun("t_00002", "/nowhere", mailbox=FakeMailbox([None]))
+    started = threading.Event()
+
+    class AbortedWhileFitting:
+        def fit(self) -> None:
+            started.set()
+            stopped.stopping = True  # what abort() sets before it reaches the controller
+            raise ray.exceptions.RayActorError()
+
+    assert stopped.fit(AbortedWhileFitting()) is None and started.is_set()
+
+
+def test_the_abort_bound_stays_below_tunes_force_kill() -> None:
+    assert trial_stop.abort_timeout_s({}) == trial_stop.ABORT_TIMEOUT_S
+    assert trial_stop.abort_timeout_s({ray_internals.ENV_TUNE_FORCE_TRIAL_CLEANUP: "20"}) == 15.0
+    assert trial_stop.abort_timeout_s({ray_internals.ENV_TUNE_FORCE_TRIAL_CLEANUP: "2"}) == 1.0
+    assert (
+        trial_stop.abort_timeout_s({ray_internals.ENV_TUNE_FORCE_TRIAL_CLEANUP: "soon"}) == trial_stop.ABORT_TIMEOUT_S
+    )
+
+
+def test_stop_trial_run_cleans_checkpoints_only_after_a_confirmed_abort(
+    fake_ray: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once abort() returned no controller or worker can upload or commit; after a timeout one still might."""
+    cleaned: list[str] = []
+    monkeypatch.setattr(trial_stop, "remove_uncommitted_checkpoints", cleaned.append)
+    monkeypatch.setattr(trial_stop, "drain_tune_reports", lambda: None)
+    assert trial_stop.stop_trial_run("never-started") is AbortOutcome.NOT_STARTED
+
+    run = trial_stop.begin_trial_run("t_00001", "/store/train/t_00001")
+    run.mailbox, run.fit_started = FakeMailbox([FakeController(Ref(None))]), True
+    assert trial_stop.stop_trial_run("t_00001", 1.0) is AbortOutcome.ABORTED
+    assert cleaned == ["/store/train/t_00001"]
+    assert trial_stop.stop_trial_run("t_00001") is AbortOutcome.NOT_STARTED  # one stop, one abort
+
+    slow = trial_stop.begin_trial_run("t_00002", "/store/train/t_00002")
+    slow.mailbox, slow.fit_started = FakeMailbox([FakeController(Ref(ready_after=10**9))]), True
+    assert trial_stop.stop_trial_run("t_00002", 0.05) is AbortOutcome.TIMED_OUT
+    assert cleaned == ["/store/train/t_00001"]
+
+
+def test_the_controller_sends_its_own_handle_and_a_failure_only_warns(
+    monkeypatch: pytest.MonkeyPatch, fake_ray: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    me = object()
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"current_actor": me})())
+    mailbox = FakeMailbox([None])
+    trial_stop.SendControllerHandle(mailbox).after_controller_start(None)
+    assert mailbox.put.calls == [(me,)]
+
+    mailbox.put = Method(lambda controller: Ref(error=ray.exceptions.RayActorError()))
+    trial_stop.SendControllerHandle(mailbox).after_controller_start(None)
+    assert "a stop cannot abort it" in caplog.text
+
+
+# ---------------------------------------------------------------------------------- the trainable's side
+
+
+def test_tunes_stop_of_the_trial_driver_runs_the_abort_then_tunes_own_cleanup_R17(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R17: the trial driver stays a function trainable; Tune builds its class with the abort mixin first, and an
+    abort that fails never keeps Tune's own cleanup from running."""
+    driver = trainable.make_trial_driver(build_run_spec(parse_sweep(cpu_sweep()), "abc123"))
+    assert getattr(driver, ray_internals.TRAINABLE_MIXINS_ATTR) == (trial_stop.AbortTrainRunOnStop,)
+    cls = function_trainable.wrap_function(driver)
+    assert cls.cleanup is trial_stop.AbortTrainRunOnStop.cleanup
+
+    calls: list[str] = []
+
+    class TuneSide(function_trainable.FunctionTrainable):
+        def cleanup(self) -> None:
+            calls.append("tune cleanup")
+
+    class Driver(trial_stop.AbortTrainRunOnStop, TuneSide):
+        pass
+
+    def failing_stop(trial_id: str) -> AbortOutcome:
+        calls.append(f"abort {trial_id}")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trial_stop, "stop_trial_run", failing_stop)
+    instance = Driver.__new__(Driver)
+    instance._trial_info = None  # Trainable.trial_id then reads "default"
+    instance.cleanup()
+    assert calls == ["abort default", "tune cleanup"]
+
+
+def test_the_trials_train_run_config_carries_the_controller_callback_after_tunes_R18(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray.tune.integration.ray_train as ray_train_integration
+
+    monkeypatch.setattr(ray_train_integration, "_in_tune_session", lambda: True)
+    monkeypatch.setattr(
+        ray_train_integration,
+        "get_session",
+        lambda: type("S", (), {"_get_or_create_inter_actor_queue": lambda self: None})(),
+    )
+    run_spec = build_run_spec(parse_sweep(cpu_sweep()), "abc123")
+    config = trainable.train_run_config(run_spec, "t_00000", [trial_stop.SendControllerHandle(None)])
+    names = [type(c).__name__ for c in config.callbacks]
+    assert names == ["RankReportCallback", "TuneReportCallback", "SendControllerHandle"]
+
+
+# ---------------------------------------------------------------------------- uncommitted checkpoints
+
+
+def snapshot(committed: list[str], latest: str | None = None, pending: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A snapshot as Ray 2.58's checkpoint manager writes it (its own pydantic model)."""
+
+    def result(name: str) -> _TrainingResultState:
+        return _TrainingResultState(checkpoint_dir_name=name, metrics={})
+
+    state = _CheckpointManagerState(
+        checkpoint_results=[result(n) for n in committed],
+        checkpoint_report_indices=list(range(len(committed))),
+        latest_checkpoint_result=result(latest) if latest else None,
+        pending_training_results=[result(n) for n in pending],
+        pending_validation_specs=[False] * len(pending),
+        current_report_index=len(committed),
+        validated_checkpoint_dir_names=[],
+        timed_out_validation_checkpoint_dir_names=[],
+        failed_validation_checkpoint_dir_names=[],
+    )
+    return dict(json.loads(state.model_dump_json()))
+
+
+def test_uncommitted_folders_are_those_no_snapshot_names() -> None:
+    doc = snapshot(["checkpoint_epoch-000001"], latest="checkpoint_epoch-000002", pending=("checkpoint_epoch-000003",))
+    folders = [f"checkpoint_epoch-00000{i}" for i in range(5)] + ["checkpoint_tmp", "rank_0", "other"]
+    assert trial_stop.uncommitted_checkpoint_names(folders, doc) == [
+        "checkpoint_epoch-000000",
+        "checkpoint_epoch-000004",
+        "checkpoint_tmp",
+    ]
+    assert trial_stop.uncommitted_checkpoint_names(["checkpoint_epoch-000000", "x"], None) == [
+        "checkpoint_epoch-000000"
+    ]
+
+
+def write_checkpoint(root: Path, name: str, size: int) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "state").write_bytes(b"x" * size)
+
+
+def test_a_stop_removes_its_orphan_checkpoint_folders_and_keeps_the_committed_ones(tmp_path: Path) -> None:
+    """A resumed trial reports the same folder names again: an orphan left there would be merged into (R7, R11)."""
+    write_checkpoint(tmp_path, "checkpoint_epoch-000001", 10)
+    write_checkpoint(tmp_path, "checkpoint_epoch-000002", 20)
+    write_checkpoint(tmp_path, "checkpoint_epoch-000003", 30)
+    (tmp_path / "checkpoint_epoch-000003" / "nested").mkdir()
+    (tmp_path / "checkpoint_epoch-000003" / "nested" / "more").write_bytes(b"y" * 5)
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text(json.dumps(snapshot(["checkpoint_epoch-000001"])))
+
+    removed = trial_stop.remove_uncommitted_checkpoints(str(tmp_path))
+    assert removed == trial_stop.RemovedCheckpoints(("checkpoint_epoch-000002", "checkpoint_epoch-000003"), 55)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_epoch-000001", "checkpoint_manager_snapshot.json"]
+
+
+def test_without_a_snapshot_nothing_was_committed_and_an_unreadable_one_removes_nothing(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path / "fresh", "checkpoint_epoch-000000", 1)
+    assert trial_stop.remove_uncommitted_checkpoints(str(tmp_path / "fresh")).names == ("checkpoint_epoch-000000",)
+    assert trial_stop.remove_uncommitted_checkpoints(str(tmp_path / "missing")) == trial_stop.RemovedCheckpoints()
+
+    write_checkpoint(tmp_path / "damaged", "checkpoint_epoch-000000", 1)
+    (tmp_path / "damaged" / "checkpoint_manager_snapshot.json").write_text("{not json")
+    assert trial_stop.remove_uncommitted_checkpoints(str(tmp_path / "damaged")) == trial_stop.RemovedCheckpoints()
+    assert (tmp_path / "damaged" / "checkpoint_epoch-000000").exists()
