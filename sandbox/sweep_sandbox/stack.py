@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,16 @@ def start_kueue(server: Any, local_queue: str = SANDBOX_LOCAL_QUEUE, namespaces:
         standin.stop()
         raise
     return standin
+
+
+def write_env_file(path: Path, environment: Mapping[str, str], bin_dir: Path | None = None) -> None:
+    """`source path` gives a shell the sandbox's environment, and this interpreter's bin folder first on PATH: the
+    `kubectl` there is the one the emulator is tested with, and only there does `kubectl sweep` find kubectl-sweep."""
+    # absolute(), not resolve(): a venv's python links out of the venv, and the venv's bin is the folder wanted.
+    folder = bin_dir or Path(sys.executable).parent.absolute()
+    lines = [f"export {key}={shlex.quote(value)}\n" for key, value in environment.items()]
+    lines.append(f'export PATH={shlex.quote(str(folder))}:"$PATH"\n')
+    path.write_text("".join(lines))
 
 
 @dataclass
@@ -127,7 +138,7 @@ class Sandbox:
         except BaseException:
             self.stop()
             raise
-        self.env_file.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in self.environment().items()))
+        write_env_file(self.env_file, self.environment())
         return self
 
     def _ensure_bucket(self, rayjob: Mapping[str, Any]) -> None:
