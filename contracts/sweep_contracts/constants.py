@@ -26,6 +26,9 @@ ANNOTATION_SKIP_VERIFICATION: Final = "sweeps.dev/skip-checkpoint-verification"
 ANNOTATION_GUARD: Final = "sweeps.dev/guard"
 # Set by `sweepctl release --force`: who released a held object without verification, and why (JSON).
 ANNOTATION_FORCE_RELEASED: Final = "sweeps.dev/force-released"
+# On each RayJob from its creation (KubeRay copies it too): the worker groups as rendered, each group's replica cap
+# and GPUs per worker (JSON). Drift correction and the ledger's rebuild read it, never the editable runtime env.
+ANNOTATION_BOUNDS: Final = "sweeps.dev/bounds"
 
 # Every annotation key under this prefix is the operator's alone (kopf's handler progress records included:
 # `AnnotationsProgressStorage(prefix=GROUP)`); the chart's ValidatingAdmissionPolicy guards them.

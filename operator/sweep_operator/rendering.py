@@ -22,8 +22,8 @@ from sweep_contracts import constants, runtime_env
 from sweep_contracts.api import SweepSpec
 from sweep_contracts.runspec import build_run_spec
 
-from .policy import effective_active_seconds
-from .reconcile.drift import worker_cap
+from .policy import demand_of, effective_active_seconds
+from .reconcile.drift import rendered_bounds, worker_cap
 from .reconcile.guard import GuardTarget
 from .reconcile.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, queue_name_for
 from .settings import OperatorLimits, Settings, kueue_queue_for
@@ -289,6 +289,9 @@ def build_rayjob(
     queue = ctx.queue_name(spec, sweep.namespace)
     if queue:
         for_kueue(rayjob, queue, spec.priority_class_name)
+    demand = demand_of(spec)
+    bounds = rendered_bounds(rayjob, demand.workers, demand.gpus)
+    rayjob["metadata"]["annotations"][constants.ANNOTATION_BOUNDS] = bounds.to_annotation()
     return rayjob
 
 

@@ -18,7 +18,7 @@ from sweep_operator.reconcile.admission import (
     decide_budget,
     spec_change_problems,
 )
-from sweep_operator.reconcile.drift import decide_drift, may_exceed_cap, worker_cap
+from sweep_operator.reconcile.drift import RunBounds, bounds_of, decide_drift, may_exceed_cap, worker_cap
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.rendering import RenderContext
 from sweep_operator.settings import OperatorLimits, Settings
@@ -197,7 +197,7 @@ def test_worker_cap_is_the_ask_at_most_the_operators_cap(workers: int, cap: int,
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_may_exceed_cap(case: str, body: dict[str, Any], cap: int | None, may: bool) -> None:
-    assert may_exceed_cap(body, constants.RAYCLUSTER_KIND, cap, LIMITS) is may, case
+    assert may_exceed_cap(body, constants.RAYCLUSTER_KIND, RunBounds(cap) if cap is not None else None) is may, case
 
 
 def test_the_correction_sets_every_count_above_the_cap_back() -> None:
@@ -212,3 +212,58 @@ def test_the_correction_sets_every_count_above_the_cap_back() -> None:
         on_rayjob is not None and on_rayjob.patch["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
     )
     assert decide_drift(cluster(group(maxReplicas=4)), constants.RAYCLUSTER_KIND, 4) is None
+
+
+def _rendered(gpu: int = 1) -> dict[str, Any]:
+    from sweep_operator.rendering import RenderContext, build_rayjob
+
+    limits = OperatorLimits(max_workers_per_sweep=64, max_gpus_per_sweep=64)
+    sweep = parse_sweep(changed(gpu_sweep(), {"spec.trial.resourcesPerWorker.gpu": gpu}), limits)
+    return build_rayjob(sweep, "abc123", RenderContext(limits=limits))
+
+
+def test_the_bounds_the_operator_renders_name_each_group_its_cap_and_gpus() -> None:
+    rayjob = _rendered(gpu=1)
+    bounds = bounds_of(rayjob)
+    group = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert bounds is not None and bounds.groups == {group["groupName"]: 1} and bounds.cap == group["maxReplicas"]
+    assert (bounds.workers, bounds.gpus) == (group["maxReplicas"], group["maxReplicas"])
+    assert decide_drift(rayjob, constants.RAYJOB_KIND, bounds) is None  # as rendered: nothing to set back
+
+
+def test_an_added_worker_group_and_raised_gpus_are_set_back_to_the_rendered_spec() -> None:
+    """Issue 25, defect 6 (R21): with RayJob edit rights a tenant adds a worker group, raises a worker's
+    nvidia.com/gpu and gives the head a GPU; the correction removes the group and sets every GPU count back to the
+    rendered one. The bounds come from the operator's protected annotation, not the editable runtime env."""
+    import copy
+
+    rayjob = _rendered(gpu=1)
+    bounds = bounds_of(rayjob)
+    assert bounds is not None
+    edited = copy.deepcopy(rayjob)
+    cluster = edited["spec"]["rayClusterSpec"]
+    extra = copy.deepcopy(cluster["workerGroupSpecs"][0])
+    extra["groupName"] = "more-gpus"
+    cluster["workerGroupSpecs"].append(extra)
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    worker["resources"]["limits"][constants.GPU_RESOURCE] = 8
+    worker["resources"]["requests"][constants.GPU_RESOURCE] = "8"
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head["resources"].setdefault("limits", {})[constants.GPU_RESOURCE] = 4
+    assert may_exceed_cap(edited, constants.RAYJOB_KIND, bounds)
+    correction = decide_drift(edited, constants.RAYJOB_KIND, bounds)
+    assert correction is not None
+    fixed = correction.patch["spec"]["rayClusterSpec"]
+    assert [g["groupName"] for g in fixed["workerGroupSpecs"]] == [rayjob_group := worker_name(rayjob)]
+    resources = fixed["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"][constants.GPU_RESOURCE] == 1 and resources["requests"][constants.GPU_RESOURCE] == 1
+    assert (
+        fixed["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"][constants.GPU_RESOURCE] == 0
+    )
+    assert "more-gpus" in correction.message and rayjob_group in correction.message
+    on_cluster = {"metadata": edited["metadata"], "spec": cluster}
+    assert decide_drift(on_cluster, constants.RAYCLUSTER_KIND, bounds) is not None
+
+
+def worker_name(rayjob: dict[str, Any]) -> str:
+    return str(rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"])

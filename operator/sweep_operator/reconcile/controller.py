@@ -26,7 +26,7 @@ from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, kueue, resume, run_phase, usage
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
 from .cache import Cache, run_ref
-from .drift import decide_drift, guarded_run_object, may_exceed_cap, worker_cap
+from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
 from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
@@ -348,14 +348,18 @@ class SweepController:
     # --------------------------------------------------------------------------------- drift (R21)
     def drifted(self, body: Mapping[str, Any], kind: str) -> bool:
         """Whether a worker group may exceed its run's cap (no I/O; `correct_drift` decides)."""
-        return may_exceed_cap(body, kind, self.cache.cap(run_ref(body)), self.settings.limits)
+        bounds = bounds_of(body)
+        if bounds is None:
+            cap = self.cache.cap(run_ref(body))
+            bounds = RunBounds(cap) if cap is not None else None
+        return may_exceed_cap(body, kind, bounds)
 
     def correct_drift(self, body: Mapping[str, Any], kind: str) -> None:
         """Set a worker group edited above its cap back (RayJob or RayCluster), with an Event."""
         if not guarded_run_object(body):
             return
-        cap = self.reads.run_cap(body, kind)
-        correction = decide_drift(body, kind, cap) if cap is not None else None
+        bounds = self.reads.run_bounds(body, kind)
+        correction = decide_drift(body, kind, bounds) if bounds is not None else None
         if correction is None:
             return
         ref = ObjectRef.of(body)

@@ -1,14 +1,14 @@
-"""The worker-cap rule and its correction (R21): a run's worker groups never exceed its cap (pure)."""
+"""The worker-cap rule and its correction (R21): a run's worker groups stay as rendered, within its cap (pure)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import SweepSpec
-from sweep_contracts.runtime_env import run_spec_of
 
 from ..policy import demand_of
 from ..settings import OperatorLimits
@@ -47,17 +47,95 @@ def over_cap(body: Mapping[str, Any], kind: str, cap: int) -> bool:
     return any(capped(group, cap)[1] for group in worker_groups(body, kind))
 
 
-def may_exceed_cap(body: Mapping[str, Any], kind: str, cap: int | None, limits: OperatorLimits) -> bool:
-    """Whether a worker group may be above the run's cap (`cap`: remembered for the run, else the run spec on a
-    RayJob says it); True when unsure, and the correction reads what it needs."""
-    if not guarded_run_object(body) or not worker_groups(body, kind):
+@dataclass(frozen=True)
+class RunBounds:
+    """What a run's objects may hold, as the operator rendered them: each worker group's replica cap and GPUs per
+    worker. `groups` empty: only a replica cap is known (objects rendered before the bounds annotation)."""
+
+    cap: int
+    groups: Mapping[str, int] = field(default_factory=dict)  # group name -> GPUs per worker
+    workers: int = 0  # the run's demand (the ledger's rebuild)
+    gpus: int = 0
+
+    def to_annotation(self) -> str:
+        doc = {"cap": self.cap, "groups": dict(self.groups), "workers": self.workers, "gpus": self.gpus}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_annotation(cls, text: str | None) -> RunBounds | None:
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+            groups = {str(k): int(v) for k, v in (doc.get("groups") or {}).items()}
+            return cls(int(doc["cap"]), groups, int(doc.get("workers") or 0), int(doc.get("gpus") or 0))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def bounds_of(obj: Mapping[str, Any] | None) -> RunBounds | None:
+    """The bounds the operator wrote on a RayJob (KubeRay's copy on its RayCluster); None when absent."""
+    annotations = (meta_of(obj or {}).get("annotations")) or {}
+    return RunBounds.from_annotation(annotations.get(constants.ANNOTATION_BOUNDS))
+
+
+def rendered_bounds(rayjob: Mapping[str, Any], demand_workers: int, demand_gpus: int) -> RunBounds:
+    """The bounds of a RayJob as just rendered: its worker groups, their caps and GPUs per worker."""
+    groups = worker_groups(rayjob, constants.RAYJOB_KIND)
+    cap = max((int(g.get("maxReplicas") or 0) for g in groups), default=0)
+    return RunBounds(cap, {str(g.get("groupName")): _group_gpus(g) for g in groups}, demand_workers, demand_gpus)
+
+
+def _gpus(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    most = 0
+    for part in ("limits", "requests"):
+        value = (resources.get(part) or {}).get(constants.GPU_RESOURCE)
+        try:
+            most = max(most, int(str(value))) if value is not None else most
+        except ValueError:
+            most = max(most, 1 << 30)  # unreadable: above any bound, so it is set back
+    return most
+
+
+def _group_gpus(group: Mapping[str, Any]) -> int:
+    containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
+    return max((_gpus(c) for c in containers), default=0)
+
+
+def _with_gpus(group: Mapping[str, Any], gpus: int) -> tuple[dict[str, Any], list[str]]:
+    """The group with every container's GPU request and limit set back to at most `gpus`."""
+    template = dict(group.get("template") or {})
+    pod = dict(template.get("spec") or {})
+    fixed, notes = [], []
+    for container in pod.get("containers") or []:
+        if _gpus(container) <= gpus:
+            fixed.append(container)
+            continue
+        resources = {k: dict(v or {}) for k, v in (container.get("resources") or {}).items()}
+        for part in ("limits", "requests"):
+            if constants.GPU_RESOURCE in resources.get(part, {}):
+                resources[part][constants.GPU_RESOURCE] = gpus
+        notes.append(f"{group.get('groupName', 'head')}.{container.get('name')} {constants.GPU_RESOURCE} -> {gpus}")
+        fixed.append({**container, "resources": resources})
+    if not notes:
+        return dict(group), []
+    return {**group, "template": {**template, "spec": {**pod, "containers": fixed}}}, notes
+
+
+def head_group(body: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    spec = body.get("spec") or {}
+    cluster = spec.get("rayClusterSpec") or {} if kind == constants.RAYJOB_KIND else spec
+    head = cluster.get("headGroupSpec")
+    return head if isinstance(head, dict) else None
+
+
+def may_exceed_cap(body: Mapping[str, Any], kind: str, bounds: RunBounds | None) -> bool:
+    """Whether an object of ours may hold more than its run was rendered with (`bounds`: from its annotation or its
+    RayJob's; None: unknown, the correction reads what it needs)."""
+    if not guarded_run_object(body) or not (worker_groups(body, kind) or head_group(body, kind)):
         return False
-    if cap is None:
-        run_spec = run_spec_of(body) if kind == constants.RAYJOB_KIND else None
-        if run_spec is None:
-            return True
-        cap = worker_cap(run_spec.spec, limits)
-    return over_cap(body, kind, cap)
+    return bounds is None or decide_drift(body, kind, bounds) is not None
 
 
 @dataclass(frozen=True)
@@ -66,20 +144,32 @@ class Correction:
     message: str
 
 
-def decide_drift(body: Mapping[str, Any], kind: str, cap: int) -> Correction | None:
-    """The patch that sets every worker group back to `cap`, or None when none is above it."""
+def decide_drift(body: Mapping[str, Any], kind: str, bounds: RunBounds | int) -> Correction | None:
+    """The patch that sets the object back to what was rendered (R21): worker groups added after rendering removed,
+    replica counts above the cap and GPU requests above the rendered ones (the head has none) set back; None when
+    nothing exceeds them. An int is a replica cap alone (objects rendered before the bounds annotation)."""
+    bounds = bounds if isinstance(bounds, RunBounds) else RunBounds(bounds)
     fixed, notes = [], []
     for group in worker_groups(body, kind):
-        group_fixed, group_notes = capped(group, cap)
+        name = str(group.get("groupName"))
+        if bounds.groups and name not in bounds.groups:
+            notes.append(f"worker group {name} was not rendered for this run: removed")
+            continue
+        group_fixed, group_notes = capped(group, bounds.cap)
+        if bounds.groups:
+            group_fixed, gpu_notes = _with_gpus(group_fixed, bounds.groups[name])
+            group_notes += gpu_notes
         fixed.append(group_fixed)
         notes.extend(group_notes)
+    head = head_group(body, kind)
+    head_fixed, head_notes = _with_gpus(head, 0) if head is not None and bounds.groups else (head, [])
+    notes.extend(head_notes)
     if not notes:
         return None
-    spec = (
-        {"rayClusterSpec": {"workerGroupSpecs": fixed}}
-        if kind == constants.RAYJOB_KIND
-        else {"workerGroupSpecs": fixed}
-    )
+    cluster: dict[str, Any] = {"workerGroupSpecs": fixed}
+    if head_notes:
+        cluster["headGroupSpec"] = head_fixed
+    spec = {"rayClusterSpec": cluster} if kind == constants.RAYJOB_KIND else cluster
     return Correction(
-        {"spec": spec}, f"worker group above the sweep's cap of {cap} workers set back: {', '.join(notes)}"
+        {"spec": spec}, f"set back to what the operator rendered (cap {bounds.cap} workers): {', '.join(notes)}"
     )

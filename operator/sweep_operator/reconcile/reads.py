@@ -17,16 +17,16 @@ from sweep_contracts.runtime_env import run_spec_of
 from ..diagnosis import diagnose_startup
 from ..kube import KubeApi
 from ..metrics import OperatorMetrics
-from ..policy import demand_of
+from ..policy import Demand
 from ..rendering import rayjob_name, run_id_for
 from ..settings import Settings
 from ..status import RayJobFacts, is_terminal, progress_patch
 from .actions import Diagnose
 from .admission import owned_by
 from .cache import Cache, run_ref
-from .drift import worker_cap
+from .drift import RunBounds, bounds_of
 from .facts import ObjectRef, SweepFacts, meta_of, status_of
-from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of
+from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of, target_of
 from .kueue import kueue_managed
 from .run_phase import progress_wanted, result_wanted
 from .usage import SweepUsage, sweep_usage_of
@@ -104,21 +104,23 @@ class Reads:
         """The GPU-hours of each sweep in `namespace`, from the cached copies (the GPU-hour budget's window)."""
         return [sweep_usage_of(b, now) for b in self.cache.sweeps() if meta_of(b).get("namespace") == namespace]
 
-    def run_cap(self, body: Mapping[str, Any], kind: str) -> int | None:
-        """The worker-group cap of the run a RayJob or RayCluster belongs to; fixed for a run, so remembered."""
-        run = run_ref(body)
-        cap = self.cache.cap(run)
-        if cap is None:
-            rayjob = body if kind == constants.RAYJOB_KIND else self.rayjob_of_cluster(body)
-            run_spec = run_spec_of(rayjob) if rayjob else None
-            if run_spec is not None:
-                cap = worker_cap(run_spec.spec, self.settings.limits)
-            else:
+    def run_bounds(self, body: Mapping[str, Any], kind: str) -> RunBounds | None:
+        """What a RayJob or RayCluster of ours may hold: the bounds annotation the operator wrote on it (or on the
+        cluster's RayJob), else the cap its sweep's status recorded; never the run spec in runtimeEnvYAML, which
+        anyone who may edit the RayJob can rewrite."""
+        bounds = bounds_of(body)
+        if bounds is None and kind == constants.RAYCLUSTER_KIND:
+            bounds = bounds_of(self.rayjob_of_cluster(body))
+        if bounds is None:
+            run = run_ref(body)
+            cap = self.cache.cap(run)
+            if cap is None:
                 recorded = (status_of(self.sweep(run.sweep) or {}).get("replicas") or {}).get("cap")
                 cap = recorded if isinstance(recorded, int) else None
             if cap is not None:
                 self.cache.remember_cap(run, cap)
-        return cap
+                bounds = RunBounds(cap)
+        return bounds
 
     def end_of_run(self, body: Mapping[str, Any]) -> tuple[Any, dict[str, Any] | None, dict[str, Any] | None] | None:
         """(verification, status.json, result.json) of an ended run, verified inline: a reconcile worker queued
@@ -242,11 +244,21 @@ class Reads:
     def unfinished_runs(self, namespace: str) -> list[tuple[str, Any]]:
         """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
         runs = []
+        recorded = {  # RayJobs rendered before the bounds annotation: what their sweep's admission recorded
+            meta_of(b).get("name", ""): Demand(int(r.get("workers") or 0), int(r.get("gpus") or 0))
+            for b in self.cache.sweeps()
+            if meta_of(b).get("namespace") == namespace and isinstance(r := status_of(b).get("replicas"), dict)
+        }
         for rayjob in self.kube.list_rayjobs(namespace, constants.LABEL_SWEEP):
-            facts, run_spec = RayJobFacts.from_object(rayjob), run_spec_of(rayjob)
-            if facts.finished or facts.deleting or run_spec is None or kueue_managed(rayjob):
+            facts, bounds, target = RayJobFacts.from_object(rayjob), bounds_of(rayjob), target_of(rayjob)
+            if facts.finished or facts.deleting or target is None or kueue_managed(rayjob):
                 continue  # a Kueue RayJob is held by Kueue's quota, not by the namespace budget
-            runs.append((run_spec.sweep, demand_of(run_spec.spec)))
+            # The operator's own records (bounds, guard annotation, the sweep's status), never the run spec in
+            # runtimeEnvYAML, which anyone who may edit the RayJob can rewrite.
+            if bounds is not None:
+                runs.append((target.sweep, Demand(bounds.workers, bounds.gpus)))
+            elif target.sweep in recorded:
+                runs.append((target.sweep, recorded[target.sweep]))
         return runs
 
     def sweeps_of_workload(self, workload: Mapping[str, Any]) -> list[ObjectRef]:
