@@ -218,6 +218,9 @@ class LocalRayCluster:
             except LocalRunError as e:
                 if attempt >= PORT_CLASH_ATTEMPTS or not any(words in str(e) for words in _PORT_CLASH):
                     raise
+            except BaseException:
+                self.stop()  # interrupted while Ray starts (a signal): `ray start` is in its own session, stop it here
+                raise
             attempt += 1
             self._choose_ports()
             self.temp_dir = tempfile.mkdtemp(prefix="sray-")  # stop() removed the last one

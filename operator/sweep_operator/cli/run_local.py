@@ -7,9 +7,12 @@ same environment on a local Ray sized so nested Tune + Train fits. Exit 0 on suc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from .common import EXIT_FAILED, EXIT_OK, UsageError, load_limits, load_sweep, run_id_from
@@ -51,6 +54,37 @@ def _storage_base(value: str | None) -> str | None:
     from pathlib import Path
 
     return str(Path(value).expanduser().resolve())
+
+
+class Stopped(BaseException):
+    """run-local was sent SIGTERM or SIGINT. Raised in the main thread, so the run's own cleanup stops local Ray and
+    the driver on the way out: both run in sessions of their own, and no signal sent to run-local reaches them."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopping(signum: int, frame: Any) -> None:
+    print("run-local: stopping local Ray and the driver ...", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Stopped` (SIGTERM would otherwise end Python with no cleanup at all); a second
+    signal only says it is stopping, so it cannot cut the cleanup short (bounded: local.STOP_GRACE_S, then SIGKILL)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stopping)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class ProgressLine:
@@ -124,11 +158,17 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine()
     print(f"run-local: {sweep.namespace}/{sweep.name} run {run_id} ({rayjob['metadata']['name']})", file=sys.stderr)
     try:
-        outcome = run_rayjob(rayjob, log_dir=args.log_dir, on_progress=progress)
+        with stopped_by_signals():
+            outcome = run_rayjob(rayjob, log_dir=args.log_dir, on_progress=progress)
     except LocalRunError as exc:
         progress.done()
         print(f"run-local: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except Stopped as stopped:
+        progress.done()
+        name = signal.Signals(stopped.signum).name
+        print(f"run-local: stopped by {name}; local Ray and the driver are stopped", file=sys.stderr)
+        return 128 + stopped.signum
     progress.done()
     if outcome.result:
         print(result_table(outcome.result))
