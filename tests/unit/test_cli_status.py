@@ -44,3 +44,14 @@ def test_the_sandbox_summary_prints_the_best_config_as_words(capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "best trial:  t1  val_loss=0.123457\n" in out and "config:      lr=0.003162  hidden=64" in out
     assert "{'" not in out
+
+
+def test_progress_counts_are_out_of_the_trials_the_sweep_asks_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28: run-local's line and the sandbox's bar counted out of the trials Ray had started (`0/1`)."""
+    from sweep_operator.cli.run_local import ProgressLine
+    from sweep_operator.cli.sandbox import _finished_of
+
+    ProgressLine(planned=100)({"trials": {"total": 1, "running": 1}})
+    assert "trials 0/100 done, 1 running, 0 errored" in capsys.readouterr().err
+    assert _finished_of({"trialsSummary": "2/100 (1 running)"}) == (2, 100)
+    assert _finished_of({}) == (0, 0)

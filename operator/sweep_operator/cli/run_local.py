@@ -90,7 +90,8 @@ def stopped_by_signals() -> Iterator[None]:
 class ProgressLine:
     """One live line on a terminal (`\\r`), one line per change otherwise."""
 
-    def __init__(self) -> None:
+    def __init__(self, planned: int | None = None) -> None:
+        self.planned = planned  # the trials the sweep asks for (numSamples x grid points): the count's whole
         self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
         self._last = ""
@@ -98,10 +99,9 @@ class ProgressLine:
     def __call__(self, status: dict[str, Any]) -> None:
         counts = status.get("trials") or {}
         best = status.get("bestTrial") or {}
-        text = (
-            f"trials {counts.get('terminated', 0) + counts.get('errored', 0)}/{counts.get('total', 0)} done, "
-            f"{counts.get('running', 0)} running, {counts.get('errored', 0)} errored"
-        )
+        finished = counts.get("terminated", 0) + counts.get("errored", 0)
+        whole = max(self.planned or 0, counts.get("total", 0))
+        text = f"trials {finished}/{whole} done, {counts.get('running', 0)} running, {counts.get('errored', 0)} errored"
         if best:
             text += f"; best {best.get('metric')}={best.get('value'):.6g} ({best.get('id')})"
         if text == self._last and not self.tty:
@@ -155,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
 
     from training_entrypoints.local import LocalRunError, run_rayjob
 
-    progress = ProgressLine()
+    from ..status import planned_trials
+
+    progress = ProgressLine(planned_trials(sweep.spec))
     print(f"run-local: {sweep.namespace}/{sweep.name} run {run_id} ({rayjob['metadata']['name']})", file=sys.stderr)
     try:
         with stopped_by_signals():

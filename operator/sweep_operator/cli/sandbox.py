@@ -145,6 +145,15 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
+def _finished_of(status: dict[str, Any]) -> tuple[int, int]:
+    """(finished, asked for) from trialsSummary, the TRIALS column (`3/8 (2 running)`): the bar's whole is the
+    sweep's trials, not those Ray has started so far."""
+    import re
+
+    match = re.match(r"(\d+)/(\d+)", str(status.get("trialsSummary") or ""))
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
 def _line(elapsed: float, name: str, status: dict[str, Any]) -> str:
     best = status.get("bestTrial") or {}
     best_text = f" best {best.get('metric')}={best['value']:.4g}" if isinstance(best.get("value"), (int, float)) else ""
@@ -244,9 +253,7 @@ def _watch(
         if line.split("]", 1)[1] != last_line.split("]", 1)[-1]:
             print(line, flush=True)
             last_line = line
-        counts = status.get("trials") or {}
-        total = counts.get("total", 0)
-        done = counts.get("terminated", 0) + counts.get("errored", 0)
+        done, total = _finished_of(status)
         bar = f"  trials {_bar(done, total)} {done}/{total}"
         if total and bar != last_bar:
             print(bar, flush=True)
