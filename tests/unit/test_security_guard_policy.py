@@ -488,3 +488,29 @@ def test_the_protected_set_is_the_one_list_in_contracts_and_covers_every_key_the
         ) or value in constants.PROTECTED_FINALIZERS, name
     for name, value in annotation_constants().items():
         assert value.startswith(prefix), name
+
+
+def _with_verify(sweep: dict[str, Any], verify: bool | None) -> dict[str, Any]:
+    new = copy.deepcopy(sweep)
+    new["spec"] = {**new["spec"], "deletion": {} if verify is None else {"verifyCheckpoints": verify}}
+    return new
+
+
+def test_only_the_allowed_groups_turn_verification_off_on_a_sweep(policy: PolicyEvaluator) -> None:
+    """Issue 25, defect 2: `spec.deletion.verifyCheckpoints: false` is the escape hatch by another name (a release
+    without verification); a tenant may neither create a sweep with it nor set it later, a guard admin may, and an
+    unchanged false (a sweep an admin created) does not block the tenant's other edits."""
+    sweep = _with_verify(guarded("TrainingSweep", annotations=None), True)
+    off = _with_verify(sweep, False)
+    admin = ("bob@platform", [ADMINS])
+    created = policy.review(resource="trainingsweeps", operation="CREATE", user=ALICE, new=off)
+    assert created.denials and "verifyCheckpoints: false" in created.denials[0] and ALICE[0] in created.denials[0]
+    assert policy.review(resource="trainingsweeps", operation="UPDATE", user=ALICE, old=sweep, new=off).denials
+    assert policy.review(resource="trainingsweeps", operation="CREATE", user=admin, new=off).allowed
+    assert policy.review(resource="trainingsweeps", operation="UPDATE", user=admin, old=sweep, new=off).allowed
+    relabelled = edited(off, labels={LABEL: "digits", "team": "b"})
+    assert policy.review(resource="trainingsweeps", operation="UPDATE", user=ALICE, old=off, new=relabelled).allowed
+    for verify in (True, None):  # on, or left to the default (on)
+        assert policy.review(
+            resource="trainingsweeps", operation="CREATE", user=ALICE, new=_with_verify(sweep, verify)
+        ).allowed
