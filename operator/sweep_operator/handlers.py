@@ -27,6 +27,7 @@ import kopf
 
 from sweep_contracts import constants
 
+from .guard_finalizer import MUTATING_WEBHOOK_ID, finalizers_at_create
 from .install_checks import run_startup_checks
 from .kopf_tuning import tune_kopf
 from .kube import KubeApi, api_client_from_environment
@@ -234,6 +235,14 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             problems = controller.admission_problems(body, old)
             if problems:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
+
+        # Issue 25 defect 5: the guard's finalizer on a guarded RayCluster at its creation, whether or not the
+        # operator's watch ever sees it (the chart sends only objects with the guard annotation, failurePolicy Fail).
+        @kopf.on.mutate(**RAYCLUSTERS, id=MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)  # type: ignore[arg-type]  # as sweep_admission
+        async def raycluster_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            finalizers = finalizers_at_create(body)
+            if finalizers is not None:
+                patch.metadata["finalizers"] = finalizers
 
     # ------------------------------------------------------------------ RayJob / RayCluster
     @kopf.on.event(**RAYJOBS, when=ours, registry=registry)
