@@ -24,27 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 KUBECTL = Path(sys.executable).parent / "kubectl"
 G, V, P = constants.GROUP, constants.VERSION, constants.PLURAL
 
-# The operator's kopf settings, and one Event posted the way handlers.post_event posts every Event of ours.
-OPERATOR = """
-import os
-import kopf
-from sweep_operator.handlers import configure_kopf, post_event
-from sweep_operator.settings import Settings
-
-@kopf.on.startup()
-def configure(settings, **_):
-    configure_kopf(settings, Settings())
-
-@kopf.on.login()
-def login(**_):
-    return kopf.ConnectionInfo(server=os.environ["EMULATOR_URL"], insecure=True)
-
-@kopf.on.event("sweeps.dev", "v1alpha1", "trainingsweeps")
-def seen(body, type, **_):
-    if type in (None, "ADDED"):  # None: the object was there at the initial listing
-        post_event(body, "Normal", "Admitted", "admitted (1 workers, 0 GPUs)")
-"""
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmulatorServer]:
@@ -52,23 +31,42 @@ def server() -> Iterator[EmulatorServer]:
         yield running
 
 
-def test_events_come_from_the_operator_and_name_its_pod(
-    server: EmulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_events_come_from_the_operator_and_name_its_pod(server: EmulatorServer, tmp_path: Path) -> None:
+    import kopf
     import kopf.testing
     import kubernetes.client
+
+    from sweep_operator.handlers import configure_kopf, post_event
+    from sweep_operator.settings import Settings
 
     ns = f"t-{uuid.uuid4().hex[:8]}"
     api = server.api_client()
     core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
-    body = cpu_sweep("ev")
-    body["metadata"] = {"name": "ev"}
-    script = tmp_path / "operator_under_test.py"
-    script.write_text(OPERATOR)
-    monkeypatch.setenv("EMULATOR_URL", server.url)
-    with kopf.testing.KopfRunner(["run", "--standalone", "--namespace", ns, str(script)], timeout=30) as runner:
-        custom.create_namespaced_custom_object(G, V, ns, P, body)
-        wait_for(lambda: core.list_namespaced_event(ns).items, 15, what="the operator's Event")
+    sweep = cpu_sweep("ev")
+    sweep["metadata"] = {"name": "ev"}
+    # The operator's kopf settings, and one Event posted the way every Event of ours is (handlers.post_event); a
+    # registry of its own, so no other test's kopf handlers run here or these there.
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, Settings())
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=server.url, insecure=True)
+
+    @kopf.on.event(G, V, P, registry=registry)
+    def seen(body: kopf.Body, type: str | None, **_: Any) -> None:
+        if type in (None, "ADDED"):  # None: the object was there at the initial listing
+            post_event(body, "Normal", "Admitted", "admitted (1 workers, 0 GPUs)")
+
+    args = ["run", "--standalone", "--namespace", ns]
+    default_registry = kopf.get_default_registry()  # `kopf run` makes the one it is given the process's default
+    try:
+        with kopf.testing.KopfRunner(args, timeout=30, registry=registry, settings=settings) as runner:
+            custom.create_namespaced_custom_object(G, V, ns, P, sweep)
+            wait_for(lambda: core.list_namespaced_event(ns).items, 15, what="the operator's Event")
+    finally:
+        kopf.set_default_registry(default_registry)
     assert runner.exit_code == 0 and runner.exception is None
 
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", namespace=ns)
