@@ -40,6 +40,7 @@ from sweep_contracts.timestamps import parse_time, rfc3339
 from . import openapi
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
+from .admission import ADMISSION_GROUP, Admission, AdmissionDenied, AdmissionRequest, UserInfo
 
 Obj = dict[str, Any]
 ObjectKey = tuple[kmock.resource, str | None, str]  # (resource, namespace, name), as kmock's ObjectsArray keys
@@ -567,6 +568,40 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
         subresources=("status",),
         columns=(PrinterColumn("Created At", json_path=".metadata.creationTimestamp"),),
     ),
+    # What the admission chain reads (admission.py): the chart's guard policy and the operator's webhooks.
+    ResourceType(
+        ADMISSION_GROUP,
+        "v1",
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        namespaced=False,
+        subresources=("status",),
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType(
+        ADMISSION_GROUP,
+        "v1",
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
+        namespaced=False,
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType(
+        ADMISSION_GROUP,
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType(
+        ADMISSION_GROUP,
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+        columns=(_AGE_COLUMN,),
+    ),
 )
 
 
@@ -905,6 +940,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     validating_webhooks: list[Callable[[str, Obj | None, Obj], tuple[str, list[str]]]] = attrs.field(
         factory=list, init=False
     )
+    # Users by bearer token, and the API server's admission chain over the stored ValidatingAdmissionPolicies,
+    # their bindings and the Mutating/ValidatingWebhookConfigurations (admission.py)
+    admission: Admission = attrs.field(factory=Admission, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -982,6 +1020,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(e.body(), status=e.code, headers=e.headers)
         except _InvalidObject as e:
             return aiohttp.web.json_response(e.status, status=422)
+        except AdmissionDenied as e:
+            return aiohttp.web.json_response(e.status(), status=e.code)
         except managed_fields.ApplyConflict as e:
             return aiohttp.web.json_response(e.status(), status=409)
         except kmock.KubernetesError as e:
@@ -1164,6 +1204,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         data = request.data
         directive = _field_validation(query)
         dry_run = _dry_run(query)
+        user = self.admission.authenticate(raw.headers.get("Authorization"))
         warnings: list[str] = []
         if verb == "get":
             if target.subresource not in (None, "status"):
@@ -1175,7 +1216,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if verb == "create":
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-            created = self.create_object(
+            created = await self.create_object(
                 resource_type,
                 target.namespace,
                 data,
@@ -1183,13 +1224,14 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 warnings=warnings,
                 manager=_field_manager(query, raw),
                 dry_run=dry_run,
+                user=user,
             )
             return aiohttp.web.json_response(created, status=201, headers=_warning_headers(warnings))
         if verb in ("patch", "update"):
             content_type = raw.headers.get("Content-Type", "application/json").split(";")[0].strip()
             if content_type == "application/apply-patch+yaml":
                 data = _yaml_body(request.body)
-            obj = self._update(
+            obj = await self._update(
                 resource_type,
                 target,
                 data,
@@ -1199,6 +1241,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 manager=_field_manager(query, raw),
                 force=query.get("force") in ("true", "1"),
                 dry_run=dry_run,
+                user=user,
             )
             return aiohttp.web.json_response(obj, headers=_warning_headers(warnings))
         if verb == "delete":
@@ -1492,7 +1535,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         self._commit(resource_type, namespace, obj, None)
         return obj
 
-    def create_object(
+    async def create_object(
         self,
         resource_type: ResourceType,
         namespace: str | None,
@@ -1503,6 +1546,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         manager: str = "",
         applied_by: Obj | None = None,
         dry_run: bool = False,
+        user: UserInfo | None = None,
     ) -> Obj:
         """Create an object; `applied_by` is the managedFields entry of a server-side apply that creates it."""
         data = _json_copy(data)
@@ -1522,6 +1566,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if (data.get("metadata") or {}).get("resourceVersion"):
             # storage/etcd3/store.go Create, surfaced as an internal error by the generic registry
             raise ApiError(500, "InternalError", "resourceVersion should not be set on objects to be created")
+        review = self._admission_request(resource_type, "CREATE", namespace, data, None, user, None, dry_run)
+        if review is not None:  # handlers/create.go: mutating admission before the registry's BeforeCreate
+            mutated = await self._mutating_admission(review)
+            if mutated is not data:
+                data = mutated
+                if resource_type.schema is not None:  # a mutated custom resource is pruned and defaulted again
+                    self._decode(resource_type, data, "Ignore", None)
         obj = self._stamp_new(resource_type, namespace, data)
         name = obj["metadata"]["name"]
         if self._current(resource_type, namespace, name) is not None:
@@ -1535,6 +1586,12 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 obj["metadata"]["managedFields"] = [applied_by]
             elif manager:
                 managed_fields.record(obj, None, manager, resource_type.api_version)
+        if review is not None:
+            review.object, review.name = obj, name
+            await self._validating_admission(review, warnings)
+            if self._current(resource_type, namespace, name) is not None:  # created while the webhooks answered
+                details = {"name": name, "group": resource_type.group, "kind": resource_type.plural}
+                raise ApiError(409, "AlreadyExists", f'{resource_type.qualified} "{name}" already exists', details)
         if dry_run:
             return obj  # dryRun=All: admitted, named and stamped, never stored
         if namespace is not None and self.auto_create_namespaces:
@@ -1599,6 +1656,81 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 text = denials[0] if len(denials) == 1 else f"[{', '.join(denials)}]"
                 raise ApiError(403, "Forbidden", f'admission webhook "{hook}" denied the request: {text}')
 
+    # ---- the admission chain: users, ValidatingAdmissionPolicies, mutating and validating webhooks (admission.py)
+
+    def _admission_request(
+        self,
+        resource_type: ResourceType,
+        operation: str,
+        namespace: str | None,
+        obj: Obj,
+        old: Obj | None,
+        user: UserInfo | None,
+        subresource: str | None,
+        dry_run: bool,
+        name: str = "",
+    ) -> AdmissionRequest | None:
+        """The request the admission chain sees, or None where nothing could act on it: the admission
+        configuration kinds themselves (never sent to webhooks or policies, as in the real server) or no
+        policy binding and no webhook configuration stored."""
+        if resource_type.group == ADMISSION_GROUP or not self._admission_configured():
+            return None
+        return AdmissionRequest(
+            operation,
+            resource_type.group,
+            resource_type.version,
+            resource_type.plural,
+            resource_type.kind,
+            namespace,
+            name or str((obj.get("metadata") or {}).get("name") or ""),
+            user or self.admission.authenticate(None),
+            obj,
+            old,
+            subresource=subresource or "",
+            dry_run=dry_run,
+            namespaced=resource_type.namespaced,
+        )
+
+    def _admission_objects(self, plural: str) -> list[Obj]:
+        resource_type = self.resource_type(ADMISSION_GROUP, "v1", plural)
+        if resource_type is None:
+            return []
+        return [obj for obj in self._live(resource_type, None) if not obj["metadata"].get("deletionTimestamp")]
+
+    def _admission_configured(self) -> bool:
+        return any(
+            self._live_keys.get(resource_key(ADMISSION_GROUP, "v1", plural))
+            for plural in (
+                "validatingadmissionpolicybindings",
+                "validatingwebhookconfigurations",
+                "mutatingwebhookconfigurations",
+            )
+        )
+
+    def _namespace_labels(self, namespace: str | None) -> dict[str, str]:
+        if not namespace:
+            return {}
+        stored = self._current(self._type_for("", "v1", "namespaces"), None, namespace)
+        return dict(((stored or {}).get("metadata") or {}).get("labels") or {})
+
+    async def _mutating_admission(self, review: AdmissionRequest) -> Obj:
+        hooks = Admission.webhooks(self._admission_objects("mutatingwebhookconfigurations"), mutating=True)
+        if not hooks:
+            return review.object
+        return await self.admission.mutate(hooks, review, self._namespace_labels(review.namespace))
+
+    async def _validating_admission(self, review: AdmissionRequest, warnings: list[str] | None) -> None:
+        """The ValidatingAdmissionPolicy plugin, then the ValidatingAdmissionWebhook plugin (the default plugin
+        order, kube-apiserver's options/plugins.go)."""
+        labels = self._namespace_labels(review.namespace)
+        bindings = self._admission_objects("validatingadmissionpolicybindings")
+        if bindings:
+            policies = self._admission_objects("validatingadmissionpolicies")
+            self.admission.check_policies(review, policies, bindings, labels, warnings)
+        hooks = Admission.webhooks(self._admission_objects("validatingwebhookconfigurations"), mutating=False)
+        if hooks:
+            await self.admission.validate(hooks, review, labels)
+
     def _admit_meta(self, resource_type: ResourceType, obj: Obj) -> None:
         """The ObjectMeta checks every built-in kind's strategy runs (labels, annotations, finalizers)."""
         errors = crd_schema.object_meta_errors(obj.get("metadata") or {})
@@ -1611,7 +1743,23 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if self._current(ns_type, None, namespace) is None:
             self._store_new(ns_type, None, self._stamp_new(ns_type, None, {"metadata": {"name": namespace}}))
 
-    def _update(
+    async def _update(
+        self,
+        resource_type: ResourceType,
+        target: RequestTarget,
+        data: Any,
+        mode: str,
+        **options: Any,
+    ) -> Obj:
+        """An update or patch; redone on the object as it is now when another write landed while the admission
+        webhooks answered (registry/store.go Update's GuaranteedUpdate retries on a conflict it did not ask for)."""
+        for _ in range(10):
+            result = await self._update_once(resource_type, target, data, mode, **options)
+            if result is not None:
+                return result
+        raise ApiError(409, "Conflict", "the object kept changing during admission; please retry")
+
+    async def _update_once(
         self,
         resource_type: ResourceType,
         target: RequestTarget,
@@ -1623,7 +1771,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         manager: str = "",
         force: bool = False,
         dry_run: bool = False,
-    ) -> Obj:
+        user: UserInfo | None = None,
+    ) -> Obj | None:
         namespace = target.namespace if resource_type.namespaced else None
         name = target.name or ""
         if target.subresource not in (None, "status"):
@@ -1633,7 +1782,9 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             and self._current(resource_type, namespace, name) is None
             and target.subresource is None
         ):
-            return self._apply_create(resource_type, namespace, name, data, manager, directive, warnings, dry_run)
+            return await self._apply_create(
+                resource_type, namespace, name, data, manager, directive, warnings, dry_run, user
+            )
         old = self.get_object(resource_type, namespace, name)
         if mode == "application/apply-patch+yaml":
             new = self._server_side_apply(
@@ -1676,16 +1827,32 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             new["metadata"] = {**old["metadata"], "managedFields": (new.get("metadata") or {}).get("managedFields")}
             if new["metadata"]["managedFields"] is None:
                 del new["metadata"]["managedFields"]
+        review = self._admission_request(
+            resource_type, "UPDATE", namespace, new, old, user, target.subresource, dry_run, name
+        )
+        if review is not None:  # handlers/update.go and patch.go: mutating admission, then validation
+            mutated = await self._mutating_admission(review)
+            if mutated is not new:
+                new = mutated
+                if resource_type.schema is not None:
+                    self._decode(resource_type, new, "Ignore", None, status_only=target.subresource == "status")
         if resource_type.schema is None and new.get("metadata") != old.get("metadata"):
             self._admit_meta(resource_type, new)
+        merged = self._merged_metadata(resource_type, old, new)
         if resource_type.schema is not None:
             if mode != "application/apply-patch+yaml" and manager:
                 managed_fields.record(new, old, manager, resource_type.api_version, target.subresource)
             merged = self._merged_metadata(resource_type, old, new)
             self._admit(resource_type, merged, old, status_only=target.subresource == "status")
+        if review is not None:
+            review.object = merged
+            await self._validating_admission(review, warnings)
+            current = self._current(resource_type, namespace, name)
+            if current is None or current["metadata"].get("resourceVersion") != old["metadata"].get("resourceVersion"):
+                return None  # changed (or gone) while the webhooks answered: start over from what is stored
         return self.replace_object(resource_type, old, new, dry_run=dry_run)
 
-    def _apply_create(
+    async def _apply_create(
         self,
         resource_type: ResourceType,
         namespace: str | None,
@@ -1695,6 +1862,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         directive: str,
         warnings: list[str] | None,
         dry_run: bool = False,
+        user: UserInfo | None = None,
     ) -> Obj:
         """An apply to a missing object creates it, the applier owning what it sent (handlers/patch.go)."""
         if not isinstance(data, dict):
@@ -1712,8 +1880,15 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             "fieldsType": "FieldsV1",
             "fieldsV1": managed_fields.fields_v1(owned),
         }
-        return self.create_object(
-            resource_type, namespace, applied, directive=directive, warnings=warnings, applied_by=entry, dry_run=dry_run
+        return await self.create_object(
+            resource_type,
+            namespace,
+            applied,
+            directive=directive,
+            warnings=warnings,
+            applied_by=entry,
+            dry_run=dry_run,
+            user=user,
         )
 
     def _merged_metadata(self, resource_type: ResourceType, old: Obj, new: Obj) -> Obj:

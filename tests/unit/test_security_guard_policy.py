@@ -7,15 +7,13 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import yaml
-from celpy import celtypes
 
 from sweep_contracts import constants
-from sweep_sandbox.schema import CelCompiler
+from sweep_sandbox.admission import StrictPolicyEvaluator as PolicyEvaluator
 from tests.unit.test_chart import NAMESPACE, REPO, of_kind, one, render_values
 
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:sweeps-trainingsweep-operator"
@@ -29,95 +27,6 @@ SKIP, GUARD, LABEL, FINALIZER = (
     constants.FINALIZER,
 )
 GUARD_VALUE = '{"runRoot": "s3://ckpt/sweeps/team-a/digits-r1", "endpointUrl": "", "verify": true}'
-
-
-@dataclass(frozen=True)
-class Decision:
-    matched: bool
-    denials: tuple[str, ...]
-
-    @property
-    def allowed(self) -> bool:
-        return not self.denials
-
-
-class PolicyEvaluator:
-    """The API server's evaluation of one ValidatingAdmissionPolicy (k8s.io/apiserver/pkg/admission/plugin/policy/
-    validating: dispatcher.go and validator.go): matchConstraints.resourceRules, then every matchCondition must be
-    true, then `variables` in order, then each validation; a false one denies with its messageExpression. An
-    evaluation error under failurePolicy Fail also denies (never silently admits)."""
-
-    def __init__(self, policy: dict[str, Any]) -> None:
-        spec = policy["spec"]
-        assert spec["failurePolicy"] == "Fail"
-        self.cel = CelCompiler()
-        name = policy["metadata"]["name"]
-        self.rules = spec["matchConstraints"]["resourceRules"]
-        self.conditions = [
-            self.cel._program(c["expression"], f"{name} matchCondition {c['name']}") for c in spec["matchConditions"]
-        ]
-        self.variables = [
-            (v["name"], self.cel._program(v["expression"], f"{name} variable {v['name']}")) for v in spec["variables"]
-        ]
-        self.validations = [
-            (
-                self.cel._program(v["expression"], f"{name} validation"),
-                self.cel._program(v["messageExpression"], f"{name} message"),
-            )
-            for v in spec["validations"]
-        ]
-
-    def _matches(self, group: str, resource: str, operation: str) -> bool:
-        return any(
-            group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"] for r in self.rules
-        )
-
-    def review(
-        self,
-        *,
-        resource: str,
-        operation: str,
-        user: tuple[str, list[str]],
-        new: dict[str, Any],
-        old: dict[str, Any] | None = None,
-        subresource: str = "",
-    ) -> Decision:
-        group = "sweeps.dev" if resource == "trainingsweeps" else "ray.io"
-        # resourceRules name a subresource as "resource/subresource" (admissionregistration/v1 RuleWithOperations).
-        if not self._matches(group, f"{resource}/{subresource}" if subresource else resource, operation):
-            return Decision(False, ())
-        username, groups = user
-        activation: dict[str, Any] = {
-            "object": self.cel.to_cel(new),
-            "oldObject": self.cel.to_cel(old),
-            "request": self.cel.to_cel(
-                {
-                    "operation": operation,
-                    "userInfo": {"username": username, "groups": groups},
-                    "resource": {"group": group, "resource": resource},
-                    "subResource": subresource,
-                }
-            ),
-        }
-        for condition in self.conditions:
-            if not self._evaluate(condition, activation):
-                return Decision(False, ())
-        variables = celtypes.MapType({})
-        activation["variables"] = variables
-        for name, program in self.variables:
-            variables[celtypes.StringType(name)] = program.evaluate(activation)
-        denials = []
-        for rule, message in self.validations:
-            if not self._evaluate(rule, activation):
-                denials.append(str(message.evaluate(activation)))
-        return Decision(True, tuple(denials))
-
-    @staticmethod
-    def _evaluate(program: Any, activation: dict[str, Any]) -> bool:
-        result = program.evaluate(activation)
-        if not isinstance(result, celtypes.BoolType):  # a CELEvalError is returned, not raised
-            raise AssertionError(f"CEL evaluation error (failurePolicy Fail would deny): {result!r}")
-        return bool(result)
 
 
 @functools.cache
