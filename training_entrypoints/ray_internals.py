@@ -41,6 +41,29 @@ SNAPSHOT_LATEST_RESULT = "latest_checkpoint_result"
 SNAPSHOT_DIR_NAME = "checkpoint_dir_name"
 
 
+# Ray's GCS key-value store (what Ray's own libraries use for small shared records); reachable from every worker.
+KV_NAMESPACE = "sweeps.dev"
+
+
+def kv_put(key: str, value: bytes) -> None:
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def kv_get(key: str) -> bytes | None:
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    value = _internal_kv_get(key, namespace=KV_NAMESPACE)
+    return bytes(value) if value is not None else None
+
+
+def kv_del(key: str) -> None:
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    _internal_kv_del(key, namespace=KV_NAMESPACE)
+
+
 def tune_session_report_queue() -> Any | None:
     """The running trial's TuneReportCallback queue (a `ray.util.queue.Queue`), or None before the first report."""
     from ray.train._internal.session import get_session

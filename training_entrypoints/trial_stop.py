@@ -8,8 +8,10 @@ import contextlib
 import enum
 import logging
 import os
+import pickle
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +30,6 @@ logger = logging.getLogger(__name__)
 ABORT_TIMEOUT_S = 30.0
 # Tune's force-kill of a stopping trial actor (TUNE_FORCE_TRIAL_CLEANUP_S) minus this margin bounds the abort.
 FORCE_KILL_MARGIN_S = 5.0
-MAILBOX_PUT_TIMEOUT_S = 30.0
 _POLL_S = 0.2
 _DRAIN_BATCH = 8
 
@@ -58,31 +59,40 @@ def abort_timeout_s(env: Mapping[str, str] | None = None) -> float:
 # ------------------------------------------------------------------------------- the controller's handle
 
 
-class ControllerMailbox:
-    """A zero-CPU actor the trial owns: the controller leaves its own handle here, the trial's cleanup picks it up."""
+@dataclass(frozen=True)
+class ControllerSlot:
+    """Where the controller leaves its own handle for its trial: one key in Ray's GCS key-value store (no process of
+    its own, unlike a holder actor; trial drivers share the head). Picklable: it travels inside the callback."""
 
-    def __init__(self) -> None:
-        self._controller: Any = None
+    key: str
 
-    def put(self, controller: Any) -> None:
-        self._controller = controller
+    @classmethod
+    def new(cls) -> ControllerSlot:
+        return cls(f"train-controller/{uuid.uuid4().hex}")
 
-    def get(self) -> Any:
-        return self._controller
+    def send(self, controller: Any) -> None:
+        # ActorHandle pickles out of band by design (ActorHandle.__reduce__); the trial, its owner, unpickles it.
+        ray_internals.kv_put(self.key, pickle.dumps(controller))
+
+    def receive(self) -> Any:
+        data = ray_internals.kv_get(self.key)
+        return pickle.loads(data) if data else None
+
+    def clear(self) -> None:
+        ray_internals.kv_del(self.key)
 
 
 class SendControllerHandle(ray_internals.ControllerCallback):
-    """Runs inside the Train controller actor: at start, sends that actor's handle to the trial's mailbox.
+    """Runs inside the Train controller actor: at start, sends that actor's handle to the trial's slot.
 
     `fit()` keeps the controller's handle to itself; only the controller knows it is `current_actor`."""
 
-    def __init__(self, mailbox: Any):
-        self._mailbox = mailbox
+    def __init__(self, slot: ControllerSlot):
+        self._slot = slot
 
     def after_controller_start(self, train_run_context: Any) -> None:
         try:
-            controller = ray.get_runtime_context().current_actor
-            ray.get(self._mailbox.put.remote(controller), timeout=MAILBOX_PUT_TIMEOUT_S)
+            self._slot.send(ray.get_runtime_context().current_actor)
         except Exception:
             # Training goes on; only a Tune stop of this trial would then leave its placement group behind.
             logger.warning("could not hand the Train controller to its trial; a stop cannot abort it", exc_info=True)
@@ -97,16 +107,16 @@ class TrialTrainRun:
 
     trial_id: str
     train_run_dir: str  # train/<trialId>: where Train writes its checkpoints and snapshot
-    mailbox: Any = None
+    slot: ControllerSlot | None = None
     fit_started: bool = False
     fit_ended: bool = False
     stopping: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def controller_callback(self) -> SendControllerHandle:
-        if self.mailbox is None:
-            self.mailbox = ray.remote(num_cpus=0)(ControllerMailbox).remote()
-        return SendControllerHandle(self.mailbox)
+        if self.slot is None:
+            self.slot = ControllerSlot.new()
+        return SendControllerHandle(self.slot)
 
     def fit(self, trainer: Any) -> Any:
         """`trainer.fit()`, unless Tune already stopped the trial; the error of a fit() that a stop aborted is not
@@ -125,12 +135,13 @@ class TrialTrainRun:
         finally:
             with self._lock:
                 self.fit_ended = True
-            self._release_mailbox()
+            self._release_slot()
 
-    def _release_mailbox(self) -> None:
-        mailbox, self.mailbox = self.mailbox, None
-        if mailbox is not None:
-            ray.kill(mailbox)  # it holds the controller's handle, which would keep an ended controller alive
+    def _release_slot(self) -> None:
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            with contextlib.suppress(Exception):  # a key left behind costs a few bytes in the GCS, nothing more
+                slot.clear()
 
     def abort(self, timeout_s: float, *, drain: Callable[[], None] | None = None) -> AbortOutcome:
         """Train's `abort()` on this trial's controller, waited for up to `timeout_s`.
@@ -141,9 +152,9 @@ class TrialTrainRun:
             self.stopping = True
             if not self.fit_started or self.fit_ended:
                 return AbortOutcome.NOT_STARTED
-            mailbox = self.mailbox
+            slot = self.slot
         deadline = time.monotonic() + timeout_s
-        controller = self._wait_for_controller(mailbox, deadline)
+        controller = self._wait_for_controller(slot, deadline)
         if controller is None:
             return AbortOutcome.NOT_STARTED if self.fit_ended else AbortOutcome.NO_CONTROLLER
         done = getattr(controller, ray_internals.CONTROLLER_ABORT_METHOD).remote()
@@ -159,13 +170,10 @@ class TrialTrainRun:
             if drain is not None:
                 drain()
 
-    def _wait_for_controller(self, mailbox: Any, deadline: float) -> Any:
-        """The controller's handle; None when fit() ended first or the controller never sent it before `deadline`."""
-        while mailbox is not None and not self.fit_ended:
-            try:
-                controller = ray.get(mailbox.get.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                return None  # released: fit() returned meanwhile
+    def _wait_for_controller(self, slot: ControllerSlot | None, deadline: float) -> Any:
+        """The controller's handle; None when fit() ended first or the controller sent none before `deadline`."""
+        while slot is not None and not self.fit_ended:
+            controller = slot.receive()
             if controller is not None:
                 return controller
             if time.monotonic() >= deadline:
@@ -180,10 +188,22 @@ _RUNS_LOCK = threading.Lock()
 
 def begin_trial_run(trial_id: str, train_run_dir: str) -> TrialTrainRun:
     """Register this trial's run so that Tune's stop (`AbortTrainRunOnStop.cleanup`, same process) finds it."""
+    _log_in_trial_actor()
     run = TrialTrainRun(trial_id, train_run_dir)
     with _RUNS_LOCK:
         _RUNS[trial_id] = run
     return run
+
+
+def _log_in_trial_actor() -> None:
+    """A trial actor configures no logging of ours (the driver's basicConfig is another process): without a handler
+    the stop's INFO lines, which say what each stop freed and how long it took, would be dropped."""
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def stop_trial_run(trial_id: str, timeout_s: float | None = None) -> AbortOutcome:
@@ -293,5 +313,6 @@ def remove_uncommitted_checkpoints(train_run_dir: str) -> RemovedCheckpoints:
         logger.warning("could not remove uncommitted checkpoints under %s: %s", train_run_dir, exc)
         return RemovedCheckpoints()
     if names:
-        logger.info("removed %d uncommitted checkpoint folder(s) (%d bytes) under %s", len(names), total, train_run_dir)
+        logger.info("removed %d uncommitted checkpoint folder(s) (%d bytes) under %s: %s", len(names), total,
+                    train_run_dir, ", ".join(names))  # fmt: skip
     return RemovedCheckpoints(tuple(names), total)

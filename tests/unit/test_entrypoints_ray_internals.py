@@ -86,3 +86,19 @@ def test_the_snapshot_file_and_fields_naming_checkpoint_folders() -> None:
     fields = checkpoint_manager._CheckpointManagerState.model_fields
     assert {*ray_internals.SNAPSHOT_RESULT_LISTS, ray_internals.SNAPSHOT_LATEST_RESULT} <= set(fields)
     assert ray_internals.SNAPSHOT_DIR_NAME in checkpoint_manager._TrainingResultState.model_fields
+
+
+def test_the_gcs_key_value_store_and_out_of_band_actor_handles() -> None:
+    """The controller's handle reaches its trial pickled through the GCS store (ActorHandle pickles out of band)."""
+    from ray.actor import ActorHandle
+    from ray.experimental import internal_kv
+
+    assert list(inspect.signature(internal_kv._internal_kv_put).parameters) == [
+        "key",
+        "value",
+        "overwrite",
+        "namespace",
+    ]
+    assert list(inspect.signature(internal_kv._internal_kv_get).parameters) == ["key", "namespace"]
+    assert {"key", "namespace"} <= set(inspect.signature(internal_kv._internal_kv_del).parameters)
+    assert "out-of-band" in inspect.getsource(ActorHandle.__reduce__)

@@ -1,6 +1,6 @@
 """A Tune stop aborts the trial's Train run and removes what the stop left uncommitted (training_entrypoints.trial_stop).
 
-Ray is never started here: the controller, its mailbox and their object refs are stand-ins resolved by a patched
+Ray is never started here: the controller, its GCS slot and their object refs are stand-ins resolved by a patched
 `ray.get`/`ray.wait`."""
 
 from __future__ import annotations
@@ -47,11 +47,22 @@ class FakeController:
         self.abort = Method(abort_ref)
 
 
-class FakeMailbox:
+class FakeSlot:
+    """The GCS slot: hands out `controllers` one read at a time, repeating the last."""
+
     def __init__(self, controllers: list[Any]):
         self._controllers = controllers
-        self.get = Method(lambda: Ref(self._controllers.pop(0) if len(self._controllers) > 1 else self._controllers[0]))
-        self.put = Method(lambda controller: Ref(None))
+        self.sent: list[Any] = []
+        self.cleared = False
+
+    def receive(self) -> Any:
+        return self._controllers.pop(0) if len(self._controllers) > 1 else self._controllers[0]
+
+    def send(self, controller: Any) -> None:
+        self.sent.append(controller)
+
+    def clear(self) -> None:
+        self.cleared = True
 
 
 @pytest.fixture
@@ -74,8 +85,8 @@ def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trial_stop, "_POLL_S", 0.001)
 
 
-def running(mailbox: Any) -> TrialTrainRun:
-    run = TrialTrainRun("t_00001", "/nowhere", mailbox=mailbox)
+def running(slot: Any) -> TrialTrainRun:
+    run = TrialTrainRun("t_00001", "/nowhere", slot=slot)
     run.fit_started = True
     return run
 
@@ -83,11 +94,11 @@ def running(mailbox: Any) -> TrialTrainRun:
 # ------------------------------------------------------------------------------------------- the abort
 
 
-def test_a_stop_aborts_the_controller_the_mailbox_received_draining_reports_meanwhile(fake_ray: None) -> None:
+def test_a_stop_aborts_the_controller_the_slot_received_draining_reports_meanwhile(fake_ray: None) -> None:
     """The controller is stuck in a report until the queue is drained; abort() then ends it (exit_actor: an actor
-    error for the caller)."""
+    error for the caller). Its handle shows up in the slot a moment after fit() started."""
     controller = FakeController(Ref(error=ray.exceptions.RayActorError(), ready_after=3))
-    run = running(FakeMailbox([None, controller]))
+    run = running(FakeSlot([None, controller]))
     drained: list[int] = []
     assert run.abort(5.0, drain=lambda: drained.append(1)) is AbortOutcome.ABORTED
     assert controller.abort.calls == [()] and len(drained) == 3 and run.stopping
@@ -95,12 +106,12 @@ def test_a_stop_aborts_the_controller_the_mailbox_received_draining_reports_mean
 
 def test_an_abort_that_does_not_finish_is_given_up_within_its_bound(fake_ray: None) -> None:
     controller = FakeController(Ref(ready_after=10**9))
-    run = running(FakeMailbox([controller]))
+    run = running(FakeSlot([controller]))
     assert run.abort(0.05) is AbortOutcome.TIMED_OUT
 
 
 def test_a_controller_that_never_sends_its_handle_is_reported(fake_ray: None) -> None:
-    run = running(FakeMailbox([None]))
+    run = running(FakeSlot([None]))
     assert run.abort(0.05) is AbortOutcome.NO_CONTROLLER
 
 
@@ -111,14 +122,15 @@ def test_a_stop_before_fit_keeps_fit_from_starting_and_a_stop_after_fit_does_not
         def fit(self) -> None:
             self.fitted = True
 
-    early = TrialTrainRun("t_00001", "/nowhere", mailbox=FakeMailbox([None]))
+    early = TrialTrainRun("t_00001", "/nowhere", slot=FakeSlot([None]))
     assert early.abort(1.0) is AbortOutcome.NOT_STARTED
     trainer = Trainer()
     assert early.fit(trainer) is None and not trainer.fitted
 
-    done = TrialTrainRun("t_00002", "/nowhere", mailbox=FakeMailbox([None]))
+    slot = FakeSlot([None])
+    done = TrialTrainRun("t_00002", "/nowhere", slot=slot)
     done.fit(trainer)
-    assert trainer.fitted and done.fit_ended and done.mailbox is None
+    assert trainer.fitted and done.fit_ended and done.slot is None and slot.cleared
     assert done.abort(1.0) is AbortOutcome.NOT_STARTED
 
 
@@ -130,11 +142,11 @@ def test_fit_errors_after_a_stop_are_the_stops_not_the_trials(fake_ray: None) ->
         def fit(self) -> None:
             raise ray.exceptions.RayActorError()
 
-    run = TrialTrainRun("t_00001", "/nowhere", mailbox=FakeMailbox([None]))
+    run = TrialTrainRun("t_00001", "/nowhere", slot=FakeSlot([None]))
     with pytest.raises(ray.exceptions.RayActorError):
         run.fit(Failing())
 
-    stopped = TrialTrainRun("t_00002", "/nowhere", mailbox=FakeMailbox([None]))
+    stopped = TrialTrainRun("t_00002", "/nowhere", slot=FakeSlot([None]))
     started = threading.Event()
 
     class AbortedWhileFitting:
@@ -165,29 +177,45 @@ def test_stop_trial_run_cleans_checkpoints_only_after_a_confirmed_abort(
     assert trial_stop.stop_trial_run("never-started") is AbortOutcome.NOT_STARTED
 
     run = trial_stop.begin_trial_run("t_00001", "/store/train/t_00001")
-    run.mailbox, run.fit_started = FakeMailbox([FakeController(Ref(None))]), True
+    run.slot, run.fit_started = FakeSlot([FakeController(Ref(None))]), True
     assert trial_stop.stop_trial_run("t_00001", 1.0) is AbortOutcome.ABORTED
     assert cleaned == ["/store/train/t_00001"]
     assert trial_stop.stop_trial_run("t_00001") is AbortOutcome.NOT_STARTED  # one stop, one abort
 
     slow = trial_stop.begin_trial_run("t_00002", "/store/train/t_00002")
-    slow.mailbox, slow.fit_started = FakeMailbox([FakeController(Ref(ready_after=10**9))]), True
+    slow.slot, slow.fit_started = FakeSlot([FakeController(Ref(ready_after=10**9))]), True
     assert trial_stop.stop_trial_run("t_00002", 0.05) is AbortOutcome.TIMED_OUT
     assert cleaned == ["/store/train/t_00001"]
 
 
 def test_the_controller_sends_its_own_handle_and_a_failure_only_warns(
-    monkeypatch: pytest.MonkeyPatch, fake_ray: None, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     me = object()
     monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"current_actor": me})())
-    mailbox = FakeMailbox([None])
-    trial_stop.SendControllerHandle(mailbox).after_controller_start(None)
-    assert mailbox.put.calls == [(me,)]
+    slot = FakeSlot([None])
+    trial_stop.SendControllerHandle(slot).after_controller_start(None)
+    assert slot.sent == [me]
 
-    mailbox.put = Method(lambda controller: Ref(error=ray.exceptions.RayActorError()))
-    trial_stop.SendControllerHandle(mailbox).after_controller_start(None)
+    def unreachable(controller: Any) -> None:
+        raise ConnectionError("GCS unreachable")
+
+    slot.send = unreachable  # a slot whose store fails
+    trial_stop.SendControllerHandle(slot).after_controller_start(None)
     assert "a stop cannot abort it" in caplog.text
+
+
+def test_the_slot_carries_a_pickled_handle_under_its_own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    store: dict[str, bytes] = {}
+    monkeypatch.setattr(ray_internals, "kv_put", store.__setitem__)
+    monkeypatch.setattr(ray_internals, "kv_get", store.get)
+    monkeypatch.setattr(ray_internals, "kv_del", lambda key: store.pop(key, None))
+    first, second = trial_stop.ControllerSlot.new(), trial_stop.ControllerSlot.new()
+    assert first.key != second.key and first.receive() is None
+    first.send({"handle": 1})
+    assert first.receive() == {"handle": 1} and second.receive() is None
+    first.clear()
+    assert first.receive() is None and store == {}
 
 
 # ---------------------------------------------------------------------------------- the trainable's side
