@@ -214,10 +214,11 @@ NAMESPACED_GRANTS = {
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
-# Both scoped by resourceNames (tests/unit/test_chart_install.py): KubeRay's ServiceAccount, our webhook configuration.
+# Scoped by resourceNames (tests/unit/test_chart_install.py): KubeRay's ServiceAccount, our webhook configurations.
 NAMED_CLUSTER_GRANTS = {
     ("", "serviceaccounts"): {"get"},
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {"get", "patch"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
 }
 WEBHOOK_SECRET_GRANTS = {("", "secrets"): {"get", "update"}}
 
@@ -350,7 +351,10 @@ def test_chart_defaults_are_the_operator_defaults() -> None:
         operator_namespace=NAMESPACE,
         webhook_cert_secret=f"{RELEASE}-trainingsweep-operator-webhook-tls",
         webhook_service=f"{RELEASE}-trainingsweep-operator-webhook",
-        webhook_configurations=(f"ValidatingWebhookConfiguration/{RELEASE}-trainingsweep-operator",),
+        webhook_configurations=(
+            f"ValidatingWebhookConfiguration/{RELEASE}-trainingsweep-operator",
+            f"MutatingWebhookConfiguration/{RELEASE}-trainingsweep-operator",
+        ),
         kuberay_service_account="kuberay-system/kuberay-operator",
     )
     assert operator_settings.Settings.from_env(settings_env(render("defaults"))) == expected

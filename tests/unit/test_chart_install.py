@@ -38,7 +38,12 @@ def test_the_default_install_renders_no_cert_manager_kind_and_the_operator_keeps
     assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]  # injected by the operator
     settings = Settings.from_env(settings_env(docs))
     assert (settings.webhook_cert_secret, settings.operator_namespace) == (SECRET, NAMESPACE)
-    assert settings.webhook_configurations == (f"ValidatingWebhookConfiguration/{configuration['metadata']['name']}",)
+    mutating = one(docs, "MutatingWebhookConfiguration")
+    assert "caBundle" not in mutating["webhooks"][0]["clientConfig"]
+    assert settings.webhook_configurations == (
+        f"ValidatingWebhookConfiguration/{configuration['metadata']['name']}",
+        f"MutatingWebhookConfiguration/{mutating['metadata']['name']}",
+    )
     assert settings.webhook_service == f"{FULLNAME}-webhook"
     # The pair lands in an in-memory emptyDir the operator writes (the root filesystem stays read-only).
     container = operator_container(docs)
@@ -68,6 +73,7 @@ def test_the_operator_reads_the_webhook_secret_alone_and_kuberays_account_alone(
     ]
     (hooks,) = [r for r in _rules(docs) if "validatingwebhookconfigurations" in r["resources"]]
     assert hooks["resourceNames"] == [FULLNAME] and hooks["verbs"] == ["get", "patch"]
+    assert hooks["resources"] == ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
 
 
 @pytest.mark.parametrize("provider", ["cert-manager", "secret"])

@@ -66,9 +66,9 @@ namespace otherwise.
   verbs: ["get"]
   resourceNames: [{{ .Values.kuberay.serviceAccountName | quote }}]
 {{- if and .Values.webhook.enabled (eq (include "tso.webhookCertProvider" .) "operator") }}
-# webhook.certProvider=operator: the operator injects its CA into this chart's webhook configuration only.
+# webhook.certProvider=operator: the operator injects its CA into this chart's webhook configurations only.
 - apiGroups: ["admissionregistration.k8s.io"]
-  resources: ["validatingwebhookconfigurations"]
+  resources: ["validatingwebhookconfigurations"{{ if .Values.webhook.guardFinalizer.enabled }}, "mutatingwebhookconfigurations"{{ end }}]
   verbs: ["get", "patch"]
   resourceNames: [{{ include "tso.fullname" . | quote }}]
 {{- end }}
