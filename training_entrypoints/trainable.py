@@ -150,6 +150,7 @@ def make_trial_driver(run_spec: RunSpec) -> Callable[[dict[str, Any]], None]:
         from ray.train.torch import TorchTrainer
 
         trial_id = tune.get_context().get_trial_id()
+        trial_stop.log_in_trial_actor()
         run = trial_stop.begin_trial_run(trial_id, run_spec.layout.trial_dir(trial_id))
         # A retried or resumed trial reports the same folder names again: an orphan left by an earlier stop or a
         # killed driver must not be merged into.

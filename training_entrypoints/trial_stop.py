@@ -188,14 +188,13 @@ _RUNS_LOCK = threading.Lock()
 
 def begin_trial_run(trial_id: str, train_run_dir: str) -> TrialTrainRun:
     """Register this trial's run so that Tune's stop (`AbortTrainRunOnStop.cleanup`, same process) finds it."""
-    _log_in_trial_actor()
     run = TrialTrainRun(trial_id, train_run_dir)
     with _RUNS_LOCK:
         _RUNS[trial_id] = run
     return run
 
 
-def _log_in_trial_actor() -> None:
+def log_in_trial_actor() -> None:
     """A trial actor configures no logging of ours (the driver's basicConfig is another process): without a handler
     the stop's INFO lines, which say what each stop freed and how long it took, would be dropped."""
     if not logger.handlers:
