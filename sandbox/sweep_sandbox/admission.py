@@ -445,6 +445,7 @@ class Admission:
 
     def __init__(self) -> None:
         self.users: dict[str, UserInfo] = {}
+        self.default_user = DEFAULT_USER  # no token, or one not in `users` (a real server answers 401)
         self.services: dict[tuple[str, str], tuple[str, int]] = {}
         self._policies: dict[str, tuple[str, PolicyEvaluator]] = {}  # name -> (resourceVersion, compiled)
 
@@ -452,7 +453,7 @@ class Admission:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() == "bearer" and token.strip() in self.users:
             return self.users[token.strip()]
-        return DEFAULT_USER
+        return self.default_user
 
     # ---- ValidatingAdmissionPolicy
 

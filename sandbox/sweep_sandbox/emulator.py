@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import secrets
+import tempfile
 import threading
 import time
 import uuid
@@ -2289,25 +2290,85 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-def make_api_client(url: str) -> Any:
-    """A kubernetes.client.ApiClient for `url` from an explicit Configuration (no kubeconfig, no environment)."""
+def make_api_client(url: str, token: str | None = None, ca_file: str | None = None) -> Any:
+    """A kubernetes.client.ApiClient for `url` from an explicit Configuration (no kubeconfig, no environment),
+    authenticating with `token` when given (the emulator's users: admission.py), trusting `ca_file` for https."""
     import kubernetes.client
 
     configuration = kubernetes.client.Configuration(host=url)
-    configuration.verify_ssl = False
-    return kubernetes.client.ApiClient(configuration)
+    configuration.verify_ssl = ca_file is not None
+    configuration.ssl_ca_cert = ca_file
+    client = kubernetes.client.ApiClient(configuration)
+    if token:
+        client.set_default_header("Authorization", f"Bearer {token}")
+    return client
 
 
-def kubeconfig_document(url: str, context: str = "sandbox", namespace: str = "default") -> Obj:
+def kubeconfig_document(
+    url: str,
+    context: str = "sandbox",
+    namespace: str = "default",
+    users: Mapping[str, str] | None = None,
+    ca_pem: bytes | None = None,
+) -> Obj:
+    """A kubeconfig whose current context is `context` (token `sandbox`: the emulator's administrator); `users`
+    adds a context per user (context name -> token) on the same cluster and namespace. kubectl sends a token over
+    TLS only (clientcmd DirectClientConfig.ClientConfig): `ca_pem` is the certificate of an https `url`."""
+    tokens = {context: "sandbox", **(users or {})}
+    cluster: Obj = {"server": url}
+    if ca_pem is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {"server": url}}],
-        "users": [{"name": context, "user": {"token": "sandbox"}}],
-        "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
+        "clusters": [{"name": context, "cluster": cluster}],
+        "users": [{"name": name, "user": {"token": token}} for name, token in tokens.items()],
+        "contexts": [
+            {"name": name, "context": {"cluster": context, "user": name, "namespace": namespace}} for name in tokens
+        ],
         "current-context": context,
         "preferences": {},
     }
+
+
+def _self_signed_server(host: str) -> tuple[bytes, Any]:
+    """A certificate for `host` (an IP address SAN) signed by its own key, and a server context serving it."""
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes-api-emulator")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host)), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as folder:  # load_cert_chain reads files only
+        (Path(folder) / "tls.crt").write_bytes(cert_pem)
+        (Path(folder) / "tls.key").write_bytes(key_pem)
+        context.load_cert_chain(Path(folder) / "tls.crt", Path(folder) / "tls.key")
+    return cert_pem, context
 
 
 class EmulatorServer:
@@ -2318,10 +2379,26 @@ class EmulatorServer:
         api = server.api_client()
     """
 
-    def __init__(self, emulator: KubernetesApiEmulator | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        emulator: KubernetesApiEmulator | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: bool = False,
+    ) -> None:
+        """`tls`: serve https with a self-signed certificate for 127.0.0.1 (`ca_pem`), which a kubeconfig with
+        tokens needs: kubectl sends them over TLS only."""
         self.emulator = emulator if emulator is not None else build_emulator()
         self.host = host
         self.port = port
+        self.ca_pem: bytes | None = None
+        self.ca_file: str | None = None  # ca_pem in a file, for clients that read one
+        self._ssl: Any = None
+        if tls:
+            self.ca_pem, self._ssl = _self_signed_server(host)
+            self._ca_dir = tempfile.TemporaryDirectory(prefix="emulator-ca-")
+            self.ca_file = str(Path(self._ca_dir.name) / "ca.crt")
+            Path(self.ca_file).write_bytes(self.ca_pem)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
@@ -2332,7 +2409,7 @@ class EmulatorServer:
     def url(self) -> str:
         if not self._ready.is_set():
             raise RuntimeError("the emulator server is not running")
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._ssl is not None else 'http'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -2384,14 +2461,18 @@ class EmulatorServer:
         key = resource_key(group, version, plural)
         return self.call(lambda: [copy.deepcopy(c.obj) for c in self.emulator.changes.of(key, namespace, name)])
 
-    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+    def write_kubeconfig(
+        self, path: str | Path, namespace: str = "default", users: Mapping[str, str] | None = None
+    ) -> Path:
+        """`users`: a context per user, context name -> token (see kubeconfig_document)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(kubeconfig_document(self.url, namespace=namespace), sort_keys=False))
+        document = kubeconfig_document(self.url, namespace=namespace, users=users, ca_pem=self.ca_pem)
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
         return path
 
-    def api_client(self) -> Any:
-        return make_api_client(self.url)
+    def api_client(self, token: str | None = None) -> Any:
+        return make_api_client(self.url, token, self.ca_file)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -2409,7 +2490,7 @@ class EmulatorServer:
             server = aiohttp.web.Server(self.emulator, handler_cancellation=True)
             runner = aiohttp.web.ServerRunner(server, shutdown_timeout=1.0)
             await runner.setup()
-            site = aiohttp.web.TCPSite(runner, self.host, self.port)
+            site = aiohttp.web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl)
             await site.start()
             self.port = runner.addresses[0][1]
             self._ready.set()

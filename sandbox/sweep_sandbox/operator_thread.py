@@ -31,12 +31,27 @@ class OperatorThread:
         *,
         controller: SweepController | None = None,
         s3_client_for: Callable[[str, str], Any] | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
-        from sweep_operator.kube import api_client_for_url
+        from sweep_operator.kube import CONNECTION_POOL_SIZE, api_client_for_url
 
         self.settings = settings
         self.url = url
-        self.controller = controller or build_controller(settings, api_client_for_url(url))
+        self.token = token  # the operator's identity in the emulator (its ServiceAccount's user); None: the admin
+        self.ca_file = ca_file  # an https emulator's certificate
+        if ca_file is not None:
+            from kubernetes import client as k8s
+
+            configuration = k8s.Configuration(host=url)
+            configuration.ssl_ca_cert = ca_file
+            configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+            client = k8s.ApiClient(configuration)
+        else:
+            client = api_client_for_url(url)
+        if token:
+            client.set_default_header("Authorization", f"Bearer {token}")
+        self.controller = controller or build_controller(settings, client)
         if s3_client_for is not None:
             self.controller.s3_client_for = s3_client_for
         self._stop = threading.Event()
@@ -45,7 +60,13 @@ class OperatorThread:
         self.failure: BaseException | None = None
 
     def _login(self, **_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace="default")
+        return kopf.ConnectionInfo(
+            server=self.url,
+            ca_path=self.ca_file,
+            insecure=self.ca_file is None,
+            default_namespace="default",
+            token=self.token,
+        )
 
     def _run(self) -> None:
         wiring = OperatorWiring(self.settings, self.controller, self._login)

@@ -79,6 +79,10 @@ class Sandbox:
     # default queue set to it
     kueue: bool = False
     kueue_standin: Any = field(default=None, init=False)
+    # Issue 25: the chart's guard policy and webhooks, enforced by the emulator against per-user tokens (the
+    # kubeconfig's contexts: operator, kuberay, tenant, guard-admin); the operator serves its webhooks
+    admission: bool = True
+    identities: dict[str, Any] = field(default_factory=dict, init=False)
 
     @property
     def kubeconfig(self) -> Path:
@@ -113,9 +117,12 @@ class Sandbox:
             self.s3 = S3Server().start()
             self.s3.client().create_bucket(Bucket=self.bucket)
             os.environ["AWS_ENDPOINT_URL_S3"] = self.s3.endpoint_url
-            self.server = EmulatorServer()
+            self.server = EmulatorServer(tls=self.admission)  # kubectl sends its tokens over TLS only
             self.server.start()
-            self.server.write_kubeconfig(self.kubeconfig)
+            chart_docs = self._install_chart_admission()
+            self.server.write_kubeconfig(
+                self.kubeconfig, users={name: identity.token for name, identity in self.identities.items()}
+            )
             settings = self.settings or Settings(
                 s3_endpoint_url=self.s3.endpoint_url,
                 s3_region=SANDBOX_CREDENTIALS["AWS_REGION"],
@@ -127,19 +134,62 @@ class Sandbox:
             )
             if self.kueue and not settings.kueue_default_queue:
                 settings = dataclasses.replace(settings, kueue_default_queue=SANDBOX_LOCAL_QUEUE)
+            if chart_docs:
+                from . import chart_admission
+
+                settings = chart_admission.operator_settings(
+                    chart_docs, settings, chart_admission.free_port(), self.state_dir / "webhook-tls"
+                )
             self.settings = settings
             self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
-            self.standin = KubeRayStandIn(self.server.api_client(), self.runner, emulate_pods=True, poll_interval=1.0)
+            self.standin = KubeRayStandIn(
+                self.server.api_client(self._token("kuberay")), self.runner, emulate_pods=True, poll_interval=1.0
+            )
             self.standin.start()
             if self.kueue:
                 self.kueue_standin = start_kueue(self.server, settings.kueue_default_queue)
-            self.operator = OperatorThread(settings, self.server.url)
+            if chart_docs:
+                self._route_webhook_service(chart_docs, settings.webhook_port)
+            self.operator = OperatorThread(
+                settings, self.server.url, token=self._token("operator"), ca_file=self.server.ca_file
+            )
             self.operator.start()
+            if chart_docs:
+                from .chart_admission import wait_for_webhook
+
+                wait_for_webhook(self.server)
         except BaseException:
             self.stop()
             raise
         write_env_file(self.env_file, self.environment())
         return self
+
+    def _token(self, context: str) -> str | None:
+        identity = self.identities.get(context)
+        return identity.token if identity is not None else None
+
+    def _install_chart_admission(self) -> list[dict[str, Any]]:
+        """The chart's guard policy, webhook configurations and certificate Secret in the emulator, and its users;
+        [] (and a warning) where the chart or its renderer is not there: the sandbox then enforces none of them."""
+        if not self.admission:
+            return []
+        from . import chart_admission
+
+        try:
+            docs = chart_admission.render()
+        except (ImportError, FileNotFoundError) as exc:
+            log.warning("sandbox: no admission policy or webhooks (the chart does not render here: %s)", exc)
+            return []
+        self.identities = chart_admission.install(self.server, docs, webhook_port=None)
+        # The default context (token `sandbox`, and the KubeRay-free helpers without one) is the platform team:
+        # an administrator in the guard policy's allowed groups, so `sweepctl release --force` works as there.
+        self.server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
+        return docs
+
+    def _route_webhook_service(self, docs: list[dict[str, Any]], port: int) -> None:
+        from .chart_admission import route_webhook_service
+
+        route_webhook_service(self.server, docs, port)
 
     def _ensure_bucket(self, rayjob: Mapping[str, Any]) -> None:
         """Sandbox convenience: a sweep applied with another bucket gets it created in the local S3."""

@@ -100,6 +100,21 @@ def _kueue_line(sandbox: Any) -> str:
     )
 
 
+def _admission_line(sandbox: Any) -> str:
+    """What the API server enforces here as on EKS (issue 25): the chart's guard policy and the operator's webhooks,
+    per user (one kubeconfig context each)."""
+    identities = getattr(sandbox, "identities", None) or {}
+    if not identities:
+        return ""
+    contexts = ", ".join(sorted(identities))
+    return (
+        "  admission       the chart's guard policy and the operator's webhooks, as on EKS: a bad sweep is refused "
+        "at apply\n"
+        f"                  (kubeconfig contexts: sandbox = the platform team (default), {contexts}; "
+        "e.g. kubectl --context tenant ...)\n"
+    )
+
+
 def run_up(args: argparse.Namespace) -> int:
     Sandbox = _sandbox_class()
 
@@ -119,6 +134,7 @@ def run_up(args: argparse.Namespace) -> int:
             f"  S3              {sandbox.s3.endpoint_url}   (bucket: {sandbox.bucket})\n"
             f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n"
             f"{_kueue_line(sandbox)}\n"
+            f"{_admission_line(sandbox)}"
             f"In another shell:\n"
             f"  source {sandbox.env_file}\n"
             f"  kubectl apply -f examples/digits-cpu.yaml\n"

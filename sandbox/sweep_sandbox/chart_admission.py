@@ -1,0 +1,177 @@
+"""The chart's admission objects in the emulator (issue 25): its guard ValidatingAdmissionPolicy and binding, its
+webhook configurations and certificate Secret, and one token per user the policy tells apart (the operator, KubeRay,
+a tenant, a guard admin), so kubectl meets the refusals EKS gives."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweep_operator.settings import Settings
+
+from .admission import UserInfo, service_account_user
+
+Obj = dict[str, Any]
+
+RELEASE, RELEASE_NAMESPACE = "sweeps", "sweeps-system"
+KUBERAY_NAMESPACE, KUBERAY_SERVICE_ACCOUNT = "kuberay-system", "kuberay-operator"
+GUARD_ADMINS = "sweeps:guard-admins"  # the chart's default guardPolicy.allowedGroups
+# The sandbox's default context: the platform team (a cluster administrator in the guard's allowed groups)
+SANDBOX_ADMIN = UserInfo("sandbox", ("system:masters", GUARD_ADMINS, "system:authenticated"))
+ADMISSION_KINDS = (
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+)
+CHART_ENV = "SWEEP_SANDBOX_CHART"  # where the chart is, when not beside this package in a checkout
+
+
+def chart_path() -> Path | None:
+    configured = os.environ.get(CHART_ENV)
+    candidates = [Path(configured)] if configured else []
+    candidates.append(Path(__file__).resolve().parents[2] / "charts" / "trainingsweep-operator")
+    return next((path for path in candidates if (path / "Chart.yaml").is_file()), None)
+
+
+def render(values: Mapping[str, Any] | None = None) -> list[Obj]:
+    """The chart's documents as `helm template sweeps -n sweeps-system` renders them (helm-python-sdk)."""
+    import helm_python as helm
+    import yaml
+
+    path = chart_path()
+    if path is None:
+        raise FileNotFoundError(f"the trainingsweep-operator chart is not found (set {CHART_ENV})")
+    with helm.Chart.load(str(path)) as chart:
+        manifests = chart.render(dict(values or {}), name=RELEASE, namespace=RELEASE_NAMESPACE)
+    return [
+        doc
+        for name, text in sorted(manifests.items())
+        if not name.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+@dataclass(frozen=True)
+class Identity:
+    context: str  # the kubeconfig context (and user entry) that carries the token
+    token: str
+    user: UserInfo
+
+
+def identities(docs: list[Obj]) -> dict[str, Identity]:
+    """The users the guard policy tells apart, named after the chart's operator ServiceAccount."""
+    (operator_account,) = [
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"].get("namespace") == RELEASE_NAMESPACE
+    ]
+    users = {
+        "operator": service_account_user(RELEASE_NAMESPACE, operator_account["metadata"]["name"]),
+        "kuberay": service_account_user(KUBERAY_NAMESPACE, KUBERAY_SERVICE_ACCOUNT),
+        "tenant": UserInfo("alice@team-a", ("team-a:developers", "system:authenticated")),
+        "guard-admin": UserInfo("sre@platform", (GUARD_ADMINS, "system:authenticated")),
+    }
+    return {context: Identity(context, f"sandbox-{context}-token", user) for context, user in users.items()}
+
+
+def operator_settings(docs: list[Obj], settings: Settings, webhook_port: int, cert_dir: Path) -> Settings:
+    """`settings` with the chart's webhook wiring (its ConfigMap: Secret, Service, configurations to inject the CA
+    into), served on `webhook_port` with the pair written under `cert_dir`."""
+    import dataclasses
+
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "SWEEP_WEBHOOK_SERVICE" in (d.get("data") or {})]
+    chart = Settings.from_env(config["data"])
+    return dataclasses.replace(
+        settings,
+        webhook_port=webhook_port,
+        webhook_cert_dir=str(cert_dir),
+        webhook_cert_check_seconds=1.0,
+        operator_namespace=chart.operator_namespace,
+        webhook_cert_secret=chart.webhook_cert_secret,
+        webhook_service=chart.webhook_service,
+        webhook_configurations=chart.webhook_configurations,
+        kuberay_service_account=chart.kuberay_service_account,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str, Identity]:
+    """Register the users, create the namespaces, KubeRay's ServiceAccount, the chart's certificate Secret and its
+    admission objects (as the emulator's administrator), and route the webhook Service to `webhook_port` on
+    127.0.0.1 (the Service's endpoints: the operator's webhook server). Returns the identities."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    people = identities(docs)
+    for identity in people.values():
+        server.emulator.admission.users[identity.token] = identity.user
+    api = server.api_client()
+    core, admission = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
+    for namespace in (RELEASE_NAMESPACE, KUBERAY_NAMESPACE):
+        try:
+            core.create_namespace({"metadata": {"name": namespace}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    core.create_namespaced_service_account(KUBERAY_NAMESPACE, {"metadata": {"name": KUBERAY_SERVICE_ACCOUNT}})
+    creators = {
+        "ValidatingAdmissionPolicy": admission.create_validating_admission_policy,
+        "ValidatingAdmissionPolicyBinding": admission.create_validating_admission_policy_binding,
+        "ValidatingWebhookConfiguration": admission.create_validating_webhook_configuration,
+        "MutatingWebhookConfiguration": admission.create_mutating_webhook_configuration,
+    }
+    for doc in docs:
+        if doc["kind"] == "Secret" and doc["metadata"].get("namespace") == RELEASE_NAMESPACE:
+            core.create_namespaced_secret(RELEASE_NAMESPACE, doc)
+    if webhook_port:
+        route_webhook_service(server, docs, webhook_port)
+    for doc in docs:
+        if doc["kind"] in creators:
+            creators[doc["kind"]](doc)
+    return people
+
+
+def route_webhook_service(server: Any, docs: list[Obj], port: int) -> None:
+    """The webhook Service's endpoint: the operator's admission server on 127.0.0.1:`port`."""
+    for doc in docs:
+        if doc["kind"] == "Service" and doc["metadata"]["name"].endswith("-webhook"):
+            server.emulator.admission.services[(RELEASE_NAMESPACE, doc["metadata"]["name"])] = ("127.0.0.1", port)
+
+
+def wait_for_webhook(server: Any, timeout: float = 20.0) -> None:
+    """Until every webhook configuration carries the operator's CA (it injects it at startup) and its port answers."""
+    deadline = time.monotonic() + timeout
+
+    def ready() -> bool:
+        def stored() -> list[Obj]:
+            emulator = server.emulator
+            return [
+                *emulator._admission_objects("validatingwebhookconfigurations"),
+                *emulator._admission_objects("mutatingwebhookconfigurations"),
+            ]
+
+        hooks = [w for c in server.call(stored) for w in c.get("webhooks") or ()]
+        if not all((w.get("clientConfig") or {}).get("caBundle") for w in hooks):
+            return False
+        for host, port in server.emulator.admission.services.values():
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                return False
+        return True
+
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the operator's webhook did not come up (CA injected, port answering)")
+        time.sleep(0.1)

@@ -1,0 +1,216 @@
+"""The emulator enforces what EKS enforces (issue 25; issue 28 item 7), through the real kubectl with one token per
+user: the chart's guard ValidatingAdmissionPolicy refuses a tenant's forged `sweeps.dev/` annotation or look-alike
+RayCluster and lets the operator, KubeRay and the guard admins through; the operator's mutating webhook gives a
+RayCluster KubeRay creates with the guard annotation its finalizer (while the operator watches nothing there); the
+operator's validating webhook refuses a bad sweep at `kubectl apply`; objects that are not ours never meet either
+webhook, even when it is down.
+
+Modelled on k8s.io/apiserver: policy/validating/dispatcher.go (Dispatch: the first denial, `ValidatingAdmissionPolicy
+'<p>' with binding '<b>' denied request: <msg>`, code from the validation's reason), webhook/errors/statuserror.go
+(ToStatusErr: `admission webhook "<name>" denied the request: <msg>`), webhook/mutating/dispatcher.go (the JSONPatch
+applied before validation), webhook/generic/webhook.go ShouldCallHook (rules, selectors, matchConditions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweep_contracts import constants
+from sweep_operator.settings import Settings
+from sweep_sandbox import chart_admission
+from sweep_sandbox.emulator import EmulatorServer
+from sweep_sandbox.operator_thread import OperatorThread
+from tests.support.factories import changed, cpu_sweep
+
+pytestmark = pytest.mark.integration
+
+KUBECTL = Path(sys.executable).parent / "kubectl"
+POLICY = f"{chart_admission.RELEASE}-trainingsweep-operator-checkpoint-guard"
+FORGED = "sweeps.dev/build_registry._locals_.rayjob_deleted"
+GUARD_VALUE = '{"runRoot": "s3://b/sweeps/team-a/digits-r1", "endpointUrl": "", "verify": true}'
+
+
+@dataclass
+class World:
+    server: EmulatorServer
+    kubeconfig: Path
+    namespace: str
+
+    def kubectl(self, context: str, *args: str, stdin: Any = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(self.kubeconfig), "--context", context, "-n", self.namespace, *args],
+            input=json.dumps(stdin) if stdin is not None else None,
+            env={**os.environ, "HOME": str(self.kubeconfig.parent)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def ok(self, context: str, *args: str, stdin: Any = None) -> dict[str, Any]:
+        done = self.kubectl(context, *args, "-o", "json", stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def refused(self, context: str, *args: str, stdin: Any = None) -> str:
+        done = self.kubectl(context, *args, stdin=stdin)
+        assert done.returncode != 0, f"admitted: {done.stdout}"
+        return done.stderr
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The emulator with the chart's admission objects and users, and the operator serving its webhooks (it watches
+    another namespace only: whatever happens to the test's objects is admission's doing)."""
+    state = tmp_path_factory.mktemp("admission")
+    docs = chart_admission.render()
+    port = chart_admission.free_port()
+    with EmulatorServer(tls=True) as server:
+        people = chart_admission.install(server, docs, port)
+        server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
+        namespace = f"team-{uuid.uuid4().hex[:6]}"
+        kubeconfig = server.write_kubeconfig(
+            state / "kubeconfig", namespace=namespace, users={c: i.token for c, i in people.items()}
+        )
+        settings = chart_admission.operator_settings(
+            docs,
+            Settings(metrics_port=0, liveness_port=0, namespaces=(chart_admission.RELEASE_NAMESPACE,)),
+            port,
+            state / "tls",
+        )
+        with OperatorThread(settings, server.url, token=people["operator"].token, ca_file=server.ca_file):
+            chart_admission.wait_for_webhook(server)
+            yield World(server, kubeconfig, namespace)
+
+
+def rayjob(name: str, *, ours: bool = True) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": {"app": "x"}}
+    if ours:
+        metadata["labels"][constants.LABEL_SWEEP] = "digits"
+        metadata["annotations"] = {constants.ANNOTATION_GUARD: GUARD_VALUE}
+        metadata["finalizers"] = [constants.FINALIZER]
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": metadata, "spec": {"entrypoint": "python x.py"}}
+
+
+def raycluster(name: str, **metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name, **metadata},
+        "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head", "image": "ray"}]}}}},
+    }
+
+
+def test_a_tenants_forged_progress_record_on_a_guarded_rayjob_is_refused_and_the_operators_write_passes(
+    world: World,
+) -> None:
+    name = f"digits-{uuid.uuid4().hex[:6]}"
+    world.ok("operator", "create", "-f", "-", stdin=rayjob(name))
+    forged = f'{FORGED}={{"success": true}}'
+    error = world.refused("tenant", "annotate", "rayjob", name, forged)
+    assert f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request:" in error
+    assert f"annotations under sweeps.dev/ belong to the operator ({FORGED})" in error
+    assert "(request by alice@team-a)" in error
+    assert "forbidden" in error  # the policy's reason Forbidden: 403, "... is forbidden: ..."
+    # the guard annotation itself, re-pointed at another run root
+    assert "belong to the operator" in world.refused(
+        "tenant", "annotate", "--overwrite", "rayjob", name, f"{constants.ANNOTATION_GUARD}={{}}"
+    )
+    # an ordinary edit by the tenant, and the marks written by the operator and a guard admin, pass
+    world.ok("tenant", "label", "rayjob", name, "team=a")
+    world.ok("operator", "annotate", "rayjob", name, "sweeps.dev/operator-note=1")
+    world.ok("guard-admin", "annotate", "rayjob", name, f"{constants.ANNOTATION_SKIP_VERIFICATION}=true")
+
+
+def test_a_hand_made_raycluster_with_our_finalizer_or_label_is_refused(world: World) -> None:
+    for marks in ({"finalizers": [constants.FINALIZER]}, {"labels": {constants.LABEL_SWEEP: "digits"}}):
+        error = world.refused("tenant", "create", "-f", "-", stdin=raycluster(f"fake-{uuid.uuid4().hex[:6]}", **marks))
+        assert "only the operator and KubeRay give a rayclusters the operator marks" in error
+        assert f"with binding '{POLICY}'" in error
+
+
+def test_kuberay_creates_a_guarded_raycluster_and_the_mutating_webhook_adds_the_finalizer(world: World) -> None:
+    name = f"digits-r1-{uuid.uuid4().hex[:5]}"
+    copied = {"labels": {constants.LABEL_SWEEP: "digits"}, "annotations": {constants.ANNOTATION_GUARD: GUARD_VALUE}}
+    created = world.ok("kuberay", "create", "-f", "-", stdin=raycluster(name, **copied))
+    assert created["metadata"]["finalizers"] == [constants.FINALIZER]
+    stored = world.ok("tenant", "get", "raycluster", name)
+    assert stored["metadata"]["finalizers"] == [constants.FINALIZER]
+    # the tenant cannot take it off again
+    error = world.refused("tenant", "patch", "raycluster", name, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
+    assert "the finalizer sweeps.dev/checkpoint-guard is removed by the checkpoint guard" in error
+
+
+def test_objects_that_are_not_ours_never_meet_our_webhooks_even_when_they_are_down(world: World) -> None:
+    services = world.server.emulator.admission.services
+    saved = dict(services)
+    plain_job = world.ok("tenant", "create", "-f", "-", stdin=rayjob(f"mine-{uuid.uuid4().hex[:6]}", ours=False))
+    assert "finalizers" not in plain_job["metadata"]
+    try:
+        for key in services:  # the operator's pods gone: the Service has no endpoint answering
+            services[key] = ("127.0.0.1", chart_admission.free_port())
+        plain = world.ok("tenant", "create", "-f", "-", stdin=raycluster(f"mine-{uuid.uuid4().hex[:6]}"))
+        assert "finalizers" not in plain["metadata"]
+        world.ok("tenant", "annotate", "rayjob", plain_job["metadata"]["name"], "note=1")
+        guarded = raycluster(f"digits-r2-{uuid.uuid4().hex[:5]}", annotations={constants.ANNOTATION_GUARD: GUARD_VALUE})
+        error = world.refused("kuberay", "create", "-f", "-", stdin=guarded)  # failurePolicy Fail: held, not unguarded
+        assert 'failed calling webhook "guard-finalizer.rayclusters.sweeps.dev"' in error
+    finally:
+        services.update(saved)
+
+
+def test_a_bad_sweep_is_refused_at_apply_and_a_running_sweeps_spec_is_frozen(world: World) -> None:
+    def sweep(name: str, **changes: Any) -> dict[str, Any]:
+        return changed(cpu_sweep(name, world.namespace), changes)
+
+    lognormal = sweep("bad-dist", **{"spec.paramSpace.lr": {"lognormal": [0.0, 1.0]}})
+    error = world.refused("tenant", "apply", "-f", "-", stdin=lognormal)
+    assert 'admission webhook "validate.trainingsweeps.sweeps.dev" denied the request' in error
+    assert "spec.paramSpace.lr" in error
+    reversed_bounds = sweep("bad-bounds", **{"spec.paramSpace.lr": {"loguniform": [0.1, 0.0001]}})
+    assert "spec.paramSpace.lr" in world.refused("tenant", "apply", "-f", "-", stdin=reversed_bounds)
+    assert world.kubectl("tenant", "get", "tsw", "bad-dist").returncode != 0  # nothing stored
+
+    name = f"digits-{uuid.uuid4().hex[:6]}"
+    world.ok("tenant", "apply", "-f", "-", stdin=sweep(name))
+    running = {"status": {"phase": "Running", "runId": "r1"}}
+    world.ok("guard-admin", "patch", "tsw", name, "--subresource=status", "--type=merge", "-p", json.dumps(running))
+    error = world.refused("tenant", "patch", "tsw", name, "--type=merge", "-p", '{"spec":{"tune":{"numSamples":99}}}')
+    assert "spec.tune: cannot change while run r1 is active" in error
+    # the status subresource is the operator's (and the guard admins'), not the tenant's
+    assert "is written by the operator" in world.refused(
+        "tenant", "patch", "tsw", name, "--subresource=status", "--type=merge", "-p", json.dumps(running)
+    )
+    assert (
+        yaml.safe_load(world.kubectl("tenant", "get", "tsw", name, "-o", "yaml").stdout)["spec"]["tune"]["numSamples"]
+        == cpu_sweep()["spec"]["tune"]["numSamples"]
+    )
+
+
+def test_the_sandbox_enforces_them_as_eks_does(tmp_path: Path) -> None:
+    """`sweepctl sandbox up`'s stack (issue 28, item 7): its kubeconfig's default context applies a bad sweep and
+    is refused at apply time; its tenant context cannot forge the guard's marks on a RayJob the operator made."""
+    from sweep_sandbox.stack import Sandbox
+
+    with Sandbox(tmp_path / "state") as sandbox:
+        assert set(sandbox.identities) == {"operator", "kuberay", "tenant", "guard-admin"}
+        world = World(sandbox.server, sandbox.kubeconfig, "default")
+        bad = changed(cpu_sweep("bad", "default"), {"spec.paramSpace.lr": {"lognormal": [0.0, 1.0]}})
+        error = world.refused("sandbox", "apply", "-f", "-", stdin=bad)
+        assert 'admission webhook "validate.trainingsweeps.sweeps.dev" denied the request' in error
+        name = f"digits-{uuid.uuid4().hex[:6]}"
+        world.ok("operator", "create", "-f", "-", stdin=rayjob(name))
+        assert "belong to the operator" in world.refused(
+            "tenant", "annotate", "rayjob", name, f"{constants.ANNOTATION_SKIP_VERIFICATION}=true"
+        )
+        world.ok("sandbox", "annotate", "rayjob", name, f"{constants.ANNOTATION_SKIP_VERIFICATION}=true")
