@@ -238,7 +238,7 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
 
         # Issue 25 defect 5: the guard's finalizer on a guarded RayCluster at its creation, whether or not the
         # operator's watch ever sees it (the chart sends only objects with the guard annotation, failurePolicy Fail).
-        @kopf.on.mutate(**RAYCLUSTERS, id=MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)  # type: ignore[arg-type]  # as sweep_admission
+        @kopf.on.mutate(**RAYCLUSTERS, id=MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)
         async def raycluster_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             finalizers = finalizers_at_create(body)
             if finalizers is not None:
