@@ -176,6 +176,39 @@ class KubeApi:
         )
         return list(custom_object(result).get("items") or [])
 
+    # ------------------------------------------------------------------------- GPUHourLedgers
+    def get_ledger(self, namespace: str) -> dict[str, Any] | None:
+        return self._get(
+            lambda: self.custom.get_namespaced_custom_object(
+                constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL, constants.LEDGER_NAME
+            )
+        )
+
+    def write_ledger(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create the namespace's ledger (no resourceVersion) or replace it at the resourceVersion it carries;
+        `Conflict` when another write came first (re-read and decide again: the reservation's atomicity)."""
+        namespace = body["metadata"]["namespace"]
+        if body["metadata"].get("resourceVersion"):
+
+            def call() -> Any:
+                return self.custom.replace_namespaced_custom_object(
+                    constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL, constants.LEDGER_NAME, body
+                )
+
+        else:
+
+            def call() -> Any:
+                return self.custom.create_namespaced_custom_object(
+                    constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL, body
+                )
+
+        try:
+            return custom_object(self._call(call, retry_conflict=False))
+        except ApiException as exc:
+            if exc.status in (409, 404):  # changed, created by another, or deleted since the read
+                raise Conflict(f"GPUHourLedger {namespace}/{constants.LEDGER_NAME} changed since it was read") from None
+            raise
+
     def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create; on AlreadyExists return the existing one. Returns (object, created)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -336,6 +369,16 @@ class KubeApi:
             lambda: self.core.list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
         )
         return list(_json(result).get("items") or [])
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a pod (a held RayCluster's worker: KubeRay no longer reconciles that cluster); False if gone."""
+        try:
+            self._call(lambda: self.core.delete_namespaced_pod(name, namespace))
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
 
     def list_events(self, namespace: str) -> list[dict[str, Any]]:
         result = self._call(lambda: self.core.list_namespaced_event(namespace, _preload_content=False))

@@ -169,6 +169,13 @@ class OperatorMetrics:
             ["namespace", "sweep", "kind"],
             registry=self.registry,
         )
+        self.idle_gpu_seconds = Counter(
+            "trainingsweep_idle_gpu_seconds",
+            "GPU-seconds held without training, by cause (held-deletion: GPU workers of a cluster whose deletion "
+            "the guard holds, counted when the operator frees them)",
+            ["namespace", "sweep", "cause"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
 
     # ------------------------------------------------------------------ events of the controller
@@ -206,6 +213,9 @@ class OperatorMetrics:
 
     def guard_bypassed(self, kind: str, namespace: str, sweep: str) -> None:
         self.guard_bypasses.labels(namespace=namespace, sweep=sweep, kind=kind).inc()
+
+    def idle_gpus(self, namespace: str, sweep: str, cause: str, gpu_seconds: float) -> None:
+        self.idle_gpu_seconds.labels(namespace=namespace, sweep=sweep, cause=cause).inc(gpu_seconds)
 
     def guard_released(self, kind: str, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -278,6 +288,7 @@ class OperatorMetrics:
             self.deadline_stops,
             self.guard_holds,
             self.budget_thresholds,
+            self.idle_gpu_seconds,
         ):
             for family in collector.describe():
                 if family.type == "counter":

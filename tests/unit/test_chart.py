@@ -209,7 +209,8 @@ NAMESPACED_GRANTS = {
     ("ray.io", "rayclusters/finalizers"): {"update"},
     ("", "events"): {"create", "patch", "get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("", "pods"): {"get", "list", "watch"},
+    # delete: the worker pods of a RayCluster the guard holds (docs/security.md, "hold the data, not the GPUs")
+    ("", "pods"): {"get", "list", "watch", "delete"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # Kueue mode: read the RayJobs' Workloads
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}

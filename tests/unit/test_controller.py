@@ -1156,3 +1156,21 @@ def test_the_other_sweeps_hours_are_read_only_for_a_namespace_window(
         assert world.reconcile(name)["phase"] == "Starting"
         world.reconcile(name)  # a running sweep's pass measures its pods
     assert bool(calls) is reads_others, calls
+
+
+def test_a_held_objects_check_that_comes_early_stays_armed(world: World) -> None:
+    """The guard's pipeline re-checks a hold after its backoff (WorkQueue.add_after); a timer that fires a hair
+    before the hold's due time must re-arm, never drop the check (the hold would then wait for an event forever)."""
+    import time
+
+    from sweep_operator.reconcile.controller import GuardKey
+
+    key = GuardKey(constants.RAYJOB_KIND, "ml", "digits-r1", "u1")
+    world.controller._guard_due[key] = time.monotonic() + 30
+    world.controller._guard_pass(key)
+    assert world.kube.calls == [], "an early check reads nothing"
+    timers = world.controller.guards._timers
+    try:
+        assert key in timers, "the check is re-armed for the rest of its backoff"
+    finally:
+        world.controller.guards.stop(timeout=0)

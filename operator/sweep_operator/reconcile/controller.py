@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts import constants
+from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS
 from sweep_contracts.problems import SpecError
+from sweep_contracts.timestamps import epoch_seconds
 
 from .. import audit
 from ..kube import KubeApi
@@ -23,7 +25,7 @@ from ..settings import Settings
 from ..status import is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, kueue, resume, run_phase, usage
+from . import admission, guard, idle_gpus, kueue, resume, run_phase, usage
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
@@ -388,9 +390,12 @@ class SweepController:
         """Read the object afresh, decide (verifying), and take the finalizer off only on a release."""
         with self._guard_lock:
             due = self._guard_due.get(key)
-            if due is not None and time.monotonic() < due:
-                return
-            self._guard_due.pop(key, None)
+            early = due - time.monotonic() if due is not None else 0.0
+            if early <= 0:
+                self._guard_due.pop(key, None)
+        if early > 0:  # a timer may fire a hair early; the check stays armed for its time
+            self.guards.add_after(key, early)
+            return
         fresh = self.kube.get_object(key.kind, key.namespace, key.name)
         meta = meta_of(fresh or {})
         if (
@@ -476,8 +481,57 @@ class SweepController:
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         rayjob, sweep = self.reads.rayjob_of_cluster(body), self.reads.sweep_of(body)
-        _, decision = self._guard(DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep))
+        try:
+            _, decision = self._guard(
+                DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
+            )
+        except RetryLater as hold:  # the data stays held; the GPUs need not (issue 26)
+            self._free_held_workers(body, rayjob, sweep)
+            hold.delay = min(hold.delay, self._until_workers_free(body, rayjob, sweep))
+            raise
         return decision.reason
+
+    def _graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
+        try:
+            spec = self.cache.parse(sweep).spec if sweep is not None else None
+        except SpecError:
+            spec = None
+        return float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
+
+    def _until_workers_free(
+        self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
+    ) -> float:
+        """Seconds until a held cluster's graceful window ends (its next check frees the workers then)."""
+        deleting = epoch_seconds(meta_of(body).get("deletionTimestamp"))
+        if deleting is None or idle_gpus.driver_stopped(rayjob):
+            return float("inf")
+        return max(1.0, deleting + self._graceful_seconds(sweep) - self.clock())
+
+    def _free_held_workers(
+        self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
+    ) -> None:
+        """Delete the worker pods of a cluster the guard holds once its driver stopped or its graceful window
+        passed; the object, its head and the finalizer stay until the checkpoints verify."""
+        ref = ObjectRef.of(body)
+        try:
+            pods = self.kube.list_pods(ref.namespace, f"{idle_gpus.LABEL_CLUSTER}={ref.name}")
+        except Exception as exc:  # the hold stands; the next check tries again
+            log.warning("RayCluster %s: cannot read its pods to free held GPUs: %s", ref, exc)
+            return
+        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self._graceful_seconds(sweep))
+        if free is None:
+            return
+        for pod in free.pods:
+            self.kube.delete_pod(ref.namespace, pod)
+        sweep_name = guard.sweep_name_of(body)
+        self.metrics.idle_gpus(ref.namespace, sweep_name, free.cause, free.gpu_seconds)
+        message = (
+            f"RayCluster {ref.name} is held until its checkpoints verify; {free.why}, so its {len(free.pods)} "
+            f"worker pod(s) were deleted (they had held {free.gpu_seconds / 3600:.3g} GPU-hours since the deletion "
+            "began); the cluster, its head and the finalizer stay"
+        )
+        for target in (body, sweep) if sweep is not None else (body,):
+            self.emit(target, "Normal", "HeldClusterWorkersReleased", message)
 
     def _guard(
         self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None

@@ -46,6 +46,12 @@ namespace otherwise.
 - apiGroups: [""]
   resources: ["pods", "events"]
   verbs: ["get", "list", "watch"]
+# Hold the data, not the GPUs: the worker pods of a RayCluster the checkpoint guard holds (KubeRay no longer
+# reconciles a deleting cluster, so nothing else frees them). RBAC cannot narrow a verb by label; the operator
+# deletes only pods labelled ray.io/node-type=worker of a cluster it holds (docs/security.md).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["delete"]
 {{- if and .Values.ha.enabled (not (include "tso.clusterWide" .)) }}
 # kopf peering between replicas, namespaced mode: a KopfPeering in each watched namespace.
 - apiGroups: ["kopf.dev", "zalando.org"]

@@ -1,0 +1,84 @@
+"""Hold the data, not the GPUs (issue 26, section 2), through the whole operator on loopback: kopf, the KubeRay
+stand-in with emulated pods, the API emulator, moto S3 and the real verifier."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server)
+    environment.standin.emulate_pods = True
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def _pods(env: OperatorEnv, cluster: str) -> dict[str, str]:
+    """name -> node type of the cluster's pods that are not being deleted."""
+    pods = env.core.list_namespaced_pod("default", label_selector=f"ray.io/cluster={cluster}").items
+    return {p.metadata.name: p.metadata.labels["ray.io/node-type"] for p in pods if not p.metadata.deletion_timestamp}
+
+
+def test_a_held_cluster_loses_its_gpu_workers_after_the_graceful_window_and_stays_held(env: OperatorEnv) -> None:
+    """KubeRay deletes a running sweep's RayCluster (as a TTL or a Kueue preemption would) while a checkpoint file
+    is missing: the guard holds it, and KubeRay no longer reconciles it, so its GPU workers would run until the
+    checkpoints verify. Once the graceful window has passed they are deleted; the cluster, its head pod and the
+    finalizer stay, the hold goes on, and the cluster goes once the checkpoints verify."""
+    doc = env.new_sweep(
+        "idle",
+        gpu=True,
+        spec__workerGroup__minReplicas=4,
+        spec__deadlines={"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 3},
+    )
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    cluster = env.wait_phase(name, "Running")["rayClusterName"]
+    workers = wait_for(
+        lambda: [p for p, kind in _pods(env, cluster).items() if kind == "worker"] or None,
+        TIMEOUT,
+        what="GPU worker pods",
+    )
+    wait_for(
+        lambda: (
+            constants.FINALIZER
+            in ((env.get(constants.RAYCLUSTER_PLURAL, cluster) or {})["metadata"]).get("finalizers", [])
+        ),
+        TIMEOUT,
+        what="cluster guarded",
+    )
+    synthetic.delete_file()
+    env.delete_ray(constants.RAYCLUSTER_PLURAL, cluster)
+    wait_for(lambda: "CheckpointsNotVerified" in env.event_reasons(cluster), TIMEOUT, what="the cluster held")
+    wait_for(
+        lambda: not [p for p, kind in _pods(env, cluster).items() if kind == "worker"],
+        TIMEOUT,
+        what="the held cluster's workers deleted",
+    )
+    held = env.get(constants.RAYCLUSTER_PLURAL, cluster)
+    assert held is not None and constants.FINALIZER in held["metadata"]["finalizers"], "the data stays held"
+    assert "head" in _pods(env, cluster).values(), "the head stays"
+    notice = [e.message for e in env.events(cluster) if e.reason == "HeldClusterWorkersReleased"]
+    assert notice and f"{len(workers)} worker pod(s)" in notice[0] and "graceful window" in notice[0], notice
+    metric = env.operator.controller.metrics.idle_gpu_seconds.labels(
+        namespace="default", sweep=name, cause="held-deletion"
+    )._value.get()
+    assert metric > 0, "the hold's GPU-seconds are recorded"
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    wait_for(lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster) is None, TIMEOUT, what="released once verified")
