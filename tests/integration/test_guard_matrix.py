@@ -31,7 +31,7 @@ from tests.support.sweep_factory import SyntheticSweep, write_sweep
 
 pytestmark = pytest.mark.integration
 
-# The 35 cells wait concurrently in this process, beside the emulator, the stand-in and the operator: polling at
+# The 40 cells wait concurrently in this process, beside the emulator, the stand-in and the operator: polling at
 # the helpers' default (20 ms) made the cells' own reads most of the load and starved the guard's re-checks on a
 # busy machine. A quarter second is far below every backoff and deadline asserted here.
 POLL = 0.25
@@ -45,6 +45,7 @@ COLUMNS = (
     "trial-dir-missing",
     "s3-5xx",
     "s3-unreachable",
+    "forged-progress",
 )
 # What the verifier must report in each broken column (a problem kind of verification.py).
 EXPECTED_KIND = {
@@ -54,7 +55,12 @@ EXPECTED_KIND = {
     "trial-dir-missing": "missing-trial",
     "s3-5xx": "s3-error",
     "s3-unreachable": "s3-error",
+    "forged-progress": "missing-file",
 }
+# The record kopf's on.delete handlers kept (kopf/_cogs/configs/progress.py, AnnotationsProgressStorage) and the
+# previous operator trusted: a tenant writes "done" on the held object (issue 25, defect 1).
+FORGED_PROGRESS = '{"started":"2026-12-01T00:00:00.000000+00:00","purpose":"delete","retries":1,"success":true}'
+HANDLER_OF = {"TrainingSweep": "sweep_deleted", "RayJob": "rayjob_deleted", "RayCluster": "raycluster_deleted"}
 MUTATING = frozenset({"delete_object", "delete_objects", "put_object", "copy_object", "upload_file", "upload_fileobj"})
 
 
@@ -190,7 +196,7 @@ def _break(cell: Cell) -> str:
     """Put the run into the cell's column; returns the key the verifier must name (or "")."""
     synthetic = cell.synthetic
     assert synthetic is not None
-    if cell.column == "file-missing":
+    if cell.column in ("file-missing", "forged-progress"):
         return synthetic.delete_file()
     if cell.column == "file-truncated":
         return synthetic.truncate_file()
@@ -298,6 +304,23 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
     return "RayJob", lambda: env.get(constants.RAYJOB_PLURAL, rayjob)
 
 
+def _forge_progress(cell: Cell, kind: str, obj: dict[str, Any] | None) -> None:
+    """Write kopf's "done" record for the guard's deletion handler on the held object, as a tenant could."""
+    assert obj is not None
+    key = f"{constants.GROUP}/build_registry._locals_.{HANDLER_OF[kind]}"
+    patch = {"metadata": {"annotations": {key: FORGED_PROGRESS}}}
+    name = obj["metadata"]["name"]
+    if kind == "TrainingSweep":
+        cell.env.custom.patch_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, patch
+        )
+    else:
+        plural = constants.RAYJOB_PLURAL if kind == "RayJob" else constants.RAYCLUSTER_PLURAL
+        cell.env.custom.patch_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, "default", plural, name, patch
+        )
+
+
 def _run_cell(cell: Cell) -> None:
     _apply(cell)
     env = cell.env
@@ -319,6 +342,8 @@ def _run_cell(cell: Cell) -> None:
             interval=POLL,
             what=f"{cell.name}: {kind} being deleted",
         )
+        if cell.column == "forged-progress":
+            _forge_progress(cell, kind, held())
         # "Still held" is judged after two re-checks that saw the problem, not after a sleep.
         wait_for(
             lambda: len([s for s in cell.verifications(broken_at) if expected in s.kinds and not s.verified]) >= 2,

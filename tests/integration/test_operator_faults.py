@@ -111,13 +111,26 @@ class RandomErrors(ErrorInjector):
 
 
 def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any) -> None:
-    """Every sweep gets exactly one RayJob and finishes; every deletion goes through the guard and is released."""
+    """Every sweep gets exactly one RayJob and finishes; every deletion goes through the guard, which verifies the
+    checkpoints each run left: exactly the runs with a corrupted checkpoint are held (verification saw the missing
+    file), every other one is released as verified, and the held ones go once repaired (issue 25: an empty-root
+    release looks the same whether the guard is right or wrong, so every run has real checkpoints)."""
     env, stop = start_operator_env(s3_server)
     env.poll = 0.25  # 200 sweeps to watch: the test's own reads stay a small share of the shared process
     try:
         env.operator.controller.kube.api_client.user_agent = "sweep-operator-under-test"
         injector = RandomErrors(0.10, ("kopf/", "sweep-operator-under-test"))
         env.server.emulator.errors = injector
+        seen: list[tuple[str, bool, int, frozenset[str]]] = []  # what each verification saw (Events may be lost)
+        controller = env.operator.controller
+        real_verify = controller.verify
+
+        def spy(client: Any, root: str, **kwargs: Any) -> Any:
+            result = real_verify(client, root, **kwargs)
+            seen.append((root, result.verified, result.checked, frozenset(p.kind for p in result.problems)))
+            return result
+
+        controller.verify = spy
         ns = "chaos"
         names = []
         for i in range(200):
@@ -133,20 +146,43 @@ def test_two_hundred_sweeps_converge_under_ten_percent_api_errors(s3_server: Any
         per_sweep = [rj["metadata"]["labels"][constants.LABEL_SWEEP] for rj in rayjobs]
         assert sorted(per_sweep) == sorted(names), "exactly one RayJob per sweep"
         assert sum(injector.answered.values()) > 100, f"the operator met errors: {injector.answered}"
+        runs = {}
+        for name in names:  # each run leaves real checkpoints; every twentieth loses a file
+            _, prefix = env.run_root(name, ns)
+            runs[name] = (prefix, write_sweep(env.s3_client, env.bucket, prefix, trials=1, checkpoints=1, files=1))
+        corrupted = set(names[::20])
+        for name in corrupted:
+            runs[name][1].delete_file()
         for name in names:
             env.delete_sweep(name, ns)
-        wait_for(
-            lambda: (
-                not env.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, ns, constants.PLURAL)[
-                    "items"
-                ]
-            ),
-            240,
-            interval=0.25,
-            what="every sweep released",
-        )
-        releases = [e for e in env.core.list_namespaced_event(ns).items if e.reason == "CheckpointGuardBypassed"]
-        assert {e.involved_object.name for e in releases} >= set(names), "each sweep released by the guard, audited"
+
+        def sweeps_left() -> set[str]:
+            items = env.custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, ns, constants.PLURAL)
+            return {s["metadata"]["name"] for s in items["items"]}
+
+        def saw(name: str, verified: bool, kind: str = "") -> bool:
+            root = f"s3://{env.bucket}/{runs[name][0]}"
+            return any(
+                r == root and v is verified and (not kind or kind in k) and (c > 0 or not v) for r, v, c, k in seen
+            )
+
+        wait_for(lambda: sweeps_left() <= corrupted, 240, interval=0.25, what="every intact run released")
+        wait_for(lambda: all(saw(name, False, "missing-file") for name in corrupted), 240, interval=0.25, what="held")
+        assert sweeps_left() == corrupted, "exactly the corrupted runs are held"
+        intact = set(names) - corrupted
+        assert all(saw(name, True) for name in intact), "every intact run was released on a verification that passed"
+        events = env.core.list_namespaced_event(ns).items
+        # A cluster KubeRay deleted when its job ended (before the run wrote checkpoints) is rightly released as
+        # "nothing to protect", told on it and its sweep; no sweep's own deletion may be released that way.
+        bypassed = {
+            e.involved_object.name
+            for e in events
+            if e.reason == "CheckpointGuardBypassed" and (e.message or "").startswith("TrainingSweep ")
+        }
+        assert not bypassed & set(names), f"released without verification: {sorted(bypassed & set(names))}"
+        for name in corrupted:
+            write_sweep(env.s3_client, env.bucket, runs[name][0], trials=1, checkpoints=1, files=1)
+        wait_for(lambda: not sweeps_left(), 240, interval=0.25, what="the repaired runs released")
     finally:
         stop()
 

@@ -352,27 +352,40 @@ def test_a_slow_bucket_at_the_end_of_a_run_holds_no_reconcile_worker() -> None:
 
 def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learnt_it() -> None:
     """A guard target written before the guard policy (or with it off) may still name a forged endpoint: the
-    client cache hands out a client that refuses every call, the real verifier reports it and nothing is sent."""
-    from sweep_operator.handlers import RefusedEndpoint
-    from sweep_operator.verification import verify_sweep_checkpoints
+    operator's own wiring (handlers.build_controller, as `python -m sweep_operator` builds it) hands out a client
+    that refuses every call, the guard's verification reports it, and nothing is built for or sent to it."""
+    from unittest import mock
 
-    built: list[str] = []
+    import kubernetes
+
+    from sweep_operator import s3 as s3_module
+    from sweep_operator.handlers import RefusedEndpoint, build_controller
+    from sweep_operator.reconcile.guard import GuardTarget
+
     settings = Settings(tenancy=TENANCY, s3_endpoint_url="http://minio.default.svc:9000")
-    cache = S3ClientCache(
-        4,
-        lambda endpoint, region: built.append(endpoint) or object(),
-        allowed=lambda e: e == settings.s3_endpoint_url or settings.tenancy.endpoint_allowed(e),
-    )
-    refused = cache("http://169.254.169.254", "us-west-2")
-    assert isinstance(refused, RefusedEndpoint) and built == [] and len(cache) == 0
-    cache(settings.s3_endpoint_url, "")  # the operator's own default is the platform's choice
-    cache("https://s3.us-west-2.amazonaws.com", "us-west-2")
-    assert built == [settings.s3_endpoint_url, "https://s3.us-west-2.amazonaws.com"]
-    result = verify_sweep_checkpoints(
-        refused, "s3://bucket/sweeps/team-a/digits-r1", concurrency=2, timeout_seconds=10, min_retention_days=30
-    )
+    built: list[str] = []
+    real_make = s3_module.make_s3_client
+
+    def recording(config: Any) -> Any:
+        built.append(config.endpoint_url)
+        return real_make(config)
+
+    with mock.patch.object(s3_module, "make_s3_client", recording):
+        controller = build_controller(settings, kubernetes.client.ApiClient())  # no request is made
+        try:
+            refused = controller.s3_client_for("http://169.254.169.254", "us-west-2")
+            assert isinstance(refused, RefusedEndpoint) and built == []
+            controller.s3_client_for(settings.s3_endpoint_url, "")  # the operator's own default is the platform's
+            controller.s3_client_for("https://s3.us-west-2.amazonaws.com", "us-west-2")
+            assert built == [settings.s3_endpoint_url, "https://s3.us-west-2.amazonaws.com"]
+            target = GuardTarget("s3://bucket/sweeps/team-a/digits-r1", "http://169.254.169.254", "us-west-2")
+            result = controller.reads.verify(target)
+        finally:
+            controller.close()
+            controller.verification_pool.shutdown(wait=False, cancel_futures=True)
     assert not result.verified and result.checked == 0
     assert any("169.254.169.254" in p.detail and "allowedEndpointHosts" in p.detail for p in result.problems)
+    assert built == [settings.s3_endpoint_url, "https://s3.us-west-2.amazonaws.com"], "a client for the forged host"
 
 
 def test_an_entry_with_a_port_allows_that_port_only() -> None:
