@@ -26,7 +26,8 @@ from . import ray_internals, storage
 logger = logging.getLogger(__name__)
 
 # The abort waits for the controller to abort its workers (Train gives them 5 s) and to stop its placement-group
-# cleaner (up to 12 s when the State API is slow); a stopping trial is force-killed by Tune only after 600 s.
+# cleaner (up to 12 s when the State API is slow); a stopping trial is force-killed by Tune only after 600 s. When the
+# experiment itself ends Tune allows 10 s, but then the driver exits and Ray removes every placement group of its job.
 ABORT_TIMEOUT_S = 30.0
 # Tune's force-kill of a stopping trial actor (TUNE_FORCE_TRIAL_CLEANUP_S) minus this margin bounds the abort.
 FORCE_KILL_MARGIN_S = 5.0
