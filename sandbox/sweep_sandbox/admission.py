@@ -195,8 +195,11 @@ class _Cel:
 
     @staticmethod
     def evaluate(program: Any, activation: Mapping[str, Any], expression: str) -> Any:
-        result = program.evaluate(activation)
-        if isinstance(result, Exception):  # cel-python returns a CELEvalError rather than raising it
+        try:
+            result = program.evaluate(activation)
+        except Exception as error:  # cel-python raises some errors (a missing key) and returns others
+            raise CelError(f"expression '{expression}' resulted in error: {error}") from error
+        if isinstance(result, Exception):
             raise CelError(f"expression '{expression}' resulted in error: {result}")
         return result
 
@@ -328,9 +331,10 @@ class PolicyEvaluator:
                     return Decision(False, ())
             variables = celtypes.MapType({})
             activation["variables"] = variables
-            for name, _expression, program in self.variables:
-                # a variable's error surfaces only where it is used (lazy in cel-go): stored as the error
-                variables[celtypes.StringType(name)] = program.evaluate(activation)
+            for name, expression, program in self.variables:
+                # cel-go evaluates a variable where it is first used; here at once, so an unused variable's
+                # error denies too (the chart's variables are all used)
+                variables[celtypes.StringType(name)] = cel.evaluate(program, activation, expression)
             denials, reasons = [], []
             for expression, rule, message, message_program, reason in self.validations:
                 if cel.boolean(rule, activation, expression):

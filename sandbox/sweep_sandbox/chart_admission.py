@@ -117,7 +117,9 @@ def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str,
     for identity in people.values():
         server.emulator.admission.users[identity.token] = identity.user
     api = server.api_client()
-    core, admission = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
+    # Any: raw JSON documents in (the typed models would re-spell the chart's YAML)
+    core: Any = k8s.CoreV1Api(api)
+    admission: Any = k8s.AdmissionregistrationV1Api(api)
     for namespace in (RELEASE_NAMESPACE, KUBERAY_NAMESPACE):
         try:
             core.create_namespace({"metadata": {"name": namespace}})
