@@ -1,7 +1,8 @@
 """Train loop for test_entrypoints_trial_stop.py (imported by Ray workers as `tests.e2e.stop_probe_loop:train_loop`).
 
-Rank 0 records Ray's placement-group table once its own worker group is up, then reports a tiny checkpoint per step
-for more steps than the sweep's ASHA lets any trial run, so every trial is still training when Tune stops it.
+Rank 0 records Ray's placement-group table once its own worker group is up, then reports a tiny checkpoint per step:
+`steps` times, except at x=3, which reports `steps_at_x_3` times (the sweep sets it to ASHA's maxT, so Tune stops that
+trial on its last report, racing the run's own end, as examples/digits-gpu-eks.yaml's maxT 6 with 6 epochs does).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0 and os.environ.get(PROBE_DIR_ENV):
         record_placement_groups(config["_sweep"]["trialId"], Path(os.environ[PROBE_DIR_ENV]))
     score = -((float(config["x"]) - 3.0) ** 2)
-    for step in range(int(config["steps"])):
+    steps = config["steps_at_x_3"] if float(config["x"]) == 3.0 else config["steps"]
+    for step in range(int(steps)):
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "step").write_text(str(step))
             ray.train.report(

@@ -22,10 +22,12 @@ from training_entrypoints import trial_stop
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-# Two reports more than ASHA's maxT lets any trial make: when Tune stops a trial, its controller is still training, held
-# in a report that nobody reads (the case where an abort has to drain the report queue to get through).
+MAX_T = 2
+# x=3 scores best and runs to maxT, stopped by Tune on its last report; the others fall below ASHA's cutoff at the
+# first rung with 3 reports still to make: their controllers are held in a report nobody reads when Tune stops them
+# (the case where the abort has to drain the report queue to get through).
+X_GRID = [3, 1, 0, -1]
 STEPS = 4
-X_GRID = [3, 1, 0, -1]  # x=3 scores best and runs to maxT; the others fall below ASHA's cutoff at the first rung
 
 
 def asha_sweep() -> dict[str, Any]:
@@ -35,14 +37,14 @@ def asha_sweep() -> dict[str, Any]:
         cpu_sweep("asha-stop"),
         {
             "spec.trainLoop": "tests.e2e.stop_probe_loop:train_loop",
-            "spec.paramSpace": {"x": {"grid": X_GRID}, "steps": STEPS},
+            "spec.paramSpace": {"x": {"grid": X_GRID}, "steps": STEPS, "steps_at_x_3": MAX_T},
             "spec.tune": {
                 "metric": "score",
                 "mode": "max",
                 "numSamples": 1,
                 "maxConcurrentTrials": 1,
                 "searcher": {"type": "grid"},
-                "scheduler": {"type": "asha", "maxT": 2, "gracePeriod": 1},
+                "scheduler": {"type": "asha", "maxT": MAX_T, "gracePeriod": 1},
             },
             "spec.trial": {
                 "workers": 1,
@@ -70,10 +72,10 @@ def worker_group_ids(table: dict[str, Any]) -> set[str]:
 def test_asha_stops_free_each_trials_worker_group_so_all_four_trials_run_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """ASHA stops three trials at the first rung and the fourth at maxT (R13); each stop ends the trial's Train run
-    through `TrainController.abort()`, so when the next trial's worker group is up, no earlier group is alive (R14).
-    The stopped trials end TERMINATED and the sweep Succeeded on its own (R12: no retry hides a leak); the checkpoint
-    folders the stops left uncommitted are gone (R11), the committed ones kept (R7)."""
+    """ASHA stops three trials at the first rung and the best one on its last report, at maxT (R13); each stop ends
+    the trial's Train run through `TrainController.abort()`, so when the next trial's worker group is up, no earlier
+    group is alive (R14). The stopped trials end TERMINATED and the sweep Succeeded on its own (R12: no retry hides a
+    leak); the checkpoint folders the stops left uncommitted are gone (R11), the committed ones kept (R7)."""
     probes = tmp_path / "probes"
     probes.mkdir()
     monkeypatch.setenv(PROBE_DIR_ENV, str(probes))
