@@ -211,7 +211,9 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
             "AWS_SECRET_ACCESS_KEY",
             "AWS_REGION",
             "SWEEP_SANDBOX_BUCKET",
+            "PATH",  # this interpreter's bin first: the tested kubectl and kubectl-sweep (issue 28, item 9)
         }
+        assert exports["PATH"].startswith(str(Path(sys.executable).parent)), exports["PATH"]
         kenv = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
         kubectl = str(Path(sys.executable).with_name("kubectl"))
         manifest = yaml.safe_load((REPO / "examples" / "review-scalar.yaml").read_text())
