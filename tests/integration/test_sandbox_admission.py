@@ -214,3 +214,68 @@ def test_the_sandbox_enforces_them_as_eks_does(tmp_path: Path) -> None:
             "tenant", "annotate", "rayjob", name, f"{constants.ANNOTATION_SKIP_VERIFICATION}=true"
         )
         world.ok("sandbox", "annotate", "rayjob", name, f"{constants.ANNOTATION_SKIP_VERIFICATION}=true")
+
+
+def test_a_whole_run_passes_admission_as_each_actor_and_its_cluster_is_born_guarded(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    """The operator (its token), the KubeRay stand-in (KubeRay's) and a tenant's kubectl through the chart's policy
+    and webhooks: the sweep runs to Succeeded (no write of the operator's or KubeRay's is refused), and the first
+    stored version of the RayCluster KubeRay creates already carries the guard's finalizer (the mutating webhook,
+    not the operator's watch, put it there)."""
+    from sweep_operator.s3 import S3ClientConfig, make_s3_client
+    from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
+    from tests.support.operator_env import OperatorEnv, S3Switch
+
+    docs = chart_admission.render()
+    port = chart_admission.free_port()
+    bucket = f"adm-{uuid.uuid4().hex[:8]}"
+    s3_client = s3_server.client()
+    s3_client.create_bucket(Bucket=bucket)
+    settings = chart_admission.operator_settings(
+        docs,
+        Settings(
+            reconcile_seconds=1.0,
+            status_poll_seconds=0.5,
+            ttl_seconds_after_finished=600,  # the cluster stays: no guard run races the teardown
+            s3_endpoint_url=s3_server.endpoint_url,
+            s3_region="us-east-1",
+            metrics_port=0,
+            liveness_port=0,
+        ),
+        port,
+        tmp_path / "tls",
+    )
+    client = make_s3_client(S3ClientConfig(endpoint_url=s3_server.endpoint_url, region="us-east-1", max_attempts=2))
+    with EmulatorServer(tls=True) as server:
+        people = chart_admission.install(server, docs, port)
+        server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", users={c: i.token for c, i in people.items()})
+        runner = ScriptedRunner(default=Outcome.succeed(1.0, startup=0.3))
+        standin = KubeRayStandIn(server.api_client(people["kuberay"].token), runner, poll_interval=0.2)
+        standin.start()
+        try:
+            with OperatorThread(
+                settings,
+                server.url,
+                token=people["operator"].token,
+                ca_file=server.ca_file,
+                s3_client_for=lambda endpoint, region: client,
+            ) as operator:
+                chart_admission.wait_for_webhook(server)
+                env = OperatorEnv(
+                    server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket,
+                    S3Switch(lambda endpoint, region: client),
+                )  # fmt: skip
+                doc = env.new_sweep("adm")
+                name = doc["metadata"]["name"]
+                World(server, kubeconfig, "default").ok("tenant", "apply", "-f", "-", stdin=doc)
+                env.wait_phase(name, "Succeeded")
+                # the end-of-run verification writes the status too: through admission, and before the server stops
+                env.wait_status(name, lambda s: "checkpoints" in s, "checkpoints verified")
+                (rayjob_obj,) = env.rayjobs(name)
+                cluster = rayjob_obj["status"]["rayClusterName"]
+                first = server.history("ray.io", "v1", "rayclusters", "default", cluster)[0]
+                assert constants.FINALIZER in first["metadata"]["finalizers"]
+        finally:
+            standin.stop()
