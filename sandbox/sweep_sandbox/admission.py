@@ -179,9 +179,12 @@ class _Cel:
 
     def __init__(self) -> None:
         self.compiler = CelCompiler()
+        self._programs: dict[str, Any] = {}
 
     def program(self, text: str, where: str) -> Any:
-        return self.compiler._program(text, where)
+        if text not in self._programs:  # webhooks' matchConditions are met on every request
+            self._programs[text] = self.compiler._program(text, where)
+        return self._programs[text]
 
     def activation(self, request: AdmissionRequest) -> dict[str, Any]:
         return {
