@@ -203,9 +203,8 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
             controller.forget_sweep(body)
             return
-        if body.metadata.deletion_timestamp:
+        if body.metadata.deletion_timestamp:  # kopf stops a deleting object's timers: the held pass schedules itself
             await _guard_deletion(controller, constants.KIND, body)
-            return
         await _off_loop_unless_queued(controller, controller.sweep_event, body)
 
     # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate

@@ -82,3 +82,34 @@ def test_a_held_cluster_loses_its_gpu_workers_after_the_graceful_window_and_stay
     assert metric > 0, "the hold's GPU-seconds are recorded"
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
     wait_for(lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster) is None, TIMEOUT, what="released once verified")
+
+
+def test_a_sweep_deleted_while_held_is_still_stopped_at_its_deadline(env: OperatorEnv) -> None:
+    """Issue 26, section 3: the sweep is deleted while a checkpoint file is missing, so the guard holds it before
+    its RayJob is deleted; its RayJob keeps running. The sweep's deadline (30 s, 1 s graceful window) still stops
+    it: the RayJob is deleted (KubeRay stops the Ray job) while the sweep stays held, and both go once verified."""
+    doc = env.new_sweep("late", spec__deadlines={"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 1})
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    status = env.wait_phase(name, "Running")
+    rayjob = status["rayJobName"]
+    synthetic.delete_file()
+    env.delete_sweep(name)
+    wait_for(lambda: "CheckpointsNotVerified" in env.event_reasons(name), TIMEOUT, what="the sweep held")
+    wait_for(
+        lambda: ((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("metadata") or {}).get("deletionTimestamp"),
+        TIMEOUT,
+        what="the RayJob stopped at the deadline while the sweep is held",
+    )
+    assert env.sweep(name) is not None, "the sweep is still held"
+    stopped = [e.message for e in env.events(name) if e.reason == "StoppedWhileHeld"]
+    assert stopped and "deadline" in stopped[0], stopped
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    wait_for(
+        lambda: env.sweep(name) is None and env.get(constants.RAYJOB_PLURAL, rayjob) is None,
+        TIMEOUT,
+        what="released once verified",
+    )

@@ -317,8 +317,21 @@ def test_ever_ran_and_trials_started() -> None:
         ({"phase": "Succeeded"}, False, False, True),
         ({"phase": "Succeeded", "checkpoints": {"verifiedAt": rfc3339(T0)}}, False, True, False),
         ({"phase": "Running"}, True, True, False),
+        ({"phase": "Deleting", "runId": "r1", "deadlineAt": rfc3339(T0 - 1)}, True, False, True),
+        ({"phase": "Deleting", "runId": "r1", "deadlineAt": rfc3339(T0 + 60)}, True, True, False),
     ],
-    ids=["new", "queued", "steady", "progress due", "deadline passed", "unverified end", "verified end", "deleting"],
+    ids=[
+        "new",
+        "queued",
+        "steady",
+        "progress due",
+        "deadline passed",
+        "unverified end",
+        "verified end",
+        "deleting",
+        "held past its deadline",  # issue 26, section 3: the held run's RayJob is still stopped at its deadline
+        "held before its deadline",
+    ],
 )
 def test_tick_due(status: dict[str, Any], deleting: bool, poll_due: bool, due: bool) -> None:
     body = {

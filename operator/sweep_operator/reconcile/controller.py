@@ -181,7 +181,10 @@ class SweepController:
         try:
             for attempt in range(3):
                 fresh = self.reads.sweep(ref, reread=attempt > 0)
-                if fresh is None or meta_of(fresh).get("deletionTimestamp"):
+                if fresh is None:
+                    return
+                if meta_of(fresh).get("deletionTimestamp"):
+                    self._held_pass(fresh)  # the guard's pipeline decides the deletion itself
                     return
                 if guard.missing_finalizer(fresh):
                     fresh = self.kube.add_finalizer(fresh)
@@ -196,6 +199,38 @@ class SweepController:
             log.info("sweep %s kept changing during three reconciles; the next event or tick retries", ref)
         finally:
             self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def _held_pass(self, body: Mapping[str, Any]) -> None:
+        """A sweep being deleted keeps its deadline, its GPU-hour budget and its measuring while the guard holds it
+        (its RayJob runs until the guard releases the sweep): a deadline or a spent budget still stops the RayJob,
+        and status.usage keeps counting. Nothing else of the run phase applies (no admission, no resume)."""
+        if not status_of(body).get("runId"):
+            return
+        facts = self.reads.run_facts(self.reads.sweep_facts(body, self.clock()))
+        if facts.rayjob is None or facts.rayjob.deleting:
+            return
+        # kopf runs no timer for an object being deleted: this pass asks for its own next one.
+        next_in = run_phase.held_pass_due_in(facts, self.settings.reconcile_seconds, usage.usage_open(body))
+        if next_in is not None:
+            self.queue.add_after(facts.ref, next_in)
+        measured = self._measured(facts, Decision(None))
+        stops = [a for a in measured.actions if isinstance(a, DeleteRayJob)]
+        why = "its GPU-hour budget is spent" if stops else ""
+        if not stops and run_phase.deadline_stop_while_held(facts):
+            stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
+        for stop in stops:
+            self.kube.delete_rayjob(facts.ref.namespace, stop.name)
+            self.emit(
+                body,
+                "Warning",
+                "StoppedWhileHeld",
+                f"RayJob {stop.name} stopped while the sweep's deletion is held: {why}",
+            )
+            if why.startswith("its deadline"):
+                self.metrics.deadline_stopped(facts.ref.namespace, facts.ref.name)
+        new_usage = (measured.status or {}).get("usage")
+        if new_usage is not None and new_usage != facts.status.get("usage"):
+            self.status.write(body, updated(facts.status, {"usage": new_usage}), ())
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         facts = self.reads.sweep_facts(body, self.clock())

@@ -38,6 +38,31 @@ def deadline_passed(now: float, deadline: float, grace: float) -> bool:
     return now >= deadline + grace
 
 
+def deadline_stop_while_held(facts: SweepFacts) -> bool:
+    """A sweep whose deletion the guard holds keeps its clock: its RayJob still runs until the guard releases the
+    sweep, so the operator's deadline stop (the deadline and its graceful window passed) still applies."""
+    status, spec = facts.status, facts.admitted_spec
+    deadline = parse_time(status.get("deadlineAt"))
+    if deadline is None or facts.rayjob is None or facts.rayjob.deleting or facts.rayjob.finished:
+        return False
+    grace = spec.deadlines.graceful_stop_seconds if spec is not None else 0
+    return deadline_passed(facts.now, deadline.timestamp(), grace)
+
+
+def held_pass_due_in(facts: SweepFacts, interval: float, measuring: bool) -> float | None:
+    """Seconds until a held sweep's next pass: its deadline stop, or the next measurement while its pods hold GPUs
+    (every `interval`); None when nothing is left to watch (the RayJob has ended)."""
+    if facts.rayjob is None or facts.rayjob.deleting or facts.rayjob.finished:
+        return interval if measuring else None
+    deadline = parse_time(facts.status.get("deadlineAt"))
+    spec = facts.admitted_spec
+    grace = spec.deadlines.graceful_stop_seconds if spec is not None else 0
+    waits = [interval] if measuring else []
+    if deadline is not None:
+        waits.append(max(0.5, deadline.timestamp() + grace - facts.now))
+    return min(waits) if waits else None
+
+
 def trials_started(trials: Mapping[str, Any]) -> bool:
     return any(int(trials.get(state) or 0) > 0 for state in ("running", "terminated", "errored"))
 
@@ -79,7 +104,9 @@ def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) 
     status = body.get("status") or {}
     phase = status.get("phase")
     if (body.get("metadata") or {}).get("deletionTimestamp"):
-        return False
+        # Held by the guard, a run's RayJob still runs: its deadline still stops it (controller._held_pass).
+        deadline = parse_time(status.get("deadlineAt"))
+        return bool(status.get("runId")) and deadline is not None and now >= deadline.timestamp()
     if is_terminal(phase):
         return awaiting_verification(status) or resume_pending(body)
     if phase in (None, "Pending", "Queued", "Starting", "Suspended"):

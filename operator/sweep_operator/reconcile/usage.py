@@ -768,8 +768,9 @@ def decide_pods_measured(
 
 
 def usage_open(body: Mapping[str, Any]) -> bool:
-    """An ended run's GPU pods are measured (and ticked) until they are gone, unless the sweep is being deleted."""
-    return not (body.get("metadata") or {}).get("deletionTimestamp") and holding_gpus(body.get("status") or {})
+    """An ended run's GPU pods are measured (and ticked) until they are gone, a sweep being deleted included: the
+    guard may hold it while its pods still hold GPUs."""
+    return holding_gpus(body.get("status") or {})
 
 
 def decide_gpu_hour_answer(
