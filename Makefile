@@ -55,11 +55,13 @@ bench: setup
 	$(PY) bench/entrypoint_overhead.py
 	$(PY) bench/operator_scale.py
 
-# Regenerate the CRD (and the chart's copy) from contracts/sweep_contracts/api.py.
+# Regenerate the CRDs (and the chart's copies) from contracts/sweep_contracts/api.py.
 crd: setup
 	$(PY) -m sweep_operator.crd > crds/trainingsweeps.sweeps.dev.yaml
 	mkdir -p charts/trainingsweep-operator/crds
 	cp crds/trainingsweeps.sweeps.dev.yaml charts/trainingsweep-operator/crds/
+	$(PY) -m sweep_operator.crd --ledger > crds/gpuhourledgers.sweeps.dev.yaml
+	cp crds/gpuhourledgers.sweeps.dev.yaml charts/trainingsweep-operator/crds/
 	$(PY) -m sweep_operator.crd --markdown > docs/trainingsweep-reference.md
 
 clean:

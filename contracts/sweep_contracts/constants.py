@@ -17,6 +17,15 @@ SHORT_NAME: Final = "tsw"
 CATEGORY: Final = "ml"
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 CRD_FILENAME: Final = f"{CRD_NAME}.yaml"
+# The namespace's GPU-hour ledger (docs/budgets.md): one object per namespace with a GPU-hour budget, written only
+# by the operator, readable by the namespace's users (kubectl get gpuhourledgers).
+LEDGER_KIND: Final = "GPUHourLedger"
+LEDGER_PLURAL: Final = "gpuhourledgers"
+LEDGER_SINGULAR: Final = "gpuhourledger"
+LEDGER_SHORT_NAME: Final = "gpuledger"
+LEDGER_NAME: Final = "gpu-hours"  # the one ledger object of a namespace
+LEDGER_CRD_NAME: Final = f"{LEDGER_PLURAL}.{GROUP}"
+LEDGER_CRD_FILENAME: Final = f"{LEDGER_CRD_NAME}.yaml"
 
 FINALIZER: Final = "sweeps.dev/checkpoint-guard"
 LABEL_SWEEP: Final = "sweeps.dev/sweep"

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from sweep_contracts import constants
-from sweep_contracts.api import SchedulerSpec, SweepSpec, SweepStatus
+from sweep_contracts.api import GPUHourLedgerSpec, GPUHourLedgerStatus, SchedulerSpec, SweepSpec, SweepStatus
 
 from .validation import RESUME_RULES
 
@@ -313,9 +313,82 @@ def build_crd() -> dict[str, Any]:
     }
 
 
+LEDGER_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Used", "type": "number", "jsonPath": ".status.usedGpuHours", "description": "GPU-hours in the window"},
+    {
+        "name": "Reserved",
+        "type": "number",
+        "jsonPath": ".status.reservedGpuHours",
+        "description": "GPU-hours promised to admitted attempts, not yet used",
+    },
+    {"name": "Limit", "type": "number", "jsonPath": ".spec.gpuHours", "description": "GPU-hours per window"},
+    {"name": "Window", "type": "string", "jsonPath": ".status.window", "description": "The rolling window"},
+    {
+        "name": "Frees-At",
+        "type": "string",
+        "jsonPath": ".status.freesAt",
+        "description": "When budget frees up (UTC); empty: there is room now",
+    },
+    {"name": "Updated", "type": "date", "jsonPath": ".status.updatedAt"},
+]
+
+
+def build_ledger_crd() -> dict[str, Any]:
+    """The GPUHourLedger CRD: one object per namespace, written only by the operator (docs/budgets.md). No status
+    subresource: a reservation is one whole-object write with the resourceVersion precondition."""
+    spec_schema = model_schema(GPUHourLedgerSpec, with_defaults=False)
+    spec_schema["description"] = "The namespace's budget, copied from the operator's settings (the platform team's)."
+    status_schema = model_schema(GPUHourLedgerStatus, with_defaults=False)
+    status_schema["description"] = "Every GPU-second the namespace's sweeps used in the window, and reservations."
+    root = {
+        "type": "object",
+        "description": "The GPU-hours a namespace's TrainingSweeps used over the rolling window, deleted sweeps "
+        "included, and what admitted sweeps have reserved. Written by the operator only.",
+        "properties": {
+            "apiVersion": {"type": "string", "description": constants.API_VERSION},
+            "kind": {"type": "string", "description": constants.LEDGER_KIND},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": constants.LEDGER_CRD_NAME},
+        "spec": {
+            "group": constants.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": constants.LEDGER_KIND,
+                "listKind": f"{constants.LEDGER_KIND}List",
+                "plural": constants.LEDGER_PLURAL,
+                "singular": constants.LEDGER_SINGULAR,
+                "shortNames": [constants.LEDGER_SHORT_NAME],
+                "categories": [constants.CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": constants.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "additionalPrinterColumns": LEDGER_PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated from contracts/sweep_contracts/api.py by `python -m sweep_operator.crd`; do not edit.\n"
+
+
 def render_crd_yaml() -> str:
-    header = "# Generated from contracts/sweep_contracts/api.py by `python -m sweep_operator.crd`; do not edit.\n"
-    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
+    return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+def render_ledger_crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(build_ledger_crd(), sort_keys=False, width=100, allow_unicode=True)
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -375,4 +448,9 @@ def render_reference_markdown() -> str:
 if __name__ == "__main__":
     import sys
 
-    print(render_reference_markdown() if "--markdown" in sys.argv[1:] else render_crd_yaml(), end="")
+    if "--markdown" in sys.argv[1:]:
+        print(render_reference_markdown(), end="")
+    elif "--ledger" in sys.argv[1:]:
+        print(render_ledger_crd_yaml(), end="")
+    else:
+        print(render_crd_yaml(), end="")

@@ -2253,10 +2253,17 @@ def sweep_crd() -> Obj:
     return build_crd()
 
 
+def ledger_crd() -> Obj:
+    """The GPUHourLedger CRD (the namespaces' GPU-hour ledgers), as the operator package builds it."""
+    from sweep_operator.crd import build_ledger_crd
+
+    return build_ledger_crd()
+
+
 def build_emulator(**options: Any) -> KubernetesApiEmulator:
-    """An emulator serving the built-in kinds, the TrainingSweep CRD, KubeRay's RayJob/RayCluster and kopf peering."""
+    """An emulator serving the built-in kinds, the TrainingSweep and GPUHourLedger CRDs, KubeRay's RayJob/RayCluster and kopf peering."""
     emulator = KubernetesApiEmulator(**options)
-    for crd in (sweep_crd(), *kuberay_crds(), *KOPF_PEERING_CRDS):
+    for crd in (sweep_crd(), ledger_crd(), *kuberay_crds(), *KOPF_PEERING_CRDS):
         emulator.install_crd(crd)
     for namespace in ("default", "kube-system"):
         emulator._ensure_namespace(namespace)

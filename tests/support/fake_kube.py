@@ -100,6 +100,22 @@ class FakeKube:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
 
+    def get_ledger(self, namespace: str) -> dict[str, Any] | None:
+        return self.get(constants.LEDGER_KIND, namespace, constants.LEDGER_NAME)
+
+    def write_ledger(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, or replace at the resourceVersion the body carries (Conflict otherwise), as the API server."""
+        self.calls.append(("write_ledger", body["metadata"]["namespace"]))
+        current = self.objects.get((constants.LEDGER_KIND, body["metadata"]["namespace"], constants.LEDGER_NAME))
+        wanted = body["metadata"].get("resourceVersion")
+        if (current is None) != (wanted is None) or (current and current["metadata"]["resourceVersion"] != wanted):
+            raise Conflict(f"GPUHourLedger: resourceVersion {wanted} is not the current one")
+        obj = copy.deepcopy(body)
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objects[(constants.LEDGER_KIND, obj["metadata"]["namespace"], constants.LEDGER_NAME)] = obj
+        return copy.deepcopy(obj)
+
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("RayJob", namespace, name)
 

@@ -179,6 +179,7 @@ def test_chart_crds_validate_and_the_trainingsweep_crd_is_a_byte_identical_copy(
     crds = [doc for entry in _chart().crds for doc in yaml.safe_load_all(entry["data"]) if doc]
     assert {crd["metadata"]["name"] for crd in crds} == {
         "trainingsweeps.sweeps.dev",
+        "gpuhourledgers.sweeps.dev",
         "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
     }

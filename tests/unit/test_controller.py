@@ -1140,17 +1140,17 @@ def test_a_failed_run_says_what_the_driver_recorded(world: World) -> None:
 def test_the_other_sweeps_hours_are_read_only_for_a_namespace_window(
     world: World, monkeypatch: pytest.MonkeyPatch, namespace_hours: float, reads_others: bool
 ) -> None:
-    """Reading the namespace's GPU-hours parses every cached sweep there: a pass (admission or a running sweep's
-    measurement) pays it only when a namespace GPU-hour window exists, else a burst of N sweeps costs N^2 parses."""
+    """The namespace's GPU-hour ledger is read (and written) only where a namespace GPU-hour window exists: a
+    namespace without one costs no ledger read on admission or measurement."""
     world.controller.settings = replace(world.controller.settings, namespace_gpu_hours=namespace_hours)
     calls: list[str] = []
-    original = world.controller.reads.namespace_usage
+    original = world.controller.budgets.hours.read
 
-    def spy(namespace: str, now: float) -> Any:
+    def spy(namespace: str, *args: Any, **kwargs: Any) -> Any:
         calls.append(namespace)
-        return original(namespace, now)
+        return original(namespace, *args, **kwargs)
 
-    monkeypatch.setattr(world.controller.reads, "namespace_usage", spy)
+    monkeypatch.setattr(world.controller.budgets.hours, "read", spy)
     for name in ("a", "b"):
         add_sweep(world, name)
         assert world.reconcile(name)["phase"] == "Starting"

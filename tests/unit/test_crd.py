@@ -53,6 +53,15 @@ def test_committed_crd_is_the_generated_one() -> None:
     assert CRD_FILE.read_text() == render_crd_yaml(), "run `make crd` and commit the result"
 
 
+def test_committed_ledger_crd_is_the_generated_one_and_the_chart_installs_it() -> None:
+    from sweep_operator.crd import render_ledger_crd_yaml
+
+    committed = REPO / "crds" / constants.LEDGER_CRD_FILENAME
+    assert committed.read_text() == render_ledger_crd_yaml(), "run `make crd` and commit the result"
+    chart_copy = REPO / "charts" / "trainingsweep-operator" / "crds" / constants.LEDGER_CRD_FILENAME
+    assert chart_copy.read_bytes() == committed.read_bytes(), "charts/trainingsweep-operator/crds/ is stale"
+
+
 def test_reference_doc_is_generated_from_the_models() -> None:
     from sweep_operator.crd import render_reference_markdown
 

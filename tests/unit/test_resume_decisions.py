@@ -620,7 +620,7 @@ class Ports:
             verify=lambda target: self.verified.append(target.run_root) or self.result,
             documents=lambda target: ({"phase": "Running"}, None, True),
             rayjob=lambda name: None,
-            admit=lambda sweep: self.waits,
+            admit=lambda sweep, attempt: self.waits,
             create=self.create,
             emit=lambda *event: self.events.append(event),
         )

@@ -326,6 +326,7 @@ class SweepController:
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"runtimeEnvYAML": action.runtime_env}})
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
+                self.budgets.release_hours(body, deleted=False, now=self.clock())
         self.status.write(body, decision.status, decision.events)
         for action in decision.actions:
             if isinstance(action, ReleaseBudget) and action.admit_next:
@@ -358,12 +359,26 @@ class SweepController:
         pods = self.reads.cluster_pods(facts.ref, clusters) if due and clusters is not None else None
         if clusters is None or pods is None:
             return decision
-        sweeps = self.reads.namespace_usage(facts.ref.namespace, facts.now) if budget is not None else []
+        window, reservation = self.budgets.namespace_hours(facts)
         refresh = self.settings.usage_refresh_seconds
-        return usage.decide_pods_measured(facts, decision, pods, clusters, sweeps, budget, refresh_seconds=refresh)
+        decision = usage.decide_pods_measured(
+            facts, decision, pods, clusters, window, reservation, refresh_seconds=refresh
+        )
+        if budget is not None:  # every GPU-second into the namespace's ledger, which outlives the sweep
+            status = decision.status if decision.status is not None else facts.status
+            try:
+                self.budgets.record_hours(facts.body, status.get("usage"), is_terminal(status.get("phase")), facts.now)
+            except Exception as exc:  # the next measurement records it (the ledger copies the sweep's record)
+                log.warning("sweep %s: cannot record its GPU-hours in the namespace ledger: %s", facts.ref, exc)
+        return decision
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
-        """A sweep ended or left: free its budget and give the queue, oldest first, a chance."""
+        """A sweep ended or left: free its budget and give the queue, oldest first, a chance. Its GPU-hour
+        reservation goes; its hours stay in the namespace's ledger, deleted or not."""
+        body = self.cache.sweep(ref) or self.kube.get_sweep(ref.namespace, ref.name)
+        if body is not None:
+            deleted = bool(meta_of(body).get("deletionTimestamp"))
+            self.budgets.release_hours(body, deleted=deleted, now=self.clock())
         was_admitted = ref.name in self.ledger.admitted.get(ref.namespace, {})
         queue = self.ledger.release(ref.namespace, ref.name)
         if not was_admitted:

@@ -1,10 +1,14 @@
 """The namespace's budgets as admission asks them, and the I/O a resume step is lent (resume.ResumePorts). They read
-and change state (the ledger, the API, the caches), so they sit beside reads, above the decisions."""
+and change state (the ledgers, the API, the caches), so they sit beside reads, above the decisions."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from ..kube import Conflict, KubeApi
 from ..ledger import AdmissionLedger
 from ..policy import Admit
 from ..rendering import RenderContext
@@ -12,9 +16,77 @@ from ..settings import Settings
 from . import admission, kueue, resume
 from .actions import Decision
 from .facts import ObjectRef, SweepFacts, meta_of
+from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
 from .reads import Reads
 from .status_writer import EventSink
-from .usage import NamespaceBudget, decide_gpu_hour_answer
+from .usage import (
+    BudgetAdmission,
+    GpuHourAsk,
+    NamespaceBudget,
+    PodInterval,
+    ReservationFacts,
+    decide_gpu_hour_answer,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+INITIAL_ATTEMPT = "initial"
+WRITE_ATTEMPTS = 32  # a burst's writers each lose at most once per other writer
+
+
+class GpuHourLedgers:
+    """The namespaces' GPUHourLedger objects (hours_ledger). A change is decided on the copy last read or written and
+    written with that copy's resourceVersion; a write refused because another came first (a worker, an operator
+    restarted or newly elected) is read again and decided again: no lock, in this process or any other, is needed."""
+
+    def __init__(self, kube: KubeApi, sweeps_of: Callable[[str], list[dict[str, Any]]]) -> None:
+        self.kube, self.sweeps_of = kube, sweeps_of
+        self._known: dict[str, dict[str, Any] | None] = {}
+        self._lock = threading.Lock()  # guards `_known` only
+
+    def read(self, namespace: str, budget: NamespaceBudget, now: float, *, fresh: bool = False) -> HoursLedger:
+        with self._lock:
+            known, obj = namespace in self._known, self._known.get(namespace)
+        if fresh or not known:
+            obj = self.kube.get_ledger(namespace)
+            with self._lock:
+                self._known[namespace] = obj
+        ledger = HoursLedger.from_object(obj, budget)
+        if obj is None:  # none yet: the first write creates it, with what the sweeps recorded themselves
+            ledger = seeded(ledger, self.sweeps_of(namespace), now)
+        return ledger
+
+    def change(
+        self,
+        namespace: str,
+        budget: NamespaceBudget,
+        now: float,
+        decide: Callable[[HoursLedger], tuple[T, HoursLedger | None]],
+        *,
+        fresh: bool = False,
+    ) -> T:
+        """`decide` over the ledger; its new ledger (if any) written with the precondition, decided again on a
+        refusal. `fresh`: decide on a read from the API even the first time (an admission)."""
+        for attempt in range(WRITE_ATTEMPTS):
+            ledger = self.read(namespace, budget, now, fresh=fresh or attempt > 0)
+            result, new = decide(ledger)
+            if new is None:
+                return result
+            try:
+                written = self.kube.write_ledger(new.to_object(namespace, now))
+            except Conflict:
+                log.debug("GPUHourLedger %s changed since it was read; deciding again", namespace)
+                continue
+            with self._lock:
+                self._known[namespace] = written
+            return result
+        raise RuntimeError(f"GPUHourLedger {namespace}: {WRITE_ATTEMPTS} writes in a row were refused; retrying later")
+
+    def cached(self, namespace: str, budget: NamespaceBudget) -> HoursLedger | None:
+        """The copy last read or written (None: not read yet): for views and metrics, never for a reservation."""
+        with self._lock:
+            obj = self._known.get(namespace)
+        return HoursLedger.from_object(obj, budget) if obj is not None else None
 
 
 class Budgets:
@@ -22,6 +94,7 @@ class Budgets:
 
     def __init__(self, reads: Reads, ledger: AdmissionLedger, context: RenderContext) -> None:
         self.reads, self.ledger, self.context = reads, ledger, context
+        self.hours = GpuHourLedgers(reads.kube, reads.namespace_sweeps)
 
     @property
     def settings(self) -> Settings:
@@ -43,18 +116,89 @@ class Budgets:
         created = meta_of(facts.body).get("creationTimestamp") or ""
         return self.ledger.decide(ref.namespace, ref.name, created, spec, self.settings.limits)
 
-    def gpu_hours(self, facts: SweepFacts, budget: Any) -> Decision | None:
-        """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision (docs/budgets.md)."""
+    def gpu_hours(
+        self, facts: SweepFacts, budget: Any, *, spec: Any = None, attempt: str = INITIAL_ATTEMPT
+    ) -> Decision | None:
+        """The GPU-hour check beside the GPU caps: None admits (and the attempt's hours are reserved in the
+        namespace's ledger); else the Invalid or Queued decision (docs/budgets.md). `spec`: the attempt's."""
         ref = facts.ref
         namespace = self.gpu_hour_budget(ref.namespace)
-        # Only a namespace window needs the others' hours: reading them parses every cached sweep of the namespace,
-        # which each admission of a burst would otherwise pay.
-        sweeps = self.reads.namespace_usage(ref.namespace, facts.now) if namespace is not None else []
-        answer = decide_gpu_hour_answer(facts, budget, self.settings.limits, namespace, sweeps)
+        uid = str(meta_of(facts.body).get("uid") or "")
+
+        def reserve(ask: GpuHourAsk) -> BudgetAdmission:
+            assert namespace is not None
+            return self.hours.change(
+                ref.namespace,
+                namespace,
+                facts.now,
+                lambda ledger: decide_reservation(
+                    ledger,
+                    uid=uid,
+                    name=ref.name,
+                    attempt=attempt,
+                    worst_case=ask.worst_case,
+                    run_until_exhausted=ask.run_until_exhausted,
+                    sweep_left=ask.sweep_left,
+                    now=facts.now,
+                    worst_case_text=ask.worst_case_text,
+                ),
+                fresh=True,
+            )
+
+        answer = decide_gpu_hour_answer(
+            facts, budget, self.settings.limits, reserve if namespace is not None and uid else None, spec=spec
+        )
         if answer is None:
             return None
         self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
         return admission.decide_budget(facts, answer, self.in_use(ref.namespace), self.context)
+
+    def namespace_hours(self, facts: SweepFacts) -> tuple[dict[str, Any] | None, ReservationFacts | None]:
+        """The namespace's window as its ledger has it (status.usage.namespace) and this attempt's reservation."""
+        namespace = self.gpu_hour_budget(facts.ref.namespace)
+        if namespace is None:
+            return None, None
+        from .hours_ledger import view
+
+        ledger = self.hours.cached(facts.ref.namespace, namespace) or self.hours.read(
+            facts.ref.namespace, namespace, facts.now
+        )
+        entry = ledger.entry(str(meta_of(facts.body).get("uid") or ""))
+        r = entry.reservation if entry is not None else None
+        reservation = ReservationFacts(r.gpu_hours, r.since, r.run_until_exhausted) if r is not None else None
+        return view(ledger, facts.now), reservation
+
+    def record_hours(self, body: Mapping[str, Any], usage: Mapping[str, Any] | None, ended: bool, now: float) -> None:
+        """The sweep's own record (status.usage) into its namespace's ledger; `ended`: its reservation goes."""
+        meta = meta_of(body)
+        namespace = self.gpu_hour_budget(meta.get("namespace") or "default")
+        if namespace is None or not meta.get("uid"):
+            return
+        intervals = [i for i in (PodInterval.from_status(d) for d in (usage or {}).get("podIntervals") or []) if i]
+        self.hours.change(
+            meta.get("namespace") or "default",
+            namespace,
+            now,
+            lambda ledger: (
+                None,
+                record_usage(
+                    ledger, uid=meta["uid"], name=meta.get("name", ""), intervals=intervals, ended=ended, now=now
+                ),
+            ),
+        )
+
+    def release_hours(self, body: Mapping[str, Any], *, deleted: bool, now: float) -> None:
+        """The sweep's attempt is over, or the sweep is gone: its reservation goes, its hours stay in the window."""
+        meta = meta_of(body)
+        namespace = self.gpu_hour_budget(meta.get("namespace") or "default")
+        if namespace is None or not meta.get("uid"):
+            return
+        self.hours.change(
+            meta.get("namespace") or "default",
+            namespace,
+            now,
+            lambda ledger: (None, release(ledger, uid=meta["uid"], deleted=deleted, now=now)),
+        )
 
 
 def resume_ports(facts: SweepFacts, budgets: Budgets, emit: EventSink) -> resume.ResumePorts:
@@ -62,9 +206,13 @@ def resume_ports(facts: SweepFacts, budgets: Budgets, emit: EventSink) -> resume
     budgets as an admission does, create (or adopt) the attempt's RayJob, post Events on the sweep."""
     reads, ref = budgets.reads, facts.ref
 
-    def admit(sweep: Any) -> str | None:
-        budget = budgets.ask(facts, sweep.spec)
-        return resume.budget_refusal(budget, budgets.gpu_hours(facts, budget) if isinstance(budget, Admit) else None)
+    def admit(sweep: Any, decision: Any = None) -> str | None:
+        """The attempt's own deadline makes its worst case; its reservation is its own (resume-<n>)."""
+        spec = resume.attempt_sweep(sweep, decision).spec if decision is not None else sweep.spec
+        attempt = f"resume-{decision.attempt}" if decision is not None else INITIAL_ATTEMPT
+        budget = budgets.ask(facts, spec)
+        hours = budgets.gpu_hours(facts, budget, spec=spec, attempt=attempt) if isinstance(budget, Admit) else None
+        return resume.budget_refusal(budget, hours)
 
     def create(rayjob: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         made, created = reads.kube.create_rayjob(rayjob)

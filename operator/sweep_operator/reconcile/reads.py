@@ -29,7 +29,6 @@ from .facts import ObjectRef, SweepFacts, meta_of, status_of
 from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of, target_of
 from .kueue import kueue_managed
 from .run_phase import progress_wanted, result_wanted
-from .usage import SweepUsage, sweep_usage_of
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +99,9 @@ class Reads:
             facts = replace(facts, stopped_at_deadline=self.stopped_at_deadline(facts.body))
         return facts
 
-    def namespace_usage(self, namespace: str, now: float) -> list[SweepUsage]:
-        """The GPU-hours of each sweep in `namespace`, from the cached copies (the GPU-hour budget's window)."""
-        return [sweep_usage_of(b, now) for b in self.cache.sweeps() if meta_of(b).get("namespace") == namespace]
+    def namespace_sweeps(self, namespace: str) -> list[dict[str, Any]]:
+        """The sweeps of `namespace`, read fresh (a new GPU-hour ledger is seeded from their own records)."""
+        return self.kube.list_sweeps(namespace)
 
     def run_bounds(self, body: Mapping[str, Any], kind: str) -> RunBounds | None:
         """What a RayJob or RayCluster of ours may hold: the bounds annotation the operator wrote on it (or on the

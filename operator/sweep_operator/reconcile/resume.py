@@ -792,7 +792,7 @@ class ResumePorts:
     verify: Any  # (GuardTarget) -> verification.VerificationResult, afresh
     documents: Any  # (GuardTarget) -> (status.json, result.json, readable): reads.Reads.run_documents
     rayjob: Any  # (name) -> the RayJob object or None
-    admit: Any  # (parsed sweep) -> None when the namespace budget admits it, else why it waits
+    admit: Any  # (parsed sweep, StartAttempt) -> None when the namespace budgets admit the attempt, else why it waits
     create: Any  # (rayjob dict) -> (object, created): kube.KubeApi.create_rayjob
     emit: Any  # (type, reason, message) -> None: an Event on the sweep
 
@@ -860,7 +860,7 @@ def resume_step(
             decision = decide(replace(facts, verification=check))
     if isinstance(decision, StartAttempt):
         assert target is not None  # a start follows a verification of the recorded run root
-        waits = ports.admit(sweep)
+        waits = ports.admit(sweep, decision)  # the attempt's own deadline is its worst case
         if waits:
             message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
             return Decision(updated(status, {"message": message})) if status.get("message") != message else None

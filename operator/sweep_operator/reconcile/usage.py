@@ -14,7 +14,7 @@ bound: a budget that undercounts is the failure it exists to prevent).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -400,16 +400,24 @@ def budget_frees_at(
     if used(now) <= target + 1e-9:
         return now
     points = sorted({p for i in closed for p in (i.start + window, (i.end or now) + window) if p > now})
-    previous, previous_used = now, used(now)
-    for point in points:
-        value = used(point)
-        if value <= target + 1e-9:
-            if previous_used == value:
-                return point
-            # linear between breakpoints: previous_used + (point - previous) * slope
-            return previous + (previous_used - target) * (point - previous) / (previous_used - value)
-        previous, previous_used = point, value
-    return points[-1] if points else None
+    if not points:
+        return None
+    # Every interval ends by now, so the window's use only falls as t grows: the first breakpoint where it fits is
+    # found by bisection (a namespace's ledger holds thousands of intervals; a scan would be quadratic).
+    lo, hi = 0, len(points) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if used(points[mid]) <= target + 1e-9:
+            hi = mid
+        else:
+            lo = mid + 1
+    point, value = points[lo], used(points[lo])
+    previous = points[lo - 1] if lo > 0 else now
+    previous_used = used(previous)
+    if previous_used == value:
+        return point
+    # linear between breakpoints: previous_used + (point - previous) * slope
+    return previous + (previous_used - target) * (point - previous) / (previous_used - value)
 
 
 # ----------------------------------------------------------------------------------------------- decisions
@@ -441,17 +449,13 @@ def decide_budget_admission(
     sweep_budget: float | None,
     run_until_exhausted: bool,
     sweep_used: float = 0.0,
-    namespace: NamespaceBudget | None = None,
-    namespace_sweeps: Iterable[SweepUsage] = (),
-    sweep_name: str = "",
     now: float,
     worst_case_text: str = "",
 ) -> BudgetAdmission:
-    """Whether a valid spec may start, given its budget, its namespace's window and what others hold.
+    """Whether a valid spec fits its own budget (the namespace's window is the ledger's: hours_ledger).
 
-    Without runUntilExhausted the whole worst case must fit what is left (of the sweep's budget, and of the
-    namespace's window after the reservations of admitted sweeps); with it, any budget left admits and the budget
-    stops the sweep when spent. A worst case above the namespace's whole budget could never start: refused.
+    Without runUntilExhausted the whole worst case must fit what is left of the sweep's budget over all its attempts;
+    with it, any budget left admits and the budget stops the sweep when spent.
     """
     shown = worst_case_text or f"{format_hours(worst_case)} GPU-hours"
     opt_in = "or set spec.budget.runUntilExhausted: true to run until the budget stops the sweep"
@@ -469,36 +473,7 @@ def decide_budget_admission(
                 f"{format_hours(sweep_budget)}; raise it, lower trial.workers, tune.maxConcurrentTrials or "
                 f"deadlines.activeSeconds, {opt_in}",
             )
-    if namespace is None:
-        return BudgetAdmit(worst_case)
-    others = list(namespace_sweeps)
-    usage = namespace_usage(others, namespace, now, exclude=sweep_name)
-    need = 0.0 if run_until_exhausted else worst_case
-    if need > namespace.gpu_hours + 1e-9:
-        return BudgetReject(
-            "spec.budget.gpuHours",
-            f"worst case {shown} exceeds the namespace budget of {namespace.describe()}: it could never start; "
-            f"lower trial.workers, tune.maxConcurrentTrials or deadlines.activeSeconds, {opt_in}",
-        )
-    if usage.left_gpu_hours > need + 1e-9 or (need > 0 and usage.left_gpu_hours >= need - 1e-9):
-        return BudgetAdmit(worst_case)
-    intervals = [i for s in others if s.name != sweep_name for i in s.ledger.intervals]
-    frees = budget_frees_at(intervals, namespace, now, need if need > 0 else 1e-6, usage.reserved_gpu_hours)
-    held = (
-        f"{format_hours(usage.used_gpu_hours)} used in the window and {format_hours(usage.reserved_gpu_hours)} reserved "
-        f"by running sweeps"
-    )
-    wanted = f"needs {shown}" if need > 0 else "needs any GPU-hours left"
-    when = (
-        f"budget frees up at {rfc3339(math.ceil(frees))}"
-        if frees is not None
-        else "budget frees up as the running sweeps end"
-    )
-    return BudgetQueue(
-        f"{wanted}; namespace budget {namespace.describe()} has {format_hours(max(usage.left_gpu_hours, 0))} "
-        f"left ({held}); {when}",
-        frees,
-    )
+    return BudgetAdmit(worst_case)
 
 
 @dataclass(frozen=True)
@@ -514,18 +489,55 @@ class BudgetFacts:
     exhausts_at: float | None = None  # at the current rate
 
 
+@dataclass(frozen=True)
+class ReservationFacts:
+    """The attempt's reservation in its namespace's ledger: GPU-hours granted at `since` (its admission)."""
+
+    gpu_hours: float
+    since: float
+    run_until_exhausted: bool = False
+
+
+def decide_reservation_stop(
+    ledger: UsageLedger, reservation: ReservationFacts | None, now: float, *, graceful_stop_seconds: float = 0.0
+) -> str:
+    """Why the attempt must stop because its namespace reservation is spent ("" : it need not). A runUntilExhausted
+    attempt reserved what was left of the window: its stop begins `graceful_stop_seconds` early, as a sweep budget's
+    does. Any other attempt reserved its worst case, which its deadline bounds; past it (the guard's verification
+    keeps the pods) it is stopped too, so no namespace uses more than its window."""
+    if reservation is None:
+        return ""
+    spent = sum(i.overlap_gpu_seconds(reservation.since, now) for i in ledger.intervals) / HOUR
+    early = ledger.gpus_held() * graceful_stop_seconds / HOUR if reservation.run_until_exhausted else 0.0
+    if spent + early < reservation.gpu_hours - 1e-9:
+        return ""
+    granted = f"the {format_hours(reservation.gpu_hours)} GPU-hours of the namespace budget reserved at its admission"
+    if spent >= reservation.gpu_hours - 1e-9:
+        return f"namespace GPU budget spent: {granted} are used ({format_hours(spent)})"
+    return (
+        f"namespace GPU budget nearly spent: {format_hours(spent)} of {granted} used; at "
+        f"{format_hours(ledger.gpus_held())} GPUs held it runs out within gracefulStopSeconds ({graceful_stop_seconds:g}s)"
+    )
+
+
 def decide_budget(
-    ledger: UsageLedger, budget_gpu_hours: float | None, now: float, *, graceful_stop_seconds: float = 0.0
+    ledger: UsageLedger,
+    budget_gpu_hours: float | None,
+    now: float,
+    *,
+    graceful_stop_seconds: float = 0.0,
+    reservation: ReservationFacts | None = None,
 ) -> BudgetFacts:
-    """Thresholds newly crossed, and whether to stop the sweep now.
+    """Thresholds newly crossed, and whether to stop the sweep now: its own budget or its namespace reservation spent.
 
     The stop begins `graceful_stop_seconds` before the budget runs out at the current rate: the checkpoint guard
     keeps the cluster's pods (and their GPUs) until the checkpoints are verified, and that time is billed too.
     """
     used = ledger.gpu_hours(now)
     held = ledger.gpus_held()
+    namespace_stop = decide_reservation_stop(ledger, reservation, now, graceful_stop_seconds=graceful_stop_seconds)
     if budget_gpu_hours is None:
-        return BudgetFacts(used, None, held)
+        return BudgetFacts(used, None, held, stop=bool(namespace_stop), stop_reason=namespace_stop)
     percent = 100.0 * used / budget_gpu_hours if budget_gpu_hours > 0 else math.inf
     crossed = tuple(t for t in THRESHOLDS if percent >= t and t not in ledger.thresholds_reported)
     left = budget_gpu_hours - used
@@ -541,6 +553,8 @@ def decide_budget(
             f"GPU-hours used; at {format_hours(held)} GPUs held it runs out within gracefulStopSeconds "
             f"({graceful_stop_seconds:g}s)"
         )
+    if not stop and namespace_stop:
+        stop, reason = True, namespace_stop
     return BudgetFacts(used, budget_gpu_hours, held, crossed, stop, reason, exhausts_at)
 
 
@@ -655,6 +669,7 @@ def measure(
     graceful_stop_seconds: float = 0.0,
     refresh_seconds: float = 60.0,
     namespace: dict[str, Any] | None = None,
+    reservation: ReservationFacts | None = None,
 ) -> Measurement:
     """Fold a read of the sweep's pods into its status.usage and decide what the budget asks for."""
     stored = status.get("usage") if isinstance(status.get("usage"), dict) else None
@@ -664,7 +679,9 @@ def measure(
         now,
         listed_clusters=listed_clusters,
     )
-    facts = decide_budget(ledger, budget_gpu_hours, now, graceful_stop_seconds=graceful_stop_seconds)
+    facts = decide_budget(
+        ledger, budget_gpu_hours, now, graceful_stop_seconds=graceful_stop_seconds, reservation=reservation
+    )
     ledger = with_thresholds(ledger, facts.crossed)
     doc = ledger.to_status(now, budget_gpu_hours)
     if namespace is not None:
@@ -701,30 +718,40 @@ def decide_measured(
 ) -> Decision:
     """Fold a measurement into the pass's decision: a spent sweep budget stops the run through the checkpoint guard
     like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
-    now = facts.now
     changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
     actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
     if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
-        message = f"{measured.facts.stop_reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
-        changes.update(
-            {
-                "phase": "BudgetExhausted",
-                "message": message,
-                "finishedAt": rfc3339(now),
-                "conditions": conditions_with(
-                    status,
-                    facts.generation,
-                    now,
-                    ("BudgetExhausted", True, "GpuBudgetSpent", message),
-                    ("Running", False, "BudgetExhausted", message),
-                ),
-            }
-        )
-        actions = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
-        actions += [DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
+        stop_changes, actions = stop_for_gpu_budget(facts, status, measured.facts.stop_reason, actions)
+        changes.update(stop_changes)
     if not changes and len(events) == len(decision.events):
         return decision
     return Decision(updated(status, changes), tuple(actions), tuple(events))
+
+
+def stop_for_gpu_budget(
+    facts: SweepFacts, status: Mapping[str, Any], reason: str, actions: list[Any]
+) -> tuple[dict[str, Any], list[Any]]:
+    """Stop the run because a GPU budget (the sweep's, or its namespace reservation) is spent: today through the
+    checkpoint guard like a deadline stop (the RayJob deleted, the guard verifies before releasing the cluster,
+    phase BudgetExhausted, checkpoints verified at the end); the one place a graceful stop of a running sweep
+    would be asked for instead."""
+    assert facts.rayjob is not None
+    now = facts.now
+    message = f"{reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
+    changes = {
+        "phase": "BudgetExhausted",
+        "message": message,
+        "finishedAt": rfc3339(now),
+        "conditions": conditions_with(
+            status,
+            facts.generation,
+            now,
+            ("BudgetExhausted", True, "GpuBudgetSpent", message),
+            ("Running", False, "BudgetExhausted", message),
+        ),
+    }
+    kept = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
+    return changes, [*kept, DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
 
 
 def clusters_to_measure(
@@ -745,13 +772,14 @@ def decide_pods_measured(
     decision: Decision,
     pods: Iterable[Mapping[str, Any]],
     clusters: Iterable[str],
-    namespace_sweeps: Iterable[SweepUsage],
-    namespace_budget: NamespaceBudget | None,
+    namespace: dict[str, Any] | None,
+    reservation: ReservationFacts | None,
     *,
     refresh_seconds: float,
 ) -> Decision:
     """This pass's read of the run's GPU pods folded into status.usage (`measure`), then into the decision
-    (`decide_measured`), against the sweep's budget as admitted."""
+    (`decide_measured`), against the sweep's budget as admitted and its reservation in the namespace's ledger
+    (`namespace`: the ledger's view of the window, None without a namespace budget)."""
     status = decision.status if decision.status is not None else facts.status
     spec, now = facts.admitted_spec, facts.now
     measured = measure(
@@ -762,7 +790,8 @@ def decide_pods_measured(
         budget_gpu_hours=spec.budget.gpu_hours if spec is not None else None,
         graceful_stop_seconds=spec.deadlines.graceful_stop_seconds if spec is not None else 0,
         refresh_seconds=refresh_seconds,
-        namespace=namespace_view(namespace_sweeps, namespace_budget, now),
+        namespace=namespace,
+        reservation=reservation,
     )
     return decide_measured(facts, decision, status, measured)
 
@@ -774,33 +803,54 @@ def usage_open(body: Mapping[str, Any]) -> bool:
 
 
 def decide_gpu_hour_answer(
-    facts: SweepFacts, budget: Any, limits: Any, namespace: NamespaceBudget | None, namespace_sweeps: list[Any]
+    facts: SweepFacts,
+    budget: Any,
+    limits: Any,
+    reserve: Callable[[GpuHourAsk], BudgetAdmission] | None = None,
+    *,
+    spec: Any = None,
 ) -> Any:
-    """The GPU-hour check beside the GPU caps: None admits; else the policy's Reject or Queue (docs/budgets.md)."""
+    """The GPU-hour check beside the GPU caps: None admits; else the policy's Reject or Queue (docs/budgets.md).
+
+    `spec` is the attempt's (a resume's deadlines are its own); the sweep's budget is checked here, the namespace's
+    window by `reserve`, which reserves the attempt's hours in the namespace's ledger (None: no namespace budget)."""
     from sweep_contracts.problems import Problem
 
     from ..policy import Admit, Queue, Reject, effective_active_seconds
 
-    spec, ref, now = facts.sweep.spec if facts.sweep else None, facts.ref, facts.now
+    spec = spec if spec is not None else (facts.sweep.spec if facts.sweep else None)
+    now = facts.now
     if spec is None or not isinstance(budget, Admit) or spec.trial.resources_per_worker.gpu == 0:
         return None
     active = effective_active_seconds(spec, limits)
     workers, gpus, trials = spec.trial.workers, spec.trial.resources_per_worker.gpu, spec.tune.max_concurrent_trials
     worst = worst_case_gpu_hours(workers, gpus, trials, active)
     text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
+    used = UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now)
     decided = decide_budget_admission(
         worst_case=worst,
         sweep_budget=spec.budget.gpu_hours,
         run_until_exhausted=spec.budget.run_until_exhausted,
-        sweep_used=UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now),
-        namespace=namespace,
-        namespace_sweeps=namespace_sweeps,
-        sweep_name=ref.name,
+        sweep_used=used,
         now=now,
         worst_case_text=text,
     )
+    if isinstance(decided, BudgetAdmit) and reserve is not None:
+        left = spec.budget.gpu_hours - used if spec.budget.gpu_hours is not None else None
+        decided = reserve(GpuHourAsk(worst, text, spec.budget.run_until_exhausted, left))
     if isinstance(decided, BudgetReject):
         return Reject((Problem(decided.field, decided.reason),))
     if isinstance(decided, BudgetQueue):
         return Queue(budget.demand, decided.reason)
     return None
+
+
+@dataclass(frozen=True)
+class GpuHourAsk:
+    """What an attempt asks of its namespace's window: its worst case (and how it was computed), whether it runs
+    until the budget stops it, and what is left of its own budget (None: it has none)."""
+
+    worst_case: float
+    worst_case_text: str
+    run_until_exhausted: bool
+    sweep_left: float | None

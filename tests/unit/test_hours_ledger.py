@@ -1,0 +1,220 @@
+"""The namespace's GPU-hour ledger (reconcile.hours_ledger, pure): one table row per leak of issue 27, each failing
+on the accounting it replaces, plus the ledger's bounds and its object's round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from sweep_contracts.api import LEDGER_MAX_SWEEPS, GPUHourLedgerStatus
+from sweep_operator.reconcile.hours_ledger import (
+    ENTRY_INTERVALS,
+    TERMINATION_GRACE_SECONDS,
+    HoursLedger,
+    LedgerEntry,
+    Reservation,
+    decide_reservation,
+    record_usage,
+    release,
+)
+from sweep_operator.reconcile.usage import (
+    HOUR,
+    BudgetAdmit,
+    BudgetQueue,
+    BudgetReject,
+    NamespaceBudget,
+    PodInterval,
+    ReservationFacts,
+    UsageLedger,
+    decide_reservation_stop,
+)
+
+T0 = 1_800_000_000.0
+NOW = T0 + 100 * HOUR
+BUDGET = NamespaceBudget(gpu_hours=100.0, window_seconds=7 * 24 * HOUR)
+
+
+def used(name: str, hours: float, gpus: float = 1.0, *, deleted: bool = False, ended: float = NOW) -> LedgerEntry:
+    """A sweep that held `gpus` GPUs until `ended`, `hours` GPU-hours in all."""
+    start = ended - hours * HOUR / gpus
+    return LedgerEntry(name, f"uid-{name}", (PodInterval(f"{name}-pod", "c", gpus, start, ended),), deleted=deleted)
+
+
+def ask(ledger: HoursLedger, **kwargs: Any) -> tuple[Any, HoursLedger | None]:
+    base: dict[str, Any] = {
+        "uid": "uid-new",
+        "name": "new",
+        "attempt": "initial",
+        "worst_case": 10.0,
+        "run_until_exhausted": False,
+        "sweep_left": None,
+        "now": NOW,
+    }
+    return decide_reservation(ledger, **{**base, **kwargs})
+
+
+# ----------------------------------------------------------------------------------------------- one row per leak
+
+LEAKS = [
+    pytest.param(
+        # 1. deleting a sweep erases its spend: the deleted sweep's 95 GPU-hours stay in the window
+        HoursLedger(BUDGET, (used("gone", 95.0, deleted=True),)),
+        {},
+        BudgetQueue,
+        id="1-a deleted sweep's hours stay",
+    ),
+    pytest.param(
+        # 2. a burst: the first of the burst reserved its worst case; the second sees it, whatever worker runs it
+        HoursLedger(BUDGET, (LedgerEntry("first", "uid-first", reservation=Reservation(95.0, NOW, "initial")),)),
+        {},
+        BudgetQueue,
+        id="2-the burst's reservations count",
+    ),
+    pytest.param(
+        # 3. a resume: the sweep's own 95.9 GPU-hours count; the attempt's worst case is 4 GPUs x 3 days
+        HoursLedger(BUDGET, (used("new", 95.9, 4.0),)),
+        {"uid": "uid-new", "attempt": "resume-2", "worst_case": 4 * 3 * 24.0},
+        BudgetReject,  # 288 GPU-hours could never fit 100
+        id="3-a resume's own past hours and its own deadline",
+    ),
+    pytest.param(
+        HoursLedger(BUDGET, (used("new", 95.9, 4.0),)),
+        {"uid": "uid-new", "attempt": "resume-2", "worst_case": 4 * 1.25},
+        BudgetQueue,  # 4.1 left, 5 wanted: it would fit only without the sweep's own 95.9
+        id="3-a resume's own past hours count",
+    ),
+    pytest.param(
+        # 4. Kueue: five queued 16-GPU sweeps each reserved their worst case at creation, admitted by Kueue or not
+        HoursLedger(
+            BUDGET,
+            tuple(LedgerEntry(f"k{i}", f"uid-k{i}", reservation=Reservation(0.5, NOW, "initial")) for i in range(5)),
+        ),
+        {"worst_case": 99.0},
+        BudgetQueue,
+        id="4-kueue sweeps reserve from their creation",
+    ),
+    pytest.param(
+        # 5. runUntilExhausted with 4 GPU-hours left: admitted, reserving the 4 (not 0)
+        HoursLedger(BUDGET, (used("busy", 96.0),)),
+        {"worst_case": 1152.0, "run_until_exhausted": True},
+        BudgetAdmit,
+        id="5-run until exhausted reserves what is left",
+    ),
+]
+
+
+@pytest.mark.parametrize(("ledger", "kwargs", "expected"), LEAKS)
+def test_each_leak_of_issue_27_is_closed(ledger: HoursLedger, kwargs: dict[str, Any], expected: type) -> None:
+    decision, write = ask(ledger, **kwargs)
+    assert isinstance(decision, expected), decision
+    assert (write is not None) is (expected is BudgetAdmit)
+
+
+def test_run_until_exhausted_reserves_what_is_left_and_is_stopped_when_it_is_spent() -> None:
+    decision, write = ask(HoursLedger(BUDGET, (used("busy", 96.0),)), worst_case=1152.0, run_until_exhausted=True)
+    assert isinstance(decision, BudgetAdmit) and decision.worst_case_gpu_hours == pytest.approx(4.0)
+    assert write is not None
+    reservation = write.entry("uid-new").reservation  # type: ignore[union-attr]
+    assert reservation == Reservation(pytest.approx(4.0), NOW, "initial", True)  # type: ignore[arg-type]
+    facts = ReservationFacts(reservation.gpu_hours, reservation.since, True)  # type: ignore[union-attr]
+    running = UsageLedger((PodInterval("p", "c", 16.0, NOW, None),))  # 16 GPUs: 4 GPU-hours in 15 minutes
+    assert decide_reservation_stop(running, facts, NOW + 10 * 60) == ""
+    assert "nearly spent" in decide_reservation_stop(running, facts, NOW + 10 * 60, graceful_stop_seconds=300)
+    assert "namespace GPU budget spent" in decide_reservation_stop(running, facts, NOW + 15 * 60)
+    # a deadline-bound attempt reserved its worst case: stopped only once it is actually spent
+    bound = ReservationFacts(4.0, NOW, False)
+    assert decide_reservation_stop(running, bound, NOW + 10 * 60, graceful_stop_seconds=300) == ""
+
+
+def test_the_same_attempt_asked_again_finds_its_reservation_and_writes_nothing() -> None:
+    _, written = ask(HoursLedger(BUDGET))
+    assert written is not None
+    again, write = ask(replace(written, resource_version="7"))
+    assert isinstance(again, BudgetAdmit) and write is None
+
+
+def test_a_burst_admits_exactly_what_fits_whatever_the_order() -> None:
+    """Eight asks of 30 GPU-hours each against 100: the first three reserve, the rest queue."""
+    ledger = HoursLedger(BUDGET)
+    admitted = []
+    for i in range(8):
+        _, write = ask(ledger, uid=f"uid-{i}", name=f"s{i}", worst_case=30.0)
+        if write is not None:
+            ledger = write
+            admitted.append(i)
+    assert admitted == [0, 1, 2]
+
+
+def test_a_resumes_reservation_does_not_subtract_earlier_attempts_usage() -> None:
+    earlier = used("s", 50.0)
+    ledger = HoursLedger(BUDGET, (replace(earlier, reservation=Reservation(50.0, NOW - 60 * HOUR, "initial")),))
+    _, write = ask(ledger, uid=earlier.uid, attempt="resume-2", worst_case=20.0)
+    assert write is not None
+    entry = write.entry(earlier.uid)
+    assert entry is not None and entry.reserved_left(NOW) == pytest.approx(20.0)  # the new attempt's, whole
+    assert write.used(NOW) + write.reserved(NOW) == pytest.approx(70.0)
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+
+def test_recording_is_a_copy_of_the_sweeps_record_and_deletion_keeps_the_hours() -> None:
+    intervals = [PodInterval("p1", "c", 2.0, NOW - HOUR, None)]
+    ledger = HoursLedger(BUDGET)
+    ledger = record_usage(ledger, uid="u", name="s", intervals=intervals, ended=False, now=NOW) or ledger
+    assert record_usage(ledger, uid="u", name="s", intervals=intervals, ended=False, now=NOW) is None  # idempotent
+    assert ledger.used(NOW) == pytest.approx(2.0)
+    ledger = release(ledger, uid="u", deleted=True, now=NOW) or ledger
+    entry = ledger.entry("u")
+    assert entry is not None and entry.deleted and entry.intervals[0].end == NOW + TERMINATION_GRACE_SECONDS
+    assert ledger.used(NOW + HOUR) == pytest.approx(2.0 * (1 + TERMINATION_GRACE_SECONDS / HOUR))
+
+
+def test_an_ended_run_releases_its_reservation_but_not_its_hours() -> None:
+    ledger = HoursLedger(BUDGET, (replace(used("s", 10.0), reservation=Reservation(30.0, NOW - 10 * HOUR, "initial")),))
+    assert ledger.reserved(NOW) == pytest.approx(20.0)
+    entry = ledger.entry("uid-s")
+    assert entry is not None
+    ended = record_usage(ledger, uid="uid-s", name="s", intervals=entry.intervals, ended=True, now=NOW)
+    assert ended is not None and ended.reserved(NOW) == 0 and ended.used(NOW) == pytest.approx(10.0)
+
+
+def test_the_ledger_object_stays_bounded_whatever_the_number_of_sweeps() -> None:
+    """1,000 sweeps of 64 GPU pods each in one window, recorded one at a time and each bounded as every write
+    bounds it: the object stays far below etcd's 1.5 MiB and keeps every GPU-second of the window."""
+    from sweep_operator.reconcile.hours_ledger import bounded
+
+    ledger, total = HoursLedger(BUDGET), 0.0
+    for s in range(1000):
+        pods = [
+            PodInterval(f"pod-{s}-{p}", f"c-{s}", 1.0, NOW - 50 * HOUR + s * 60 + p, NOW - 49 * HOUR + s * 60 + p)
+            for p in range(64)
+        ]
+        total += sum(p.gpu_seconds(NOW) for p in pods) / HOUR
+        ledger = record_usage(ledger, uid=f"uid-{s}", name=f"sweep-{s}", intervals=pods, ended=True, now=NOW) or ledger
+        ledger = release(ledger, uid=f"uid-{s}", deleted=True, now=NOW) or ledger
+        ledger = bounded(ledger, NOW)
+    obj = ledger.to_object("team", NOW)
+    size = len(json.dumps(obj))
+    assert size < 512 * 1024, size
+    assert len(obj["status"]["sweeps"]) <= LEDGER_MAX_SWEEPS
+    assert all(len(s["intervals"]) <= ENTRY_INTERVALS for s in obj["status"]["sweeps"])
+    assert HoursLedger.from_object(obj, BUDGET).used(NOW) == pytest.approx(total, rel=1e-3)
+    GPUHourLedgerStatus.model_validate(obj["status"])  # the CRD's schema (unknown fields forbidden)
+
+
+def test_hours_out_of_the_window_leave_the_ledger() -> None:
+    old = used("old", 10.0, ended=NOW - 8 * 24 * HOUR)
+    obj = HoursLedger(BUDGET, (old, used("new", 5.0))).to_object("team", NOW)
+    assert [s["name"] for s in obj["status"]["sweeps"]] == ["new"]
+    assert obj["status"]["usedGpuHours"] == pytest.approx(5.0)
+    assert obj["spec"] == {"gpuHours": 100.0, "windowSeconds": 7 * 24 * 3600}
+    assert obj["status"]["window"] == "7d"
+
+
+def test_the_ledger_says_when_budget_frees_up() -> None:
+    obj = HoursLedger(BUDGET, (used("full", 100.0, 10.0, ended=NOW - HOUR),)).to_object("team", NOW)
+    assert obj["status"]["leftGpuHours"] == 0 and obj["status"]["freesAt"] > obj["status"]["updatedAt"]
