@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts import constants
@@ -41,8 +42,20 @@ def describe_setter(*bodies: Mapping[str, Any] | None) -> str:
     return "; ".join(parts) or "unknown"
 
 
-def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_body: Mapping[str, Any] | None) -> None:
-    """Called by the controller's guard when a deletion is released because the escape hatch is set."""
+@dataclass(frozen=True)
+class BypassAudit:
+    """What a release through the escape hatch records (an action the controller carries out): the metric's
+    labels, a log line naming who set it, and the sweep's CheckpointsVerified condition (when the sweep exists)."""
+
+    kind: str
+    namespace: str
+    sweep: str
+    log_line: str
+    condition_message: str
+
+
+def bypass_audit(kind: str, body: Mapping[str, Any], sweep_body: Mapping[str, Any] | None) -> BypassAudit:
+    """The audit of a deletion released because the escape hatch is set (pure)."""
     meta = body.get("metadata") or {}
     namespace = meta.get("namespace") or "default"
     sweep = (
@@ -51,38 +64,12 @@ def record_bypass(controller: Any, kind: str, body: Mapping[str, Any], sweep_bod
         or ""
     )
     setter = describe_setter(body, sweep_body)
-    controller.metrics.guard_bypassed(kind, namespace, sweep)
-    log.warning(
-        "checkpoint guard BYPASSED: %s %s/%s released without verification through %s; set on %s",
-        kind,
-        namespace,
-        meta.get("name"),
-        constants.ANNOTATION_SKIP_VERIFICATION,
-        setter,
+    line = (
+        f"checkpoint guard BYPASSED: {kind} {namespace}/{meta.get('name')} released without verification through "
+        f"{constants.ANNOTATION_SKIP_VERIFICATION}; set on {setter}"
     )
-    if sweep_body is None:
-        return
-    sweep_meta = sweep_body.get("metadata") or {}
     message = (
         f"{kind} {meta.get('name')} released without checkpoint verification: "
         f"{constants.ANNOTATION_SKIP_VERIFICATION} set on {setter}"
     )
-    from .status import conditions_with, updated
-
-    try:
-        controller.status.update(
-            sweep_body,
-            lambda status: updated(
-                status,
-                {
-                    "conditions": conditions_with(
-                        status,
-                        sweep_meta.get("generation"),
-                        controller.clock(),
-                        ("CheckpointsVerified", False, BYPASS_REASON, message[:1024]),
-                    )
-                },
-            ),
-        )
-    except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
-        log.warning("cannot record the bypass on sweep %s/%s: %s", namespace, sweep_meta.get("name"), exc)
+    return BypassAudit(kind, namespace, sweep, line, message[:1024])

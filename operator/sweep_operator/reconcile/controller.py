@@ -22,7 +22,7 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import is_terminal, updated
+from ..status import conditions_with, is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, idle_gpus, kueue, resume, run_phase, usage
@@ -608,8 +608,23 @@ class SweepController:
                 self.status.update(newest or sweep, lambda s: updated(s, held))
             raise RetryLater(notice.message, decision.retry_after)
         if decision.audit and facts.skip:  # the escape hatch: a metric, a log naming its setter, a condition
-            audit.record_bypass(self, facts.kind, body, sweep)
+            self._record_bypass(audit.bypass_audit(facts.kind, body, sweep), sweep)
         return facts, decision
+
+    def _record_bypass(self, record: audit.BypassAudit, sweep: Mapping[str, Any] | None) -> None:
+        """Carry out a bypass audit: the metric, the log line, the sweep's CheckpointsVerified condition."""
+        self.metrics.guard_bypassed(record.kind, record.namespace, record.sweep)
+        log.warning("%s", record.log_line)
+        if sweep is None:
+            return
+        condition = ("CheckpointsVerified", False, audit.BYPASS_REASON, record.condition_message)
+        generation = meta_of(sweep).get("generation")
+        try:
+            self.status.update(
+                sweep, lambda s: updated(s, {"conditions": conditions_with(s, generation, self.clock(), condition)})
+            )
+        except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
+            log.warning("cannot record the bypass on sweep %s/%s: %s", record.namespace, record.sweep, exc)
 
     def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
         """The escape hatch on a sweep (or RayJob) covers the objects deleted after it, which outlive it."""
