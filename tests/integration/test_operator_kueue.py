@@ -115,3 +115,55 @@ def test_kueue_admission_then_preemption_then_readmission(env: OperatorEnv) -> N
 
     env.delete_sweep(name)  # the guard holds exactly as today: verified, then released
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released by the guard")
+
+
+def test_a_preempted_run_with_a_broken_checkpoint_holds_its_cluster_but_not_its_gpus(env: OperatorEnv) -> None:
+    """The guard matrix's Kueue-preemption row (issues 25 and 26): Kueue preempts a running sweep whose run lost a
+    checkpoint file. KubeRay deletes the cluster on the suspend without stopping the job; the guard holds it
+    (verification saw the missing file), and once the graceful window has passed its GPU workers are deleted while
+    the cluster, its head and the finalizer stay. Repaired, the cluster is released and Kueue readmits the sweep."""
+    quota(env, 64)
+    doc = env.new_sweep(
+        "kq-held",
+        gpu=True,
+        spec__tune__maxConcurrentTrials=1,
+        spec__workerGroup__minReplicas=2,
+        **{"spec.deadlines": {"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 2}},
+    )
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(), Outcome.hang())
+    env.standin.emulate_pods = True
+    try:
+        env.apply(doc)
+        running = env.wait_phase(name, "Running")
+        cluster = running["rayClusterName"]
+        bucket, prefix = env.run_root(name)
+        synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+
+        def workers() -> list[str]:
+            pods = env.core.list_namespaced_pod("default", label_selector=f"ray.io/cluster={cluster}").items
+            return [
+                p.metadata.name
+                for p in pods
+                if p.metadata.labels.get("ray.io/node-type") == "worker" and not p.metadata.deletion_timestamp
+            ]
+
+        wait_for(workers, TIMEOUT, what="the GPU workers running")
+        missing = synthetic.delete_file()
+        env.kueue.evict("default", workload_name(rayjob_of(env, name)))
+        wait_for(lambda: "CheckpointsNotVerified" in env.event_reasons(cluster), TIMEOUT, what="the cluster held")
+        wait_for(lambda: not workers(), TIMEOUT, what="the held cluster's GPU workers deleted")
+        held = env.get(constants.RAYCLUSTER_PLURAL, cluster)
+        assert held is not None and constants.FINALIZER in held["metadata"]["finalizers"]
+        messages = [e.message for e in env.events(cluster) if e.reason == "CheckpointsNotVerified"]
+        assert any(missing.split("/")[-1] in m for m in messages), messages
+        assert "HeldClusterWorkersReleased" in env.event_reasons(cluster)
+        write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+        wait_for(lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster) is None, TIMEOUT, what="released once verified")
+        env.wait_status(
+            name, lambda s: (s.get("kueue") or {}).get("admissions") == 2 and s.get("phase") == "Running", "readmitted"
+        )
+    finally:
+        env.standin.emulate_pods = False
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released by the guard")

@@ -158,6 +158,51 @@ def test_a_resume_continues_on_the_same_run_root_as_attempt_two_and_the_guard_re
     assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
 
 
+@pytest.mark.parametrize("column", ["complete", "file-missing"])
+def test_the_guard_holds_a_resumed_second_attempt_on_the_shared_run_root(env: OperatorEnv, column: str) -> None:
+    """The guard matrix's resumed-attempt row (issue 25): attempt 2 runs on attempt 1's run root, resumed by a spec
+    edit that also turns spec.deletion.verifyCheckpoints off (defect 2: what the chart's policy refuses a tenant,
+    here without the policy). Attempt 2's RayJob is deleted with one of attempt 1's files missing: held, the
+    verification of the shared root saw it; complete: released by a passing verification, never by the flag."""
+    name, bucket, root, synthetic = stopped_at_deadline(env, f"rsm-{column[:4]}")
+    first = env.status(name)
+    result = get_json(env, bucket, f"{root}/_sweep/result.json")
+    put_json(env, bucket, f"{root}/_sweep/result.json", {k: v for k, v in result.items() if k != "deadlineReached"})
+    second = f"{first['rayJobName']}-a2"
+    env.runner.script(second, Outcome.hang())
+    env.custom.patch_namespaced_custom_object(
+        constants.GROUP,
+        constants.VERSION,
+        "default",
+        constants.PLURAL,
+        name,
+        {"spec": {"resume": {"generation": 1, "activeSeconds": 900}, "deletion": {"verifyCheckpoints": False}}},
+    )
+    env.wait_status(name, lambda s: s.get("phase") == "Running" and s.get("rayJobName") == second, "attempt 2 runs")
+    guarded = json.loads(
+        env.get(constants.RAYJOB_PLURAL, second)["metadata"]["annotations"][constants.ANNOTATION_GUARD]
+    )
+    assert guarded["verify"] is True and guarded["runRoot"] == f"s3://{bucket}/{root}", guarded
+    missing = synthetic.delete_file() if column == "file-missing" else ""
+    env.delete_ray(constants.RAYJOB_PLURAL, second)
+    if column == "complete":
+        wait_for(lambda: env.get(constants.RAYJOB_PLURAL, second) is None, TIMEOUT, what="attempt 2 released")
+        released = [e.message for e in env.events(second) if e.reason == "CheckpointGuardReleased"]
+        assert released and "verified complete" in released[0], env.event_reasons(second)
+        return
+    wait_for(
+        lambda: sum(r == "CheckpointsNotVerified" for r in env.event_reasons(second)) >= 2,
+        TIMEOUT,
+        what="attempt 2's RayJob held through two verifications",
+    )
+    assert env.get(constants.RAYJOB_PLURAL, second) is not None
+    held = [e.message for e in env.events(second) if e.reason == "CheckpointsNotVerified"]
+    assert any(missing.split("/")[-1] in m for m in held), held
+    assert "CheckpointGuardBypassed" not in env.event_reasons(second), "released on the spec's verify flag"
+    write_sweep(env.s3_client, bucket, root, trials=2, checkpoints=1, files=1)
+    wait_for(lambda: env.get(constants.RAYJOB_PLURAL, second) is None, TIMEOUT, what="released once repaired")
+
+
 def test_a_resume_of_an_unverified_run_root_is_refused_naming_the_missing_objects(
     env: OperatorEnv, kubeconfig: Path
 ) -> None:
