@@ -151,6 +151,18 @@ def s3_endpoint(env: Mapping[str, str]) -> str | None:
     return env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
 
 
+def stop_wait_s(env_vars: Mapping[str, str]) -> float:
+    """How long a stopped driver has between SIGTERM and SIGKILL: the job's `RAY_JOB_STOP_WAIT_TIME_S`, as Ray's job
+    supervisor reads it (JobSupervisor.run: an int, default 3 s); STOP_GRACE_S for a RayJob rendered without it."""
+    raw = env_vars.get(constants.ENV_JOB_STOP_WAIT)
+    if raw is None:
+        return STOP_GRACE_S
+    try:
+        return float(int(raw))
+    except ValueError:
+        return 3.0
+
+
 def _free_ports(n: int) -> list[int]:
     """`n` distinct free loopback ports.
 
@@ -370,8 +382,8 @@ def run_rayjob(
     The driver gets the container env and the runtime env exactly as rendered, plus `env_overrides` (which reach
     every Ray worker too, like runtime env vars). `workdir` (default: the current directory) is the driver's cwd and
     is put on PYTHONPATH, standing in for the image's code. The run is killed after `timeout_s` (default: the
-    RayJob's activeDeadlineSeconds, KubeRay's hard stop); setting `stop_event` stops the driver early, as KubeRay
-    stopping the job would. LocalRunError when it can never fit (`check_fit=False` leaves that to the driver's own
+    RayJob's activeDeadlineSeconds, KubeRay's hard stop); setting `stop_event` stops the driver early as Ray's Jobs
+    API stop does (SIGTERM, then SIGKILL after the job's `RAY_JOB_STOP_WAIT_TIME_S`: the driver's graceful stop). LocalRunError when it can never fit (`check_fit=False` leaves that to the driver's own
     bounded failure) or Ray does not start.
     """
     workdir = Path(workdir or os.getcwd()).resolve()
@@ -407,6 +419,7 @@ def run_rayjob(
     limit = timeout_s if timeout_s is not None else float(rayjob["spec"].get("activeDeadlineSeconds") or 0) or None
     log_path = log_dir / "driver.log"
     endpoint = s3_endpoint(driver_env)
+    grace_s = stop_wait_s(env_vars)
     stop_polling = threading.Event()
     started = time.monotonic()
     try:
@@ -422,12 +435,12 @@ def run_rayjob(
                 argv, env=driver_env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             try:
-                returncode = _wait(process, limit, stop_event)
+                returncode = _wait(process, limit, stop_event, grace_s)
             except subprocess.TimeoutExpired:
                 _stop_group(process, STOP_GRACE_S)
                 returncode = EXIT_TIMED_OUT
             except BaseException:
-                _stop_group(process, STOP_GRACE_S)
+                _stop_group(process, grace_s)  # run-local's own SIGTERM or Ctrl-C: the driver stops gracefully too
                 raise
     finally:
         stop_polling.set()
@@ -449,8 +462,14 @@ def run_rayjob(
     )
 
 
-def _wait(process: subprocess.Popen[Any], limit: float | None, stop_event: threading.Event | None) -> int:
-    """The driver's exit code; TimeoutExpired after `limit`; a set `stop_event` stops it (KubeRay stopping the job)."""
+def _wait(
+    process: subprocess.Popen[Any],
+    limit: float | None,
+    stop_event: threading.Event | None,
+    grace_s: float = STOP_GRACE_S,
+) -> int:
+    """The driver's exit code; TimeoutExpired after `limit`; a set `stop_event` stops it (Ray's Jobs API stop: SIGTERM,
+    SIGKILL after `grace_s`)."""
     if stop_event is None:
         return process.wait(timeout=limit)
     deadline = None if limit is None else time.monotonic() + limit
@@ -461,7 +480,7 @@ def _wait(process: subprocess.Popen[Any], limit: float | None, stop_event: threa
             if deadline is not None and time.monotonic() >= deadline:
                 raise
             if stop_event.is_set():
-                _stop_group(process, STOP_GRACE_S)
+                _stop_group(process, grace_s)
                 return process.wait()
 
 

@@ -1,7 +1,9 @@
 """The in-cluster driver (`python -m training_entrypoints.sweep`): one sweep run as Ray Tune over Ray Train V2.
 
 Everything that can be wrong with the input is checked before Ray starts (exit 2); a sweep with a failed trial
-exits 1 after writing its result file; a sweep stopped by its deadline exits 0 with its checkpoints persisted.
+exits 1 after writing its result file; a sweep stopped by its deadline exits 0 with its checkpoints persisted; a sweep
+stopped by SIGTERM (Ray's Jobs API stop) stops gracefully, records the stop in its status and exits 0 (no result file:
+the run is unfinished, and the next attempt resumes it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
-from . import preflight, resume, storage
+from . import graceful_stop, preflight, resume, storage
 from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
 from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
@@ -29,6 +31,7 @@ logger = logging.getLogger("training_entrypoints.sweep")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INPUT = 2
+EXIT_STOPPED = 0  # Ray marks a job it stopped STOPPED whatever the code; 0 says the stop went as asked
 _TRUE = ("1", "true", "yes")
 
 
@@ -203,7 +206,11 @@ class AttemptLedger:
 
 
 def restore_tuner(
-    plan: SweepPlan, trainable: Any, progress: SweepProgressCallback, budget: float | None
+    plan: SweepPlan,
+    trainable: Any,
+    progress: SweepProgressCallback,
+    budget: float | None,
+    stop: graceful_stop.GracefulStop | None = None,
 ) -> tuple[Any, resume.ContinuePlan]:
     """Tuner.restore of the run's experiment, set up to continue rather than restart (training_entrypoints.resume).
 
@@ -233,9 +240,13 @@ def restore_tuner(
     internal._tune_config.max_concurrent_trials = None  # already applied by continuing_search (a ConcurrencyLimiter)
     # This attempt's progress callback (its attempt facts), not the pickled one of the first attempt; KeepTrialLogs
     # first, before any logger that came back with the pickled run config.
-    ours = (SweepProgressCallback, resume.KeepTrialLogs)
+    ours = (SweepProgressCallback, resume.KeepTrialLogs, graceful_stop.GracefulStopCallback)
     callbacks = [c for c in (internal._run_config.callbacks or []) if not isinstance(c, ours)]
     internal._run_config.callbacks = [resume.KeepTrialLogs(), *callbacks, progress]
+    if stop is not None:
+        # This attempt's stop, not the pickled one of an earlier attempt (whose signal state was not kept).
+        internal._run_config.callbacks.append(graceful_stop.GracefulStopCallback(stop))
+        internal._run_config.stop = graceful_stop.GracefulStopper(stop)
     return tuner, continued
 
 
@@ -243,7 +254,6 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
     """Run the Tuner on the connected Ray cluster and write the result file; the exit code."""
     import ray
     from ray import tune
-    from ray.tune.search import Searcher
 
     run_spec = plan.run_spec
     spec, layout = run_spec.spec, run_spec.layout
@@ -268,13 +278,38 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
     driver_resources = trial_driver_resources(cluster)
     trainable = tune.with_resources(make_trial_driver(run_spec), driver_resources)
     progress = SweepProgressCallback(layout, spec.tune.metric, spec.tune.mode, attempt_facts=ledger.facts())
+    # From here a SIGTERM (Ray's Jobs API stop: KubeRay's StopJob, the operator's graceful stop) stops Tune gracefully.
+    stop = graceful_stop.from_env(spec.deadlines.graceful_stop_seconds)
+    restore_signals = graceful_stop.install(stop)
+    try:
+        return _tune(plan, mode, ledger, trainable, progress, budget, stop, cluster, driver_resources)
+    finally:
+        restore_signals()
+
+
+def _tune(
+    plan: SweepPlan,
+    mode: RunMode,
+    ledger: AttemptLedger,
+    trainable: Any,
+    progress: SweepProgressCallback,
+    budget: float | None,
+    stop: graceful_stop.GracefulStop,
+    cluster: Mapping[str, float],
+    driver_resources: Mapping[str, float],
+) -> int:
+    from ray import tune
+    from ray.tune.search import Searcher
+
+    run_spec = plan.run_spec
+    spec, layout = run_spec.spec, run_spec.layout
     known: tuple[str, ...] = ()
     if mode is RunMode.RESUME:
         logger.warning(
             "recovering run %s from %s (attempt %d: %s, R16)", run_spec.run_id, layout.tune_dir, plan.attempt,
             "a resume of the ended run" if ledger.earlier else "a retry of this attempt",
         )  # fmt: skip
-        tuner, continued = restore_tuner(plan, trainable, progress, budget)
+        tuner, continued = restore_tuner(plan, trainable, progress, budget, stop)
         known = continued.known
         ledger.record = {**ledger.record, "resumedTrials": sorted(continued.continued)}
         progress.attempt_facts = ledger.facts()
@@ -298,10 +333,13 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
                 name=s3_layout.TUNE_EXPERIMENT_NAME,
                 storage_path=layout.tune_storage_path,
                 failure_config=tune.FailureConfig(max_failures=spec.failure_policy.trial_failures),
-                callbacks=[progress],
+                callbacks=[progress, graceful_stop.GracefulStopCallback(stop)],
+                stop=graceful_stop.GracefulStopper(stop),
             ),
         )
     results = tuner.fit()
+    if stop.triggered:
+        return _record_graceful_stop(plan, ledger, progress, stop, known)
     deadline_reached = deadline_was_reached(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
 
     # Every trial of every attempt: the restored experiment holds them all, so the best is chosen over all of them.
@@ -335,6 +373,41 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
             f"sweep: stopped {spec.deadlines.graceful_stop_seconds} s before the deadline; checkpoints so far are kept"
         )
     return EXIT_OK
+
+
+def _record_graceful_stop(
+    plan: SweepPlan,
+    ledger: AttemptLedger,
+    progress: SweepProgressCallback,
+    stop: graceful_stop.GracefulStop,
+    known: tuple[str, ...],
+) -> int:
+    """The sweep was stopped by a signal: `_sweep/status.json` says so (phase Stopped, `stoppedBy`, what each trial
+    last reported); no result file, so the run stays unfinished and a later attempt (a Kueue readmission, a resume)
+    continues it from the committed checkpoints."""
+    run_spec = plan.run_spec
+    spec, layout = run_spec.spec, run_spec.layout
+    summaries = progress.summaries()
+    ledger.record = resume.finish_record(
+        ledger.record,
+        ended_at=utc_now(),
+        phase="Stopped",
+        new_trials=[s.id for s in summaries if s.id not in set(known)],
+    )
+    record = stop.record(run_spec.run_root)
+    document = status_document(
+        summaries, spec.tune.metric, spec.tune.mode, phase="Stopped", attempt_facts=ledger.facts()
+    )
+    document.update(stoppedBy=graceful_stop.STOPPED_BY_SIGNAL, stop=record)
+    storage.write_json(layout.status_path, document)
+    reported = [t["id"] for t in record["trials"] if t["reportedAfterStop"]]
+    print(
+        f"sweep: stopped by {record['signal']} after {record['waitedSeconds']} s: "
+        f"{len(reported)} of {len(record['trials'])} running trial(s) reported once more and were stopped"
+        + (" (the wait ran out)" if record["timedOut"] else "")
+        + f"; status in {layout.status_path}"
+    )
+    return EXIT_STOPPED
 
 
 def _print_summary(document: Mapping[str, Any], where: str) -> None:

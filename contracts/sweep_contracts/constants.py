@@ -72,6 +72,11 @@ ENV_DEADLINE_AT: Final = "SWEEP_DEADLINE_AT"
 ENV_RUN_ROOT: Final = "SWEEP_RUN_ROOT"
 ENV_TRAIN_V2: Final = "RAY_TRAIN_V2_ENABLED"
 ENV_WORKER_GROUP_START_TIMEOUT: Final = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+# Ray's job supervisor (job_supervisor.py, JobSupervisor.run) reads it from the job's runtime env: how long a stopped
+# job's driver has after SIGTERM before SIGKILL (Ray's default 3 s). Rendered from deadlines.gracefulStopSeconds.
+ENV_JOB_STOP_WAIT: Final = "RAY_JOB_STOP_WAIT_TIME_S"
+# The head's dashboard (Ray's Jobs API: KubeRay's StopJob posts /api/jobs/<id>/stop there).
+DASHBOARD_PORT: Final = 8265
 
 ENTRYPOINT_MODULE: Final = "training_entrypoints.sweep"
 ENTRYPOINT_COMMAND: Final = f"python -m {ENTRYPOINT_MODULE}"

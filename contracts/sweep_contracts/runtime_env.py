@@ -21,7 +21,8 @@ _LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def encode(run_spec: RunSpec, deadline_at: int | None) -> str:
-    """`runtimeEnvYAML` for a run: its spec, Train V2 pinned, the worker-group start timeout, the sweep deadline."""
+    """`runtimeEnvYAML` for a run: its spec, Train V2 pinned, the worker-group start timeout, the stop window, the sweep
+    deadline."""
     spec = run_spec.spec
     env_vars = {
         constants.ENV_RUN_SPEC: run_spec.to_json(),
@@ -29,6 +30,9 @@ def encode(run_spec: RunSpec, deadline_at: int | None) -> str:
         constants.ENV_TRAIN_V2: "1",
         # An unsatisfiable ScalingConfig fails after the startup budget instead of waiting forever (R6, R12).
         constants.ENV_WORKER_GROUP_START_TIMEOUT: str(spec.deadlines.startup_seconds),
+        # Ray's Jobs API stop (KubeRay's StopJob, the operator's graceful stop) SIGTERMs the driver and SIGKILLs it
+        # after this many seconds (Ray's default 3): the driver's window to let each trial report and commit once more.
+        constants.ENV_JOB_STOP_WAIT: str(spec.deadlines.graceful_stop_seconds),
     }
     if deadline_at is not None:
         env_vars[constants.ENV_DEADLINE_AT] = str(int(deadline_at))

@@ -269,6 +269,8 @@ def test_every_retry_class_and_deadline_is_rendered_explicitly() -> None:
     env = env_vars(rayjob)
     assert env[constants.ENV_DEADLINE_AT] == "1900000000"
     assert env[constants.ENV_WORKER_GROUP_START_TIMEOUT] == "900"
+    # Ray's job supervisor gives a stopped driver this long between SIGTERM and SIGKILL (issue 26, section 0).
+    assert env[constants.ENV_JOB_STOP_WAIT] == "120"
     policy = RunSpec.from_json(env[constants.ENV_RUN_SPEC]).spec.failure_policy
     assert (policy.worker_failures, policy.controller_failures, policy.preemption_failures) == (2, 4, 6)
     assert policy.trial_failures == 1

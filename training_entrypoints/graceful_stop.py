@@ -1,0 +1,207 @@
+"""SIGTERM (Ray's Jobs API stop, KubeRay's StopJob) as a graceful Tune stop: no new trials, each running trial ends
+after its next report, whose checkpoint Train commits before Tune sees the result; then the driver records the stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.tune import Callback
+from ray.tune.stopper import Stopper
+
+from sweep_contracts import constants
+
+from . import storage
+from .progress import CHECKPOINT_PATH_KEY, utc_now
+
+logger = logging.getLogger(__name__)
+
+STOPPED_BY_SIGNAL = "signal"
+# What the driver keeps of the window for itself after the last report: Tune stops the trials (Train's abort, up to
+# trial_stop.ABORT_TIMEOUT_S) and the status is written before Ray's supervisor sends SIGKILL.
+MAX_MARGIN_S = 30.0
+RAY_DEFAULT_STOP_WAIT_S = 3.0  # JobSupervisor.DEFAULT_RAY_JOB_STOP_WAIT_TIME_S
+
+
+def stop_window_s(env: Mapping[str, str], graceful_stop_s: float) -> float:
+    """How long the driver has from SIGTERM to SIGKILL: `RAY_JOB_STOP_WAIT_TIME_S` as Ray's supervisor reads it (an
+    int), else the spec's gracefulStopSeconds (what the operator renders it from)."""
+    raw = env.get(constants.ENV_JOB_STOP_WAIT)
+    if raw is not None:
+        try:
+            return float(int(raw))
+        except ValueError:
+            return RAY_DEFAULT_STOP_WAIT_S  # the supervisor would fail on it; nothing better is known
+    return float(graceful_stop_s)
+
+
+def report_wait_s(window_s: float) -> float:
+    """How long the trials get to report once more: the window less a margin (a third of it, at most MAX_MARGIN_S)."""
+    return max(0.0, window_s - min(MAX_MARGIN_S, window_s / 3.0))
+
+
+@dataclass
+class StoppedTrial:
+    """A trial the stop ended: whether it reported after the signal, and the checkpoint of its last report."""
+
+    id: str
+    reported: bool = False
+    checkpoint_path: str | None = None
+
+
+@dataclass
+class GracefulStop:
+    """The stop's state, shared by the signal handler, the Stopper and the Callback (all in the driver process).
+
+    Decisions are pure (`should_stop_all`); the clock is injected."""
+
+    report_wait_s: float
+    clock: Callable[[], float] = time.monotonic
+    requested_at: float | None = None  # monotonic
+    requested_utc: str | None = None
+    signal_name: str | None = None
+    awaiting: set[str] | None = None  # running at the request, not reported since; None until the next step
+    trials: dict[str, StoppedTrial] = field(default_factory=dict)
+    timed_out: bool = False
+    triggered: bool = False  # the experiment was stopped for it (a request after the sweep ended changes nothing)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its stopper and callbacks with the experiment; a stop belongs to the attempt that got it.
+        return {"report_wait_s": self.report_wait_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(report_wait_s=state["report_wait_s"])  # type: ignore[misc]
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def request(self, signal_name: str) -> None:
+        """Called from the signal handler: only notes the request (Tune acts on it in its own loop)."""
+        if self.requested_at is None:
+            self.requested_at = self.clock()
+            self.requested_utc = utc_now()
+            self.signal_name = signal_name
+
+    def note_trials(self, running: list[str]) -> None:
+        """At the first Tune step after the request: the trials to wait for are the ones running then."""
+        with self._lock:
+            if self.requested and self.awaiting is None:
+                self.awaiting = set(running)
+                for trial_id in running:
+                    self.trials.setdefault(trial_id, StoppedTrial(trial_id))
+
+    def note_result(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        with self._lock:
+            if not self.requested or self.awaiting is None or trial_id not in self.trials:
+                return
+            trial = self.trials[trial_id]
+            trial.reported = True
+            trial.checkpoint_path = result.get(CHECKPOINT_PATH_KEY) or trial.checkpoint_path
+            self.awaiting.discard(trial_id)
+
+    def note_ended(self, trial_id: str) -> None:
+        """A trial that ended on its own (finished, failed) is not waited for."""
+        with self._lock:
+            if self.awaiting is not None:
+                self.awaiting.discard(trial_id)
+
+    def should_stop_all(self) -> bool:
+        """Stop the experiment once every trial running at the request reported once more, or the wait is over."""
+        if not self.requested or self.awaiting is None:
+            return False
+        if self.awaiting and self.clock() - self.requested_at_or_now() < self.report_wait_s:
+            return False
+        self.timed_out = bool(self.awaiting)
+        self.triggered = True
+        return True
+
+    def requested_at_or_now(self) -> float:
+        return self.clock() if self.requested_at is None else self.requested_at
+
+    def record(self, run_root: str) -> dict[str, Any]:
+        """The `stop` block of `_sweep/status.json`: what the stop ended, each trial's last reported checkpoint."""
+        waited = None if self.requested_at is None else round(self.clock() - self.requested_at, 1)
+        return {
+            "signal": self.signal_name,
+            "requestedAt": self.requested_utc,
+            "stoppedAt": utc_now(),
+            "waitedSeconds": waited,
+            "reportWaitSeconds": self.report_wait_s,
+            "timedOut": self.timed_out,
+            "trials": [
+                {
+                    "id": t.id,
+                    "reportedAfterStop": t.reported,
+                    "checkpointUri": storage.to_uri(t.checkpoint_path, run_root) if t.checkpoint_path else None,
+                }
+                for t in sorted(self.trials.values(), key=lambda t: t.id)
+            ],
+        }
+
+
+class GracefulStopper(Stopper):
+    """Tune's stopper: never stops one trial (a trial the stopper ends is marked `done`, and a resumed attempt would
+    not continue it); stops the whole experiment as `_stop_experiment_if_needed` does for a time budget, so the trials
+    end TERMINATED without `done` and the next attempt resumes them (training_entrypoints.resume)."""
+
+    def __init__(self, stop: GracefulStop):
+        self.stop = stop
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        self.stop.note_result(trial_id, result)
+        return False
+
+    def stop_all(self) -> bool:
+        return self.stop.should_stop_all()
+
+
+class GracefulStopCallback(Callback):
+    """Tells the stop which trials run when it is asked (`on_step_begin` comes before the step's results)."""
+
+    def __init__(self, stop: GracefulStop):
+        self.stop = stop
+
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if self.stop.requested and self.stop.awaiting is None:
+            running = [str(t.trial_id) for t in trials if t.status == "RUNNING"]
+            self.stop.note_trials(running)
+            logger.warning(
+                "%s: stopping the sweep gracefully: no new trials; waiting up to %.0f s for the next report of %s",
+                self.stop.signal_name, self.stop.report_wait_s, ", ".join(running) or "no running trial",
+            )  # fmt: skip
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.stop.note_ended(str(trial.trial_id))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.stop.note_ended(str(trial.trial_id))
+
+
+def install(stop: GracefulStop, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)) -> Callable[[], None]:
+    """Turn `signals` into `stop.request` (main thread only); returns what puts the old handlers back."""
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.request(signal.Signals(signum).name)
+
+    for sig in signals:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def from_env(graceful_stop_s: float, env: Mapping[str, str] | None = None) -> GracefulStop:
+    return GracefulStop(report_wait_s=report_wait_s(stop_window_s(os.environ if env is None else env, graceful_stop_s)))
