@@ -66,7 +66,7 @@ def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mappin
 
 
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-KOPF_FINALIZER = f"{constants.GROUP}/kopf-unused"
+KOPF_FINALIZER = f"{constants.GROUP}/kopf-timer"
 MAX_HANDLER_THREADS = 16  # kopf's executor; event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
 GUARD_WORKERS = 8  # the guard's deletion pipeline (each may wait on an S3 verification)
@@ -124,9 +124,9 @@ def quiet_routine_handler_logs() -> None:
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
-    # The guard's finalizer is ours, not kopf's: kopf removes its configured finalizer from any object no deletion
-    # handler requires, and we register none (the controller's deletion pipeline adds and removes ours). kopf gets
-    # a name of its own that it never has a reason to add.
+    # The guard's finalizer is ours, not kopf's: kopf removes its configured finalizer from an object once no handler
+    # needs it (at deletion, as soon as it has stopped the sweep's timer), and we register no deletion handler (the
+    # controller's deletion pipeline adds and removes ours). kopf's own name guards only the timer's shutdown.
     kopf_settings.persistence.finalizer = KOPF_FINALIZER
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
