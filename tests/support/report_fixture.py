@@ -27,3 +27,43 @@ def upload_run_root(client: Any, bucket: str, prefix: str) -> str:
                     key = f"{prefix}/{path.parent.relative_to(FIXTURE).as_posix()}/{entry['path']}"
                     client.put_object(Bucket=bucket, Key=key, Body=b"\0" * entry["size"])
     return root
+
+
+def stopped_run_root(dest: Path) -> Path:
+    """The fixture's run as a delete leaves it in S3: the driver stopped by SIGTERM (Ray's Jobs API stop, the
+    guard's graceful stop) wrote `_sweep/status.json` with phase Stopped and its stop record, and no result.json;
+    the run root at its real path `<storage>/<namespace>/<sweep>-<runId>`. Returns that run root."""
+    import shutil
+
+    root = dest / "sweeps" / "default" / "digits-asha-rep001"
+    shutil.copytree(FIXTURE, root)
+    (root / "_sweep" / "result.json").unlink()
+    status = json.loads((root / "_sweep" / "status.json").read_text())
+    status.update(
+        phase="Stopped",
+        stoppedBy="signal",
+        attempt=1,
+        attempts=[
+            {
+                "attempt": 1,
+                "startedAt": "2026-12-03T11:47:15Z",
+                "endedAt": "2026-12-03T11:48:58Z",
+                "phase": "Stopped",
+                "deadlineAt": None,
+                "numSamples": 4,
+                "resumedTrials": [],
+                "newTrials": sorted(p.name for p in (root / "tune").iterdir() if p.is_dir()),
+            }
+        ],
+        stop={
+            "signal": "SIGTERM",
+            "requestedAt": "2026-12-03T11:48:50Z",
+            "stoppedAt": "2026-12-03T11:48:58Z",
+            "waitedSeconds": 8.0,
+            "reportWaitSeconds": 60,
+            "timedOut": False,
+            "trials": [],
+        },
+    )
+    (root / "_sweep" / "status.json").write_text(json.dumps(status, indent=1))
+    return root

@@ -17,6 +17,7 @@ import pytest
 from sweep_contracts.timestamps import epoch_seconds as unix  # the one RFC 3339 reader
 from sweep_operator.cli import main as sweepctl
 from sweep_operator.cli.report import (
+    FIGURES,
     LocalStore,
     learning_curves,
     parameter_points,
@@ -152,9 +153,7 @@ def test_report_html_embeds_the_pngs_written_beside_it(tmp_path: Path) -> None:
     report = write_report(records_of(FIXTURE), tmp_path / "out", now=2_000_000_000.0)
     page = report.html.read_text()
     embedded = [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
-    assert embedded == [
-        report.figures[name].read_bytes() for name in ("learning_curves.png", "parameters.png", "timeline.png")
-    ]
+    assert embedded == [report.figures[name].read_bytes() for name in FIGURES]
     for data in embedded:
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
     assert "http://" not in page and "https://" not in page  # self-contained: nothing to fetch
@@ -169,13 +168,7 @@ def test_sweepctl_report_on_a_local_run_root(tmp_path: Path, capsys: pytest.Capt
     assert sweepctl(["report", "--storage", str(FIXTURE), "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "4 trial(s), 9 val_loss point(s)" in out
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
-        "learning_curves.png",
-        "parameters.png",
-        "report.html",
-        "report.json",
-        "timeline.png",
-    ]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted([*FIGURES, "report.html", "report.json"])
 
 
 def test_sweepctl_report_needs_a_name_or_a_run_root(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,148 @@
+"""report.html of `sweepctl report`: the sweep's facts, each figure inlined with a caption, the trials and the
+checkpoints as tables whose every column is headed. Values are formatted for people, never a Python repr."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..status import rfc3339
+from .report_data import Curves, ParameterSeries, format_value
+from .report_records import RunRecords, run_end, sweep_identity, trial_counts
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # the PNG written beside report.html
+    title: str
+    caption: str
+    png: bytes
+
+
+def _table(rows: Iterable[Iterable[Any]], header: Sequence[str]) -> str:
+    head = "".join(f'<th scope="col">{html.escape(h)}</th>' for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _facts(pairs: Iterable[tuple[str, str]]) -> str:
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in pairs)
+    return f'<dl class="facts">{items}</dl>'
+
+
+def title_of(records: RunRecords) -> str:
+    namespace, name = sweep_identity(records)
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _params(config: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={format_value(v)}" for k, v in sorted(config.items())) or "-"
+
+
+def _best(curves: Curves) -> str:
+    best = curves.best
+    if not best or not best.values:
+        return "-"
+    value = min(best.values) if curves.mode == "min" else max(best.values)
+    return f"{best.label} ({best.trial}): {curves.metric} {value:.6g}; config {_params(best.config)}"
+
+
+def _verdict(records: RunRecords) -> str:
+    verification, status = records.verification or {}, records.status
+    if verification:
+        return (
+            "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
+        ) + f" at {verification.get('verifiedAt')}"
+    if status.get("checkpoints"):
+        c = status["checkpoints"]
+        return (
+            f"{'verified' if c.get('verified') else 'NOT verified'} by the operator at {c.get('verifiedAt')}: "
+            f"{c.get('checked')} checkpoints, {c.get('bytes')} bytes"
+        )
+    return "not verified by this report (--no-verify, or not an S3 run root)"
+
+
+def _trial_rows(curves: Curves) -> tuple[list[str], list[list[Any]]]:
+    header = ["trial", *curves.varying, "status", f"{curves.x_label}s reported", f"last {curves.metric}"]
+    header += [f"best {curves.metric}", "outcome"]
+    rows = []
+    for t in curves.trials:
+        best_value = (min(t.values) if curves.mode == "min" else max(t.values)) if t.values else None
+        outcome = "best trial" if t.best else ("stopped early by the scheduler" if t.early_stopped else "")
+        rows.append(
+            [
+                t.trial,
+                *(format_value(t.config.get(n)) if n in t.config else "-" for n in curves.varying),
+                t.status or "-",
+                len(t.values),
+                f"{t.values[-1]:.6g}" if t.values else "-",
+                f"{best_value:.6g}" if best_value is not None else "-",
+                outcome or "-",
+            ]
+        )
+    return header, rows
+
+
+def parameters_caption(series: Sequence[ParameterSeries], constants: Mapping[str, Any], searched: bool) -> str:
+    """Which hyper-parameters the figure shows, which did not vary, and which every trial shared."""
+    shown = [s.name for s in series if s.varies]
+    flat = [f"{s.name}={format_value(s.points[0][0])}" for s in series if not s.varies]
+    parts = [f"Varied across trials: {', '.join(shown)}." if shown else "No hyper-parameter varied across trials."]
+    if flat:
+        parts.append(f"Searched but did not vary (every trial drew the same value): {', '.join(flat)}.")
+    if constants:
+        where = "fixed in paramSpace" if searched else "did not vary across trials"
+        parts.append(f"Same in every trial ({where}): {_params(constants)}.")
+    return " ".join(parts)
+
+
+def render_html(
+    records: RunRecords, curves: Curves, figures: Sequence[Figure], now: float, constants: Mapping[str, Any]
+) -> str:
+    title = title_of(records)
+    end = run_end(records)
+    facts = [
+        ("sweep", title),
+        ("run root", records.root),
+        ("phase", f"{end.phase}: {end.detail}"),
+        ("trials", trial_counts(records)),
+        ("best trial", _best(curves)),
+        ("same in every trial", _params(constants)),
+        ("deadline", str(records.status.get("deadlineAt") or "-")),
+        ("report written", rfc3339(now)),
+    ]
+    header, rows = _trial_rows(curves)
+    verification = records.verification or {}
+    checkpoints = [
+        (c.get("trial"), c.get("checkpoint"), c.get("files"), c.get("bytes"), c.get("status"))
+        for c in verification.get("checkpoints") or []
+    ]
+    problems = [(p.get("kind"), p.get("key"), p.get("detail")) for p in verification.get("problems") or []]
+    sections = "".join(
+        f'<section><h2>{html.escape(f.title)}</h2><figure><img alt="{html.escape(f.title)}" '
+        f'src="data:image/png;base64,{base64.b64encode(f.png).decode()}"/>'
+        f"<figcaption>{html.escape(f.caption)} ({html.escape(f.name)})</figcaption></figure></section>"
+        for f in figures
+    )
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>TrainingSweep report: {html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:80em;color:#222}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left;
+font-size:.9em}}th{{background:#f3f3f3}}img{{max-width:100%}}figure{{margin:.5em 0 1.5em}}
+figcaption{{color:#555;font-size:.9em;max-width:60em}}dl.facts{{display:grid;grid-template-columns:max-content auto;
+gap:.2em 1.2em}}dl.facts dt{{font-weight:600}}dl.facts dd{{margin:0}}</style>
+</head><body>
+<h1>TrainingSweep {html.escape(title)}</h1>
+{_facts(facts)}
+{sections}
+<section><h2>Trials</h2>
+{_table(rows, header)}</section>
+<section><h2>Checkpoints</h2>
+<p>{html.escape(_verdict(records))}</p>
+{_table(checkpoints, ("trial", "checkpoint", "files", "bytes", "status")) if checkpoints else ""}
+{_table(problems, ("problem", "key", "detail")) if problems else ""}</section>
+</body></html>
+"""
