@@ -119,6 +119,7 @@ class OperatorMetrics:
         self._source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         self._gpu_budget: int | None = None
         self._gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None
+        self._gpu_hour_ledgers: Callable[[], Mapping[str, Any]] | None = None
         self._namespaces: set[str] = set()  # every namespace seen keeps its zero series (0, not absent)
         self.reconcile_seconds = Histogram(
             "trainingsweep_reconcile_duration_seconds",
@@ -229,12 +230,15 @@ class OperatorMetrics:
         *,
         gpu_budget: int | None = None,
         gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None,
+        gpu_hour_ledgers: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """Compute the state gauges at each scrape from `source()` (the controller's cached sweeps);
-        `gpu_hour_budget(namespace)` is the namespace's GPU-hour budget, if any."""
+        `gpu_hour_budget(namespace)` is the namespace's GPU-hour budget, if any; `gpu_hour_ledgers()` the namespaces'
+        GPU-hour ledgers the operator last read or wrote (hours_ledger.HoursLedger, by namespace)."""
         self._source = source
         self._gpu_budget = gpu_budget
         self._gpu_hour_budget = gpu_hour_budget
+        self._gpu_hour_ledgers = gpu_hour_ledgers
 
     def recompute(self, sweeps: Iterable[Mapping[str, Any]]) -> None:
         """Replace what the state gauges know with these sweep objects (a list or the controller's cache)."""
@@ -441,16 +445,24 @@ class _StateCollector(Collector):
             labels=["namespace"],
         )
         budget_of = self.metrics._gpu_hour_budget
-        for namespace in namespaces:
+        # The namespace's ledger, deleted sweeps included; the sweeps' own records only before it was read here.
+        ledgers = dict(self.metrics._gpu_hour_ledgers() if self.metrics._gpu_hour_ledgers is not None else {})
+        for namespace in sorted(set(namespaces) | set(ledgers)):
             policy = budget_of(namespace) if budget_of is not None else None
             if policy is None:
                 continue
-            seconds = sum(
-                s.usage.window_gpu_seconds(now, policy.window_seconds)
-                for s in sweeps
-                if s.namespace == namespace and s.usage is not None
-            )
-            window_used.add_metric([namespace], seconds / 3600.0)
+            if namespace in ledgers:
+                hours = float(ledgers[namespace].used(now))
+            else:
+                hours = (
+                    sum(
+                        s.usage.window_gpu_seconds(now, policy.window_seconds)
+                        for s in sweeps
+                        if s.namespace == namespace and s.usage is not None
+                    )
+                    / 3600.0
+                )
+            window_used.add_metric([namespace], hours)
             window_budget.add_metric([namespace], policy.gpu_hours)
         yield window_used
         yield window_budget

@@ -167,3 +167,67 @@ def test_a_preempted_run_with_a_broken_checkpoint_holds_its_cluster_but_not_its_
         env.standin.emulate_pods = False
     env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released by the guard")
+
+
+def test_kueue_sweeps_reserve_their_gpu_hours_from_creation_and_the_rayjob_waits_for_the_check(
+    env: OperatorEnv,
+) -> None:
+    """Issue 27, leak 4: a namespace of 36 GPU-seconds per hour. The first Kueue sweep (30 GPU-seconds worst case)
+    passes the GPU-hour check, reserves its hours and gets its suspended RayJob, which Kueue keeps queued (no quota
+    for it); a second one of the same shape is Queued by the GPU-hour check with no RayJob at all, although nothing
+    has run yet."""
+    import dataclasses
+
+    from sweep_operator.reconcile.usage import HOUR
+
+    namespace = "kq-hours"
+    try:
+        env.core.create_namespace({"metadata": {"name": namespace}})
+    except Exception as exc:  # already there (a rerun)
+        if getattr(exc, "status", None) != 409:
+            raise
+    env.kueue.apply_queues(local_queue(namespace, QUEUE, "kueue-cq"))
+    quota(env, "100m")  # too small for the head: Kueue keeps every Workload queued
+    before = env.operator.controller.settings
+    settings = dataclasses.replace(
+        before, namespace_gpu_hour_budgets=(f"{namespace}={36 / HOUR:.6f}",), gpu_hours_window_seconds=3600
+    )
+    env.operator.controller.settings = settings
+    shape = {
+        "spec__trial": {"workers": 1, "resourcesPerWorker": {"cpu": 1, "gpu": 1, "memory": "4Gi"}},
+        "spec__tune__maxConcurrentTrials": 1,
+        "spec.deadlines": {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 0},
+    }
+    applied: list[str] = []
+    try:
+        first = env.new_sweep("kq-h1", namespace=namespace, gpu=True, **shape)
+        env.apply(first)
+        applied.append(first["metadata"]["name"])
+        one = env.wait_status(
+            first["metadata"]["name"],
+            lambda s: (s.get("kueue") or {}).get("localQueue") == QUEUE,
+            "queued by Kueue",
+            namespace,
+        )
+        assert one["phase"] == "Queued" and len(env.rayjobs(first["metadata"]["name"], namespace)) == 1
+        second = env.new_sweep("kq-h2", namespace=namespace, gpu=True, **shape)
+        env.apply(second)
+        applied.append(second["metadata"]["name"])
+        two = env.wait_status(
+            second["metadata"]["name"],
+            lambda s: s.get("phase") == "Queued" and "namespace budget" in (s.get("message") or ""),
+            "queued by the GPU-hour check",
+            namespace,
+        )
+        assert "kueue" not in two and not two.get("runId")
+        assert env.rayjobs(second["metadata"]["name"], namespace) == []  # created only once the check admits it
+        stored = env.custom.get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL, constants.LEDGER_NAME
+        )
+        (entry,) = stored["status"]["sweeps"]
+        assert entry["name"] == first["metadata"]["name"]
+        assert entry["reservation"]["gpuHours"] * HOUR == pytest.approx(30, abs=0.1)
+    finally:
+        env.operator.controller.settings = before
+        for name in applied:
+            env.delete_sweep(name, namespace)

@@ -213,6 +213,8 @@ NAMESPACED_GRANTS = {
     # delete: the worker pods of a RayCluster the guard holds (docs/security.md, "hold the data, not the GPUs")
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # Kueue mode: read the RayJobs' Workloads
+    # the namespaces' GPU-hour ledgers: created, then replaced with the resourceVersion precondition; never deleted
+    ("sweeps.dev", "gpuhourledgers"): {"get", "list", "watch", "create", "update"},
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NAMESPACES_READ = {("", "namespaces"): {"get", "list", "watch"}}
@@ -223,6 +225,19 @@ NAMED_CLUSTER_GRANTS = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
 }
 WEBHOOK_SECRET_GRANTS = {("", "secrets"): {"get", "update"}}
+
+
+def operator_cluster_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRoles bound to the operator (the tenants' aggregated ledger viewer left out)."""
+    return [r for r in of_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-gpu-ledger-viewer")]
+
+
+def test_tenants_may_read_their_gpu_hour_ledger_and_only_read_it() -> None:
+    """The ledger reads like a ResourceQuota: the view, edit and admin roles aggregate get/list/watch on it."""
+    (viewer,) = [r for r in of_kind(render("defaults"), "ClusterRole") if r["metadata"]["name"].endswith("-viewer")]
+    labels = viewer["metadata"]["labels"]
+    assert all(labels[f"rbac.authorization.k8s.io/aggregate-to-{r}"] == "true" for r in ("view", "edit", "admin"))
+    assert grants([viewer]) == {("sweeps.dev", "gpuhourledgers"): {"get", "list", "watch"}}
 
 
 def manager_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,7 +252,7 @@ def test_cluster_wide_mode_grants_exactly_what_the_operator_touches() -> None:
     docs = render("defaults")
     assert not manager_roles(docs)
     assert grants(of_kind(docs, "Role")) == WEBHOOK_SECRET_GRANTS
-    assert grants(of_kind(docs, "ClusterRole")) == NAMESPACED_GRANTS | CRD_READ | NAMESPACES_READ | NAMED_CLUSTER_GRANTS
+    assert grants(operator_cluster_roles(docs)) == NAMESPACED_GRANTS | CRD_READ | NAMESPACES_READ | NAMED_CLUSTER_GRANTS
     for binding in of_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": one(docs, "ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
@@ -247,7 +262,7 @@ def test_cluster_wide_mode_grants_exactly_what_the_operator_touches() -> None:
 def test_watch_namespaces_renders_a_role_per_namespace_and_no_cluster_role_for_namespaced_resources() -> None:
     docs = render("watch-namespaces")
     # no namespaced rights, no namespaces list
-    assert grants(of_kind(docs, "ClusterRole")) == CRD_READ | NAMED_CLUSTER_GRANTS
+    assert grants(operator_cluster_roles(docs)) == CRD_READ | NAMED_CLUSTER_GRANTS
     roles = manager_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:

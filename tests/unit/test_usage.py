@@ -569,7 +569,8 @@ def test_budget_alerts_fire_at_80_and_100_percent(tmp_path: Any) -> None:
 
 
 def test_sweepctl_status_shows_used_and_left_for_the_sweep_and_its_namespace() -> None:
-    from sweep_operator.cli.status import format_status, namespace_window_gpu_hours
+    from sweep_operator.cli.status import format_status
+    from sweep_operator.reconcile.hours_ledger import HoursLedger, LedgerEntry, Reservation
 
     usage = UsageLedger((PodInterval("p", "c", 2.0, T0, None),)).to_status(T0 + 60, budget_gpu_hours=10.0)
     usage["namespace"] = {"gpuHours": 1.0, "budgetGpuHours": 500, "leftGpuHours": 499, "windowSeconds": 7 * 86400}
@@ -577,12 +578,13 @@ def test_sweepctl_status_shows_used_and_left_for_the_sweep_and_its_namespace() -
     text = format_status("s", "ml", status, now=T0 + 1.5 * HOUR)
     assert "gpu-hours:   3 used of 10 (7 left); 2 GPUs held now" in text  # recomputed to now, not the stored 0.03
     assert "namespace:   1 used of 500 per 7d (499 left)" in text
-    other = {"status": {"usage": UsageLedger((PodInterval("q", "c", 4.0, T0 - HOUR, T0),)).to_status(T0)}}
-    window = namespace_window_gpu_hours([{"status": status}, other], 7 * 86400, T0 + 1.5 * HOUR)
-    assert window == pytest.approx(3.0 + 4.0)
-    assert "namespace:   7 used of 500 per 7d (493 left)" in format_status(
-        "s", "ml", status, now=T0 + 1.5 * HOUR, namespace_gpu_hours=window
-    )
+    # with the namespace's ledger: every sweep's hours in the window, the deleted one's too, and the reservations
+    me = LedgerEntry("s", "u1", (PodInterval("p", "c", 2.0, T0, None),), Reservation(20.0, T0, "initial"))
+    gone = LedgerEntry("old", "u0", (PodInterval("q", "c", 4.0, T0 - HOUR, T0),), deleted=True)
+    ledger = HoursLedger(NamespaceBudget(500.0, 7 * 86400), (me, gone)).to_object("ml", T0)
+    text = format_status("s", "ml", status, now=T0 + 1.5 * HOUR, ledger=ledger)
+    assert "namespace:   7 used, 17 reserved of 500 per 7d (476 left)" in text
+    assert "    old (deleted): 4 used" in text and "    s: 3 used, 17 reserved" in text
     assert "gpu-hours" not in format_status("s", "ml", {"phase": "Pending"})
 
 

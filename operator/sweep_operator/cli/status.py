@@ -20,10 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def budget_lines(status: dict[str, Any], now: float, namespace_gpu_hours: float | None = None) -> list[str]:
+def budget_lines(status: dict[str, Any], now: float, ledger: dict[str, Any] | None = None) -> list[str]:
     """Used and left of the sweep's GPU-hour budget and of its namespace's window, recomputed from the recorded pod
-    intervals up to `now` (status.usage is written at most every usageRefreshSeconds while pods run).
-    `namespace_gpu_hours`: the window's use summed over the namespace's sweeps, when the caller could list them."""
+    intervals up to `now` (status.usage is written at most every usageRefreshSeconds while pods run). `ledger`: the
+    namespace's GPUHourLedger, when the caller could read it (else the figure the sweep's status recorded)."""
     from ..reconcile.usage import UsageLedger, format_duration, format_hours
 
     usage = status.get("usage")
@@ -38,30 +38,57 @@ def budget_lines(status: dict[str, Any], now: float, namespace_gpu_hours: float 
     if held:
         line += f"; {format_hours(held)} GPUs held now"
     lines = [line]
+    if ledger is not None:
+        return lines + namespace_lines(ledger, now)
     ns = usage.get("namespace")
     if isinstance(ns, dict) and isinstance(ns.get("budgetGpuHours"), (int, float)):
-        window_used = namespace_gpu_hours if namespace_gpu_hours is not None else float(ns.get("gpuHours") or 0.0)
+        window_used = float(ns.get("gpuHours") or 0.0)
         ns_budget = float(ns["budgetGpuHours"])
         window = ns.get("windowSeconds")
         per = f" per {format_duration(float(window))}" if isinstance(window, (int, float)) else ""
+        left = ns.get("leftGpuHours")
+        left = float(left) if isinstance(left, (int, float)) else max(ns_budget - window_used, 0.0)
         lines.append(
             f"  namespace:   {format_hours(window_used)} used of {format_hours(ns_budget)}{per} "
-            f"({format_hours(max(ns_budget - window_used, 0.0))} left)"
+            f"({format_hours(left)} left)"
         )
     return lines
 
 
-def namespace_window_gpu_hours(sweeps: list[dict[str, Any]], window_seconds: float, now: float) -> float:
-    """The namespace's use inside its window: every sweep's recorded intervals overlapping [now - window, now]."""
-    from ..reconcile.usage import HOUR, UsageLedger
+LEDGER_ROWS = 10  # sweeps listed under the namespace's line, most used first
 
-    return (
-        sum(
-            UsageLedger.from_status((s.get("status") or {}).get("usage")).window_gpu_seconds(now, window_seconds)
-            for s in sweeps
-        )
-        / HOUR
+
+def namespace_lines(obj: dict[str, Any], now: float) -> list[str]:
+    """The namespace's GPU-hour ledger up to `now`: used, reserved and left of its window, when budget frees up,
+    and what each sweep (deleted ones too) used in the window and still reserves."""
+    from ..reconcile.hours_ledger import HoursLedger
+    from ..reconcile.usage import NamespaceBudget, format_duration, format_hours
+    from ..status import rfc3339
+
+    spec = obj.get("spec") or {}
+    hours, window = spec.get("gpuHours"), spec.get("windowSeconds")
+    if not isinstance(hours, (int, float)) or not isinstance(window, (int, float)) or window <= 0:
+        return []
+    ledger = HoursLedger.from_object(obj, NamespaceBudget(float(hours), float(window)))
+    left = ledger.left(now)
+    line = (
+        f"  namespace:   {format_hours(ledger.used(now))} used, {format_hours(ledger.reserved(now))} reserved of "
+        f"{format_hours(float(hours))} per {format_duration(float(window))} ({format_hours(max(left, 0.0))} left)"
     )
+    if left < 1.0:
+        frees = ledger.frees_at(now)
+        line += f"; budget frees up at {rfc3339(frees)}" if frees is not None else "; frees up as admitted sweeps end"
+    rows = sorted(ledger.entries, key=lambda e: -e.window_gpu_hours(now, float(window)))
+    lines = [line]
+    for entry in rows[:LEDGER_ROWS]:
+        text = f"    {entry.name}{' (deleted)' if entry.deleted else ''}: "
+        text += f"{format_hours(entry.window_gpu_hours(now, float(window)))} used"
+        if entry.reservation is not None:
+            text += f", {format_hours(entry.reserved_left(now))} reserved"
+        lines.append(text)
+    if len(rows) > LEDGER_ROWS:
+        lines.append(f"    ... {len(rows) - LEDGER_ROWS} more (kubectl get gpuledger -o yaml)")
+    return lines
 
 
 def _trial_counts(trials: Any) -> str:
@@ -92,7 +119,7 @@ def format_status(
     status: dict[str, Any],
     *,
     now: float | None = None,
-    namespace_gpu_hours: float | None = None,
+    ledger: dict[str, Any] | None = None,
 ) -> str:
     import time
 
@@ -112,7 +139,7 @@ def format_status(
         if isinstance(best.get("config"), dict) and best["config"]:
             lines.append(f"  config:      {config_text(best['config'])}")
         lines.append(f"  checkpoint:  {best.get('checkpointUri', '-')}")
-    lines += budget_lines(status, time.time() if now is None else now, namespace_gpu_hours)
+    lines += budget_lines(status, time.time() if now is None else now, ledger)
     if checkpoints:
         verdict = "verified" if checkpoints.get("verified") else "NOT verified"
         lines.append(
@@ -149,26 +176,21 @@ def run(args: argparse.Namespace) -> int:
     print(
         json.dumps(status, indent=2)
         if args.json
-        else format_status(
-            args.name, namespace, status, namespace_gpu_hours=_namespace_gpu_hours(api, namespace, status)
-        )
+        else format_status(args.name, namespace, status, ledger=_namespace_ledger(api, namespace, status))
     )
     return EXIT_OK
 
 
-def _namespace_gpu_hours(api: Any, namespace: str, status: dict[str, Any]) -> float | None:
-    """The namespace's window use from every sweep there (None: no namespace budget, or not allowed to list)."""
-    import time
-
+def _namespace_ledger(api: Any, namespace: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    """The namespace's GPUHourLedger (None: no namespace budget, or not allowed to read it)."""
     from sweep_contracts import constants
 
-    window = ((status.get("usage") or {}).get("namespace") or {}).get("windowSeconds")
-    if not isinstance(window, (int, float)):
+    if not (status.get("usage") or {}).get("namespace"):
         return None
     try:
-        sweeps = api.list_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL)[
-            "items"
-        ]
-    except Exception:  # the recorded figure is shown instead
+        obj = api.get_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL, constants.LEDGER_NAME
+        )
+    except Exception:  # the figure the sweep's status recorded is shown instead
         return None
-    return namespace_window_gpu_hours(sweeps, float(window), time.time())
+    return obj if isinstance(obj, dict) else None

@@ -96,6 +96,7 @@ class SweepController:
             self.cache.sweeps,
             gpu_budget=settings.limits.max_gpus_per_namespace,
             gpu_hour_budget=self.budgets.gpu_hour_budget,
+            gpu_hour_ledgers=lambda: self.budgets.hours.all_cached(self.budgets.gpu_hour_budget),
         )
         self.verification_pool = verification_pool
         self.queue: WorkQueue[ObjectRef] = WorkQueue(lambda ref: self._pass(ref), workers=reconcile_workers)

@@ -82,6 +82,17 @@ class GpuHourLedgers:
             return result
         raise RuntimeError(f"GPUHourLedger {namespace}: {WRITE_ATTEMPTS} writes in a row were refused; retrying later")
 
+    def all_cached(self, budget_of: Callable[[str], NamespaceBudget | None]) -> dict[str, HoursLedger]:
+        """Every ledger last read or written, by namespace (the metrics' source)."""
+        with self._lock:
+            known = {ns: obj for ns, obj in self._known.items() if obj is not None}
+        out = {}
+        for namespace, obj in known.items():
+            budget = budget_of(namespace)
+            if budget is not None:
+                out[namespace] = HoursLedger.from_object(obj, budget)
+        return out
+
     def cached(self, namespace: str, budget: NamespaceBudget) -> HoursLedger | None:
         """The copy last read or written (None: not read yet): for views and metrics, never for a reservation."""
         with self._lock:

@@ -15,6 +15,11 @@ namespace otherwise.
 - apiGroups: ["sweeps.dev"]
   resources: ["trainingsweeps/status"]
   verbs: ["get", "patch", "update"]
+# The namespaces' GPU-hour ledgers (docs/budgets.md): created, then replaced with the resourceVersion
+# precondition (a reservation is one such write); never deleted, since a ledger outlives the sweeps it counts.
+- apiGroups: ["sweeps.dev"]
+  resources: ["gpuhourledgers"]
+  verbs: ["get", "list", "watch", "create", "update"]
 # Owner references with blockOwnerDeletion on the RayJobs need update on the owner's finalizers.
 - apiGroups: ["sweeps.dev"]
   resources: ["trainingsweeps/finalizers"]
