@@ -117,9 +117,12 @@ def test_run_until_exhausted_reserves_what_is_left_and_is_stopped_when_it_is_spe
     decision, write = ask(HoursLedger(BUDGET, (used("busy", 96.0),)), worst_case=1152.0, run_until_exhausted=True)
     assert isinstance(decision, BudgetAdmit) and decision.worst_case_gpu_hours == pytest.approx(4.0)
     assert write is not None
-    reservation = write.entry("uid-new").reservation  # type: ignore[union-attr]
-    assert reservation == Reservation(pytest.approx(4.0), NOW, "initial", True)  # type: ignore[arg-type]
-    facts = ReservationFacts(reservation.gpu_hours, reservation.since, True)  # type: ignore[union-attr]
+    entry = write.entry("uid-new")
+    reservation = entry.reservation if entry is not None else None
+    assert reservation is not None
+    assert reservation.gpu_hours == pytest.approx(4.0) and reservation.run_until_exhausted
+    assert (reservation.since, reservation.attempt) == (NOW, "initial")
+    facts = ReservationFacts(reservation.gpu_hours, reservation.since, True)
     running = UsageLedger((PodInterval("p", "c", 16.0, NOW, None),))  # 16 GPUs: 4 GPU-hours in 15 minutes
     assert decide_reservation_stop(running, facts, NOW + 10 * 60) == ""
     assert "nearly spent" in decide_reservation_stop(running, facts, NOW + 10 * 60, graceful_stop_seconds=300)
