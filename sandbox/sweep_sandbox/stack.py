@@ -83,6 +83,12 @@ class Sandbox:
     # kubeconfig's contexts: operator, kuberay, tenant, guard-admin); the operator serves its webhooks
     admission: bool = True
     identities: dict[str, Any] = field(default_factory=dict, init=False)
+    # Operator settings over the sandbox's defaults (`sweepctl sandbox up --namespace-gpu-hours ...`): the platform
+    # team's budgets, as the chart's values set them
+    overrides: dict[str, Any] = field(default_factory=dict)
+    # Scripted jobs instead of local Ray (`--scripted-jobs SECONDS`): each job succeeds after this many seconds,
+    # its GPU pods emulated, so GPU sweeps and their budgets run on a laptop in seconds
+    scripted_seconds: float | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -132,6 +138,8 @@ class Sandbox:
                 metrics_port=0,
                 liveness_port=0,
             )
+            if self.overrides:
+                settings = dataclasses.replace(settings, **self.overrides)
             if self.kueue and not settings.kueue_default_queue:
                 settings = dataclasses.replace(settings, kueue_default_queue=SANDBOX_LOCAL_QUEUE)
             if chart_docs:
@@ -141,7 +149,12 @@ class Sandbox:
                     chart_docs, settings, chart_admission.free_port(), self.state_dir / "webhook-tls"
                 )
             self.settings = settings
-            self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
+            if self.scripted_seconds is not None:
+                from .kuberay import Outcome, ScriptedRunner
+
+                self.runner = ScriptedRunner(default=Outcome.succeed(self.scripted_seconds, startup=0.5))
+            else:
+                self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
             self.standin = KubeRayStandIn(
                 self.server.api_client(self._token("kuberay")), self.runner, emulate_pods=True, poll_interval=1.0
             )
@@ -210,7 +223,10 @@ class Sandbox:
             if part is None:
                 continue
             try:
-                part.stop_all() if name == "runner" else part.stop()
+                if name != "runner":
+                    part.stop()
+                elif hasattr(part, "stop_all"):  # local Ray jobs; a scripted runner has nothing running
+                    part.stop_all()
             except Exception as exc:
                 log.warning("stopping the sandbox's %s: %s", name, exc)
             setattr(self, name, None)

@@ -221,3 +221,24 @@ def test_hours_out_of_the_window_leave_the_ledger() -> None:
 def test_the_ledger_says_when_budget_frees_up() -> None:
     obj = HoursLedger(BUDGET, (used("full", 100.0, 10.0, ended=NOW - HOUR),)).to_object("team", NOW)
     assert obj["status"]["leftGpuHours"] == 0 and obj["status"]["freesAt"] > obj["status"]["updatedAt"]
+
+
+def test_sandbox_up_takes_the_operators_budget_settings_and_names_a_bad_one() -> None:
+    import argparse
+
+    from sweep_operator.cli.common import UsageError
+    from sweep_operator.cli.sandbox import budget_overrides
+
+    def args(**kwargs: Any) -> argparse.Namespace:
+        base = {"namespace_gpu_hours": None, "namespace_gpu_hour_budget": [], "gpu_hours_window_seconds": None}
+        return argparse.Namespace(**{**base, **kwargs})
+
+    assert budget_overrides(args()) == {}
+    assert budget_overrides(args(namespace_gpu_hour_budget=["team-a=0.01"], gpu_hours_window_seconds=3600)) == {
+        "namespace_gpu_hour_budgets": ("team-a=0.01",),
+        "gpu_hours_window_seconds": 3600,
+    }
+    with pytest.raises(UsageError, match="SWEEP_GPU_HOURS_WINDOW_SECONDS"):
+        budget_overrides(args(gpu_hours_window_seconds=0))
+    with pytest.raises(UsageError, match="team-a"):
+        budget_overrides(args(namespace_gpu_hour_budget=["team-a=lots"]))

@@ -30,6 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
     )
+    _budget_arguments(up)
+    up.add_argument(
+        "--scripted-jobs",
+        type=float,
+        metavar="SECONDS",
+        help="no local Ray: each RayJob's job succeeds after SECONDS, its GPU pods emulated (GPU sweeps and budgets "
+        "on a laptop)",
+    )
     up.set_defaults(func=run_up)
     run = sub.add_parser("run", help="start the sandbox, run one sweep to the end, report, stop")
     run.add_argument("--sweep", required=True, metavar="FILE", help="TrainingSweep manifest")
@@ -44,6 +52,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
     )
     run.set_defaults(func=run_sweep)
+
+
+def _budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """The operator's GPU-hour budget settings, as the chart's `budgets.*` values set them (docs/budgets.md)."""
+    parser.add_argument(
+        "--namespace-gpu-hours", type=float, metavar="H", help="GPU-hours every namespace may use per window"
+    )
+    parser.add_argument(
+        "--namespace-gpu-hour-budget",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=H",
+        help="a namespace's own GPU-hour budget (repeatable; 0: none there)",
+    )
+    parser.add_argument("--gpu-hours-window-seconds", type=int, metavar="S", help="the rolling window (default 7 days)")
+
+
+def budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Operator settings from the budget arguments; a bad value is a usage error naming the option."""
+    overrides: dict[str, Any] = {}
+    if args.namespace_gpu_hours is not None:
+        overrides["namespace_gpu_hours"] = args.namespace_gpu_hours
+    if args.namespace_gpu_hour_budget:
+        overrides["namespace_gpu_hour_budgets"] = tuple(args.namespace_gpu_hour_budget)
+    if args.gpu_hours_window_seconds is not None:
+        overrides["gpu_hours_window_seconds"] = args.gpu_hours_window_seconds
+    if overrides:
+        import dataclasses
+
+        from ..settings import Settings
+
+        try:
+            dataclasses.replace(Settings(), **overrides)  # the operator's own checks, before anything starts
+        except ValueError as exc:
+            raise UsageError(f"sweepctl sandbox up: {exc}") from None
+    return overrides
 
 
 def _quiet_logs(state_dir: Path) -> Path:
@@ -119,7 +163,9 @@ def run_up(args: argparse.Namespace) -> int:
     Sandbox = _sandbox_class()
 
     stop = _Stop()
-    sandbox = Sandbox(Path(args.state_dir), kueue=args.kueue)
+    sandbox = Sandbox(
+        Path(args.state_dir), kueue=args.kueue, overrides=budget_overrides(args), scripted_seconds=args.scripted_jobs
+    )
     log_path = _quiet_logs(sandbox.state_dir)
     try:
         print(
