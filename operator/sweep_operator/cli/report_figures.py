@@ -9,13 +9,19 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .common import UsageError
 from .report_data import Curves, MetricPanel, ParallelView, ParameterSeries, Timeline, format_value
 
 BEST = "tab:red"
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise UsageError(
+            "sweepctl report draws its figures with matplotlib: pip install 'trainingsweep-operator[report]'"
+        ) from None
 
     matplotlib.use("Agg")  # headless: no display on servers and in CI
     import matplotlib.pyplot as plt
@@ -204,7 +210,17 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
     for x, axis_ticks in zip(xs, ticks, strict=True):
         ax.axvline(x, color="black", linewidth=1.0, zorder=1)
         for y, text in axis_ticks:
-            ax.text(x - 0.05, y, text, ha="right", va="center", fontsize=8, color="dimgray")
+            ax.text(
+                x - 0.05,
+                y,
+                text,
+                ha="right",
+                va="center",
+                fontsize=8,
+                color="dimgray",
+                zorder=5,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
+            )
     ax.set_xticks(xs, [a.name + (" (log)" if a.log_scale else "") for a in view.axes])
     ax.set_yticks([])
     ax.set_ylim(-0.06, 1.06)
@@ -263,7 +279,7 @@ def render_timeline(line: Timeline, colors: Mapping[str, Any] | None = None) -> 
             edgecolor="black",
             linewidth=0.5,
         )
-        text = f" {span.label if span.kind != 'trial' else ''} {_duration(stop - span.start)}".strip()
+        text = _duration(stop - span.start) if span.kind == "trial" else f"{span.label}: {_duration(stop - span.start)}"
         ax.text(left, y, " " + text, va="center", fontsize=8)
     pad = max(1.0, 0.03 * (end - start))
     for marker in line.markers:
