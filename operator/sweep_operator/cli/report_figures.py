@@ -207,15 +207,18 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
         ax.plot(xs, ys, color=color, linewidth=3.0 if best else 1.6, marker="o", zorder=3 if best else 2)
         if len(view.trials) <= 12:
             ax.annotate(view.labels[row], (xs[-1], ys[-1]), xytext=(8, 0), textcoords="offset points", fontsize=8)
-    for x, axis_ticks in zip(xs, ticks, strict=True):
+    for x, axis, axis_ticks in zip(xs, view.axes, ticks, strict=True):
         ax.axvline(x, color="black", linewidth=1.0, zorder=1)
         for y, text in axis_ticks:
+            # A numeric axis's lowest and highest values sit below and above it, clear of the lines between axes.
+            side = axis.categorical or 0.0 < y < 1.0
+            place = (x - 0.05, y, "right", "center") if side else (x, -0.05 if y == 0.0 else 1.05, "center", "center")
             ax.text(
-                x - 0.05,
-                y,
+                place[0],
+                place[1],
                 text,
-                ha="right",
-                va="center",
+                ha=place[2],
+                va=place[3],
                 fontsize=8,
                 color="dimgray",
                 zorder=5,
@@ -223,7 +226,7 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
             )
     ax.set_xticks(xs, [a.name + (" (log)" if a.log_scale else "") for a in view.axes])
     ax.set_yticks([])
-    ax.set_ylim(-0.06, 1.06)
+    ax.set_ylim(-0.1, 1.1)
     ax.set_xlim(-0.4, xs[-1] + 0.6)
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
