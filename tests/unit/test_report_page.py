@@ -230,3 +230,17 @@ def test_a_deleting_sweep_shows_its_phase_and_the_phase_its_run_ended_in(tmp_pat
     end = run_end(records)
     assert (end.phase, end.run_phase) == ("Deleting", "Stopped")
     assert end.detail.startswith("the sweep is Deleting; its run: Stopped (the driver recorded Stopped")
+
+
+def test_a_run_root_without_an_end_record_says_so_and_a_result_says_how_it_ended(tmp_path: Path) -> None:
+    """A driver killed before it recorded an end leaves status.json at Running: the report does not call the run
+    finished; with result.json (an older driver's status.json), the result's own outcome is the phase."""
+    root = stopped_run_root(tmp_path)
+    status = json.loads((root / "_sweep" / "status.json").read_text())
+    (root / "_sweep" / "status.json").write_text(json.dumps({**status, "phase": "Running", "stop": None}))
+    end = run_end(records_of(root))
+    assert end.run_phase == "Running" and "no end recorded" in end.detail
+    records = records_of(FIXTURE)
+    records.progress = {**(records.progress or {}), "phase": "Running"}
+    records.result = {**(records.result or {}), "deadlineReached": True}
+    assert run_end(records).run_phase == "DeadlineExceeded"

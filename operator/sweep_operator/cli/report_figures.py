@@ -190,7 +190,7 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
     """Parallel coordinates: an axis per varying hyper-parameter and final metric, a line per trial coloured by
     the sweep's metric (darker is better), the best trial red."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.4 * len(view.axes)), 4.6))
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.4 * len(view.axes)), 5.2))
     if len(view.axes) < 2 or not view.trials:
         ax.text(0.5, 0.5, "not enough finished trials or varying values to compare", ha="center", va="center")
         ax.set_axis_off()
@@ -205,8 +205,13 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
         best = trial == view.best
         color = BEST if best else cmap(norm(metric[row]))
         ax.plot(xs, ys, color=color, linewidth=3.0 if best else 1.6, marker="o", zorder=3 if best else 2)
-        if len(view.trials) <= 12:
-            ax.annotate(view.labels[row], (xs[-1], ys[-1]), xytext=(8, 0), textcoords="offset points", fontsize=8)
+    # Each line named at its right end where there is room: the best first, then any whose end is clear of the named.
+    ends = [columns[-1][row] for row in range(len(view.trials))]
+    named: list[float] = []
+    for row in sorted(range(len(view.trials)), key=lambda r: view.trials[r] != view.best):
+        if all(abs(ends[row] - y) >= 0.06 for y in named):
+            named.append(ends[row])
+            ax.annotate(view.labels[row], (xs[-1], ends[row]), xytext=(8, 0), textcoords="offset points", fontsize=8)
     for x, axis, axis_ticks in zip(xs, view.axes, ticks, strict=True):
         ax.axvline(x, color="black", linewidth=1.0, zorder=1)
         for y, text in axis_ticks:
@@ -230,7 +235,10 @@ def render_parallel(view: ParallelView, curves: Curves) -> bytes:
     ax.set_xlim(-0.4, xs[-1] + 0.6)
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
-    bar = fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.12)
+    # Below the axes: the right is where the trials are named.
+    bar = fig.colorbar(
+        plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, orientation="horizontal", pad=0.12, fraction=0.05, aspect=60
+    )
     bar.set_label(f"final {curves.metric} ({curves.mode} is better; red: best trial)")
     ax.set_title("parallel coordinates: one line per trial")
     return _png(fig)

@@ -24,7 +24,8 @@ class Figure:
 
 def _table(rows: Iterable[Iterable[Any]], header: Sequence[str]) -> str:
     head = "".join(f'<th scope="col">{html.escape(h)}</th>' for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    cells = ["".join(f"<td>{html.escape('-' if c is None else str(c))}</td>" for c in row) for row in rows]
+    body = "".join(f"<tr>{c}</tr>" for c in cells)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -53,9 +54,8 @@ def _best(curves: Curves) -> str:
 def _verdict(records: RunRecords) -> str:
     verification, status = records.verification or {}, records.status
     if verification:
-        return (
-            "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
-        ) + f" at {verification.get('verifiedAt')}"
+        verdict = "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
+        return verdict + (f" at {verification['verifiedAt']}" if verification.get("verifiedAt") else "")
     if status.get("checkpoints"):
         c = status["checkpoints"]
         return (

@@ -198,7 +198,8 @@ def trial_counts(records: RunRecords) -> str:
     """`4 total: 4 terminated` from the status' summary or the driver's counts (never a dict's repr)."""
     counts = (records.result or records.progress or {}).get("trials") or {}
     if not isinstance(counts, Mapping) or not counts:
-        return str(records.status.get("trialsSummary") or "-")
+        seen = f"{len(records.trial_results)} with results in tune/" if records.trial_results else "-"
+        return str(records.status.get("trialsSummary") or seen)
     parts = [f"{counts[k]} {k}" for k in ("terminated", "running", "pending", "errored") if counts.get(k)]
     summary = f"{counts.get('total', '?')} total" + (f": {', '.join(parts)}" if parts else "")
     done = records.status.get("trialsSummary")
