@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sweep_operator.cli import main as sweepctl
-from tests.support.report_fixture import upload_run_root
+from tests.support.report_fixture import stopped_run_root, upload_run_root
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +101,19 @@ def test_the_report_renders_in_chromium_with_its_figures_and_no_console_errors(
     total, non_white, red = pixels(png)
     assert non_white > 0.03 * total, f"the screenshot is nearly blank: {non_white} of {total} pixels not white"
     assert red > 500, f"no figure drawn: {red} pixels of the best trial's red"
+
+
+def test_a_report_from_s3_alone_after_a_delete_names_the_sweep_and_the_phase_its_run_ended_in(
+    s3_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sweep and its cluster are gone; the driver, stopped by the delete, left status.json at Stopped."""
+    client = s3_server.client()
+    bucket = f"rep-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    source = stopped_run_root(tmp_path / "local")
+    root = upload_run_root(client, bucket, "sweeps/team-a/digits-asha-rep001", source)
+    endpoint = ["--endpoint-url", s3_server.endpoint_url, "--region", "us-east-1"]
+    assert sweepctl(["report", "--storage", root, *endpoint, "--out", str(tmp_path / "r")]) == 0, capsys.readouterr()
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "<h1>TrainingSweep team-a/digits-asha</h1>" in page
+    assert "<dt>phase</dt><dd>Stopped: the driver recorded Stopped at 2026-12-03T11:48:58Z (stopped by SIGTERM" in page

@@ -12,11 +12,12 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "report_run_root"
 PLACEHOLDER = "@RUN_ROOT@"
 
 
-def upload_run_root(client: Any, bucket: str, prefix: str) -> str:
-    """Upload under `s3://bucket/prefix`; returns that run root URI."""
+def upload_run_root(client: Any, bucket: str, prefix: str, source: Path = FIXTURE) -> str:
+    """Upload `source` (the fixture, or a copy `stopped_run_root` rewrote) under `s3://bucket/prefix`; returns that
+    run root URI."""
     root = f"s3://{bucket}/{prefix}"
-    for path in sorted(p for p in FIXTURE.rglob("*") if p.is_file()):
-        relative = path.relative_to(FIXTURE).as_posix()
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        relative = path.relative_to(source).as_posix()
         text = path.read_text()
         # Tune's records carry the scheme-less path TuneReportCallback forwards (R18); our _sweep files full URIs.
         text = text.replace(PLACEHOLDER, root if relative.startswith("_sweep/") else root.removeprefix("s3://"))
@@ -24,7 +25,7 @@ def upload_run_root(client: Any, bucket: str, prefix: str) -> str:
         if path.name == "_manifest.json":
             for entry in json.loads(text)["files"]:
                 if not (path.parent / entry["path"]).exists():
-                    key = f"{prefix}/{path.parent.relative_to(FIXTURE).as_posix()}/{entry['path']}"
+                    key = f"{prefix}/{path.parent.relative_to(source).as_posix()}/{entry['path']}"
                     client.put_object(Bucket=bucket, Key=key, Body=b"\0" * entry["size"])
     return root
 
