@@ -39,11 +39,18 @@ def _png(fig: Any) -> bytes:
 def trial_colors(curves: Curves) -> dict[str, Any]:
     """The best trial red, the others from a qualitative map without red, the same in every figure."""
     plt = _pyplot()
-    palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7)]  # 6, 7: the reds
+    tab20 = plt.get_cmap("tab20").colors  # pairs (dark, light); 6 and 7 are the reds
+    palette = [c for i, c in enumerate(tab20) if i % 2 == 0 and i != 6] + [
+        c for i, c in enumerate(tab20) if i % 2 == 1 and i != 7
+    ]
     others = [t.trial for t in curves.trials if not t.best]
-    colors: dict[str, Any] = {trial: palette[(2 * i) % len(palette)] for i, trial in enumerate(others)}
+    colors: dict[str, Any] = {trial: palette[i % len(palette)] for i, trial in enumerate(others)}
     colors.update({t.trial: BEST for t in curves.trials if t.best})
     return colors
+
+
+def _legend_columns(entries: int) -> int:
+    return 1 + entries // 24  # a legend no taller than the figure beside it
 
 
 def _legend_title(curves: Curves) -> str:
@@ -83,7 +90,13 @@ def render_learning_curves(curves: Curves) -> bytes:
     ax.set_title(f"{curves.metric} per {curves.x_label} (X: stopped early by the scheduler)")
     ax.grid(alpha=0.3)
     if any(t.values for t in curves.trials):
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=_legend_title(curves))
+        ax.legend(
+            fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            title=_legend_title(curves),
+            ncol=_legend_columns(len(curves.trials)),
+        )
     return _png(fig)
 
 
@@ -130,7 +143,14 @@ def render_metrics(panels: Sequence[MetricPanel], curves: Curves) -> bytes:
         Line2D([], [], color="black", linestyle="--", label="train split (dashed)"),
         Line2D([], [], color="black", linestyle="-", label="validation / other (solid)"),
     ]
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.98), fontsize=8, title=_legend_title(curves))
+    fig.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.0, 0.98),
+        fontsize=8,
+        title=_legend_title(curves),
+        ncol=_legend_columns(len(handles)),
+    )
     fig.suptitle(f"every metric the train loop reports, per {curves.x_label}")
     fig.tight_layout()
     return _png(fig)
