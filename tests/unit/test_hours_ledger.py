@@ -242,3 +242,29 @@ def test_sandbox_up_takes_the_operators_budget_settings_and_names_a_bad_one() ->
         budget_overrides(args(gpu_hours_window_seconds=0))
     with pytest.raises(UsageError, match="team-a"):
         budget_overrides(args(namespace_gpu_hour_budget=["team-a=lots"]))
+
+
+def test_the_first_write_creates_the_ledger_seeded_from_the_sweeps_records_and_a_stale_write_is_decided_again() -> None:
+    """An operator upgraded from one without a ledger: the namespace's sweeps' own records seed it. Two writers
+    deciding on the same copy that both fit: the second write is refused (resourceVersion) and decided again."""
+    from sweep_operator.reconcile.ports import GpuHourLedgers
+    from tests.support.fake_kube import FakeKube
+
+    kube = FakeKube()
+    record = UsageLedger((PodInterval("p", "c", 1.0, NOW - 95 * HOUR, NOW),)).to_status(NOW)
+    sweep = {"metadata": {"name": "old", "namespace": "team", "uid": "u-old"}, "status": {"usage": record}}
+    kube.add("TrainingSweep", sweep)
+    one = GpuHourLedgers(kube, kube.list_sweeps)  # type: ignore[arg-type]  # the fake has KubeApi's surface
+    two = GpuHourLedgers(kube, kube.list_sweeps)  # type: ignore[arg-type]  # another worker, or a new leader
+
+    def reserve(uid: str, hours: float) -> Any:
+        return lambda ledger: ask(ledger, uid=uid, name=uid, worst_case=hours)
+
+    assert isinstance(one.change("team", BUDGET, NOW, reserve("a", 3.0)), BudgetAdmit)  # 95 + 3 <= 100
+    stored = kube.get_ledger("team")
+    assert stored is not None and {s["name"] for s in stored["status"]["sweeps"]} == {"old", "a"}
+    two.read("team", BUDGET, NOW)  # both hold the copy with 2 GPU-hours left
+    assert isinstance(one.change("team", BUDGET, NOW, reserve("b", 2.0)), BudgetAdmit)
+    assert isinstance(two.change("team", BUDGET, NOW, reserve("c", 2.0)), BudgetQueue)  # refused, decided again
+    stored = kube.get_ledger("team")
+    assert stored is not None and stored["status"]["leftGpuHours"] == pytest.approx(0.0)

@@ -51,10 +51,7 @@ class GpuHourLedgers:
             obj = self.kube.get_ledger(namespace)
             with self._lock:
                 self._known[namespace] = obj
-        ledger = HoursLedger.from_object(obj, budget)
-        if obj is None:  # none yet: the first write creates it, with what the sweeps recorded themselves
-            ledger = seeded(ledger, self.sweeps_of(namespace), now)
-        return ledger
+        return HoursLedger.from_object(obj, budget)
 
     def change(
         self,
@@ -70,6 +67,9 @@ class GpuHourLedgers:
         for attempt in range(WRITE_ATTEMPTS):
             ledger = self.read(namespace, budget, now, fresh=fresh or attempt > 0)
             result, new = decide(ledger)
+            if new is not None and ledger.resource_version is None:
+                # none yet: the first write creates it, with what the sweeps recorded themselves (decided again)
+                result, new = decide(seeded(ledger, self.sweeps_of(namespace), now))
             if new is None:
                 return result
             try:
