@@ -169,6 +169,13 @@ def test_recording_is_a_copy_of_the_sweeps_record_and_deletion_keeps_the_hours()
     ledger = HoursLedger(BUDGET)
     ledger = record_usage(ledger, uid="u", name="s", intervals=intervals, ended=False, now=NOW) or ledger
     assert record_usage(ledger, uid="u", name="s", intervals=intervals, ended=False, now=NOW) is None  # idempotent
+    # a pod still running: the totals kubectl shows are rewritten once they are refresh_seconds old, not before
+    stored = replace(ledger, updated_at=NOW)
+    assert (
+        record_usage(stored, uid="u", name="s", intervals=intervals, ended=False, now=NOW + 30, refresh_seconds=60)
+        is None
+    )
+    assert record_usage(stored, uid="u", name="s", intervals=intervals, ended=False, now=NOW + 60, refresh_seconds=60)
     assert ledger.used(NOW) == pytest.approx(2.0)
     ledger = release(ledger, uid="u", deleted=True, now=NOW) or ledger
     entry = ledger.entry("u")

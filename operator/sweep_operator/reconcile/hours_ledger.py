@@ -130,6 +130,7 @@ class HoursLedger:
     budget: NamespaceBudget
     entries: tuple[LedgerEntry, ...] = ()
     resource_version: str | None = None
+    updated_at: float | None = None  # when the stored totals (what kubectl shows) were computed
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return next((e for e in self.entries if e.uid == uid), None)
@@ -160,7 +161,8 @@ class HoursLedger:
             return cls(budget)
         docs = ((obj.get("status") or {}).get("sweeps")) or []
         entries = tuple(e for e in (LedgerEntry.from_status(d) for d in docs if isinstance(d, Mapping)) if e)
-        return cls(budget, entries, str((obj.get("metadata") or {}).get("resourceVersion") or "") or None)
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        return cls(budget, entries, version, epoch((obj.get("status") or {}).get("updatedAt")))
 
     def to_object(self, namespace: str, now: float) -> dict[str, Any]:
         """The whole object to write (with the resourceVersion it was computed from: the write's precondition)."""
@@ -288,10 +290,12 @@ def record_usage(
     intervals: Iterable[PodInterval],
     ended: bool,
     now: float,
+    refresh_seconds: float | None = None,
 ) -> HoursLedger | None:
     """The sweep's own record (status.usage.podIntervals) copied into its entry, the finished intervals beyond
-    ENTRY_INTERVALS merged; `ended`: its run is over, its reservation released. None: nothing changed. A copy,
-    not a sum, so recording the same record twice changes nothing."""
+    ENTRY_INTERVALS merged; `ended`: its run is over, its reservation released. None: nothing to write. A copy,
+    not a sum, so recording the same record twice changes nothing; but while a pod holds GPUs the stored totals
+    (what `kubectl get gpuledger` shows) are rewritten every `refresh_seconds`."""
     start = now - ledger.budget.window_seconds
     relevant = tuple(i for i in intervals if i.end is None or i.end > start)
     entry = ledger.entry(uid)
@@ -304,7 +308,11 @@ def record_usage(
     if entry is None and not updated.intervals and updated.reservation is None:
         return None
     if entry is not None and _same(entry, updated):
-        return None
+        running = any(i.end is None for e in ledger.entries for i in e.intervals)
+        stale = ledger.updated_at is None or (
+            refresh_seconds is not None and now - ledger.updated_at >= refresh_seconds
+        )
+        return ledger if running and refresh_seconds is not None and stale else None
     return ledger.with_entry(updated)
 
 

@@ -193,7 +193,13 @@ class Budgets:
             lambda ledger: (
                 None,
                 record_usage(
-                    ledger, uid=meta["uid"], name=meta.get("name", ""), intervals=intervals, ended=ended, now=now
+                    ledger,
+                    uid=meta["uid"],
+                    name=meta.get("name", ""),
+                    intervals=intervals,
+                    ended=ended,
+                    now=now,
+                    refresh_seconds=self.settings.usage_refresh_seconds,
                 ),
             ),
         )
