@@ -351,29 +351,6 @@ def reserved_gpu_hours(worst_case: float, budget: float | None, used: float) -> 
     return max(cap - used, 0.0)
 
 
-@dataclass(frozen=True)
-class NamespaceUsage:
-    used_gpu_hours: float  # inside the window, up to now
-    reserved_gpu_hours: float  # promised to admitted sweeps, not yet used
-    budget: NamespaceBudget
-
-    @property
-    def left_gpu_hours(self) -> float:
-        return self.budget.gpu_hours - self.used_gpu_hours - self.reserved_gpu_hours
-
-
-def namespace_usage(
-    sweeps: Iterable[SweepUsage], budget: NamespaceBudget, now: float, *, exclude: str | None = None
-) -> NamespaceUsage:
-    used = reserved = 0.0
-    for sweep in sweeps:
-        if sweep.name == exclude:
-            continue
-        used += sweep.ledger.window_gpu_seconds(now, budget.window_seconds) / HOUR
-        reserved += sweep.reserved_gpu_hours
-    return NamespaceUsage(used, reserved, budget)
-
-
 def budget_frees_at(
     intervals: Iterable[PodInterval],
     budget: NamespaceBudget,
@@ -631,19 +608,6 @@ def sweep_usage_of(body: Mapping[str, Any], now: float) -> SweepUsage:
         budget = _number(((body.get("spec") or {}).get("budget") or {}).get("gpuHours"))
         reserved = reserved_gpu_hours(worst, budget, ledger.gpu_hours(now))
     return SweepUsage(str(meta.get("name") or ""), ledger, reserved)
-
-
-def namespace_view(sweeps: Iterable[SweepUsage], budget: NamespaceBudget | None, now: float) -> dict[str, Any] | None:
-    """status.usage.namespace: the window's use, budget and what is left (after reservations)."""
-    if budget is None:
-        return None
-    usage = namespace_usage(sweeps, budget, now)
-    return {
-        "gpuHours": round(usage.used_gpu_hours, 4),
-        "budgetGpuHours": budget.gpu_hours,
-        "leftGpuHours": round(max(usage.left_gpu_hours, 0.0), 4),
-        "windowSeconds": int(budget.window_seconds),
-    }
 
 
 @dataclass(frozen=True)
