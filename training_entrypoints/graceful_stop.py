@@ -78,7 +78,8 @@ class GracefulStop:
         return {"report_wait_s": self.report_wait_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(report_wait_s=state["report_wait_s"])  # type: ignore[misc]
+        fresh = GracefulStop(report_wait_s=state["report_wait_s"])
+        self.__dict__.update(fresh.__dict__)
 
     @property
     def requested(self) -> bool:

@@ -140,6 +140,9 @@ class Settings:
     status_poll_seconds: float = field(default=15.0, metadata=_env("SWEEP_STATUS_POLL_SECONDS"))
     # How often RayJob state, deadlines and drift are re-checked.
     reconcile_seconds: float = field(default=10.0, metadata=_env("SWEEP_RECONCILE_SECONDS"))
+    # The longest the operator waits for a graceful stop (Ray's Jobs API stop, the driver's last reports) before it
+    # deletes a RayJob whose job still runs; a sweep's own deadlines.gracefulStopSeconds applies below it.
+    max_graceful_stop_seconds: float = field(default=900.0, metadata=_env("SWEEP_MAX_GRACEFUL_STOP_SECONDS"))
     # Concurrent S3 listings in one verification.
     verify_concurrency: int = field(default=8, metadata=_env("SWEEP_VERIFY_CONCURRENCY"))
     # The checkpoint guard's verifications running at once, on a pool of their own (bounds the S3 connections and

@@ -161,6 +161,9 @@ class Outcome:
     submit_seconds: float = 0.0  # the job stays PENDING this long once the cluster is ready
     message: str = ""
     pending_pods: PendingPods | None = None
+    # After a stop the job stays RUNNING this long, then STOPPED: the driver's graceful stop on SIGTERM, which Ray's
+    # supervisor allows RAY_JOB_STOP_WAIT_TIME_S for (JobSupervisor.run); 0 stops at once, as a driver without one.
+    stop_seconds: float = 0.0
 
     @classmethod
     def succeed(cls, after: float = 0.1, *, startup: float = 0.0, submit: float = 0.0) -> Outcome:
@@ -177,9 +180,10 @@ class Outcome:
         return cls("fail", after, startup, 0.0, message)
 
     @classmethod
-    def hang(cls, *, startup: float = 0.0) -> Outcome:
-        """RUNNING until stopped: a RayJob deletion (StopJob) or its cluster gone; a deadline alone does not."""
-        return cls("hang", math.inf, startup)
+    def hang(cls, *, startup: float = 0.0, stop_seconds: float = 0.0) -> Outcome:
+        """RUNNING until stopped: a RayJob deletion (StopJob), the Jobs API's stop or its cluster gone; a deadline
+        alone does not. `stop_seconds`: how long the driver takes to stop gracefully once asked."""
+        return cls("hang", math.inf, startup, stop_seconds=stop_seconds)
 
     @classmethod
     def pending(cls, reason: PendingReason = PendingReason.INSUFFICIENT_GPU, **pods: Any) -> Outcome:
@@ -199,10 +203,16 @@ class ScriptedRun:
         self.attempt = attempt
         self.started_at = time.monotonic()
         self.stopped = False
+        self.stopped_at: float | None = None  # monotonic, the first stop
+        self.stop_requests: list[float] = []  # wall clock of each stop asked (the Jobs API, a deletion, the cluster)
 
     def poll(self) -> JobPoll:
         o = self.outcome
         if self.stopped:
+            assert self.stopped_at is not None
+            left = self.stopped_at + o.stop_seconds - time.monotonic()
+            if left > 0:  # Ray keeps the job RUNNING until its supervisor saw the driver exit
+                return JobPoll(RunPhase.RUNNING, "stopping", recheck_after=left)
             return JobPoll(RunPhase.STOPPED, "Job was stopped", math.inf)
         if o.result == "pending":
             return JobPoll(RunPhase.STARTING, recheck_after=math.inf, pending_pods=o.pending_pods)
@@ -220,7 +230,9 @@ class ScriptedRun:
         return JobPoll(RunPhase.FAILED, o.message, math.inf)
 
     def stop(self) -> None:
-        self.stopped = True
+        self.stop_requests.append(time.time())
+        if not self.stopped:
+            self.stopped, self.stopped_at = True, time.monotonic()
 
 
 class ScriptedRunner:
@@ -1318,6 +1330,77 @@ def _deletion_rules_error(spec: Mapping[str, Any], rules: list[Mapping[str, Any]
     return "\n".join(errors) or None
 
 
+class JobsApiServer:
+    """The heads' dashboards, as far as the operator uses them: Ray's Jobs API stop and job info on one loopback port
+    (ray 2.58 `dashboard/modules/job/job_head.py`: `POST /api/jobs/{id}/stop` answers `{"stopped": bool}`, whether
+    the job was still running, 404 for an unknown job; `GET /api/jobs/{id}` its JobDetails with `status`).
+    `find(job_id)` returns the run and its RayJob's jobStatus, or None."""
+
+    def __init__(self, find: Callable[[str], tuple[RunHandle, str] | None]) -> None:
+        import http.server
+
+        self.find = find
+        self.requests: list[tuple[str, str, float]] = []  # (method, path, wall clock): what reached a head
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def _answer(self, code: int, body: Any) -> None:
+                data = (json.dumps(body) if not isinstance(body, str) else body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json" if not isinstance(body, str) else "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _job(self) -> tuple[str, tuple[RunHandle, str] | None] | None:
+                match = re.fullmatch(r"/api/jobs/([^/]+)(/stop)?", self.path.split("?")[0])
+                if match is None:
+                    return None
+                return match.group(1), outer.find(match.group(1))
+
+            def do_POST(self) -> None:
+                outer.requests.append(("POST", self.path, time.time()))
+                found = self._job()
+                if found is None or not self.path.endswith("/stop"):
+                    self._answer(404, "Not Found")
+                elif found[1] is None:
+                    self._answer(404, f"Job {found[0]} does not exist")
+                elif found[1][1] in TERMINAL_JOB:
+                    self._answer(200, {"stopped": False})
+                else:
+                    found[1][0].stop()  # JobManager.stop_job: the supervisor SIGTERMs the driver, fire and forget
+                    self._answer(200, {"stopped": True})
+
+            def do_GET(self) -> None:
+                outer.requests.append(("GET", self.path, time.time()))
+                found = self._job()
+                if found is None or found[1] is None:
+                    self._answer(404, "Not Found")
+                else:
+                    self._answer(200, {"submission_id": found[0], "status": found[1][1] or "PENDING"})
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="kuberay-jobs-api", daemon=True)
+
+    @property
+    def address(self) -> str:
+        """`host:port`, as KubeRay writes status.dashboardURL (no scheme)."""
+        host, port = self._server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> JobsApiServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class KubeRayStandIn:
     """Reconciles RayJobs as KubeRay v1.7.0 does, against any Kubernetes API (the emulator in practice).
 
@@ -1331,6 +1414,9 @@ class KubeRayStandIn:
     a run reports them). `delete_rayjob_after_job_finishes` is KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true.
     A run lives as long as its RayCluster object: it stops when KubeRay stops the job (a RayJob deletion) or when
     the cluster is gone from the API (its pods with it), never on a deadline, a suspend or a retry by itself.
+    `dashboard=True` serves the heads' Jobs API on one loopback port (`JobsApiServer`) and writes its address as each
+    RayJob's status.dashboardURL, so the operator's real client can stop a job the way KubeRay's StopJob does; off,
+    the URL is the head service's in-cluster name, as KubeRay writes it.
     """
 
     def __init__(
@@ -1343,8 +1429,10 @@ class KubeRayStandIn:
         poll_interval: float = 0.5,
         emulate_pods: bool = False,
         delete_rayjob_after_job_finishes: bool = False,
+        dashboard: bool = False,
     ) -> None:
         self.api = RayApi(api_client)
+        self.jobs_api = JobsApiServer(self._job_by_id) if dashboard else None
         self.runner: JobRunner = runner if runner is not None else ScriptedRunner()
         self.namespace = namespace
         self.poll_interval = poll_interval
@@ -1380,10 +1468,14 @@ class KubeRayStandIn:
                 raise RuntimeError(f"the KubeRay stand-in could not list {informer.plural}")
         for worker in self._workers:
             worker.start()
+        if self.jobs_api is not None:
+            self.jobs_api.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop watching and reconciling, and stop every run it started."""
+        if self.jobs_api is not None:
+            self.jobs_api.stop()
         self.rayjobs.stop(timeout)
         self.rayclusters.stop(timeout)
         self.queue.close()
@@ -1400,6 +1492,21 @@ class KubeRayStandIn:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def _job_by_id(self, job_id: str) -> tuple[RunHandle, str] | None:
+        """The run whose RayJob's status.jobId is `job_id` (submission ids are unique) and that RayJob's jobStatus."""
+        for rayjob in self.rayjobs.items():
+            status = rayjob.get("status") or {}
+            if status.get("jobId") == job_id:
+                key = (rayjob["metadata"]["namespace"], rayjob["metadata"]["name"])
+                with self._lock:
+                    current = self._runs.get(key)
+                if current is None:
+                    return None
+                return _LookAgainAfterStop(current[1], lambda key=key: self.queue.add(key)), str(
+                    status.get("jobStatus") or ""
+                )
+        return None
 
     # ---- events into the queue (SetupWithManager: For RayJob, Owns RayCluster)
 
@@ -1600,7 +1707,11 @@ class KubeRayStandIn:
                 status["rayClusterStatus"] = cluster.get("status") or {}
                 return True
             meta = cluster["metadata"]
-            status["dashboardURL"] = f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:8265"
+            status["dashboardURL"] = (
+                self.jobs_api.address
+                if self.jobs_api is not None
+                else f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:{constants.DASHBOARD_PORT}"
+            )
         mode = submission_mode(spec)
         if mode == "InteractiveMode":
             status["jobDeploymentStatus"] = "Waiting"
@@ -2118,6 +2229,21 @@ class KubeRayStandIn:
         self._remember_rayjob(
             self.api.patch(constants.RAYJOB_PLURAL, rayjob, {"status": patch}, status=True, guarded=True)
         )
+
+
+class _LookAgainAfterStop:
+    """A run whose stop also queues its RayJob: KubeRay polls a running job's info on each reconcile, so it sees the
+    job end however it was stopped; a scripted run that only ends when stopped would otherwise never be looked at."""
+
+    def __init__(self, run: RunHandle, look_again: Callable[[], None]) -> None:
+        self._run, self._look_again = run, look_again
+
+    def poll(self) -> JobPoll:
+        return self._run.poll()
+
+    def stop(self) -> None:
+        self._run.stop()
+        self._look_again()
 
 
 class _NoRun:

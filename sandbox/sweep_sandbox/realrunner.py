@@ -46,7 +46,8 @@ class LocalRayRun:
 
     def poll(self) -> JobPoll:
         if self._thread.is_alive():
-            return JobPoll(RunPhase.STOPPED if self._stop.is_set() else RunPhase.RUNNING, recheck_after=POLL_SECONDS)
+            # A stopped job stays RUNNING until its driver exits (its graceful stop on SIGTERM), as in Ray's supervisor.
+            return JobPoll(RunPhase.RUNNING, recheck_after=POLL_SECONDS)
         if self._stop.is_set():
             return JobPoll(RunPhase.STOPPED, "Job was stopped", float("inf"))
         if self._error is not None:

@@ -155,8 +155,13 @@ class Sandbox:
                 self.runner = ScriptedRunner(default=Outcome.succeed(self.scripted_seconds, startup=0.5))
             else:
                 self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
+            # dashboard: the heads' Jobs API on loopback, so the operator's graceful stop reaches the driver (issue 26)
             self.standin = KubeRayStandIn(
-                self.server.api_client(self._token("kuberay")), self.runner, emulate_pods=True, poll_interval=1.0
+                self.server.api_client(self._token("kuberay")),
+                self.runner,
+                emulate_pods=True,
+                poll_interval=1.0,
+                dashboard=True,
             )
             self.standin.start()
             if self.kueue:

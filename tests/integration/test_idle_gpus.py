@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
+from sweep_operator import ray_jobs
 from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
@@ -86,8 +87,9 @@ def test_a_held_cluster_loses_its_gpu_workers_after_the_graceful_window_and_stay
 
 def test_a_sweep_deleted_while_held_is_still_stopped_at_its_deadline(env: OperatorEnv) -> None:
     """Issue 26, section 3: the sweep is deleted while a checkpoint file is missing, so the guard holds it before
-    its RayJob is deleted; its RayJob keeps running. The sweep's deadline (30 s, 1 s graceful window) still stops
-    it: the RayJob is deleted (KubeRay stops the Ray job) while the sweep stays held, and both go once verified."""
+    its RayJob is deleted; its RayJob keeps running (its head did not take the graceful stop the deletion asked first:
+    issue 26 section 0). The sweep's deadline (30 s, 1 s graceful window) still stops it: the RayJob is deleted (KubeRay
+    stops the Ray job) while the sweep stays held, and both go once verified."""
     doc = env.new_sweep("late", spec__deadlines={"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 1})
     name = doc["metadata"]["name"]
     env.runner.script(name, Outcome.hang())
@@ -97,6 +99,15 @@ def test_a_sweep_deleted_while_held_is_still_stopped_at_its_deadline(env: Operat
     status = env.wait_phase(name, "Running")
     rayjob = status["rayJobName"]
     synthetic.delete_file()
+    controller = env.operator.controller
+    controller.stop_job = lambda url, job: ray_jobs.StopOutcome(asked=False, error="the head is unreachable (test)")
+    try:
+        _held_sweep_stopped_at_its_deadline(env, name, rayjob, bucket, prefix)
+    finally:
+        controller.stop_job = ray_jobs.stop_job
+
+
+def _held_sweep_stopped_at_its_deadline(env: OperatorEnv, name: str, rayjob: str, bucket: str, prefix: str) -> None:
     env.delete_sweep(name)
     wait_for(lambda: "CheckpointsNotVerified" in env.event_reasons(name), TIMEOUT, what="the sweep held")
     wait_for(

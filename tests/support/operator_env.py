@@ -232,7 +232,8 @@ def start_operator_env(
     server = EmulatorServer()
     server.start()
     runner = ScriptedRunner(default=Outcome.succeed(1.0, startup=0.3))
-    standin = KubeRayStandIn(server.api_client(), runner, poll_interval=0.2)
+    # The heads' Jobs API on loopback: the operator stops a running job through it before a delete (issue 26).
+    standin = KubeRayStandIn(server.api_client(), runner, poll_interval=0.2, dashboard=True)
     standin.start()
     kueue = None
     if kueue_default_queue:  # Kueue mode: its CRDs and webhook exist before the operator starts watching

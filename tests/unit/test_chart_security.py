@@ -147,7 +147,7 @@ def test_readiness_probe_beside_liveness() -> None:
 
 def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
     docs = render_values({})
-    policy = one(docs, "NetworkPolicy")
+    policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray-dashboard")], "NetworkPolicy")
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -158,10 +158,38 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
     scoped = render_values(
         {"networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}}
     )
-    (_, metrics_rule) = one(scoped, "NetworkPolicy")["spec"]["ingress"]
+    (_, metrics_rule) = one(
+        [d for d in scoped if d["metadata"]["name"] == policy["metadata"]["name"]], "NetworkPolicy"
+    )["spec"]["ingress"]
     assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
-    closed = one(render_values({"webhook": {"enabled": False}, "metrics": {"enabled": False}}), "NetworkPolicy")
+    closed_docs = render_values(
+        {"webhook": {"enabled": False}, "metrics": {"enabled": False}, "networkPolicy": {"rayDashboard": False}}
+    )
+    closed = one(closed_docs, "NetworkPolicy")
     assert closed["spec"]["ingress"] == []
+
+
+def test_the_operator_may_reach_the_ray_heads_dashboard_port_in_each_sweep_namespace() -> None:
+    """The graceful stop (issue 26) asks each RayJob's head to stop its job on the dashboard port (8265), as KubeRay's
+    StopJob does: a policy in each sweep namespace admits the operator's pods there, and only them; the operator's own
+    egress stays open (its policy has no Egress type)."""
+    docs = render_values({"watchNamespaces": ["team-a", "team-b"]})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray-dashboard")]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    operator = next(d for d in docs if d["kind"] == "NetworkPolicy" and d not in policies)
+    assert "Egress" not in operator["spec"]["policyTypes"]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    for policy in policies:
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
+        (rule,) = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": 8265, "protocol": "TCP"}]
+        (peer,) = rule["from"]
+        assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": operator["metadata"]["namespace"]
+        }
+    off = render_values({"watchNamespaces": ["team-a"], "networkPolicy": {"rayDashboard": False}})
+    assert not [d for d in off if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray-dashboard")]
 
 
 def test_image_digest_pins_the_image() -> None:

@@ -15,7 +15,7 @@ from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS
 from sweep_contracts.problems import SpecError
 from sweep_contracts.timestamps import epoch_seconds
 
-from .. import audit
+from .. import audit, ray_jobs
 from ..kube import KubeApi
 from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
@@ -25,7 +25,7 @@ from ..settings import Settings
 from ..status import conditions_with, is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, idle_gpus, kueue, resume, run_phase, usage
+from . import admission, graceful_stop, guard, idle_gpus, kueue, resume, run_phase, usage
 from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
@@ -53,9 +53,10 @@ class GuardKey:
 class RetryLater(Exception):
     """Keep the finalizer (or the handler) and come back after `delay` seconds."""
 
-    def __init__(self, message: str, delay: float):
+    def __init__(self, message: str, delay: float, *, counted: bool = True):
         super().__init__(message)
         self.delay = delay
+        self.counted = counted  # False: a wait that is no failed check (a graceful stop): the backoff does not grow
 
 
 class SweepController:
@@ -75,6 +76,7 @@ class SweepController:
         reconcile_workers: int = 0,
         verification_pool: Any = None,
         guard_workers: int = 0,
+        stop_job: Callable[[str, str], ray_jobs.StopOutcome] = ray_jobs.stop_job,
     ):
         """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
         queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
@@ -114,6 +116,12 @@ class SweepController:
         self._guard_lock = threading.Lock()
         self._guard_attempts: dict[GuardKey, int] = {}
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
+        # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
+        self.stop_job, self._stops = stop_job, dict[str, float]()
+        # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
+        self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
+            self._stopping_pass, workers=1 if reconcile_workers or guard_workers else 0, name="graceful-stop"
+        )
 
     @property
     def settings(self) -> Settings:
@@ -127,6 +135,7 @@ class SweepController:
         """Stop the work queues' threads (the operator is stopping)."""
         self.queue.stop()
         self.guards.stop(timeout=0)
+        self.stopping.stop(timeout=0)
         self.finishing.stop(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
 
     # ------------------------------------------------------------------------------ watch events and ticks
@@ -220,7 +229,7 @@ class SweepController:
         if not stops and run_phase.deadline_stop_while_held(facts):
             stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
         for stop in stops:
-            self.kube.delete_rayjob(facts.ref.namespace, stop.name)
+            self.stopping.add((facts.ref.namespace, stop.name, facts.ref.name))  # gracefully, then deleted
             self.emit(
                 body,
                 "Warning",
@@ -319,8 +328,8 @@ class SweepController:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
         ref = ObjectRef.of(body)
         for action in decision.actions:
-            if isinstance(action, DeleteRayJob):
-                self.kube.delete_rayjob(ref.namespace, action.name)
+            if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
+                self.stopping.add((ref.namespace, action.name, ref.name))
             elif isinstance(action, SetSuspend):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
             elif isinstance(action, SetRuntimeEnv):
@@ -461,7 +470,7 @@ class SweepController:
         try:
             reason = self._deletion_kinds[key.kind](fresh, attempt)
         except RetryLater as hold:
-            self._guard_retry(key, attempt, hold.delay)
+            self._guard_retry(key, attempt if hold.counted else attempt - 1, hold.delay)
             return
         except Exception:  # fail closed: an unexpected error holds like any other, with backoff
             delay = guard.backoff_seconds(attempt, 1.0, 60.0)
@@ -514,6 +523,11 @@ class SweepController:
         if status_of(body).get("phase") != "Deleting":
             newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
         rayjob = self.reads.rayjob_of_sweep(body)
+        if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too
+            wait = self._stop_before_delete(rayjob, body)
+            if wait is not None:
+                message = f"RayJob {meta_of(rayjob)['name']}: waiting for its Ray job to stop gracefully"
+                raise RetryLater(message, wait, counted=False)
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
             self._propagate_skip(ref.namespace, ref.name)
@@ -548,6 +562,52 @@ class SweepController:
         except SpecError:
             spec = None
         return float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
+
+    def _stopping_pass(self, key: tuple[str, str, str]) -> None:
+        """Delete a RayJob once its job stopped gracefully or its window passed; until then look again."""
+        namespace, name, sweep_name = key
+        rayjob = self.kube.get_rayjob(namespace, name)
+        if rayjob is None:
+            return
+        wait = self._stop_before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
+        if wait is not None:
+            self.stopping.add_after(key, wait)
+            return
+        self.kube.delete_rayjob(namespace, name)
+
+    def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+        """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
+        SIGTERM and RAY_JOB_STOP_WAIT_TIME_S), then hold the delete until the job ended or the window passed.
+        Seconds to wait, or None: delete now. KubeRay's own deletion path would stop the job at once."""
+        meta = meta_of(rayjob)
+        key, job = meta.get("uid") or meta.get("name", ""), ray_jobs.job_of(rayjob)
+        window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
+        with self._guard_lock:
+            asked = self._stops.get(key)
+        step = graceful_stop.decide_graceful_stop(
+            rayjob, addressable=job is not None, requested_at=asked, now=self.clock(), window=window
+        )
+        if step.request and job is not None:
+            outcome = self.stop_job(*job)
+            with self._guard_lock:
+                self._stops[key] = self.clock()
+            text = (
+                f"RayJob {meta.get('name')}: asked its head to stop Ray job {job[1]} gracefully (up to {window:.0f} s)"
+            )
+            if outcome.asked:
+                log.info("%s", text)
+                if sweep is not None:
+                    self.emit(sweep, "Normal", "GracefulStopRequested", f"{text} before deleting it")
+            else:  # nothing was told to stop: waiting saves nothing, the delete (KubeRay's StopJob) goes ahead
+                log.warning("%s, which failed: %s", text, outcome.error)
+                if sweep is not None:
+                    self.emit(sweep, "Warning", "GracefulStopFailed", f"{text}, which failed: {outcome.error}")
+            if not outcome.asked or outcome.already_ended:
+                step = replace(step, wait_s=None)
+        if step.wait_s is None:
+            with self._guard_lock:
+                self._stops.pop(key, None)
+        return step.wait_s
 
     def _until_workers_free(
         self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None

@@ -1,0 +1,134 @@
+"""One graceful stop, operator to driver (issue 26 section 0; issue 28 item 5), through the operator on loopback:
+a delete of a running sweep first asks the RayJob's head to stop its job (Ray's Jobs API, served by the KubeRay
+stand-in's `JobsApiServer` as ray 2.58's job_head.py `stop_job` answers), holds the RayJob until the job stopped,
+verifies what the driver committed during its graceful window, and only then deletes the RayJob. The scripted run
+stops `stop_seconds` after it is asked, as a driver on SIGTERM does (`JobSupervisor.run` keeps the job RUNNING
+until the driver exits)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_operator import ray_jobs
+from sweep_sandbox.emulator import wait_for
+from sweep_sandbox.kuberay import Outcome, ScriptedRun
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+
+pytestmark = pytest.mark.integration
+STOP_SECONDS = 2.0
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server)
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def run_of(env: OperatorEnv, rayjob: str) -> ScriptedRun:
+    return wait_for(
+        lambda: next(r for r in reversed(env.runner.runs) if r.rayjob_key[1] == rayjob), TIMEOUT, what="the run"
+    )
+
+
+def test_the_jobs_api_stop_of_the_standin_answers_as_rays_and_the_job_stays_running_until_the_driver_exits(
+    env: OperatorEnv,
+) -> None:
+    """`ray_jobs.stop_job` against the stand-in's Jobs API: `stopped: true` for a running job (which stays RUNNING
+    through the driver's window, then STOPPED), then, as KubeRay's StopJob accepts, `stopped: false` for a job
+    already terminal; 404 for an unknown job."""
+    doc = env.new_sweep("jobsapi")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(stop_seconds=STOP_SECONDS))
+    env.apply(doc)
+    rayjob_name = env.wait_phase(name, "Running")["rayJobName"]
+    rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name)
+    assert rayjob is not None
+    url, job_id = ray_jobs.job_of(rayjob) or ("", "")
+    assert url.startswith("127.0.0.1:")
+    assert ray_jobs.stop_job(url, job_id) == ray_jobs.StopOutcome(asked=True)
+    assert run_of(env, rayjob_name).stop_requests
+    time.sleep(0.5)
+    rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}
+    assert rayjob["status"]["jobStatus"] == "RUNNING", "the job stopped before its driver's window"
+    wait_for(
+        lambda: (env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}).get("status", {}).get("jobStatus") == "STOPPED",
+        TIMEOUT,
+        what="STOPPED once the driver exited",
+    )
+    assert ray_jobs.stop_job(url, job_id) == ray_jobs.StopOutcome(asked=True, already_ended=True)
+    assert not ray_jobs.stop_job(url, "no-such-job").asked
+    assert not ray_jobs.stop_job("127.0.0.1:1", job_id, timeout_s=1).asked  # nothing listens: an outcome, no raise
+
+
+def test_deleting_a_running_sweep_stops_its_job_gracefully_verifies_the_last_checkpoints_then_deletes_the_rayjob(
+    env: OperatorEnv,
+) -> None:
+    """The done-when of issue 26 section 0: `kubectl delete tsw` of a running sweep. The stop request reaches the
+    head first; while the driver stops, it commits one more checkpoint (its trials' last reports); the RayJob is
+    deleted only after its job is STOPPED, and the guard verified the three checkpoints, not the two it had before."""
+    doc = env.new_sweep("gstop")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(stop_seconds=STOP_SECONDS))
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=1)
+    rayjob_name = env.wait_phase(name, "Running")["rayJobName"]
+    run = run_of(env, rayjob_name)
+
+    def driver_commits_its_last_report_when_told() -> None:
+        wait_for(lambda: run.stop_requests, TIMEOUT, what="the stop request")
+        write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=3, files=1)
+
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:
+        while env.get(constants.RAYJOB_PLURAL, rayjob_name) is not None:
+            job = env.get(constants.RAYJOB_PLURAL, rayjob_name)
+            if job is not None and job["metadata"].get("deletionTimestamp") and "deleting" not in seen:
+                seen["deleting"] = (time.time(), job["status"].get("jobStatus"))
+            time.sleep(0.02)
+
+    controller = env.operator.controller
+    verify = controller.verify
+    verifications: list[tuple[float, int, bool]] = []
+
+    def recording_verify(*args: Any, **kwargs: Any) -> Any:
+        result = verify(*args, **kwargs)
+        verifications.append((time.time(), result.checked, result.verified))
+        return result
+
+    driver = threading.Thread(target=driver_commits_its_last_report_when_told, daemon=True)
+    watcher = threading.Thread(target=watch, daemon=True)
+    controller.verify = recording_verify
+    try:
+        driver.start()
+        watcher.start()
+        env.delete_sweep(name)
+        wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released")
+        wait_for(lambda: env.get(constants.RAYJOB_PLURAL, rayjob_name) is None, TIMEOUT, what="the RayJob gone")
+        watcher.join(TIMEOUT)
+    finally:
+        controller.verify = verify
+
+    assert env.standin.jobs_api is not None
+    stops = [r for r in env.standin.jobs_api.requests if r[0] == "POST"]
+    assert stops and stops[0][1].endswith("/stop"), "the stop never reached the head's Jobs API"
+    deleted_at, job_status = seen["deleting"]
+    assert stops[0][2] < deleted_at and run.stop_requests[0] < deleted_at
+    assert job_status == "STOPPED", "the RayJob was deleted while its job still ran"
+    # Nothing was verified before the job was told to stop; what the guard verified before the RayJob went is the
+    # list the driver committed during its window (3 checkpoints), not the older one (2).
+    assert verifications and all(at > stops[0][2] for at, _, _ in verifications)
+    # (A check that ran while the driver was still writing may hold; only a verified list can release.)
+    released_on = [checked for at, checked, ok in verifications if ok and at < deleted_at]
+    assert released_on and set(released_on) == {3}, f"the guard released on the older list: {verifications}"

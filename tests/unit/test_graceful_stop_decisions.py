@@ -1,0 +1,63 @@
+"""The operator's graceful stop before a RayJob delete (reconcile.graceful_stop, issue 26): KubeRay's deletion path
+stops a job at once (`rayjob_controller.go`, the deletion branch: StopJob), so the operator asks Ray's Jobs API first
+and holds the delete by state, never longer than the window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sweep_operator.reconcile import graceful_stop as gs
+
+
+def rayjob(job_status: str = "RUNNING", *, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "s-r1", "uid": "u1"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-05T00:00:00Z"
+    return {"metadata": meta, "status": {"jobStatus": job_status, "jobId": "s-r1-abc", "dashboardURL": "h:8265"}}
+
+
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        (None, "no RayJob"),
+        (rayjob("SUCCEEDED"), "ended"),
+        (rayjob("STOPPED"), "stopped"),
+        (rayjob("FAILED"), "failed"),
+        (rayjob(""), "never submitted"),
+        (rayjob(deleting=True), "KubeRay's deletion branch already stopped it"),
+    ],
+)
+def test_nothing_to_stop_deletes_at_once(body: Any, why: str) -> None:
+    step = gs.decide_graceful_stop(body, addressable=True, requested_at=None, now=100.0, window=60)
+    assert step == gs.StopStep(False, None, step.why), why
+
+
+def test_a_running_job_is_asked_then_waited_for_at_most_the_window() -> None:
+    first = gs.decide_graceful_stop(rayjob(), addressable=True, requested_at=None, now=100.0, window=60)
+    assert first.request and first.wait_s == gs.FIRST_LOOK_S
+    waiting = gs.decide_graceful_stop(rayjob(), addressable=True, requested_at=100.0, now=130.0, window=60)
+    assert not waiting.request and waiting.wait_s is not None and 0 < waiting.wait_s <= 30
+    assert gs.decide_graceful_stop(rayjob(), addressable=True, requested_at=100.0, now=160.0, window=60).wait_s is None
+    # The job ended while asked: delete now, whatever the window says.
+    assert (
+        gs.decide_graceful_stop(rayjob("STOPPED"), addressable=True, requested_at=100.0, now=101, window=60).wait_s
+        is None
+    )
+    # The driver recorded its own stop in _sweep/status.json: nothing left to wait for.
+    done = gs.decide_graceful_stop(
+        rayjob(), addressable=True, requested_at=100.0, now=101.0, window=60, driver_stopped=True
+    )
+    assert done.wait_s is None
+
+
+def test_a_job_without_a_dashboard_url_or_id_is_left_to_kuberays_stop() -> None:
+    step = gs.decide_graceful_stop(rayjob(), addressable=False, requested_at=None, now=100.0, window=60)
+    assert not step.request and step.wait_s is None and "dashboard" in step.why
+
+
+def test_the_window_is_the_graceful_stop_plus_kuberays_look_capped_by_the_operator() -> None:
+    assert gs.window_s(300, 900) == 300 + gs.OBSERVE_MARGIN_S
+    assert gs.window_s(3000, 900) == 900
+    assert gs.window_s(0, 900) == gs.OBSERVE_MARGIN_S
