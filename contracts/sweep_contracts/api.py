@@ -630,6 +630,17 @@ class UsageStatus(StatusModel):
     )
 
 
+class IdleGpuStatus(StatusModel):
+    held_deletion: float | None = Field(
+        None,
+        description="GPU-seconds the workers of a RayCluster whose deletion the guard held kept before they were freed.",
+    )
+    preemption: float | None = Field(
+        None,
+        description="The same, for a cluster Kueue preempted: GPU-seconds from the eviction until its workers went.",
+    )
+
+
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId>.")
@@ -684,6 +695,9 @@ class SweepStatus(StatusModel):
     last_resume: LastResumeStatus | None = Field(None, description="The operator's last resume decision.")
     kueue: KueueStatus | None = Field(
         None, description="Kueue mode: where Kueue has the sweep's RayJob (docs/kueue.md)."
+    )
+    idle_gpu_seconds: IdleGpuStatus | None = Field(
+        None, description="GPU time held without training, by cause, as the operator saw it from the pods it freed."
     )
 
 

@@ -81,8 +81,15 @@ def test_a_held_cluster_loses_its_gpu_workers_after_the_graceful_window_and_stay
         namespace="default", sweep=name, cause="held-deletion"
     )._value.get()
     assert metric > 0, "the hold's GPU-seconds are recorded"
+    recorded = env.wait_status(name, lambda s: (s.get("idleGpuSeconds") or {}).get("heldDeletion"), "status record")
+    assert recorded["idleGpuSeconds"]["heldDeletion"] == pytest.approx(metric, rel=0.01)
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
-    wait_for(lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster) is None, TIMEOUT, what="released once verified")
+    uid = held["metadata"]["uid"]  # KubeRay creates the running job's cluster again, under the same name
+    wait_for(
+        lambda: ((env.get(constants.RAYCLUSTER_PLURAL, cluster) or {}).get("metadata") or {}).get("uid") != uid,
+        TIMEOUT,
+        what="released once verified",
+    )
 
 
 def test_a_sweep_deleted_while_held_is_still_stopped_at_its_deadline(env: OperatorEnv) -> None:

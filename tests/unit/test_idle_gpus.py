@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.reconcile.idle_gpus import FreeWorkers, decide_free_workers, driver_stopped
+from sweep_operator.reconcile.idle_gpus import FreeWorkers, cause_of, decide_free_workers, driver_stopped, idle_status
 
 DELETED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 GRACE = 60.0
@@ -83,3 +83,13 @@ def test_the_driver_is_running_only_while_the_job_is_not_terminal() -> None:
     assert driver_stopped(RUNNING) == ""
     for status in ("SUCCEEDED", "FAILED", "STOPPED"):
         assert status in driver_stopped({"metadata": {}, "status": {"jobStatus": status}})
+
+
+def test_a_hold_after_a_kueue_preemption_is_counted_as_preemption_and_holds_add_up() -> None:
+    free = FreeWorkers(("w1",), 30.0, "window passed")
+    assert cause_of(free, {"phase": "Running"}) == "held-deletion"
+    assert cause_of(free, {"phase": "Suspended", "kueue": {"preemptions": 1}}) == "preemption"
+    once = idle_status({}, "held-deletion", 30.0)
+    twice = idle_status(once, "held-deletion", 12.5)
+    assert twice == {"idleGpuSeconds": {"heldDeletion": 42.5}}
+    assert idle_status(twice, "preemption", 1.0)["idleGpuSeconds"] == {"heldDeletion": 42.5, "preemption": 1.0}

@@ -635,7 +635,13 @@ class SweepController:
         for pod in free.pods:
             self.kube.delete_pod(ref.namespace, pod)
         sweep_name = guard.sweep_name_of(body)
-        self.metrics.idle_gpus(ref.namespace, sweep_name, free.cause, free.gpu_seconds)
+        cause = idle_gpus.cause_of(free, status_of(sweep or {}))
+        self.metrics.idle_gpus(ref.namespace, sweep_name, cause, free.gpu_seconds)
+        if sweep is not None:
+            try:
+                self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, free.gpu_seconds)))
+            except Exception as exc:  # the metric and the Event say it; the next hold's record adds to it
+                log.warning("sweep %s: cannot record the hold's idle GPU-seconds: %s", sweep_name, exc)
         message = (
             f"RayCluster {ref.name} is held until its checkpoints verify; {free.why}, so its {len(free.pods)} "
             f"worker pod(s) were deleted (they had held {free.gpu_seconds / 3600:.3g} GPU-hours since the deletion "

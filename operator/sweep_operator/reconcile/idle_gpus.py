@@ -16,6 +16,8 @@ LABEL_NODE_TYPE = "ray.io/node-type"
 # Ray's JobStatus values after which no driver runs (ray/dashboard/modules/job/common.py JobStatus.is_terminal).
 TERMINAL_JOB_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 HELD_DELETION = "held-deletion"
+PREEMPTION = "preemption"
+STATUS_KEYS = {HELD_DELETION: "heldDeletion", PREEMPTION: "preemption"}  # status.idleGpuSeconds
 
 
 @dataclass(frozen=True)
@@ -71,3 +73,20 @@ def decide_free_workers(
     why = why or f"the {graceful_seconds:g}s graceful window since the deletion passed"
     gpu_seconds = sum(pod_gpus(p) * max(0.0, now - max(since, pod_scheduled_at(p) or since)) for p in workers)
     return FreeWorkers(tuple(sorted(meta_of(p)["name"] for p in workers)), gpu_seconds, why)
+
+
+def cause_of(free: FreeWorkers, sweep_status: Mapping[str, Any]) -> str:
+    """`preemption` when Kueue evicted the sweep (its status records the preemption and it waits Suspended: the
+    operator's reading of the Workload, never the RayJob's editable spec.suspend), else the hold's own cause."""
+    kueue = sweep_status.get("kueue") or {}
+    if sweep_status.get("phase") == "Suspended" and int(kueue.get("preemptions") or 0) > 0:
+        return PREEMPTION
+    return free.cause
+
+
+def idle_status(status: Mapping[str, Any], cause: str, gpu_seconds: float) -> dict[str, Any]:
+    """status.idleGpuSeconds with this hold's GPU-seconds added under its cause."""
+    idle = dict(status.get("idleGpuSeconds") or {})
+    key = STATUS_KEYS[cause]
+    idle[key] = round(float(idle.get(key) or 0.0) + gpu_seconds, 3)
+    return {"idleGpuSeconds": idle}
