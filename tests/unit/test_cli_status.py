@@ -55,3 +55,12 @@ def test_progress_counts_are_out_of_the_trials_the_sweep_asks_for(capsys: pytest
     assert "trials 0/100 done, 1 running, 0 errored" in capsys.readouterr().err
     assert _finished_of({"trialsSummary": "2/100 (1 running)"}) == (2, 100)
     assert _finished_of({}) == (0, 0)
+
+
+def test_status_says_how_much_gpu_time_was_held_without_training_by_cause() -> None:
+    """Issue 26: the GPU-seconds a held deletion (or a preemption) kept, as status.idleGpuSeconds records them."""
+    text = format_status(
+        "digits", "ml", {"phase": "Deleting", "idleGpuSeconds": {"heldDeletion": 7200.0, "preemption": 360.0}}
+    )
+    assert "  idle GPUs:   held deletion 2 GPU-h, after a preemption 0.1 GPU-h" in text.splitlines(), text
+    assert "idle GPUs" not in format_status("digits", "ml", {"phase": "Running"})
