@@ -57,6 +57,9 @@ RAYCLUSTER_KIND: Final = "RayCluster"
 RAYCLUSTER_PLURAL: Final = "rayclusters"
 RAY_LABEL_ORIGINATED_FROM_CRD: Final = "ray.io/originated-from-crd"
 RAY_LABEL_ORIGINATED_FROM_CR_NAME: Final = "ray.io/originated-from-cr-name"
+# On every pod of a RayCluster (ray-operator/controllers/ray/utils/constant.go RayClusterLabelKey, RayNodeTypeLabelKey).
+RAY_LABEL_CLUSTER: Final = "ray.io/cluster"
+RAY_LABEL_NODE_TYPE: Final = "ray.io/node-type"
 RAYJOB_NAME_MAX_LEN: Final = 47  # KubeRay derives cluster/pod names from it
 
 # The only Ray version this product is built and tested for (R1).

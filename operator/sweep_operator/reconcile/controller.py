@@ -625,7 +625,7 @@ class SweepController:
         passed; the object, its head and the finalizer stay until the checkpoints verify."""
         ref = ObjectRef.of(body)
         try:
-            pods = self.kube.list_pods(ref.namespace, f"{idle_gpus.LABEL_CLUSTER}={ref.name}")
+            pods = self.kube.list_pods(ref.namespace, f"{constants.RAY_LABEL_CLUSTER}={ref.name}")
         except Exception as exc:  # the hold stands; the next check tries again
             log.warning("RayCluster %s: cannot read its pods to free held GPUs: %s", ref, exc)
             return

@@ -6,13 +6,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sweep_contracts import constants
+
 from ..status import parse_time
 from .facts import meta_of
 from .usage import pod_gpus, pod_scheduled_at
 
-# KubeRay's labels on a RayCluster's pods (ray-operator/controllers/ray/utils/constant.go).
-LABEL_CLUSTER = "ray.io/cluster"
-LABEL_NODE_TYPE = "ray.io/node-type"
 # Ray's JobStatus values after which no driver runs (ray/dashboard/modules/job/common.py JobStatus.is_terminal).
 TERMINAL_JOB_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 HELD_DELETION = "held-deletion"
@@ -60,8 +59,8 @@ def decide_free_workers(
     workers = [
         p
         for p in pods
-        if (meta_of(p).get("labels") or {}).get(LABEL_CLUSTER) == name
-        and (meta_of(p).get("labels") or {}).get(LABEL_NODE_TYPE) == "worker"
+        if (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_CLUSTER) == name
+        and (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_NODE_TYPE) == "worker"
         and not meta_of(p).get("deletionTimestamp")
     ]
     if not workers:
