@@ -42,7 +42,10 @@ def test_run_config_callbacks_that_are_not_user_callbacks_reach_the_controller()
 def test_controller_abort_is_trains_clean_stop_of_the_worker_group() -> None:
     """`TrainController.abort` (async) aborts the worker group, which shuts its placement group down, then exits."""
     abort = getattr(TrainController, ray_internals.CONTROLLER_ABORT_METHOD)
-    assert inspect.iscoroutinefunction(abort) and list(inspect.signature(abort).parameters) == ["self"]
+    # Ray adds `_ray_trace_ctx` to an actor class's methods once tracing was set up in this process (another test
+    # started Ray): not part of the method's own signature.
+    params = [p for p in inspect.signature(abort).parameters if p != "_ray_trace_ctx"]
+    assert inspect.iscoroutinefunction(abort) and params == ["self"]
     source = inspect.getsource(abort)
     assert "self._worker_group.abort()" in source and "exit_actor()" in source
     # fit() itself aborts only on Ctrl-C in the main thread: a Tune trial runs fit() in another thread.
