@@ -72,3 +72,16 @@ def stop_job(dashboard_url: str, job_id: str, *, timeout_s: float = TIMEOUT_S) -
         return StopOutcome(asked=False, error=f"the stop was not taken and the job is {status or 'unknown'}")
     except (OSError, ValueError) as exc:  # URLError, timeouts and refused connections are OSErrors
         return StopOutcome(asked=False, error=f"{type(exc).__name__}: {exc}")
+
+
+def job_status(dashboard_url: str, job_id: str, *, timeout_s: float = TIMEOUT_S) -> str | None:
+    """The job's status as its head has it (`GET /api/jobs/<id>`, JobDetails.status: PENDING, RUNNING, STOPPED,
+    SUCCEEDED, FAILED); None when the head cannot say. While KubeRay suspends a RayJob it no longer polls the job, so
+    the RayJob's jobStatus goes stale: the head is where a stop is seen to have ended."""
+    url = dashboard_base(dashboard_url) + JOB_PATH + urllib.parse.quote(job_id, safe="")
+    try:
+        code, body = _request("GET", url, timeout_s)
+        status = json.loads(body or b"{}").get("status") if code // 100 == 2 else None
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, str) else None

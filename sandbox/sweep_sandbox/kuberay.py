@@ -1333,7 +1333,8 @@ def _deletion_rules_error(spec: Mapping[str, Any], rules: list[Mapping[str, Any]
 class JobsApiServer:
     """The heads' dashboards, as far as the operator uses them: Ray's Jobs API stop and job info on one loopback port
     (ray 2.58 `dashboard/modules/job/job_head.py`: `POST /api/jobs/{id}/stop` answers `{"stopped": bool}`, whether
-    the job was still running, 404 for an unknown job; `GET /api/jobs/{id}` its JobDetails with `status`).
+    the job was still running, 404 for an unknown job; `GET /api/jobs/{id}` its JobDetails with `status`, the run's
+    own phase, which stays current while KubeRay suspends the RayJob and no longer copies it).
     `find(job_id)` returns the run and its RayJob's jobStatus, or None."""
 
     def __init__(self, find: Callable[[str], tuple[RunHandle, str] | None]) -> None:
@@ -1368,7 +1369,7 @@ class JobsApiServer:
                     self._answer(404, "Not Found")
                 elif found[1] is None:
                     self._answer(404, f"Job {found[0]} does not exist")
-                elif found[1][1] in TERMINAL_JOB:
+                elif found[1][0].poll().phase.value in TERMINAL_JOB:  # the job's own state, as the supervisor's
                     self._answer(200, {"stopped": False})
                 else:
                     found[1][0].stop()  # JobManager.stop_job: the supervisor SIGTERMs the driver, fire and forget
@@ -1379,8 +1380,10 @@ class JobsApiServer:
                 found = self._job()
                 if found is None or found[1] is None:
                     self._answer(404, "Not Found")
-                else:
-                    self._answer(200, {"submission_id": found[0], "status": found[1][1] or "PENDING"})
+                else:  # the head knows the job as it is now, whatever KubeRay last copied into the RayJob
+                    phase = found[1][0].poll().phase
+                    status = JobStatus.PENDING.value if phase is RunPhase.STARTING else phase.value
+                    self._answer(200, {"submission_id": found[0], "status": status})
 
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True

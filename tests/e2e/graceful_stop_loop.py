@@ -1,5 +1,6 @@
-"""Train loop for test_entrypoints_graceful_stop.py (`tests.e2e.graceful_stop_loop:train_loop`): rank 0 reports a tiny
-checkpoint every `step_s` seconds, `steps` times, so a sweep is mid-run whenever the test stops it."""
+"""Train loop for the graceful-stop e2e tests (`tests.e2e.graceful_stop_loop:train_loop`): rank 0 reports a tiny
+checkpoint, with the manifest the guard verifies, every `step_s` seconds, `steps` times, so a sweep is mid-run
+whenever a test stops it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import ray.train
 
 from sweep_contracts import s3_layout
+from training_entrypoints.checkpointing import write_manifest
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -24,8 +26,11 @@ def train_loop(config: dict[str, Any]) -> None:
         time.sleep(float(config["step_s"]))
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "step").write_text(str(step))
+            if rank == 0:
+                write_manifest(tmp, epoch=step)
             ray.train.report(
-                {"score": -abs(float(config["x"])) - step, "step": step},
+                # The score grows with the step, so checkpoint retention (numToKeep, by score) keeps the newest.
+                {"score": -abs(float(config["x"])) + step, "step": step},
                 checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None,
                 checkpoint_dir_name=s3_layout.checkpoint_dir_name(step) if rank == 0 else None,
             )

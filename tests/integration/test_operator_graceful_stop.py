@@ -60,12 +60,15 @@ def test_the_jobs_api_stop_of_the_standin_answers_as_rays_and_the_job_stays_runn
     time.sleep(0.5)
     rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}
     assert rayjob["status"]["jobStatus"] == "RUNNING", "the job stopped before its driver's window"
+    assert ray_jobs.job_status(url, job_id) == "RUNNING"  # the head's own view, as `GET /api/jobs/<id>` gives it
     wait_for(
         lambda: (env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}).get("status", {}).get("jobStatus") == "STOPPED",
         TIMEOUT,
         what="STOPPED once the driver exited",
     )
+    assert ray_jobs.job_status(url, job_id) == "STOPPED"
     assert ray_jobs.stop_job(url, job_id) == ray_jobs.StopOutcome(asked=True, already_ended=True)
+    assert ray_jobs.job_status(url, "no-such-job") is None
     assert not ray_jobs.stop_job(url, "no-such-job").asked
     assert not ray_jobs.stop_job("127.0.0.1:1", job_id, timeout_s=1).asked  # nothing listens: an outcome, no raise
 
@@ -132,3 +135,83 @@ def test_deleting_a_running_sweep_stops_its_job_gracefully_verifies_the_last_che
     # (A check that ran while the driver was still writing may hold; only a verified list can release.)
     released_on = [checked for at, checked, ok in verifications if ok and at < deleted_at]
     assert released_on and set(released_on) == {3}, f"the guard released on the older list: {verifications}"
+
+
+# ------------------------------------------------------------------------------ section 4: a Kueue preemption
+
+QUEUE = "gs-team"
+
+
+@pytest.fixture(scope="module")
+def kueue_env(s3_server: Any) -> Iterator[OperatorEnv]:
+    from sweep_sandbox.kueue import cluster_queue, local_queue, resource_flavor
+
+    environment, stop = start_operator_env(s3_server, kueue_default_queue=QUEUE)
+    assert environment.kueue is not None
+    environment.kueue.apply_queues(resource_flavor(), local_queue("default", QUEUE, "gs-cq"))
+    environment.kueue.apply(cluster_queue("gs-cq", {"cpu": 64, "memory": "256Gi", constants.GPU_RESOURCE: 8}))
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+def test_a_kueue_preemption_checkpoints_first_then_verifies_releases_and_readmits(kueue_env: OperatorEnv) -> None:
+    """Issue 26 section 4. Kueue evicts the Workload and suspends the RayJob; KubeRay deletes the RayCluster without
+    stopping the job (v1.7.0 `Suspending`). The guard holding the cluster first stops the job through the head's Jobs
+    API (the RayJob's jobStatus is stale while KubeRay suspends: the head's own job status says when it ended), the
+    driver commits its last reports, the guard verifies those and releases the cluster; Kueue readmits the sweep as
+    before (docs/kueue.md)."""
+    from sweep_sandbox.kueue import workload_name
+
+    env = kueue_env
+    doc = env.new_sweep("gsq", **{"spec.deadlines": {"activeSeconds": 3600, "startupSeconds": 600}})
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(stop_seconds=STOP_SECONDS), Outcome.hang(stop_seconds=STOP_SECONDS))
+    env.apply(doc)
+    running = env.wait_phase(name, "Running")
+    cluster, rayjob_name = running["rayClusterName"], running["rayJobName"]
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=1)
+    run = run_of(env, rayjob_name)
+
+    def driver_commits_its_last_report_when_told() -> None:
+        wait_for(lambda: run.stop_requests, TIMEOUT, what="the stop request")
+        write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=3, files=1)
+
+    controller = env.operator.controller
+    verify = controller.verify
+    verifications: list[tuple[float, int, bool]] = []
+
+    def recording_verify(*args: Any, **kwargs: Any) -> Any:
+        result = verify(*args, **kwargs)
+        verifications.append((time.time(), result.checked, result.verified))
+        return result
+
+    driver = threading.Thread(target=driver_commits_its_last_report_when_told, daemon=True)
+    controller.verify = recording_verify
+    try:
+        driver.start()
+        assert env.kueue is not None
+        env.kueue.evict("default", workload_name(env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}))
+        wait_for(
+            lambda: not [c for c in env.rayclusters(name) if c["metadata"]["name"] == cluster],
+            TIMEOUT,
+            what="the preempted cluster released",
+        )
+        released_at = time.time()
+    finally:
+        controller.verify = verify
+    assert env.standin.jobs_api is not None
+    stops = [r for r in env.standin.jobs_api.requests if r[0] == "POST" and r[1].endswith("/stop")]
+    assert stops and run.stop_requests, "the preempted job was never asked to stop"
+    assert all(at > stops[0][2] for at, _, _ in verifications), "verified before the job was told to stop"
+    released_on = [checked for at, checked, ok in verifications if ok and at < released_at]
+    assert released_on and set(released_on) == {3}, f"the guard released on the older list: {verifications}"
+    released = [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"]
+    assert released and "verified" in released[0].message
+    env.wait_status(
+        name, lambda s: (s.get("kueue") or {}).get("admissions") == 2 and s.get("phase") == "Running", "readmitted"
+    )
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released by the guard")

@@ -61,3 +61,26 @@ def test_the_window_is_the_graceful_stop_plus_kuberays_look_capped_by_the_operat
     assert gs.window_s(300, 900) == 300 + gs.OBSERVE_MARGIN_S
     assert gs.window_s(3000, 900) == 900
     assert gs.window_s(0, 900) == gs.OBSERVE_MARGIN_S
+
+
+def workload(uid: str, evicted: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "rayjob-s-r1-x",
+            "creationTimestamp": "2026-12-05T00:00:00Z",
+            "ownerReferences": [{"kind": "RayJob", "uid": uid, "controller": True}],
+        },
+        "spec": {"queueName": "team"},
+        "status": {"conditions": [{"type": "Evicted", "status": evicted, "reason": "Preempted"}]},
+    }
+
+
+def test_a_kueue_eviction_is_read_from_the_workload_it_controls_never_from_spec_suspend() -> None:
+    """Kueue's evict.IsEvicted (Evicted=True on the Workload whose controller is the RayJob, kueue.workload_of)."""
+    job = {**rayjob(), "metadata": {"name": "s-r1", "uid": "u1", "labels": {"kueue.x-k8s.io/queue-name": "team"}}}
+    assert gs.evicted_by_kueue(job, [workload("u1", "True")])
+    assert not gs.evicted_by_kueue(job, [workload("u1", "False")])
+    assert not gs.evicted_by_kueue(job, [workload("someone-else", "True")])
+    suspended = {**job, "spec": {"suspend": True}}  # a suspend alone (anyone may set it) is no eviction
+    assert not gs.evicted_by_kueue(suspended, [])
+    assert not gs.evicted_by_kueue(rayjob(), [workload("u1", "True")]), "not a Kueue RayJob (no queue-name label)"

@@ -77,6 +77,7 @@ class SweepController:
         verification_pool: Any = None,
         guard_workers: int = 0,
         stop_job: Callable[[str, str], ray_jobs.StopOutcome] = ray_jobs.stop_job,
+        job_status: Callable[[str, str], str | None] = ray_jobs.job_status,
     ):
         """`reconcile_workers`: threads serving reconcile requests from events and ticks (the operator's work
         queue); 0 runs each request at once in the caller's thread (tests drive the controller that way)."""
@@ -117,7 +118,7 @@ class SweepController:
         self._guard_attempts: dict[GuardKey, int] = {}
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
         # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
-        self.stop_job, self._stops = stop_job, dict[str, float]()
+        self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
             self._stopping_pass, workers=1 if reconcile_workers or guard_workers else 0, name="graceful-stop"
@@ -546,6 +547,12 @@ class SweepController:
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         rayjob, sweep = self.reads.rayjob_of_cluster(body), self.reads.sweep_of(body)
+        if rayjob is not None and self._evicted_by_kueue(rayjob):  # a preemption: KubeRay deletes the cluster of the
+            # suspended RayJob without stopping its job, which stops gracefully first; then the guard verifies
+            wait = self._stop_before_delete(rayjob, sweep)
+            if wait is not None:
+                message = f"RayCluster {meta_of(body).get('name')}: waiting for its Ray job to stop gracefully"
+                raise RetryLater(message, wait, counted=False)
         try:
             _, decision = self._guard(
                 DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
@@ -562,6 +569,16 @@ class SweepController:
         except SpecError:
             spec = None
         return float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
+
+    def _evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
+        if not kueue.kueue_managed(rayjob):
+            return False
+        try:
+            workloads = self.kube.list_workloads(meta_of(rayjob).get("namespace") or "default")
+        except Exception as exc:  # the guard verifies as before; only the graceful stop is missed
+            log.warning("cannot read Kueue's Workloads for RayJob %s: %s", meta_of(rayjob).get("name"), exc)
+            return False
+        return graceful_stop.evicted_by_kueue(rayjob, workloads)
 
     def _stopping_pass(self, key: tuple[str, str, str]) -> None:
         """Delete a RayJob once its job stopped gracefully or its window passed; until then look again."""
@@ -584,8 +601,15 @@ class SweepController:
         window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
         with self._guard_lock:
             asked = self._stops.get(key)
+        # Once asked, the head says when the job ended (KubeRay stops polling it while it suspends the RayJob).
+        ended = asked is not None and job is not None and self.job_status(*job) in ray_jobs.TERMINAL_JOB_STATUSES
         step = graceful_stop.decide_graceful_stop(
-            rayjob, addressable=job is not None, requested_at=asked, now=self.clock(), window=window
+            rayjob,
+            addressable=job is not None,
+            requested_at=asked,
+            now=self.clock(),
+            window=window,
+            driver_stopped=ended,
         )
         if step.request and job is not None:
             outcome = self.stop_job(*job)

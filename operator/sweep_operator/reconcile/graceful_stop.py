@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from . import kueue
 
 # KubeRay's JobStatus values that are final (rayv1.IsJobTerminal); "" and PENDING/RUNNING are not.
 TERMINAL_JOB_STATUSES = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
@@ -65,3 +67,16 @@ def decide_graceful_stop(
     # Most stops end within seconds (the next report); a long one is looked at less often, each look a fresh GET.
     wait = min(left, MAX_LOOK_S, max(FIRST_LOOK_S, (now - requested_at) / 2))
     return StopStep(False, wait, f"waiting up to {left:.0f} s for the job to stop")
+
+
+def evicted_by_kueue(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> bool:
+    """Kueue evicted the RayJob's Workload (Evicted=True on the Workload it controls): a preemption, whose suspend
+    makes KubeRay delete the cluster without stopping the job. Read from Kueue's own condition, never from the
+    RayJob's spec.suspend, which a tenant may edit."""
+    workload = kueue.workload_of(rayjob, workloads) if kueue.kueue_managed(rayjob) else None
+    if workload is None:
+        return False
+    try:
+        return kueue.WorkloadFacts.from_object(workload).evicted
+    except kueue.KueueError:
+        return False
