@@ -197,7 +197,9 @@ def test_gpu_hours_follow_the_pods_across_a_restart_and_the_budget_stops_the_swe
         interval = recorded[pod]
         assert abs(interval.start - record["start"]) <= 1.0  # RFC 3339 seconds, rounded outward
         assert interval.end is not None
-        assert record["last"] - 1.0 <= interval.end <= record["gone"] + RECONCILE + 1.0
+        # Closed when a pass sees the pod gone: a reconcile interval after it went on an idle machine, later on a
+        # busy one (the bound only catches an interval closed far too late or before the pod went).
+        assert record["last"] - 1.0 <= interval.end <= record["gone"] + 4 * RECONCILE + 2.0
     used = ledger.gpu_seconds(time.time())
     expected = sum(r["gpus"] * (r["gone"] - r["start"]) for r in seen.values())
     assert abs(used - expected) <= 4 * (RECONCILE + 2.0), (used, expected)
