@@ -559,6 +559,51 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
         columns=(PrinterColumn("Cluster-IP", json_path=".spec.clusterIP"), _AGE_COLUMN),
     ),
     ResourceType("batch", "v1", "jobs", "Job", categories=("all",), subresources=("status",), columns=(_AGE_COLUMN,)),
+    # What the operator's chart installs (stored as given: no controller acts on them here).
+    ResourceType(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        short_names=("deploy",),
+        categories=("all",),
+        subresources=("status",),
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "resourcequotas",
+        "ResourceQuota",
+        short_names=("quota",),
+        subresources=("status",),
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType(
+        "networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",), columns=(_AGE_COLUMN,)
+    ),
+    ResourceType(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        short_names=("pdb",),
+        subresources=("status",),
+        columns=(_AGE_COLUMN,),
+    ),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", columns=(_AGE_COLUMN,)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", columns=(_AGE_COLUMN,)),
+    ResourceType(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False, columns=(_AGE_COLUMN,)
+    ),
+    ResourceType(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+        columns=(_AGE_COLUMN,),
+    ),
     ResourceType(
         "apiextensions.k8s.io",
         "v1",
