@@ -1174,3 +1174,15 @@ def test_a_held_objects_check_that_comes_early_stays_armed(world: World) -> None
         assert key in timers, "the check is re-armed for the rest of its backoff"
     finally:
         world.controller.guards.stop(timeout=0)
+
+
+def test_a_raised_graceful_window_on_a_deleting_sweep_is_capped_by_the_operator(world: World) -> None:
+    """The webhook refuses no edit of a sweep being deleted: a tenant who raises spec.deadlines.gracefulStopSeconds
+    there must not keep a held cluster's GPU workers past the operator's maxGracefulStopSeconds (issue 26)."""
+    from dataclasses import replace as replace_settings
+
+    sweep = add_sweep(world, "digits", spec__deadlines__gracefulStopSeconds=3600)
+    world.controller.settings = replace_settings(world.controller.settings, max_graceful_stop_seconds=120.0)
+    assert world.controller._graceful_seconds(sweep) == 120.0
+    world.controller.settings = replace_settings(world.controller.settings, max_graceful_stop_seconds=1e9)
+    assert world.controller._graceful_seconds(sweep) == 3600.0

@@ -564,11 +564,14 @@ class SweepController:
         return decision.reason
 
     def _graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
+        """The sweep's gracefulStopSeconds, at most the operator's cap: the webhook refuses no edit of a sweep being
+        deleted, so a raised value must not keep a held cluster's GPUs longer than the platform allows."""
         try:
             spec = self.cache.parse(sweep).spec if sweep is not None else None
         except SpecError:
             spec = None
-        return float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
+        asked = float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
+        return min(asked, self.settings.max_graceful_stop_seconds)
 
     def _evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
         if not kueue.kueue_managed(rayjob):
