@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from .controllers import Informer, WorkQueue, event_body
 from .emulator import now_rfc3339, parse_rfc3339
-from .kuberay import Informer, WorkQueue, event_body
 
 Obj = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # pkg/controller/constants QueueLabel
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # WorkloadPriorityClassLabel
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # JobUIDLabel
 MANAGER = "kueue-controller-manager"
+MANAGER_POD = "kueue-controller-manager-6b9f7c8d5-m4x2p"  # the pod that writes Events (reportingInstance)
 USER_AGENT = "kueue-standin/v0.19"
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
 HEAD_POD_SET = "head"  # rayjob_controller.go headGroupPodSetName
@@ -889,7 +890,7 @@ class KueueStandIn:
         """An Event through client-go's events recorder (best effort, as the recorder)."""
         with self._lock:
             self.events.append((involved["metadata"]["name"], reason, message))
-        body = event_body(involved, type_, reason, message, MANAGER, action=reason)
+        body = event_body(involved, type_, reason, message, MANAGER, action=reason, instance=MANAGER_POD)
         try:
             _, url, headers, payload, _ = self.api_client.param_serialize(
                 "POST",
