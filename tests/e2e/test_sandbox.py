@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

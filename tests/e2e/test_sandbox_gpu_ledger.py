@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep_sandbox.emulator import wait_for
 from tests.support.factories import changed, gpu_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 SWEEPCTL = [sys.executable, "-m", "sweep_operator.cli"]

@@ -16,9 +16,9 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator import ray_jobs
-from sweep_sandbox.emulator import wait_for
 from tests.e2e.test_entrypoints_graceful_stop import slow_sweep
 from tests.support.factories import changed
+from tests.support.waiting import wait_for
 from training_entrypoints import ray_internals
 from training_entrypoints.trial_stop import committed_checkpoint_names
 

@@ -19,7 +19,7 @@ import yaml
 from sweep_contracts import constants
 from sweep_contracts.s3_layout import RunLayout, checkpoint_dir_name
 from sweep_contracts.timestamps import epoch_seconds
-from sweep_sandbox.emulator import GiveUp, wait_for
+from tests.support.waiting import GiveUp, wait_for
 from training_entrypoints.checkpointing import MODEL_FILE, state_dict_digest
 from training_entrypoints.resume import EXPERIMENT_STATE_PATTERN, plan_continue, restored_trials
 

@@ -19,9 +19,10 @@ import pytest
 from sweep_contracts import constants
 from sweep_operator.rendering import RenderContext, build_rayjob
 from sweep_operator.validation import parse_sweep
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import changed, cpu_sweep
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

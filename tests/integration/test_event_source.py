@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import cpu_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -23,11 +23,11 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.s3 import S3ClientConfig, make_s3_client
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.s3_fault_server import FaultyS3Server
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator import ray_jobs
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

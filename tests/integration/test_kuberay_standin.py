@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import (
     RAYJOB_FINALIZER,
     KubeRayStandIn,
@@ -25,6 +25,7 @@ from sweep_sandbox.kuberay import (
     ScriptedRunner,
 )
 from tests.support import standins
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from sweep_sandbox.kueue import (
     PRIORITY_CLASS_LABEL,
@@ -29,6 +29,7 @@ from sweep_sandbox.kueue import (
     workload_priority_class,
 )
 from tests.support import standins
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sweep_contracts import constants
 from sweep_contracts.timestamps import epoch_seconds as unix  # the one RFC 3339 reader
 from sweep_operator.settings import OperatorLimits
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 NS = "metrics-ns"

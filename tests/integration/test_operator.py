@@ -21,11 +21,11 @@ from sweep_contracts import constants, runtime_env
 from sweep_operator.rendering import build_rayjob
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome, PendingReason
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.s3_fault_server import FaultyS3Server
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

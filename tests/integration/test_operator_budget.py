@@ -15,11 +15,12 @@ import kubernetes.client
 import pytest
 
 from sweep_operator.reconcile.usage import HOUR, UsageLedger, epoch, fold, observe_pod
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from tests.integration.test_kuberay_standin import Cluster
 from tests.support.operator_env import OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 RECONCILE = 1.0  # start_operator_env's reconcile_seconds: the accounting's promised precision
 WINDOW = 20  # seconds: the namespace window of the queueing test

@@ -17,10 +17,11 @@ import kubernetes
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import ApiError, EmulatorServer, ErrorInjector, RequestTarget, wait_for
+from sweep_sandbox.emulator import ApiError, EmulatorServer, ErrorInjector, RequestTarget
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.reconcile.usage import HOUR
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.operator_env import OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,11 +17,11 @@ import pytest
 from sweep_contracts import constants
 from sweep_contracts.runtime_env import deadline_of
 from sweep_operator.status import parse_time
-from sweep_sandbox.emulator import wait_for
 from sweep_sandbox.kuberay import Outcome
 from sweep_sandbox.kueue import cluster_queue, local_queue, resource_flavor, workload_name
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

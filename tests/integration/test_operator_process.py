@@ -17,8 +17,9 @@ import kubernetes
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import changed, cpu_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -32,8 +32,9 @@ from sweep_operator.webhook_certs import (
     WebhookCertificates,
     issue,
 )
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

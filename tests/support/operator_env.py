@@ -13,10 +13,11 @@ import kubernetes
 
 from sweep_contracts import constants
 from sweep_operator.settings import OperatorLimits, Settings
-from sweep_sandbox.emulator import EmulatorServer, wait_for
+from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
+from tests.support.waiting import wait_for
 
 TIMEOUT = 60.0  # generous: the CI machine has 2 cores and Ray tests may share them
 

@@ -15,9 +15,9 @@ from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.reconcile.guard import GuardTarget
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError, TenancyPolicy
 from sweep_operator.validation import validate_sweep
-from sweep_sandbox.emulator import wait_for
 from tests.support.factories import changed, gpu_sweep
 from tests.support.fake_kube import FakeKube
+from tests.support.waiting import wait_for
 
 TENANCY = TenancyPolicy(
     allowed_service_accounts=("team-a/team-a-runner", "*/sweep-runner"),

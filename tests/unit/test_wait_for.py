@@ -1,4 +1,4 @@
-"""`sweep_sandbox.emulator.wait_for`, the poll every sandbox and integration test waits with."""
+"""`tests.support.waiting.wait_for`, the poll every sandbox and integration test waits with."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sweep_sandbox.emulator import GiveUp, wait_for
+from tests.support.waiting import GiveUp, wait_for
 
 
 def test_errors_count_as_not_yet_until_the_condition_holds() -> None:
