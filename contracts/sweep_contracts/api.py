@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -441,20 +442,37 @@ class SweepSpec(ApiModel):
 
 # -------------------------------------------------------------------------------------- status
 
-Phase = Literal[
-    "Pending",
-    "Queued",
-    "Starting",
-    "Running",
-    "Succeeded",
-    "Failed",
-    "DeadlineExceeded",
-    "Invalid",
-    "Deleting",
-    "Suspended",
-    "BudgetExhausted",
-]
-TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Invalid", "BudgetExhausted"})
+
+class Phase(StrEnum):
+    """A sweep's lifecycle phase. str-valued: stored statuses, the CRD's enum and comparisons with read strings are
+    unchanged. The sets below are the one list of which phases end a run, warn, and may be resumed."""
+
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    INVALID = "Invalid"
+    DELETING = "Deleting"
+    SUSPENDED = "Suspended"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+# A run is over: nothing more happens without a resume or a spec change.
+TERMINAL_PHASES: frozenset[str] = frozenset(
+    {Phase.SUCCEEDED, Phase.FAILED, Phase.DEADLINE_EXCEEDED, Phase.INVALID, Phase.BUDGET_EXHAUSTED}
+)
+# The phase Event is a Warning.
+WARNING_PHASES: frozenset[str] = frozenset({Phase.FAILED, Phase.DEADLINE_EXCEEDED, Phase.INVALID})
+# An ended run whose sweep may start another attempt (spec.resume, `sweepctl resume`); ordered for messages.
+RESUMABLE_PHASES: tuple[str, ...] = (Phase.DEADLINE_EXCEEDED, Phase.FAILED, Phase.SUCCEEDED, Phase.BUDGET_EXHAUSTED)
+# Before a run: no RayJob is ours yet, or it has not started.
+WAITING_PHASES: frozenset[str] = frozenset({Phase.PENDING, Phase.QUEUED, Phase.STARTING, Phase.SUSPENDED})
+# The driver's own end phases in its progress document: how the Ray job ended, "Stopped" when it was signalled.
+DRIVER_STOPPED = "Stopped"
+DRIVER_END_PHASES: frozenset[str] = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.DEADLINE_EXCEEDED, DRIVER_STOPPED})
 CONDITION_TYPES: tuple[str, ...] = (
     "Admitted",
     "Running",

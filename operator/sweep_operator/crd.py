@@ -9,6 +9,7 @@ A test compares the committed file with this output, and the chart's copy with t
 
 from __future__ import annotations
 
+import enum
 import json
 import types
 import typing
@@ -171,6 +172,8 @@ def _type_schema(annotation: Any, info: FieldInfo | None) -> dict[str, Any]:
     if origin is Literal:
         values = list(get_args(annotation))
         return {"type": "string", "enum": values}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # a str-valued enum (Phase)
+        return {"type": "string", "enum": [member.value for member in annotation]}
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return model_schema(annotation)
     if origin is dict:

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sweep_contracts.api import Phase
+
 ROLE_LABEL = "ray.io/node-type"
 CLUSTER_LABEL = "ray.io/cluster"
 
@@ -84,7 +86,7 @@ def pod_problems(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str
     problems = []
     for pod in pods:
         status = pod.get("status") or {}
-        if status.get("phase") in ("Running", "Succeeded"):
+        if status.get("phase") in (Phase.RUNNING, Phase.SUCCEEDED):
             continue
         meta = pod.get("metadata") or {}
         role = (meta.get("labels") or {}).get(ROLE_LABEL, "pod")
@@ -94,7 +96,7 @@ def pod_problems(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str
             (cause, hint), detail = found[0]
         else:
             cause, hint, detail = (
-                status.get("phase") or "Pending",
+                status.get("phase") or Phase.PENDING,
                 "waiting for the pod to start",
                 texts[0] if texts else "",
             )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweep_contracts.api import TERMINAL_PHASES, SweepSpec
+from sweep_contracts.api import TERMINAL_PHASES, Phase, SweepSpec
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
 
@@ -64,7 +64,7 @@ class AdmissionLedger:
                 continue
             if status.get("runId"):
                 self.admitted[namespace][name] = demand_of(spec)
-            elif status.get("phase") == "Queued":
+            elif status.get("phase") == Phase.QUEUED:
                 self.queued[namespace][name] = QueuedSweep(name, meta.get("creationTimestamp") or "", demand_of(spec))
         for name, demand in self._load_runs(namespace) if self._load_runs else ():
             if name not in self.admitted[namespace]:

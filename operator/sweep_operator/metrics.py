@@ -11,7 +11,7 @@ import time
 from collections import Counter as _Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, get_args
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -23,7 +23,7 @@ from sweep_contracts.api import TERMINAL_PHASES, Phase
 from .reconcile.usage import NamespaceBudget, UsageLedger
 from .status import epoch_seconds
 
-PHASES: tuple[str, ...] = get_args(Phase)
+PHASES: tuple[str, ...] = tuple(Phase)
 PREFIX = "trainingsweep_"
 
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -77,7 +77,7 @@ class SweepFacts:
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> SweepFacts:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
-        phase = status.get("phase") or "Pending"
+        phase = status.get("phase") or Phase.PENDING
         deleting = epoch_seconds(meta.get("deletionTimestamp"))
         # The ledger's own rule for what holds budget (ledger.AdmissionLedger._ensure_loaded).
         admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
@@ -87,7 +87,7 @@ class SweepFacts:
             namespace=meta.get("namespace") or "default",
             name=meta.get("name") or "",
             phase=phase,
-            queued_at=epoch_seconds(status.get("queuedAt")) if phase == "Queued" else None,
+            queued_at=epoch_seconds(status.get("queuedAt")) if phase == Phase.QUEUED else None,
             deleting_since=deleting,
             gpus=gpus if isinstance(gpus, int) and admitted else 0,
             admitted=admitted,
@@ -354,7 +354,7 @@ class _StateCollector(Collector):
             "trainingsweep_queued_sweeps", STATE_GAUGES["trainingsweep_queued_sweeps"], labels=["namespace"]
         )
         for namespace in namespaces:
-            queued.add_metric([namespace], tally.get((namespace, "Queued"), 0))
+            queued.add_metric([namespace], tally.get((namespace, Phase.QUEUED), 0))
         yield queued
 
         queued_at = GaugeMetricFamily(
@@ -363,7 +363,7 @@ class _StateCollector(Collector):
             labels=["namespace", "sweep"],
         )
         for s in sweeps:
-            if s.phase == "Queued" and s.queued_at is not None:
+            if s.phase == Phase.QUEUED and s.queued_at is not None:
                 queued_at.add_metric([s.namespace, s.name], s.queued_at)
         yield queued_at
 

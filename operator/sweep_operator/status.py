@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sweep_contracts.api import TERMINAL_PHASES
+from sweep_contracts.api import TERMINAL_PHASES, Phase
 from sweep_contracts.paramspace import grid_size
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
@@ -73,17 +73,17 @@ class RayJobFacts:
         return self.deployment_status in (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
 
 
-def phase_for(facts: RayJobFacts) -> str:
+def phase_for(facts: RayJobFacts) -> Phase:
     """The sweep phase a RayJob's state implies."""
     if facts.deployment_status == DEPLOYMENT_COMPLETE:
-        return "Succeeded" if facts.job_status == JOB_SUCCEEDED else "Failed"
+        return Phase.SUCCEEDED if facts.job_status == JOB_SUCCEEDED else Phase.FAILED
     if facts.deployment_status == DEPLOYMENT_FAILED:
-        return "DeadlineExceeded" if facts.reason == REASON_DEADLINE_EXCEEDED else "Failed"
+        return Phase.DEADLINE_EXCEEDED if facts.reason == REASON_DEADLINE_EXCEEDED else Phase.FAILED
     if facts.deployment_status in DEPLOYMENT_SUSPENDED:
-        return "Suspended"
+        return Phase.SUSPENDED
     if facts.running:
-        return "Running"
-    return "Starting"
+        return Phase.RUNNING
+    return Phase.STARTING
 
 
 def rayjob_summary(facts: RayJobFacts) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import SweepSpec
+from sweep_contracts.api import RESUMABLE_PHASES, SweepSpec
 from sweep_contracts.problems import Problem, SpecError
 from sweep_contracts.spec_checks import brief, parse_spec
 
@@ -124,7 +124,6 @@ def validate_sweep(
 # a root rule sees status.runId and status.phase), and by `transition_problems` (the admission webhook, with the
 # old object) for clusters that run the webhook and for tests.
 
-RESUMABLE_PHASES = ("DeadlineExceeded", "Failed", "Succeeded", "BudgetExhausted")
 _HAS_NOT_RUN = "!has(oldSelf.status) || !has(oldSelf.status.runId)"
 _FIXED = (
     "once the sweep has run (status.runId is set): its run root holds that experiment, and a resume "

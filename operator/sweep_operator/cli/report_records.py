@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sweep_contracts.api import DRIVER_END_PHASES, DRIVER_STOPPED
+
 from ..status import epoch_seconds
 
 
@@ -119,7 +121,6 @@ def read_records(store: RunStore, root: str, *, sweep: Mapping[str, Any] | None 
 
 # The phases the driver writes when its run is over (training_entrypoints.sweep): Stopped is a graceful stop by a
 # signal (a delete, a Kueue preemption, a budget), the others end the run.
-DRIVER_END_PHASES = ("Succeeded", "Failed", "DeadlineExceeded", "Stopped")
 
 
 def sweep_identity(records: RunRecords) -> tuple[str, str]:
@@ -166,7 +167,7 @@ def run_end(records: RunRecords) -> RunEnd:
     if recorded in DRIVER_END_PHASES:
         run_phase, detail = recorded, f"the driver recorded {recorded} at {progress.get('updatedAt') or '?'}"
         stop = progress.get("stop") or {}
-        if recorded == "Stopped" and stop:
+        if recorded == DRIVER_STOPPED and stop:
             detail += f" (stopped by {stop.get('signal') or progress.get('stoppedBy') or 'a signal'}"
             detail += f" requested at {stop.get('requestedAt') or '?'}, after {stop.get('waitedSeconds', '?')} s)"
     elif result is not None and _attempt(result) >= _attempt(progress):

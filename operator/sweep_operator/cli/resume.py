@@ -16,11 +16,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from sweep_contracts.api import RESUMABLE_PHASES, Phase
+
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
 
 MIN_ACTIVE_SECONDS = 30  # api.ResumeSpec.active_seconds' minimum
 # The phases reconcile.resume can resume from (kept here so the CLI imports nothing heavy).
-RESUMABLE_PHASES = ("DeadlineExceeded", "Failed", "Succeeded", "BudgetExhausted")
 
 
 class Refused(Exception):
@@ -88,7 +89,7 @@ def resume_patch(sweep: Mapping[str, Any], *, active_seconds: int | None, num_sa
         )
     if not status.get("runId"):
         raise Refused(f"TrainingSweep {name} has no run (status.runId is unset): nothing to resume")
-    if phase == "Succeeded" and (num_samples is None or num_samples <= current):
+    if phase == Phase.SUCCEEDED and (num_samples is None or num_samples <= current):
         raise Refused(
             f"TrainingSweep {name} Succeeded: all {current} trials of spec.tune.numSamples finished; "
             f"pass --num-samples above {current} to run more",

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sweep_contracts.api import Phase
+
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, load_documents
 
 
@@ -357,7 +359,7 @@ def _report(status: dict[str, Any]) -> bool:
     else:
         problems = "; ".join(f"{p.get('kind')} {p.get('key')}" for p in checkpoints.get("problems") or [])
         print(f"checkpoints: NOT verified {problems}".rstrip())
-    ok = status.get("phase") == "Succeeded" and bool(checkpoints.get("verified"))
+    ok = status.get("phase") == Phase.SUCCEEDED and bool(checkpoints.get("verified"))
     print(f"result:      {status.get('phase')} — {status.get('message', '')}")
     return ok
 

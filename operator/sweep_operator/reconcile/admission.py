@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts import constants, s3_layout
+from sweep_contracts.api import Phase
 from sweep_contracts.runtime_env import deadline_of
 
 from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
@@ -23,7 +24,7 @@ from .guard import target_of
 def spec_is_settled(facts: SweepFacts) -> bool:
     """Invalid, and nothing new since we said why."""
     status = facts.status
-    return status.get("phase") == "Invalid" and status.get("observedGeneration") == facts.generation
+    return status.get("phase") == Phase.INVALID and status.get("observedGeneration") == facts.generation
 
 
 def creating_backs_off(facts: SweepFacts) -> bool:
@@ -32,7 +33,7 @@ def creating_backs_off(facts: SweepFacts) -> bool:
 
 
 def _status(
-    facts: SweepFacts, phase: str, message: str, *conditions: tuple[str, bool | str, str, str], **fields: Any
+    facts: SweepFacts, phase: Phase, message: str, *conditions: tuple[str, bool | str, str, str], **fields: Any
 ) -> dict[str, Any]:
     return updated(
         facts.status,
@@ -55,7 +56,7 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
         return Decision(
             _status(
                 facts,
-                "Invalid",
+                Phase.INVALID,
                 message,
                 ("Admitted", False, "Invalid", message),
                 ("Ready", False, "Invalid", "the spec is invalid"),
@@ -66,7 +67,7 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
         return Decision(
             _status(
                 facts,
-                "Suspended",
+                Phase.SUSPENDED,
                 "spec.suspend is true: the sweep waits and holds no budget",
                 ("Admitted", False, "Suspended", "spec.suspend is true"),
             ),
@@ -82,12 +83,12 @@ def decide_budget(
 ) -> Decision:
     """The ledger's answer: Reject and Queue are a status; Admit creates the run's RayJob."""
     if isinstance(budget, Reject):
-        return Decision(_status(facts, "Invalid", budget.reason, ("Admitted", False, "OverCap", budget.reason)))
+        return Decision(_status(facts, Phase.INVALID, budget.reason, ("Admitted", False, "OverCap", budget.reason)))
     if isinstance(budget, Queue):
         return Decision(
             _status(
                 facts,
-                "Queued",
+                Phase.QUEUED,
                 f"queued: {budget.reason}",
                 ("Admitted", False, "Queued", budget.reason),
                 queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
@@ -152,7 +153,7 @@ def after_create(
             f"retrying in {outcome.retry_in:g}s"
         )
         return Decision(
-            _status(facts, "Pending", message, ("Admitted", False, "RayJobCreateFailed", message)),
+            _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobCreateFailed", message)),
             (ReleaseBudget(admit_next=False),),
             (Event("Warning", "RayJobCreateFailed", message),),
         )
@@ -173,7 +174,7 @@ def after_create(
             )
             events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
             return Decision(
-                _status(facts, "Pending", message, ("Admitted", False, "RayJobNameTaken", message)),
+                _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobNameTaken", message)),
                 (ReleaseBudget(admit_next=False),),
                 events,
             )
@@ -192,7 +193,7 @@ def after_create(
     return Decision(
         _status(
             facts,
-            "Starting",
+            Phase.STARTING,
             message,
             ("Admitted", True, "Admitted", message),
             ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS
+from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS, Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.timestamps import epoch_seconds
 
@@ -306,7 +306,7 @@ class SweepController:
             )
             if resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
                 queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
-                if queue and resumed.status and resumed.status.get("phase") == "Starting":  # Kueue admits it
+                if queue and resumed.status and resumed.status.get("phase") == Phase.STARTING:  # Kueue admits it
                     resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
                 self._act(facts.body, resumed)
                 return
@@ -400,7 +400,7 @@ class SweepController:
                 self.ledger.release(ref.namespace, queued)
                 continue
             self.reconcile_sweep(body)
-            if status_of(self.kube.get_sweep(ref.namespace, queued) or {}).get("phase") == "Queued":
+            if status_of(self.kube.get_sweep(ref.namespace, queued) or {}).get("phase") == Phase.QUEUED:
                 break  # strict FIFO: the oldest still does not fit
 
     def workload_changed(self, workload: Mapping[str, Any]) -> None:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from sweep_contracts import constants, s3_layout
+from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
 
@@ -504,7 +505,7 @@ def deletion_notice(deletion: DeletionFacts, facts: GuardFacts, decision: Releas
 # --------------------------------------------------------------------------------- what the sweep's status says
 
 
-DELETING = {"phase": "Deleting", "message": "verifying checkpoints before deletion"}
+DELETING = {"phase": Phase.DELETING, "message": "verifying checkpoints before deletion"}
 
 
 def verification_status(
@@ -522,8 +523,8 @@ def verification_status(
             "NotVerified",
         )
     updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, reason, message)]
-    if status.get("phase") == "Succeeded" or get_condition(status.get("conditions"), "Ready"):
-        ready = status.get("phase") == "Succeeded" and verified
+    if status.get("phase") == Phase.SUCCEEDED or get_condition(status.get("conditions"), "Ready"):
+        ready = status.get("phase") == Phase.SUCCEEDED and verified
         updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
     return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, *updates)}
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sweep_contracts.api import TERMINAL_PHASES, Phase
 from sweep_contracts.runtime_env import deadline_of, run_spec_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
@@ -519,7 +520,7 @@ def kueue_outcome(
     # None removes a field the merge patch would otherwise keep (the server merges nested objects)
     status["kueue"] = run.status()
     deadline = clock.deadline_at(run.active_seconds, now)
-    terminal = status.get("phase") in ("Succeeded", "Failed", "DeadlineExceeded", "BudgetExhausted", "Invalid")
+    terminal = status.get("phase") in TERMINAL_PHASES
     conditions: list[tuple[str, bool, str, str]] = []
     events: list[tuple[str, str, str]] = []
     was = ((previous.get("kueue") or {}).get("state")) or ""
@@ -533,13 +534,13 @@ def kueue_outcome(
         else:
             status.pop("startedAt", None)
         if view.phase in (KueuePhase.WAITING_FOR_WORKLOAD, KueuePhase.QUEUED):
-            status.update(phase="Queued", message=view.message)
+            status.update(phase=Phase.QUEUED, message=view.message)
             conditions += [
                 ("Admitted", False, "QueuedByKueue", view.message),
                 ("Running", False, "QueuedByKueue", view.summary),
             ]
         elif view.phase is KueuePhase.PREEMPTED:
-            status.update(phase="Suspended", message=view.message)
+            status.update(phase=Phase.SUSPENDED, message=view.message)
             conditions.append(("Running", False, "PreemptedByKueue", view.message))
             if was != KueuePhase.PREEMPTED.value:
                 events.append(("Warning", "PreemptedByKueue", view.message))
@@ -548,8 +549,8 @@ def kueue_outcome(
             conditions.append(("Admitted", True, "AdmittedByKueue", text))
             if was != KueuePhase.ADMITTED.value:
                 events.append(("Normal", "AdmittedByKueue", text))
-            if status.get("phase") == "Suspended":  # Kueue has admitted it; KubeRay has not unsuspended yet
-                status.update(phase="Starting", message=f"{text}; KubeRay is starting the RayCluster")
+            if status.get("phase") == Phase.SUSPENDED:  # Kueue has admitted it; KubeRay has not unsuspended yet
+                status.update(phase=Phase.STARTING, message=f"{text}; KubeRay is starting the RayCluster")
     elif previous.get("deadlineAt") and "deadlineAt" not in status:
         status["deadlineAt"] = previous["deadlineAt"]  # the deadline it ran under (the run-phase pass saw none)
     refresh: float | None = None
@@ -593,7 +594,7 @@ def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[st
     text = f"{queued_text(local_queue)}: waiting for Kueue to create the Workload for the suspended RayJob"
     new = {k: v for k, v in status.items() if k not in ("deadlineAt", "startedAt")}
     new.update(
-        phase="Queued",
+        phase=Phase.QUEUED,
         message=text,
         kueue={
             "localQueue": local_queue,

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sweep_contracts import constants
+from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
 
 from ..policy import Admit
-from ..status import epoch_seconds, rfc3339
+from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
 from .guard import EMPTY_RUN_ROOT, reported_checkpoints
 
 # Phases a sweep can be resumed from. BudgetExhausted: the GPU-hour budget stopped it (raise the budget first).
-RESUMABLE_PHASES: tuple[str, ...] = ("DeadlineExceeded", "Failed", "Succeeded", "BudgetExhausted")
 TRIGGER_INITIAL = "Initial"  # the sweep's first RayJob
 TRIGGER_RESUME = "Resume"  # spec.resume.generation was raised
 TRIGGER_CLUSTER_LOSS = "ClusterLoss"  # failurePolicy.resumeOnClusterLoss
@@ -42,7 +42,6 @@ REASON_JOB_STATUS_CHECK_TIMEOUT = "JobStatusCheckTimeoutExceeded"
 # Messages KubeRay sets with AppFailed when the head, not the application, went away (rayjob_controller.go).
 HEAD_POD_NOT_FOUND = "Ray head pod not found."  # checkSubmitterAndUpdateStatusIfNeeded, SidecarMode
 JOB_NOT_FOUND_ON_CLUSTER = "Submitter completed but Ray job not found in RayCluster."  # Reconcile, Running branch
-DRIVER_END_PHASES = frozenset({"Succeeded", "Failed", "DeadlineExceeded", "Stopped"})
 
 
 # ------------------------------------------------------------------------------------------------ facts
@@ -129,7 +128,7 @@ def attempts_of(status: Mapping[str, Any], *, num_samples: int | None = None) ->
         return ()
     started, ended, deadline = (epoch_seconds(status.get(k)) for k in ("startedAt", "finishedAt", "deadlineAt"))
     phase = status.get("phase")
-    ended_phase = phase if phase in RESUMABLE_PHASES or phase == "Invalid" else None
+    ended_phase = phase if phase in RESUMABLE_PHASES or phase == Phase.INVALID else None
     return (
         Attempt(
             number=1,
@@ -181,7 +180,7 @@ def cluster_loss(end: RayJobEnd | None) -> str | None:
     A driver that recorded its own end (its _sweep/status.json says so) ended by itself: not a cluster loss. A
     `Retrying` RayJob is still KubeRay's to retry (backoffLimit); only `Failed` is final.
     """
-    if end is None or end.deployment_status != "Failed":
+    if end is None or end.deployment_status != DEPLOYMENT_FAILED:
         return None
     if end.driver_phase in DRIVER_END_PHASES:
         return None
@@ -354,7 +353,7 @@ def decide(facts: ResumeFacts) -> ResumeDecision:
         trigger, generation, auto_message = TRIGGER_RESUME, facts.requested_generation, ""
         why_not = _manual_refusal(facts)
     else:
-        loss = cluster_loss(facts.rayjob_end) if facts.phase == "Failed" and facts.run_id else None
+        loss = cluster_loss(facts.rayjob_end) if facts.phase == Phase.FAILED and facts.run_id else None
         if loss is None or facts.resume_on_cluster_loss <= 0:
             return Idle()
         last = facts.last_resume
@@ -413,7 +412,7 @@ def decide(facts: ResumeFacts) -> ResumeDecision:
 def _manual_refusal(facts: ResumeFacts) -> str | None:
     phase = facts.phase or "not yet admitted"
     if facts.phase not in RESUMABLE_PHASES:
-        if facts.phase == "Invalid":
+        if facts.phase == Phase.INVALID:
             return "the sweep is Invalid and never ran: fix the spec instead (nothing to resume)"
         return (
             f"the sweep is {phase}, not ended: only a {', '.join(RESUMABLE_PHASES[:-1])} or "
@@ -421,7 +420,7 @@ def _manual_refusal(facts: ResumeFacts) -> str | None:
         )
     if not facts.run_id:
         return "the sweep has no run (status.runId is unset): nothing to resume"
-    if facts.phase == "Succeeded":
+    if facts.phase == Phase.SUCCEEDED:
         last = facts.attempts[-1].num_samples if facts.attempts else None
         if last is not None and facts.num_samples <= last:
             return (
@@ -569,7 +568,7 @@ def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_sample
         )
     )
     patch: dict[str, Any] = {
-        "phase": "Starting",
+        "phase": Phase.STARTING,
         "rayJobName": decision.rayjob_name,
         "rayClusterName": None,
         "jobDeploymentStatus": None,
@@ -778,7 +777,7 @@ def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
     acted on yet, or the automatic policy on a Failed sweep."""
     resume = getattr(spec, "resume", None)
     asked = resume is not None and resume.generation > (_int(status.get("resumedGeneration")) or 0)
-    automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.get("phase") == "Failed"
+    automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.get("phase") == Phase.FAILED
     return bool(status.get("runId")) and (asked or automatic)
 
 
@@ -830,7 +829,7 @@ def resume_step(
     rayjob = ports.rayjob(status.get("rayJobName") or "") if status.get("rayJobName") else None
     target = status_target(body)
     driver = None
-    if target is not None and status.get("phase") == "Failed":
+    if target is not None and status.get("phase") == Phase.FAILED:
         progress, _, _ = ports.documents(target)
         driver = (progress or {}).get("phase") if isinstance((progress or {}).get("phase"), str) else None
     facts = facts_from_sweep(
@@ -895,7 +894,7 @@ def pending(body: Mapping[str, Any]) -> bool:
     if asked > (_int(status.get("resumedGeneration")) or 0):
         return True
     policy = _int((spec.get("failurePolicy") or {}).get("resumeOnClusterLoss")) or 0
-    if policy <= 0 or status.get("phase") != "Failed":
+    if policy <= 0 or status.get("phase") != Phase.FAILED:
         return False
     end = rayjob_end_from(status)
     lost = cluster_loss(end) is not None or (end is not None and end.reason == REASON_APP_FAILED)  # message unread

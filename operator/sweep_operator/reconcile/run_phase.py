@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sweep_contracts.api import WAITING_PHASES, Phase
+
 from ..policy import demand_of
 from ..status import (
     RayJobFacts,
@@ -109,7 +111,7 @@ def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) 
         return bool(status.get("runId")) and deadline is not None and now >= deadline.timestamp()
     if is_terminal(phase):
         return awaiting_verification(status) or resume_pending(body)
-    if phase in (None, "Pending", "Queued", "Starting", "Suspended"):
+    if phase is None or phase in WAITING_PHASES:
         return True
     deadline = parse_time(status.get("deadlineAt"))
     if deadline is not None and now >= deadline.timestamp():
@@ -124,7 +126,7 @@ def progress_wanted(facts: SweepFacts) -> bool:
         return False
     deadline = parse_time(facts.status.get("deadlineAt"))
     passed = deadline is not None and deadline_passed(facts.now, deadline.timestamp(), 0)
-    return phase_for(facts.rayjob) == "Running" and not passed
+    return phase_for(facts.rayjob) == Phase.RUNNING and not passed
 
 
 def result_wanted(facts: SweepFacts) -> bool:
@@ -132,7 +134,7 @@ def result_wanted(facts: SweepFacts) -> bool:
     return (
         facts.rayjob is not None
         and not is_terminal(facts.status.get("phase"))
-        and phase_for(facts.rayjob) == "Succeeded"
+        and phase_for(facts.rayjob) == Phase.SUCCEEDED
     )
 
 
@@ -144,14 +146,15 @@ def phase_message(phase: str, rayjob: RayJobFacts) -> str:
         detail += f", reason {rayjob.reason}"
     if rayjob.message:
         detail += f": {rayjob.message}"
-    prefix = {
-        "Starting": "starting",
-        "Running": "running",
-        "Succeeded": "succeeded",
-        "Failed": "failed",
-        "DeadlineExceeded": "deadline exceeded",
-        "Suspended": "suspended",
-    }.get(phase)
+    prefixes: dict[str, str] = {
+        Phase.STARTING: "starting",
+        Phase.RUNNING: "running",
+        Phase.SUCCEEDED: "succeeded",
+        Phase.FAILED: "failed",
+        Phase.DEADLINE_EXCEEDED: "deadline exceeded",
+        Phase.SUSPENDED: "suspended",
+    }
+    prefix = prefixes.get(phase)
     return f"{prefix}: {detail}" if prefix else detail
 
 
@@ -216,7 +219,7 @@ def decide_run(facts: SweepFacts) -> Decision:
         message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
         changes.update(
             {
-                "phase": "Failed",
+                "phase": Phase.FAILED,
                 "message": message,
                 "finishedAt": rfc3339(now),
                 "conditions": conditions_with(
@@ -244,14 +247,14 @@ def decide_run(facts: SweepFacts) -> Decision:
     if facts.progress:
         changes.update(facts.progress)
     trials = changes.get("trials") or status.get("trials") or {}
-    if new_phase == "Succeeded" and facts.stopped_at_deadline:
+    if new_phase == Phase.SUCCEEDED and facts.stopped_at_deadline:
         # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
         # not a finished sweep (the checkpoints so far are verified as for any end).
-        new_phase = "DeadlineExceeded"
+        new_phase = Phase.DEADLINE_EXCEEDED
         message = f"the driver stopped the trials gracefully at the sweep deadline {status.get('deadlineAt')}"
         conditions.append(("DeadlineExceeded", True, "GracefulStop", message))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), graceful):
-        new_phase = "DeadlineExceeded"
+        new_phase = Phase.DEADLINE_EXCEEDED
         message = (
             f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
             f"RayJob {rayjob.name} through the checkpoint guard"
@@ -271,7 +274,7 @@ def decide_run(facts: SweepFacts) -> Decision:
             )
         )
     elif (
-        new_phase in ("Starting", "Running")
+        new_phase in (Phase.STARTING, Phase.RUNNING)
         and admitted is not None
         and not trials_started(trials)
         and startup_overdue(rayjob, status, now, admitted.deadlines.startup_seconds)
@@ -280,13 +283,13 @@ def decide_run(facts: SweepFacts) -> Decision:
         # still Pending: the attempt has started only when a trial runs.
         if facts.diagnosis is None:
             return _diagnose(facts)
-        new_phase = "Failed"
+        new_phase = Phase.FAILED
         message = f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupDeadlineExceeded", message))
         actions.append(DeleteRayJob(rayjob.name))
     if (
-        new_phase == "Failed"
-        and phase != "Failed"
+        new_phase == Phase.FAILED
+        and phase != Phase.FAILED
         and not conditions
         and not ever_ran(status, rayjob)
         and admitted is not None
@@ -297,7 +300,7 @@ def decide_run(facts: SweepFacts) -> Decision:
         message = f"{phase_message(new_phase, rayjob)}; never reached Running: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupFailed", message))
     if (
-        new_phase == "DeadlineExceeded"
+        new_phase == Phase.DEADLINE_EXCEEDED
         and rayjob.reason == "DeadlineExceeded"
         and not any(c[0] == "DeadlineExceeded" for c in conditions)
     ):
@@ -315,13 +318,13 @@ def decide_run(facts: SweepFacts) -> Decision:
             "reason": rayjob.reason or None,
         }
     )
-    if new_phase == "Running":
+    if new_phase == Phase.RUNNING:
         conditions.append(
             ("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}")
         )
-    elif new_phase == "Starting":
+    elif new_phase == Phase.STARTING:
         conditions.append(("Running", False, "Starting", phase_message(new_phase, rayjob)))
-    elif new_phase == "Suspended":
+    elif new_phase == Phase.SUSPENDED:
         conditions.append(("Running", False, "Suspended", "spec.suspend is true"))
     if is_terminal(new_phase):
         changes["finishedAt"] = rfc3339(now)
@@ -352,7 +355,7 @@ def decide_finish(
         changes.update(progress_patch(result, facts.admitted_spec))
     elif progress:
         changes.update(progress_patch(progress, facts.admitted_spec))
-    said = (progress or {}).get("message") if status.get("phase") == "Failed" else None
+    said = (progress or {}).get("message") if status.get("phase") == Phase.FAILED else None
     if isinstance(said, str) and said and said not in (status.get("message") or ""):
         # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does not
         # import): KubeRay only knows the exit code.
@@ -378,7 +381,7 @@ def decide_finish(
             checkpoints_verified=verification.checked if verified else None,
         )
     )
-    ready = status.get("phase") == "Succeeded" and verified
+    ready = status.get("phase") == Phase.SUCCEEDED and verified
     changes["conditions"] = conditions_with(
         status,
         generation,

@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from sweep_contracts.api import WARNING_PHASES, Phase
+
 from ..kube import Conflict, KubeApi
 from ..metrics import OperatorMetrics
 from ..status import merge_patch
@@ -20,7 +22,6 @@ log = logging.getLogger(__name__)
 
 # (object body, type "Normal"/"Warning", reason, message)
 EventSink = Callable[[Mapping[str, Any], str, str, str], None]
-WARNING_PHASES = frozenset({"Failed", "DeadlineExceeded", "Invalid"})
 
 
 class Stale(Exception):
@@ -43,9 +44,9 @@ class PhaseCallback:
             return
         meta = meta_of(body)
         self.metrics.observe_phase(meta.get("uid") or meta["name"], phase, meta.get("namespace"), meta["name"])
-        if phase == "DeadlineExceeded":
+        if phase == Phase.DEADLINE_EXCEEDED:
             self.metrics.deadline_stopped(meta.get("namespace") or "default", meta["name"])
-        if phase != "Deleting":  # the guard announces a deletion with its own Events
+        if phase != Phase.DELETING:  # the guard announces a deletion with its own Events
             self.emit(
                 body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.get("message") or f"phase {phase}"
             )

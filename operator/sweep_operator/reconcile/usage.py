@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from sweep_contracts.api import TERMINAL_PHASES, Phase
+
 from ..status import conditions_with, epoch_seconds, is_terminal, rfc3339, updated
 from .actions import Decision, DeleteRayJob, Event, Finish, ReleaseBudget
 from .facts import SweepFacts
@@ -86,7 +88,7 @@ def pod_ended_at(pod: Mapping[str, Any]) -> float | None:
     finished = [epoch(((c.get("state") or {}).get("terminated") or {}).get("finishedAt")) for c in containers]
     if containers and all(f is not None for f in finished):
         ends.append(max(f for f in finished if f is not None))
-    if status.get("phase") in ("Succeeded", "Failed"):
+    if status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED):
         known = [f for f in finished if f is not None]
         ready = _condition(pod, "Ready")
         if known:
@@ -600,7 +602,7 @@ def sweep_usage_of(body: Mapping[str, Any], now: float) -> SweepUsage:
     ledger = UsageLedger.from_status(status.get("usage"))
     reserved = 0.0
     phase = status.get("phase")
-    terminal = phase in ("Succeeded", "Failed", "DeadlineExceeded", "Invalid", "BudgetExhausted")
+    terminal = phase in TERMINAL_PHASES
     if status.get("runId") and not terminal and not meta.get("deletionTimestamp"):
         gpus = _number((status.get("replicas") or {}).get("gpus")) or 0.0
         start, deadline = epoch(status.get("startedAt")), epoch(status.get("deadlineAt"))
@@ -703,7 +705,7 @@ def stop_for_gpu_budget(
     now = facts.now
     message = f"{reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
     changes = {
-        "phase": "BudgetExhausted",
+        "phase": Phase.BUDGET_EXHAUSTED,
         "message": message,
         "finishedAt": rfc3339(now),
         "conditions": conditions_with(
