@@ -41,6 +41,7 @@ BUCKET = "bench-operator-scale"
 BENCH_AGENT = "operator-scale-bench"
 TARGETS = {"ratio": 2.0, "p99Seconds": 2.0, "rssMiB": 250.0}
 TARGET_SIZE = 1000
+WATCHED_PLURALS = (constants.PLURAL, constants.RAYJOB_PLURAL, constants.RAYCLUSTER_PLURAL)
 RAYJOB_KEY = emu.resource_key(constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL)
 
 
@@ -246,6 +247,28 @@ class OperatorProcess:
         }
 
 
+class Profiler:
+    """py-spy (pinned in the dev extra) sampling the operator from the warm-up's end until every RayJob exists,
+    with `--gil` (what holds the interpreter: the operator's CPU, not its waits); a speedscope/flamegraph file."""
+
+    def __init__(self, pid: int, path: str) -> None:
+        py_spy = Path(sys.executable).with_name("py-spy")
+        fmt = "speedscope" if path.endswith(".json") else "raw" if path.endswith(".txt") else "flamegraph"
+        self.proc = subprocess.Popen(
+            [str(py_spy), "record", "--pid", str(pid), "--gil", "--rate", "200", "--format", fmt, "-o", path],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(0.5)  # attached before the apply starts
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def stop_child(proc: subprocess.Popen[str]) -> None:
     """A child serving until its stdin closes: close it, wait, kill if it lingers."""
     if proc.stdin is not None:
@@ -411,6 +434,8 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         bench_cpu_before = proc_cpu_seconds(os.getpid())
         standin_cpu_before = proc_cpu_seconds(standin.pid) if standin else 0.0
         requests_before = server.call(lambda: Counter(emulator.requests))
+        mutations_before = server.call(lambda: Counter(changes.mutations))
+        profiler = Profiler(operator.pid, args.profile) if args.profile else None
 
         docs = [sweep_doc(f"s{i:05d}", NAMESPACE, s3.endpoint) for i in range(n)]
         applied: dict[str, float] = {}
@@ -429,7 +454,10 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         standin_cpu_at_all = proc_cpu_seconds(standin.pid) if standin else 0.0
         waited_until = time.monotonic()
         created_by_then = len({label for _, ns, _, label in list(changes.rayjobs_added) if ns == NAMESPACE})
+        if profiler is not None:
+            profiler.stop()
         requests_to_all = server.call(lambda: Counter(emulator.requests)) - requests_before
+        events_to_all = server.call(lambda: Counter(changes.mutations)) - mutations_before
         log.info(
             "size %d: every RayJob exists after %s s; settling %.0fs (timers, stand-in transitions)",
             n,
@@ -460,6 +488,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             Path(args.operator_log).write_bytes(operator.log_path.read_bytes())
 
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    watched = (constants.PLURAL,) if args.operator == "bare" else WATCHED_PLURALS  # the bare one watches sweeps only
     ratio = total / floor["seconds"] if total is not None else None
     peak_mib = rss.get("VmHWM", 0) / 1024
     met = {
@@ -507,6 +536,12 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "sweepsWithRayJobWhenWaitEnded": created_by_then,
         "requestsUntilAllRayJobs": dict(requests_to_all.most_common()),
         "requestsPerSweep": round(sum(requests_to_all.values()) / n, 2),
+        "operatorRequestsPerSweep": round(
+            sum(v for k, v in requests_to_all.items() if k.startswith(("kopf ", "operator-controller "))) / n, 2
+        ),
+        # Watch events into the operator: changes of the kinds it watches (sweeps, RayJobs, RayClusters).
+        "watchedChangesUntilAllRayJobs": dict(events_to_all.most_common()),
+        "watchedEventsPerSweep": round(sum(v for k, v in events_to_all.items() if k.split(":")[0] in watched) / n, 2),
         "met": met,
     }
 
@@ -535,6 +570,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(OperatorProcess.COMMANDS),
         default="sweep",
         help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else",
+    )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="py-spy --gil profile of the operator from the apply until every RayJob exists, written here "
+        "(.txt: collapsed stacks, .json: speedscope, else an SVG flamegraph)",
     )
     parser.add_argument(
         "--kopf-untuned",

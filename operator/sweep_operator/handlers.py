@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -29,12 +29,14 @@ from sweep_contracts import constants
 
 from .guard_finalizer import MUTATING_WEBHOOK_ID, finalizers_at_create
 from .install_checks import run_startup_checks
-from .kopf_tuning import tune_kopf
+from .kopf_tuning import tune_gc, tune_kopf
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
+from .reconcile.facts import ObjectRef
 from .reconcile.guard import sweep_name_of
 from .settings import WEBHOOK_PATH, Settings, SettingsError
+from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mappin
 
 
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-KOPF_FINALIZER = f"{constants.GROUP}/kopf-timer"
+KOPF_FINALIZER = f"{constants.GROUP}/kopf-timer"  # earlier versions' kopf.timer needed it; kopf now removes it
 MAX_HANDLER_THREADS = 16  # kopf's executor; event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
 GUARD_WORKERS = 8  # the guard's deletion pipeline (each may wait on an S3 verification)
@@ -78,6 +80,38 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
     kopf.event(dict(body), type=type_, reason=reason, message=message[:1024])  # type: ignore[arg-type]  # a mapping serves
 
 
+class SweepTicks:
+    """Each sweep's periodic check (deadlines, progress polls, the admission queue), one `reconcile_seconds` after
+    it was last looked at, as kopf.timer did, but from a work queue of our own: kopf requires a finalizer of its
+    own on every object with a timer (a patch per sweep, its echo, and a pass that waits for it), and ours needs
+    none. The first tick comes one interval after the sweep is seen (its event reconciles it at once). Ticks stop
+    for a sweep being deleted (its held pass schedules itself) or gone (forgotten by the controller).
+    Unlike kopf's timers, ticks keep running while kopf's peering pauses this operator: a standby's pass is
+    what an active one's would be (status writes carry their resourceVersion, RayJob names follow the uid)."""
+
+    def __init__(self, controller: SweepController, interval: float) -> None:
+        self.controller, self.interval = controller, interval
+        self.queue: WorkQueue[ObjectRef] = WorkQueue(self._tick, workers=1, name="tick")
+
+    def follow(self, body: Mapping[str, Any]) -> None:
+        """A watched sweep gets its next tick one interval from now, unless one is already due sooner."""
+        if not (body.get("metadata") or {}).get("deletionTimestamp"):
+            self.queue.add_after(ObjectRef.of(body), self.interval)
+
+    def _tick(self, ref: ObjectRef) -> None:
+        body = self.controller.cache.sweep(ref)  # the newest copy the watch or our own write delivered
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        try:
+            if self.controller.tick_due(body):  # steady sweeps cost nothing
+                self.controller.request_reconcile(ref.namespace, ref.name)
+        finally:
+            self.queue.add_after(ref, self.interval)
+
+    def stop(self) -> None:
+        self.queue.stop(timeout=0)
+
+
 @dataclass
 class OperatorWiring:
     """What one operator instance runs with (tests and the sandbox build their own)."""
@@ -85,6 +119,10 @@ class OperatorWiring:
     settings: Settings
     controller: SweepController
     login: Callable[..., kopf.ConnectionInfo | None] | None = None
+    ticks: SweepTicks = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ticks = SweepTicks(self.controller, self.settings.reconcile_seconds)
 
 
 class NoDiffBaseStorage(kopf.DiffBaseStorage):
@@ -101,7 +139,7 @@ class NoDiffBaseStorage(kopf.DiffBaseStorage):
         return None
 
 
-ROUTINE_HANDLERS = ("sweep_changed", "sweep_tick", "rayjob_changed", "raycluster_changed")
+ROUTINE_HANDLERS = ("sweep_changed", "rayjob_changed", "raycluster_changed")
 
 
 class RoutineHandlerSuccess(logging.Filter):
@@ -125,8 +163,9 @@ def quiet_routine_handler_logs() -> None:
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> None:
     # The guard's finalizer is ours, not kopf's: kopf removes its configured finalizer from an object once no handler
-    # needs it (at deletion, as soon as it has stopped the sweep's timer), and we register no deletion handler (the
-    # controller's deletion pipeline adds and removes ours). kopf's own name guards only the timer's shutdown.
+    # needs it, and we register none that does (no deletion handler: the controller's deletion pipeline adds and
+    # removes ours; no timer: SweepTicks). kopf's name stays the one its timers used, so kopf takes it off the
+    # sweeps an earlier operator version left it on.
     kopf_settings.persistence.finalizer = KOPF_FINALIZER
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=constants.GROUP)
     kopf_settings.persistence.diffbase_storage = NoDiffBaseStorage()
@@ -203,25 +242,10 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             controller.metrics.observe_phase(body.metadata.uid or body.metadata.name, None)
             controller.forget_sweep(body)
             return
-        if body.metadata.deletion_timestamp:  # kopf stops a deleting object's timers: the held pass schedules itself
+        if body.metadata.deletion_timestamp:  # ticks stop for a deleting sweep: the held pass schedules itself
             await _guard_deletion(controller, constants.KIND, body)
         await _off_loop_unless_queued(controller, controller.sweep_event, body)
-
-    # First tick one interval after the sweep is seen: sweep_changed already reconciles it then (an immediate
-    # tick only queued a second reconcile behind it, per sweep, and N of them at once after an operator restart).
-    @kopf.timer(
-        **SWEEPS,
-        interval=settings.reconcile_seconds,
-        initial_delay=settings.reconcile_seconds,
-        idle=0,
-        registry=registry,
-    )
-    async def sweep_tick(body: kopf.Body, **_: Any) -> None:
-        if controller.tick_due(body):  # deadlines, progress polling, the queue; steady sweeps cost nothing
-            controller.observe_sweep(body)
-            await _off_loop_unless_queued(
-                controller, controller.request_reconcile, body.metadata.namespace or "default", body.metadata.name
-            )
+        wiring.ticks.follow(body)
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
         # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
@@ -444,6 +468,7 @@ async def operate(
             wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint
         )
     finally:
+        wiring.ticks.stop()
         wiring.controller.close()
         if wiring.controller.verification_pool is not None:
             wiring.controller.verification_pool.shutdown(wait=False, cancel_futures=True)
@@ -499,5 +524,11 @@ def run_operator(argv: list[str]) -> int:
 
     wiring = OperatorWiring(settings, controller, login)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    # The platform's own S3 client now (botocore's import and its service model), not in the first progress poll.
+    try:
+        controller.s3_client_for(settings.s3_endpoint_url, settings.s3_region)
+    except Exception as exc:  # the first poll builds it again and reports what fails there
+        log.warning("cannot build the S3 client for %r yet: %s", settings.s3_endpoint_url or "AWS", exc)
+    tune_gc()
     asyncio.run(operate(wiring, liveness_endpoint=liveness))
     return 0

@@ -15,10 +15,14 @@ same condition, and kopf's spawner task still starts them, all pending at once. 
 yield goes. It is applied only to the kopf version it was written against, and only when that version's
 source still has the sleep. Otherwise kopf is left as it is, with a warning. `SWEEP_KOPF_UNTUNED=1` in the
 operator's environment leaves kopf as it ships (to measure the gain: bench/operator_scale.py with and without).
+
+`tune_gc` (the operator's process only, not in-process tests): the garbage collector's thresholds for a process
+whose live objects are mostly parsed watch bodies and kopf's per-object state.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import inspect
 import logging
@@ -68,4 +72,24 @@ def tune_kopf() -> bool:
         log.warning("kopf %s: scheduler left as it is (the adjustment was written for kopf %s)", version, KOPF_VERSION)
         return False
     aiotasks.Scheduler.spawn = _spawn_without_yield  # type: ignore[method-assign]  # the patch itself (see above)
+    return True
+
+
+# Young collections every 10,000 net container allocations instead of 700; a full one after 20 x 20 of those, and
+# (CPython's own rule) only when the objects that survived since the last full one are a quarter of the old ones.
+GC_THRESHOLDS = (10_000, 20, 20)
+UNTUNED_GC_ENV = "SWEEP_GC_UNTUNED"
+
+
+def tune_gc() -> bool:
+    """Raise the collector's thresholds and move everything alive now (imports, settings, clients: the operator's
+    start-up) out of its reach for good (gc.freeze). A burst of watch events allocates a container per JSON field;
+    with CPython's defaults each 700 of them run a young collection, and full collections walk every object the
+    process ever kept (the modules and their classes too), a quarter of the operator's CPU in a burst of 1,000
+    sweeps (docs/benchmarks.md). Cycles are still collected, only less often. `SWEEP_GC_UNTUNED=1` leaves it."""
+    if os.environ.get(UNTUNED_GC_ENV, "").strip() in ("1", "true"):
+        return False
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     return True

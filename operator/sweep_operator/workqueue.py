@@ -51,8 +51,15 @@ class WorkQueue(Generic[K]):
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._stopped = False
-        self._timers: dict[K, threading.Timer] = {}  # add_after: one pending timer per key, the earliest kept
+        self._timers: dict[K, threading.Timer] = {}  # add_after without workers: one timer thread per key
         self._timer_due: dict[K, float] = {}
+        # add_after with workers: one thread for every delayed key (a heap by due time), since `add` only enqueues.
+        # The operator's ticks put every sweep here each interval: a timer thread per key and tick was a thread
+        # start per sweep per interval, and a thousand sleeping threads.
+        self._delay_cv = threading.Condition()
+        self._delayed: list[tuple[float, int, K]] = []
+        self._delayed_keys: dict[K, tuple[float, int, int, contextvars.Context]] = {}  # -> (due, seq, priority, ctx)
+        self._delay_thread: threading.Thread | None = None
 
     @property
     def threaded(self) -> bool:
@@ -80,6 +87,9 @@ class WorkQueue(Generic[K]):
         """`add` once `delay` seconds have passed (client-go's AddAfter); a key waits on at most one timer, the
         earliest asked for."""
         due = time.monotonic() + max(delay, 0.0)
+        if self.threaded:
+            self._add_delayed(key, due, priority)
+            return
         with self._cv:
             if self._stopped:
                 return
@@ -95,6 +105,51 @@ class WorkQueue(Generic[K]):
             timer.name = f"{self._name}-after"
             self._timers[key], self._timer_due[key] = timer, due
         timer.start()
+
+    def delayed(self, key: K) -> bool:
+        """Whether `key` waits on an `add_after` (for tests)."""
+        with self._delay_cv:
+            if key in self._delayed_keys:
+                return True
+        with self._cv:
+            return key in self._timers
+
+    def _add_delayed(self, key: K, due: float, priority: int) -> None:
+        with self._delay_cv:
+            if self._stopped:
+                return
+            current = self._delayed_keys.get(key)
+            if current is not None and current[0] <= due:
+                return
+            seq = next(self._seq)
+            self._delayed_keys[key] = (due, seq, priority, contextvars.copy_context())
+            heapq.heappush(self._delayed, (due, seq, key))  # a replaced entry stays in the heap, stale
+            if self._delay_thread is None:
+                self._delay_thread = threading.Thread(target=self._run_delayed, name=f"{self._name}-after", daemon=True)
+                self._delay_thread.start()
+            self._delay_cv.notify()
+
+    def _run_delayed(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._delay_cv:
+                while True:
+                    if self._delay_thread is not me:
+                        return  # stopped (a later add_after starts a new thread)
+                    while (
+                        self._delayed and self._delayed_keys.get(self._delayed[0][2], (0, -1))[1] != self._delayed[0][1]
+                    ):
+                        heapq.heappop(self._delayed)  # stale: replaced by an earlier one, or dropped by stop()
+                    now = time.monotonic()
+                    if self._delayed and self._delayed[0][0] <= now:
+                        _, _, key = heapq.heappop(self._delayed)
+                        _, _, priority, context = self._delayed_keys.pop(key)
+                        break
+                    self._delay_cv.wait(self._delayed[0][0] - now if self._delayed else None)
+            try:
+                context.run(self.add, key, priority)
+            except Exception:
+                log.exception("%s of %s failed", self._name, key)
 
     def _fire(self, key: K, priority: int) -> None:
         with self._cv:
@@ -183,6 +238,11 @@ class WorkQueue(Generic[K]):
             self._timer_due.clear()
             self._cv.notify_all()
             threads, self._threads = self._threads, []
+        with self._delay_cv:
+            self._delayed.clear()
+            self._delayed_keys.clear()
+            self._delay_thread = None  # the thread sees it is no longer the queue's and ends
+            self._delay_cv.notify_all()
         deadline = time.monotonic() + timeout
         for thread in threads:
             if thread is not threading.current_thread():

@@ -691,6 +691,19 @@ def test_rayjob_events_reach_the_sweep_only_when_they_carry_news(world: World) -
     )
 
 
+def test_the_added_event_of_our_own_create_is_no_news(world: World) -> None:
+    """The create's pass writes the status the new RayJob implies (Starting): the RayJob's ADDED event, the echo of
+    that create, starts no second pass (it was a status patch of conditions only, a third of a sweep's status
+    writes in a burst); KubeRay's first change to it does."""
+    add_sweep(world, "digits")
+    status = world.reconcile("digits")
+    assert status["phase"] == "Starting"
+    rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
+    assert rayjob is not None
+    assert not world.controller.rayjob_changed(rayjob), "the echo of our own create"
+    assert world.controller.rayjob_changed({**rayjob, "status": {"jobDeploymentStatus": "Initializing"}})
+
+
 def test_ready_follows_the_latest_verification(world: World) -> None:
     """A run verified incomplete at its end, verified complete later (by the guard): Ready turns True with it."""
     status = ran(world)

@@ -65,3 +65,56 @@ def test_no_kopf_deletion_handler_is_registered() -> None:
     changing = list(registry._changing.get_all_handlers())
     assert not changing, f"kopf change/delete handlers registered: {[h.id for h in changing]}"
     assert list(registry._watching.get_all_handlers()), "the event handlers drive the guard"
+
+
+def test_kopf_needs_no_finalizer_of_its_own() -> None:
+    """kopf adds its own finalizer to every object a timer, daemon or change handler covers (a patch per sweep, its
+    echo, and a pass that waits for it): the operator registers none, so kopf adds nothing (ticks: SweepTicks)."""
+    from unittest import mock
+
+    from sweep_operator.handlers import OperatorWiring, build_registry
+
+    registry = build_registry(OperatorWiring(Settings(), mock.MagicMock()))
+    assert not list(registry._spawning.get_all_handlers()), "a kopf timer or daemon requires kopf's finalizer"
+    assert not list(registry._changing.get_all_handlers())
+
+
+def test_sweep_ticks_reconcile_a_due_sweep_every_interval_until_it_is_deleted() -> None:
+    """kopf.timer's job: a followed sweep is looked at each interval while it exists and is not deleting; a due one
+    is reconciled, a steady one costs nothing, a deleting or forgotten one is no longer ticked."""
+    import threading
+    from unittest import mock
+
+    from sweep_operator.handlers import SweepTicks
+    from sweep_operator.reconcile.facts import ObjectRef
+    from tests.support.waiting import wait_for
+
+    body = {"metadata": {"name": "digits", "namespace": "ml"}, "status": {"phase": "Running"}}
+    copies = {"body": body}
+    asked: list[tuple[str, str]] = []
+    looked = threading.Semaphore(0)
+    controller = mock.MagicMock()
+    controller.cache.sweep.side_effect = lambda ref: copies["body"]
+
+    def tick_due(b: object) -> bool:
+        looked.release()
+        return bool(copies.get("due"))
+
+    controller.tick_due.side_effect = tick_due
+    controller.request_reconcile.side_effect = lambda ns, name: asked.append((ns, name))
+    ticks = SweepTicks(controller, 0.02)
+    try:
+        ticks.follow(body)
+        for _ in range(3):  # steady: looked at again and again, never reconciled
+            assert looked.acquire(timeout=10)
+        assert asked == []
+        copies["due"] = True
+        wait_for(lambda: len(asked) >= 2, what="a due sweep reconciled on each tick")
+        assert set(asked) == {("ml", "digits")}
+        copies["body"] = {**body, "metadata": {**body["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}}
+        ref = ObjectRef("ml", "digits")
+        wait_for(lambda: not ticks.queue.delayed(ref) and ticks.queue.pending() == 0, what="no tick after deletion")
+        ticks.follow(copies["body"])  # a deleting sweep's event schedules none either
+        assert not ticks.queue.delayed(ref)
+    finally:
+        ticks.stop()

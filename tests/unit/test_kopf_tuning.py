@@ -89,3 +89,21 @@ def test_the_tuning_can_be_left_off_for_a_measurement(original_spawn: Any, monke
     monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
     assert kopf_tuning.tune_kopf() is False
     assert aiotasks.Scheduler.spawn is kopf_tuning.UNTUNED_SPAWN
+
+
+def test_tune_gc_raises_the_thresholds_and_freezes_what_start_up_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from sweep_operator.kopf_tuning import GC_THRESHOLDS, UNTUNED_GC_ENV, tune_gc
+
+    before = gc.get_threshold()
+    monkeypatch.setenv(UNTUNED_GC_ENV, "1")
+    assert not tune_gc() and gc.get_threshold() == before
+    monkeypatch.delenv(UNTUNED_GC_ENV)
+    try:
+        assert tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0, "start-up's objects are out of the collector's reach"
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -291,6 +291,7 @@ class SweepController:
         decision = admission.after_create(facts, create, budget, outcome, self.budgets.in_use(ref.namespace), render)
         if facts.sweep is not None and decision.status and decision.status.get("runId"):
             self.cache.observe_rayjob(rayjob)  # the next pass reads it from memory, not with a GET
+            self.cache.rayjob_has_news(rayjob)  # its ADDED event mirrors nothing this pass's status lacks
             self.cache.remember_cap(RunRef(ref, create.run_id), worker_cap(facts.sweep.spec, self.settings.limits))
         return decision, False
 
