@@ -35,6 +35,8 @@ from ray.tune import Callback
 from ray.tune.result import EXPR_PROGRESS_FILE, EXPR_RESULT_FILE
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter, SearchGenerator
 
+from sweep_contracts.tune_state import TrialRecord, trial_records
+
 logger = logging.getLogger(__name__)
 
 # Tune's trial statuses (ray.tune.experiment.Trial): the ones a restore resumes without being asked twice.
@@ -115,31 +117,22 @@ def plan_continue(trials: Iterable[RestoredTrial]) -> ContinuePlan:
     return ContinuePlan(tuple(finished), tuple(stopped), tuple(unfinished), tuple(errored))
 
 
-def _trial_entries(state: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    rows = state.get("trial_data")
-    if not isinstance(rows, list):
-        raise ValueError("experiment state: trial_data: expected a list of [trial, run metadata] pairs")
-    entries = []
-    for i, row in enumerate(rows):
-        try:
-            trial, metadata = (json.loads(part) for part in row)
-        except (TypeError, ValueError):
-            raise ValueError(f"experiment state: trial_data[{i}]: expected two JSON documents") from None
-        if not isinstance(trial, dict) or "trial_id" not in trial or "status" not in trial:
-            raise ValueError(f"experiment state: trial_data[{i}]: no trial_id/status")
-        entries.append((trial, metadata if isinstance(metadata, dict) else {}))
-    return entries
+def _trial_entries(state: Mapping[str, Any]) -> list[TrialRecord]:
+    records = trial_records(state)  # the one reader of Tune's trial_data (sweep_contracts.tune_state)
+    for i, record in enumerate(records):
+        if "status" not in record.trial:
+            raise ValueError(f"experiment state: trial_data[{i}]: no status")
+    return records
 
 
 def restored_trials(state: Mapping[str, Any]) -> list[RestoredTrial]:
     """The trials of a Tune experiment-state document (`experiment_state-*.json`, the file TuneController.resume reads)."""
-    trials = []
-    for trial, metadata in _trial_entries(state):
-        last = metadata.get("last_result") or {}
-        trials.append(
-            RestoredTrial(id=str(trial["trial_id"]), status=str(trial["status"]), done=last.get("done") is True)
+    return [
+        RestoredTrial(
+            id=record.trial_id, status=str(record.trial["status"]), done=record.last_result.get("done") is True
         )
-    return trials
+        for record in _trial_entries(state)
+    ]
 
 
 def reopen_experiment_state(state: Mapping[str, Any], plan: ContinuePlan) -> dict[str, Any]:
@@ -152,8 +145,8 @@ def reopen_experiment_state(state: Mapping[str, Any], plan: ContinuePlan) -> dic
     stopper is dropped: the attempt's own time budget (SWEEP_DEADLINE_AT) replaces it."""
     stopped, errored = set(plan.stopped), set(plan.errored)
     rows = []
-    for trial, metadata in _trial_entries(state):
-        trial_id = str(trial["trial_id"])
+    for record in _trial_entries(state):
+        trial, metadata, trial_id = record.trial, record.metadata, record.trial_id
         if trial_id in stopped:
             trial = {**trial, "status": PENDING}
         if trial_id in errored:

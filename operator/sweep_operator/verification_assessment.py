@@ -1,0 +1,356 @@
+"""The pure comparison: one trial's listing, snapshot and manifests against each other, the best and recorded
+checkpoints against the verified ones, and the trials the records say checkpointed against what S3 holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sweep_contracts import s3_layout
+from sweep_contracts.checkpoint_manifest import (
+    FormatError,
+    Manifest,
+    missing_rank_manifests,
+)
+from sweep_contracts.constants import SUPPORTED_RAY_VERSION
+from sweep_contracts.s3_layout import S3Uri
+
+from .verification_findings import (
+    BEST_CHECKPOINT_UNVERIFIED,
+    INVALID_MANIFEST,
+    INVALID_RECORD,
+    INVALID_RESULT,
+    INVALID_SNAPSHOT,
+    MISSING_CHECKPOINT,
+    MISSING_FILE,
+    MISSING_MANIFEST,
+    MISSING_SNAPSHOT,
+    MISSING_TRIAL,
+    RECORDED_CHECKPOINT_UNVERIFIED,
+    SIZE_MISMATCH,
+    SNAPSHOT_RAY_VERSION,
+    UNCOMMITTED,
+    UNCOMMITTED_CHECKPOINT,
+    VERIFIED,
+    CheckpointReport,
+    Finding,
+)
+from .verification_records import Snapshot, best_checkpoint_uri, experiment_state_checkpoints, recorded_checkpoints
+
+
+@dataclass(frozen=True)
+class TrialObjects:
+    """A trial prefix's listing, grouped: files directly in it and one `{relative key: size}` per sub-directory."""
+
+    trial: str
+    files: Mapping[str, int]
+    dirs: Mapping[str, Mapping[str, int]]
+
+    @classmethod
+    def from_listing(cls, trial: str, objects: Mapping[str, int]) -> TrialObjects:
+        """`objects` maps keys relative to the trial dir to sizes; `dir/` markers (pyarrow) keep a dir known."""
+        files: dict[str, int] = {}
+        dirs: dict[str, dict[str, int]] = {}
+        for rel, size in objects.items():
+            head, sep, rest = rel.partition("/")
+            if not sep:
+                files[head] = size
+                continue
+            contents = dirs.setdefault(head, {})
+            if rest and not rest.endswith("/"):
+                contents[rest] = size
+        return cls(trial, files, dirs)
+
+    @property
+    def has_snapshot(self) -> bool:
+        return s3_layout.SNAPSHOT_FILE in self.files
+
+    def checkpoint_like_dirs(self) -> list[str]:
+        """Sub-directories that look like checkpoints: Ray's `checkpoint_` prefix, or holding a manifest."""
+        return sorted(
+            name
+            for name, contents in self.dirs.items()
+            if name.startswith(s3_layout.CHECKPOINT_DIR_PREFIX) or any(s3_layout.is_manifest_name(k) for k in contents)
+        )
+
+
+@dataclass(frozen=True)
+class FileToHash:
+    """A file whose size matched; deep mode streams it and compares sha256."""
+
+    trial: str
+    checkpoint: str
+    key: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class CheckpointAssessment:
+    """A checkpoint after the in-memory comparison (deep hashing may still add problems)."""
+
+    report: CheckpointReport
+    problems: tuple[Finding, ...]
+    to_hash: tuple[FileToHash, ...] = ()
+
+
+def manifest_names(contents: Mapping[str, int]) -> list[str]:
+    """The manifests directly in a checkpoint directory, `_manifest.json` first, then by rank."""
+    names = [k for k in contents if s3_layout.is_manifest_name(k)]
+    return sorted(names, key=lambda n: -1 if n == s3_layout.MANIFEST_FILE else (s3_layout.manifest_rank(n) or 0))
+
+
+def assess_checkpoint(
+    trial: str,
+    name: str,
+    dir_key: str,
+    contents: Mapping[str, int] | None,
+    manifests: Mapping[str, Manifest | FormatError],
+) -> CheckpointAssessment:
+    """Compare one committed checkpoint's listing with its manifests (`contents` None: no object at all)."""
+
+    def result(
+        problems: list[Finding], files: int = 0, size: int = 0, to_hash: Sequence[FileToHash] = ()
+    ) -> CheckpointAssessment:
+        status = problems[0].kind if problems else VERIFIED
+        report = CheckpointReport(trial, name, dir_key, True, files, size, status)
+        return CheckpointAssessment(report, tuple(problems), tuple(to_hash) if not problems else ())
+
+    if contents is None or not contents:
+        what = "holds only directory markers" if contents is not None else "has no objects"
+        return result(
+            [
+                Finding(
+                    MISSING_CHECKPOINT, dir_key, f"committed by Ray's snapshot but {what} (deleted or never uploaded)"
+                )
+            ]
+        )
+    if not manifests:
+        return result(
+            [
+                Finding(
+                    MISSING_MANIFEST,
+                    dir_key + s3_layout.MANIFEST_FILE,
+                    f"no {s3_layout.MANIFEST_FILE} or {s3_layout.rank_manifest_name(0)} among {len(contents)} object(s); "
+                    "the checkpoint cannot be proven complete",
+                )
+            ]
+        )
+    problems: list[Finding] = []
+    for manifest_name, manifest in manifests.items():
+        if isinstance(manifest, FormatError):
+            problems.append(Finding(INVALID_MANIFEST, dir_key + manifest_name, str(manifest)))
+    world_size, missing_ranks, disagreement = missing_rank_manifests(manifests)
+    if disagreement:
+        problems.append(Finding(INVALID_MANIFEST, dir_key, disagreement))
+    if missing_ranks:
+        present = sorted(r for r in (s3_layout.manifest_rank(n) for n in manifests) if r is not None)
+        problems.append(
+            Finding(
+                MISSING_MANIFEST,
+                dir_key + s3_layout.rank_manifest_name(missing_ranks[0]),
+                f"per-rank manifests for rank(s) {', '.join(map(str, missing_ranks))} are missing "
+                f"(found ranks {present}; the manifests record a world size of {world_size})",
+            )
+        )
+    files = 0
+    size = 0
+    to_hash: list[FileToHash] = []
+    for manifest in manifests.values():
+        if isinstance(manifest, FormatError):
+            continue
+        for entry in manifest.files:
+            key = dir_key + entry.path
+            files += 1
+            size += entry.size
+            actual = contents.get(entry.path)
+            if actual is None:
+                problems.append(
+                    Finding(MISSING_FILE, key, f"listed in the manifest ({entry.size} bytes) but not in S3")
+                )
+            elif actual != entry.size:
+                problems.append(Finding(SIZE_MISMATCH, key, f"{actual} bytes in S3, the manifest says {entry.size}"))
+            else:
+                to_hash.append(FileToHash(trial, name, key, entry.size, entry.sha256))
+    return result(problems, files, size, to_hash)
+
+
+def check_best_checkpoint(
+    uri: str | None,
+    root: S3Uri,
+    verified: Iterable[tuple[str, str]],
+    *,
+    kind: str = BEST_CHECKPOINT_UNVERIFIED,
+    what: str = "best checkpoint",
+) -> Finding | None:
+    """`_sweep/result.json`'s best checkpoint (or another checkpoint it records) must be one of the verified
+    (trial, checkpoint) pairs."""
+    if uri is None:
+        return None
+    key = root.join(s3_layout.RESULT_KEY).key
+    train_path = f"{root.join(s3_layout.TRAIN_DIR).path}/"
+    location = s3_layout.strip_scheme(uri).rstrip("/")  # Ray reports `bucket/key`; result.json carries s3://
+    if not location.startswith(train_path):
+        return Finding(kind, key, f"{what} {uri} is not under this run's {train_path}")
+    parts = location[len(train_path) :].split("/")
+    if len(parts) != 2 or tuple(parts) not in set(verified):
+        return Finding(kind, key, f"{what} {uri} is not among the verified checkpoints")
+    return None
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What S3 holds for one trial: its listing, its snapshot and the manifests of its committed checkpoints."""
+
+    objects: TrialObjects
+    snapshot: Snapshot | FormatError | None = None
+    manifests: Mapping[str, Mapping[str, Manifest | FormatError]] = field(default_factory=dict)
+
+
+def assess_trial(root: S3Uri, facts: TrialFacts) -> tuple[list[CheckpointAssessment], list[Finding], list[Finding]]:
+    """(checkpoints, problems, warnings) of one trial, from facts already read."""
+    trial = facts.objects.trial
+    trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+    snapshot_key = trial_prefix + s3_layout.SNAPSHOT_FILE
+    checkpoint_dirs = facts.objects.checkpoint_like_dirs()
+    problems: list[Finding] = []
+    warnings: list[Finding] = []
+    assessments: list[CheckpointAssessment] = []
+
+    def unverified_rows(status: str) -> list[CheckpointAssessment]:
+        return [
+            CheckpointAssessment(CheckpointReport(trial, name, f"{trial_prefix}{name}/", False, 0, 0, status), ())
+            for name in checkpoint_dirs
+        ]
+
+    if facts.snapshot is None:
+        if checkpoint_dirs:
+            problems.append(
+                Finding(
+                    MISSING_SNAPSHOT,
+                    snapshot_key,
+                    f"{len(checkpoint_dirs)} checkpoint dir(s) ({', '.join(checkpoint_dirs[:3])}{', ...' if len(checkpoint_dirs) > 3 else ''}) "
+                    "but no Ray snapshot says which are committed",
+                )
+            )
+            assessments += unverified_rows(MISSING_SNAPSHOT)
+        return assessments, problems, warnings
+    if isinstance(facts.snapshot, FormatError):
+        problems.append(Finding(INVALID_SNAPSHOT, snapshot_key, str(facts.snapshot)))
+        assessments += unverified_rows(INVALID_SNAPSHOT)
+        return assessments, problems, warnings
+    snapshot = facts.snapshot
+    if snapshot.ray_version != SUPPORTED_RAY_VERSION:
+        warnings.append(
+            Finding(
+                SNAPSHOT_RAY_VERSION,
+                snapshot_key,
+                f"written by Ray {snapshot.ray_version}; this verifier reads Ray {SUPPORTED_RAY_VERSION}'s format",
+            )
+        )
+    for name in snapshot.committed:
+        contents = facts.objects.dirs.get(name)
+        assessment = assess_checkpoint(trial, name, f"{trial_prefix}{name}/", contents, facts.manifests.get(name, {}))
+        assessments.append(assessment)
+        problems += assessment.problems
+    for name in checkpoint_dirs:
+        if name not in snapshot.committed:
+            key = f"{trial_prefix}{name}/"
+            warnings.append(
+                Finding(UNCOMMITTED_CHECKPOINT, key, "not named by Ray's snapshot: an unfinished or superseded save")
+            )
+            assessments.append(CheckpointAssessment(CheckpointReport(trial, name, key, False, 0, 0, UNCOMMITTED), ()))
+    return assessments, problems, warnings
+
+
+def missing_trial_findings(
+    root: S3Uri, expected: Mapping[str, str], facts: Mapping[str, TrialFacts | None], problems: Sequence[Finding]
+) -> list[Finding]:
+    """A problem for each trial the records say checkpointed that has nothing committed in S3 (and no problem yet)."""
+    findings: list[Finding] = []
+    for trial, why in sorted(expected.items()):
+        prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+        if any(p.key.startswith(prefix) for p in problems):
+            continue  # already not verified, for a reason named under the trial
+        if trial not in facts:
+            findings.append(Finding(MISSING_TRIAL, prefix, f"no object under train/{trial}/, but {why} (deleted?)"))
+            continue
+        trial_facts = facts[trial]
+        if trial_facts is None:
+            continue  # its S3 error is already a problem
+        snapshot = trial_facts.snapshot
+        if snapshot is None:
+            findings.append(Finding(MISSING_SNAPSHOT, prefix + s3_layout.SNAPSHOT_FILE, f"no Ray snapshot, but {why}"))
+        elif isinstance(snapshot, Snapshot) and not snapshot.committed:
+            findings.append(Finding(MISSING_CHECKPOINT, prefix, f"Ray's snapshot commits no checkpoint, but {why}"))
+    return findings
+
+
+def expected_trials(
+    root: S3Uri, result_data: bytes | None, status_data: bytes | None, states: Mapping[str, bytes] | None
+) -> tuple[dict[str, str], list[Finding]]:
+    """({trial: which record says it checkpointed}, problems), from every record that survives; an unreadable status
+    or experiment state is a problem (which trials must have checkpoints is then unknown)."""
+    expected: dict[str, str] = {}
+    problems: list[Finding] = []
+    # (key, name shown, bytes, parser, problem kind when unreadable: "" for result.json, judged with its best)
+    sources: list[tuple[str, str, bytes, Callable[[bytes, str], dict[str, str]], str]] = []
+    if result_data is not None:
+        sources.append(
+            (root.join(s3_layout.RESULT_KEY).key, s3_layout.RESULT_KEY, result_data, recorded_checkpoints, "")
+        )
+    if status_data is not None:
+        sources.append(
+            (
+                root.join(s3_layout.STATUS_KEY).key,
+                s3_layout.STATUS_KEY,
+                status_data,
+                recorded_checkpoints,
+                INVALID_RECORD,
+            )
+        )
+    for key, data in sorted((states or {}).items()):
+        name = key[len(root.prefix) :]
+        sources.append((key, name, data, experiment_state_checkpoints, INVALID_RECORD))
+    for key, name, data, parse, invalid_kind in sources:
+        try:
+            found = parse(data, name)
+        except FormatError as exc:
+            if invalid_kind:
+                problems.append(Finding(invalid_kind, key, str(exc)))
+            continue
+        for trial, uri in found.items():
+            expected.setdefault(trial, f"{name} records its checkpoint {uri}")
+    return expected, problems
+
+
+def recorded_checkpoint_findings(
+    root: S3Uri, result_data: bytes, verified: Sequence[tuple[str, str]], problems: Sequence[Finding]
+) -> tuple[str | None, list[Finding]]:
+    """(the best checkpoint's URI, problems) from `_sweep/result.json`: the best checkpoint and every checkpoint it
+    records for a trial must be among the `verified` (trial, checkpoint) pairs; a trial with a problem already named
+    under it is not judged twice."""
+    key = root.join(s3_layout.RESULT_KEY).key
+    best_uri: str | None = None
+    try:
+        best_uri = best_checkpoint_uri(result_data)
+        recorded = recorded_checkpoints(result_data, s3_layout.RESULT_KEY)
+    except FormatError as exc:
+        return best_uri, [Finding(INVALID_RESULT, key, str(exc))]
+    findings: list[Finding] = []
+    finding = check_best_checkpoint(best_uri, root, verified)
+    if finding:
+        findings.append(finding)
+    best = s3_layout.strip_scheme(best_uri or "").rstrip("/")
+    for trial, uri in sorted(recorded.items()):
+        trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+        if s3_layout.strip_scheme(uri).rstrip("/") == best or any(
+            p.key.startswith(trial_prefix) for p in [*problems, *findings]
+        ):
+            continue  # already judged as the best checkpoint, or the trial is not verified for a named reason
+        finding = check_best_checkpoint(
+            uri, root, verified, kind=RECORDED_CHECKPOINT_UNVERIFIED, what=f"trial {trial}'s checkpoint"
+        )
+        if finding:
+            findings.append(finding)
+    return best_uri, findings

@@ -1,0 +1,207 @@
+"""The verifier's S3 access: one paginated listing of a run's `train/` handed out trial by trial as it passes
+(so reads overlap the listing), whole small objects, streamed hashes, the bucket's retention settings; every failure
+an S3AccessError naming the key."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, Protocol
+
+from sweep_contracts import s3_layout
+from sweep_contracts.checkpoint_manifest import (
+    FormatError,
+    Manifest,
+    parse_manifest,
+)
+from sweep_contracts.s3_layout import S3Uri
+from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX
+
+from .verification_assessment import TrialFacts, TrialObjects, manifest_names
+from .verification_records import parse_snapshot
+
+HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
+_LIST_PAGE_SIZE: Final = 1000
+
+
+class S3Reader(Protocol):
+    """The subset of a boto3 S3 client the verifier uses (inject a real client or a fake)."""
+
+    def list_objects_v2(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    def get_object(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    def get_bucket_versioning(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    def get_bucket_lifecycle_configuration(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+class S3AccessError(Exception):
+    """An S3 request failed (after botocore's retries); `key` is what we were reading."""
+
+    def __init__(self, key: str, detail: str):
+        super().__init__(f"{key}: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+def describe_s3_error(exc: BaseException) -> str:
+    """`NoSuchBucket (HTTP 404): The specified bucket does not exist` / the botocore message; never empty."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and "Error" in response:
+        error = response.get("Error") or {}
+        meta = response.get("ResponseMetadata") or {}
+        code = error.get("Code") or "Error"
+        status = meta.get("HTTPStatusCode")
+        message = error.get("Message") or ""
+        retries = meta.get("RetryAttempts")
+        text = f"{code}" + (f" (HTTP {status})" if status else "") + (f": {message}" if message else "")
+        return text + (f" after {retries + 1} attempt(s)" if retries else "")
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    return str(((response or {}).get("Error") or {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
+def _s3_call(key: str, call: Callable[..., dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    try:
+        return call(**kwargs)
+    except Exception as exc:  # botocore ClientError/BotoCoreError, or whatever a client raises: all mean "not read"
+        raise S3AccessError(key, describe_s3_error(exc)) from exc
+
+
+def iter_listing(client: S3Reader, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
+    """Every object under `prefix` as (key relative to prefix, size), paginated (ListObjectsV2, 1000 a page)."""
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": _LIST_PAGE_SIZE}
+        if token:
+            kwargs["ContinuationToken"] = token
+        page = _s3_call(prefix, client.list_objects_v2, **kwargs)
+        for obj in page.get("Contents", []):
+            yield obj["Key"][len(prefix) :], int(obj.get("Size", 0))
+        if not page.get("IsTruncated"):
+            return
+        token = page.get("NextContinuationToken")
+        if not token:
+            raise S3AccessError(prefix, "listing truncated without a continuation token")
+
+
+def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
+    """Every object under `prefix` as {key relative to prefix: size}."""
+    return dict(iter_listing(client, bucket, prefix))
+
+
+def list_trials(
+    client: S3Reader, bucket: str, train_prefix: str, on_trial: Callable[[str, Mapping[str, int]], None]
+) -> dict[str, dict[str, int]]:
+    """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, objects)` is called as
+    soon as the listing has moved past a trial, so its reads overlap the rest of the listing.
+
+    S3 lists keys in lexicographic order, which keeps a trial's keys contiguous; a store that does not
+    (S3 Express directory buckets) gets `on_trial` again for a trial whose keys came back later, with all
+    of them. Files directly under `train/` belong to no trial and are ignored.
+    """
+    trials: dict[str, dict[str, int]] = {}
+    announced: set[str] = set()
+    late: set[str] = set()
+    current: str | None = None
+    for rel, size in iter_listing(client, bucket, train_prefix):
+        trial, sep, rest = rel.partition("/")
+        if not sep or not trial:
+            continue
+        if trial != current:
+            if current is not None:
+                on_trial(current, trials[current])
+                announced.add(current)
+            if trial in announced:
+                late.add(trial)
+                trials[trial] = dict(trials[trial])  # the announced mapping may be in use: never mutate it
+            current = trial
+        trials.setdefault(trial, {})[rest] = size
+    if current is not None and current not in late:
+        on_trial(current, trials[current])
+    for trial in sorted(late):
+        on_trial(trial, trials[trial])
+    return trials
+
+
+def has_any_object(client: S3Reader, bucket: str, prefix: str) -> bool:
+    page = _s3_call(prefix, client.list_objects_v2, Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    return bool(page.get("Contents"))
+
+
+def read_object(client: S3Reader, bucket: str, key: str, missing_ok: bool = False) -> bytes | None:
+    """The whole object (small JSON documents only); None if it does not exist and `missing_ok`."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        try:
+            return body.read()
+        finally:
+            body.close()
+    except Exception as exc:
+        if missing_ok and _error_code(exc) in ("NoSuchKey", "404"):
+            return None
+        raise S3AccessError(key, describe_s3_error(exc)) from exc
+
+
+def hash_object(client: S3Reader, bucket: str, key: str) -> tuple[str, int]:
+    """(sha256 hex, bytes read), streaming the object in HASH_CHUNK_BYTES pieces."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        try:
+            for chunk in body.iter_chunks(HASH_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+        finally:
+            body.close()
+    except Exception as exc:
+        raise S3AccessError(key, describe_s3_error(exc)) from exc
+    return digest.hexdigest(), size
+
+
+def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[str, int]) -> TrialFacts:
+    """Given one trial's listing, read its snapshot, then the manifests of the checkpoints it commits."""
+    trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
+    objects = TrialObjects.from_listing(trial, listing)
+    if not objects.has_snapshot:
+        return TrialFacts(objects)
+    data = read_object(client, root.bucket, trial_prefix + s3_layout.SNAPSHOT_FILE)
+    try:
+        snapshot = parse_snapshot(data or b"")
+    except FormatError as exc:
+        return TrialFacts(objects, exc)
+    manifests: dict[str, dict[str, Manifest | FormatError]] = {}
+    for name in snapshot.committed:
+        contents = objects.dirs.get(name) or {}
+        found: dict[str, Manifest | FormatError] = {}
+        for manifest_name in manifest_names(contents):
+            raw = read_object(client, root.bucket, f"{trial_prefix}{name}/{manifest_name}") or b""
+            try:
+                found[manifest_name] = parse_manifest(raw, manifest_name)
+            except FormatError as exc:
+                found[manifest_name] = exc
+        manifests[name] = found
+    return TrialFacts(objects, snapshot, manifests)
+
+
+def read_retention(client: S3Reader, bucket: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    versioning = _s3_call("", client.get_bucket_versioning, Bucket=bucket)
+    try:
+        lifecycle = client.get_bucket_lifecycle_configuration(Bucket=bucket)
+    except Exception as exc:
+        if _error_code(exc) == "NoSuchLifecycleConfiguration":
+            return versioning, []
+        raise S3AccessError("", describe_s3_error(exc)) from exc
+    return versioning, list(lifecycle.get("Rules", []))
+
+
+def read_experiment_states(client: S3Reader, root: S3Uri) -> dict[str, bytes]:
+    """Every `tune/experiment_state-*.json` of the run (one per Tune session) by key: one listing of that prefix."""
+    prefix = root.join(s3_layout.TUNE_EXPERIMENT_NAME).prefix + EXPERIMENT_STATE_PREFIX
+    keys = [prefix + rel for rel, _ in iter_listing(client, root.bucket, prefix) if rel and "/" not in rel]
+    return {key: read_object(client, root.bucket, key) or b"" for key in keys}
