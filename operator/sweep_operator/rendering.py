@@ -73,23 +73,24 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def rayjob_name(sweep_name: str, run_id: str) -> str:
-    """`<sweep>-<runId>` as a DNS-1035 label of at most 47 characters (KubeRay derives names from it).
+def rayjob_name(sweep_name: str, run_id: str, suffix: str = "") -> str:
+    """`<sweep>-<runId><suffix>` as a DNS-1035 label of at most 47 characters (KubeRay derives names from it);
+    `suffix` names a later attempt (resume: `-a<N>`).
 
     Names that are too long or not DNS-1035 (dots, a leading digit) are shortened with a hash of the
     original name, so two sweeps never collide.
     """
     check_run_id(run_id)
-    plain = f"{sweep_name}-{run_id}"
+    plain = f"{sweep_name}-{run_id}{suffix}"
     if len(plain) <= constants.RAYJOB_NAME_MAX_LEN and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", plain):
         return plain
     digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:5]
     base = re.sub(r"[^a-z0-9-]", "-", sweep_name.lower())
     if not base[:1].isalpha():
         base = "s" + base
-    room = constants.RAYJOB_NAME_MAX_LEN - len(run_id) - len(digest) - 2
+    room = constants.RAYJOB_NAME_MAX_LEN - len(run_id) - len(digest) - len(suffix) - 2
     base = base[:room].rstrip("-") or "s"
-    return f"{base}-{digest}-{run_id}"
+    return f"{base}-{digest}-{run_id}{suffix}"
 
 
 def sweep_labels(sweep_name: str, run_id: str) -> dict[str, str]:

@@ -11,8 +11,6 @@ the entrypoint (the run spec's `attempt`, this attempt's deadlines).
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -491,21 +489,9 @@ def attempt_rayjob_name(sweep_name: str, run_id: str, attempt: int) -> str:
     """The RayJob of attempt `attempt`: `<sweep>-<runId>` for the first (as rendering.rayjob_name), then
     `<sweep>-<runId>-a<N>`. KubeRay names the RayCluster after it, so every attempt's name is new; at most 47
     characters (KubeRay's MaxRayJobNameLength), DNS-1035, long names shortened with a hash as for attempt 1."""
-    if attempt <= 1:
-        from ..rendering import rayjob_name
+    from ..rendering import rayjob_name  # the one shortening rule
 
-        return rayjob_name(sweep_name, run_id)
-    suffix = f"{ATTEMPT_SUFFIX}{attempt}"
-    plain = f"{sweep_name}-{run_id}{suffix}"
-    if len(plain) <= constants.RAYJOB_NAME_MAX_LEN and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", plain):
-        return plain
-    digest = hashlib.sha256(sweep_name.encode()).hexdigest()[:5]
-    stem = re.sub(r"[^a-z0-9-]", "-", sweep_name.lower())
-    if not stem[:1].isalpha():
-        stem = "s" + stem
-    room = constants.RAYJOB_NAME_MAX_LEN - len(run_id) - len(digest) - len(suffix) - 2
-    stem = stem[:room].rstrip("-") or "s"
-    return f"{stem}-{digest}-{run_id}{suffix}"
+    return rayjob_name(sweep_name, run_id, f"{ATTEMPT_SUFFIX}{attempt}" if attempt > 1 else "")
 
 
 # ------------------------------------------------------------------------------------------ status patches
