@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sweep_contracts import constants
 from sweep_contracts.api import Phase
 
-ROLE_LABEL = "ray.io/node-type"
-CLUSTER_LABEL = "ray.io/cluster"
+ROLE_LABEL = constants.RAY_LABEL_NODE_TYPE
 
 # (pattern in an event/condition message or a waiting reason, short cause, what to check)
 _CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (

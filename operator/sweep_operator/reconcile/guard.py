@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from sweep_contracts import constants, s3_layout
+from sweep_contracts import api, constants, s3_layout
 from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
@@ -48,7 +48,7 @@ class GuardTarget:
     endpoint_url: str = ""
     region: str = ""
     verify: bool = True
-    timeout_seconds: int = 900
+    timeout_seconds: int = api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS
     sweep: str = ""
     run_id: str = ""
 
@@ -82,7 +82,7 @@ class GuardTarget:
                 endpoint_url=str(doc.get("endpointUrl") or ""),
                 region=str(doc.get("region") or ""),
                 verify=doc.get("verify") is not False,  # anything but an explicit false verifies
-                timeout_seconds=int(doc.get("timeoutSeconds") or 900),
+                timeout_seconds=int(doc.get("timeoutSeconds") or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
                 sweep=str(doc.get("sweep") or ""),
                 run_id=str(doc.get("runId") or ""),
             )
@@ -110,7 +110,7 @@ def status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
         guard.get("endpointUrl") or "",
         guard.get("region") or "",
         guard.get("verify") is not False,
-        int(guard.get("timeoutSeconds") or 900),
+        int(guard.get("timeoutSeconds") or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
         (sweep.get("metadata") or {}).get("name", ""),
         status.get("runId") or "",
     )

@@ -193,7 +193,9 @@ class Reads:
     def diagnosis(self, namespace: str, wanted: Diagnose) -> str:
         try:
             pods = (
-                self.kube.list_pods(namespace, f"ray.io/cluster={wanted.cluster_name}") if wanted.cluster_name else []
+                self.kube.list_pods(namespace, f"{constants.RAY_LABEL_CLUSTER}={wanted.cluster_name}")
+                if wanted.cluster_name
+                else []
             )
             events = self.kube.list_events(namespace)
         except Exception as exc:  # diagnosis must never block the failure it explains
@@ -212,7 +214,11 @@ class Reads:
         """The pods of the sweep's RayClusters, for GPU-hours; None when they cannot be read (the next pass
         measures; nothing is lost while the pods' records stand)."""
         try:
-            return [p for c in sorted(clusters) for p in self.kube.list_pods(ref.namespace, f"ray.io/cluster={c}")]
+            return [
+                p
+                for c in sorted(clusters)
+                for p in self.kube.list_pods(ref.namespace, f"{constants.RAY_LABEL_CLUSTER}={c}")
+            ]
         except Exception as exc:
             log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
             return None
