@@ -29,8 +29,8 @@ RAYJOB_FINALIZER = "ray.io/rayjob-finalizer"
 RAYJOB_CONTROLLER = "rayjob-controller"
 RAYCLUSTER_CONTROLLER = "raycluster-controller"
 USER_AGENT = "kuberay-standin/1.7.0"
-LABEL_CLUSTER = "ray.io/cluster"
-LABEL_NODE_TYPE = "ray.io/node-type"
+LABEL_CLUSTER = constants.RAY_LABEL_CLUSTER  # utils.RayClusterLabelKey
+LABEL_NODE_TYPE = constants.RAY_LABEL_NODE_TYPE  # utils.RayNodeTypeLabelKey
 LABEL_GROUP = "ray.io/group"
 HEAD_GROUP = "headgroup"
 
