@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.handlers import S3ClientCache
 from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.reconcile.guard import GuardTarget
+from sweep_operator.s3_clients import S3ClientCache
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError, TenancyPolicy
 from sweep_operator.validation import validate_sweep
 from tests.support.factories import changed, gpu_sweep
@@ -359,8 +359,9 @@ def test_the_operator_never_calls_an_endpoint_off_the_allowlist_however_it_learn
     import kubernetes
 
     from sweep_operator import s3 as s3_module
-    from sweep_operator.handlers import RefusedEndpoint, build_controller
+    from sweep_operator.handlers import build_controller
     from sweep_operator.reconcile.guard import GuardTarget
+    from sweep_operator.s3_clients import RefusedEndpoint
 
     settings = Settings(tenancy=TENANCY, s3_endpoint_url="http://minio.default.svc:9000")
     built: list[str] = []
