@@ -35,14 +35,23 @@ lint: setup
 	$(PY) tools/check_suppressions.py || rc=1; \
 	exit $$rc
 
+# The suite in two pytest runs (docs/testing.md): unit and integration tests on TEST_WORKERS xdist workers, a test
+# file per worker at a time (each worker starts its own loopback servers on ports the kernel picks), then the
+# real-Ray e2e tests alone, since Ray wants both cores. The second runs even when the first fails; each fails when it
+# collects nothing or fewer tests than a layer's floor (min_tests in pyproject.toml).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 test: setup
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	@rc=0; \
+	$(PY) -m pytest tests/unit tests/integration $(XDIST) $(PYTEST_ARGS) || rc=1; \
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 test-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 test-integration: setup
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 test-e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)

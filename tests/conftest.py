@@ -54,7 +54,74 @@ def s3_bucket(s3_client: Any) -> str:
     return name
 
 
+# ------------------------------------------------------------------------------------------- collected counts
+LAYERS = ("unit", "integration", "e2e")
+# Options that run a chosen part of a layer: with any of them the floors below do not apply.
+_SELECTING = ("keyword", "markexpr", "lf", "deselect", "stepwise")
+_SHORT = pytest.StashKey[list[str]]()  # the layers that collected fewer tests than their floor
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "min_tests",
+        "'<layer> <count>' lines: a run of a whole tests/<layer> that collects fewer tests fails",
+        type="linelist",
+        default=[],
+    )
+
+
+def _whole_layers(config: pytest.Config) -> list[str]:
+    """The layers this run asked for whole (tests/, or tests/<layer>, with nothing deselecting a part of them)."""
+    if any(config.getoption(name, None) for name in _SELECTING):
+        return []
+    tests, asked = Path(__file__).resolve().parent, []
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if "::" in arg:
+            continue
+        if path == tests:
+            asked += LAYERS
+        elif path.parent == tests and path.name in LAYERS:
+            asked.append(path.name)
+    return asked
+
+
+def _short_layers(config: pytest.Config, nodeids: list[str]) -> list[str]:
+    floors = {layer: 1 for layer in LAYERS}  # every layer asked for collects something
+    for line in config.getini("min_tests"):
+        layer, count = line.split()
+        floors[layer] = int(count)
+    rootdir, tests = config.rootpath, Path(__file__).resolve().parent
+    prefixes = {layer: (tests / layer).relative_to(rootdir).as_posix() + "/" for layer in LAYERS}
+    found = {layer: sum(1 for n in nodeids if n.startswith(prefixes[layer])) for layer in LAYERS}
+    return [
+        f"tests/{layer}: {found[layer]} collected, fewer than {floors[layer]} (min_tests in pyproject.toml; a merge of "
+        "tests lowers it and names what it merged)"
+        for layer in _whole_layers(config)
+        if found[layer] < floors[layer]
+    ]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its controller counts (below)
+        return
+    if not session.config.pluginmanager.hasplugin("dsession"):
+        session.config.stash[_SHORT] = _short_layers(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    config = node.config
+    config.stash[_SHORT] = _short_layers(config, list(ids))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Collecting no test is a failure here, never a silent success (pytest's exit code 5 becomes 1)."""
-    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+    """Collecting no test is a failure here, never a silent success (pytest's exit code 5 becomes 1); so is a whole
+    layer collecting fewer tests than its floor (a test file that silently stopped being collected)."""
+    short = session.config.stash.get(_SHORT, [])
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED or short:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in short:
+        if reporter is not None:
+            reporter.write_line(f"FAILED collection: {line}", red=True, bold=True)

@@ -5,7 +5,8 @@ Rows are the ways a run's objects get deleted; columns are what S3 holds (or how
 cell asserts that verification actually ran and what it saw, that the object is released only once the run
 verifies, and that the operator never deleted anything under the run root. Cells run concurrently: each has its
 own sweep and its own S3 endpoint name, which the test routes to moto, to a server answering 503, or to a closed
-port, and "repairs" by routing it back to moto.
+port, and "repairs" by routing it back to moto. The deadline row runs on its own operator whose clock the test
+moves past the deadline once every cell of the row is broken: no wall-clock window a busy machine can miss.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,11 @@ pytestmark = pytest.mark.integration
 # busy machine. A quarter second is far below every backoff and deadline asserted here.
 POLL = 0.25
 
-ROWS = ("delete-sweep", "delete-rayjob", "kuberay-deletes-cluster", "deadline-stop", "retry-then-delete")
+ROWS = ("delete-sweep", "delete-rayjob", "kuberay-deletes-cluster", "retry-then-delete")
+DEADLINE_ROW = "deadline-stop"
+# The deadline row's budget: no real clock reaches it (nor KubeRay's activeDeadlineSeconds, nor the startup window);
+# the operator's clock is moved past it and its graceful window (ShiftedClock).
+DEADLINE_S, STARTUP_S, GRACE_S = 3600, 1800, 2
 COLUMNS = (
     "complete",
     "file-missing",
@@ -111,18 +117,32 @@ class _Recording:
         return attr
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@dataclass
+class ShiftedClock:
+    """The deadline row's operator clock: the wall clock plus an offset the test moves forward, so the sweeps'
+    deadlines pass when the test says so (the controller takes its clock injected)."""
+
+    offset: float = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
 
 
-@pytest.fixture(scope="module")
-def matrix(s3_server: Any) -> Iterator[tuple[OperatorEnv, Router, list[Seen]]]:
-    with FaultyS3Server(503, "ServiceUnavailable", "S3 is answering 5xx (injected)") as faulty:
+Matrix = tuple[OperatorEnv, Router, list[Seen]]
+
+
+@contextmanager
+def _matrix_env(s3_server: Any, clock: ShiftedClock | None = None) -> Iterator[Matrix]:
+    # A bound socket that never listens refuses every connection, and holding it keeps the port from being
+    # handed to another server (another xdist worker's) while the cells run.
+    with (
+        FaultyS3Server(503, "ServiceUnavailable", "S3 is answering 5xx (injected)") as faulty,
+        socket.socket() as closed,
+    ):
+        closed.bind(("127.0.0.1", 0))
         env, stop = start_operator_env(s3_server)
         env.poll = POLL
-        router = Router(s3_server.endpoint_url, faulty.endpoint_url, f"http://127.0.0.1:{_closed_port()}")
+        router = Router(s3_server.endpoint_url, faulty.endpoint_url, f"http://127.0.0.1:{closed.getsockname()[1]}")
         seen: list[Seen] = []
         controller = env.operator.controller
         real_verify = controller.verify
@@ -137,10 +157,25 @@ def matrix(s3_server: Any) -> Iterator[tuple[OperatorEnv, Router, list[Seen]]]:
 
         controller.verify = spy
         controller.s3_client_for = router
+        if clock is not None:
+            controller.clock = clock  # before any sweep exists: every decision of this operator reads it
         try:
             yield env, router, seen
         finally:
             stop()
+
+
+@pytest.fixture(scope="module")
+def matrix(s3_server: Any) -> Iterator[Matrix]:
+    with _matrix_env(s3_server) as built:
+        yield built
+
+
+@pytest.fixture
+def deadline_matrix(s3_server: Any) -> Iterator[tuple[Matrix, ShiftedClock]]:
+    clock = ShiftedClock()
+    with _matrix_env(s3_server, clock) as built:
+        yield built, clock
 
 
 @dataclass
@@ -155,6 +190,8 @@ class Cell:
     endpoint: str = ""
     synthetic: SyntheticSweep | None = None
     root: str = ""
+    # The deadline row: waits until every cell of the row is broken and Running, then the clock passes the deadline.
+    pass_deadline: Callable[[], object] = lambda: None
 
     def verifications(self, since: float = 0.0) -> list[Seen]:
         """Verifications of this cell's run that started at or after `since` (so saw what was there then)."""
@@ -176,8 +213,12 @@ def _apply(cell: Cell) -> None:
     # the run is broken, so no timer races the break on a busy machine.
     if cell.row == "kuberay-deletes-cluster":
         outcomes = (Outcome.succeed(3600.0),)
-    elif cell.row == "deadline-stop":
-        changes["spec__deadlines"] = {"activeSeconds": 45, "startupSeconds": 20, "gracefulStopSeconds": 2}
+    elif cell.row == DEADLINE_ROW:
+        changes["spec__deadlines"] = {
+            "activeSeconds": DEADLINE_S,
+            "startupSeconds": STARTUP_S,
+            "gracefulStopSeconds": GRACE_S,
+        }
     elif cell.row == "retry-then-delete":
         changes["spec__failurePolicy__jobRetries"] = 1
         outcomes = (Outcome.fail(3600.0), Outcome.hang())
@@ -188,8 +229,8 @@ def _apply(cell: Cell) -> None:
     bucket, prefix = env.run_root(cell.name)
     cell.root = f"s3://{bucket}/{prefix}"
     cell.synthetic = write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
-    if cell.row == "deadline-stop":
-        env.report_trials_running(bucket, prefix)  # the startup clock (20 s) stops before the deadline (45 s)
+    if cell.row == DEADLINE_ROW:
+        env.report_trials_running(bucket, prefix)  # the startup clock stops: the deadline, not the startup, ends it
 
 
 def _break(cell: Cell) -> str:
@@ -252,18 +293,15 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
         cluster = status["rayClusterName"]
         _end_attempt(cell, status["rayJobName"], Outcome.succeed(0.0))
         return "RayCluster", lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster)
-    if cell.row == "deadline-stop":
-        # Two clocks end the run: the operator deletes the RayJob once the sweep's deadline and graceful window passed;
-        # KubeRay's activeDeadlineSeconds (per attempt, from a slightly later start) marks the RayJob Failed and, with
-        # shutdownAfterJobFinishes, deletes the cluster after the TTL. Whichever comes first, its object is held.
-        # A busy machine may see the deadline end the run before this looks: Running or already past it.
+    if cell.row == DEADLINE_ROW:
+        # The operator deletes the RayJob once the sweep's deadline and graceful window passed on its clock, which
+        # the test moves there once the row's runs are all Running and broken. (KubeRay's activeDeadlineSeconds runs
+        # on the wall clock and is an hour away; the RayCluster is held if the RayJob's end takes it first.)
         status = env.wait_status(
-            name,
-            lambda s: s.get("rayClusterName") and s.get("phase") in ("Running", "DeadlineExceeded"),
-            "Running or past its deadline",
-            timeout=TIMEOUT * 2,
+            name, lambda s: s.get("rayClusterName") and s.get("phase") == "Running", "Running", timeout=TIMEOUT * 2
         )
         rayjob, cluster = status["rayJobName"], status["rayClusterName"]
+        cell.pass_deadline()
         readers = {
             "RayJob": lambda: env.get(constants.RAYJOB_PLURAL, rayjob),
             "RayCluster": lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster),
@@ -278,6 +316,15 @@ def _held_object(cell: Cell) -> tuple[str, Callable[[], dict[str, Any] | None]]:
             TIMEOUT * 2,
             interval=POLL,
             what=f"{name}: a deadline deleting the RayJob or its cluster",
+        )
+        # ... and by the deadline: the operator's own reason, not a startup window or a KubeRay deadline.
+        env.wait_status(
+            name,
+            lambda s: any(
+                c["type"] == "DeadlineExceeded" and c["status"] == "True" and c["reason"] == "SweepDeadline"
+                for c in s.get("conditions") or []
+            ),
+            "DeadlineExceeded=True (SweepDeadline)",
         )
         return first, readers[first]
     # retry-then-delete: the first attempt fails; KubeRay deletes its cluster to retry (the guard holds it until the
@@ -376,12 +423,15 @@ def _run_cell(cell: Cell) -> None:
         assert after == before
 
 
-def test_guard_fault_matrix(matrix: tuple[OperatorEnv, Router, list[Seen]]) -> None:
-    """R22: every row x column cell (issue 12's matrix); a table of the failing cells on failure."""
+def _run_cells(matrix: Matrix, rows: tuple[str, ...], barrier: threading.Barrier | None = None) -> None:
+    """Every row x column cell, concurrently; a table of the failing cells on failure."""
     env, router, seen = matrix
     cells = [
-        Cell(row, column, env, router, seen, i) for i, (row, column) in enumerate((r, c) for r in ROWS for c in COLUMNS)
+        Cell(row, column, env, router, seen, i) for i, (row, column) in enumerate((r, c) for r in rows for c in COLUMNS)
     ]
+    if barrier is not None:
+        for cell in cells:
+            cell.pass_deadline = lambda: barrier.wait(timeout=TIMEOUT * 4)
     failures: dict[tuple[str, str], str] = {}
 
     def run(cell: Cell) -> None:
@@ -389,6 +439,8 @@ def test_guard_fault_matrix(matrix: tuple[OperatorEnv, Router, list[Seen]]) -> N
             _run_cell(cell)
         except BaseException as exc:  # collected: one cell's failure must not hide the others
             failures[(cell.row, cell.column)] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            if barrier is not None:
+                barrier.abort()  # the row's other cells stop waiting for this one
         finally:
             env.runner.script(cell.name or f"m{cell.index:02d}", Outcome.succeed())
 
@@ -397,3 +449,19 @@ def test_guard_fault_matrix(matrix: tuple[OperatorEnv, Router, list[Seen]]) -> N
     assert not failures, "\n".join(f"[{r} x {c}] {text}" for (r, c), text in sorted(failures.items()))
     assert len(seen) >= len(cells), "every cell ran the verifier"
     assert not env.pruned(), f"writes whose fields a real API server would drop: {env.pruned()[:10]}"
+
+
+def test_guard_fault_matrix(matrix: Matrix) -> None:
+    """R22: every row x column cell (issue 12's matrix) but the deadline row's; a table of the failing cells."""
+    _run_cells(matrix, ROWS)
+
+
+def test_guard_fault_matrix_deadline_row(deadline_matrix: tuple[Matrix, ShiftedClock]) -> None:
+    """R22, the deadline row: each column's run broken, then the sweeps' deadline and graceful window pass on the
+    operator's clock; the RayJob deleted at the deadline is held until the run verifies."""
+    matrix, clock = deadline_matrix
+
+    def past_the_deadline() -> None:
+        clock.offset = DEADLINE_S + GRACE_S + 60.0
+
+    _run_cells(matrix, (DEADLINE_ROW,), threading.Barrier(len(COLUMNS), action=past_the_deadline))

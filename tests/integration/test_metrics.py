@@ -140,12 +140,16 @@ def test_metrics_follow_admit_queue_hold_release_and_deadline(env: OperatorEnv) 
             NS,
         )
         deleting = (env.sweep(a, NS) or {})["metadata"]["deletionTimestamp"]
+        # The gauge counts a deleting sweep from the operator's cache; the counter moves when the guard's pass
+        # decides to hold, which may come a moment after the status condition it writes: wait for both.
         samples = await_metrics(
             scrape,
-            lambda s: value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 1,
+            lambda s: (
+                value(s, "trainingsweep_guard_holding_objects", namespace=NS, kind="TrainingSweep") == 1
+                and (value(s, "trainingsweep_guard_holds_total", namespace=NS, sweep=a, kind="TrainingSweep") or 0) >= 1
+            ),
             "hold",
         )
-        assert value(samples, "trainingsweep_guard_holds_total", namespace=NS, sweep=a, kind="TrainingSweep") >= 1
         assert value(
             samples,
             "trainingsweep_guard_holding_since_timestamp_seconds",
