@@ -13,6 +13,7 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,52 +169,14 @@ def build_rayjob(
     """
     ctx = limits if isinstance(limits, RenderContext) else RenderContext(limits=limits)
     spec = sweep.spec
-    name = rayjob_name(sweep.name, run_id)
     labels = sweep_labels(sweep.name, run_id)
     run_spec = build_run_spec(sweep, run_id, storage_uri)
     env = _s3_env(spec, ctx.s3_region, ctx.s3_endpoint_url)
-    sa = spec.storage.service_account_name
-    res = spec.trial.resources_per_worker
-    mct = spec.tune.max_concurrent_trials
-    max_replicas = worker_cap(spec, ctx.limits)
-
-    head_container = {
-        "name": HEAD_CONTAINER,
-        "image": spec.image,
-        "resources": _resources(spec.head.cpu, spec.head.memory),
-        "env": [*env, {"name": constants.ENV_RUN_ROOT, "value": run_spec.run_root}],
-    }
-    worker_container = {
-        "name": WORKER_CONTAINER,
-        "image": spec.image,
-        "resources": _resources(res.cpu, res.memory, res.gpu),
-        "env": list(env),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    node_selector = dict(spec.worker_group.node_selector)
-    if spec.worker_group.instance_type:
-        node_selector.setdefault(INSTANCE_TYPE_LABEL, spec.worker_group.instance_type)
-    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.worker_group.tolerations]
-    tolerations = [{k: v for k, v in t.items() if v != ""} for t in tolerations]
-    if res.gpu and GPU_TAINT_TOLERATION not in tolerations:
-        tolerations.append(dict(GPU_TAINT_TOLERATION))
-    worker_pod_spec: dict[str, Any] = {
-        "serviceAccountName": sa,
-        "restartPolicy": "Never",  # KubeRay's autoscaler replaces failed workers itself
-        "containers": [worker_container],
-        # NCCL and DataLoader workers need more shared memory than the container default.
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-    }
-    if node_selector:
-        worker_pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        worker_pod_spec["tolerations"] = tolerations
-
     rayjob: dict[str, Any] = {
         "apiVersion": constants.RAY_API_VERSION,
         "kind": constants.RAYJOB_KIND,
         "metadata": {
-            "name": name,
+            "name": rayjob_name(sweep.name, run_id),
             "namespace": sweep.namespace,
             "labels": dict(labels),
             "annotations": {
@@ -231,47 +194,8 @@ def build_rayjob(
             "backoffLimit": spec.failure_policy.job_retries,
             "submissionMode": "K8sJobMode",
             "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
-            "submitterPodTemplate": {
-                "metadata": {"labels": dict(labels)},
-                "spec": {
-                    "serviceAccountName": sa,
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": SUBMITTER_CONTAINER,
-                            "image": spec.image,
-                            "resources": {"requests": dict(SUBMITTER_RESOURCES), "limits": dict(SUBMITTER_RESOURCES)},
-                            "env": list(env),
-                        }
-                    ],
-                },
-            },
-            "rayClusterSpec": {
-                "rayVersion": spec.ray_version,
-                "enableInTreeAutoscaling": True,
-                "headGroupSpec": {
-                    "rayStartParams": {
-                        "num-cpus": "0",  # no train worker lands on the head (R5)
-                        "num-gpus": "0",
-                        # exactly maxConcurrentTrials trial drivers fit on the head (R5, R14)
-                        "resources": json.dumps(json.dumps({constants.TRIAL_DRIVER_RESOURCE: mct})),
-                    },
-                    "template": {
-                        "metadata": {"labels": dict(labels)},
-                        "spec": {"serviceAccountName": sa, "containers": [head_container]},
-                    },
-                },
-                "workerGroupSpecs": [
-                    {
-                        "groupName": WORKER_GROUP,
-                        "replicas": spec.worker_group.min_replicas,
-                        "minReplicas": spec.worker_group.min_replicas,
-                        "maxReplicas": max_replicas,
-                        "rayStartParams": {},
-                        "template": {"metadata": {"labels": dict(labels)}, "spec": worker_pod_spec},
-                    }
-                ],
-            },
+            "submitterPodTemplate": _submitter_template(spec, labels, env),
+            "rayClusterSpec": _ray_cluster_spec(spec, ctx, labels, env, run_spec.run_root),
         },
     }
     if sweep.uid:
@@ -294,6 +218,95 @@ def build_rayjob(
     bounds = rendered_bounds(rayjob, demand.workers, demand.gpus)
     rayjob["metadata"]["annotations"][constants.ANNOTATION_BOUNDS] = bounds.to_annotation()
     return rayjob
+
+
+def _submitter_template(spec: SweepSpec, labels: Mapping[str, str], env: list[dict[str, str]]) -> dict[str, Any]:
+    """The K8sJobMode submitter's pod: it submits the driver and follows it, with the sweep's S3 environment."""
+    return {
+        "metadata": {"labels": dict(labels)},
+        "spec": {
+            "serviceAccountName": spec.storage.service_account_name,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": SUBMITTER_CONTAINER,
+                    "image": spec.image,
+                    "resources": {"requests": dict(SUBMITTER_RESOURCES), "limits": dict(SUBMITTER_RESOURCES)},
+                    "env": list(env),
+                }
+            ],
+        },
+    }
+
+
+def _ray_cluster_spec(
+    spec: SweepSpec, ctx: RenderContext, labels: Mapping[str, str], env: list[dict[str, str]], run_root: str
+) -> dict[str, Any]:
+    """The RayCluster: a head that holds exactly maxConcurrentTrials trial drivers and no train worker (R5, R14),
+    one autoscaled worker group capped by the operator's limits."""
+    head_container = {
+        "name": HEAD_CONTAINER,
+        "image": spec.image,
+        "resources": _resources(spec.head.cpu, spec.head.memory),
+        "env": [*env, {"name": constants.ENV_RUN_ROOT, "value": run_root}],
+    }
+    return {
+        "rayVersion": spec.ray_version,
+        "enableInTreeAutoscaling": True,
+        "headGroupSpec": {
+            "rayStartParams": {
+                "num-cpus": "0",  # no train worker lands on the head (R5)
+                "num-gpus": "0",
+                # exactly maxConcurrentTrials trial drivers fit on the head (R5, R14)
+                "resources": json.dumps(json.dumps({constants.TRIAL_DRIVER_RESOURCE: spec.tune.max_concurrent_trials})),
+            },
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {"serviceAccountName": spec.storage.service_account_name, "containers": [head_container]},
+            },
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": spec.worker_group.min_replicas,
+                "minReplicas": spec.worker_group.min_replicas,
+                "maxReplicas": worker_cap(spec, ctx.limits),
+                "rayStartParams": {},
+                "template": {"metadata": {"labels": dict(labels)}, "spec": _worker_pod_spec(spec, env)},
+            }
+        ],
+    }
+
+
+def _worker_pod_spec(spec: SweepSpec, env: list[dict[str, str]]) -> dict[str, Any]:
+    """A train worker's pod: the trial's resources, /dev/shm in memory, the instance type and GPU taint honoured."""
+    res = spec.trial.resources_per_worker
+    worker_container = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image,
+        "resources": _resources(res.cpu, res.memory, res.gpu),
+        "env": list(env),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    node_selector = dict(spec.worker_group.node_selector)
+    if spec.worker_group.instance_type:
+        node_selector.setdefault(INSTANCE_TYPE_LABEL, spec.worker_group.instance_type)
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.worker_group.tolerations]
+    tolerations = [{k: v for k, v in t.items() if v != ""} for t in tolerations]
+    if res.gpu and GPU_TAINT_TOLERATION not in tolerations:
+        tolerations.append(dict(GPU_TAINT_TOLERATION))
+    worker_pod_spec: dict[str, Any] = {
+        "serviceAccountName": spec.storage.service_account_name,
+        "restartPolicy": "Never",  # KubeRay's autoscaler replaces failed workers itself
+        "containers": [worker_container],
+        # NCCL and DataLoader workers need more shared memory than the container default.
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if node_selector:
+        worker_pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        worker_pod_spec["tolerations"] = tolerations
+    return worker_pod_spec
 
 
 def for_kueue(rayjob: dict[str, Any], queue: str, priority_class: str = "") -> None:
