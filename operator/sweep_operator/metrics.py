@@ -332,6 +332,13 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sweeps, holds, namespaces = self.metrics._state()
+        yield from self._phases(sweeps, namespaces)
+        yield from self._admitted(sweeps, namespaces)
+        yield from self._gpu_hours(sweeps, namespaces)
+        yield from self._holds(sweeps, holds, namespaces)
+
+    def _phases(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+        """Sweeps per phase, each sweep's phase, the queued ones and since when."""
         by_phase = GaugeMetricFamily(
             "trainingsweep_sweeps", STATE_GAUGES["trainingsweep_sweeps"], labels=["namespace", "phase"]
         )
@@ -367,6 +374,8 @@ class _StateCollector(Collector):
                 queued_at.add_metric([s.namespace, s.name], s.queued_at)
         yield queued_at
 
+    def _admitted(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+        """GPUs admitted per namespace, and the namespace GPU budget."""
         gpus = GaugeMetricFamily(
             "trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"]
         )
@@ -384,8 +393,11 @@ class _StateCollector(Collector):
                 budget.add_metric([namespace], self.metrics._gpu_budget)
         yield gpus
         yield budget
-        yield from self._gpu_hours(sweeps, namespaces)
 
+    def _holds(
+        self, sweeps: list[SweepFacts], holds: dict[tuple[str, str, str], _Hold], namespaces: list[str]
+    ) -> Iterator[Metric]:
+        """What the guard holds, per kind, and since when."""
         # The sweep's own guard holds while its deletion is pending (the finalizer is the guard's); RayJob and
         # RayCluster holds are the ones the guard reported.
         all_holds = dict(holds)
