@@ -244,6 +244,7 @@ class OperatorProcess:
             "errors": len(errors),
             "warnings": len(warnings),
             "lastErrors": [line[:300] for line in errors[-3:]],
+            "tail": [line[:300] for line in lines[-8:]] if not self.alive() else [],  # how a dead one ended
         }
 
 
@@ -376,6 +377,8 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
     )
     if args.kopf_untuned:  # the caller's SWEEP_* are dropped above, so the switch is passed on here
         env["SWEEP_KOPF_UNTUNED"] = "1"
+    if args.gc_untuned:
+        env["SWEEP_GC_UNTUNED"] = "1"
     return env
 
 
@@ -583,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run the operator with SWEEP_KOPF_UNTUNED=1: kopf's scheduler as it ships (to measure kopf_tuning)",
     )
     parser.add_argument(
+        "--gc-untuned",
+        action="store_true",
+        help="run the operator with SWEEP_GC_UNTUNED=1: CPython's garbage collector as it ships (kopf_tuning.tune_gc)",
+    )
+    parser.add_argument(
         "--standin",
         choices=("process", "thread", "none"),
         default="process",
@@ -616,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             "operator": args.operator,
             "kuberayStandIn": args.standin,
             "kopfTuned": not args.kopf_untuned,
+            "gcTuned": not args.gc_untuned,
             "reconcileSeconds": args.reconcile_seconds,
             "runSeconds": args.run_seconds,
             "startupSeconds": args.startup_seconds,

@@ -41,8 +41,22 @@ class AdmissionLedger:
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
         self._loaded: set[str] = set()
-        self.admitted: dict[str, dict[str, Demand]] = defaultdict(dict)
+        self.admitted: dict[str, dict[str, Demand]] = defaultdict(dict)  # changed through _admit/_drop only
         self.queued: dict[str, dict[str, QueuedSweep]] = defaultdict(dict)
+        # Each namespace's admitted demand summed as it changes: summing `admitted` on every admission was O(N) per
+        # sweep, O(N^2) for a burst (docs/benchmarks.md).
+        self._in_use: dict[str, Demand] = defaultdict(Demand)
+
+    def _admit(self, namespace: str, name: str, demand: Demand) -> None:
+        self._drop(namespace, name)
+        self.admitted[namespace][name] = demand
+        self._in_use[namespace] += demand
+
+    def _drop(self, namespace: str, name: str) -> None:
+        old = self.admitted[namespace].pop(name, None)
+        if old is not None:
+            total = self._in_use[namespace]
+            self._in_use[namespace] = Demand(total.workers - old.workers, total.gpus - old.gpus)
 
     def _lock(self, namespace: str) -> threading.Lock:
         with self._guard:
@@ -63,12 +77,12 @@ class AdmissionLedger:
             if status.get("kueue"):  # Kueue mode: Kueue's quota holds it, not this budget (docs/kueue.md)
                 continue
             if status.get("runId"):
-                self.admitted[namespace][name] = demand_of(spec)
+                self._admit(namespace, name, demand_of(spec))
             elif status.get("phase") == Phase.QUEUED:
                 self.queued[namespace][name] = QueuedSweep(name, meta.get("creationTimestamp") or "", demand_of(spec))
         for name, demand in self._load_runs(namespace) if self._load_runs else ():
             if name not in self.admitted[namespace]:
-                self.admitted[namespace][name] = demand
+                self._admit(namespace, name, demand)
                 self.queued[namespace].pop(name, None)
         self._loaded.add(namespace)
 
@@ -81,7 +95,7 @@ class AdmissionLedger:
             admitted = self.admitted[namespace]
             if name in admitted:
                 return Admit(admitted[name])
-            in_use = sum((d for n, d in admitted.items() if n != name), Demand())
+            in_use = self._in_use[namespace]  # `name` is not admitted (above)
             decision = decide_admission(spec, limits, in_use)
             if isinstance(decision, Admit) and decision.demand.gpus:
                 ahead = sorted(
@@ -99,7 +113,7 @@ class AdmissionLedger:
                         f"({', '.join(q.name for q in ahead[:3])}{', ...' if len(ahead) > 3 else ''})",
                     )
             if isinstance(decision, Admit):
-                admitted[name] = decision.demand
+                self._admit(namespace, name, decision.demand)
                 self.queued[namespace].pop(name, None)
             elif isinstance(decision, Queue):
                 self.queued[namespace][name] = QueuedSweep(name, created, decision.demand)
@@ -108,10 +122,10 @@ class AdmissionLedger:
     def release(self, namespace: str, name: str) -> list[str]:
         """Forget `name`'s admission or queue place; returns the namespace's queue in FIFO order."""
         with self._lock(namespace):
-            self.admitted[namespace].pop(name, None)
+            self._drop(namespace, name)
             self.queued[namespace].pop(name, None)
             return [q.name for q in sorted(self.queued[namespace].values(), key=lambda q: (q.created, q.name))]
 
     def in_use(self, namespace: str) -> Demand:
         with self._lock(namespace):
-            return sum(self.admitted[namespace].values(), Demand())
+            return self._in_use[namespace]

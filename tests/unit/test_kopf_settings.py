@@ -118,3 +118,22 @@ def test_sweep_ticks_reconcile_a_due_sweep_every_interval_until_it_is_deleted() 
         assert not ticks.queue.delayed(ref)
     finally:
         ticks.stop()
+
+
+def test_kopf_builds_no_per_object_info_line_unless_verbose() -> None:
+    """kopf's per-object INFO lines are the routine handlers' successes: not built at all (one per watch event);
+    warnings still are (they become Events), and --verbose (DEBUG) keeps everything."""
+    logger, root = logging.getLogger("kopf.objects"), logging.getLogger()
+    levels = logger.level, root.level
+    try:
+        logger.setLevel(logging.NOTSET)
+        root.setLevel(logging.INFO)
+        quiet_routine_handler_logs()
+        assert not logger.isEnabledFor(logging.INFO) and logger.isEnabledFor(logging.WARNING)
+        logger.setLevel(logging.NOTSET)
+        root.setLevel(logging.DEBUG)
+        quiet_routine_handler_logs()
+        assert logger.isEnabledFor(logging.DEBUG)
+    finally:
+        logger.setLevel(levels[0])
+        root.setLevel(levels[1])
