@@ -40,15 +40,18 @@ def effective_active_seconds(spec: SweepSpec, limits: OperatorLimits) -> int:
     return spec.deadlines.active_seconds or limits.default_active_seconds
 
 
+# The one admission vocabulary: the namespace's GPU caps, Kueue's rules and the GPU-hour checks all answer with these.
 @dataclass(frozen=True)
 class Admit:
-    demand: Demand
+    demand: Demand = Demand()
+    gpu_hours: float = 0.0  # a GPU-hour check: the hours granted (the worst case, or the room a runUntilExhausted got)
 
 
 @dataclass(frozen=True)
 class Queue:
-    demand: Demand
-    reason: str
+    demand: Demand = Demand()
+    reason: str = ""
+    frees_at: float | None = None  # a GPU-hour window: when it has room again (None: as running sweeps end)
 
 
 @dataclass(frozen=True)

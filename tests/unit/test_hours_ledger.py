@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts.api import LEDGER_MAX_SWEEPS, GPUHourLedgerStatus
+from sweep_operator.policy import Admit, Queue, Reject
 from sweep_operator.reconcile.hours_ledger import (
     ENTRY_INTERVALS,
     TERMINATION_GRACE_SECONDS,
@@ -22,9 +23,6 @@ from sweep_operator.reconcile.hours_ledger import (
 )
 from sweep_operator.reconcile.usage import (
     HOUR,
-    BudgetAdmit,
-    BudgetQueue,
-    BudgetReject,
     NamespaceBudget,
     PodInterval,
     ReservationFacts,
@@ -63,27 +61,27 @@ LEAKS = [
         # 1. deleting a sweep erases its spend: the deleted sweep's 95 GPU-hours stay in the window
         HoursLedger(BUDGET, (used("gone", 95.0, deleted=True),)),
         {},
-        BudgetQueue,
+        Queue,
         id="1-a deleted sweep's hours stay",
     ),
     pytest.param(
         # 2. a burst: the first of the burst reserved its worst case; the second sees it, whatever worker runs it
         HoursLedger(BUDGET, (LedgerEntry("first", "uid-first", reservation=Reservation(95.0, NOW, "initial")),)),
         {},
-        BudgetQueue,
+        Queue,
         id="2-the burst's reservations count",
     ),
     pytest.param(
         # 3. a resume: the sweep's own 95.9 GPU-hours count; the attempt's worst case is 4 GPUs x 3 days
         HoursLedger(BUDGET, (used("new", 95.9, 4.0),)),
         {"uid": "uid-new", "attempt": "resume-2", "worst_case": 4 * 3 * 24.0},
-        BudgetReject,  # 288 GPU-hours could never fit 100
+        Reject,  # 288 GPU-hours could never fit 100
         id="3-a resume's own past hours and its own deadline",
     ),
     pytest.param(
         HoursLedger(BUDGET, (used("new", 95.9, 4.0),)),
         {"uid": "uid-new", "attempt": "resume-2", "worst_case": 4 * 1.25},
-        BudgetQueue,  # 4.1 left, 5 wanted: it would fit only without the sweep's own 95.9
+        Queue,  # 4.1 left, 5 wanted: it would fit only without the sweep's own 95.9
         id="3-a resume's own past hours count",
     ),
     pytest.param(
@@ -93,14 +91,14 @@ LEAKS = [
             tuple(LedgerEntry(f"k{i}", f"uid-k{i}", reservation=Reservation(0.5, NOW, "initial")) for i in range(5)),
         ),
         {"worst_case": 99.0},
-        BudgetQueue,
+        Queue,
         id="4-kueue sweeps reserve from their creation",
     ),
     pytest.param(
         # 5. runUntilExhausted with 4 GPU-hours left: admitted, reserving the 4 (not 0)
         HoursLedger(BUDGET, (used("busy", 96.0),)),
         {"worst_case": 1152.0, "run_until_exhausted": True},
-        BudgetAdmit,
+        Admit,
         id="5-run until exhausted reserves what is left",
     ),
 ]
@@ -110,12 +108,12 @@ LEAKS = [
 def test_each_leak_of_issue_27_is_closed(ledger: HoursLedger, kwargs: dict[str, Any], expected: type) -> None:
     decision, write = ask(ledger, **kwargs)
     assert isinstance(decision, expected), decision
-    assert (write is not None) is (expected is BudgetAdmit)
+    assert (write is not None) is (expected is Admit)
 
 
 def test_run_until_exhausted_reserves_what_is_left_and_is_stopped_when_it_is_spent() -> None:
     decision, write = ask(HoursLedger(BUDGET, (used("busy", 96.0),)), worst_case=1152.0, run_until_exhausted=True)
-    assert isinstance(decision, BudgetAdmit) and decision.worst_case_gpu_hours == pytest.approx(4.0)
+    assert isinstance(decision, Admit) and decision.gpu_hours == pytest.approx(4.0)
     assert write is not None
     entry = write.entry("uid-new")
     reservation = entry.reservation if entry is not None else None
@@ -136,7 +134,7 @@ def test_the_same_attempt_asked_again_finds_its_reservation_and_writes_nothing()
     _, written = ask(HoursLedger(BUDGET))
     assert written is not None
     again, write = ask(replace(written, resource_version="7"))
-    assert isinstance(again, BudgetAdmit) and write is None
+    assert isinstance(again, Admit) and write is None
 
 
 def test_a_burst_admits_exactly_what_fits_whatever_the_order() -> None:
@@ -267,11 +265,11 @@ def test_the_first_write_creates_the_ledger_seeded_from_the_sweeps_records_and_a
     def reserve(uid: str, hours: float) -> Any:
         return lambda ledger: ask(ledger, uid=uid, name=uid, worst_case=hours)
 
-    assert isinstance(one.change("team", BUDGET, NOW, reserve("a", 3.0)), BudgetAdmit)  # 95 + 3 <= 100
+    assert isinstance(one.change("team", BUDGET, NOW, reserve("a", 3.0)), Admit)  # 95 + 3 <= 100
     stored = kube.get_ledger("team")
     assert stored is not None and {s["name"] for s in stored["status"]["sweeps"]} == {"old", "a"}
     two.read("team", BUDGET, NOW)  # both hold the copy with 2 GPU-hours left
-    assert isinstance(one.change("team", BUDGET, NOW, reserve("b", 2.0)), BudgetAdmit)
-    assert isinstance(two.change("team", BUDGET, NOW, reserve("c", 2.0)), BudgetQueue)  # refused, decided again
+    assert isinstance(one.change("team", BUDGET, NOW, reserve("b", 2.0)), Admit)
+    assert isinstance(two.change("team", BUDGET, NOW, reserve("c", 2.0)), Queue)  # refused, decided again
     stored = kube.get_ledger("team")
     assert stored is not None and stored["status"]["leftGpuHours"] == pytest.approx(0.0)

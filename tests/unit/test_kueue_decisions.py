@@ -577,8 +577,8 @@ def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_dead
 ) -> None:
     from sweep_contracts.runtime_env import decode
     from sweep_operator.reconcile.actions import Decision, Event, ReleaseBudget, SetRuntimeEnv, SetSuspend
-    from sweep_operator.reconcile.kueue import decide_kueue_run
     from sweep_operator.reconcile.kueue import run_of as kueue_run_of
+    from sweep_operator.reconcile.run_pass import in_kueue_mode
 
     facts = kueue_pass_facts(rayjob_deadline=rayjob_deadline)
     listed: list[str] = []
@@ -595,7 +595,7 @@ def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_dead
         (SetSuspend("s-abc123", True), ReleaseBudget()),
         (Event("Normal", "Kept", "the run-phase decision's Event"),),
     )
-    decided = decide_kueue_run(facts, asked, run, reconcile_seconds=10)
+    decided = in_kueue_mode(facts, asked, run, reconcile_seconds=10)
     assert decided.status is not None and decided.status["phase"] == "Queued"
     assert [e.reason for e in decided.events] == ["Kept", "SuspendIgnoredInKueueMode"]
     assert decided.wants(SetSuspend) is None and decided.wants(ReleaseBudget) == ReleaseBudget()

@@ -7,12 +7,10 @@ from typing import Any
 
 import pytest
 
+from sweep_operator.policy import Admit, Queue, Reject
 from sweep_operator.reconcile.usage import (
     HOUR,
     MAX_POD_INTERVALS,
-    BudgetAdmit,
-    BudgetQueue,
-    BudgetReject,
     NamespaceBudget,
     PodInterval,
     SweepUsage,
@@ -314,11 +312,11 @@ def busy(hours: float, reserved: float = 0.0, name: str = "other") -> SweepUsage
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        ({}, BudgetAdmit),
-        ({"sweep_budget": 20.0}, BudgetAdmit),
-        ({"sweep_budget": 5.0}, BudgetReject),  # worst case 10 > 5
-        ({"sweep_budget": 5.0, "run_until_exhausted": True}, BudgetAdmit),  # the budget stops it
-        ({"sweep_budget": 5.0, "sweep_used": 5.0, "run_until_exhausted": True}, BudgetReject),  # nothing left at all
+        ({}, Admit),
+        ({"sweep_budget": 20.0}, Admit),
+        ({"sweep_budget": 5.0}, Reject),  # worst case 10 > 5
+        ({"sweep_budget": 5.0, "run_until_exhausted": True}, Admit),  # the budget stops it
+        ({"sweep_budget": 5.0, "sweep_used": 5.0, "run_until_exhausted": True}, Reject),  # nothing left at all
     ],
 )
 def test_budget_admission(kwargs: dict[str, Any], expected: type) -> None:
@@ -330,8 +328,8 @@ def test_refusal_names_the_field_the_worst_case_and_the_opt_in() -> None:
     decision = admission(
         sweep_budget=5.0, worst_case_text="2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours", worst_case=24.0
     )
-    assert isinstance(decision, BudgetReject)
-    assert decision.field == "spec.budget.gpuHours"
+    assert isinstance(decision, Reject)
+    assert decision.problems[0].path == "spec.budget.gpuHours"
     assert "2 workers x 1 GPU x 2 trials x 21600s = 24 GPU-hours" in decision.reason
     assert "exceeds the 5 GPU-hours left" in decision.reason and "runUntilExhausted" in decision.reason
 
@@ -352,7 +350,7 @@ def test_queued_message_says_when_budget_frees_up() -> None:
         sweep_left=None,
         now=now,
     )
-    assert isinstance(decision, BudgetQueue) and write is None
+    assert isinstance(decision, Queue) and write is None
     assert decision.frees_at == pytest.approx(now + 1.25 * HOUR)
     assert f"budget frees up at {rfc3339(math.ceil(now + 1.25 * HOUR))}" in decision.reason
     assert "10 GPU-hours per 10h has 2 left" in decision.reason
@@ -644,7 +642,6 @@ def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
 def test_a_pass_measures_when_there_is_a_cluster_or_a_budget(
     status: dict[str, Any], sweep_hours: float | None, namespace_hours: float | None, expected: set[str] | None
 ) -> None:
-    from sweep_operator.reconcile.actions import Decision
     from sweep_operator.reconcile.facts import SweepFacts
     from sweep_operator.reconcile.usage import clusters_to_measure
     from sweep_operator.settings import OperatorLimits
@@ -654,9 +651,9 @@ def test_a_pass_measures_when_there_is_a_cluster_or_a_budget(
     body = gpu_sweep()
     if sweep_hours is not None:
         body["spec"]["budget"] = {"gpuHours": sweep_hours}
-    facts = SweepFacts({**body, "status": {"phase": "Running"}}, T0, OperatorLimits(), parse_sweep(body))
+    facts = SweepFacts({**body, "status": {"phase": "Running", **status}}, T0, OperatorLimits(), parse_sweep(body))
     namespace = NamespaceBudget(namespace_hours, 86400) if namespace_hours is not None else None
-    assert clusters_to_measure(facts, Decision({"phase": "Running", **status}), namespace) == expected
+    assert clusters_to_measure(facts, namespace) == expected
 
 
 def test_an_ended_run_is_measured_until_its_gpu_pods_are_gone_a_deleting_sweep_included() -> None:

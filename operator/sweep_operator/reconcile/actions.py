@@ -72,7 +72,16 @@ class Finish:
     """The run ended: read its result and verify its checkpoints once (`run_phase.decide_finish`)."""
 
 
-Action = CreateRayJob | DeleteRayJob | SetSuspend | SetRuntimeEnv | Diagnose | ReleaseBudget | Finish
+@dataclass(frozen=True)
+class RecordGpuHours:
+    """Copy the sweep's usage record into its namespace's GPU-hour ledger (before the write): the ledger outlives the
+    sweep. `terminal`: the run has ended (its reservation no longer counts)."""
+
+    usage: Mapping[str, Any] | None
+    terminal: bool
+
+
+Action = CreateRayJob | DeleteRayJob | SetSuspend | SetRuntimeEnv | Diagnose | ReleaseBudget | Finish | RecordGpuHours
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
@@ -25,13 +26,24 @@ from ..settings import Settings
 from ..status import conditions_with, is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, graceful_stop, guard, idle_gpus, kueue, resume, run_phase, usage
-from .actions import CreateRayJob, Decision, DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetRuntimeEnv, SetSuspend
+from . import admission, graceful_stop, guard, idle_gpus, kueue, resume, run_pass, run_phase, usage
+from .actions import (
+    CreateRayJob,
+    Decision,
+    DeleteRayJob,
+    Diagnose,
+    Finish,
+    RecordGpuHours,
+    ReleaseBudget,
+    SetRuntimeEnv,
+    SetSuspend,
+)
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
 from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
+from .run_pass import PodsRead, RunReads
 from .status_writer import EventSink, PhaseCallback, Stale, StatusWriter
 from .usage import BudgetThresholdCallback
 
@@ -224,7 +236,11 @@ class SweepController:
         next_in = run_phase.held_pass_due_in(facts, self.settings.reconcile_seconds, usage.usage_open(body))
         if next_in is not None:
             self.queue.add_after(facts.ref, next_in)
-        measured = self._measured(facts, Decision(None))
+        refresh = self.settings.usage_refresh_seconds
+        measured = run_pass.decide_measured(facts, Decision(None), self._pods_read(facts), refresh_seconds=refresh)
+        for record in measured.actions:
+            if isinstance(record, RecordGpuHours):
+                self._record_hours(body, record)
         stops = [a for a in measured.actions if isinstance(a, DeleteRayJob)]
         why = "its GPU-hour budget is spent" if stops else ""
         if not stops and run_phase.deadline_stop_while_held(facts):
@@ -312,19 +328,22 @@ class SweepController:
                 self._act(facts.body, resumed)
                 return
         facts = self.reads.run_facts(facts)
-        body, run = facts.body, kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
+        run = kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
-            facts = replace(facts, body={**body, "status": kueue.status_for_run_phase(facts.status, run, facts.now)})
-        decision = run_phase.decide_run(facts)
+            facts = replace(facts, clock=kueue.run_clock(run, facts.now))
+        reads = RunReads(run, self._pods_read(facts))
+        settings = self.settings
+        decide = partial(
+            run_pass.decide_run_pass,
+            reads=reads,
+            reconcile_seconds=settings.reconcile_seconds,
+            refresh_seconds=settings.usage_refresh_seconds,
+        )
+        decision = decide(facts)
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
-            decision = run_phase.decide_run(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
-        decision = self._measured(facts, decision)
-        if run is not None:
-            decision = kueue.decide_kueue_run(
-                replace(facts, body=body), decision, run, reconcile_seconds=self.settings.reconcile_seconds
-            )
-        self._act(body, decision)
+            decision = decide(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
+        self._act(facts.body, decision)
 
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
@@ -336,6 +355,8 @@ class SweepController:
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
             elif isinstance(action, SetRuntimeEnv):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"runtimeEnvYAML": action.runtime_env}})
+            elif isinstance(action, RecordGpuHours):
+                self._record_hours(body, action)
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
                 self.budgets.release_hours(body, deleted=False, now=self.clock())
@@ -363,26 +384,23 @@ class SweepController:
                 continue
 
     # ------------------------------------------------------------ budgets: GPU-hours (issue 18), the FIFO, Kueue
-    def _measured(self, facts: SweepFacts, decision: Decision) -> Decision:
-        """The run's GPU pods into status.usage; a spent sweep budget stops the run (docs/budgets.md)."""
+    def _pods_read(self, facts: SweepFacts) -> PodsRead | None:
+        """The run's GPU pods, when a pass measures them (docs/budgets.md), and the namespace's window."""
         budget = self.budgets.gpu_hour_budget(facts.ref.namespace)
-        clusters = usage.clusters_to_measure(facts, decision, budget)
-        due = clusters is not None and self.cache.pods_due(facts.ref, time.monotonic())
-        pods = self.reads.cluster_pods(facts.ref, clusters) if due and clusters is not None else None
-        if clusters is None or pods is None:
-            return decision
+        clusters = usage.clusters_to_measure(facts, budget)
+        if clusters is None or not self.cache.pods_due(facts.ref, time.monotonic()):
+            return None
+        pods = self.reads.cluster_pods(facts.ref, clusters)
+        if pods is None:
+            return None
         window, reservation = self.budgets.namespace_hours(facts)
-        refresh = self.settings.usage_refresh_seconds
-        decision = usage.decide_pods_measured(
-            facts, decision, pods, clusters, window, reservation, refresh_seconds=refresh
-        )
-        if budget is not None:  # every GPU-second into the namespace's ledger, which outlives the sweep
-            status = decision.status if decision.status is not None else facts.status
-            try:
-                self.budgets.record_hours(facts.body, status.get("usage"), is_terminal(status.get("phase")), facts.now)
-            except Exception as exc:  # the next measurement records it (the ledger copies the sweep's record)
-                log.warning("sweep %s: cannot record its GPU-hours in the namespace ledger: %s", facts.ref, exc)
-        return decision
+        return PodsRead(tuple(pods), frozenset(clusters), window, reservation, record=budget is not None)
+
+    def _record_hours(self, body: Mapping[str, Any], record: RecordGpuHours) -> None:
+        try:
+            self.budgets.record_hours(body, record.usage, record.terminal, self.clock())
+        except Exception as exc:  # the next measurement records it (the ledger copies the sweep's record)
+            log.warning("sweep %s: cannot record its GPU-hours in the namespace ledger: %s", ObjectRef.of(body), exc)
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
         """A sweep ended or left: free its budget and give the queue, oldest first, a chance. Its GPU-hour

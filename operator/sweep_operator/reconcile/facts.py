@@ -10,7 +10,7 @@ from sweep_contracts.api import SweepSpec
 from sweep_contracts.runspec import RunSpec
 
 from ..settings import OperatorLimits
-from ..status import RayJobFacts
+from ..status import RayJobFacts, updated
 from ..validation import Sweep
 
 
@@ -62,6 +62,9 @@ class SweepFacts:
     progress: Mapping[str, Any] | None = None  # status fields from the run's _sweep/status.json, polled this pass
     stopped_at_deadline: bool = False  # _sweep/result.json says Tune's budget ended the run
     diagnosis: str | None = None  # why the cluster does not start (read only when a decision asks: Diagnose)
+    # Status fields the run phase judges by another clock (Kueue mode: deadlineAt and startedAt from the time Kueue
+    # admitted the run; a None value removes the field). The status as read stays `status`.
+    clock: Mapping[str, Any] | None = None
 
     @property
     def ref(self) -> ObjectRef:
@@ -70,6 +73,11 @@ class SweepFacts:
     @property
     def status(self) -> dict[str, Any]:
         return status_of(self.body)
+
+    @property
+    def judged_status(self) -> dict[str, Any]:
+        """The status the run-phase rules judge: the status as read, on `clock` when another clock applies."""
+        return updated(self.status, self.clock) if self.clock else self.status
 
     @property
     def generation(self) -> int | None:

@@ -508,21 +508,35 @@ def deletion_notice(deletion: DeletionFacts, facts: GuardFacts, decision: Releas
 DELETING = {"phase": Phase.DELETING, "message": "verifying checkpoints before deletion"}
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What a verification and the guard's decision over it say of the checkpoints (the CheckpointsVerified
+    condition): `reason` Verified, NothingToProtect (an audited release) or NotVerified."""
+
+    verified: bool
+    reason: str
+    message: str
+
+
+def verdict(result: Any, decision: Release | Hold | None) -> Verdict:
+    """The one rule, for a deletion's verification and for the end of a run: verified when the verification found a
+    non-empty, complete run and the guard released it without an audit."""
+    audited = isinstance(decision, Release) and decision.audit
+    if result.verified and result.checked > 0 and not isinstance(decision, Hold) and not audited:
+        return Verdict(True, "Verified", f"{result.checked} checkpoints, {result.bytes} bytes verified")
+    if isinstance(decision, Release):  # audited: nothing to protect
+        return Verdict(False, "NothingToProtect", decision.reason)
+    why = problems_message(result.problems) or (decision.reason if decision else "not verified")
+    return Verdict(False, "NotVerified", why)
+
+
 def verification_status(
     status: Mapping[str, Any], generation: int | None, now: float, result: Any, decision: Release | Hold | None
 ) -> dict[str, Any]:
     """Status changes recording a deletion's verification: checkpoints, CheckpointsVerified, and Ready once set."""
-    verified = result.verified and result.checked > 0 and not isinstance(decision, Hold)
-    if verified:
-        message, reason = f"{result.checked} checkpoints, {result.bytes} bytes verified", "Verified"
-    elif isinstance(decision, Release):  # audited: nothing to protect
-        message, reason = decision.reason, "NothingToProtect"
-    else:
-        message, reason = (
-            problems_message(result.problems) or (decision.reason if decision else "not verified"),
-            "NotVerified",
-        )
-    updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, reason, message)]
+    said = verdict(result, decision)
+    verified, message = said.verified, said.message
+    updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, said.reason, message)]
     if status.get("phase") == Phase.SUCCEEDED or get_condition(status.get("conditions"), "Ready"):
         ready = status.get("phase") == Phase.SUCCEEDED and verified
         updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))

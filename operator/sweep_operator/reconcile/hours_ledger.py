@@ -11,14 +11,12 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import LEDGER_MAX_SWEEPS
+from sweep_contracts.problems import Problem
 
+from ..policy import AdmissionDecision, Admit, Queue, Reject
 from ..status import rfc3339
 from .usage import (
     HOUR,
-    BudgetAdmission,
-    BudgetAdmit,
-    BudgetQueue,
-    BudgetReject,
     NamespaceBudget,
     PodInterval,
     UsageLedger,
@@ -237,7 +235,7 @@ def decide_reservation(
     sweep_left: float | None,
     now: float,
     worst_case_text: str = "",
-) -> tuple[BudgetAdmission, HoursLedger | None]:
+) -> tuple[AdmissionDecision, HoursLedger | None]:
     """Admit the attempt into the namespace's window, and the ledger to write (None: nothing to write).
 
     Everything the namespace used in the window counts, the sweep's own earlier attempts and deleted sweeps
@@ -248,15 +246,19 @@ def decide_reservation(
     budget = ledger.budget
     entry = ledger.entry(uid)
     if entry is not None and entry.reservation is not None and entry.reservation.attempt == attempt:
-        return BudgetAdmit(entry.reservation.gpu_hours), None
+        return Admit(gpu_hours=entry.reservation.gpu_hours), None
     shown = worst_case_text or f"{format_hours(worst_case)} GPU-hours"
     opt_in = "or set spec.budget.runUntilExhausted: true to run until the budget stops the sweep"
     need = 0.0 if run_until_exhausted else worst_case
     if need > budget.gpu_hours + EPSILON:
-        return BudgetReject(
-            "spec.budget.gpuHours",
-            f"worst case {shown} exceeds the namespace budget of {budget.describe()}: it could never start; "
-            f"lower trial.workers, tune.maxConcurrentTrials or deadlines.activeSeconds, {opt_in}",
+        return Reject(
+            (
+                Problem(
+                    "spec.budget.gpuHours",
+                    f"worst case {shown} exceeds the namespace budget of {budget.describe()}: it could never start; "
+                    f"lower trial.workers, tune.maxConcurrentTrials or deadlines.activeSeconds, {opt_in}",
+                ),
+            )
         ), None
     used, reserved = ledger.used(now), ledger.reserved(now, exclude_uid=uid)
     left = budget.gpu_hours - used - reserved
@@ -267,7 +269,7 @@ def decide_reservation(
             grant = min(worst_case, left, sweep_left if sweep_left is not None else math.inf)
         reservation = Reservation(grant, now, attempt, run_until_exhausted)
         current = entry or LedgerEntry(name, uid)
-        return BudgetAdmit(grant), ledger.with_entry(replace(current, name=name, reservation=reservation))
+        return Admit(gpu_hours=grant), ledger.with_entry(replace(current, name=name, reservation=reservation))
     frees = budget_frees_at(ledger.intervals(), budget, now, need if need > 0 else 1e-6, reserved)
     held = f"{format_hours(used)} used in the window and {format_hours(reserved)} reserved by admitted sweeps"
     wanted = f"needs {shown}" if need > 0 else "needs any GPU-hours left"
@@ -276,9 +278,9 @@ def decide_reservation(
         if frees is not None
         else "budget frees up as the admitted sweeps end"
     )
-    return BudgetQueue(
-        f"{wanted}; namespace budget {budget.describe()} has {format_hours(max(left, 0.0))} left ({held}); {when}",
-        frees,
+    return Queue(
+        reason=f"{wanted}; namespace budget {budget.describe()} has {format_hours(max(left, 0.0))} left ({held}); {when}",
+        frees_at=frees,
     ), None
 
 

@@ -21,8 +21,8 @@ from sweep_contracts.runtime_env import deadline_of, run_spec_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
-from ..status import conditions_with, parse_time, rfc3339
-from .actions import Decision, Event, SetRuntimeEnv, SetSuspend
+from ..status import parse_time, rfc3339, updated
+from .actions import SetRuntimeEnv
 from .facts import SweepFacts, meta_of
 
 # Label and API names: the RayJob integration reads the queue and the WorkloadPriorityClass from these labels
@@ -462,21 +462,20 @@ def run_of(facts: SweepFacts, workloads: Callable[[str], Sequence[Mapping[str, A
     return kueue_run(facts.status, rayjob, workloads(facts.ref.namespace), facts.now, active)
 
 
-def status_for_run_phase(status: Mapping[str, Any], run: KueueRun, now: float) -> dict[str, Any]:
-    """The status the run-phase decision should judge: `deadlineAt` from the admitted clock (absent while Kueue
-    holds the sweep, so no deadline passes then), `startedAt` at the current admission (the startup clock starts
-    there, not at the sweep's creation)."""
+def run_clock(run: KueueRun, now: float) -> dict[str, Any]:
+    """The status fields the run-phase rules judge on Kueue's clock (`SweepFacts.clock`): `deadlineAt` from the
+    admitted time (None, removed, while Kueue holds the sweep, so no deadline passes then), `startedAt` at the current
+    admission (the startup clock starts there, not at the sweep's creation)."""
     deadline = run.clock.deadline_at(run.active_seconds, now)
     changes: dict[str, Any] = {"deadlineAt": rfc3339(deadline) if deadline is not None else None}
     if run.clock.since is not None:
         changes["startedAt"] = rfc3339(run.clock.since)
-    new = dict(status)
-    for key, value in changes.items():
-        if value is None:
-            new.pop(key, None)
-        else:
-            new[key] = value
-    return new
+    return changes
+
+
+def status_for_run_phase(status: Mapping[str, Any], run: KueueRun, now: float) -> dict[str, Any]:
+    """The status the run-phase decision judges in Kueue mode."""
+    return updated(status, run_clock(run, now))
 
 
 SUSPEND_IN_KUEUE_MODE = (
@@ -561,32 +560,29 @@ def kueue_outcome(
     return KueueOutcome(status, tuple(conditions), tuple(events), drop_suspend=True, driver_deadline_at=refresh)
 
 
-def decide_kueue_run(facts: SweepFacts, decision: Decision, run: KueueRun, *, reconcile_seconds: float) -> Decision:
-    """Kueue mode over the run-phase decision: `kueue_outcome`'s status and Events, no SetSuspend (with a Warning
-    saying why), and a SetRuntimeEnv first that keeps the waiting RayJob's SWEEP_DEADLINE_AT current."""
-    rayjob = facts.rayjob_body or {}
-    outcome = kueue_outcome(
+def outcome_of(
+    facts: SweepFacts, decided: Mapping[str, Any], run: KueueRun, *, reconcile_seconds: float
+) -> KueueOutcome:
+    """`kueue_outcome` for this pass: the status as read before, the status the other rules `decided`, and the
+    driver's deadline as the RayJob carries it."""
+    return kueue_outcome(
         facts.status,
-        decision.status if decision.status is not None else facts.status,
+        decided,
         run,
         facts.now,
-        rayjob_deadline_at=deadline_of(rayjob),
+        rayjob_deadline_at=deadline_of(facts.rayjob_body or {}),
         tolerance_seconds=max(3 * reconcile_seconds, 5.0),
     )
-    status = dict(outcome.status)
-    if outcome.conditions:
-        status["conditions"] = conditions_with(status, facts.generation, facts.now, *outcome.conditions)
-    events = [*decision.events, *(Event(*e) for e in outcome.events)]
-    actions = [a for a in decision.actions if not (outcome.drop_suspend and isinstance(a, SetSuspend))]
-    if len(actions) != len(decision.actions):
-        message = SUSPEND_IN_KUEUE_MODE.format(workload=run.workload or "<workload>")
-        events.append(Event("Warning", "SuspendIgnoredInKueueMode", message))
+
+
+def driver_runtime_env(facts: SweepFacts, outcome: KueueOutcome) -> SetRuntimeEnv | None:
+    """The rewrite that keeps the waiting RayJob's SWEEP_DEADLINE_AT current (None: none is due): KubeRay starts the
+    readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it."""
+    rayjob = facts.rayjob_body or {}
     run_spec = run_spec_of(rayjob)
-    if outcome.driver_deadline_at is not None and run_spec is not None:
-        # KubeRay starts the readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it
-        env = encode_runtime_env(run_spec, int(outcome.driver_deadline_at))
-        actions.insert(0, SetRuntimeEnv(meta_of(rayjob)["name"], env))
-    return Decision(status, tuple(actions), tuple(events))
+    if outcome.driver_deadline_at is None or run_spec is None:
+        return None
+    return SetRuntimeEnv(meta_of(rayjob)["name"], encode_runtime_env(run_spec, int(outcome.driver_deadline_at)))
 
 
 def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ..kube import Conflict, KubeApi
 from ..ledger import AdmissionLedger
-from ..policy import Admit
+from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
 from . import admission, kueue, resume
@@ -20,7 +20,6 @@ from .hours_ledger import HoursLedger, decide_reservation, record_usage, release
 from .reads import Reads
 from .status_writer import EventSink
 from .usage import (
-    BudgetAdmission,
     GpuHourAsk,
     NamespaceBudget,
     PodInterval,
@@ -136,7 +135,7 @@ class Budgets:
         namespace = self.gpu_hour_budget(ref.namespace)
         uid = str(meta_of(facts.body).get("uid") or "")
 
-        def reserve(ask: GpuHourAsk) -> BudgetAdmission:
+        def reserve(ask: GpuHourAsk) -> AdmissionDecision:
             assert namespace is not None
             return self.hours.change(
                 ref.namespace,

@@ -26,7 +26,7 @@ from ..status import (
 from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
 from .drift import worker_cap
 from .facts import SweepFacts
-from .guard import Release, decide_after_verification, problems_message
+from .guard import decide_after_verification, verdict
 from .resume import end_patch
 from .resume import pending as resume_pending
 
@@ -202,8 +202,9 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
 
 def decide_run(facts: SweepFacts) -> Decision:
     """The new status and actions of an admitted sweep. A Decision with a Diagnose action only asks for the
-    startup diagnosis: the controller reads it into `facts.diagnosis` and decides again."""
-    status, generation, now = facts.status, facts.generation, facts.now
+    startup diagnosis: the controller reads it into `facts.diagnosis` and decides again. The status judged is the
+    one on the run's clock (`facts.judged_status`: Kueue mode counts admitted time only)."""
+    status, generation, now = facts.judged_status, facts.generation, facts.now
     phase = status.get("phase")
     if is_terminal(phase):
         return Decision(actions=(ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),))
@@ -336,6 +337,33 @@ def decide_run(facts: SweepFacts) -> Decision:
     return Decision(updated(status, changes), tuple(actions), tuple(events))
 
 
+def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """The status changes of a run stopped because a GPU budget (the sweep's, or its namespace reservation) is spent:
+    stopped through the checkpoint guard like a deadline stop (the RayJob deleted, the guard verifies before
+    releasing the cluster, phase BudgetExhausted, checkpoints verified at the end); the one place a graceful stop
+    of a running sweep would be asked for instead. Its actions are `stop_actions`."""
+    assert facts.rayjob is not None
+    now = facts.now
+    message = f"{reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
+    return {
+        "phase": Phase.BUDGET_EXHAUSTED,
+        "message": message,
+        "finishedAt": rfc3339(now),
+        "conditions": conditions_with(
+            status,
+            facts.generation,
+            now,
+            ("BudgetExhausted", True, "GpuBudgetSpent", message),
+            ("Running", False, "BudgetExhausted", message),
+        ),
+    }
+
+
+def stop_actions(rayjob: str) -> tuple[DeleteRayJob, ReleaseBudget, Finish]:
+    """What ends a run the operator stops: the RayJob deleted (gracefully), the budget freed, the end verified."""
+    return DeleteRayJob(rayjob), ReleaseBudget(), Finish()
+
+
 def _diagnose(facts: SweepFacts) -> Decision:
     rayjob, spec = facts.rayjob, facts.admitted_spec
     assert rayjob is not None and spec is not None
@@ -363,13 +391,8 @@ def decide_finish(
     judged = decide_after_verification(
         verification, attempt=0, base_backoff=1, max_backoff=1, progress=progress, final=result
     )
-    verified = verification.verified and verification.checked > 0 and isinstance(judged, Release) and not judged.audit
-    if verified:
-        reason, text = "Verified", f"{verification.checked} checkpoints, {verification.bytes} bytes verified"
-    elif isinstance(judged, Release):
-        reason, text = "NothingToProtect", judged.reason
-    else:
-        reason, text = "NotVerified", problems_message(verification.problems) or judged.reason
+    said = verdict(verification, judged)  # the guard's rule, so the status says what a deletion would do
+    verified, reason, text = said.verified, said.reason, said.message
     changes["checkpoints"] = verification.to_status()
     # The attempt's row in status.attempts (resume, issue 16): when it ended, how, what it left verified.
     changes.update(

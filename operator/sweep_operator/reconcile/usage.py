@@ -20,9 +20,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES, Phase
+from sweep_contracts.problems import Problem
 
-from ..status import conditions_with, epoch_seconds, is_terminal, rfc3339, updated
-from .actions import Decision, DeleteRayJob, Event, Finish, ReleaseBudget
+from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
+from ..status import epoch_seconds, rfc3339
 from .facts import SweepFacts
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -402,26 +403,6 @@ def budget_frees_at(
 # ----------------------------------------------------------------------------------------------- decisions
 
 
-@dataclass(frozen=True)
-class BudgetAdmit:
-    worst_case_gpu_hours: float
-
-
-@dataclass(frozen=True)
-class BudgetQueue:
-    reason: str
-    frees_at: float | None  # when the namespace's window has room again (None: when running sweeps end)
-
-
-@dataclass(frozen=True)
-class BudgetReject:
-    field: str
-    reason: str
-
-
-BudgetAdmission = BudgetAdmit | BudgetQueue | BudgetReject
-
-
 def decide_budget_admission(
     *,
     worst_case: float,
@@ -430,7 +411,7 @@ def decide_budget_admission(
     sweep_used: float = 0.0,
     now: float,
     worst_case_text: str = "",
-) -> BudgetAdmission:
+) -> AdmissionDecision:
     """Whether a valid spec fits its own budget (the namespace's window is the ledger's: hours_ledger).
 
     Without runUntilExhausted the whole worst case must fit what is left of the sweep's budget over all its attempts;
@@ -441,18 +422,20 @@ def decide_budget_admission(
     if sweep_budget is not None:
         left = sweep_budget - sweep_used
         if left <= 0:
-            return BudgetReject(
-                "spec.budget.gpuHours",
+            return _over_budget(
                 f"the sweep has used {format_hours(sweep_used)} of its {format_hours(sweep_budget)} GPU-hours",
             )
         if worst_case > left + 1e-9 and not run_until_exhausted:
-            return BudgetReject(
-                "spec.budget.gpuHours",
+            return _over_budget(
                 f"worst case {shown} exceeds the {format_hours(left)} GPU-hours left of spec.budget.gpuHours "
                 f"{format_hours(sweep_budget)}; raise it, lower trial.workers, tune.maxConcurrentTrials or "
                 f"deadlines.activeSeconds, {opt_in}",
             )
-    return BudgetAdmit(worst_case)
+    return Admit(gpu_hours=worst_case)
+
+
+def _over_budget(reason: str) -> Reject:
+    return Reject((Problem("spec.budget.gpuHours", reason),))
 
 
 @dataclass(frozen=True)
@@ -679,53 +662,13 @@ class BudgetThresholdCallback:
             self.metrics.budget_threshold_crossed(meta.get("namespace") or "default", meta.get("name") or "", threshold)
 
 
-def decide_measured(
-    facts: SweepFacts, decision: Decision, status: Mapping[str, Any], measured: Measurement
-) -> Decision:
-    """Fold a measurement into the pass's decision: a spent sweep budget stops the run through the checkpoint guard
-    like a deadline stop (phase BudgetExhausted, checkpoints verified at the end)."""
-    changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
-    actions, events = list(decision.actions), [*decision.events, *(Event(*e) for e in measured.events)]
-    if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
-        stop_changes, actions = stop_for_gpu_budget(facts, status, measured.facts.stop_reason, actions)
-        changes.update(stop_changes)
-    if not changes and len(events) == len(decision.events):
-        return decision
-    return Decision(updated(status, changes), tuple(actions), tuple(events))
-
-
-def stop_for_gpu_budget(
-    facts: SweepFacts, status: Mapping[str, Any], reason: str, actions: list[Any]
-) -> tuple[dict[str, Any], list[Any]]:
-    """Stop the run because a GPU budget (the sweep's, or its namespace reservation) is spent: today through the
-    checkpoint guard like a deadline stop (the RayJob deleted, the guard verifies before releasing the cluster,
-    phase BudgetExhausted, checkpoints verified at the end); the one place a graceful stop of a running sweep
-    would be asked for instead."""
-    assert facts.rayjob is not None
-    now = facts.now
-    message = f"{reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
-    changes = {
-        "phase": Phase.BUDGET_EXHAUSTED,
-        "message": message,
-        "finishedAt": rfc3339(now),
-        "conditions": conditions_with(
-            status,
-            facts.generation,
-            now,
-            ("BudgetExhausted", True, "GpuBudgetSpent", message),
-            ("Running", False, "BudgetExhausted", message),
-        ),
-    }
-    kept = [a for a in actions if not isinstance(a, (DeleteRayJob, ReleaseBudget, Finish))]
-    return changes, [*kept, DeleteRayJob(facts.rayjob.name), ReleaseBudget(), Finish()]
-
-
-def clusters_to_measure(
-    facts: SweepFacts, decision: Decision, namespace_budget: NamespaceBudget | None
-) -> set[str] | None:
-    """The RayClusters whose pods this pass reads for GPU-hours; None: nothing to measure (no cluster, and neither
-    the sweep nor its namespace has a GPU-hour budget to keep current)."""
-    status = decision.status if decision.status is not None else facts.status
+def clusters_to_measure(facts: SweepFacts, namespace_budget: NamespaceBudget | None) -> set[str] | None:
+    """The RayClusters whose pods this pass reads for GPU-hours (the record's open ones and the RayJob's current
+    cluster); None: nothing to measure (no cluster, and neither the sweep nor its namespace has a GPU-hour budget
+    to keep current)."""
+    status = facts.judged_status
+    if facts.rayjob is not None and facts.rayjob.cluster_name:
+        status = {**status, "rayClusterName": facts.rayjob.cluster_name}
     spec = facts.admitted_spec
     clusters = clusters_to_read(status)
     if not clusters and (spec is None or spec.budget.gpu_hours is None) and namespace_budget is None:
@@ -733,33 +676,31 @@ def clusters_to_measure(
     return clusters
 
 
-def decide_pods_measured(
+def measure_pass(
     facts: SweepFacts,
-    decision: Decision,
+    status: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     clusters: Iterable[str],
     namespace: dict[str, Any] | None,
     reservation: ReservationFacts | None,
     *,
     refresh_seconds: float,
-) -> Decision:
-    """This pass's read of the run's GPU pods folded into status.usage (`measure`), then into the decision
-    (`decide_measured`), against the sweep's budget as admitted and its reservation in the namespace's ledger
-    (`namespace`: the ledger's view of the window, None without a namespace budget)."""
-    status = decision.status if decision.status is not None else facts.status
-    spec, now = facts.admitted_spec, facts.now
-    measured = measure(
+) -> Measurement:
+    """This pass's read of the run's GPU pods folded into `status`'s usage record (`measure`), against the sweep's
+    budget as admitted and its reservation in the namespace's ledger (`namespace`: the ledger's view of the window,
+    None without a namespace budget)."""
+    spec = facts.admitted_spec
+    return measure(
         status,
         pods,
         clusters,
-        now,
+        facts.now,
         budget_gpu_hours=spec.budget.gpu_hours if spec is not None else None,
         graceful_stop_seconds=spec.deadlines.graceful_stop_seconds if spec is not None else 0,
         refresh_seconds=refresh_seconds,
         namespace=namespace,
         reservation=reservation,
     )
-    return decide_measured(facts, decision, status, measured)
 
 
 def usage_open(body: Mapping[str, Any]) -> bool:
@@ -772,7 +713,7 @@ def decide_gpu_hour_answer(
     facts: SweepFacts,
     budget: Any,
     limits: Any,
-    reserve: Callable[[GpuHourAsk], BudgetAdmission] | None = None,
+    reserve: Callable[[GpuHourAsk], AdmissionDecision] | None = None,
     *,
     spec: Any = None,
 ) -> Any:
@@ -780,10 +721,6 @@ def decide_gpu_hour_answer(
 
     `spec` is the attempt's (a resume's deadlines are its own); the sweep's budget is checked here, the namespace's
     window by `reserve`, which reserves the attempt's hours in the namespace's ledger (None: no namespace budget)."""
-    from sweep_contracts.problems import Problem
-
-    from ..policy import Admit, Queue, Reject, effective_active_seconds
-
     spec = spec if spec is not None else (facts.sweep.spec if facts.sweep else None)
     now = facts.now
     if spec is None or not isinstance(budget, Admit) or spec.trial.resources_per_worker.gpu == 0:
@@ -801,13 +738,13 @@ def decide_gpu_hour_answer(
         now=now,
         worst_case_text=text,
     )
-    if isinstance(decided, BudgetAdmit) and reserve is not None:
+    if isinstance(decided, Admit) and reserve is not None:
         left = spec.budget.gpu_hours - used if spec.budget.gpu_hours is not None else None
         decided = reserve(GpuHourAsk(worst, text, spec.budget.run_until_exhausted, left))
-    if isinstance(decided, BudgetReject):
-        return Reject((Problem(decided.field, decided.reason),))
-    if isinstance(decided, BudgetQueue):
-        return Queue(budget.demand, decided.reason)
+    if isinstance(decided, Reject):
+        return decided
+    if isinstance(decided, Queue):
+        return Queue(budget.demand, decided.reason, decided.frees_at)
     return None
 
 
