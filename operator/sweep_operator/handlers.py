@@ -217,7 +217,15 @@ class ReloadingWebhookServer(kopf.WebhookServer):
 
 def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    controller, settings = wiring.controller, wiring.settings
+    _register_startup(registry, wiring)
+    _register_sweeps(registry, wiring)
+    _register_run_objects(registry, wiring)
+    return registry
+
+
+def _register_startup(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -> None:
+    """kopf's settings, the install's checks and the login."""
+    controller = wiring.controller
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -234,6 +242,11 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
         kopf.on.login(registry=registry)(wiring.login)
     else:
         kopf.on.login(registry=registry)(kopf.login_via_client)
+
+
+def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -> None:
+    """TrainingSweep events, the sweep's admission webhook and the guard's mutating webhook."""
+    controller, settings = wiring.controller, wiring.settings
 
     # ------------------------------------------------------------------ TrainingSweep
     # Event handlers are coroutines that only note the object and enqueue a reconcile for the controller's
@@ -271,6 +284,11 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
             finalizers = finalizers_at_create(body)
             if finalizers is not None:
                 patch.metadata["finalizers"] = finalizers
+
+
+def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -> None:
+    """RayJob, RayCluster and (Kueue mode) Workload events."""
+    controller = wiring.controller
 
     # ------------------------------------------------------------------ RayJob / RayCluster
     @kopf.on.event(**RAYJOBS, when=ours, registry=registry)
@@ -311,8 +329,6 @@ def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
     async def workload_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             await asyncio.to_thread(controller.workload_changed, body)
-
-    return registry
 
 
 def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
