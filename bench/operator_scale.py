@@ -397,6 +397,63 @@ def wait_rayjobs(
     return None
 
 
+# What one running sweep may cost per minute once every RayJob runs (`--steady`). A running sweep needs its progress
+# read and its pods listed once per statusPollSeconds (15 s by default): 4 Kubernetes requests a minute (the pod
+# lists; a status write only when something changed), and its ticks (every reconcileSeconds) cost nothing when
+# nothing is due. CPU: 4 polls of at most 5 ms each (a pass, a pod list, the S3 reads) is 20 ms a minute, so
+# 1,000 running sweeps take a third of one core at most.
+STEADY_BUDGET = {"requestsPerSweepMinute": 4.0, "cpuMsPerSweepMinute": 20.0}
+
+
+def measure_steady(
+    server: emu.EmulatorServer,
+    emulator: CountingEmulator,
+    changes: TimedChangeLog,
+    operator: OperatorProcess,
+    n: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The operator's cost with N running sweeps: CPU and requests over `args.steady` seconds once every sweep is
+    Running (the stand-in keeps their jobs running for --run-seconds)."""
+    custom = bench_client(server)
+
+    def running() -> int:
+        items = custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL)
+        return sum(1 for o in items["items"] if (o.get("status") or {}).get("phase") == "Running")
+
+    deadline = time.monotonic() + max(120.0, n * 0.2)
+    while (count := running()) < n and time.monotonic() < deadline and operator.alive():
+        time.sleep(1.0)
+    log.info("steady state: %d of %d sweeps Running; measuring %.0f s", count, n, args.steady)
+    cpu_before = proc_cpu_seconds(operator.pid)
+    requests_before = server.call(lambda: Counter(emulator.requests))
+    mutations_before = server.call(lambda: Counter(changes.mutations))
+    started = time.monotonic()
+    time.sleep(args.steady)
+    seconds = time.monotonic() - started
+    cpu = proc_cpu_seconds(operator.pid) - cpu_before
+    requests = server.call(lambda: Counter(emulator.requests)) - requests_before
+    ours = Counter({k: v for k, v in requests.items() if k.startswith(("kopf ", "operator-controller "))})
+    mutations = server.call(lambda: Counter(changes.mutations)) - mutations_before
+    minutes = seconds / 60
+    per_sweep_minute = {
+        "requestsPerSweepMinute": round(sum(ours.values()) / n / minutes, 3),
+        "cpuMsPerSweepMinute": round(cpu * 1000 / n / minutes, 3),
+    }
+    return {
+        "sweepsRunning": count,
+        "seconds": round(seconds, 1),
+        "operatorCpuSecondsPerMinute": round(cpu / minutes, 3),
+        "operatorRequestsPerMinute": round(sum(ours.values()) / minutes, 1),
+        "operatorRequests": dict(ours.most_common()),
+        "changesPerMinute": {k: round(v / minutes, 1) for k, v in mutations.most_common()},
+        **per_sweep_minute,
+        "budget": STEADY_BUDGET,
+        "withinBudget": all(per_sweep_minute[k] <= STEADY_BUDGET[k] for k in STEADY_BUDGET),
+        "reconcileSeconds": args.reconcile_seconds,
+    }
+
+
 def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
     from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 
@@ -468,6 +525,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             args.settle,
         )
         time.sleep(args.settle)  # a duplicate would come from a later event or timer, so give them time
+        steady = measure_steady(server, emulator, changes, operator, n, args) if args.steady else None
 
         rss = proc_status(operator.pid)
         cpu_total = proc_cpu_seconds(operator.pid)
@@ -546,6 +604,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "watchedChangesUntilAllRayJobs": dict(events_to_all.most_common()),
         "watchedEventsPerSweep": round(sum(v for k, v in events_to_all.items() if k.split(":")[0] in watched) / n, 2),
         "met": met,
+        **({"steady": steady} if steady is not None else {}),
     }
 
 
@@ -566,6 +625,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=12.0, help="seconds to keep watching for duplicates afterwards")
     parser.add_argument(
         "--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))"
+    )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        default=0.0,
+        help="after the burst, seconds of steady state to measure with every sweep Running (CPU and requests per "
+        "minute, against STEADY_BUDGET); 0: none",
     )
     parser.add_argument("--operator-log", default="", help="copy the (last size's) operator log here")
     parser.add_argument(

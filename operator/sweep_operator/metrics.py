@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from sweep_contracts import constants
 from sweep_contracts.api import TERMINAL_PHASES, Phase
 
-from .reconcile.usage import NamespaceBudget, UsageLedger
+from .gpu_time import NamespaceBudget, UsageLedger
 from .status import epoch_seconds
 
 PHASES: tuple[str, ...] = tuple(Phase)

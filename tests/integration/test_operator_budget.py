@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from sweep_operator.reconcile.usage import HOUR, UsageLedger, epoch, fold, observe_pod
+from sweep_operator.gpu_time import HOUR, UsageLedger, epoch, fold, observe_pod
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from tests.integration.test_kuberay_standin import Cluster

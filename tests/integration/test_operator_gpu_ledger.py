@@ -13,7 +13,7 @@ import kubernetes.client
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.reconcile.usage import HOUR
+from sweep_operator.gpu_time import HOUR
 from sweep_sandbox.kuberay import Outcome
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.operator_env import OperatorEnv, start_operator_env

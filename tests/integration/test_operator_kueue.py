@@ -178,7 +178,7 @@ def test_kueue_sweeps_reserve_their_gpu_hours_from_creation_and_the_rayjob_waits
     has run yet."""
     import dataclasses
 
-    from sweep_operator.reconcile.usage import HOUR
+    from sweep_operator.gpu_time import HOUR
 
     namespace = "kq-hours"
     try:

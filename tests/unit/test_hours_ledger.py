@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts.api import LEDGER_MAX_SWEEPS, GPUHourLedgerStatus
+from sweep_operator.gpu_time import HOUR, NamespaceBudget, PodInterval, UsageLedger
 from sweep_operator.policy import Admit, Queue, Reject
 from sweep_operator.reconcile.hours_ledger import (
     ENTRY_INTERVALS,
@@ -21,14 +22,7 @@ from sweep_operator.reconcile.hours_ledger import (
     record_usage,
     release,
 )
-from sweep_operator.reconcile.usage import (
-    HOUR,
-    NamespaceBudget,
-    PodInterval,
-    ReservationFacts,
-    UsageLedger,
-    decide_reservation_stop,
-)
+from sweep_operator.reconcile.usage import ReservationFacts, decide_reservation_stop
 
 T0 = 1_800_000_000.0
 NOW = T0 + 100 * HOUR

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.policy import Admit, Queue, Reject
-from sweep_operator.reconcile.usage import (
+from sweep_operator.gpu_time import (
     HOUR,
     MAX_POD_INTERVALS,
     NamespaceBudget,
@@ -16,20 +15,18 @@ from sweep_operator.reconcile.usage import (
     SweepUsage,
     UsageLedger,
     budget_frees_at,
-    decide_budget,
-    decide_budget_admission,
     epoch,
     fold,
-    needs_write,
     observe_pod,
     pod_ended_at,
     pod_gpus,
     pod_scheduled_at,
     reserved_gpu_hours,
-    rfc3339,
-    with_thresholds,
     worst_case_gpu_hours,
 )
+from sweep_operator.policy import Admit, Queue, Reject
+from sweep_operator.reconcile.usage import decide_budget, decide_budget_admission, needs_write, with_thresholds
+from sweep_operator.status import rfc3339
 
 T0 = epoch("2026-12-03T10:00:00Z")
 assert T0 is not None
@@ -606,7 +603,7 @@ def test_measure_folds_the_pods_reports_thresholds_once_and_skips_idle_writes() 
 
 
 def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
-    from sweep_operator.reconcile.usage import clusters_to_read, holding_gpus, sweep_usage_of
+    from sweep_operator.gpu_time import clusters_to_read, holding_gpus, sweep_usage_of
 
     usage = UsageLedger((PodInterval("p", "old-cluster", 2.0, T0, None),)).to_status(T0 + HOUR)
     running = {
@@ -667,7 +664,7 @@ def test_an_ended_run_is_measured_until_its_gpu_pods_are_gone_a_deleting_sweep_i
 
 def test_threshold_metric_is_counted_once_after_the_write_that_records_it() -> None:
     from sweep_operator.metrics import OperatorMetrics
-    from sweep_operator.reconcile.usage import BudgetThresholdCallback
+    from sweep_operator.reconcile.status_writer import BudgetThresholdCallback
 
     metrics = OperatorMetrics()
     callback = BudgetThresholdCallback(metrics)

@@ -24,7 +24,7 @@ def budget_lines(status: dict[str, Any], now: float, ledger: dict[str, Any] | No
     """Used and left of the sweep's GPU-hour budget and of its namespace's window, recomputed from the recorded pod
     intervals up to `now` (status.usage is written at most every usageRefreshSeconds while pods run). `ledger`: the
     namespace's GPUHourLedger, when the caller could read it (else the figure the sweep's status recorded)."""
-    from ..reconcile.usage import UsageLedger, format_duration, format_hours
+    from ..gpu_time import UsageLedger, format_duration, format_hours
 
     usage = status.get("usage")
     if not isinstance(usage, dict):
@@ -61,8 +61,8 @@ LEDGER_ROWS = 10  # sweeps listed under the namespace's line, most used first
 def namespace_lines(obj: dict[str, Any], now: float) -> list[str]:
     """The namespace's GPU-hour ledger up to `now`: used, reserved and left of its window, when budget frees up,
     and what each sweep (deleted ones too) used in the window and still reserves."""
+    from ..gpu_time import NamespaceBudget, format_duration, format_hours
     from ..reconcile.hours_ledger import HoursLedger
-    from ..reconcile.usage import NamespaceBudget, format_duration, format_hours
     from ..status import rfc3339
 
     spec = obj.get("spec") or {}

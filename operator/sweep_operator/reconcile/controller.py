@@ -44,8 +44,7 @@ from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status
 from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
-from .status_writer import EventSink, PhaseCallback, Stale, StatusWriter
-from .usage import BudgetThresholdCallback
+from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
 
 log = logging.getLogger(__name__)
 

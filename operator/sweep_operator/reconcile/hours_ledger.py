@@ -13,9 +13,7 @@ from sweep_contracts import constants
 from sweep_contracts.api import LEDGER_MAX_SWEEPS
 from sweep_contracts.problems import Problem
 
-from ..policy import AdmissionDecision, Admit, Queue, Reject
-from ..status import rfc3339
-from .usage import (
+from ..gpu_time import (
     HOUR,
     NamespaceBudget,
     PodInterval,
@@ -27,6 +25,8 @@ from .usage import (
     format_hours,
     sweep_usage_of,
 )
+from ..policy import AdmissionDecision, Admit, Queue, Reject
+from ..status import rfc3339
 
 ENTRY_INTERVALS = 16  # finished intervals an entry keeps before merging (open ones are never merged)
 # A deleted sweep's pods still running are closed this long after the deletion was released: kubelet's default

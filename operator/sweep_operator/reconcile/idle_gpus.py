@@ -10,7 +10,7 @@ from sweep_contracts import constants
 
 from ..status import parse_time
 from .facts import meta_of
-from .usage import pod_gpus, pod_scheduled_at
+from ..gpu_time import pod_gpus, pod_scheduled_at
 
 # Ray's JobStatus values after which no driver runs (ray/dashboard/modules/job/common.py JobStatus.is_terminal).
 TERMINAL_JOB_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..gpu_time import NamespaceBudget, PodInterval
 from ..kube import Conflict, KubeApi
 from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
@@ -19,13 +20,7 @@ from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
 from .reads import Reads
 from .status_writer import EventSink
-from .usage import (
-    GpuHourAsk,
-    NamespaceBudget,
-    PodInterval,
-    ReservationFacts,
-    decide_gpu_hour_answer,
-)
+from .usage import GpuHourAsk, ReservationFacts, decide_gpu_hour_answer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

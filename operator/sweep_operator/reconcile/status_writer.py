@@ -95,3 +95,18 @@ class StatusWriter:
                 current = self.kube.get_sweep(ref.namespace, ref.name)
         log.warning("sweep %s: status kept changing; not written", ObjectRef.of(body))
         return None
+
+
+class BudgetThresholdCallback:
+    """A status-writer callback: a threshold newly recorded in status.usage.thresholdsReported is counted once
+    (`metrics.budget_threshold_crossed`), after the write that recorded it, so a retried pass never counts twice."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        before = set((old.get("usage") or {}).get("thresholdsReported") or [])
+        after = set((new.get("usage") or {}).get("thresholdsReported") or [])
+        meta = body.get("metadata") or {}
+        for threshold in sorted(after - before):
+            self.metrics.budget_threshold_crossed(meta.get("namespace") or "default", meta.get("name") or "", threshold)
