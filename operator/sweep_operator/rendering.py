@@ -24,9 +24,7 @@ from sweep_contracts.api import SweepSpec
 from sweep_contracts.runspec import build_run_spec
 
 from .policy import demand_of, effective_active_seconds
-from .reconcile.drift import rendered_bounds, worker_cap
-from .reconcile.guard import GuardTarget
-from .reconcile.kueue import PRIORITY_CLASS_LABEL, QUEUE_LABEL, queue_name_for
+from .run_metadata import PRIORITY_CLASS_LABEL, QUEUE_LABEL, GuardTarget, queue_name_for, rendered_bounds, worker_cap
 from .settings import OperatorLimits, Settings, kueue_queue_for
 from .validation import Sweep
 

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import SweepSpec
 
-from ..policy import demand_of
-from ..settings import OperatorLimits
+from ..run_metadata import RunBounds as RunBounds
+from ..run_metadata import container_gpus
+from ..run_metadata import rendered_bounds as rendered_bounds
+from ..run_metadata import worker_cap as worker_cap
+from ..run_metadata import worker_groups as worker_groups
 from .facts import meta_of
-
-
-def worker_cap(spec: SweepSpec, limits: OperatorLimits) -> int:
-    """The most workers a run's worker group may have: what it asked for, at most the operator's per-sweep cap."""
-    return min(demand_of(spec).workers, limits.max_workers_per_sweep)
-
-
-def worker_groups(body: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
-    spec = body.get("spec") or {}
-    if kind == constants.RAYJOB_KIND:
-        return (spec.get("rayClusterSpec") or {}).get("workerGroupSpecs") or []
-    return spec.get("workerGroupSpecs") or []
 
 
 def capped(group: Mapping[str, Any], cap: int) -> tuple[dict[str, Any], list[str]]:
@@ -47,60 +36,10 @@ def over_cap(body: Mapping[str, Any], kind: str, cap: int) -> bool:
     return any(capped(group, cap)[1] for group in worker_groups(body, kind))
 
 
-@dataclass(frozen=True)
-class RunBounds:
-    """What a run's objects may hold, as the operator rendered them: each worker group's replica cap and GPUs per
-    worker. `groups` empty: only a replica cap is known (objects rendered before the bounds annotation)."""
-
-    cap: int
-    groups: Mapping[str, int] = field(default_factory=dict)  # group name -> GPUs per worker
-    workers: int = 0  # the run's demand (the ledger's rebuild)
-    gpus: int = 0
-
-    def to_annotation(self) -> str:
-        doc = {"cap": self.cap, "groups": dict(self.groups), "workers": self.workers, "gpus": self.gpus}
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_annotation(cls, text: str | None) -> RunBounds | None:
-        if not text:
-            return None
-        try:
-            doc = json.loads(text)
-            groups = {str(k): int(v) for k, v in (doc.get("groups") or {}).items()}
-            return cls(int(doc["cap"]), groups, int(doc.get("workers") or 0), int(doc.get("gpus") or 0))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
-
-
 def bounds_of(obj: Mapping[str, Any] | None) -> RunBounds | None:
     """The bounds the operator wrote on a RayJob (KubeRay's copy on its RayCluster); None when absent."""
     annotations = (meta_of(obj or {}).get("annotations")) or {}
     return RunBounds.from_annotation(annotations.get(constants.ANNOTATION_BOUNDS))
-
-
-def rendered_bounds(rayjob: Mapping[str, Any], demand_workers: int, demand_gpus: int) -> RunBounds:
-    """The bounds of a RayJob as just rendered: its worker groups, their caps and GPUs per worker."""
-    groups = worker_groups(rayjob, constants.RAYJOB_KIND)
-    cap = max((int(g.get("maxReplicas") or 0) for g in groups), default=0)
-    return RunBounds(cap, {str(g.get("groupName")): _group_gpus(g) for g in groups}, demand_workers, demand_gpus)
-
-
-def _gpus(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    most = 0
-    for part in ("limits", "requests"):
-        value = (resources.get(part) or {}).get(constants.GPU_RESOURCE)
-        try:
-            most = max(most, int(str(value))) if value is not None else most
-        except ValueError:
-            most = max(most, 1 << 30)  # unreadable: above any bound, so it is set back
-    return most
-
-
-def _group_gpus(group: Mapping[str, Any]) -> int:
-    containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
-    return max((_gpus(c) for c in containers), default=0)
 
 
 def _with_gpus(group: Mapping[str, Any], gpus: int) -> tuple[dict[str, Any], list[str]]:
@@ -109,7 +48,7 @@ def _with_gpus(group: Mapping[str, Any], gpus: int) -> tuple[dict[str, Any], lis
     pod = dict(template.get("spec") or {})
     fixed, notes = [], []
     for container in pod.get("containers") or []:
-        if _gpus(container) <= gpus:
+        if container_gpus(container) <= gpus:
             fixed.append(container)
             continue
         resources = {k: dict(v or {}) for k, v in (container.get("resources") or {}).items()}

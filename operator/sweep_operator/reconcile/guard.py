@@ -4,9 +4,8 @@ or hold it and re-check with backoff. docs/guard.md states the rules as one tabl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sweep_contracts import api, constants, s3_layout
@@ -14,6 +13,7 @@ from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
 
+from ..run_metadata import GuardTarget as GuardTarget
 from ..status import conditions_with, get_condition
 from .facts import DeletionFacts, meta_of, status_of
 
@@ -36,61 +36,6 @@ class VerificationOutcome(Protocol):
 
     @property
     def reason(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class GuardTarget:
-    """What the guard verifies, fixed when the run's RayJob is created and carried on it as an annotation
-    (KubeRay copies a RayJob's annotations onto its RayCluster: `constructRayClusterForRayJob`). The spec and
-    the runtime env can be edited; these facts must not depend on them."""
-
-    run_root: str
-    endpoint_url: str = ""
-    region: str = ""
-    verify: bool = True
-    timeout_seconds: int = api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS
-    sweep: str = ""
-    run_id: str = ""
-
-    def to_annotation(self) -> str:
-        return json.dumps(
-            {
-                "runRoot": self.run_root,
-                "endpointUrl": self.endpoint_url,
-                "region": self.region,
-                "verify": self.verify,
-                "timeoutSeconds": self.timeout_seconds,
-                "sweep": self.sweep,
-                "runId": self.run_id,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_annotation(cls, text: str | None) -> GuardTarget | None:
-        """The target an annotation carries; None when absent or unreadable (the caller then holds)."""
-        if not text:
-            return None
-        try:
-            doc = json.loads(text)
-            root = doc["runRoot"]
-            if not isinstance(root, str) or not root.startswith("s3://"):
-                return None
-            return cls(
-                run_root=root,
-                endpoint_url=str(doc.get("endpointUrl") or ""),
-                region=str(doc.get("region") or ""),
-                verify=doc.get("verify") is not False,  # anything but an explicit false verifies
-                timeout_seconds=int(doc.get("timeoutSeconds") or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
-                sweep=str(doc.get("sweep") or ""),
-                run_id=str(doc.get("runId") or ""),
-            )
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def target_of(obj: Mapping[str, Any]) -> GuardTarget | None:

@@ -21,15 +21,14 @@ from sweep_contracts.runtime_env import deadline_of, run_spec_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
+from ..run_metadata import PRIORITY_CLASS_LABEL as PRIORITY_CLASS_LABEL
+from ..run_metadata import QUEUE_LABEL as QUEUE_LABEL
+from ..run_metadata import queue_name_for as queue_name_for
 from ..status import parse_time, rfc3339, updated
 from .actions import SetRuntimeEnv
 from .facts import SweepFacts, meta_of
 
-# Label and API names: the RayJob integration reads the queue and the WorkloadPriorityClass from these labels
-# (jobframework QueueName / WorkloadPriorityClassName; pkg/controller/constants QueueLabel,
-# WorkloadPriorityClassLabel); the Workload lives in kueue.x-k8s.io/v1beta2.
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue's API: the Workload lives in kueue.x-k8s.io/v1beta2.
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 WORKLOAD_PLURAL = "workloads"
@@ -181,12 +180,6 @@ def decide_kueue_admission(spec: Any, limits: Any) -> Admit | Reject:
     if problems:
         return Reject(tuple(problems))
     return Admit(demand_of(spec))
-
-
-def queue_name_for(spec_queue_name: str, configured: str) -> str:
-    """The LocalQueue a sweep's RayJob is labelled with: spec.queueName, else the one the chart configures for the
-    sweep's namespace (Settings.kueue_queue_for; empty: Kueue mode is off for the sweep)."""
-    return spec_queue_name or configured
 
 
 # ------------------------------------------------------------------------------------------------------------ where
