@@ -18,11 +18,12 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from sweep_contracts import constants
 from sweep_contracts.api import TERMINAL_PHASES, Phase
 
 from .status import epoch_seconds, rfc3339
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = constants.GPU_RESOURCE
 
 
 # status.usage.podIntervals is a bounded record: past this many, the oldest finished intervals of one attempt are
@@ -153,7 +154,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodInterval | None:
     name = str(meta.get("name") or "")
     return PodInterval(
         str(meta.get("uid") or name),
-        str(labels.get("ray.io/cluster") or ""),
+        str(labels.get(constants.RAY_LABEL_CLUSTER) or ""),
         float(gpus),
         start,
         pod_ended_at(pod),
