@@ -103,9 +103,13 @@ class Cache:
     # ---- sweeps
     def observe_sweep(self, body: Mapping[str, Any]) -> None:
         """Remember a full copy of a sweep (a watch event or a read), unless a newer one is already known."""
+        ref, rv = ObjectRef.of(body), meta_of(body).get("resourceVersion")
+        with self._lock:
+            known = self._sweeps.get(ref)
+        if rv is not None and known is not None and known[0] == rv:
+            return  # this very version is known (the echo of our own write, remembered from its answer)
         meta = {k: v for k, v in meta_of(body).items() if k != "managedFields"}
-        text = json.dumps({**body, "metadata": meta})  # kopf bodies are live views: this is the copy
-        ref, rv = ObjectRef.of(body), meta.get("resourceVersion")
+        text = json.dumps({**body, "metadata": meta})  # the watch's dict is kopf's: this is our copy
         with self._lock:
             current = self._sweeps.get(ref)
             if current is None or not older_version(rv, current[0]):
