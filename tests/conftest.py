@@ -15,6 +15,20 @@ EXAMPLES = REPO / "examples"
 KUBERAY_SCHEMAS = REPO.parent / "shared" / "schemas" / "kuberay"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker chooses the ports it gives servers (chart_admission.free_port) from a block of its own, so
+    two workers never pick one port; the block passes to the sandboxes and operators a worker starts as processes."""
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        return
+    from sweep_sandbox.chart_admission import DEFAULT_PORTS, PORTS_ENV
+
+    low, high = (int(part) for part in DEFAULT_PORTS.split("-"))
+    index, count = int(worker["workerid"].removeprefix("gw")), int(worker["workercount"])
+    size = (high - low + 1) // count
+    os.environ[PORTS_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _sandbox_aws_credentials() -> Iterator[None]:
     """Fake credentials and no EC2 metadata lookups: botocore must never leave loopback."""
@@ -113,6 +127,38 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     config = node.config
     config.stash[_SHORT] = _short_layers(config, list(ids))
+
+
+# ------------------------------------------------------------------------------------------- order
+# The longest files (docs/testing.md has their last measured times) start first, so that on two xdist workers the
+# many short files fill in around them instead of one long file running alone at the end. Only the order changes.
+RUN_FIRST = (
+    "e2e/test_sandbox_resume.py",
+    "e2e/test_sandbox.py",
+    "e2e/test_entrypoints_sweep.py",
+    "e2e/test_entrypoints_resume.py",
+    "integration/test_operator_faults.py",
+    "integration/test_guard_matrix.py",
+    "integration/test_idle_gpus.py",
+    "integration/test_metrics.py",
+    "integration/test_operator_gpu_ledger.py",
+    "integration/test_operator_budget.py",
+    "integration/test_operator_resume.py",
+    "integration/test_operator.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        relative = item.path.resolve().relative_to(tests).as_posix()
+        layer = relative.split("/")[0]
+        first = RUN_FIRST.index(relative) if relative in RUN_FIRST else len(RUN_FIRST)
+        # Then e2e, integration, unit: a unit file takes seconds, the right size to fill the last gaps.
+        return first, -LAYERS.index(layer) if layer in LAYERS else 0
+
+    items[:] = sorted(items, key=rank)  # stable: the tests of one file keep their order
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,11 +100,34 @@ def operator_settings(docs: list[Obj], settings: Settings, webhook_port: int, ce
     )
 
 
+# The ports free_port() chooses from: below the kernel's ephemeral range, which port 0 binds and outgoing connections
+# draw from, so nothing the kernel hands out takes the chosen port before its server binds it. SWEEP_SANDBOX_PORTS
+# ("low-high") narrows it: the test suite gives each parallel worker a block of its own.
+PORTS_ENV = "SWEEP_SANDBOX_PORTS"
+DEFAULT_PORTS = "20000-32767"
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port for a server that takes its port as a setting rather than binding port 0 itself (kopf's
+    admission server binds the port it is given, with SO_REUSEPORT). Never the same port twice in one process."""
+    low, high = (int(part) for part in os.environ.get(PORTS_ENV, DEFAULT_PORTS).split("-"))
+    count = high - low + 1
+    first = int.from_bytes(os.urandom(2), "big") % count  # two processes sharing a block rarely start together
+    with _handing_out:
+        for offset in range(count):
+            port = low + (first + offset) % count
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # in use (or lingering): the next one
+                    continue
+            _handed_out.add(port)
+            return port
+    raise OSError(f"no free loopback port in {low}-{high} ({PORTS_ENV})")
 
 
 def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str, Identity]:

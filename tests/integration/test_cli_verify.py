@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from sweep_operator.cli import main
 from tests.support.moto_direct import MotoDirectWriter
+from tests.support.ports import refused_port
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
 
 pytestmark = pytest.mark.integration
@@ -149,32 +149,27 @@ def test_wrong_bucket_exits_1_with_the_reason(capsys: pytest.CaptureFixture[str]
     assert "NoSuchBucket (HTTP 404)" in out and "Traceback" not in out + err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_down_exits_1_without_traceback() -> None:
     """The installed console script, end to end: an unreachable endpoint is 'not verified', never a crash."""
-    proc = subprocess.run(
-        [
-            str(SWEEPCTL),
-            "verify",
-            "s3://bucket-a/sweeps/ns/x-r1",
-            "--endpoint-url",
-            f"http://127.0.0.1:{_free_port()}",
-            "--json",
-            *FAST,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    doc = json.loads(proc.stdout)
-    assert doc["verified"] is False and "EndpointConnectionError" in doc["problems"][0]["detail"]
+    with refused_port() as port:
+        proc = subprocess.run(
+            [
+                str(SWEEPCTL),
+                "verify",
+                "s3://bucket-a/sweeps/ns/x-r1",
+                "--endpoint-url",
+                f"http://127.0.0.1:{port}",
+                "--json",
+                *FAST,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["verified"] is False and "EndpointConnectionError" in doc["problems"][0]["detail"]
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,15 +18,10 @@ import pytest
 from sweep_contracts import constants
 from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import changed, cpu_sweep
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str) -> tuple[int, str]:

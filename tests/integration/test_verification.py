@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import Counter
 from typing import Any
@@ -13,6 +12,7 @@ from sweep_operator import verification as v
 from sweep_operator.s3 import S3ClientConfig, make_s3_client
 from sweep_operator.verification import VerificationResult, verify_sweep_checkpoints
 from tests.support.moto_direct import MotoDirectWriter
+from tests.support.ports import refused_port
 from tests.support.s3_fault_server import FaultyS3Server
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
 
@@ -205,16 +205,11 @@ def test_short_lifecycle_rule_and_versioning_are_reported(client: Any, s3_client
     assert [(w.kind, "'scratch'" in w.detail) for w in result.warnings] == [(v.LIFECYCLE_EXPIRATION, True)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_down_is_not_verified_with_the_reason() -> None:
     """R22 fail closed: nothing listens on the endpoint."""
-    down = make_s3_client(S3ClientConfig(endpoint_url=f"http://127.0.0.1:{_free_port()}", **FAST))
-    result = verify_sweep_checkpoints(down, "s3://bucket-a/sweeps/ns/digits-r1")
+    with refused_port() as port:
+        down = make_s3_client(S3ClientConfig(endpoint_url=f"http://127.0.0.1:{port}", **FAST))
+        result = verify_sweep_checkpoints(down, "s3://bucket-a/sweeps/ns/digits-r1")
     assert not result.verified
     assert "EndpointConnectionError" in result.reason
 

@@ -8,7 +8,6 @@ import asyncio
 import datetime
 import ipaddress
 import json
-import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sweep_operator.handlers import ReloadingWebhookServer
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 DEADLINE = 20.0
@@ -73,12 +73,6 @@ class Ca:
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
         return cert.public_bytes(serialization.Encoding.PEM), key_pem, cert.public_bytes(serialization.Encoding.DER)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class CountingServer(ReloadingWebhookServer):
@@ -134,7 +128,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> No
     first_crt, first_key, first_der = ca.issue()
     (tmp_path / "tls.crt").write_bytes(first_crt)
     (tmp_path / "tls.key").write_bytes(first_key)
-    port = _free_port()
+    port = free_port()
     trust = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
 
     async def scenario() -> None:

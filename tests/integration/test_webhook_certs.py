@@ -34,6 +34,7 @@ from sweep_operator.webhook_certs import (
 )
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -151,12 +152,6 @@ def test_a_missing_secret_says_the_chart_creates_it(api: EmulatorServer) -> None
         store.read()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _served(port: int, ca_bundle: bytes, server_name: str) -> bytes:
     """The DER certificate a client trusting `ca_bundle` gets from the operator's webhook port."""
     context = ssl.create_default_context(cadata=ca_bundle.decode())
@@ -174,7 +169,7 @@ def test_a_running_operator_fills_the_secret_serves_its_pair_and_says_kuberay_is
 ) -> None:
     """The whole startup hook: the operator (kopf, in a thread) finds the chart's empty Secret, issues the pair,
     serves it on its webhook port before anything else, and logs an ERROR for a KubeRay account that is not there."""
-    port = _free_port()
+    port = free_port()
     settings = Settings(
         metrics_port=0,
         liveness_port=0,

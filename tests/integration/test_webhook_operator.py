@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
 import threading
 import uuid
@@ -21,15 +20,10 @@ from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.integration.test_webhook_certificate_rotation import Ca, _served_certificate
 from tests.support.factories import changed, cpu_sweep
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.integration
 DEADLINE = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _review(obj: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +80,7 @@ def test_a_running_operators_webhook_refuses_renews_and_answers_under_load(tmp_p
     crt, key, der = ca.issue()
     (tmp_path / "tls.crt").write_bytes(crt)
     (tmp_path / "tls.key").write_bytes(key)
-    port = _free_port()
+    port = free_port()
     settings = Settings(
         tenancy=TenancyPolicy(allowed_endpoint_hosts=("*.amazonaws.com",)),
         metrics_port=0,
