@@ -390,6 +390,7 @@ def test_spec_change_to_a_running_sweep_is_refused_but_suspend_is_honoured(world
     obj = world.kube.objects[("TrainingSweep", "ml", "digits")]
     obj["spec"]["tune"]["numSamples"] = 99
     obj["metadata"]["generation"] = 2
+    world.kube._bump(obj)  # an edit through the API: a new resourceVersion
     status = world.reconcile("digits")
     assert "spec change refused: spec.tune changed" in status["message"]
     assert status["observedGeneration"] == 2
@@ -399,6 +400,7 @@ def test_spec_change_to_a_running_sweep_is_refused_but_suspend_is_honoured(world
     obj["spec"]["tune"]["numSamples"] = 8
     obj["spec"]["suspend"] = True
     obj["metadata"]["generation"] = 3
+    world.kube._bump(obj)
     world.reconcile("digits")
     assert world.kube.get_rayjob("ml", status["rayJobName"])["spec"]["suspend"] is True
     assert "Suspend" in world.reasons("digits")
@@ -411,6 +413,7 @@ def test_suspended_before_start_waits_without_budget(world: World) -> None:
     obj = world.kube.objects[("TrainingSweep", "ml", "digits")]
     obj["spec"]["suspend"] = False
     obj["metadata"]["generation"] = 2
+    world.kube._bump(obj)  # an edit through the API: a new resourceVersion
     assert world.reconcile("digits")["phase"] == "Starting"
 
 
@@ -769,6 +772,7 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(
     assert calls == ["digits"]  # status and finalizer changes do not count as a new spec
     sweep = world.kube.objects[("TrainingSweep", "ml", "digits")]
     sweep["metadata"]["annotations"] = {constants.ANNOTATION_SKIP_VERIFICATION: "true"}
+    world.kube._bump(sweep)  # an edit through the API: a new resourceVersion
     world.reconcile("digits")
     assert calls == ["digits", "digits"]  # annotations are part of what a parse returns
     sweep["spec"]["tune"]["numSamples"] = 999_999  # the cache must not hide an invalid edit
