@@ -19,6 +19,8 @@ from sweep_contracts import constants
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
+# Real Ray changes state in seconds: a faster poll of the emulator only takes CPU from it (2 cores).
+POLL_S = 0.5
 REPO = Path(__file__).resolve().parents[2]
 SWEEPCTL = [sys.executable, "-m", "sweep_operator.cli"]
 
@@ -83,6 +85,7 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
         final = wait_for(
             lambda: status() if (status().get("checkpoints") or {}).get("verifiedAt") else None,
             600,
+            POLL_S,
             what="finished and verified",
         )
         assert final["phase"] == "Succeeded" and final["checkpoints"]["verified"] is True, final
@@ -106,6 +109,7 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
                 None,
             ),
             120,
+            POLL_S,
             what="CheckpointsVerified=False naming the deleted object",
         )
         assert held
@@ -132,7 +136,7 @@ def test_guard_holds_sweep_rayjob_and_cluster_until_a_deleted_checkpoint_object_
             sweep_gone = not [o for o in items[0] if o["metadata"]["name"] == name] and not _exists(api, name)
             return sweep_gone and not items[1] and not items[2]
 
-        wait_for(all_gone, 120, what="sweep, RayJob and RayCluster released after the restore")
+        wait_for(all_gone, 120, POLL_S, what="sweep, RayJob and RayCluster released after the restore")
 
 
 def _report_matches_what_tune_recorded(
@@ -228,7 +232,10 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
 
         assert "created" in kubectl_ok("apply", "-f", str(path))
         wait_for(
-            lambda: "Suspended" in kubectl_ok("get", "tsw", "review-scalar"), 30, what="Suspended in kubectl get tsw"
+            lambda: "Suspended" in kubectl_ok("get", "tsw", "review-scalar"),
+            30,
+            POLL_S,
+            what="Suspended in kubectl get tsw",
         )
         assert "review-scalar" in kubectl_ok("get", "trainingsweeps", "-o", "name")
         assert "Events" in kubectl_ok("describe", "tsw", "review-scalar")

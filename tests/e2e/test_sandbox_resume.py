@@ -24,6 +24,8 @@ from training_entrypoints.checkpointing import MODEL_FILE, state_dict_digest
 from training_entrypoints.resume import EXPERIMENT_STATE_PATTERN, plan_continue, restored_trials
 
 pytestmark = pytest.mark.e2e
+# Real Ray changes state in seconds: a faster poll of the emulator only takes CPU from it (2 cores).
+POLL_S = 0.5
 REPO = Path(__file__).resolve().parents[2]
 SWEEPCTL = [sys.executable, "-m", "sweep_operator.cli"]
 EPOCHS = 3
@@ -136,7 +138,7 @@ def test_sweepctl_resume_continues_a_deadline_stopped_sandbox_sweep_and_the_guar
             verified = _stamp((s.get("checkpoints") or {}).get("verifiedAt")) >= _stamp(rows[-1].get("endedAt"))
             return s if done and verified else None
 
-        first = wait_for(lambda: ended("DeadlineExceeded", 1), FIRST_ATTEMPT_S + 240, what="attempt 1 stopped")
+        first = wait_for(lambda: ended("DeadlineExceeded", 1), FIRST_ATTEMPT_S + 240, POLL_S, what="attempt 1 stopped")
         assert first["checkpoints"]["verified"] is True, first
         bucket, prefix = sandbox.bucket, f"sweeps/default/{name}-{first['runId']}/"
         s3 = sandbox.s3.client()
@@ -166,7 +168,7 @@ def test_sweepctl_resume_continues_a_deadline_stopped_sandbox_sweep_and_the_guar
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout.splitlines()[-1].startswith("Started: resuming (spec.resume.generation 1): attempt 2")
 
-        final = wait_for(lambda: ended("Succeeded", 2), 420, what="attempt 2 Succeeded and verified")
+        final = wait_for(lambda: ended("Succeeded", 2), 420, POLL_S, what="attempt 2 Succeeded and verified")
         one, two = final["attempts"]
         rayjob_1, rayjob_2 = first["rayJobName"], f"{first['rayJobName']}-a2"
         assert (one["rayJobName"], one["outcome"]) == (rayjob_1, "DeadlineExceeded")
@@ -224,7 +226,7 @@ def test_sweepctl_resume_continues_a_deadline_stopped_sandbox_sweep_and_the_guar
                 names += [o["metadata"]["name"] for o in items if o["metadata"]["name"].startswith(name)]
             return names
 
-        wait_for(lambda: not left(), 180, what="the sweep and both attempts' RayJobs and RayClusters released")
+        wait_for(lambda: not left(), 180, POLL_S, what="the sweep and both attempts' RayJobs and RayClusters released")
         released = {
             e.involved_object.name
             for e in core.list_namespaced_event("default").items
