@@ -657,6 +657,19 @@ class IdleGpuStatus(StatusModel):
         None,
         description="The same, for a cluster Kueue preempted: GPU-seconds from the eviction until its workers went.",
     )
+    stopping: float | None = Field(
+        None,
+        description="GPU-seconds the workers held from a graceful stop's request until the operator suspended them.",
+    )
+    unscheduled_trials: float | None = Field(
+        None,
+        description="GPU-seconds GPU workers were up while the driver's _sweep/status.json showed no trial running.",
+    )
+
+
+class GracefulStopStatus(StatusModel):
+    ray_job_uid: str = Field(..., description="The RayJob whose Ray job the operator asked to stop.")
+    requested_at: str = Field(..., description="When the operator asked the head to stop it (RFC 3339).")
 
 
 class SweepStatus(StatusModel):
@@ -716,6 +729,11 @@ class SweepStatus(StatusModel):
     )
     idle_gpu_seconds: IdleGpuStatus | None = Field(
         None, description="GPU time held without training, by cause, as the operator saw it from the pods it freed."
+    )
+    graceful_stop: GracefulStopStatus | None = Field(
+        None,
+        description="The graceful stop the operator asked before deleting the RayJob: its window runs from "
+        "requestedAt across operator restarts (only the operator writes status).",
     )
 
 

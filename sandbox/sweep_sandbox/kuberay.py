@@ -22,12 +22,14 @@ from sweep_contracts import constants, runtime_env
 
 from .controllers import Informer, Key, Obj, WorkQueue, event_body, resource_version
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
+from .pod_lifetimes import PodLifetimes
 
 logger = logging.getLogger(__name__)
 
 RAYJOB_FINALIZER = "ray.io/rayjob-finalizer"
 RAYJOB_CONTROLLER = "rayjob-controller"
 RAYCLUSTER_CONTROLLER = "raycluster-controller"
+RAYCLUSTER_KEY = "raycluster"  # the work queue's third key element: the RayCluster controller's share, not a RayJob
 USER_AGENT = "kuberay-standin/1.7.0"
 LABEL_CLUSTER = constants.RAY_LABEL_CLUSTER  # utils.RayClusterLabelKey
 LABEL_NODE_TYPE = constants.RAY_LABEL_NODE_TYPE  # utils.RayNodeTypeLabelKey
@@ -319,6 +321,8 @@ def plan_pods(cluster: Mapping[str, Any], workers: int | None = None) -> list[Po
         )
     ]
     for group in spec.get("workerGroupSpecs") or []:
+        if group.get("suspend") is True:
+            continue  # reconcilePods: a suspended group's pods are deleted and the group skipped
         count = _worker_count(group) if workers is None else workers
         for _ in range(count):
             plans.append(
@@ -628,16 +632,22 @@ class ClusterPods:
             "conditions": conditions,
         }
 
-    def delete_workers(self, cluster: Obj) -> None:
-        """What the RayCluster controller does to a worker group with `suspend: true` (DeleteWorkers policy)."""
+    def delete_group(self, cluster: Obj, group: str) -> int:
+        """What reconcilePods does to a worker group with `suspend: true`: deleteAllPods of the group (its pods by
+        RayClusterGroupPodsAssociationOptions: the cluster's and the group's labels); how many it deleted."""
+        deleted = 0
         for pod in self._list(cluster):
             meta = pod["metadata"]
-            if (meta.get("labels") or {}).get(LABEL_NODE_TYPE) == "worker":
-                try:
-                    self.api.core("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
-                except self.api.ApiException as e:
-                    if e.status != 404:
-                        raise
+            labels = meta.get("labels") or {}
+            if labels.get(LABEL_NODE_TYPE) != "worker" or labels.get(LABEL_GROUP) != group:
+                continue
+            try:
+                self.api.core("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+                deleted += 1
+            except self.api.ApiException as e:
+                if e.status != 404:
+                    raise
+        return deleted
 
     def _once(self, cluster: Obj, what: str) -> bool:
         """Each step happens once per cluster; a retried reconcile does not double pods (see _missing)."""
@@ -1152,7 +1162,8 @@ class KubeRayStandIn:
     the cluster is gone from the API (its pods with it), never on a deadline, a suspend or a retry by itself.
     `dashboard=True` serves the heads' Jobs API on one loopback port (`JobsApiServer`) and writes its address as each
     RayJob's status.dashboardURL, so the operator's real client can stop a job the way KubeRay's StopJob does; off,
-    the URL is the head service's in-cluster name, as KubeRay writes it.
+    the URL is the head service's in-cluster name, as KubeRay writes it. `deletion_policy_gate` is KubeRay's
+    RayJobDeletionPolicy feature gate (on by default in v1.7.0), which a suspended worker group needs.
     """
 
     def __init__(
@@ -1166,6 +1177,7 @@ class KubeRayStandIn:
         emulate_pods: bool = False,
         delete_rayjob_after_job_finishes: bool = False,
         dashboard: bool = False,
+        deletion_policy_gate: bool = True,
     ) -> None:
         self.api = RayApi(api_client)
         self.jobs_api = JobsApiServer(self._job_by_id) if dashboard else None
@@ -1174,6 +1186,8 @@ class KubeRayStandIn:
         self.poll_interval = poll_interval
         self.emulate_pods = emulate_pods
         self.delete_rayjob_after_job_finishes = delete_rayjob_after_job_finishes
+        self.deletion_policy_gate = deletion_policy_gate  # features.RayJobDeletionPolicy (Beta, on by default)
+        self.pod_lifetimes: PodLifetimes | None = None
         self.pods = ClusterPods(self.api)
         self.queue = WorkQueue()
         ray = (self.api.custom, constants.RAY_GROUP, constants.RAY_VERSION_API)
@@ -1208,10 +1222,20 @@ class KubeRayStandIn:
             self.jobs_api.start()
         return self
 
+    def record_pods(self) -> PodLifetimes:
+        """Start (once) recording every pod's life, GPUs included, as the API server shows it: what tests sum the
+        GPU-seconds held after a moment with (`PodLifetimes.gpu_seconds_after`)."""
+        with self._lock:
+            if self.pod_lifetimes is None:
+                self.pod_lifetimes = PodLifetimes(self.api.custom.api_client, self.namespace).start()
+            return self.pod_lifetimes
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop watching and reconciling, and stop every run it started."""
         if self.jobs_api is not None:
             self.jobs_api.stop()
+        if self.pod_lifetimes is not None:
+            self.pod_lifetimes.stop(timeout)
         self.rayjobs.stop(timeout)
         self.rayclusters.stop(timeout)
         self.queue.close()
@@ -1250,6 +1274,7 @@ class KubeRayStandIn:
         self.queue.add((rayjob["metadata"]["namespace"], rayjob["metadata"]["name"]))
 
     def _on_raycluster(self, cluster: Obj) -> None:
+        self.queue.add((cluster["metadata"]["namespace"], cluster["metadata"]["name"], RAYCLUSTER_KEY))
         for ref in cluster["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == constants.RAYJOB_KIND and ref.get("controller"):
                 self.queue.add((cluster["metadata"]["namespace"], ref["name"]))
@@ -1268,7 +1293,7 @@ class KubeRayStandIn:
         while (key := self.queue.get()) is not None:
             assert isinstance(key, tuple)
             try:
-                delay = self.reconcile(key)
+                delay = self.reconcile_cluster(key[:2]) if key[2:] == (RAYCLUSTER_KEY,) else self.reconcile(key)
                 self._failures.pop(key, None)
             except Exception as e:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
@@ -1277,7 +1302,7 @@ class KubeRayStandIn:
                 logger.log(
                     logging.DEBUG if expected else logging.WARNING,
                     "reconcile %s/%s failed (%r); retrying in %.2fs",
-                    *key,
+                    *key[:2],
                     e,
                     delay,
                 )
@@ -1287,6 +1312,38 @@ class KubeRayStandIn:
                 self.queue.done(key)
             if delay is not None:
                 self.queue.add_after(key, delay)
+
+    # ---- the RayCluster controller's share that runs whatever its RayJob's state (raycluster_controller.go)
+
+    def reconcile_cluster(self, key: Key) -> float | None:
+        """rayClusterReconcile for worker groups with `suspend: true`. A cluster being deleted is not reconciled
+        ("RayCluster is being deleted, just ignore"). utils/validation.go ValidateRayClusterSpec refuses a suspended
+        group unless the RayJobDeletionPolicy feature gate is on (features.go: on by default in v1.7.0) and refuses
+        it with the in-tree autoscaler on; an invalid spec is a Warning Event and no reconcile at all. Then
+        reconcilePods deletes every pod of a suspended group (deleteAllPods, `DeletedWorkerPod`) and skips it."""
+        cluster = self.rayclusters.get(*key)
+        if cluster is None or cluster["metadata"].get("deletionTimestamp"):
+            return None
+        spec = cluster.get("spec") or {}
+        suspended = [str(g.get("groupName")) for g in spec.get("workerGroupSpecs") or [] if g.get("suspend") is True]
+        if not suspended:
+            return None
+        error = ""
+        if not self.deletion_policy_gate:
+            error = f"worker group {suspended[0]} can be suspended only when the RayJobDeletionPolicy feature gate is enabled"
+        elif spec.get("enableInTreeAutoscaling"):
+            error = f"worker group {suspended[0]} cannot be suspended with Autoscaler enabled"
+        if error:
+            message = f"The RayCluster spec is invalid {key[0]}/{key[1]}: {error}"
+            self.api.event(
+                cluster, "Warning", "InvalidRayClusterSpec", message, RAYCLUSTER_CONTROLLER, action="Validate"
+            )
+            return None
+        for group in suspended:
+            if self.pods.delete_group(cluster, group):
+                message = f"Deleted all pods for suspended worker group {group} in RayCluster {key[0]}/{key[1]}"
+                self.api.event(cluster, "Normal", "DeletedWorkerPod", message, RAYCLUSTER_CONTROLLER, action="Delete")
+        return None
 
     # ---- the RayJob state machine (rayjob_controller.go Reconcile)
 
@@ -1687,8 +1744,7 @@ class KubeRayStandIn:
             f"Set the `suspend` field to true for all worker groups in cluster {namespace}/{name}",
             action="Update",
         )
-        if not updated["metadata"].get("deletionTimestamp"):
-            self.pods.delete_workers(updated)
+        self.queue.add((namespace, name, RAYCLUSTER_KEY))  # the RayCluster controller deletes the pods (if valid)
 
     def _delete_rayjob(self, rayjob: Obj) -> None:
         meta = rayjob["metadata"]

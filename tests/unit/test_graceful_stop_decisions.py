@@ -84,3 +84,16 @@ def test_a_kueue_eviction_is_read_from_the_workload_it_controls_never_from_spec_
     suspended = {**job, "spec": {"suspend": True}}  # a suspend alone (anyone may set it) is no eviction
     assert not gs.evicted_by_kueue(suspended, [])
     assert not gs.evicted_by_kueue(rayjob(), [workload("u1", "True")]), "not a Kueue RayJob (no queue-name label)"
+
+
+def test_a_stop_request_is_recorded_in_the_sweeps_status_and_read_back_only_for_its_rayjob() -> None:
+    """An operator restart in the middle of a stop neither restarts the window nor forgets it: the request time is
+    in status.gracefulStop (only the operator writes status), keyed by the RayJob's uid (a new run's RayJob of the
+    same name is another stop)."""
+    recorded = gs.request_status("uid-1", 1_800_000_000.4)
+    assert recorded == {"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "2027-01-15T08:00:00Z"}}
+    assert gs.recorded_request(recorded, "uid-1") == 1_800_000_000.0  # whole seconds: the window only shortens
+    assert gs.recorded_request(recorded, "uid-2") is None
+    assert gs.recorded_request({}, "uid-1") is None
+    assert gs.recorded_request({"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "garbage"}}, "uid-1") is None
+    assert gs.recorded_request(recorded, "") is None

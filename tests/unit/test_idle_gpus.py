@@ -7,7 +7,23 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.reconcile.idle_gpus import FreeWorkers, cause_of, decide_free_workers, driver_stopped, idle_status
+from sweep_operator.reconcile.idle_gpus import (
+    MAX_LOOK_GAP_S,
+    STOPPING,
+    SUSPEND_LOOK_S,
+    SUSPEND_WAIT_S,
+    UNSCHEDULED_TRIALS,
+    FreeWorkers,
+    cause_of,
+    decide_free_workers,
+    decide_suspend_workers,
+    driver_stopped,
+    idle_status,
+    no_trial_running,
+    stopping_gpu_seconds,
+    suspend_patch,
+    unscheduled_gpu_seconds,
+)
 
 DELETED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 GRACE = 60.0
@@ -93,3 +109,109 @@ def test_a_hold_after_a_kueue_preemption_is_counted_as_preemption_and_holds_add_
     twice = idle_status(once, "held-deletion", 12.5)
     assert twice == {"idleGpuSeconds": {"heldDeletion": 42.5}}
     assert idle_status(twice, "preemption", 1.0)["idleGpuSeconds"] == {"heldDeletion": 42.5, "preemption": 1.0}
+
+
+# --------------------------------------------------------------- where the operator starts the deletion: suspend first
+
+RAYJOB = {"metadata": {"name": "digits-r1", "uid": "rj-uid"}, "status": {"jobStatus": "STOPPED"}}
+
+
+def live_cluster(groups: list[dict] | None = None, autoscaling: bool = True, owner: str = "rj-uid") -> dict:
+    owners = [{"kind": "RayJob", "name": "digits-r1", "uid": owner, "controller": True}]
+    meta = {"name": "digits-r1-abcde", "namespace": "ml", "resourceVersion": "42", "ownerReferences": owners}
+    spec = {
+        "enableInTreeAutoscaling": autoscaling,
+        "workerGroupSpecs": groups if groups is not None else [{"groupName": "gpu-workers", "replicas": 2}],
+    }
+    return {"metadata": meta, "spec": spec}
+
+
+def test_the_suspend_patch_suspends_every_group_turns_the_autoscaler_off_and_is_conditional() -> None:
+    """KubeRay v1.7.0 refuses a suspended group with the in-tree autoscaler on (utils/validation.go
+    ValidateRayClusterSpec), so the patch turns it off; a merge patch replaces the list, so it carries the
+    resourceVersion it was computed from."""
+    patch = suspend_patch(live_cluster([{"groupName": "a", "replicas": 2}, {"groupName": "b", "suspend": True}]))
+    assert patch == {
+        "metadata": {"resourceVersion": "42"},
+        "spec": {
+            "workerGroupSpecs": [
+                {"groupName": "a", "replicas": 2, "suspend": True},
+                {"groupName": "b", "suspend": True},
+            ],
+            "enableInTreeAutoscaling": False,
+        },
+    }
+    assert "enableInTreeAutoscaling" not in (suspend_patch(live_cluster(autoscaling=False)) or {})["spec"]
+    assert suspend_patch(live_cluster([{"groupName": "a", "suspend": True}])) is None
+    assert suspend_patch(live_cluster([])) is None
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "pods", "now", "since", "expected"),
+    [
+        ("no cluster", None, [], 100.0, None, (False, None)),
+        ("the cluster is being deleted (not reconciled)", cluster(), PODS, 100.0, None, (False, None)),
+        ("another RayJob's cluster", live_cluster(owner="someone-else"), PODS, 100.0, None, (False, None)),
+        ("groups running: suspend, look again soon", live_cluster(), PODS, 100.0, None, (True, SUSPEND_LOOK_S)),
+        (
+            "suspended, workers still up: wait",
+            live_cluster([{"groupName": "g", "suspend": True}]),
+            PODS,
+            105.0,
+            100.0,
+            (False, SUSPEND_LOOK_S),
+        ),
+        (
+            "suspended, workers gone: delete",
+            live_cluster([{"groupName": "g", "suspend": True}]),
+            PODS[:1],
+            105.0,
+            100.0,
+            (False, None),
+        ),
+        (
+            "KubeRay did not act in time: delete",
+            live_cluster([{"groupName": "g", "suspend": True}]),
+            PODS,
+            100.0 + SUSPEND_WAIT_S,
+            100.0,
+            (False, None),
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_the_operator_suspends_the_worker_groups_before_it_deletes_a_rayjob(
+    case: str, body: dict | None, pods: list, now: float, since: float | None, expected: tuple
+) -> None:
+    step = decide_suspend_workers(body, RAYJOB, pods, now, since)
+    assert (step.patch is not None, step.wait_s) == expected, case
+    assert step.why
+
+
+def test_the_heads_job_status_counts_as_the_driver_stopped_when_the_rayjobs_is_stale() -> None:
+    """After a preemption KubeRay no longer polls the job: the RayJob says RUNNING, the head says STOPPED."""
+    assert driver_stopped(RUNNING, head_status="RUNNING") == ""
+    assert "head says" in driver_stopped(RUNNING, head_status="STOPPED")
+    free = decide_free_workers(cluster(), RUNNING, PODS, DELETED_AT + 20, GRACE, head_status="STOPPED")
+    assert free is not None and free.pods == ("w1", "w2")
+
+
+def test_stopping_counts_the_workers_gpu_seconds_since_the_stop_was_asked() -> None:
+    body = live_cluster()
+    assert stopping_gpu_seconds(body, PODS, DELETED_AT, DELETED_AT + 30) == pytest.approx(30 * 1 + 20 * 4)
+
+
+def test_unscheduled_trials_count_gpu_workers_between_looks_while_no_trial_runs() -> None:
+    running = {"phase": "Running", "trials": {"total": 4, "running": 0, "pending": 1}}
+    now = DELETED_AT + 100
+    assert no_trial_running(running)
+    assert not no_trial_running({"phase": "Running", "trials": {"total": 4, "running": 1}})
+    assert not no_trial_running({"phase": "Running", "trials": {"total": 0, "running": 0}}), "before any trial"
+    assert not no_trial_running({"phase": "Starting", "trials": {"total": 4, "running": 0}})
+    assert unscheduled_gpu_seconds(running, PODS, now - 10, now) == pytest.approx(10 * (1 + 4 + 8))
+    assert unscheduled_gpu_seconds(running, PODS, None, now) == 0.0, "no previous look: nothing billed"
+    assert unscheduled_gpu_seconds(running, PODS, now - 3600, now) == pytest.approx(MAX_LOOK_GAP_S * 13)
+    gone = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": _time(now)}} for p in PODS]
+    assert unscheduled_gpu_seconds(running, gone, now - 10, now) == 0.0
+    assert idle_status({}, UNSCHEDULED_TRIALS, 5.0) == {"idleGpuSeconds": {"unscheduledTrials": 5.0}}
+    assert idle_status({}, STOPPING, 5.0) == {"idleGpuSeconds": {"stopping": 5.0}}

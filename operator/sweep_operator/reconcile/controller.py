@@ -130,6 +130,7 @@ class SweepController:
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
         # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
+        self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
             self._stopping_pass, workers=1 if reconcile_workers or guard_workers else 0, name="graceful-stop"
@@ -342,7 +343,7 @@ class SweepController:
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
             decision = decide(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
-        self._act(facts.body, decision)
+        self._act(facts.body, self._unscheduled_measured(facts, decision, reads.pods))
 
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
@@ -542,10 +543,10 @@ class SweepController:
         if status_of(body).get("phase") != "Deleting":
             newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
         rayjob = self.reads.rayjob_of_sweep(body)
-        if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too
-            wait = self._stop_before_delete(rayjob, body)
+        if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too;
+            wait = self._before_delete(rayjob, body)  # then its GPU workers go, whatever the verification finds
             if wait is not None:
-                message = f"RayJob {meta_of(rayjob)['name']}: waiting for its Ray job to stop gracefully"
+                message = f"RayJob {meta_of(rayjob)['name']}: waiting for its Ray job to stop and its workers to go"
                 raise RetryLater(message, wait, counted=False)
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
@@ -571,6 +572,7 @@ class SweepController:
             if wait is not None:
                 message = f"RayCluster {meta_of(body).get('name')}: waiting for its Ray job to stop gracefully"
                 raise RetryLater(message, wait, counted=False)
+            self._stop_done(rayjob, sweep)
         try:
             _, decision = self._guard(
                 DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
@@ -607,11 +609,59 @@ class SweepController:
         rayjob = self.kube.get_rayjob(namespace, name)
         if rayjob is None:
             return
-        wait = self._stop_before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
+        wait = self._before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
         if wait is not None:
             self.stopping.add_after(key, wait)
             return
         self.kube.delete_rayjob(namespace, name)
+
+    def _before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+        """Where the operator deletes a RayJob: its job stops gracefully, then its worker groups are suspended while
+        KubeRay still reconciles the cluster. Seconds to wait, or None: delete now."""
+        wait = self._stop_before_delete(rayjob, sweep)
+        wait = wait if wait is not None else self._suspend_before_delete(rayjob, sweep)
+        if wait is None:
+            self._stop_done(rayjob, sweep)
+        return wait
+
+    def _suspend_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+        """Suspend the RayJob's cluster's worker groups and wait (bounded) until KubeRay deleted their pods: once the
+        RayJob goes, its cluster is deleted and, held by the guard, no longer reconciled (issue 26 section 2)."""
+        meta = meta_of(rayjob)
+        namespace, key = meta.get("namespace") or "default", f"suspend/{meta.get('uid') or meta.get('name')}"
+        name = str((rayjob.get("status") or {}).get("rayClusterName") or "")
+        try:
+            cluster = self.kube.get_raycluster(namespace, name) if name else None
+            pods = self.kube.list_pods(namespace, f"{constants.RAY_LABEL_CLUSTER}={name}") if cluster else []
+        except Exception as exc:  # the delete goes ahead; a held cluster's workers are freed by the guard
+            log.warning("RayJob %s: cannot read its cluster to suspend its workers: %s", meta.get("name"), exc)
+            return None
+        with self._guard_lock:
+            since = self._stops.get(key)
+        step = idle_gpus.decide_suspend_workers(cluster, rayjob, pods, self.clock(), since)
+        if step.wait_s is None:
+            return None
+        with self._guard_lock:
+            self._stops.setdefault(key, self.clock())
+        if step.patch is not None:
+            try:
+                self.kube.patch_raycluster(namespace, name, step.patch)
+            except Exception as exc:  # a conflict (KubeRay wrote it meanwhile): decided again on a fresh read
+                log.info(
+                    "RayCluster %s/%s: suspending its worker groups failed (%s); trying again", namespace, name, exc
+                )
+                return step.wait_s
+            asked = graceful_stop.recorded_request(status_of(sweep or {}), meta.get("uid") or "")
+            with self._guard_lock:
+                asked = self._stops.get(meta.get("uid") or meta.get("name", ""), asked)
+            if asked is not None and cluster is not None:  # GPU time from the stop's request to this suspend
+                held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
+                self._record_idle(namespace, guard.sweep_name_of(rayjob), sweep, idle_gpus.STOPPING, held)
+            text = f"RayCluster {name}: worker groups suspended before its RayJob is deleted (KubeRay deletes them)"
+            log.info("%s", text)
+            for target in (rayjob, sweep) if sweep is not None else (rayjob,):
+                self.emit(target, "Normal", "WorkerGroupsSuspended", text)
+        return step.wait_s
 
     def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
@@ -622,6 +672,8 @@ class SweepController:
         window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
         with self._guard_lock:
             asked = self._stops.get(key)
+        if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
+            asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
         # Once asked, the head says when the job ended (KubeRay stops polling it while it suspends the RayJob).
         ended = asked is not None and job is not None and self.job_status(*job) in ray_jobs.TERMINAL_JOB_STATUSES
         step = graceful_stop.decide_graceful_stop(
@@ -634,8 +686,11 @@ class SweepController:
         )
         if step.request and job is not None:
             outcome = self.stop_job(*job)
+            asked_at = self.clock()
             with self._guard_lock:
-                self._stops[key] = self.clock()
+                self._stops[key] = asked_at
+            if sweep is not None and outcome.asked and not outcome.already_ended:
+                self._record_stop_request(sweep, meta.get("uid") or "", asked_at)
             text = (
                 f"RayJob {meta.get('name')}: asked its head to stop Ray job {job[1]} gracefully (up to {window:.0f} s)"
             )
@@ -649,17 +704,29 @@ class SweepController:
                     self.emit(sweep, "Warning", "GracefulStopFailed", f"{text}, which failed: {outcome.error}")
             if not outcome.asked or outcome.already_ended:
                 step = replace(step, wait_s=None)
-        if step.wait_s is None:
-            with self._guard_lock:
-                self._stops.pop(key, None)
         return step.wait_s
+
+    def _stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
+        """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
+        so a later stop of the same RayJob (readmitted by Kueue, then deleted) is asked afresh."""
+        meta = meta_of(rayjob)
+        key, uid = meta.get("uid") or meta.get("name", ""), meta.get("uid") or ""
+        with self._guard_lock:
+            asked = self._stops.pop(key, None)
+            self._stops.pop(f"suspend/{key}", None)
+        if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
+            return
+        try:
+            self.status.update(sweep, lambda s: updated(s, {"gracefulStop": None}))
+        except Exception as exc:  # a later stop of this RayJob would then wait out the old window's rest
+            log.warning("sweep %s: cannot clear its graceful stop's record: %s", meta_of(sweep).get("name"), exc)
 
     def _until_workers_free(
         self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
     ) -> float:
         """Seconds until a held cluster's graceful window ends (its next check frees the workers then)."""
         deleting = epoch_seconds(meta_of(body).get("deletionTimestamp"))
-        if deleting is None or idle_gpus.driver_stopped(rayjob):
+        if deleting is None or idle_gpus.driver_stopped(rayjob, self._head_job_status(rayjob)):
             return float("inf")
         return max(1.0, deleting + self._graceful_seconds(sweep) - self.clock())
 
@@ -674,19 +741,14 @@ class SweepController:
         except Exception as exc:  # the hold stands; the next check tries again
             log.warning("RayCluster %s: cannot read its pods to free held GPUs: %s", ref, exc)
             return
-        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self._graceful_seconds(sweep))
+        head = self._head_job_status(rayjob)
+        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self._graceful_seconds(sweep), head)
         if free is None:
             return
         for pod in free.pods:
             self.kube.delete_pod(ref.namespace, pod)
-        sweep_name = guard.sweep_name_of(body)
         cause = idle_gpus.cause_of(free, status_of(sweep or {}))
-        self.metrics.idle_gpus(ref.namespace, sweep_name, cause, free.gpu_seconds)
-        if sweep is not None:
-            try:
-                self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, free.gpu_seconds)))
-            except Exception as exc:  # the metric and the Event say it; the next hold's record adds to it
-                log.warning("sweep %s: cannot record the hold's idle GPU-seconds: %s", sweep_name, exc)
+        self._record_idle(ref.namespace, guard.sweep_name_of(body), sweep, cause, free.gpu_seconds)
         message = (
             f"RayCluster {ref.name} is held until its checkpoints verify; {free.why}, so its {len(free.pods)} "
             f"worker pod(s) were deleted (they had held {free.gpu_seconds / 3600:.3g} GPU-hours since the deletion "
@@ -694,6 +756,46 @@ class SweepController:
         )
         for target in (body, sweep) if sweep is not None else (body,):
             self.emit(target, "Normal", "HeldClusterWorkersReleased", message)
+
+    def _head_job_status(self, rayjob: Mapping[str, Any] | None) -> str | None:
+        """The Ray job's status from its head (the Jobs API), None when the RayJob names none or the head is silent."""
+        job = ray_jobs.job_of(rayjob) if rayjob is not None else None
+        return self.job_status(*job) if job is not None else None
+
+    def _record_stop_request(self, sweep: Mapping[str, Any], rayjob_uid: str, asked_at: float) -> None:
+        """status.gracefulStop: the window survives an operator restart (read back by graceful_stop.recorded_request)."""
+        try:
+            self.status.update(sweep, lambda s: updated(s, graceful_stop.request_status(rayjob_uid, asked_at)))
+        except Exception as exc:  # this process still remembers it; only a restart would ask again
+            log.warning("sweep %s: cannot record the graceful stop's request: %s", meta_of(sweep).get("name"), exc)
+
+    def _record_idle(
+        self, namespace: str, sweep_name: str, sweep: Mapping[str, Any] | None, cause: str, gpu_seconds: float
+    ) -> None:
+        """GPU-seconds held without training: the metric, and status.idleGpuSeconds by cause."""
+        if gpu_seconds <= 0:
+            return
+        self.metrics.idle_gpus(namespace, sweep_name, cause, gpu_seconds)
+        if sweep is not None:
+            try:
+                self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, gpu_seconds)))
+            except Exception as exc:  # the metric says it; the next record adds to the status
+                log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", sweep_name, cause, exc)
+
+    def _unscheduled_measured(self, facts: SweepFacts, decision: Decision, pods: PodsRead | None) -> Decision:
+        """GPU workers up while the driver's status shows no trial running (`unscheduled-trials`), counted between
+        two looks at the pods (the passes that measure GPU-hours) and written with this pass's status."""
+        if pods is None:
+            return decision
+        with self._guard_lock:
+            previous, self._pod_looks[facts.ref] = self._pod_looks.get(facts.ref), facts.now
+        status = decision.status if decision.status is not None else facts.status
+        held = idle_gpus.unscheduled_gpu_seconds(status, pods.pods, previous, facts.now)
+        if held <= 0:
+            return decision
+        self.metrics.idle_gpus(facts.ref.namespace, facts.ref.name, idle_gpus.UNSCHEDULED_TRIALS, held)
+        changes = idle_gpus.idle_status(status, idle_gpus.UNSCHEDULED_TRIALS, held)
+        return replace(decision, status=updated(status, changes))
 
     def _guard(
         self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None

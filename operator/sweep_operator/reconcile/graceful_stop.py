@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sweep_contracts.timestamps import epoch_seconds, rfc3339
+
 from . import kueue
 
 # KubeRay's JobStatus values that are final (rayv1.IsJobTerminal); "" and PENDING/RUNNING are not.
@@ -67,6 +69,21 @@ def decide_graceful_stop(
     # Most stops end within seconds (the next report); a long one is looked at less often, each look a fresh GET.
     wait = min(left, MAX_LOOK_S, max(FIRST_LOOK_S, (now - requested_at) / 2))
     return StopStep(False, wait, f"waiting up to {left:.0f} s for the job to stop")
+
+
+def recorded_request(status: Mapping[str, Any], rayjob_uid: str) -> float | None:
+    """When the operator asked this RayJob's job to stop, from the sweep's status (status.gracefulStop), so a
+    restarted operator neither asks again (restarting the window) nor forgets the stop. Only the operator writes a
+    sweep's status (tenants have no verb on trainingsweeps/status: docs/security.md)."""
+    stop = status.get("gracefulStop")
+    if not isinstance(stop, Mapping) or not rayjob_uid or stop.get("rayJobUid") != rayjob_uid:
+        return None
+    return epoch_seconds(stop.get("requestedAt"))
+
+
+def request_status(rayjob_uid: str, now: float) -> dict[str, Any]:
+    """The status change that records a stop's request (status.gracefulStop)."""
+    return {"gracefulStop": {"rayJobUid": rayjob_uid, "requestedAt": rfc3339(now)}}
 
 
 def evicted_by_kueue(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> bool:

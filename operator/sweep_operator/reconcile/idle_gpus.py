@@ -1,4 +1,5 @@
-"""GPU time held without training (pure): when a held RayCluster's workers go, and what each hold cost."""
+"""GPU time held without training (pure): freeing a stopping cluster's workers (suspended while KubeRay still
+reconciles the cluster, deleted when it no longer does), and what each hold cost."""
 
 from __future__ import annotations
 
@@ -7,16 +8,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts import constants
+from sweep_contracts.api import Phase
 
-from ..gpu_time import pod_gpus, pod_scheduled_at
+from ..gpu_time import pod_ended_at, pod_gpus, pod_scheduled_at
 from ..status import parse_time
 from .facts import meta_of
 
 # Ray's JobStatus values after which no driver runs (ray/dashboard/modules/job/common.py JobStatus.is_terminal).
 TERMINAL_JOB_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
-HELD_DELETION = "held-deletion"
-PREEMPTION = "preemption"
-STATUS_KEYS = {HELD_DELETION: "heldDeletion", PREEMPTION: "preemption"}  # status.idleGpuSeconds
+HELD_DELETION = "held-deletion"  # GPU pods of a cluster whose deletion the guard holds
+PREEMPTION = "preemption"  # the same after a Kueue eviction
+STOPPING = "stopping"  # GPU workers from a graceful stop's request until the operator suspended them
+UNSCHEDULED_TRIALS = "unscheduled-trials"  # GPU workers up while the driver's status shows no trial running
+STATUS_KEYS = {  # status.idleGpuSeconds
+    HELD_DELETION: "heldDeletion",
+    PREEMPTION: "preemption",
+    STOPPING: "stopping",
+    UNSCHEDULED_TRIALS: "unscheduledTrials",
+}
+# A look at the pods counts the time since the previous one; a longer gap (an operator restart, a stalled pass) counts
+# only this much, so an unseen stretch is never billed as idle.
+MAX_LOOK_GAP_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -29,14 +41,17 @@ class FreeWorkers:
     cause: str = HELD_DELETION
 
 
-def driver_stopped(rayjob: Mapping[str, Any] | None) -> str:
+def driver_stopped(rayjob: Mapping[str, Any] | None, head_status: str | None = None) -> str:
     """Why no driver can still be training on the cluster ("" when one may be): the RayJob is gone or being deleted
-    (KubeRay stops the Ray job at once on a RayJob's deletion: rayjob_controller.go, the deletion branch), or its
-    jobStatus is terminal."""
+    (KubeRay stops the Ray job at once on a RayJob's deletion: rayjob_controller.go, the deletion branch), the head
+    says the job ended (`head_status`: its Jobs API, `GET /api/jobs/<id>`; after a preemption KubeRay no longer polls
+    the job, so the RayJob's jobStatus stays RUNNING), or the RayJob's jobStatus is terminal."""
     if rayjob is None:
         return "its RayJob is gone"
     if meta_of(rayjob).get("deletionTimestamp"):
         return "its RayJob is being deleted (KubeRay stopped the Ray job)"
+    if head_status in TERMINAL_JOB_STATUSES:
+        return f"its head says the Ray job is {head_status}"
     job = str(((rayjob.get("status") or {}).get("jobStatus")) or "")
     return f"the Ray job is {job}" if job in TERMINAL_JOB_STATUSES else ""
 
@@ -47,6 +62,7 @@ def decide_free_workers(
     pods: Sequence[Mapping[str, Any]],
     now: float,
     graceful_seconds: float,
+    head_status: str | None = None,
 ) -> FreeWorkers | None:
     """A RayCluster held by the guard is no longer reconciled by KubeRay (raycluster_controller.go: a cluster with a
     deletionTimestamp is ignored), so its workers would keep their GPUs until verification passes. Holding the
@@ -55,23 +71,138 @@ def decide_free_workers(
     deleting = parse_time(meta_of(cluster).get("deletionTimestamp"))
     if deleting is None:
         return None
+    workers = _live_workers(cluster, pods)
+    if not workers:
+        return None
+    since = deleting.timestamp()
+    why = driver_stopped(rayjob, head_status)
+    if not why and now < since + graceful_seconds:
+        return None
+    why = why or f"the {graceful_seconds:g}s graceful window since the deletion passed"
+    gpu_seconds = _gpu_seconds_since(workers, since, now)
+    return FreeWorkers(tuple(sorted(meta_of(p)["name"] for p in workers)), gpu_seconds, why)
+
+
+# How long KubeRay gets to delete a suspended worker group's pods before the RayJob's delete goes ahead anyway (a
+# held cluster's workers are then deleted by the guard). KubeRay acts on the RayCluster's watch event, within seconds.
+SUSPEND_WAIT_S = 30.0
+SUSPEND_LOOK_S = 0.5
+
+
+@dataclass(frozen=True)
+class SuspendStep:
+    """Before the operator deletes a RayJob: `patch` the RayCluster with (suspend its worker groups), and/or look
+    again after `wait_s` holding the delete; `wait_s` None: delete now. `why` says which."""
+
+    patch: dict[str, Any] | None
+    wait_s: float | None
+    why: str
+
+
+def _live_workers(cluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     name = meta_of(cluster).get("name")
-    workers = [
+    return [
         p
         for p in pods
         if (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_CLUSTER) == name
         and (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_NODE_TYPE) == "worker"
         and not meta_of(p).get("deletionTimestamp")
     ]
-    if not workers:
+
+
+def owned_by(cluster: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
+    """The cluster is the one KubeRay made for this RayJob: its controller ownerReference names the RayJob's uid
+    (set by KubeRay at creation and immutable in effect; a name alone is a tenant's to choose)."""
+    uid = meta_of(rayjob).get("uid")
+    return bool(uid) and any(
+        r.get("controller") and r.get("kind") == constants.RAYJOB_KIND and r.get("uid") == uid
+        for r in meta_of(cluster).get("ownerReferences") or []
+    )
+
+
+def suspend_patch(cluster: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that suspends every worker group (None: all are suspended already). KubeRay v1.7.0 deletes a
+    suspended group's pods itself (raycluster_controller.go reconcilePods: `worker.Suspend` -> deleteAllPods) but
+    refuses the whole spec while the in-tree autoscaler is on (utils/validation.go ValidateRayClusterSpec: "cannot
+    be suspended with Autoscaler enabled"), so the patch turns it off: the run is over, nothing is to be scaled.
+    The RayJob's rayClusterSpec is no way in: KubeRay disregards its changes for an existing cluster
+    (rayjob_controller.go getOrCreateRayClusterInstance). The resourceVersion makes a concurrent edit a conflict,
+    since a merge patch replaces the whole list."""
+    spec = cluster.get("spec") or {}
+    groups = list(spec.get("workerGroupSpecs") or [])
+    if not groups or all(g.get("suspend") is True for g in groups):
         return None
-    since = deleting.timestamp()
-    why = driver_stopped(rayjob)
-    if not why and now < since + graceful_seconds:
-        return None
-    why = why or f"the {graceful_seconds:g}s graceful window since the deletion passed"
-    gpu_seconds = sum(pod_gpus(p) * max(0.0, now - max(since, pod_scheduled_at(p) or since)) for p in workers)
-    return FreeWorkers(tuple(sorted(meta_of(p)["name"] for p in workers)), gpu_seconds, why)
+    changes: dict[str, Any] = {"workerGroupSpecs": [{**g, "suspend": True} for g in groups]}
+    if spec.get("enableInTreeAutoscaling"):
+        changes["enableInTreeAutoscaling"] = False
+    return {"metadata": {"resourceVersion": meta_of(cluster).get("resourceVersion")}, "spec": changes}
+
+
+def decide_suspend_workers(
+    cluster: Mapping[str, Any] | None,
+    rayjob: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    now: float,
+    suspended_at: float | None,
+    wait_s: float = SUSPEND_WAIT_S,
+) -> SuspendStep:
+    """Where the operator starts a deletion (a sweep's delete, its deadline, a spent budget), the GPU workers go
+    first, while KubeRay still reconciles the cluster: once the RayJob is deleted, its cluster is deleted too and,
+    held by the guard, no longer reconciled. `suspended_at`: when this operator saw the groups suspended."""
+    if cluster is None or meta_of(cluster).get("deletionTimestamp") or not owned_by(cluster, rayjob):
+        return SuspendStep(None, None, "no running cluster of this RayJob to suspend")
+    left = (suspended_at if suspended_at is not None else now) + wait_s - now
+    if left <= 0:
+        return SuspendStep(None, None, f"KubeRay did not delete the suspended workers within {wait_s:g} s")
+    patch = suspend_patch(cluster)
+    if patch is not None:
+        return SuspendStep(patch, min(left, SUSPEND_LOOK_S), "suspending its worker groups")
+    if not _live_workers(cluster, pods):
+        return SuspendStep(None, None, "its worker groups are suspended and their pods gone")
+    return SuspendStep(None, min(left, SUSPEND_LOOK_S), "waiting for KubeRay to delete the suspended workers")
+
+
+def _gpu_seconds_since(workers: Sequence[Mapping[str, Any]], since: float, now: float) -> float:
+    return sum(pod_gpus(p) * max(0.0, now - max(since, pod_scheduled_at(p) or since)) for p in workers)
+
+
+def stopping_gpu_seconds(
+    cluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], asked: float, now: float
+) -> float:
+    """GPU-seconds the cluster's live workers held since the graceful stop was asked (`asked`), as the operator
+    suspends them: the driver's stop window and the operator's look at its end."""
+    return _gpu_seconds_since(_live_workers(cluster, pods), asked, now)
+
+
+def no_trial_running(status: Mapping[str, Any]) -> bool:
+    """The driver's `_sweep/status.json`, as the sweep's status copies it (status.trials), shows trials but none
+    running: its workers wait for a trial Tune has not scheduled (or that only the driver's end follows)."""
+    trials = status.get("trials")
+    if status.get("phase") != Phase.RUNNING or not isinstance(trials, Mapping):
+        return False
+    return int(trials.get("total") or 0) > 0 and int(trials.get("running") or 0) == 0
+
+
+def unscheduled_gpu_seconds(
+    status: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    previous_look: float | None,
+    now: float,
+    max_gap: float = MAX_LOOK_GAP_S,
+) -> float:
+    """GPU-seconds GPU workers were up between the previous look at the pods and this one while no trial ran (0
+    without a previous look: an unseen stretch is not billed)."""
+    if previous_look is None or not no_trial_running(status):
+        return 0.0
+    gpus = sum(
+        pod_gpus(p)
+        for p in pods
+        if (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_NODE_TYPE) == "worker"
+        and not meta_of(p).get("deletionTimestamp")
+        and pod_scheduled_at(p) is not None
+        and pod_ended_at(p) is None
+    )
+    return gpus * max(0.0, min(now - previous_look, max_gap))
 
 
 def cause_of(free: FreeWorkers, sweep_status: Mapping[str, Any]) -> str:
