@@ -64,3 +64,7 @@ def test_status_says_how_much_gpu_time_was_held_without_training_by_cause() -> N
     )
     assert "  idle GPUs:   held deletion 2 GPU-h, after a preemption 0.1 GPU-h" in text.splitlines(), text
     assert "idle GPUs" not in format_status("digits", "ml", {"phase": "Running"})
+    every = {"heldDeletion": 3600.0, "preemption": 3600.0, "stopping": 36.0, "unscheduledTrials": 1800.0}
+    text = format_status("digits", "ml", {"phase": "Running", "idleGpuSeconds": every})
+    line = "  idle GPUs:   held deletion 1 GPU-h, after a preemption 1 GPU-h, stopping 0.01 GPU-h, no trial running 0.5 GPU-h"
+    assert line in text.splitlines(), text

@@ -142,7 +142,12 @@ def format_status(
     lines += budget_lines(status, time.time() if now is None else now, ledger)
     idle = status.get("idleGpuSeconds") or {}
     if idle:  # GPU time held without training, by cause (docs/guard.md, "hold the data, not the GPUs")
-        causes = {"heldDeletion": "held deletion", "preemption": "after a preemption"}
+        causes = {
+            "heldDeletion": "held deletion",
+            "preemption": "after a preemption",
+            "stopping": "stopping",
+            "unscheduledTrials": "no trial running",
+        }
         parts = [f"{causes.get(k, k)} {float(v) / 3600:.3g} GPU-h" for k, v in sorted(idle.items()) if v]
         lines.append(f"  idle GPUs:   {', '.join(parts)}")
     if checkpoints:
