@@ -1,9 +1,10 @@
-"""The only kopf-aware module: wires kopf events, timers, finalizers and the admission webhook to the controller.
+"""The only kopf-aware module: wires kopf's watch events and the admission webhook to the controller; each sweep's
+periodic check (SweepTicks) runs from a work queue of our own, so kopf puts no finalizer of its own on anything.
 
     python -m sweep_operator            # settings from SWEEP_* environment variables (the chart's ConfigMap)
 
-Handlers stay short: parse -> decide (controller) -> act -> return; a `RetryLater` becomes kopf's
-TemporaryError so the finalizer stays and the check comes back with backoff.
+Handlers stay short: they note the object and enqueue (the controller's work queues do the rest); a deleting object
+of ours goes to the guard's own deletion pipeline, which keeps its finalizer until a verification releases it.
 """
 
 from __future__ import annotations
