@@ -1,6 +1,6 @@
 """Doubles for the controller's injected collaborators: the verifier's result, the verifier, the clock.
 
-A result has the surface guard.VerificationOutcome and the status writer read from verification.VerificationResult
+A result has the surface verdicts.VerificationOutcome and the status writer read from verification.VerificationResult
 (verified, checked, bytes, problems, reason, to_status); S3 is tests.support.fake_s3.FakeS3, Kubernetes
 tests.support.fake_kube.FakeKube.
 """

@@ -11,17 +11,19 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.reconcile.guard import (
-    EMPTY_RUN_ROOT,
     GuardFacts,
     GuardTarget,
-    Hold,
-    Release,
     Verify,
     backoff_seconds,
-    decide_after_verification,
     decide_before_verification,
-    reported_checkpoints,
     skip_requested,
+)
+from sweep_operator.reconcile.verdicts import (
+    EMPTY_RUN_ROOT,
+    Hold,
+    Release,
+    decide_after_verification,
+    reported_checkpoints,
     target_of,
 )
 from tests.support.fakes import FakeResult, Finding

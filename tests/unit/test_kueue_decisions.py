@@ -18,21 +18,23 @@ import pytest
 from sweep_operator.policy import Admit, Reject
 from sweep_operator.reconcile.kueue import (
     AdmittedTime,
-    KueueError,
     KueueFacts,
     KueuePhase,
-    WorkloadFacts,
     advance_admitted_time,
     decide_kueue_admission,
     driver_deadline_at,
     kueue_created_status,
-    kueue_managed,
     kueue_outcome,
     kueue_run,
     kueue_view,
-    our_queue_steps_aside,
     queue_name_for,
     status_for_run_phase,
+)
+from sweep_operator.reconcile.workloads import (
+    KueueError,
+    WorkloadFacts,
+    kueue_managed,
+    our_queue_steps_aside,
     workload_of,
 )
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError

@@ -63,7 +63,9 @@ def test_the_layers_run_handlers_controller_decisions_facts() -> None:
     layers = [listed(line) for line in contract("reconcile-layers")["layers"].strip().splitlines()]
     assert layers[0] == ["sweep_operator.handlers"]
     assert layers[1] == ["sweep_operator.reconcile.controller"]
-    assert "sweep_operator.reconcile.run_phase" in layers[-2] and "sweep_operator.reconcile.admission" in layers[-2]
+    assert layers[3] == ["sweep_operator.reconcile.run_pass"]  # the one decision of a run pass, over the rules
+    assert "sweep_operator.reconcile.run_phase" in layers[4] and "sweep_operator.reconcile.admission" in layers[4]
+    assert "sweep_operator.reconcile.verdicts" in layers[-2]  # what the decisions share
     assert "sweep_operator.reconcile.facts" in layers[-1]
 
 
@@ -114,3 +116,14 @@ def test_the_import_contracts_hold() -> None:
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": "operator:contracts:sandbox:."},
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_the_decision_modules_are_one_independent_layer_and_an_independence_contract() -> None:
+    """Issue 29: no decision module imports another (lint-imports proves it); this keeps both statements of the list
+    the same, and every module between run_pass and the shared layer in it."""
+    layers = contract("reconcile-layers")["layers"].strip().splitlines()
+    decisions_line = next(line for line in layers if "sweep_operator.reconcile.run_phase" in line)
+    assert ":" not in decisions_line, "the decision modules' layer is independent: join them with |"
+    independent = contract("independent-decisions")
+    assert independent["type"].strip() == "independence"
+    assert set(listed(independent["modules"])) == set(listed(decisions_line))

@@ -8,20 +8,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from sweep_operator.reconcile import attempts
 from sweep_operator.reconcile import resume as r
-from sweep_operator.reconcile.guard import target_of
+from sweep_operator.reconcile.attempts import Attempt, RayJobEnd, RunRootCheck
 from sweep_operator.reconcile.resume import (
-    Attempt,
     AutoResume,
     Idle,
     NotResumable,
-    RayJobEnd,
     Refuse,
     ResumeFacts,
-    RunRootCheck,
     StartAttempt,
     VerifyFirst,
 )
+from sweep_operator.reconcile.verdicts import target_of
 
 NOW = 1_800_000_000.0
 ROOT = "s3://bucket/sweeps/ml/digits-abc123"
@@ -119,7 +118,7 @@ def test_manual_resume_before_verification(changes: dict, expected: type, says: 
     if says:
         assert says in decision.reason
     if isinstance(decision, VerifyFirst):
-        assert decision.trigger == r.TRIGGER_RESUME and decision.attempt == 2
+        assert decision.trigger == attempts.TRIGGER_RESUME and decision.attempt == 2
         assert decision.generation == facts(**changes).requested_generation
 
 
@@ -152,7 +151,7 @@ def test_the_third_attempt_counts_from_the_recorded_rows() -> None:
     second = Attempt(
         2,
         "digits-abc123-a2",
-        r.TRIGGER_RESUME,
+        attempts.TRIGGER_RESUME,
         1,
         NOW - 300,
         NOW - 100,
@@ -239,7 +238,7 @@ def test_a_run_root_without_checkpoints_and_none_reported_resumes_from_the_start
 def test_many_missing_objects_are_named_up_to_the_status_limit() -> None:
     problems = tuple(("missing-file", f"k/{i}", "gone") for i in range(30))
     decision = r.decide(facts(resume_active_seconds=3600, verification=RunRootCheck(ROOT, False, 30, problems)))
-    assert isinstance(decision, Refuse) and len(decision.missing) == r.MAX_MISSING_NAMED
+    assert isinstance(decision, Refuse) and len(decision.missing) == attempts.MAX_MISSING_NAMED
     assert "(and 25 more)" in decision.reason
 
 
@@ -285,7 +284,7 @@ def test_many_missing_objects_are_named_up_to_the_status_limit() -> None:
     ],
 )
 def test_cluster_loss_is_read_from_kuberays_failure_reasons(end: RayJobEnd | None, lost: bool) -> None:
-    assert (r.cluster_loss(end) is not None) is lost
+    assert (attempts.cluster_loss(end) is not None) is lost
 
 
 def auto(**changes: object) -> ResumeFacts:
@@ -306,7 +305,7 @@ def test_a_lost_cluster_is_resumed_automatically_with_an_event_when_opted_in() -
     assert (kind, reason) == ("Normal", "AutoResume")
     assert "automatic resume 1/2" in message and "JobStatusCheckTimeoutExceeded" in message
     started = r.decide(auto(verification=VERIFIED))
-    assert isinstance(started, StartAttempt) and started.trigger == r.TRIGGER_CLUSTER_LOSS
+    assert isinstance(started, StartAttempt) and started.trigger == attempts.TRIGGER_CLUSTER_LOSS
     assert started.active_seconds == 2600 and "failurePolicy.resumeOnClusterLoss" in started.message
     assert "resumedGeneration" not in r.start_patch(
         {"runId": "abc123", "attempts": [FAILED_EARLY.to_status()]}, started
@@ -324,7 +323,7 @@ def test_a_lost_cluster_is_resumed_automatically_with_an_event_when_opted_in() -
         ),
         pytest.param({"phase": "DeadlineExceeded"}, Idle, id="not Failed"),
         pytest.param(
-            {"last_resume": r.LastResume(2, r.TRIGGER_CLUSTER_LOSS, r.OUTCOME_REFUSED)},
+            {"last_resume": attempts.LastResume(2, attempts.TRIGGER_CLUSTER_LOSS, attempts.OUTCOME_REFUSED)},
             Idle,
             id="this loss was already refused once",
         ),
@@ -343,7 +342,7 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
     second = Attempt(
         2,
         "digits-abc123-a2",
-        r.TRIGGER_CLUSTER_LOSS,
+        attempts.TRIGGER_CLUSTER_LOSS,
         None,
         NOW - 2900,
         NOW - 2800,
@@ -354,7 +353,7 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
     third = Attempt(
         3,
         "digits-abc123-a3",
-        r.TRIGGER_CLUSTER_LOSS,
+        attempts.TRIGGER_CLUSTER_LOSS,
         None,
         NOW - 2700,
         NOW - 2600,
@@ -371,7 +370,9 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
     # Recorded once: the next pass is Idle, not another Event.
     assert isinstance(
         r.decide(
-            auto(attempts=(FAILED_EARLY, second, third), last_resume=r.LastResume.from_status(patch["lastResume"]))
+            auto(
+                attempts=(FAILED_EARLY, second, third), last_resume=attempts.LastResume.from_status(patch["lastResume"])
+            )
         ),
         Idle,
     )
@@ -390,7 +391,7 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
         "deadlineAt": r.rfc3339(NOW - 400),
         "checkpoints": {"verified": True, "checked": 4},
     }
-    first = r.attempts_of(status, num_samples=4)
+    first = attempts.attempts_of(status, num_samples=4)
     assert first[0].number == 1 and first[0].active_seconds == 3600 and first[0].ran_seconds == 3600
     assert first[0].checkpoints_verified == 4 and first[0].outcome == "DeadlineExceeded"
     decision = r.decide(facts(attempts=first, resume_active_seconds=1800, verification=VERIFIED))
@@ -414,10 +415,10 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
         "checkpointsAtStart": 4,
     }
     running = {**status, **{k: v for k, v in patch.items() if v is not None}}
-    ended = r.end_patch(running, phase="Succeeded", now=NOW + 1000, checkpoints_verified=6)
+    ended = attempts.end_patch(running, phase="Succeeded", now=NOW + 1000, checkpoints_verified=6)
     assert ended["attempts"][1]["outcome"] == "Succeeded" and ended["attempts"][1]["ranSeconds"] == 1000
     assert ended["attempts"][1]["checkpointsVerified"] == 6 and ended["totalRanSeconds"] == 4600
-    again = r.end_patch({**running, **ended}, phase="Succeeded", now=NOW + 2000)
+    again = attempts.end_patch({**running, **ended}, phase="Succeeded", now=NOW + 2000)
     assert again == {}  # closed once; a later pass changes nothing
 
 
@@ -425,7 +426,7 @@ def test_rows_round_trip_through_the_status() -> None:
     row = Attempt(
         2,
         "digits-abc123-a2",
-        r.TRIGGER_CLUSTER_LOSS,
+        attempts.TRIGGER_CLUSTER_LOSS,
         None,
         NOW,
         NOW + 61,
@@ -460,7 +461,7 @@ def test_facts_are_read_from_the_sweep_object() -> None:
     got = r.facts_from_sweep(body, spec=spec, now=NOW, max_active_seconds=7200)
     assert (got.requested_generation, got.resumed_generation, got.resume_active_seconds) == (3, 2, 900)
     assert got.attempts == (FIRST,) and got.num_samples == 6 and got.resume_on_cluster_loss == 1
-    assert got.last_resume == r.LastResume(2, "Resume", "Refused") and got.next_attempt == 2
+    assert got.last_resume == attempts.LastResume(2, "Resume", "Refused") and got.next_attempt == 2
 
 
 @pytest.mark.parametrize(
@@ -475,11 +476,11 @@ def test_facts_are_read_from_the_sweep_object() -> None:
 def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(
     sweep: str, run_id: str, attempt: int, expected: str | None
 ) -> None:
-    name = r.attempt_rayjob_name(sweep, run_id, attempt)
+    name = attempts.attempt_rayjob_name(sweep, run_id, attempt)
     assert len(name) <= 47 and name[0].isalpha() and name.endswith(f"-{run_id}-a{attempt}")
     if expected:
         assert name == expected
-    assert name != r.attempt_rayjob_name(sweep, run_id, attempt + 1)
+    assert name != attempts.attempt_rayjob_name(sweep, run_id, attempt + 1)
 
 
 def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_the_same_run_root() -> None:
@@ -579,11 +580,11 @@ def test_the_ended_rayjob_is_read_from_the_object_or_from_what_the_status_record
             "message": "Ray head pod not found.",
         }
     }
-    assert r.cluster_loss(r.rayjob_end_from({}, body)) is not None
+    assert attempts.cluster_loss(attempts.rayjob_end_from({}, body)) is not None
     recorded = {"jobDeploymentStatus": "Failed", "reason": "JobStatusCheckTimeoutExceeded", "jobStatus": "RUNNING"}
-    assert r.cluster_loss(r.rayjob_end_from(recorded)) is not None
-    assert r.cluster_loss(r.rayjob_end_from(recorded, driver_phase="Failed")) is None
-    assert r.rayjob_end_from({}) is None
+    assert attempts.cluster_loss(attempts.rayjob_end_from(recorded)) is not None
+    assert attempts.cluster_loss(attempts.rayjob_end_from(recorded, driver_phase="Failed")) is None
+    assert attempts.rayjob_end_from({}) is None
 
 
 def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
@@ -727,14 +728,14 @@ def test_pending_tells_a_timer_tick_whether_an_ended_sweep_has_a_resume_to_act_o
         "reason": "JobStatusCheckTimeoutExceeded",
         "resumedGeneration": 1,
     }
-    assert not r.pending({"spec": {"resume": {"generation": 1}}, "status": ended})
-    assert r.pending({"spec": {"resume": {"generation": 2}}, "status": ended})
+    assert not attempts.pending({"spec": {"resume": {"generation": 1}}, "status": ended})
+    assert attempts.pending({"spec": {"resume": {"generation": 2}}, "status": ended})
     automatic = {"spec": {"failurePolicy": {"resumeOnClusterLoss": 1}}, "status": ended}
-    assert r.pending(automatic)
+    assert attempts.pending(automatic)
     answered = {**ended, "lastResume": {"attempt": 2, "trigger": "ClusterLoss", "outcome": "Refused"}}
-    assert not r.pending({**automatic, "status": answered})
-    assert not r.pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
-    assert not r.pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run
+    assert not attempts.pending({**automatic, "status": answered})
+    assert not attempts.pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
+    assert not attempts.pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run
 
 
 def test_a_verification_from_before_the_end_is_not_the_end_of_run_one() -> None:

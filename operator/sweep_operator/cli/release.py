@@ -66,7 +66,8 @@ class Held:
     def target(self) -> Any:
         """The guard record the operator wrote for this object (its protected annotation; a sweep's status.guard),
         if it names this object's own run prefix; None otherwise. Never a label or a name."""
-        from ..reconcile.guard import status_target, target_of, trusted_target
+        from ..reconcile.guard import trusted_target
+        from ..reconcile.verdicts import status_target, target_of
 
         record = target_of(self.obj) or (status_target(self.obj) if self.kind == "TrainingSweep" else None)
         return trusted_target(record, self.obj["metadata"].get("namespace") or "default")[0]
@@ -97,7 +98,7 @@ def held_objects(custom: Any, namespace: str | None, sweep: str | None = None) -
     their guard record or label names; which run each belongs to is decided by its record alone, `runs_of`)."""
     from sweep_contracts import constants
 
-    from ..reconcile.guard import target_of
+    from ..reconcile.verdicts import target_of
 
     held = []
     for kind, group, version, plural in _kinds():
@@ -203,7 +204,7 @@ def _remove_finalizer(custom: Any, item: Held) -> None:
 def run(args: argparse.Namespace) -> int:
     from sweep_contracts import constants
 
-    from ..reconcile.guard import Release
+    from ..reconcile.verdicts import Release
 
     if not args.reason.strip():
         raise UsageError("--reason: say why (it is recorded)")
@@ -284,8 +285,9 @@ def _decide(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
     credentials; (the decision, a line saying why)."""
     from dataclasses import replace
 
-    from ..reconcile.guard import GuardFacts, decide_with_verification, problems_message
+    from ..reconcile.guard import GuardFacts, decide_with_verification
     from ..reconcile.reads import run_documents
+    from ..reconcile.verdicts import problems_message
     from ..s3 import S3ClientConfig, make_s3_client
     from ..verification import verify_sweep_checkpoints
 

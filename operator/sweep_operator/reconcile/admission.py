@@ -14,11 +14,11 @@ from sweep_contracts.runtime_env import deadline_of
 
 from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
 from ..rendering import RenderContext, build_rayjob, guard_target, new_run_id, run_id_for
+from ..run_metadata import GuardTarget, worker_cap
 from ..status import conditions_with, is_terminal, parse_time, planned_trials, rfc3339, trials_summary, updated
 from .actions import CreateRayJob, Decision, Event, ReleaseBudget
-from .drift import worker_cap
 from .facts import SweepFacts, meta_of
-from .guard import target_of
+from .verdicts import target_of
 
 
 def spec_is_settled(facts: SweepFacts) -> bool:
@@ -166,61 +166,79 @@ def after_create(
             not owned_by(rayjob, sweep.uid)
             or (meta_of(rayjob).get("labels") or {}).get(constants.LABEL_RUN_ID) != create.run_id
         ):
-            # Held by an object that is not this run's: hold no budget, wait (ticks retry, queued sweeps may go
-            # first), say why once.
-            message = (
-                f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
-                f"(or re-create the sweep: a new sweep gets a new run id)"
-            )
-            events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
-            return Decision(
-                _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobNameTaken", message)),
-                (ReleaseBudget(admit_next=False),),
-                events,
-            )
+            return _name_taken(facts, name)
         created_at = parse_time(meta_of(rayjob).get("creationTimestamp"))
         started_at = created_at.timestamp() if created_at else facts.now
         deadline_at = int(deadline_of(rayjob) or started_at + effective_active_seconds(sweep.spec, facts.limits))
         how = "adopted"
-    demand = budget.demand
     target = target_of(rayjob) or guard_target(
         sweep,
         s3_layout.run_root(sweep.spec.storage.uri, sweep.namespace, sweep.name, create.run_id),
         create.run_id,
         render,
     )
-    message = f"admitted ({demand.workers} workers, {demand.gpus} GPUs); RayJob {name} {how}"
+    message = f"admitted ({budget.demand.workers} workers, {budget.demand.gpus} GPUs); RayJob {name} {how}"
+    return Decision(_started(facts, create, budget, name, target, started_at, deadline_at, namespace_budget, message))
+
+
+def _name_taken(facts: SweepFacts, name: str) -> Decision:
+    """Held by an object that is not this run's: hold no budget, wait (ticks retry, queued sweeps may go first), say
+    why once."""
+    message = (
+        f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
+        f"(or re-create the sweep: a new sweep gets a new run id)"
+    )
+    events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
     return Decision(
-        _status(
-            facts,
-            Phase.STARTING,
-            message,
-            ("Admitted", True, "Admitted", message),
-            ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
-            ("Ready", False, "Starting", "the sweep has not finished"),
-            runId=create.run_id,
-            rayJobName=name,
-            guard={
-                "runRoot": target.run_root,
-                "endpointUrl": target.endpoint_url,
-                "region": target.region,
-                "verify": target.verify,
-                "timeoutSeconds": target.timeout_seconds,
-            },
-            startedAt=rfc3339(started_at),
-            deadlineAt=rfc3339(deadline_at),
-            replicas={
-                "workers": demand.workers,
-                "gpus": demand.gpus,
-                "cap": worker_cap(sweep.spec, facts.limits),
-                "namespaceBudget": namespace_budget,
-            },
-            trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
-            trialsSummary=trials_summary({}, planned_trials(sweep.spec)),
-            usage={"gpuHours": 0},  # the GPU-HOURS column reads 0, not blank, until (unless) a GPU pod is measured
-            # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
-            resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
-        )
+        _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobNameTaken", message)),
+        (ReleaseBudget(admit_next=False),),
+        events,
+    )
+
+
+def _started(
+    facts: SweepFacts,
+    create: CreateRayJob,
+    budget: Admit,
+    name: str,
+    target: GuardTarget,
+    started_at: float,
+    deadline_at: float,
+    namespace_budget: str,
+    message: str,
+) -> dict[str, Any]:
+    """The status of a run whose RayJob was created or adopted: Starting, with what the run was admitted with."""
+    sweep, demand = facts.sweep, budget.demand
+    assert sweep is not None
+    return _status(
+        facts,
+        Phase.STARTING,
+        message,
+        ("Admitted", True, "Admitted", message),
+        ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
+        ("Ready", False, "Starting", "the sweep has not finished"),
+        runId=create.run_id,
+        rayJobName=name,
+        guard={
+            "runRoot": target.run_root,
+            "endpointUrl": target.endpoint_url,
+            "region": target.region,
+            "verify": target.verify,
+            "timeoutSeconds": target.timeout_seconds,
+        },
+        startedAt=rfc3339(started_at),
+        deadlineAt=rfc3339(deadline_at),
+        replicas={
+            "workers": demand.workers,
+            "gpus": demand.gpus,
+            "cap": worker_cap(sweep.spec, facts.limits),
+            "namespaceBudget": namespace_budget,
+        },
+        trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
+        trialsSummary=trials_summary({}, planned_trials(sweep.spec)),
+        usage={"gpuHours": 0},  # the GPU-HOURS column reads 0, not blank, until (unless) a GPU pod is measured
+        # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
+        resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
     )
 
 

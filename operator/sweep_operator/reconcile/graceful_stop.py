@@ -9,7 +9,7 @@ from typing import Any
 
 from sweep_contracts.timestamps import epoch_seconds, rfc3339
 
-from . import kueue
+from . import workloads as kueue  # Kueue's Workload as read (shared with Kueue mode)
 
 # KubeRay's JobStatus values that are final (rayv1.IsJobTerminal); "" and PENDING/RUNNING are not.
 TERMINAL_JOB_STATUSES = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})

@@ -4,11 +4,11 @@ or hold it and re-check with backoff. docs/guard.md states the rules as one tabl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from sweep_contracts import api, constants, s3_layout
+from sweep_contracts import constants, s3_layout
 from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
@@ -17,48 +17,11 @@ from ..run_metadata import GuardTarget as GuardTarget
 from ..status import conditions_with, get_condition
 from .facts import DeletionFacts, meta_of, status_of
 
-# Verification problem kinds the guard reads (verification.py defines them).
-EMPTY_RUN_ROOT = "empty-run-root"
-
-
-class VerificationOutcome(Protocol):
-    """What the guard needs from a verification result (see verification.VerificationResult)."""
-
-    # Read-only members: the verifier's result is a frozen dataclass.
-    @property
-    def verified(self) -> bool: ...
-
-    @property
-    def checked(self) -> int: ...
-
-    @property
-    def problems(self) -> Sequence[Any]: ...
-
-    @property
-    def reason(self) -> str: ...
-
-
-def target_of(obj: Mapping[str, Any]) -> GuardTarget | None:
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    return GuardTarget.from_annotation(annotations.get(constants.ANNOTATION_GUARD))
-
-
-def status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
-    """The guard facts a sweep's status recorded at admission (status.guard)."""
-    status = sweep.get("status") or {}
-    guard = status.get("guard") or {}
-    root = guard.get("runRoot")
-    if not isinstance(root, str) or not root.startswith("s3://"):
-        return None
-    return GuardTarget(
-        root,
-        guard.get("endpointUrl") or "",
-        guard.get("region") or "",
-        guard.get("verify") is not False,
-        int(guard.get("timeoutSeconds") or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
-        (sweep.get("metadata") or {}).get("name", ""),
-        status.get("runId") or "",
-    )
+# Hold, Release and backoff_seconds are re-exported: the controller's deletion pipeline and the cache name them here.
+from .verdicts import Hold as Hold
+from .verdicts import Release as Release
+from .verdicts import backoff_seconds as backoff_seconds
+from .verdicts import decide_after_verification, status_target, target_of, verdict
 
 
 @dataclass(frozen=True)
@@ -72,18 +35,6 @@ class GuardFacts:
     target_unknown: str = ""  # why no target could be found (when one is needed)
     never_admitted: bool = False  # no run was ever created for this sweep: nothing can exist in S3
     started: tuple[str, ...] = ()  # the records that say a run started (for the messages)
-
-
-@dataclass(frozen=True)
-class Release:
-    reason: str
-    audit: bool = False  # a Warning Event: released without a verified, non-empty run
-
-
-@dataclass(frozen=True)
-class Hold:
-    reason: str
-    retry_after: float
 
 
 @dataclass(frozen=True)
@@ -102,11 +53,6 @@ def skip_requested(*annotation_sets: Mapping[str, str] | None) -> bool:
         (annotations or {}).get(constants.ANNOTATION_SKIP_VERIFICATION, "").strip().lower() == "true"
         for annotations in annotation_sets
     )
-
-
-def backoff_seconds(attempt: int, base: float, maximum: float) -> float:
-    """base, 2*base, 4*base, ... capped at maximum (attempt counts from 0)."""
-    return float(min(base * (2 ** max(attempt, 0)), maximum))
 
 
 def decide_before_verification(
@@ -131,72 +77,6 @@ def decide_before_verification(
             "spec.deletion.verifyCheckpoints was false at admission: released without verifying checkpoints", audit=True
         )
     return Verify(facts.target)
-
-
-def reported_checkpoints(*documents: Mapping[str, Any] | None) -> list[str]:
-    """Checkpoint URIs the driver reported in `_sweep/status.json` / `_sweep/result.json` (best and per trial)."""
-    uris: list[str] = []
-    for doc in documents:
-        if not isinstance(doc, Mapping):
-            continue
-        best = doc.get("bestTrial")
-        if isinstance(best, Mapping) and best.get("checkpointUri"):
-            uris.append(str(best["checkpointUri"]))
-        for trial in doc.get("trialResults") or []:
-            if isinstance(trial, Mapping) and trial.get("checkpointUri"):
-                uris.append(str(trial["checkpointUri"]))
-    return sorted(set(uris))
-
-
-def decide_after_verification(
-    result: VerificationOutcome,
-    *,
-    attempt: int,
-    base_backoff: float,
-    max_backoff: float,
-    progress: Mapping[str, Any] | None = None,
-    final: Mapping[str, Any] | None = None,
-    progress_readable: bool = True,
-) -> Release | Hold:
-    """`progress`/`final`: the run's `_sweep/status.json` and `_sweep/result.json` (None when absent);
-    `progress_readable`: False when reading them failed (then "nothing was reported" cannot be concluded)."""
-    kinds = {getattr(p, "kind", None) or (p.get("kind") if isinstance(p, Mapping) else "") for p in result.problems}
-    retry = backoff_seconds(attempt, base_backoff, max_backoff)
-    if kinds == {EMPTY_RUN_ROOT}:
-        # Nothing at all under the root: the driver (which writes its status before any user code runs) never
-        # wrote, so no trial could have. Releasing is safe, and holding would keep the cluster's pods forever.
-        return Release(
-            "nothing to protect: the run root holds no object (the driver never wrote its status)", audit=True
-        )
-    if result.verified and result.checked > 0:
-        return Release("checkpoints verified complete in S3")
-    if result.verified and result.checked == 0:
-        reported = reported_checkpoints(progress, final)
-        if not progress_readable:
-            return Hold(
-                "no committed checkpoint found, and the run's status could not be read to confirm none was reported",
-                retry,
-            )
-        if reported:
-            return Hold(
-                f"no committed checkpoint found, but the run reported {len(reported)} "
-                f"(e.g. {reported[0]}): checkpoints were lost or the run root is wrong",
-                retry,
-            )
-        return Release("nothing to protect: no committed checkpoint, and the run's status reports none", audit=True)
-    return Hold(f"checkpoints not verified: {result.reason}", retry)
-
-
-def problems_message(problems: Sequence[Any], limit: int = 5) -> str:
-    """`kind key: detail; ...` for the first few verification problems (Event and condition text)."""
-    parts = []
-    for problem in list(problems)[:limit]:
-        kind = getattr(problem, "kind", None) or (problem.get("kind") if isinstance(problem, Mapping) else "")
-        key = getattr(problem, "key", None) or (problem.get("key") if isinstance(problem, Mapping) else "")
-        detail = getattr(problem, "detail", None) or (problem.get("detail") if isinstance(problem, Mapping) else "")
-        parts.append(f"{kind} {key}: {detail}".strip())
-    more = len(problems) - limit
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 # ------------------------------------------------------------------------------------------- gathering the facts
@@ -451,28 +331,6 @@ def deletion_notice(deletion: DeletionFacts, facts: GuardFacts, decision: Releas
 
 
 DELETING = {"phase": Phase.DELETING, "message": "verifying checkpoints before deletion"}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a verification and the guard's decision over it say of the checkpoints (the CheckpointsVerified
-    condition): `reason` Verified, NothingToProtect (an audited release) or NotVerified."""
-
-    verified: bool
-    reason: str
-    message: str
-
-
-def verdict(result: Any, decision: Release | Hold | None) -> Verdict:
-    """The one rule, for a deletion's verification and for the end of a run: verified when the verification found a
-    non-empty, complete run and the guard released it without an audit."""
-    audited = isinstance(decision, Release) and decision.audit
-    if result.verified and result.checked > 0 and not isinstance(decision, Hold) and not audited:
-        return Verdict(True, "Verified", f"{result.checked} checkpoints, {result.bytes} bytes verified")
-    if isinstance(decision, Release):  # audited: nothing to protect
-        return Verdict(False, "NothingToProtect", decision.reason)
-    why = problems_message(result.problems) or (decision.reason if decision else "not verified")
-    return Verdict(False, "NotVerified", why)
 
 
 def verification_status(

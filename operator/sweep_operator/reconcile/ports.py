@@ -14,7 +14,7 @@ from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from . import admission, kueue, resume
+from . import admission, kueue, resume, workloads
 from .actions import Decision
 from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
@@ -116,7 +116,7 @@ class Budgets:
     def ask(self, facts: SweepFacts, spec: Any) -> Any:
         """The GPU caps' answer for the sweep run with `spec`; the ledger's records an admission."""
         ref = facts.ref
-        if kueue.our_queue_steps_aside(self.context.queue_name(spec, ref.namespace)):
+        if workloads.our_queue_steps_aside(self.context.queue_name(spec, ref.namespace)):
             return kueue.decide_kueue_admission(spec, self.settings.limits)  # Kueue's quota, not our ledger
         created = meta_of(facts.body).get("creationTimestamp") or ""
         return self.ledger.decide(ref.namespace, ref.name, created, spec, self.settings.limits)

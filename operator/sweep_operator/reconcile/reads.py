@@ -26,9 +26,10 @@ from .admission import owned_by
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of
 from .facts import ObjectRef, SweepFacts, meta_of, status_of
-from .guard import GuardTarget, StorageDefaults, error_code, run_target, status_target, sweep_name_of, target_of
-from .kueue import kueue_managed
+from .guard import GuardTarget, StorageDefaults, error_code, run_target, sweep_name_of
 from .run_phase import progress_wanted, result_wanted
+from .verdicts import status_target, target_of
+from .workloads import kueue_managed
 
 log = logging.getLogger(__name__)
 

@@ -11,237 +11,40 @@ the entrypoint (the run spec's `attempt`, this attempt's deadlines).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
+from sweep_contracts.api import RESUMABLE_PHASES, Phase
 
 from ..policy import Admit
-from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
-from .guard import EMPTY_RUN_ROOT, reported_checkpoints
+from ..status import rfc3339
+from .attempts import (
+    MAX_MISSING_NAMED,
+    OUTCOME_NOT_RESUMABLE,
+    OUTCOME_REFUSED,
+    OUTCOME_STARTED,
+    TRIGGER_CLUSTER_LOSS,
+    TRIGGER_RESUME,
+    Attempt,
+    LastResume,
+    RayJobEnd,
+    RunRootCheck,
+    _int,
+    attempt_rayjob_name,
+    attempts_of,
+    cluster_loss,
+    last_resume_status,
+    rayjob_end_from,
+    total_ran_seconds,
+)
+from .verdicts import EMPTY_RUN_ROOT
 
-# Phases a sweep can be resumed from. BudgetExhausted: the GPU-hour budget stopped it (raise the budget first).
-TRIGGER_INITIAL = "Initial"  # the sweep's first RayJob
-TRIGGER_RESUME = "Resume"  # spec.resume.generation was raised
-TRIGGER_CLUSTER_LOSS = "ClusterLoss"  # failurePolicy.resumeOnClusterLoss
-OUTCOME_STARTED = "Started"
-OUTCOME_REFUSED = "Refused"
-OUTCOME_NOT_RESUMABLE = "NotResumable"
 MIN_ATTEMPT_SECONDS = 30  # DeadlinesSpec.active_seconds' minimum
-MAX_MISSING_NAMED = 20  # as CheckpointsStatus.problems
-ATTEMPT_SUFFIX = "-a"
-
-# KubeRay v1.7.0's RayJob failure reasons (ray-operator/apis/ray/v1/rayjob_types.go, JobFailedReason).
-REASON_APP_FAILED = "AppFailed"
-REASON_SUBMISSION_FAILED = "SubmissionFailed"
-REASON_JOB_STATUS_CHECK_TIMEOUT = "JobStatusCheckTimeoutExceeded"
-# Messages KubeRay sets with AppFailed when the head, not the application, went away (rayjob_controller.go).
-HEAD_POD_NOT_FOUND = "Ray head pod not found."  # checkSubmitterAndUpdateStatusIfNeeded, SidecarMode
-JOB_NOT_FOUND_ON_CLUSTER = "Submitter completed but Ray job not found in RayCluster."  # Reconcile, Running branch
 
 
 # ------------------------------------------------------------------------------------------------ facts
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One row of `status.attempts[]`: one RayJob of the run."""
-
-    number: int
-    ray_job_name: str = ""
-    trigger: str = TRIGGER_INITIAL
-    generation: int | None = None  # spec.resume.generation that asked for it (None: not asked by a resume)
-    started_at: float | None = None
-    ended_at: float | None = None
-    outcome: str | None = None  # the sweep phase the attempt ended in; None while it runs
-    reason: str | None = None  # the RayJob's failure reason (KubeRay's status.reason), when it has one
-    active_seconds: int | None = None  # the attempt's own budget
-    deadline_at: float | None = None
-    num_samples: int | None = None  # tune.numSamples (the total over all attempts) it ran with
-    checkpoints_at_start: int | None = None  # checkpoints verified before it started
-    checkpoints_verified: int | None = None  # checkpoints verified at its end
-
-    @property
-    def ran_seconds(self) -> int:
-        if self.started_at is None or self.ended_at is None:
-            return 0
-        return max(0, round(self.ended_at - self.started_at))
-
-    @property
-    def ended(self) -> bool:
-        return self.ended_at is not None or self.outcome is not None
-
-    def to_status(self) -> dict[str, Any]:
-        """The row as `status.attempts[]` holds it (api.AttemptStatus, camelCase, unset fields left out)."""
-        row = {
-            "attempt": self.number,
-            "rayJobName": self.ray_job_name or None,
-            "trigger": self.trigger,
-            "generation": self.generation,
-            "startedAt": rfc3339(self.started_at) if self.started_at is not None else None,
-            "endedAt": rfc3339(self.ended_at) if self.ended_at is not None else None,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "activeSeconds": self.active_seconds,
-            "ranSeconds": self.ran_seconds if self.ended_at is not None else None,
-            "deadlineAt": rfc3339(self.deadline_at) if self.deadline_at is not None else None,
-            "numSamples": self.num_samples,
-            "checkpointsAtStart": self.checkpoints_at_start,
-            "checkpointsVerified": self.checkpoints_verified,
-        }
-        return {k: v for k, v in row.items() if v is not None}
-
-    @classmethod
-    def from_status(cls, row: Mapping[str, Any]) -> Attempt:
-        def number(key: str) -> int | None:
-            value = row.get(key)
-            return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-        return cls(
-            number=number("attempt") or 1,
-            ray_job_name=str(row.get("rayJobName") or ""),
-            trigger=str(row.get("trigger") or TRIGGER_INITIAL),
-            generation=number("generation"),
-            started_at=epoch_seconds(row.get("startedAt")),
-            ended_at=epoch_seconds(row.get("endedAt")),
-            outcome=row.get("outcome") or None,
-            reason=row.get("reason") or None,
-            active_seconds=number("activeSeconds"),
-            deadline_at=epoch_seconds(row.get("deadlineAt")),
-            num_samples=number("numSamples"),
-            checkpoints_at_start=number("checkpointsAtStart"),
-            checkpoints_verified=number("checkpointsVerified"),
-        )
-
-
-def attempts_of(status: Mapping[str, Any], *, num_samples: int | None = None) -> tuple[Attempt, ...]:
-    """`status.attempts[]`; for a run from before attempts were recorded, attempt 1 rebuilt from the status
-    (its RayJob, startedAt, finishedAt, deadlineAt and phase), so the first resume can count its time."""
-    rows = status.get("attempts")
-    if isinstance(rows, list) and rows:
-        return tuple(Attempt.from_status(r) for r in rows if isinstance(r, Mapping))
-    if not status.get("runId"):
-        return ()
-    started, ended, deadline = (epoch_seconds(status.get(k)) for k in ("startedAt", "finishedAt", "deadlineAt"))
-    phase = status.get("phase")
-    ended_phase = phase if phase in RESUMABLE_PHASES or phase == Phase.INVALID else None
-    return (
-        Attempt(
-            number=1,
-            ray_job_name=str(status.get("rayJobName") or ""),
-            started_at=started,
-            ended_at=ended if ended_phase else None,
-            outcome=ended_phase,
-            reason=status.get("reason") or None,
-            active_seconds=int(deadline - started) if started is not None and deadline is not None else None,
-            deadline_at=deadline,
-            num_samples=num_samples,
-            checkpoints_verified=_int((status.get("checkpoints") or {}).get("checked"))
-            if (status.get("checkpoints") or {}).get("verified")
-            else None,
-        ),
-    )
-
-
-def _int(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class RayJobEnd:
-    """How the last attempt's RayJob ended, as KubeRay reports it, and whether the driver recorded its own end."""
-
-    deployment_status: str = ""
-    reason: str = ""
-    message: str = ""
-    job_status: str = ""
-    driver_phase: str | None = None  # `phase` of the run's _sweep/status.json (the driver's last word)
-
-
-def cluster_loss(end: RayJobEnd | None) -> str | None:
-    """Why the RayJob's cluster, not the application, is what failed (None: not a cluster loss).
-
-    KubeRay v1.7.0 has no reason of its own for a lost cluster; in K8sJobMode (what the operator renders) a head
-    pod that is gone (node lost, spot interruption, deleted) shows as one of these, read from
-    ray-operator/controllers/ray/rayjob_controller.go:
-    - `JobStatusCheckTimeoutExceeded`: the dashboard on the head did not answer GetJobInfo for
-      RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (300 s by default) (`recordJobStatusCheckFailure`,
-      `checkJobStatusCheckTimeoutAndUpdateStatusIfNeeded`); never retried (`checkBackoffLimitAndUpdateStatusIfNeeded`);
-    - `SubmissionFailed` while the Ray job was RUNNING: the submitter (`ray job submit`, following the logs) lost the
-      head and its Job failed (`checkSubmitterAndUpdateStatusIfNeeded`, K8sJobMode; AppFailed only if the job had
-      been seen FAILED);
-    - `AppFailed` with "Ray head pod not found." (SidecarMode) or "Submitter completed but Ray job not found in
-      RayCluster." (a head that restarted without GCS fault tolerance lost its job table; the Running branch of
-      `Reconcile`).
-    A driver that recorded its own end (its _sweep/status.json says so) ended by itself: not a cluster loss. A
-    `Retrying` RayJob is still KubeRay's to retry (backoffLimit); only `Failed` is final.
-    """
-    if end is None or end.deployment_status != DEPLOYMENT_FAILED:
-        return None
-    if end.driver_phase in DRIVER_END_PHASES:
-        return None
-    if end.reason == REASON_JOB_STATUS_CHECK_TIMEOUT:
-        return f"KubeRay could not reach the Ray head ({end.reason}: {end.message or 'job status checks kept failing'})"
-    if end.reason == REASON_SUBMISSION_FAILED and end.job_status == "RUNNING":
-        return f"the submitter lost the running Ray job's head ({end.reason}: {end.message or 'submission failed'})"
-    if end.reason == REASON_APP_FAILED and end.message.strip() in (HEAD_POD_NOT_FOUND, JOB_NOT_FOUND_ON_CLUSTER):
-        return f"the Ray head went away ({end.reason}: {end.message.strip()})"
-    return None
-
-
-@dataclass(frozen=True)
-class RunRootCheck:
-    """A fresh verification of the run root (verification.VerificationResult, reduced to what deciding needs)."""
-
-    root: str
-    verified: bool
-    checked: int = 0
-    problems: tuple[tuple[str, str, str], ...] = ()  # (kind, key, detail)
-    reported: tuple[str, ...] = ()  # checkpoint URIs the run's _sweep/status.json / result.json report
-    records_readable: bool = True
-
-    @classmethod
-    def from_result(
-        cls,
-        result: Any,
-        *,
-        progress: Mapping[str, Any] | None = None,
-        final: Mapping[str, Any] | None = None,
-        records_readable: bool = True,
-        root: str | None = None,
-    ) -> RunRootCheck:
-        problems = tuple((str(p.kind), str(p.key), str(p.detail)) for p in result.problems)
-        return cls(
-            root if root is not None else str(result.root),
-            bool(result.verified),
-            int(result.checked),
-            problems,
-            tuple(reported_checkpoints(progress, final)),
-            records_readable,
-        )
-
-
-@dataclass(frozen=True)
-class LastResume:
-    """`status.lastResume`: the operator's last resume decision (what stops a refused one being retried forever)."""
-
-    attempt: int  # the attempt it would start (or started)
-    trigger: str
-    outcome: str
-    generation: int | None = None
-
-    @classmethod
-    def from_status(cls, doc: Mapping[str, Any] | None) -> LastResume | None:
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("attempt"), int):
-            return None
-        return cls(
-            int(doc["attempt"]),
-            str(doc.get("trigger") or ""),
-            str(doc.get("outcome") or ""),
-            _int(doc.get("generation")),
-        )
 
 
 @dataclass(frozen=True)
@@ -485,15 +288,6 @@ def _run_root_refusal(check: RunRootCheck) -> tuple[str, tuple[str, ...]] | None
 # --------------------------------------------------------------------------------------------- naming
 
 
-def attempt_rayjob_name(sweep_name: str, run_id: str, attempt: int) -> str:
-    """The RayJob of attempt `attempt`: `<sweep>-<runId>` for the first (as rendering.rayjob_name), then
-    `<sweep>-<runId>-a<N>`. KubeRay names the RayCluster after it, so every attempt's name is new; at most 47
-    characters (KubeRay's MaxRayJobNameLength), DNS-1035, long names shortened with a hash as for attempt 1."""
-    from ..rendering import rayjob_name  # the one shortening rule
-
-    return rayjob_name(sweep_name, run_id, f"{ATTEMPT_SUFFIX}{attempt}" if attempt > 1 else "")
-
-
 # ------------------------------------------------------------------------------------------ status patches
 
 
@@ -528,10 +322,6 @@ def facts_from_sweep(
         deleting=bool(meta.get("deletionTimestamp")),
         verification=verification,
     )
-
-
-def total_ran_seconds(attempts: Sequence[Attempt]) -> int:
-    return sum(a.ran_seconds for a in attempts)
 
 
 def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_samples: int | None = None) -> dict[str, Any]:
@@ -597,53 +387,6 @@ def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> dict[str, A
     if decision.generation is not None:
         patch["resumedGeneration"] = decision.generation
     return patch
-
-
-def end_patch(
-    status: Mapping[str, Any],
-    *,
-    phase: str,
-    now: float,
-    reason: str | None = None,
-    checkpoints_verified: int | None = None,
-) -> dict[str, Any]:
-    """Close the running attempt's row when the sweep reaches an ended phase ({} when there is none open)."""
-    attempts = list(attempts_of(status))
-    if not attempts or (attempts[-1].ended_at is not None and checkpoints_verified is None):
-        return {}
-    last = attempts[-1]
-    attempts[-1] = replace(
-        last,
-        ended_at=last.ended_at if last.ended_at is not None else now,
-        outcome=last.outcome or phase,
-        reason=last.reason or reason or None,
-        checkpoints_verified=checkpoints_verified if checkpoints_verified is not None else last.checkpoints_verified,
-    )
-    return {"attempts": [a.to_status() for a in attempts], "totalRanSeconds": total_ran_seconds(attempts)}
-
-
-def last_resume_status(
-    attempt: int,
-    trigger: str,
-    outcome: str,
-    message: str,
-    generation: int | None,
-    *,
-    now: float,
-    missing: Sequence[str] = (),
-) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "attempt": attempt,
-        "trigger": trigger,
-        "outcome": outcome,
-        "message": message[:2000],
-        "decidedAt": rfc3339(now),
-    }
-    if generation is not None:
-        doc["generation"] = generation
-    if missing:
-        doc["missing"] = list(missing)
-    return doc
 
 
 def event_for(decision: ResumeDecision) -> tuple[str, str, str] | None:
@@ -733,31 +476,6 @@ def as_decision(
     return None
 
 
-def rayjob_end_from(
-    status: Mapping[str, Any], rayjob: Mapping[str, Any] | None = None, driver_phase: str | None = None
-) -> RayJobEnd | None:
-    """How the last attempt's RayJob ended: from the RayJob when it is still there, else from what the sweep's
-    status recorded of it at the end (jobDeploymentStatus, jobStatus, reason). None: nothing recorded."""
-    if rayjob is not None:
-        seen = rayjob.get("status") or {}
-        return RayJobEnd(
-            str(seen.get("jobDeploymentStatus") or ""),
-            str(seen.get("reason") or ""),
-            str(seen.get("message") or ""),
-            str(seen.get("jobStatus") or ""),
-            driver_phase,
-        )
-    if not status.get("jobDeploymentStatus"):
-        return None
-    return RayJobEnd(
-        str(status.get("jobDeploymentStatus") or ""),
-        str(status.get("reason") or ""),
-        "",
-        str(status.get("jobStatus") or ""),
-        driver_phase,
-    )
-
-
 def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
     """Whether an ended sweep's pass should ask `decide` at all (no reads otherwise): a spec.resume generation not
     acted on yet, or the automatic policy on a Failed sweep."""
@@ -806,7 +524,7 @@ def resume_step(
     the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep)."""
     from ..status import updated
     from .actions import Decision
-    from .guard import status_target
+    from .verdicts import status_target
 
     status = dict(body.get("status") or {})
     if not may_resume(status, sweep.spec):
@@ -868,24 +586,3 @@ def resume_step(
                     decision.generation,
                 )
     return as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
-
-
-def pending(body: Mapping[str, Any]) -> bool:
-    """Whether an ended sweep has a resume to act on, from the raw object (the timer tick asks it, no parse, no
-    reads): a spec.resume generation not acted on, or a cluster loss the automatic policy has not answered yet."""
-    spec, status = body.get("spec") or {}, body.get("status") or {}
-    if not status.get("runId") or (body.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    asked = _int((spec.get("resume") or {}).get("generation")) or 0
-    if asked > (_int(status.get("resumedGeneration")) or 0):
-        return True
-    policy = _int((spec.get("failurePolicy") or {}).get("resumeOnClusterLoss")) or 0
-    if policy <= 0 or status.get("phase") != Phase.FAILED:
-        return False
-    end = rayjob_end_from(status)
-    lost = cluster_loss(end) is not None or (end is not None and end.reason == REASON_APP_FAILED)  # message unread
-    last = LastResume.from_status(status.get("lastResume"))
-    answered = (
-        last is not None and last.trigger == TRIGGER_CLUSTER_LOSS and last.attempt == len(attempts_of(status)) + 1
-    )
-    return lost and not answered

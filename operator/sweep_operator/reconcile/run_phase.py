@@ -13,6 +13,7 @@ from typing import Any
 from sweep_contracts.api import WAITING_PHASES, Phase
 
 from ..policy import demand_of
+from ..run_metadata import worker_cap
 from ..status import (
     RayJobFacts,
     conditions_with,
@@ -24,11 +25,10 @@ from ..status import (
     updated,
 )
 from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
-from .drift import worker_cap
+from .attempts import end_patch
+from .attempts import pending as resume_pending
 from .facts import SweepFacts
-from .guard import decide_after_verification, verdict
-from .resume import end_patch
-from .resume import pending as resume_pending
+from .verdicts import decide_after_verification, verdict
 
 Condition = tuple[str, bool | str, str, str]
 
@@ -209,36 +209,68 @@ def decide_run(facts: SweepFacts) -> Decision:
     if is_terminal(phase):
         return Decision(actions=(ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),))
     changes: dict[str, Any] = {}
-    conditions: list[Condition] = []
     actions: list[Any] = []
     events: list[Event] = []
     if generation != status.get("observedGeneration"):
         _spec_change(facts, changes, actions, events)
-    admitted = facts.admitted_spec
     rayjob = facts.rayjob
     if rayjob is None:
-        message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
-        changes.update(
-            {
-                "phase": Phase.FAILED,
-                "message": message,
-                "finishedAt": rfc3339(now),
-                "conditions": conditions_with(
-                    status,
-                    generation,
-                    now,
-                    ("Running", False, "RayJobDeleted", message),
-                    ("Ready", False, "Failed", message),
-                ),
-            }
-        )
-        return Decision(updated(status, changes), (*actions, ReleaseBudget()), tuple(events))
-    new_phase = phase_for(rayjob)
-    message = changes.get("message") or status.get("message") or ""
-    deadline = parse_time(status.get("deadlineAt"))
+        return _rayjob_gone(facts, status, changes, actions, events)
+    _attempt_changes(facts, status, rayjob, changes)
+    judged = _judge_phase(facts, status, rayjob, changes.get("message") or status.get("message") or "", changes)
+    if judged is None:
+        return _diagnose(facts)
+    new_phase, message, conditions, stops = judged
+    actions.extend(stops)
+    if new_phase != phase and not conditions:
+        message = phase_message(new_phase, rayjob)
+    changes.update(
+        {
+            "phase": new_phase,
+            "message": message,
+            "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
+            "jobDeploymentStatus": rayjob.deployment_status or None,
+            "jobStatus": rayjob.job_status or None,
+            "reason": rayjob.reason or None,
+        }
+    )
+    conditions.extend(_phase_conditions(new_phase, rayjob, message, conditions))
+    if is_terminal(new_phase):
+        changes["finishedAt"] = rfc3339(now)
+        actions.extend((ReleaseBudget(), Finish()))
+    if conditions:
+        changes["conditions"] = conditions_with(status, generation, now, *conditions)
+    return Decision(updated(status, changes), tuple(actions), tuple(events))
+
+
+def _rayjob_gone(
+    facts: SweepFacts, status: Mapping[str, Any], changes: dict[str, Any], actions: list[Any], events: list[Event]
+) -> Decision:
+    """The run's RayJob was deleted outside the operator: the run failed."""
+    message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
+    changes.update(
+        {
+            "phase": Phase.FAILED,
+            "message": message,
+            "finishedAt": rfc3339(facts.now),
+            "conditions": conditions_with(
+                status,
+                facts.generation,
+                facts.now,
+                ("Running", False, "RayJobDeleted", message),
+                ("Ready", False, "Failed", message),
+            ),
+        }
+    )
+    return Decision(updated(status, changes), (*actions, ReleaseBudget()), tuple(events))
+
+
+def _attempt_changes(
+    facts: SweepFacts, status: Mapping[str, Any], rayjob: RayJobFacts, changes: dict[str, Any]
+) -> None:
+    """When training and this attempt started, and the progress polled this pass."""
     if rayjob.running and not status.get("trainingStartedAt"):
-        changes["trainingStartedAt"] = rfc3339(now)
-    graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
+        changes["trainingStartedAt"] = rfc3339(facts.now)
     if (
         rayjob.start_time
         and rayjob.deployment_status not in ("Retrying", "")
@@ -247,6 +279,19 @@ def decide_run(facts: SweepFacts) -> Decision:
         changes["attemptStartedAt"] = rayjob.start_time
     if facts.progress:
         changes.update(facts.progress)
+
+
+def _judge_phase(
+    facts: SweepFacts, status: Mapping[str, Any], rayjob: RayJobFacts, message: str, changes: Mapping[str, Any]
+) -> tuple[str, str, list[Condition], list[Any]] | None:
+    """The phase KubeRay's state implies, overruled by the deadline and startup rules: (phase, message, conditions,
+    the RayJob's stop if one is due). None: the startup diagnosis is needed first."""
+    now, admitted, phase = facts.now, facts.admitted_spec, status.get("phase")
+    conditions: list[Condition] = []
+    stops: list[Any] = []
+    new_phase: str = phase_for(rayjob)
+    deadline = parse_time(status.get("deadlineAt"))
+    graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
     trials = changes.get("trials") or status.get("trials") or {}
     if new_phase == Phase.SUCCEEDED and facts.stopped_at_deadline:
         # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
@@ -261,7 +306,7 @@ def decide_run(facts: SweepFacts) -> Decision:
             f"RayJob {rayjob.name} through the checkpoint guard"
         )
         conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
-        actions.append(DeleteRayJob(rayjob.name))
+        stops.append(DeleteRayJob(rayjob.name))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), 0):
         # The driver stops its trials gracefully at the deadline; deleting the RayJob now would stop the Ray job at
         # once (KubeRay's deletion path) and cut the last checkpoints short.
@@ -283,11 +328,11 @@ def decide_run(facts: SweepFacts) -> Decision:
         # KubeRay reports Running once the head is up and the submitter exists (K8sJobMode), with the GPU workers
         # still Pending: the attempt has started only when a trial runs.
         if facts.diagnosis is None:
-            return _diagnose(facts)
+            return None
         new_phase = Phase.FAILED
         message = f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupDeadlineExceeded", message))
-        actions.append(DeleteRayJob(rayjob.name))
+        stops.append(DeleteRayJob(rayjob.name))
     if (
         new_phase == Phase.FAILED
         and phase != Phase.FAILED
@@ -297,7 +342,7 @@ def decide_run(facts: SweepFacts) -> Decision:
     ):
         # KubeRay gave up before the job ever ran (e.g. its preRunningDeadlineSeconds): say why (R6, R20).
         if facts.diagnosis is None:
-            return _diagnose(facts)
+            return None
         message = f"{phase_message(new_phase, rayjob)}; never reached Running: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupFailed", message))
     if (
@@ -307,34 +352,20 @@ def decide_run(facts: SweepFacts) -> Decision:
     ):
         message = f"KubeRay stopped RayJob {rayjob.name}: activeDeadlineSeconds exceeded"
         conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
-    if new_phase != phase and not conditions:
-        message = phase_message(new_phase, rayjob)
-    changes.update(
-        {
-            "phase": new_phase,
-            "message": message,
-            "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
-            "jobDeploymentStatus": rayjob.deployment_status or None,
-            "jobStatus": rayjob.job_status or None,
-            "reason": rayjob.reason or None,
-        }
-    )
+    return new_phase, message, conditions, stops
+
+
+def _phase_conditions(new_phase: str, rayjob: RayJobFacts, message: str, judged: list[Condition]) -> list[Condition]:
+    """The Running condition the phase implies (unless a rule set it already)."""
     if new_phase == Phase.RUNNING:
-        conditions.append(
-            ("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}")
-        )
-    elif new_phase == Phase.STARTING:
-        conditions.append(("Running", False, "Starting", phase_message(new_phase, rayjob)))
-    elif new_phase == Phase.SUSPENDED:
-        conditions.append(("Running", False, "Suspended", "spec.suspend is true"))
-    if is_terminal(new_phase):
-        changes["finishedAt"] = rfc3339(now)
-        if not any(c[0] == "Running" for c in conditions):
-            conditions.append(("Running", False, new_phase, message))
-        actions.extend((ReleaseBudget(), Finish()))
-    if conditions:
-        changes["conditions"] = conditions_with(status, generation, now, *conditions)
-    return Decision(updated(status, changes), tuple(actions), tuple(events))
+        return [("Running", True, "Running", f"Ray job {rayjob.job_status or 'RUNNING'} on {rayjob.cluster_name}")]
+    if new_phase == Phase.STARTING:
+        return [("Running", False, "Starting", phase_message(new_phase, rayjob))]
+    if new_phase == Phase.SUSPENDED:
+        return [("Running", False, "Suspended", "spec.suspend is true")]
+    if is_terminal(new_phase) and not any(c[0] == "Running" for c in judged):
+        return [("Running", False, new_phase, message)]
+    return []
 
 
 def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) -> dict[str, Any]:
