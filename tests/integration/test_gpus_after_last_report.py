@@ -10,9 +10,11 @@ RayJob). Where someone else did (a Kueue eviction), the guard deletes a held clu
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -30,12 +32,29 @@ STOP_SECONDS = 1.0
 # guard check) and KubeRay's reaction, each a reconcile or two on a machine slowed by a CPU hog. A leak (workers kept
 # until the checkpoints verify, or for good) exceeds it, or never frees the workers the test waits for.
 SLACK_S = 20.0
-WORKERS = 2  # one GPU each (tests/support/factories.py gpu_sweep)
+WORKERS = 2  # one GPU each (tests/support/factories.py gpu_sweep); Kueue sizes the group at its maximum
+QUEUE = "idle-team"
 
 
 @pytest.fixture(scope="module")
 def env(s3_server: Any) -> Iterator[OperatorEnv]:
     environment, stop = start_operator_env(s3_server)
+    environment.standin.emulate_pods = True
+    environment.standin.record_pods()
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+@pytest.fixture(scope="module")
+def kueue_env(s3_server: Any) -> Iterator[OperatorEnv]:
+    from sweep_sandbox.kueue import cluster_queue, local_queue, resource_flavor
+
+    environment, stop = start_operator_env(s3_server, kueue_default_queue=QUEUE)
+    assert environment.kueue is not None
+    environment.kueue.apply_queues(resource_flavor(), local_queue("default", QUEUE, "idle-cq"))
+    environment.kueue.apply(cluster_queue("idle-cq", {"cpu": 256, "memory": "1024Gi", constants.GPU_RESOURCE: 16}))
     environment.standin.emulate_pods = True
     environment.standin.record_pods()
     try:
@@ -58,10 +77,16 @@ def live_workers(env: OperatorEnv, cluster: str) -> list[str]:
     ]
 
 
-def workers_gone(env: OperatorEnv, cluster: str) -> list[PodLife] | None:
-    """The cluster's worker pods' lives once every one is gone (the pod watch saw it), else None."""
+def planned_workers(env: OperatorEnv, cluster: str) -> int:
+    """The worker pods KubeRay creates for the cluster (its groups' replicas; Kueue sizes them at maxReplicas)."""
+    spec = (env.get(constants.RAYCLUSTER_PLURAL, cluster) or {}).get("spec") or {}
+    return sum(int(g.get("replicas", g.get("minReplicas", 0)) or 0) for g in spec.get("workerGroupSpecs") or [])
+
+
+def workers_gone(env: OperatorEnv, cluster: str, count: int) -> list[PodLife] | None:
+    """The cluster's `count` worker pods' lives once every one is gone (the pod watch saw it), else None."""
     lives = lifetimes(env).lives(cluster=cluster, node_type="worker")
-    return lives if len(lives) >= WORKERS and all(w.gone is not None for w in lives) else None
+    return lives if len(lives) >= count and all(w.gone is not None for w in lives) else None
 
 
 def run_of(env: OperatorEnv, rayjob: str) -> ScriptedRun:
@@ -78,7 +103,8 @@ def start_gpu_sweep(env: OperatorEnv, prefix: str, **changes: Any) -> tuple[str,
     env.runner.script(name, Outcome.hang(stop_seconds=STOP_SECONDS))
     env.apply(doc)
     running = env.wait_phase(name, "Running")
-    wait_for(lambda: len(live_workers(env, running["rayClusterName"])) == WORKERS, TIMEOUT, what="GPU workers up")
+    cluster = running["rayClusterName"]
+    wait_for(lambda: len(live_workers(env, cluster)) == planned_workers(env, cluster) > 0, TIMEOUT, what="GPUs up")
     return name, running
 
 
@@ -105,7 +131,7 @@ def test_the_standin_deletes_a_suspended_worker_groups_pods_as_kuberay_v1_7_0(en
         what="the spec refused",
     )
     assert "cannot be suspended with Autoscaler enabled" in invalid[0].message
-    assert len(live_workers(env, cluster_name)) == WORKERS, "a refused spec deletes nothing"
+    assert len(live_workers(env, cluster_name)) == planned_workers(env, cluster_name), "a refused spec deletes nothing"
     env.custom.patch_namespaced_custom_object(
         constants.RAY_GROUP,
         constants.RAY_VERSION_API,
@@ -128,58 +154,148 @@ def test_the_standin_deletes_a_suspended_worker_groups_pods_as_kuberay_v1_7_0(en
 
 @dataclass(frozen=True)
 class Path:
-    """One way a running sweep stops: `stop(env, name, status)` starts it; `held`: the sweep's deletion stays held
-    (a checkpoint file is missing) once the workers are gone."""
+    """One way a running sweep stops. `stop(env, name, rayjob)` starts it and returns the run's last report when the
+    test wrote it (else the end of the driver's graceful stop counts); `held`: the deletion stays held (a checkpoint
+    file is missing) once the workers are gone; `suspended`: the operator started the deletion, so KubeRay deleted
+    the workers of the suspended groups; `cause`: the status.idleGpuSeconds key the path records."""
 
     name: str
-    stop: Callable[[OperatorEnv, str, dict[str, Any]], None]
-    changes: dict[str, Any]
+    stop: Callable[[OperatorEnv, str, str], float | None]
+    changes: dict[str, Any] = field(default_factory=dict)
     held: bool = False
+    suspended: bool = True
+    cause: str = "stopping"
+    kueue: bool = False
 
 
-def _delete(env: OperatorEnv, name: str, _: dict[str, Any]) -> None:
+def _delete(env: OperatorEnv, name: str, rayjob: str) -> float | None:
     env.delete_sweep(name)
+    return None
 
 
-def _nothing(env: OperatorEnv, name: str, _: dict[str, Any]) -> None:
+def _own_limit(env: OperatorEnv, name: str, rayjob: str) -> float | None:
     """The sweep's own deadline or budget stops it."""
+    return None
+
+
+def _no_trial_running(env: OperatorEnv, name: str, rayjob: str) -> float | None:
+    """The driver's last report says its trials are done and none runs (status.json); the operator counts the GPU
+    workers still up as `unscheduled-trials`, then the user deletes the sweep."""
+    bucket, prefix = env.run_root(name)
+    doc = {
+        "phase": "Running",
+        "trials": {"total": 2, "running": 0, "terminated": 2},
+        "updatedAt": "2026-12-05T00:00:00Z",
+    }
+    reported = time.time()
+    env.s3_client.put_object(Bucket=bucket, Key=f"{prefix}/_sweep/status.json", Body=json.dumps(doc).encode())
+    env.wait_status(name, lambda s: (s.get("idleGpuSeconds") or {}).get("unscheduledTrials"), "unscheduled-trials")
+    env.delete_sweep(name)
+    return reported
+
+
+def _preempt(env: OperatorEnv, name: str, rayjob: str) -> float | None:
+    """Kueue evicts the Workload and suspends the RayJob; KubeRay deletes the cluster without stopping the job."""
+    from sweep_sandbox.kueue import workload_name
+
+    assert env.kueue is not None
+    env.kueue.evict("default", workload_name(env.get(constants.RAYJOB_PLURAL, rayjob) or {}))
+    return None
 
 
 PATHS = [
-    Path("user-delete", _delete, {}),
-    Path("held-deletion", _delete, {}, held=True),
+    Path("user-delete", _delete),
+    Path("held-deletion", _delete, held=True),
     Path(
         "deadline",
-        _nothing,
+        _own_limit,
         {"spec__deadlines": {"activeSeconds": 30, "startupSeconds": 20, "gracefulStopSeconds": 2}},
     ),
-    Path("budget", _nothing, {"spec__budget": {"gpuHours": 0.002, "runUntilExhausted": True}}),
+    Path(
+        "budget",
+        _own_limit,  # 21.6 GPU-seconds: some 10 s on 2 GPUs, then a stop with its 2 s window
+        {
+            "spec__budget": {"gpuHours": 0.006, "runUntilExhausted": True},
+            "spec__deadlines": {"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 2},
+        },
+    ),
+    Path("no-trial-running", _no_trial_running, cause="unscheduledTrials"),
+    # Kueue's, not ours: the guard frees the held cluster's workers once the head says the job stopped (the RayJob's
+    # jobStatus stays RUNNING while KubeRay suspends it), not the graceful window (30 s) later.
+    Path("kueue-preemption", _preempt, held=True, suspended=False, cause="preemption", kueue=True),
 ]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
-def test_gpu_seconds_after_the_last_report_are_bounded(env: OperatorEnv, path: Path) -> None:
-    """The run reports until it is told to stop and for STOP_SECONDS after (its graceful stop); from then on its
-    GPU workers may hold at most WORKERS x SLACK_S GPU-seconds before they are gone, whether or not the deletion is
+def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRequest, path: Path) -> None:
+    """The run reports until its last report (the end of its graceful stop, or what the test wrote); from then on
+    its GPU workers may hold at most SLACK_S GPU-seconds each before they are gone, whether or not the deletion is
     held afterwards (then the cluster, its head and the finalizer stay)."""
+    env: OperatorEnv = request.getfixturevalue("kueue_env" if path.kueue else "env")
     name, running = start_gpu_sweep(env, f"b-{path.name[:6]}", **path.changes)
     cluster, rayjob = running["rayClusterName"], running["rayJobName"]
+    count = planned_workers(env, cluster)
     bucket, prefix = env.run_root(name)
     synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
     if path.held:
         synthetic.delete_file()
     run = run_of(env, rayjob)
-    path.stop(env, name, running)
+    reported = path.stop(env, name, rayjob)
     wait_for(lambda: run.stop_requests, TIMEOUT, what="the graceful stop asked")
-    last_report = run.stop_requests[0] + STOP_SECONDS  # the driver's last report ends its graceful stop
-    workers = wait_for(lambda: workers_gone(env, cluster), TIMEOUT, what="the GPU workers gone")
-    assert len(workers) == WORKERS and all(w.gpus == 1 for w in workers), workers
+    last_report = reported if reported is not None else run.stop_requests[0] + STOP_SECONDS
+    workers = wait_for(lambda: workers_gone(env, cluster, count), TIMEOUT, what="the GPU workers gone")
+    assert len(workers) == count and all(w.gpus == 1 for w in workers), workers
     held = lifetimes(env).gpu_seconds_after(last_report, cluster=cluster, node_type="worker")
-    assert held <= WORKERS * SLACK_S, f"{held:.1f} GPU-seconds after the last report"
+    assert held <= count * SLACK_S, f"{held:.1f} GPU-seconds after the last report"
+    deleted = [e for e in env.events(cluster) if e.reason == "DeletedWorkerPod"]
+    assert bool(deleted) == path.suspended, "KubeRay deletes the workers of the groups the operator suspended"
+    recorded = env.wait_status(name, lambda s: (s.get("idleGpuSeconds") or {}).get(path.cause), path.cause)
+    assert 0 < recorded["idleGpuSeconds"][path.cause] <= count * (SLACK_S + 60), recorded["idleGpuSeconds"]
     if path.held:
-        assert env.sweep(name) is not None, "the deletion is still held"
+        assert env.get(constants.RAYCLUSTER_PLURAL, cluster) is not None or path.suspended, "the cluster stays held"
         write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
-    elif env.sweep(name) is not None and not (env.sweep(name) or {})["metadata"].get("deletionTimestamp"):
+    if path.kueue:  # released once verified; Kueue readmits the sweep, which the test then deletes
+        env.wait_status(name, lambda s: (s.get("kueue") or {}).get("admissions") == 2, "readmitted")
+    sweep = env.sweep(name)
+    if sweep is not None and not sweep["metadata"].get("deletionTimestamp"):
         env.delete_sweep(name)
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released")
-    assert time.time() > last_report
+
+
+def test_an_operator_restarted_mid_stop_neither_asks_again_nor_forgets_the_stop(env: OperatorEnv) -> None:
+    """The graceful stop's request is in status.gracefulStop (only the operator writes a sweep's status): an
+    operator restarted while the driver stops asks the head nothing more (its window runs from the first request)
+    and still deletes the RayJob only once the job stopped."""
+    stop_seconds = 6.0
+    doc = env.new_sweep(
+        "restart", spec__deadlines={"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 60}
+    )
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(stop_seconds=stop_seconds))
+    env.apply(doc)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    run = run_of(env, rayjob)
+    deleting: list[float] = []
+
+    def watch() -> None:
+        while not deleting and env.get(constants.RAYJOB_PLURAL, rayjob) is not None:
+            if ((env.get(constants.RAYJOB_PLURAL, rayjob) or {}).get("metadata") or {}).get("deletionTimestamp"):
+                deleting.append(time.time())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    env.delete_sweep(name)
+    env.wait_status(name, lambda s: s.get("gracefulStop"), "the stop's request recorded")
+    assert run.stop_requests and not deleting
+    env.operator.stop()
+    env.operator = type(env.operator)(env.settings, env.server.url, s3_client_for=env.s3_switch)
+    env.operator.start()
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released")
+    watcher.join(TIMEOUT)
+    assert env.standin.jobs_api is not None
+    stops = [r for r in env.standin.jobs_api.requests if r[0] == "POST" and rayjob in r[1]]
+    assert len(stops) == 1, f"asked again after the restart: {stops}"
+    assert deleting and deleting[0] >= run.stop_requests[0] + stop_seconds, "deleted before the job stopped"
