@@ -603,17 +603,13 @@ def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
 
 
 class Ports:
-    """Fake ports: a verifier answer, the run's documents, a namespace budget, an API that creates RayJobs."""
+    """Fake ports: a verifier answer, the run's documents, a namespace budget (the step creates nothing itself)."""
 
-    def __init__(
-        self, verified: bool = True, problems: tuple = (), waits: str | None = None, existing: dict | None = None
-    ) -> None:
+    def __init__(self, verified: bool = True, problems: tuple = (), waits: str | None = None) -> None:
         from tests.support.fakes import FakeResult, Finding
 
         self.result = FakeResult(verified=verified, checked=3, problems=[Finding(*p) for p in problems])
-        self.waits, self.existing = waits, existing
-        self.created: list[dict] = []
-        self.events: list[tuple[str, str, str]] = []
+        self.waits = waits
         self.verified: list[str] = []
 
     def ports(self) -> r.ResumePorts:
@@ -622,15 +618,13 @@ class Ports:
             documents=lambda target: ({"phase": "Running"}, None, True),
             rayjob=lambda name: None,
             admit=lambda sweep, attempt: self.waits,
-            create=self.create,
-            emit=lambda *event: self.events.append(event),
         )
 
-    def create(self, rayjob: dict) -> tuple[dict, bool]:
-        if self.existing is not None:
-            return self.existing, False
-        self.created.append(rayjob)
-        return rayjob, True
+
+def creates(decision: object) -> list[object]:
+    from sweep_operator.reconcile.actions import CreateRayJob
+
+    return [a for a in getattr(decision, "actions", ()) if isinstance(a, CreateRayJob)]
 
 
 def ended_body(**spec_changes: object) -> tuple[dict, object]:
@@ -670,8 +664,8 @@ def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() 
     ports = Ports()
     decision = step(doc, sweep, ports)
     assert ports.verified == [doc["status"]["guard"]["runRoot"]]
-    (rayjob,) = ports.created
-    assert rayjob["metadata"]["name"] == "digits-abc123-a2"
+    (create,) = creates(decision)  # an action for the controller's _act: the step itself creates nothing
+    assert create.rayjob["metadata"]["name"] == "digits-abc123-a2" and create.attempt == 2 and create.owner_uid == "u1"
     assert decision.status["phase"] == "Starting" and decision.status["resumedGeneration"] == 1
     assert [row["attempt"] for row in decision.status["attempts"]] == [1, 2]
     assert [e.reason for e in decision.events] == ["Resumed"]
@@ -682,7 +676,7 @@ def test_a_step_on_an_unverified_run_root_creates_nothing_and_names_what_is_miss
     doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
     ports = Ports(verified=False, problems=(("missing-file", "sweeps/ml/digits-abc123/train/t1/c/w.pt", "gone"),))
     decision = step(doc, sweep, ports)
-    assert ports.created == [] and decision.status["phase"] == "DeadlineExceeded"
+    assert creates(decision) == [] and decision.status["phase"] == "DeadlineExceeded"
     assert decision.status["lastResume"]["missing"] == ["missing-file sweeps/ml/digits-abc123/train/t1/c/w.pt"]
     assert [(e.type, e.reason) for e in decision.events] == [("Warning", "ResumeRefused")]
 
@@ -696,11 +690,14 @@ def test_a_step_waits_for_namespace_capacity_without_consuming_the_generation() 
 
 def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
     doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    (create,) = creates(step(doc, sweep, Ports()))
     foreign = {"metadata": {"name": "digits-abc123-a2", "labels": {"sweeps.dev/run-id": "zzz999"}}}
-    decision = step(doc, sweep, Ports(existing=foreign))
-    assert (
-        decision.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in decision.status["message"]
-    )
+    ours = {"metadata": {"name": "digits-abc123-a2", "labels": {"sweeps.dev/run-id": "abc123"}}}
+    owned_by_other = {"metadata": {**ours["metadata"], "ownerReferences": [{"uid": "other"}]}}
+    assert not r.adoptable(foreign, create.run_id, create.owner_uid) and r.adoptable(ours, "abc123", "u1")
+    assert not r.adoptable(owned_by_other, "abc123", "u1")
+    taken = create.taken  # what _act writes instead when the name is held by an object that is not this run's
+    assert taken.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in taken.status["message"]
 
 
 def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> None:
@@ -712,9 +709,8 @@ def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> No
         jobStatus="RUNNING",
         finishedAt=r.rfc3339(NOW - 3000),
     )
-    ports = Ports()
-    decision = step(doc, sweep, ports)
-    assert [e[1] for e in ports.events] == ["AutoResume"] and ports.created
+    decision = step(doc, sweep, Ports())
+    assert [e.reason for e in decision.events][:1] == ["AutoResume"] and creates(decision)
     assert decision.status["attempts"][-1]["trigger"] == "ClusterLoss"
     assert step(ended_body()[0], ended_body()[1], Ports()) is None  # nothing asked, no policy
 

@@ -23,11 +23,17 @@ class Event:
 
 @dataclass(frozen=True)
 class CreateRayJob:
-    """Create the run's RayJob (or find the one an earlier attempt created); `admission.after_create` decides next."""
+    """Create the run's RayJob (or find the one an earlier attempt created). A first admission's create is carried
+    out by the controller before `admission.after_create` decides on its outcome; a resumed attempt's (`attempt` > 1)
+    is carried out by `_act`: its decision's status is written when the RayJob was created or is this run's
+    (`resume.adoptable`), else `taken`, decided beside it."""
 
     rayjob: Mapping[str, Any]
     run_id: str
     deadline_at: int
+    attempt: int = 1
+    owner_uid: str = ""  # the sweep's uid: an existing RayJob it does not own is not adopted
+    taken: Decision | None = None
 
 
 @dataclass(frozen=True)

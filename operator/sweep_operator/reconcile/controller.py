@@ -316,7 +316,7 @@ class SweepController:
             resumed = resume.resume_step(
                 facts.body,
                 facts.sweep,
-                resume_ports(facts, self.budgets, self.emit),
+                resume_ports(facts, self.budgets),
                 now=facts.now,
                 context=self.render_context,
                 max_active_seconds=self.settings.limits.max_active_seconds,
@@ -348,6 +348,12 @@ class SweepController:
     def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write."""
         ref = ObjectRef.of(body)
+        create = decision.wants(CreateRayJob)
+        if create is not None and create.taken is not None:  # a resumed attempt's RayJob (its status follows)
+            made, fresh = self.kube.create_rayjob(dict(create.rayjob))
+            self.cache.observe_rayjob(made)
+            if not fresh and not resume.adoptable(made, create.run_id, create.owner_uid):
+                decision = create.taken
         for action in decision.actions:
             if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
                 self.stopping.add((ref.namespace, action.name, ref.name))

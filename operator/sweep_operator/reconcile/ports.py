@@ -19,7 +19,6 @@ from .actions import Decision
 from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
 from .reads import Reads
-from .status_writer import EventSink
 from .usage import GpuHourAsk, ReservationFacts, decide_gpu_hour_answer
 
 log = logging.getLogger(__name__)
@@ -212,9 +211,9 @@ class Budgets:
         )
 
 
-def resume_ports(facts: SweepFacts, budgets: Budgets, emit: EventSink) -> resume.ResumePorts:
-    """The I/O a resume step may do for this sweep: verify afresh, read the run's records, ask the namespace's
-    budgets as an admission does, create (or adopt) the attempt's RayJob, post Events on the sweep."""
+def resume_ports(facts: SweepFacts, budgets: Budgets) -> resume.ResumePorts:
+    """What a resume step may ask for this sweep: verify afresh, read the run's records, ask the namespace's budgets
+    as an admission does (the RayJob's create and the Events are the step's actions, carried out by `_act`)."""
     reads, ref = budgets.reads, facts.ref
 
     def admit(sweep: Any, decision: Any = None) -> str | None:
@@ -225,16 +224,9 @@ def resume_ports(facts: SweepFacts, budgets: Budgets, emit: EventSink) -> resume
         hours = budgets.gpu_hours(facts, budget, spec=spec, attempt=attempt) if isinstance(budget, Admit) else None
         return resume.budget_refusal(budget, hours)
 
-    def create(rayjob: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        made, created = reads.kube.create_rayjob(rayjob)
-        reads.cache.observe_rayjob(made)
-        return made, created
-
     return resume.ResumePorts(
         verify=lambda target: reads.verify(target, pooled=False),
         documents=reads.run_documents,
         rayjob=lambda name: reads.rayjob(ObjectRef(ref.namespace, name)),
         admit=admit,
-        create=create,
-        emit=lambda type_, reason, message: emit(facts.body, type_, reason, message),
     )

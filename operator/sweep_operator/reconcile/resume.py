@@ -485,19 +485,26 @@ def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
     return bool(status.get("runId")) and (asked or automatic)
 
 
-# ------------------------------------------------------------------------------ one resume step, I/O injected
+# ------------------------------------------------------------------------------ one resume step, reads lent
 
 
 @dataclass(frozen=True)
 class ResumePorts:
-    """What the controller lends a resume step (the only I/O it does, all injected)."""
+    """What the controller lends a resume step: reads, and the namespace's admission. The attempt's RayJob is not
+    created here: the step returns it as a `CreateRayJob` action, which the controller's `_act` carries out."""
 
     verify: Any  # (GuardTarget) -> verification.VerificationResult, afresh
     documents: Any  # (GuardTarget) -> (status.json, result.json, readable): reads.Reads.run_documents
     rayjob: Any  # (name) -> the RayJob object or None
     admit: Any  # (parsed sweep, StartAttempt) -> None when the namespace budgets admit the attempt, else why it waits
-    create: Any  # (rayjob dict) -> (object, created): kube.KubeApi.create_rayjob
-    emit: Any  # (type, reason, message) -> None: an Event on the sweep
+
+
+def adoptable(rayjob: Mapping[str, Any], run_id: str, owner_uid: str) -> bool:
+    """An existing RayJob of an attempt's name is adopted only when an earlier pass of this run created it: it
+    carries the run's id and no owner other than the sweep."""
+    meta = rayjob.get("metadata") or {}
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    return (meta.get("labels") or {}).get(constants.LABEL_RUN_ID) == run_id and (not owners or owner_uid in owners)
 
 
 def budget_refusal(budget: Any, hours: Any = None) -> str | None:
@@ -520,10 +527,12 @@ def resume_step(
     max_active_seconds: int | None = None,
 ) -> Any:
     """One resume pass for an ended sweep whose end-of-run verification is recorded: the controller's Decision
-    to write (a started attempt, a refusal), or None (nothing asked; or it waits for namespace capacity, said in
-    the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep)."""
+    (a started attempt with its `CreateRayJob`, whose `taken` is the refusal to write instead when the name is held
+    by an object that is not this run's; a refusal), or None (nothing asked; or it waits for namespace capacity,
+    said in the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep). It reads and asks the
+    namespace's admission through `ports`; it creates nothing and posts no Event itself."""
     from ..status import updated
-    from .actions import Decision
+    from .actions import CreateRayJob, Decision, Event
     from .verdicts import status_target
 
     status = dict(body.get("status") or {})
@@ -544,9 +553,10 @@ def resume_step(
         rayjob_end=rayjob_end_from(status, rayjob, driver),
     )
     decision = decide(facts)
+    said: tuple[Event, ...] = ()
     if isinstance(decision, VerifyFirst):
         if isinstance(decision, AutoResume):
-            ports.emit("Normal", "AutoResume", decision.message)
+            said = (Event("Normal", "AutoResume", decision.message),)
         if target is None:
             decision = NotResumable(
                 "the run root is unknown (status.guard is unset): nothing can be verified",
@@ -566,23 +576,33 @@ def resume_step(
         waits = ports.admit(sweep, decision)  # the attempt's own deadline is its worst case
         if waits:
             message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
-            return Decision(updated(status, {"message": message})) if status.get("message") != message else None
+            if status.get("message") != message:
+                return Decision(updated(status, {"message": message}), events=said)
+            return Decision(events=said) if said else None
         try:
             wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target)
         except ValueError as exc:
             decision = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
         else:
-            created, fresh = ports.create(wanted)
-            meta = created.get("metadata") or {}
-            owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
-            ours = (meta.get("labels") or {}).get(constants.LABEL_RUN_ID) == facts.run_id and (
-                not owners or sweep.uid in owners
+            taken = NotResumable(
+                f"RayJob {decision.rayjob_name} exists and is not this run's",
+                decision.trigger,
+                decision.attempt,
+                decision.generation,
             )
-            if not fresh and not ours:  # adopted only when an earlier pass created it
-                decision = NotResumable(
-                    f"RayJob {decision.rayjob_name} exists and is not this run's",
-                    decision.trigger,
-                    decision.attempt,
-                    decision.generation,
-                )
-    return as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
+            samples = sweep.spec.tune.num_samples
+            started = as_decision(status, decision, generation=generation, now=now, num_samples=samples)
+            refused = as_decision(status, taken, generation=generation, now=now, num_samples=samples)
+            create = CreateRayJob(
+                wanted,
+                facts.run_id or "",
+                int(decision.deadline_at),
+                attempt=decision.attempt,
+                owner_uid=sweep.uid,
+                taken=replace(refused, events=(*said, *refused.events)),
+            )
+            return Decision(started.status, (create,), (*said, *started.events))
+    decided = as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
+    if decided is None:
+        return Decision(events=said) if said else None
+    return replace(decided, events=(*said, *decided.events))
