@@ -215,3 +215,17 @@ def test_unscheduled_trials_count_gpu_workers_between_looks_while_no_trial_runs(
     assert unscheduled_gpu_seconds(running, gone, now - 10, now) == 0.0
     assert idle_status({}, UNSCHEDULED_TRIALS, 5.0) == {"idleGpuSeconds": {"unscheduledTrials": 5.0}}
     assert idle_status({}, STOPPING, 5.0) == {"idleGpuSeconds": {"stopping": 5.0}}
+
+
+def test_only_pods_the_cluster_owns_are_its_workers() -> None:
+    """A pod wearing KubeRay's labels without the cluster's ownerReference (a tenant's) is never deleted or counted."""
+    body = cluster()
+    body["metadata"]["uid"] = "cluster-uid"
+    owned = pod("w1", "worker", 1, DELETED_AT - 600)
+    owned["metadata"]["ownerReferences"] = [{"kind": "RayCluster", "uid": "cluster-uid", "controller": True}]
+    forged = pod("w2", "worker", 4, DELETED_AT - 600)
+    forged["metadata"]["ownerReferences"] = [{"kind": "RayCluster", "uid": "another", "controller": True}]
+    free = decide_free_workers(
+        body, None, [owned, forged, pod("w3", "worker", 2, DELETED_AT - 600)], DELETED_AT + 5, GRACE
+    )
+    assert free is not None and free.pods == ("w1",) and free.gpu_seconds == pytest.approx(5.0)

@@ -100,13 +100,16 @@ class SuspendStep:
 
 
 def _live_workers(cluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    name = meta_of(cluster).get("name")
+    """The cluster's worker pods not being deleted: KubeRay's labels, and (when the cluster's uid is known) its
+    ownerReference to the cluster, so a tenant's pod wearing the labels is never taken for one (docs/security.md)."""
+    name, uid = meta_of(cluster).get("name"), meta_of(cluster).get("uid")
     return [
         p
         for p in pods
         if (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_CLUSTER) == name
         and (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_NODE_TYPE) == "worker"
         and not meta_of(p).get("deletionTimestamp")
+        and (not uid or any(r.get("uid") == uid for r in meta_of(p).get("ownerReferences") or []))
     ]
 
 

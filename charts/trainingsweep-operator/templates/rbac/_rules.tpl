@@ -25,7 +25,8 @@ namespace otherwise.
   resources: ["trainingsweeps/finalizers"]
   verbs: ["update"]
 # RayJobs the operator renders, and the RayClusters KubeRay creates from them: created, adopted,
-# finalized by the checkpoint guard (R22), set back when edited above their caps, stopped at deadlines.
+# finalized by the checkpoint guard (R22), set back when edited above their caps, stopped at deadlines;
+# a stopping run's worker groups suspended before its RayJob is deleted (KubeRay then deletes the pods).
 - apiGroups: ["ray.io"]
   resources: ["rayjobs", "rayclusters"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
@@ -53,7 +54,7 @@ namespace otherwise.
   verbs: ["get", "list", "watch"]
 # Hold the data, not the GPUs: the worker pods of a RayCluster the checkpoint guard holds (KubeRay no longer
 # reconciles a deleting cluster, so nothing else frees them). RBAC cannot narrow a verb by label; the operator
-# deletes only pods labelled ray.io/node-type=worker of a cluster it holds (docs/security.md).
+# deletes only pods labelled ray.io/node-type=worker and owned by a cluster it holds (docs/security.md).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["delete"]
