@@ -42,11 +42,12 @@ lint: setup
 # layer's floor (min_tests in pyproject.toml).
 TEST_WORKERS ?= 2
 E2E_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+# --no-loadscope-reorder: files in the order tests/conftest.py gives them (the longest first), not by test count.
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	@rc=0; \
 	$(PY) -m pytest tests/unit tests/integration $(XDIST) $(PYTEST_ARGS) || rc=1; \
-	$(PY) -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile $(PYTEST_ARGS) || rc=1; \
+	$(PY) -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || rc=1; \
 	exit $$rc
 
 test-unit: setup
@@ -56,7 +57,7 @@ test-integration: setup
 	$(PY) -m pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 test-e2e: setup
-	$(PY) -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete

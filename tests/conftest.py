@@ -71,7 +71,7 @@ def s3_bucket(s3_client: Any) -> str:
 # ------------------------------------------------------------------------------------------- collected counts
 LAYERS = ("unit", "integration", "e2e")
 # Options that run a chosen part of a layer: with any of them the floors below do not apply.
-_SELECTING = ("keyword", "markexpr", "lf", "deselect", "stepwise")
+_SELECTING = ("keyword", "markexpr", "lf", "deselect", "stepwise", "ignore", "ignore_glob")
 _SHORT = pytest.StashKey[list[str]]()  # the layers that collected fewer tests than their floor
 
 
@@ -90,9 +90,9 @@ def _whole_layers(config: pytest.Config) -> list[str]:
         return []
     tests, asked = Path(__file__).resolve().parent, []
     for arg in config.args:
-        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
         if "::" in arg:
             continue
+        path = (config.invocation_params.dir / arg).resolve()
         if path == tests:
             asked += LAYERS
         elif path.parent == tests and path.name in LAYERS:
@@ -131,7 +131,8 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------- order
 # The longest files (docs/testing.md has their last measured times) start first, so that on two xdist workers the
-# many short files fill in around them instead of one long file running alone at the end. Only the order changes.
+# many short files fill in around them instead of one long file running alone at the end. Only the order changes;
+# xdist keeps it with --no-loadscope-reorder (by default it sorts files by their number of tests).
 RUN_FIRST = (
     "e2e/test_sandbox_resume.py",
     "e2e/test_sandbox.py",
