@@ -413,18 +413,20 @@ def measure_steady(
     n: int,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """The operator's cost with N running sweeps: CPU and requests over `args.steady` seconds once every sweep is
-    Running (the stand-in keeps their jobs running for --run-seconds)."""
+    """The operator's cost with N running sweeps: CPU and requests over `args.steady` seconds once every sweep's
+    RayJob is Running (the stand-in keeps their jobs running for --run-seconds)."""
     custom = bench_client(server)
 
-    def running() -> int:
-        items = custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL)
-        return sum(1 for o in items["items"] if (o.get("status") or {}).get("phase") == "Running")
+    def running() -> int:  # RayJobs the stand-in runs (the bare operator writes no sweep status to count)
+        items = custom.list_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL
+        )
+        return sum(1 for o in items["items"] if (o.get("status") or {}).get("jobDeploymentStatus") == "Running")
 
     deadline = time.monotonic() + max(120.0, n * 0.2)
     while (count := running()) < n and time.monotonic() < deadline and operator.alive():
         time.sleep(1.0)
-    log.info("steady state: %d of %d sweeps Running; measuring %.0f s", count, n, args.steady)
+    log.info("steady state: %d of %d RayJobs Running; measuring %.0f s", count, n, args.steady)
     cpu_before = proc_cpu_seconds(operator.pid)
     requests_before = server.call(lambda: Counter(emulator.requests))
     mutations_before = server.call(lambda: Counter(changes.mutations))
@@ -441,7 +443,7 @@ def measure_steady(
         "cpuMsPerSweepMinute": round(cpu * 1000 / n / minutes, 3),
     }
     return {
-        "sweepsRunning": count,
+        "rayJobsRunning": count,
         "seconds": round(seconds, 1),
         "operatorCpuSecondsPerMinute": round(cpu / minutes, 3),
         "operatorRequestsPerMinute": round(sum(ours.values()) / minutes, 1),
