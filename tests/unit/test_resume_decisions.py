@@ -496,7 +496,7 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     decision = r.decide(facts(resume_active_seconds=3600, num_samples=12, verification=VERIFIED))
     assert isinstance(decision, StartAttempt)
     recorded = target_of(first)
-    rayjob = r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, recorded)
+    rayjob = attempts.attempt_rayjob(sweep, "abc123", RenderContext(), decision, recorded)
     run_spec = run_spec_of(rayjob)
     assert rayjob["metadata"]["name"] == "digits-abc123-a2" != rayjob_name("digits", "abc123")
     assert (run_spec.attempt, run_spec.run_root, run_spec.run_id) == (2, root, "abc123")
@@ -509,7 +509,7 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     assert rayjob["metadata"]["annotations"] == first["metadata"]["annotations"]
     with pytest.raises(ValueError, match="not the run root"):
         elsewhere = replace(recorded, run_root="s3://bucket/elsewhere/ml/digits-abc123")
-        r.attempt_rayjob(sweep, "abc123", RenderContext(), decision, elsewhere)
+        attempts.attempt_rayjob(sweep, "abc123", RenderContext(), decision, elsewhere)
 
 
 def test_a_resumed_attempt_is_guarded_by_the_first_attempts_record_not_todays_spec() -> None:
@@ -529,7 +529,7 @@ def test_a_resumed_attempt_is_guarded_by_the_first_attempts_record_not_todays_sp
     )
     decision = r.decide(facts(resume_active_seconds=3600, num_samples=12, verification=VERIFIED))
     assert isinstance(decision, StartAttempt)
-    rayjob = r.attempt_rayjob(edited, "abc123", RenderContext(), decision, recorded)
+    rayjob = attempts.attempt_rayjob(edited, "abc123", RenderContext(), decision, recorded)
     guarded = target_of(rayjob)
     assert guarded == recorded and guarded.verify is True and guarded.timeout_seconds != 31
 

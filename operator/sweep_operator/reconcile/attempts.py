@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sweep_contracts import constants
 from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
 
 from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
@@ -355,3 +356,38 @@ def pending(body: Mapping[str, Any]) -> bool:
         last is not None and last.trigger == TRIGGER_CLUSTER_LOSS and last.attempt == len(attempts_of(status)) + 1
     )
     return lost and not answered
+
+
+def attempt_sweep(sweep: Any, decision: Any) -> Any:
+    """The parsed sweep (validation.Sweep) as attempt `decision.attempt` runs it: its deadlines are the attempt's
+    (RESUME.md: the run spec's spec.deadlines and SWEEP_DEADLINE_AT are THIS attempt's), numSamples the total."""
+    spec = sweep.spec
+    deadlines = spec.deadlines.model_copy(update={"active_seconds": decision.active_seconds})
+    tune = spec.tune.model_copy(update={"num_samples": decision.num_samples})
+    return replace(sweep, spec=spec.model_copy(update={"deadlines": deadlines, "tune": tune}))
+
+
+def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: Any, target: Any) -> dict[str, Any]:
+    """The RayJob of attempt N > 1: rendered as any (finalizer, labels, owner), named `decision.rayjob_name`, its run
+    spec carrying `attempt` and the attempt's deadline. Its guard annotation is `target` (guard.GuardTarget), the
+    one the first attempt recorded (status.guard), never re-read from today's spec: the run root holds the earlier
+    attempts' checkpoints, and a spec edit (spec.deletion.verifyCheckpoints: false) must not unguard them.
+    ValueError when the rendered run root is not the target's (a resume never moves it)."""
+    from dataclasses import replace as replace_fields
+
+    from sweep_contracts import runtime_env
+
+    from ..rendering import build_rayjob
+
+    rayjob = build_rayjob(attempt_sweep(sweep, decision), run_id, context, deadline_at=int(decision.deadline_at))
+    run_spec = runtime_env.run_spec_of(rayjob)
+    if run_spec is None or run_spec.run_root != target.run_root:
+        rendered = run_spec.run_root if run_spec else "none"
+        raise ValueError(f"attempt {decision.attempt} would write to {rendered}, not the run root {target.run_root}")
+    rayjob["metadata"]["name"] = decision.rayjob_name
+    recorded = replace_fields(target, sweep=sweep.name, run_id=run_id)
+    rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] = recorded.to_annotation()
+    rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(
+        replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
+    )
+    return rayjob

@@ -14,7 +14,7 @@ from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from . import admission, kueue, resume, workloads
+from . import admission, attempts, kueue, resume, workloads
 from .actions import Decision
 from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
@@ -218,7 +218,7 @@ def resume_ports(facts: SweepFacts, budgets: Budgets) -> resume.ResumePorts:
 
     def admit(sweep: Any, decision: Any = None) -> str | None:
         """The attempt's own deadline makes its worst case; its reservation is its own (resume-<n>)."""
-        spec = resume.attempt_sweep(sweep, decision).spec if decision is not None else sweep.spec
+        spec = attempts.attempt_sweep(sweep, decision).spec if decision is not None else sweep.spec
         attempt = f"resume-{decision.attempt}" if decision is not None else INITIAL_ATTEMPT
         budget = budgets.ask(facts, spec)
         hours = budgets.gpu_hours(facts, budget, spec=spec, attempt=attempt) if isinstance(budget, Admit) else None

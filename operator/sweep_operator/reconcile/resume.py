@@ -32,6 +32,7 @@ from .attempts import (
     RayJobEnd,
     RunRootCheck,
     _int,
+    attempt_rayjob,
     attempt_rayjob_name,
     attempts_of,
     cluster_loss,
@@ -403,41 +404,6 @@ def event_for(decision: ResumeDecision) -> tuple[str, str, str] | None:
 # --------------------------------------------------------------------------------------------- rendering
 
 
-def attempt_sweep(sweep: Any, decision: StartAttempt) -> Any:
-    """The parsed sweep (validation.Sweep) as attempt `decision.attempt` runs it: its deadlines are the attempt's
-    (RESUME.md: the run spec's spec.deadlines and SWEEP_DEADLINE_AT are THIS attempt's), numSamples the total."""
-    spec = sweep.spec
-    deadlines = spec.deadlines.model_copy(update={"active_seconds": decision.active_seconds})
-    tune = spec.tune.model_copy(update={"num_samples": decision.num_samples})
-    return replace(sweep, spec=spec.model_copy(update={"deadlines": deadlines, "tune": tune}))
-
-
-def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: StartAttempt, target: Any) -> dict[str, Any]:
-    """The RayJob of attempt N > 1: rendered as any (finalizer, labels, owner), named `decision.rayjob_name`, its run
-    spec carrying `attempt` and the attempt's deadline. Its guard annotation is `target` (guard.GuardTarget), the
-    one the first attempt recorded (status.guard), never re-read from today's spec: the run root holds the earlier
-    attempts' checkpoints, and a spec edit (spec.deletion.verifyCheckpoints: false) must not unguard them.
-    ValueError when the rendered run root is not the target's (a resume never moves it)."""
-    from dataclasses import replace as replace_fields
-
-    from sweep_contracts import runtime_env
-
-    from ..rendering import build_rayjob
-
-    rayjob = build_rayjob(attempt_sweep(sweep, decision), run_id, context, deadline_at=int(decision.deadline_at))
-    run_spec = runtime_env.run_spec_of(rayjob)
-    if run_spec is None or run_spec.run_root != target.run_root:
-        rendered = run_spec.run_root if run_spec else "none"
-        raise ValueError(f"attempt {decision.attempt} would write to {rendered}, not the run root {target.run_root}")
-    rayjob["metadata"]["name"] = decision.rayjob_name
-    recorded = replace_fields(target, sweep=sweep.name, run_id=run_id)
-    rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] = recorded.to_annotation()
-    rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(
-        replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
-    )
-    return rayjob
-
-
 # ------------------------------------------------------------------------------------ the decision as data
 
 
@@ -531,8 +497,7 @@ def resume_step(
     by an object that is not this run's; a refusal), or None (nothing asked; or it waits for namespace capacity,
     said in the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep). It reads and asks the
     namespace's admission through `ports`; it creates nothing and posts no Event itself."""
-    from ..status import updated
-    from .actions import CreateRayJob, Decision, Event
+    from .actions import Decision, Event
     from .verdicts import status_target
 
     status = dict(body.get("status") or {})
@@ -557,52 +522,76 @@ def resume_step(
     if isinstance(decision, VerifyFirst):
         if isinstance(decision, AutoResume):
             said = (Event("Normal", "AutoResume", decision.message),)
-        if target is None:
-            decision = NotResumable(
-                "the run root is unknown (status.guard is unset): nothing can be verified",
-                decision.trigger,
-                decision.attempt,
-                decision.generation,
-            )
-        else:
-            result = ports.verify(target)
-            progress, final, readable = ports.documents(target)
-            check = RunRootCheck.from_result(
-                result, progress=progress, final=final, records_readable=readable, root=target.run_root
-            )
-            decision = decide(replace(facts, verification=check))
+        decision = _verified(facts, decision, target, ports)
     if isinstance(decision, StartAttempt):
         assert target is not None  # a start follows a verification of the recorded run root
-        waits = ports.admit(sweep, decision)  # the attempt's own deadline is its worst case
-        if waits:
-            message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
-            if status.get("message") != message:
-                return Decision(updated(status, {"message": message}), events=said)
-            return Decision(events=said) if said else None
-        try:
-            wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target)
-        except ValueError as exc:
-            decision = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
-        else:
-            taken = NotResumable(
-                f"RayJob {decision.rayjob_name} exists and is not this run's",
-                decision.trigger,
-                decision.attempt,
-                decision.generation,
-            )
-            samples = sweep.spec.tune.num_samples
-            started = as_decision(status, decision, generation=generation, now=now, num_samples=samples)
-            refused = as_decision(status, taken, generation=generation, now=now, num_samples=samples)
-            create = CreateRayJob(
-                wanted,
-                facts.run_id or "",
-                int(decision.deadline_at),
-                attempt=decision.attempt,
-                owner_uid=sweep.uid,
-                taken=replace(refused, events=(*said, *refused.events)),
-            )
-            return Decision(started.status, (create,), (*said, *started.events))
+        return _start(status, sweep, facts, decision, target, ports, context, generation, now, said)
     decided = as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
     if decided is None:
         return Decision(events=said) if said else None
     return replace(decided, events=(*said, *decided.events))
+
+
+def _verified(facts: ResumeFacts, decision: VerifyFirst, target: Any, ports: ResumePorts) -> ResumeDecision:
+    """The decision again, on a fresh verification of the recorded run root (none recorded: not resumable)."""
+    if target is None:
+        return NotResumable(
+            "the run root is unknown (status.guard is unset): nothing can be verified",
+            decision.trigger,
+            decision.attempt,
+            decision.generation,
+        )
+    result = ports.verify(target)
+    progress, final, readable = ports.documents(target)
+    check = RunRootCheck.from_result(
+        result, progress=progress, final=final, records_readable=readable, root=target.run_root
+    )
+    return decide(replace(facts, verification=check))
+
+
+def _start(
+    status: dict[str, Any],
+    sweep: Any,
+    facts: ResumeFacts,
+    decision: StartAttempt,
+    target: Any,
+    ports: ResumePorts,
+    context: Any,
+    generation: int | None,
+    now: float,
+    said: tuple[Any, ...],
+) -> Any:
+    """A verified start: it waits for the namespace's capacity, or its RayJob is to be created (a `CreateRayJob`)."""
+    from ..status import updated
+    from .actions import CreateRayJob, Decision
+
+    waits = ports.admit(sweep, decision)  # the attempt's own deadline is its worst case
+    if waits:
+        message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
+        if status.get("message") != message:
+            return Decision(updated(status, {"message": message}), events=said)
+        return Decision(events=said) if said else None
+    samples = sweep.spec.tune.num_samples
+    try:
+        wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target)
+    except ValueError as exc:
+        refusal = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
+        refused = as_decision(status, refusal, generation=generation, now=now, num_samples=samples)
+        return replace(refused, events=(*said, *refused.events))
+    taken = NotResumable(
+        f"RayJob {decision.rayjob_name} exists and is not this run's",
+        decision.trigger,
+        decision.attempt,
+        decision.generation,
+    )
+    started = as_decision(status, decision, generation=generation, now=now, num_samples=samples)
+    refused = as_decision(status, taken, generation=generation, now=now, num_samples=samples)
+    create = CreateRayJob(
+        wanted,
+        facts.run_id or "",
+        int(decision.deadline_at),
+        attempt=decision.attempt,
+        owner_uid=sweep.uid,
+        taken=replace(refused, events=(*said, *refused.events)),
+    )
+    return Decision(started.status, (create,), (*said, *started.events))
