@@ -12,9 +12,8 @@ from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS, Phase
+from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
-from sweep_contracts.timestamps import epoch_seconds
 
 from .. import audit, ray_jobs
 from ..kube import KubeApi
@@ -26,7 +25,7 @@ from ..settings import Settings
 from ..status import conditions_with, is_terminal, updated
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, graceful_stop, guard, idle_gpus, kueue, resume, run_pass, run_phase, usage
+from . import admission, guard, kueue, resume, run_pass, run_phase, usage
 from .actions import (
     CreateRayJob,
     Decision,
@@ -45,6 +44,7 @@ from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
 from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
+from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class RetryLater(Exception):
         self.counted = counted  # False: a wait that is no failed check (a graceful stop): the backoff does not grow
 
 
-class SweepController:
+class SweepController(StopBeforeDelete):
     s3_client_for = delegated("reads", "s3_client_for")  # (endpoint, region) -> S3 client
     verify = delegated("reads", "verifier")
 
@@ -588,220 +588,6 @@ class SweepController:
             hold.delay = min(hold.delay, self._until_workers_free(body, rayjob, sweep))
             raise
         return decision.reason
-
-    def _graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
-        """The sweep's gracefulStopSeconds, at most the operator's cap: the webhook refuses no edit of a sweep being
-        deleted, so a raised value must not keep a held cluster's GPUs longer than the platform allows."""
-        try:
-            spec = self.cache.parse(sweep).spec if sweep is not None else None
-        except SpecError:
-            spec = None
-        asked = float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
-        return min(asked, self.settings.max_graceful_stop_seconds)
-
-    def _evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
-        if not kueue.kueue_managed(rayjob):
-            return False
-        try:
-            workloads = self.kube.list_workloads(meta_of(rayjob).get("namespace") or "default")
-        except Exception as exc:  # the guard verifies as before; only the graceful stop is missed
-            log.warning("cannot read Kueue's Workloads for RayJob %s: %s", meta_of(rayjob).get("name"), exc)
-            return False
-        return graceful_stop.evicted_by_kueue(rayjob, workloads)
-
-    def _stopping_pass(self, key: tuple[str, str, str]) -> None:
-        """Delete a RayJob once its job stopped gracefully or its window passed; until then look again."""
-        namespace, name, sweep_name = key
-        rayjob = self.kube.get_rayjob(namespace, name)
-        if rayjob is None:
-            return
-        wait = self._before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
-        if wait is not None:
-            self.stopping.add_after(key, wait)
-            return
-        self.kube.delete_rayjob(namespace, name)
-
-    def _before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
-        """Where the operator deletes a RayJob: its job stops gracefully, then its worker groups are suspended while
-        KubeRay still reconciles the cluster. Seconds to wait, or None: delete now."""
-        wait = self._stop_before_delete(rayjob, sweep)
-        wait = wait if wait is not None else self._suspend_before_delete(rayjob, sweep)
-        if wait is None:
-            self._stop_done(rayjob, sweep)
-        return wait
-
-    def _suspend_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
-        """Suspend the RayJob's cluster's worker groups and wait (bounded) until KubeRay deleted their pods: once the
-        RayJob goes, its cluster is deleted and, held by the guard, no longer reconciled (issue 26 section 2)."""
-        meta = meta_of(rayjob)
-        namespace, key = meta.get("namespace") or "default", f"suspend/{meta.get('uid') or meta.get('name')}"
-        name = str((rayjob.get("status") or {}).get("rayClusterName") or "")
-        try:
-            cluster = self.kube.get_raycluster(namespace, name) if name else None
-            pods = self.kube.list_pods(namespace, f"{constants.RAY_LABEL_CLUSTER}={name}") if cluster else []
-        except Exception as exc:  # the delete goes ahead; a held cluster's workers are freed by the guard
-            log.warning("RayJob %s: cannot read its cluster to suspend its workers: %s", meta.get("name"), exc)
-            return None
-        with self._guard_lock:
-            since = self._stops.get(key)
-        step = idle_gpus.decide_suspend_workers(cluster, rayjob, pods, self.clock(), since)
-        if step.wait_s is None:
-            return None
-        with self._guard_lock:
-            self._stops.setdefault(key, self.clock())
-        if step.patch is not None:
-            try:
-                self.kube.patch_raycluster(namespace, name, step.patch)
-            except Exception as exc:  # a conflict (KubeRay wrote it meanwhile): decided again on a fresh read
-                log.info(
-                    "RayCluster %s/%s: suspending its worker groups failed (%s); trying again", namespace, name, exc
-                )
-                return step.wait_s
-            asked = graceful_stop.recorded_request(status_of(sweep or {}), meta.get("uid") or "")
-            with self._guard_lock:
-                asked = self._stops.get(meta.get("uid") or meta.get("name", ""), asked)
-            if asked is not None and cluster is not None:  # GPU time from the stop's request to this suspend
-                held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
-                self._record_idle(namespace, guard.sweep_name_of(rayjob), sweep, idle_gpus.STOPPING, held)
-            text = f"RayCluster {name}: worker groups suspended before its RayJob is deleted (KubeRay deletes them)"
-            log.info("%s", text)
-            for target in (rayjob, sweep) if sweep is not None else (rayjob,):
-                self.emit(target, "Normal", "WorkerGroupsSuspended", text)
-        return step.wait_s
-
-    def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
-        """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
-        SIGTERM and RAY_JOB_STOP_WAIT_TIME_S), then hold the delete until the job ended or the window passed.
-        Seconds to wait, or None: delete now. KubeRay's own deletion path would stop the job at once."""
-        meta = meta_of(rayjob)
-        key, job = meta.get("uid") or meta.get("name", ""), ray_jobs.job_of(rayjob)
-        window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
-        with self._guard_lock:
-            asked = self._stops.get(key)
-        if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
-            asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
-        # Once asked, the head says when the job ended (KubeRay stops polling it while it suspends the RayJob).
-        ended = asked is not None and job is not None and self.job_status(*job) in ray_jobs.TERMINAL_JOB_STATUSES
-        step = graceful_stop.decide_graceful_stop(
-            rayjob,
-            addressable=job is not None,
-            requested_at=asked,
-            now=self.clock(),
-            window=window,
-            driver_stopped=ended,
-        )
-        if step.request and job is not None:
-            outcome = self.stop_job(*job)
-            asked_at = self.clock()
-            with self._guard_lock:
-                self._stops[key] = asked_at
-            if sweep is not None and outcome.asked and not outcome.already_ended:
-                self._record_stop_request(sweep, meta.get("uid") or "", asked_at)
-            text = (
-                f"RayJob {meta.get('name')}: asked its head to stop Ray job {job[1]} gracefully (up to {window:.0f} s)"
-            )
-            if outcome.asked:
-                log.info("%s", text)
-                if sweep is not None:
-                    self.emit(sweep, "Normal", "GracefulStopRequested", f"{text} before deleting it")
-            else:  # nothing was told to stop: waiting saves nothing, the delete (KubeRay's StopJob) goes ahead
-                log.warning("%s, which failed: %s", text, outcome.error)
-                if sweep is not None:
-                    self.emit(sweep, "Warning", "GracefulStopFailed", f"{text}, which failed: {outcome.error}")
-            if not outcome.asked or outcome.already_ended:
-                step = replace(step, wait_s=None)
-        return step.wait_s
-
-    def _stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
-        """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
-        so a later stop of the same RayJob (readmitted by Kueue, then deleted) is asked afresh."""
-        meta = meta_of(rayjob)
-        key, uid = meta.get("uid") or meta.get("name", ""), meta.get("uid") or ""
-        with self._guard_lock:
-            asked = self._stops.pop(key, None)
-            self._stops.pop(f"suspend/{key}", None)
-        if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
-            return
-        try:
-            self.status.update(sweep, lambda s: updated(s, {"gracefulStop": None}))
-        except Exception as exc:  # a later stop of this RayJob would then wait out the old window's rest
-            log.warning("sweep %s: cannot clear its graceful stop's record: %s", meta_of(sweep).get("name"), exc)
-
-    def _until_workers_free(
-        self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
-    ) -> float:
-        """Seconds until a held cluster's graceful window ends (its next check frees the workers then)."""
-        deleting = epoch_seconds(meta_of(body).get("deletionTimestamp"))
-        if deleting is None or idle_gpus.driver_stopped(rayjob, self._head_job_status(rayjob)):
-            return float("inf")
-        return max(1.0, deleting + self._graceful_seconds(sweep) - self.clock())
-
-    def _free_held_workers(
-        self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
-    ) -> None:
-        """Delete the worker pods of a cluster the guard holds once its driver stopped or its graceful window
-        passed; the object, its head and the finalizer stay until the checkpoints verify."""
-        ref = ObjectRef.of(body)
-        try:
-            pods = self.kube.list_pods(ref.namespace, f"{constants.RAY_LABEL_CLUSTER}={ref.name}")
-        except Exception as exc:  # the hold stands; the next check tries again
-            log.warning("RayCluster %s: cannot read its pods to free held GPUs: %s", ref, exc)
-            return
-        head = self._head_job_status(rayjob)
-        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self._graceful_seconds(sweep), head)
-        if free is None:
-            return
-        for pod in free.pods:
-            self.kube.delete_pod(ref.namespace, pod)
-        cause = idle_gpus.cause_of(free, status_of(sweep or {}))
-        self._record_idle(ref.namespace, guard.sweep_name_of(body), sweep, cause, free.gpu_seconds)
-        message = (
-            f"RayCluster {ref.name} is held until its checkpoints verify; {free.why}, so its {len(free.pods)} "
-            f"worker pod(s) were deleted (they had held {free.gpu_seconds / 3600:.3g} GPU-hours since the deletion "
-            "began); the cluster, its head and the finalizer stay"
-        )
-        for target in (body, sweep) if sweep is not None else (body,):
-            self.emit(target, "Normal", "HeldClusterWorkersReleased", message)
-
-    def _head_job_status(self, rayjob: Mapping[str, Any] | None) -> str | None:
-        """The Ray job's status from its head (the Jobs API), None when the RayJob names none or the head is silent."""
-        job = ray_jobs.job_of(rayjob) if rayjob is not None else None
-        return self.job_status(*job) if job is not None else None
-
-    def _record_stop_request(self, sweep: Mapping[str, Any], rayjob_uid: str, asked_at: float) -> None:
-        """status.gracefulStop: the window survives an operator restart (read back by graceful_stop.recorded_request)."""
-        try:
-            self.status.update(sweep, lambda s: updated(s, graceful_stop.request_status(rayjob_uid, asked_at)))
-        except Exception as exc:  # this process still remembers it; only a restart would ask again
-            log.warning("sweep %s: cannot record the graceful stop's request: %s", meta_of(sweep).get("name"), exc)
-
-    def _record_idle(
-        self, namespace: str, sweep_name: str, sweep: Mapping[str, Any] | None, cause: str, gpu_seconds: float
-    ) -> None:
-        """GPU-seconds held without training: the metric, and status.idleGpuSeconds by cause."""
-        if gpu_seconds <= 0:
-            return
-        self.metrics.idle_gpus(namespace, sweep_name, cause, gpu_seconds)
-        if sweep is not None:
-            try:
-                self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, gpu_seconds)))
-            except Exception as exc:  # the metric says it; the next record adds to the status
-                log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", sweep_name, cause, exc)
-
-    def _unscheduled_measured(self, facts: SweepFacts, decision: Decision, pods: PodsRead | None) -> Decision:
-        """GPU workers up while the driver's status shows no trial running (`unscheduled-trials`), counted between
-        two looks at the pods (the passes that measure GPU-hours) and written with this pass's status."""
-        if pods is None:
-            return decision
-        with self._guard_lock:
-            previous, self._pod_looks[facts.ref] = self._pod_looks.get(facts.ref), facts.now
-        status = decision.status if decision.status is not None else facts.status
-        held = idle_gpus.unscheduled_gpu_seconds(status, pods.pods, previous, facts.now)
-        if held <= 0:
-            return decision
-        self.metrics.idle_gpus(facts.ref.namespace, facts.ref.name, idle_gpus.UNSCHEDULED_TRIALS, held)
-        changes = idle_gpus.idle_status(status, idle_gpus.UNSCHEDULED_TRIALS, held)
-        return replace(decision, status=updated(status, changes))
 
     def _guard(
         self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None
