@@ -185,3 +185,36 @@ def test_add_after_runs_the_key_once_its_delay_has_passed_and_keeps_the_earliest
         assert ran == ["held"]
     finally:
         queue.stop()
+
+
+def test_delayed_keys_share_one_thread_come_due_in_order_and_stop_drops_them() -> None:
+    """With workers, every add_after waits in one heap served by one thread (the operator's ticks put every sweep
+    there each interval): keys come due in their order, stop() drops the waiting ones, a later add_after runs."""
+    import threading
+
+    from sweep_operator.workqueue import WorkQueue
+
+    ran: list[str] = []
+    done = threading.Event()
+
+    def work(key: str) -> None:
+        ran.append(key)
+        if len(ran) == 3:
+            done.set()
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    before = threading.active_count()
+    try:
+        for key in ("c", "a", "b"):
+            queue.add_after(key, {"a": 0.05, "b": 0.1, "c": 0.15}[key])
+        queue.add_after("never", 60.0)
+        assert threading.active_count() <= before + 2, "one delay thread (and a worker), not a timer per key"
+        assert done.wait(10.0)
+        assert ran == ["a", "b", "c"]
+        assert queue.delayed("never")
+        queue.stop()
+        assert not queue.delayed("never")
+        queue.add_after("again", 0.01)
+        wait_until(lambda: ran[-1:] == ["again"])
+    finally:
+        queue.stop()
