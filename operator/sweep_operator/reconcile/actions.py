@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..policy import Demand
+
 
 @dataclass(frozen=True)
 class Event:
@@ -32,6 +34,7 @@ class CreateRayJob:
     run_id: str
     deadline_at: int
     attempt: int = 1
+    demand: Demand | None = None  # a first admission's: what the namespace's GPU budget admitted
     owner_uid: str = ""  # the sweep's uid: an existing RayJob it does not own is not adopted
     taken: Decision | None = None
 

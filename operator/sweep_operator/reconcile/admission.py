@@ -104,7 +104,11 @@ def decide_budget(
     run_id = run_id_for(sweep.uid) if sweep.uid else new_run_id()
     deadline_at = int(facts.now + effective_active_seconds(sweep.spec, facts.limits))
     return Decision(
-        actions=(CreateRayJob(build_rayjob(sweep, run_id, render, deadline_at=deadline_at), run_id, deadline_at),)
+        actions=(
+            CreateRayJob(
+                build_rayjob(sweep, run_id, render, deadline_at=deadline_at), run_id, deadline_at, demand=budget.demand
+            ),
+        )
     )
 
 

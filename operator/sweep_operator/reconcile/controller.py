@@ -267,27 +267,28 @@ class SweepController(StopBeforeDelete):
             self._admit(facts)
 
     def _admit(self, facts: SweepFacts) -> None:
-        decision, ref = admission.decide_admission(facts), facts.ref
+        """A sweep without a run: decided before the budgets, or on their answer (a status, or its RayJob to create,
+        which `_act` carries out)."""
+        decision = admission.decide_admission(facts)
         if decision is None:
             assert facts.sweep is not None
             budget = self.budgets.ask(facts, facts.sweep.spec)
-            decision = admission.decide_budget(facts, budget, self.budgets.in_use(ref.namespace), self.render_context)
-            create = decision.wants(CreateRayJob)
-            hours = self.budgets.gpu_hours(facts, budget) if create is not None else None
+            in_use = self.budgets.in_use(facts.ref.namespace)
+            decision = admission.decide_budget(facts, budget, in_use, self.render_context)
+            hours = self.budgets.gpu_hours(facts, budget) if decision.wants(CreateRayJob) is not None else None
             if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
-                decision, create = hours, None
-            if create is not None and isinstance(budget, Admit):
-                decision, failed = self._create(facts, create, budget)
-                queue = self.render_context.queue_name(facts.sweep.spec, ref.namespace)
-                if queue and not failed and decision.status and decision.status.get("runId"):
-                    decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
-                if failed:
-                    try:
-                        self._act(facts.body, decision)
-                    except Exception as exc:  # the API may be down for the status too; the retry still comes
-                        log.warning("sweep %s: cannot record the failed create: %s", ref, exc)
-                    return
-        self._act(facts.body, decision)
+                decision = hours
+        self._act(facts.body, decision, facts)
+
+    def _created(self, facts: SweepFacts, create: CreateRayJob) -> tuple[Decision, bool]:
+        """A first admission's create carried out, and the decision on its outcome (`admission.after_create`; in
+        Kueue mode the created run waits Queued); True: the create failed."""
+        assert facts.sweep is not None and create.demand is not None
+        decision, failed = self._create(facts, create, Admit(create.demand))
+        queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
+        if queue and not failed and decision.status and decision.status.get("runId"):
+            decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
+        return decision, failed
 
     def _create(self, facts: SweepFacts, create: CreateRayJob, budget: Admit) -> tuple[Decision, bool]:
         ref, render = facts.ref, self.render_context
@@ -345,15 +346,27 @@ class SweepController(StopBeforeDelete):
             decision = decide(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
         self._act(facts.body, self._unscheduled_measured(facts, decision, reads.pods))
 
-    def _act(self, body: Mapping[str, Any], decision: Decision) -> None:
-        """The decision's actions on the world, then its status (written once), then what follows the write."""
-        ref = ObjectRef.of(body)
-        create = decision.wants(CreateRayJob)
-        if create is not None and create.taken is not None:  # a resumed attempt's RayJob (its status follows)
+    def _act(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
+        """The decision's actions on the world, then its status (written once), then what follows the write. A
+        `CreateRayJob` goes first: the status to write follows from its outcome."""
+        create, failed = decision.wants(CreateRayJob), False
+        if create is not None and create.taken is not None:  # a resumed attempt's RayJob
             made, fresh = self.kube.create_rayjob(dict(create.rayjob))
             self.cache.observe_rayjob(made)
             if not fresh and not resume.adoptable(made, create.run_id, create.owner_uid):
                 decision = create.taken
+        elif create is not None and facts is not None:  # a first admission's
+            decision, failed = self._created(facts, create)
+        try:
+            self._carry_out(body, decision)
+        except Exception as exc:
+            if not failed:
+                raise
+            # the API may be down for the status too; the create's retry still comes
+            log.warning("sweep %s: cannot record the failed create: %s", ObjectRef.of(body), exc)
+
+    def _carry_out(self, body: Mapping[str, Any], decision: Decision) -> None:
+        ref = ObjectRef.of(body)
         for action in decision.actions:
             if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
                 self.stopping.add((ref.namespace, action.name, ref.name))
