@@ -438,7 +438,9 @@ class SweepController(StopBeforeDelete):
                 self.ledger.release(ref.namespace, queued)
                 continue
             self.reconcile_sweep(body)
-            if status_of(self.kube.get_sweep(ref.namespace, queued) or {}).get("phase") == Phase.QUEUED:
+            # the pass's own write is the newest copy (the status writer remembers it); no second read
+            after = self.cache.sweep(ObjectRef(ref.namespace, queued)) or body
+            if status_of(after).get("phase") == Phase.QUEUED:
                 break  # strict FIFO: the oldest still does not fit
 
     def workload_changed(self, workload: Mapping[str, Any]) -> None:
