@@ -127,3 +127,16 @@ def test_the_decision_modules_are_one_independent_layer_and_an_independence_cont
     independent = contract("independent-decisions")
     assert independent["type"].strip() == "independence"
     assert set(listed(independent["modules"])) == set(listed(decisions_line))
+
+
+def test_every_operator_module_has_its_layer() -> None:
+    """Issue 29: the whole package is layered (shell -> reconcile -> the modules beside it -> contracts); a new module
+    of sweep_operator must be placed in the operator-layers contract."""
+    package = ROOT / "operator" / "sweep_operator"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"} | {"cli", "reconcile"}
+    layered = {
+        m.split(".")[1] for m in listed(contract("operator-layers")["layers"]) if m.startswith("sweep_operator.")
+    }
+    assert sorted(modules - layered) == [], "name the new module in the operator-layers contract of .importlinter"
+    layers = [listed(line) for line in contract("operator-layers")["layers"].strip().splitlines()]
+    assert layers[2] == ["sweep_operator.reconcile"] and layers[-1] == ["sweep_contracts"]
