@@ -54,3 +54,27 @@ def test_the_run_phase_judges_the_clock_in_the_facts_and_the_status_as_read_stay
     ended = decide_run_pass(sweep, RunReads(), reconcile_seconds=10, refresh_seconds=60)
     kept = decide_run_pass(held, RunReads(), reconcile_seconds=10, refresh_seconds=60)
     assert ended.status["phase"] == Phase.DEADLINE_EXCEEDED and kept.status["phase"] == Phase.RUNNING
+
+
+def test_a_held_sweep_past_its_deadline_is_stopped_with_an_event_and_nothing_else_of_the_run_phase() -> None:
+    from sweep_operator.reconcile.run_pass import decide_held_pass
+
+    held = {**RUNNING_NOW, "phase": "Deleting", "deadlineAt": rfc3339(USAGE_T0 - 3600)}
+    decision = decide_held_pass(facts(held, job(), now=USAGE_T0), None, refresh_seconds=60)
+    assert kinds(decision.actions) == [DeleteRayJob] and decision.status is None  # no phase change while held
+    assert [e.reason for e in decision.events] == ["StoppedWhileHeld"] and "its deadline" in decision.events[0].message
+    on_time = decide_held_pass(
+        facts({**held, "deadlineAt": rfc3339(USAGE_T0 + 60)}, job(), now=USAGE_T0), None, refresh_seconds=60
+    )
+    assert on_time.actions == () and on_time.events == ()
+
+
+def test_a_held_sweep_whose_budget_is_spent_is_stopped_and_keeps_measuring() -> None:
+    from sweep_operator.reconcile.run_pass import decide_held_pass
+
+    held = {**RUNNING_NOW, "phase": "Deleting"}
+    sweep = facts(held, job(), now=USAGE_T0, spec={"budget": {"gpuHours": 1}})
+    decision = decide_held_pass(sweep, pods_read(hours_ago=2, gpus=4), refresh_seconds=60)
+    assert kinds(decision.actions) == [RecordGpuHours, DeleteRayJob]  # no ReleaseBudget/Finish: the guard holds it
+    assert decision.status is not None and decision.status["phase"] == "Deleting" and decision.status["usage"]
+    assert "GPU-hour budget is spent" in decision.events[-1].message

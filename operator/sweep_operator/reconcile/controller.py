@@ -237,27 +237,10 @@ class SweepController(StopBeforeDelete):
         if next_in is not None:
             self.queue.add_after(facts.ref, next_in)
         refresh = self.settings.usage_refresh_seconds
-        measured = run_pass.decide_measured(facts, Decision(None), self._pods_read(facts), refresh_seconds=refresh)
-        for record in measured.actions:
-            if isinstance(record, RecordGpuHours):
-                self._record_hours(body, record)
-        stops = [a for a in measured.actions if isinstance(a, DeleteRayJob)]
-        why = "its GPU-hour budget is spent" if stops else ""
-        if not stops and run_phase.deadline_stop_while_held(facts):
-            stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
-        for stop in stops:
-            self.stopping.add((facts.ref.namespace, stop.name, facts.ref.name))  # gracefully, then deleted
-            self.emit(
-                body,
-                "Warning",
-                "StoppedWhileHeld",
-                f"RayJob {stop.name} stopped while the sweep's deletion is held: {why}",
-            )
-            if why.startswith("its deadline"):
-                self.metrics.deadline_stopped(facts.ref.namespace, facts.ref.name)
-        new_usage = (measured.status or {}).get("usage")
-        if new_usage is not None and new_usage != facts.status.get("usage"):
-            self.status.write(body, updated(facts.status, {"usage": new_usage}), ())
+        decision = run_pass.decide_held_pass(facts, self._pods_read(facts), refresh_seconds=refresh)
+        if any(e.reason == "StoppedWhileHeld" and "its deadline" in e.message for e in decision.events):
+            self.metrics.deadline_stopped(facts.ref.namespace, facts.ref.name)
+        self._act(body, decision)  # the stops go gracefully, then deleted (DeleteRayJob)
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         facts = self.reads.sweep_facts(body, self.clock())

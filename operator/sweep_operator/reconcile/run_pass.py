@@ -93,3 +93,22 @@ def in_kueue_mode(facts: SweepFacts, decision: Decision, run: kueue.KueueRun, *,
     if env is not None:  # sent before the other actions and the write
         actions.insert(0, env)
     return Decision(status, tuple(actions), tuple(events))
+
+
+def decide_held_pass(facts: SweepFacts, pods: PodsRead | None, *, refresh_seconds: float) -> Decision:
+    """A sweep whose deletion the guard holds keeps its GPU-hour budget, its deadline and its measuring (its RayJob
+    runs until the guard releases the sweep): the usage record and the ledger's copy, and a stop (a spent budget,
+    or the deadline and its graceful window passed) with a StoppedWhileHeld Event. Nothing else of the run phase."""
+    measured = decide_measured(facts, Decision(None), pods, refresh_seconds=refresh_seconds)
+    stops = [a for a in measured.actions if isinstance(a, DeleteRayJob)]
+    why = "its GPU-hour budget is spent" if stops else ""
+    if not stops and facts.rayjob is not None and run_phase.deadline_stop_while_held(facts):
+        stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
+    events = tuple(
+        Event("Warning", "StoppedWhileHeld", f"RayJob {stop.name} stopped while the sweep's deletion is held: {why}")
+        for stop in stops
+    )
+    records = [a for a in measured.actions if isinstance(a, RecordGpuHours)]
+    usage_now = (measured.status or {}).get("usage")
+    changed = usage_now is not None and usage_now != facts.status.get("usage")
+    return Decision(updated(facts.status, {"usage": usage_now}) if changed else None, (*records, *stops), events)
