@@ -8,7 +8,9 @@ is out of both: the review's scalar objective (2 trials x 1 worker; target ratio
 (2 trials x 2 workers, gloo; target <= 1.05). The review's original Tune-only scalar example is timed too, for
 reference (it has no Train run per trial). The resume row (issue 16) times, in one run on the same Ray, a fresh
 start to its first epoch and the resume of that sweep (attempt 2, after its deadline stopped it) to its first new
-epoch. Prints one JSON object; wall-clock seconds are the best of --repeat.
+epoch. The asha row (issue 26; `--only asha`, its own local Ray with room for one trial) runs an ASHA sweep of 4
+trials through our driver and written with Ray's documented pattern: trials completed and total time. Prints one
+JSON object; wall-clock seconds are the best of --repeat.
 """
 
 from __future__ import annotations
@@ -92,6 +94,107 @@ results = tuner.fit()
 assert len(results) == 2 and not results.errors
 ray.shutdown()
 """
+
+# Issue 26: ASHA over Train V2 with room for one trial's workers, written with Ray's documented Tune-over-Train pattern
+# (a function trainable calling TorchTrainer.fit, TuneReportCallback). When Tune stops a trial, its Train controller
+# dies without abort() and the worker group's placement group stays reserved, so the next trial's group cannot start.
+ASHA_HANDWRITTEN = """
+import json
+import sys
+import ray
+import ray.train
+from ray import tune
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler
+from tests.e2e.stop_probe_loop import train_loop
+
+ROOT, CPUS = sys.argv[1], {cpus}
+
+def trial(config):
+    trial_id = tune.get_context().get_trial_id()
+    TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={{"CPU": float(CPUS)}}),
+        run_config=ray.train.RunConfig(
+            name=trial_id,
+            storage_path=ROOT + "/train",
+            failure_config=ray.train.FailureConfig(max_failures=0),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            callbacks=[TuneReportCallback()],
+        ),
+    ).fit()
+
+ray.init()
+tuner = tune.Tuner(
+    tune.with_resources(trial, {{"CPU": 0, "sweep_trial_driver": 1}}),
+    param_space={{"x": tune.grid_search([3, 1, 0, -1]), "steps": 4, "steps_at_x_3": 2}},
+    tune_config=tune.TuneConfig(
+        metric="score", mode="max", max_concurrent_trials=1,
+        scheduler=ASHAScheduler(time_attr="training_iteration", max_t=2, grace_period=1),
+    ),
+    run_config=tune.RunConfig(storage_path=ROOT, name="tune", failure_config=tune.FailureConfig(max_failures=0)),
+)
+results = tuner.fit()
+print("ASHA_RESULT " + json.dumps({{"terminated": sum(1 for r in results if r.error is None), "errored": len(results.errors)}}))
+ray.shutdown()
+"""
+
+
+def asha_manifest(cpus: int) -> dict[str, Any]:
+    """tests/e2e/test_entrypoints_trial_stop.py's sweep: 4 trials one at a time, one worker taking every CPU."""
+    from tests.e2e.test_entrypoints_trial_stop import asha_sweep
+
+    doc = asha_sweep()
+    doc["spec"]["trial"]["resourcesPerWorker"]["cpu"] = str(cpus)
+    return doc
+
+
+def trials_reported(tune_dir: Path) -> int:
+    """Tune trials whose result.json has a row (they trained), from the experiment's directory."""
+    return sum(1 for r in tune_dir.glob("trial_*/result.json") if r.read_text().strip())
+
+
+def asha_row(env: dict[str, str], base: Path, stall_s: float) -> dict[str, Any]:
+    """ASHA on room for one trial: trials that ended TERMINATED, and the wall time, ours against the hand-written.
+    The hand-written sweep waits for its next trial's worker group forever (Train V2 waits for resources without a
+    timeout): it is stopped after `stall_s` and counted as stalled."""
+    cpus = 2
+    size = LocalRaySize(num_cpus=cpus, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 1.0})
+    row: dict[str, Any] = {"local_ray": size.describe()}
+    with LocalRayCluster(size, env=env) as cluster:
+        run_env = {**cluster.env, "RAY_ADDRESS": cluster.address, constants.ENV_TRAIN_V2: "1"}
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", ASHA_HANDWRITTEN.format(cpus=cpus), str(base / "asha-plain")],
+                env=run_env, cwd=REPO, capture_output=True, text=True, timeout=stall_s,
+            )  # fmt: skip
+            line = next((x for x in done.stdout.splitlines() if x.startswith("ASHA_RESULT ")), None)
+            counts: dict[str, Any] = json.loads(line.split(" ", 1)[1]) if line else {}
+            counts["exit_code"] = done.returncode
+        except subprocess.TimeoutExpired:
+            counts = {"stalled": True, "terminated": None}
+        plain_s = time.monotonic() - started
+        counts["trials_that_reported"] = trials_reported(base / "asha-plain" / "tune")
+        row["handwritten"] = {"seconds": round(plain_s, 1), **counts}
+    with LocalRayCluster(size, env=env) as cluster:
+        doc = asha_manifest(cpus)
+        rayjob = build_rayjob(parse_sweep(doc), "asha1", deadline_at=int(time.time()) + 3600, storage_uri=str(base))
+        started = time.monotonic()
+        outcome = run_rayjob(rayjob, cluster=cluster, workdir=REPO, log_dir=base / "asha-logs")
+        ours_s = time.monotonic() - started
+        trials = (outcome.result or {}).get("trialResults") or []
+        row["driver"] = {
+            "seconds": round(ours_s, 1),
+            "ok": outcome.ok,
+            "terminated": sum(1 for t in trials if t.get("status") == "TERMINATED"),
+            "errored": sum(1 for t in trials if t.get("status") == "ERROR"),
+        }
+    row["time_ratio"] = round(ours_s / plain_s, 3)
+    return row
+
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "scalar": {
@@ -202,13 +305,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant; the best time counts")
     parser.add_argument("--skip-digits", action="store_true", help="only the scalar workload")
     parser.add_argument(
-        "--only", choices=sorted([*WORKLOADS, "resume"]), help="only this row (e.g. digits_2x2 with --repeat 3)"
+        "--only",
+        choices=sorted([*WORKLOADS, "resume", "asha"]),
+        help="only this row (e.g. digits_2x2 with --repeat 3; asha runs only with --only asha)",
     )
     parser.add_argument(
         "--resume-first-attempt-s",
         type=float,
         default=45.0,
         help="deadline of the resume row's first attempt (it must reach its first epoch by then)",
+    )
+    parser.add_argument(
+        "--asha-stall-s", type=float, default=300.0, help="the asha row's hand-written sweep is stopped after this"
     )
     args = parser.parse_args()
     import yaml
@@ -221,6 +329,12 @@ def main() -> int:
         "repeat": args.repeat,
         "local_ray": size.describe(),
     }
+    if args.only == "asha":  # its own local Ray, sized for one trial's workers
+        with tempfile.TemporaryDirectory(prefix="bench-entrypoint-") as tmp:
+            report["asha"] = asha_row(env, Path(tmp), args.asha_stall_s)
+        report["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(report, indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-entrypoint-") as tmp, LocalRayCluster(size, env=env) as cluster:
         base = Path(tmp)
         if args.only in (None, "resume"):
