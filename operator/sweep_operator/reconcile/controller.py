@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -15,14 +15,14 @@ from sweep_contracts import constants
 from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 
-from .. import audit, ray_jobs
+from .. import ray_jobs
 from ..kube import KubeApi
 from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import conditions_with, is_terminal, updated
+from ..status import is_terminal
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
 from . import admission, guard, kueue, resume, run_pass, run_phase, usage
@@ -38,39 +38,21 @@ from .actions import (
     SetSuspend,
 )
 from .cache import Cache, run_ref
+from .deletion_guard import DeletionGuard, GuardKey
+from .deletion_guard import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
-from .facts import DeletionFacts, ObjectRef, RunRef, SweepFacts, meta_of, status_of
+from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
 from .ports import Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
 from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
-from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
 
 FINISH_VERIFICATION_WORKERS = 2
 
 
-@dataclass(frozen=True)
-class GuardKey:
-    """One object in the guard's deletion pipeline; the uid tells a re-created object of the same name apart."""
-
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-
-
-class RetryLater(Exception):
-    """Keep the finalizer (or the handler) and come back after `delay` seconds."""
-
-    def __init__(self, message: str, delay: float, *, counted: bool = True):
-        super().__init__(message)
-        self.delay = delay
-        self.counted = counted  # False: a wait that is no failed check (a graceful stop): the backoff does not grow
-
-
-class SweepController(StopBeforeDelete):
+class SweepController(DeletionGuard):
     s3_client_for = delegated("reads", "s3_client_for")  # (endpoint, region) -> S3 client
     verify = delegated("reads", "verifier")
 
@@ -455,204 +437,6 @@ class SweepController(StopBeforeDelete):
         sweep = self.reads.sweep(run_ref(body).sweep)
         if sweep is not None:
             self.emit(sweep, "Warning", "CapEnforced", f"{kind} {ref.name}: {correction.message}")
-
-    # --------------------------------------------------------------------------------- the checkpoint guard
-    def deletion_seen(self, kind: str, body: Mapping[str, Any]) -> None:
-        """An object of ours is being deleted and carries the guard's finalizer: the pipeline takes it. Events that
-        arrive while a hold waits out its backoff do not hurry the next check (our own status writes on a held
-        sweep would otherwise re-verify it in a loop)."""
-        meta = meta_of(body)
-        if not meta.get("deletionTimestamp") or constants.FINALIZER not in (meta.get("finalizers") or []):
-            return
-        key = GuardKey(kind, meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid") or "")
-        with self._guard_lock:
-            if key in self._guard_due:
-                return
-        self.guards.add(key)
-
-    def _guard_pass(self, key: GuardKey) -> None:
-        """Read the object afresh, decide (verifying), and take the finalizer off only on a release."""
-        with self._guard_lock:
-            due = self._guard_due.get(key)
-            early = due - time.monotonic() if due is not None else 0.0
-            if early <= 0:
-                self._guard_due.pop(key, None)
-        if early > 0:  # a timer may fire a hair early; the check stays armed for its time
-            self.guards.add_after(key, early)
-            return
-        fresh = self.kube.get_object(key.kind, key.namespace, key.name)
-        meta = meta_of(fresh or {})
-        if (
-            fresh is None
-            or (key.uid and meta.get("uid") != key.uid)
-            or not meta.get("deletionTimestamp")
-            or constants.FINALIZER not in (meta.get("finalizers") or [])
-        ):
-            self._guard_done(key)
-            return
-        attempt = self._guard_attempts.get(key, 0)
-        try:
-            reason = self._deletion_kinds[key.kind](fresh, attempt)
-        except RetryLater as hold:
-            self._guard_retry(key, attempt if hold.counted else attempt - 1, hold.delay)
-            return
-        except Exception:  # fail closed: an unexpected error holds like any other, with backoff
-            delay = guard.backoff_seconds(attempt, 1.0, 60.0)
-            log.exception(
-                "checkpoint guard of %s %s/%s failed; holding, next check in %gs",
-                key.kind,
-                key.namespace,
-                key.name,
-                delay,
-            )
-            self._guard_retry(key, attempt, delay)
-            return
-        if not self.kube.remove_finalizer(fresh):
-            self._guard_retry(key, attempt, 1.0)
-            return
-        self._guard_done(key)
-        log.info("checkpoint guard released %s %s/%s: %s", key.kind, key.namespace, key.name, reason)
-
-    def _guard_retry(self, key: GuardKey, attempt: int, delay: float) -> None:
-        with self._guard_lock:
-            self._guard_attempts[key] = attempt + 1
-            self._guard_due[key] = time.monotonic() + delay
-        self.guards.add_after(key, delay)
-
-    def _guard_done(self, key: GuardKey) -> None:
-        with self._guard_lock:
-            self._guard_attempts.pop(key, None)
-            self._guard_due.pop(key, None)
-
-    @property
-    def _deletion_kinds(self) -> dict[str, Callable[[Mapping[str, Any], int], str]]:
-        """The deletion pipeline's table: one row per kind the guard holds."""
-        return {
-            constants.KIND: self.guard_sweep_deletion,
-            constants.RAYJOB_KIND: self.guard_rayjob_deletion,
-            constants.RAYCLUSTER_KIND: self.guard_raycluster_deletion,
-        }
-
-    def guard_object(self, kind: str, body: Mapping[str, Any]) -> None:
-        """A RayJob or RayCluster of ours carries the guard's finalizer from the moment we see it (the RayJob from
-        its rendering; KubeRay's RayCluster from here)."""
-        meta = meta_of(body)
-        if meta.get("deletionTimestamp") or constants.FINALIZER in (meta.get("finalizers") or []):
-            return
-        self.kube.add_finalizer(dict(body))
-
-    def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
-        ref, meta, newest = ObjectRef.of(body), meta_of(body), None
-        if status_of(body).get("phase") != "Deleting":
-            newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
-        rayjob = self.reads.rayjob_of_sweep(body)
-        if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too;
-            wait = self._before_delete(rayjob, body)  # then its GPU workers go, whatever the verification finds
-            if wait is not None:
-                message = f"RayJob {meta_of(rayjob)['name']}: waiting for its Ray job to stop and its workers to go"
-                raise RetryLater(message, wait, counted=False)
-        facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
-        if facts.skip:
-            self._propagate_skip(ref.namespace, ref.name)
-        if rayjob is not None:
-            self.kube.delete_rayjob(ref.namespace, meta_of(rayjob)["name"])
-        self._release_and_admit_next(ref)
-        self.metrics.observe_phase(meta.get("uid") or ref.name, None, ref.namespace, ref.name)
-        return decision.reason
-
-    def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        deletion = DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body))
-        facts, decision = self._guard(deletion)
-        if facts.skip:
-            self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), rayjobs=False)
-        return decision.reason
-
-    def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        rayjob, sweep = self.reads.rayjob_of_cluster(body), self.reads.sweep_of(body)
-        if rayjob is not None and self._evicted_by_kueue(rayjob):  # a preemption: KubeRay deletes the cluster of the
-            # suspended RayJob without stopping its job, which stops gracefully first; then the guard verifies
-            wait = self._stop_before_delete(rayjob, sweep)
-            if wait is not None:
-                message = f"RayCluster {meta_of(body).get('name')}: waiting for its Ray job to stop gracefully"
-                raise RetryLater(message, wait, counted=False)
-            self._stop_done(rayjob, sweep)
-        try:
-            _, decision = self._guard(
-                DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
-            )
-        except RetryLater as hold:  # the data stays held; the GPUs need not (issue 26)
-            self._free_held_workers(body, rayjob, sweep)
-            hold.delay = min(hold.delay, self._until_workers_free(body, rayjob, sweep))
-            raise
-        return decision.reason
-
-    def _guard(
-        self, deletion: DeletionFacts, newest: Mapping[str, Any] | None = None
-    ) -> tuple[guard.GuardFacts, guard.Release]:
-        """Decide for one object; a Hold becomes RetryLater (the finalizer stays), a Release is audited or noted.
-        Status changes are computed from the sweep as the deletion found it and written onto `newest` (our own
-        write just before) or the freshest copy."""
-        facts, body, sweep = guard.guard_facts(deletion, self.reads.defaults), deletion.body, deletion.sweep
-        decision, result = guard.decide_deletion(deletion, facts, self.reads.verify, self.reads.run_documents)
-        if sweep is not None and result is not None:
-            found, generation = status_of(sweep), meta_of(sweep).get("generation")
-            changes = guard.verification_status(found, generation, self.clock(), result, decision)
-            self.status.update(newest or sweep, lambda s: updated(s, changes))
-        if isinstance(decision, guard.Hold):
-            self.metrics.guard_held(facts.kind, body, meta_of(sweep or {}).get("name"))
-        else:
-            self.metrics.guard_released(facts.kind, body)
-        notice = guard.deletion_notice(deletion, facts, decision)
-        for target in notice.objects:
-            self.emit(target, notice.type, notice.reason, notice.message)
-        if isinstance(decision, guard.Hold):
-            if sweep is not None and result is None:
-                held = guard.held_status(sweep, self.clock(), notice.message)
-                self.status.update(newest or sweep, lambda s: updated(s, held))
-            raise RetryLater(notice.message, decision.retry_after)
-        if decision.audit and facts.skip:  # the escape hatch: a metric, a log naming its setter, a condition
-            self._record_bypass(audit.bypass_audit(facts.kind, body, sweep), sweep)
-        return facts, decision
-
-    def _record_bypass(self, record: audit.BypassAudit, sweep: Mapping[str, Any] | None) -> None:
-        """Carry out a bypass audit: the metric, the log line, the sweep's CheckpointsVerified condition."""
-        self.metrics.guard_bypassed(record.kind, record.namespace, record.sweep)
-        log.warning("%s", record.log_line)
-        if sweep is None:
-            return
-        condition = ("CheckpointsVerified", False, audit.BYPASS_REASON, record.condition_message)
-        generation = meta_of(sweep).get("generation")
-        try:
-            self.status.update(
-                sweep, lambda s: updated(s, {"conditions": conditions_with(s, generation, self.clock(), condition)})
-            )
-        except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
-            log.warning("cannot record the bypass on sweep %s/%s: %s", record.namespace, record.sweep, exc)
-
-    def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
-        """The escape hatch on a sweep (or RayJob) covers the objects deleted after it, which outlive it."""
-        if not sweep:
-            return
-        selector = f"{constants.LABEL_SWEEP}={sweep}"
-        patch = {"metadata": {"annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}}
-        if rayjobs:
-            for rayjob in self.kube.list_rayjobs(namespace, selector):
-                self.kube.patch_rayjob(namespace, meta_of(rayjob)["name"], patch)
-        for cluster in self.kube.list_rayclusters(namespace, selector):
-            self.kube.patch_raycluster(namespace, meta_of(cluster)["name"], patch)
-
-    def check_guard_label(self, body: Mapping[str, Any], kind: str) -> None:
-        """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through
-        the guard); say so once, on the object and on its sweep."""
-        meta = meta_of(body)
-        if not guard.label_lost(body) or not self.cache.first_label_warning(meta.get("uid") or meta.get("name", "")):
-            return
-        message = guard.label_removed_message(kind, body)
-        self.emit(body, "Warning", "GuardLabelRemoved", message)
-        sweep = self.reads.sweep_of(body)
-        if sweep is not None:
-            self.emit(sweep, "Warning", "GuardLabelRemoved", message)
 
     # --------------------------------------------------------------------------------- the webhook
     def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
