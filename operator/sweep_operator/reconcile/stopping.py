@@ -141,7 +141,9 @@ class StopBeforeDelete:
         key, job = meta.get("uid") or meta.get("name", ""), ray_jobs.job_of(rayjob)
         window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
         with self._guard_lock:
-            asked = self._stops.get(key)
+            asked, unasked = self._stops.get(key), f"unasked/{key}" in self._stops
+        if unasked:  # the head could not be told (or its job had ended): no window to wait out, KubeRay stops it
+            return None
         if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
             asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
         # Once asked, the head says when the job ended (KubeRay stops polling it while it suspends the RayJob).
@@ -157,9 +159,11 @@ class StopBeforeDelete:
         if step.request and job is not None:
             outcome = self.stop_job(*job)
             asked_at = self.clock()
+            delivered = outcome.asked and not outcome.already_ended
+            # A request that reached no running job starts no window: a later look (after the suspend) must not wait.
             with self._guard_lock:
-                self._stops[key] = asked_at
-            if sweep is not None and outcome.asked and not outcome.already_ended:
+                self._stops[key if delivered else f"unasked/{key}"] = asked_at
+            if sweep is not None and delivered:
                 self._record_stop_request(sweep, meta.get("uid") or "", asked_at)
             text = (
                 f"RayJob {meta.get('name')}: asked its head to stop Ray job {job[1]} gracefully (up to {window:.0f} s)"
@@ -184,6 +188,7 @@ class StopBeforeDelete:
         with self._guard_lock:
             asked = self._stops.pop(key, None)
             self._stops.pop(f"suspend/{key}", None)
+            self._stops.pop(f"unasked/{key}", None)
         if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
             return
         try:
