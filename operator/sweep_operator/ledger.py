@@ -124,6 +124,11 @@ class AdmissionLedger:
         with self._lock(namespace):
             self._drop(namespace, name)
             self.queued[namespace].pop(name, None)
+        return self.queued_in(namespace)
+
+    def queued_in(self, namespace: str) -> list[str]:
+        """The namespace's queue in FIFO order."""
+        with self._lock(namespace):
             return [q.name for q in sorted(self.queued[namespace].values(), key=lambda q: (q.created, q.name))]
 
     def in_use(self, namespace: str) -> Demand:

@@ -255,6 +255,36 @@ def test_queue_is_strict_fifo_by_creation(world: World) -> None:
     assert world.status("younger")["phase"] == "Starting"
 
 
+def test_a_release_queues_the_oldest_waiting_sweeps_pass_instead_of_nesting_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: the pass that frees the budget runs no pass of another sweep inside its actions; it asks the work
+    queue for the oldest queued sweep (before routine work), whose admission asks for the next one."""
+    from sweep_operator.workqueue import URGENT
+
+    add_sweep(world, "first", created="2026-12-02T12:00:00Z", spec__trial__workers=4)  # 8 GPUs: the whole budget
+    add_sweep(world, "older", created="2026-12-02T12:00:01Z")
+    add_sweep(world, "younger", created="2026-12-02T12:00:02Z")
+    assert world.reconcile("first")["phase"] == "Starting"
+    assert world.reconcile("younger")["phase"] == "Queued"
+    assert world.reconcile("older")["phase"] == "Queued"
+    asked: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(
+        world.controller, "request_reconcile", lambda ns, name, *, priority: asked.append((ns, name, priority))
+    )
+    first = world.status("first")
+    world.kube.set_rayjob_status(
+        first["rayJobName"], "ml", jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed"
+    )
+    world.reconcile("first")
+    assert asked == [("ml", "older", URGENT)], "only the oldest, queued on the work queue"
+    assert world.status("older")["phase"] == "Queued", "no pass of it ran inside the releasing pass"
+    assert world.reconcile("older")["phase"] == "Starting"
+    assert asked[1:] == [("ml", "younger", URGENT)], "its admission hands on to the next"
+    assert world.reconcile("younger")["phase"] == "Starting"
+    assert asked[2:] == [], "nobody is left in the queue"
+
+
 def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")

@@ -329,6 +329,9 @@ class SweepController(DeletionGuard):
                 raise
             # the API may be down for the status too; the create's retry still comes
             log.warning("sweep %s: cannot record the failed create: %s", ObjectRef.of(body), exc)
+        if create is not None and create.taken is None and not failed and (decision.status or {}).get("runId"):
+            ref = ObjectRef.of(body)  # admitted: the next queued sweep may fit as well (strict FIFO, oldest first)
+            self._admit_next(ref.namespace, self.ledger.queued_in(ref.namespace))
 
     def _carry_out(self, body: Mapping[str, Any], decision: Decision) -> None:
         ref = ObjectRef.of(body)
@@ -397,16 +400,18 @@ class SweepController(DeletionGuard):
         queue = self.ledger.release(ref.namespace, ref.name)
         if not was_admitted:
             return
+        self._admit_next(ref.namespace, queue)
+
+    def _admit_next(self, namespace: str, queue: list[str]) -> None:
+        """Hand the oldest queued sweep still there to the work queue, before routine work: its pass decides, and
+        an admission hands on the next one (`_act`). The queue is tried oldest first and stops at the first sweep
+        that does not fit, one pass at a time, never a pass nested in another's actions."""
         for queued in queue:
-            body = self.kube.get_sweep(ref.namespace, queued)
-            if body is None:
-                self.ledger.release(ref.namespace, queued)
+            if self.kube.get_sweep(namespace, queued) is None:
+                self.ledger.release(namespace, queued)
                 continue
-            self.reconcile_sweep(body)
-            # the pass's own write is the newest copy (the status writer remembers it); no second read
-            after = self.cache.sweep(ObjectRef(ref.namespace, queued)) or body
-            if status_of(after).get("phase") == Phase.QUEUED:
-                break  # strict FIFO: the oldest still does not fit
+            self.request_reconcile(namespace, queued, priority=URGENT)
+            return
 
     def workload_changed(self, workload: Mapping[str, Any]) -> None:
         """A Kueue Workload changed: reconcile the sweep whose RayJob it belongs to (Kueue mode)."""
