@@ -360,6 +360,14 @@ def serve_s3() -> int:
     return 0
 
 
+def operator_paths(args: argparse.Namespace) -> tuple[str, ...]:
+    """Where the operator process imports sweep_operator (and, from another checkout, its sweep_contracts) from."""
+    tree = getattr(args, "operator_tree", None)
+    if tree is None:
+        return (str(REPO / "operator"),)
+    return (str(tree.resolve() / "operator"), str(tree.resolve() / "contracts"))
+
+
 def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
     from sweep_sandbox.s3server import SANDBOX_CREDENTIALS
 
@@ -372,7 +380,7 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
             "SWEEP_S3_ENDPOINT_URL": s3_endpoint,
             "SWEEP_S3_REGION": "us-east-1",
             "SWEEP_RECONCILE_SECONDS": str(args.reconcile_seconds),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "operator"), env.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (*operator_paths(args), env.get("PYTHONPATH", "")) if p),
         }
     )
     if args.kopf_untuned:  # the caller's SWEEP_* are dropped above, so the switch is passed on here
@@ -659,6 +667,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run the operator with SWEEP_GC_UNTUNED=1: CPython's garbage collector as it ships (kopf_tuning.tune_gc)",
     )
     parser.add_argument(
+        "--operator-tree",
+        type=Path,
+        help="run the operator (its operator/ and contracts/) from another checkout, e.g. a `git worktree` of an older "
+        "commit, against this harness: a before/after pair with one emulator and stand-in",
+    )
+    parser.add_argument(
         "--standin",
         choices=("process", "thread", "none"),
         default="process",
@@ -690,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "settings": {
             "operator": args.operator,
+            "operatorTree": str(args.operator_tree) if args.operator_tree else None,
             "kuberayStandIn": args.standin,
             "kopfTuned": not args.kopf_untuned,
             "gcTuned": not args.gc_untuned,
