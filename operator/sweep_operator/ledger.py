@@ -87,9 +87,10 @@ class AdmissionLedger:
         self._loaded.add(namespace)
 
     def decide(
-        self, namespace: str, name: str, created: str, spec: SweepSpec, limits: OperatorLimits
+        self, namespace: str, name: str, created: str, spec: SweepSpec, limits: OperatorLimits, *, record: bool = True
     ) -> AdmissionDecision:
-        """Admit, Queue or Reject `name`, strictly FIFO by creationTimestamp within the namespace."""
+        """Admit, Queue or Reject `name`, strictly FIFO by creationTimestamp within the namespace; `record`: the
+        admission or queue place is recorded under the same lock (False: the answer only)."""
         with self._lock(namespace):
             self._ensure_loaded(namespace)
             admitted = self.admitted[namespace]
@@ -112,6 +113,8 @@ class AdmissionLedger:
                         f"waiting behind {len(ahead)} older queued sweep(s) in this namespace "
                         f"({', '.join(q.name for q in ahead[:3])}{', ...' if len(ahead) > 3 else ''})",
                     )
+            if not record:
+                return decision
             if isinstance(decision, Admit):
                 self._admit(namespace, name, decision.demand)
                 self.queued[namespace].pop(name, None)

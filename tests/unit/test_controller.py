@@ -285,6 +285,32 @@ def test_a_release_queues_the_oldest_waiting_sweeps_pass_instead_of_nesting_it(
     assert asked[2:] == [], "nobody is left in the queue"
 
 
+def test_the_budgets_answer_is_recorded_by_act_and_a_lost_race_decides_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: asking the namespace's budgets records nothing; `_act` records the answer (ReserveBudget), decided
+    again under the ledger's lock, so an admission that came first between the read and the record voids the pass's
+    decision: the pass runs again and queues the sweep, and the namespace is never over-admitted."""
+    add_sweep(world, "early", created="2026-12-02T12:00:00Z", spec__trial__workers=4)  # 8 GPUs: the whole budget
+    add_sweep(world, "late", created="2026-12-02T12:00:01Z", spec__trial__workers=4)
+    controller, raced = world.controller, []
+    record = controller.budgets.reserve
+
+    def racing(facts: Any, reservation: Any) -> bool:
+        if facts.ref.name == "late" and not raced:
+            raced.append(reservation)
+            assert controller.ledger.in_use("ml").gpus == 0, "the pass's read of the budgets recorded nothing"
+            assert world.reconcile("early")["phase"] == "Starting"  # another admission comes first
+        return record(facts, reservation)
+
+    monkeypatch.setattr(controller.budgets, "reserve", racing)
+    status = world.reconcile("late")
+    assert raced and raced[0].admitted, "the read admitted it"
+    assert status["phase"] == "Queued" and not status.get("runId"), "its record refused it: decided again, queued"
+    assert controller.ledger.in_use("ml").gpus == 8
+    assert controller.ledger.queued_in("ml") == ["late"]
+
+
 def test_status_mirrors_rayjob_and_progress(world: World) -> None:
     add_sweep(world, "digits")
     status = world.reconcile("digits")

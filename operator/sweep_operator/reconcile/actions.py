@@ -1,8 +1,8 @@
 """What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
 
-The controller executes the actions before the status write (CreateRayJob, DeleteRayJob, SetSuspend, SetRuntimeEnv)
-or after it (ReleaseBudget, Finish); Events are posted after the write. A new action is a dataclass here and one
-branch in `controller.SweepController._act`.
+The controller executes the actions before the status write (ReserveBudget first, then CreateRayJob, DeleteRayJob,
+SetSuspend, SetRuntimeEnv, RecordGpuHours) or after it (ReleaseBudget, Finish); Events are posted after the write. A
+new action is a dataclass here and one branch in `controller.SweepController._act`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,29 @@ class RecordGpuHours:
     terminal: bool
 
 
-Action = CreateRayJob | DeleteRayJob | SetSuspend | SetRuntimeEnv | Diagnose | ReleaseBudget | Finish | RecordGpuHours
+@dataclass(frozen=True)
+class ReserveBudget:
+    """Record what the namespace's budgets answered on a read (the ports only read): the GPU caps' admission or queue
+    place, and the attempt's GPU-hour reservation. Carried out first, each decided again where it is recorded (under
+    the GPU ledger's lock; onto the GPUHourLedger's resourceVersion), so a burst never over-admits: a record that no
+    longer agrees with `admitted` (another admission came first) voids the decision and the pass runs again."""
+
+    spec: Any  # the attempt's (a resume's deadlines are its own)
+    attempt: str  # the GPU-hour reservation's attempt: "initial" or "resume-<n>"
+    admitted: bool  # the decision admits (its RayJob is created); False: it waits or is refused
+
+
+Action = (
+    CreateRayJob
+    | DeleteRayJob
+    | SetSuspend
+    | SetRuntimeEnv
+    | Diagnose
+    | ReleaseBudget
+    | Finish
+    | RecordGpuHours
+    | ReserveBudget
+)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from .actions import (
     Finish,
     RecordGpuHours,
     ReleaseBudget,
+    ReserveBudget,
     SetRuntimeEnv,
     SetSuspend,
 )
@@ -42,7 +43,7 @@ from .deletion_guard import DeletionGuard, GuardKey
 from .deletion_guard import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
-from .ports import Budgets, resume_ports
+from .ports import INITIAL_ATTEMPT, Budgets, resume_ports
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
 from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
@@ -240,9 +241,12 @@ class SweepController(DeletionGuard):
             budget = self.budgets.ask(facts, facts.sweep.spec)
             in_use = self.budgets.in_use(facts.ref.namespace)
             decision = admission.decide_budget(facts, budget, in_use, self.render_context)
-            hours = self.budgets.gpu_hours(facts, budget) if decision.wants(CreateRayJob) is not None else None
+            admitted = decision.wants(CreateRayJob) is not None
+            hours = self.budgets.gpu_hours(facts, budget) if admitted else None
             if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
-                decision = hours
+                decision, admitted = hours, False
+            reserve = ReserveBudget(facts.sweep.spec, INITIAL_ATTEMPT, admitted)  # the answer read, to record
+            decision = replace(decision, actions=(reserve, *decision.actions))
         self._act(facts.body, decision, facts)
 
     def _created(self, facts: SweepFacts, create: CreateRayJob) -> tuple[Decision, bool]:
@@ -279,19 +283,23 @@ class SweepController(DeletionGuard):
 
     def _run(self, facts: SweepFacts) -> None:
         if is_terminal(facts.status.get("phase")) and not run_phase.awaiting_verification(facts.status) and facts.sweep:
+            ports, asked = resume_ports(facts, self.budgets)
             resumed = resume.resume_step(
                 facts.body,
                 facts.sweep,
-                resume_ports(facts, self.budgets),
+                ports,
                 now=facts.now,
                 context=self.render_context,
                 max_active_seconds=self.settings.limits.max_active_seconds,
             )
-            if resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
+            reserve = asked[-1:]  # the budgets' answer, recorded first (a waiting attempt keeps its queue place)
+            if resumed is None and reserve:
+                self._act(facts.body, Decision(actions=tuple(reserve)), facts)
+            elif resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
                 queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
                 if queue and resumed.status and resumed.status.get("phase") == Phase.STARTING:  # Kueue admits it
                     resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
-                self._act(facts.body, resumed)
+                self._act(facts.body, replace(resumed, actions=(*reserve, *resumed.actions)), facts)
                 return
         facts = self.reads.run_facts(facts)
         run = kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
@@ -313,7 +321,14 @@ class SweepController(DeletionGuard):
 
     def _act(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write. A
-        `CreateRayJob` goes first: the status to write follows from its outcome."""
+        `CreateRayJob` goes first: the status to write follows from its outcome; before it, a `ReserveBudget`,
+        which voids the decision when the budgets no longer answer as read (the pass runs again)."""
+        reserve = decision.wants(ReserveBudget)
+        if reserve is not None and facts is not None and not self.budgets.reserve(facts, reserve):
+            ref = ObjectRef.of(body)
+            log.debug("sweep %s: the namespace's budgets changed since this pass read them; deciding again", ref)
+            self.request_reconcile(ref.namespace, ref.name, priority=URGENT)
+            return
         create, failed = decision.wants(CreateRayJob), False
         if create is not None and create.taken is not None:  # a resumed attempt's RayJob
             made, fresh = self.kube.create_rayjob(dict(create.rayjob))

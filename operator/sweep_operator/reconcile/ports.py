@@ -1,5 +1,6 @@
-"""The namespace's budgets as admission asks them, and the I/O a resume step is lent (resume.ResumePorts). They read
-and change state (the ledgers, the API, the caches), so they sit beside reads, above the decisions."""
+"""The namespace's budgets as admission asks them, and the I/O a resume step is lent (resume.ResumePorts). Asking
+only reads (the ledgers, the API, the caches); what changes the ledgers is carried out by the controller's `_act`
+(`Budgets.reserve` for a ReserveBudget, `record_hours`, `release_hours`). They sit beside reads, above the decisions."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
 from . import admission, attempts, kueue, resume, workloads
-from .actions import Decision
+from .actions import Decision, ReserveBudget
 from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
 from .reads import Reads
@@ -75,6 +76,20 @@ class GpuHourLedgers:
             return result
         raise RuntimeError(f"GPUHourLedger {namespace}: {WRITE_ATTEMPTS} writes in a row were refused; retrying later")
 
+    def peek(
+        self,
+        namespace: str,
+        budget: NamespaceBudget,
+        now: float,
+        decide: Callable[[HoursLedger], tuple[T, HoursLedger | None]],
+    ) -> T:
+        """`decide`'s answer over a fresh read, as `change` would decide it first; nothing is written."""
+        ledger = self.read(namespace, budget, now, fresh=True)
+        result, new = decide(ledger)
+        if new is not None and ledger.resource_version is None:
+            result, _ = decide(seeded(ledger, self.sweeps_of(namespace), now))
+        return result
+
     def all_cached(self, budget_of: Callable[[str], NamespaceBudget | None]) -> dict[str, HoursLedger]:
         """Every ledger last read or written, by namespace (the metrics' source)."""
         with self._lock:
@@ -112,26 +127,36 @@ class Budgets:
         """`<GPUs admitted>/<maxGpusPerNamespace>` in the namespace (the -o wide NS-BUDGET column)."""
         return f"{self.ledger.in_use(namespace).gpus}/{self.settings.limits.max_gpus_per_namespace}"
 
-    def ask(self, facts: SweepFacts, spec: Any) -> Any:
-        """The GPU caps' answer for the sweep run with `spec`; the ledger's records an admission."""
+    def ask(self, facts: SweepFacts, spec: Any, *, record: bool = False) -> Any:
+        """The GPU caps' answer for the sweep run with `spec`; `record` (`reserve` only): the ledger records it."""
         ref = facts.ref
         if workloads.our_queue_steps_aside(self.context.queue_name(spec, ref.namespace)):
             return kueue.decide_kueue_admission(spec, self.settings.limits)  # Kueue's quota, not our ledger
         created = meta_of(facts.body).get("creationTimestamp") or ""
-        return self.ledger.decide(ref.namespace, ref.name, created, spec, self.settings.limits)
+        return self.ledger.decide(ref.namespace, ref.name, created, spec, self.settings.limits, record=record)
+
+    def reserve(self, facts: SweepFacts, reservation: ReserveBudget) -> bool:
+        """Carry out a ReserveBudget: the GPU caps and the GPU-hours decided again and recorded atomically, as the
+        decision read them; False: the record no longer agrees with the decision (another admission came first)."""
+        budget = self.ask(facts, reservation.spec, record=True)
+        if not isinstance(budget, Admit):
+            return not reservation.admitted
+        hours = self.gpu_hours(facts, budget, spec=reservation.spec, attempt=reservation.attempt, record=True)
+        return (hours is None) == reservation.admitted
 
     def gpu_hours(
-        self, facts: SweepFacts, budget: Any, *, spec: Any = None, attempt: str = INITIAL_ATTEMPT
+        self, facts: SweepFacts, budget: Any, *, spec: Any = None, attempt: str = INITIAL_ATTEMPT, record: bool = False
     ) -> Decision | None:
-        """The GPU-hour check beside the GPU caps: None admits (and the attempt's hours are reserved in the
-        namespace's ledger); else the Invalid or Queued decision (docs/budgets.md). `spec`: the attempt's."""
+        """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision
+        (docs/budgets.md). `spec`: the attempt's. `record` (`reserve` only): the attempt's hours are reserved in the
+        namespace's ledger, and a refusal takes back the GPU caps' admission."""
         ref = facts.ref
         namespace = self.gpu_hour_budget(ref.namespace)
         uid = str(meta_of(facts.body).get("uid") or "")
 
         def reserve(ask: GpuHourAsk) -> AdmissionDecision:
             assert namespace is not None
-            return self.hours.change(
+            return (self.hours.change if record else self.hours.peek)(
                 ref.namespace,
                 namespace,
                 facts.now,
@@ -146,7 +171,6 @@ class Budgets:
                     now=facts.now,
                     worst_case_text=ask.worst_case_text,
                 ),
-                fresh=True,
             )
 
         answer = decide_gpu_hour_answer(
@@ -154,7 +178,8 @@ class Budgets:
         )
         if answer is None:
             return None
-        self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
+        if record:
+            self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
         return admission.decide_budget(facts, answer, self.in_use(ref.namespace), self.context)
 
     def namespace_hours(self, facts: SweepFacts) -> tuple[dict[str, Any] | None, ReservationFacts | None]:
@@ -211,10 +236,12 @@ class Budgets:
         )
 
 
-def resume_ports(facts: SweepFacts, budgets: Budgets) -> resume.ResumePorts:
+def resume_ports(facts: SweepFacts, budgets: Budgets) -> tuple[resume.ResumePorts, list[ReserveBudget]]:
     """What a resume step may ask for this sweep: verify afresh, read the run's records, ask the namespace's budgets
-    as an admission does (the RayJob's create and the Events are the step's actions, carried out by `_act`)."""
+    as an admission does (the RayJob's create, the Events and the budgets' record of the answer, the ReserveBudget
+    listed here, are carried out by `_act`)."""
     reads, ref = budgets.reads, facts.ref
+    asked: list[ReserveBudget] = []
 
     def admit(sweep: Any, decision: Any = None) -> str | None:
         """The attempt's own deadline makes its worst case; its reservation is its own (resume-<n>)."""
@@ -222,11 +249,14 @@ def resume_ports(facts: SweepFacts, budgets: Budgets) -> resume.ResumePorts:
         attempt = f"resume-{decision.attempt}" if decision is not None else INITIAL_ATTEMPT
         budget = budgets.ask(facts, spec)
         hours = budgets.gpu_hours(facts, budget, spec=spec, attempt=attempt) if isinstance(budget, Admit) else None
-        return resume.budget_refusal(budget, hours)
+        refusal = resume.budget_refusal(budget, hours)
+        asked.append(ReserveBudget(spec, attempt, admitted=refusal is None))
+        return refusal
 
-    return resume.ResumePorts(
+    ports = resume.ResumePorts(
         verify=lambda target: reads.verify(target, pooled=False),
         documents=reads.run_documents,
         rayjob=lambda name: reads.rayjob(ObjectRef(ref.namespace, name)),
         admit=admit,
     )
+    return ports, asked
