@@ -798,16 +798,6 @@ def build_emulator(**options: Any) -> KubernetesApiEmulator:
     return emulator
 
 
-def __getattr__(name: str) -> Any:
-    """TEMPORARY (issue 29; remove once no test imports them from here): `wait_for` and `GiveUp` are test helpers and
-    live in tests/support/waiting.py; this forwards the old import path to the same objects while tests move."""
-    if name in ("wait_for", "GiveUp"):
-        from tests.support import waiting
-
-        return getattr(waiting, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def make_api_client(url: str, token: str | None = None, ca_file: str | None = None) -> Any:
     """A kubernetes.client.ApiClient for `url` from an explicit Configuration (no kubeconfig, no environment),
     authenticating with `token` when given (the emulator's users: admission.py), trusting `ca_file` for https."""

@@ -157,7 +157,8 @@ def test_a_preempted_run_with_a_broken_checkpoint_holds_its_cluster_but_not_its_
         assert held is not None and constants.FINALIZER in held["metadata"]["finalizers"]
         messages = [e.message for e in env.events(cluster) if e.reason == "CheckpointsNotVerified"]
         assert any(missing.split("/")[-1] in m for m in messages), messages
-        assert "HeldClusterWorkersReleased" in env.event_reasons(cluster)
+        # The operator posts the Event after its pod deletes, so the pods can be seen gone before it arrives.
+        wait_for(lambda: "HeldClusterWorkersReleased" in env.event_reasons(cluster), TIMEOUT, what="the release Event")
         write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
         wait_for(lambda: env.get(constants.RAYCLUSTER_PLURAL, cluster) is None, TIMEOUT, what="released once verified")
         env.wait_status(
