@@ -75,7 +75,11 @@ def test_a_held_cluster_loses_its_gpu_workers_after_the_graceful_window_and_stay
     held = env.get(constants.RAYCLUSTER_PLURAL, cluster)
     assert held is not None and constants.FINALIZER in held["metadata"]["finalizers"], "the data stays held"
     assert "head" in _pods(env, cluster).values(), "the head stays"
-    notice = [e.message for e in env.events(cluster) if e.reason == "HeldClusterWorkersReleased"]
+    notice = wait_for(  # posted after the pod deletes, so the pods can be seen gone first
+        lambda: [e.message for e in env.events(cluster) if e.reason == "HeldClusterWorkersReleased"] or None,
+        TIMEOUT,
+        what="the HeldClusterWorkersReleased Event",
+    )
     assert notice and f"{len(workers)} worker pod(s)" in notice[0] and "graceful window" in notice[0], notice
     metric = env.operator.controller.metrics.idle_gpu_seconds.labels(
         namespace="default", sweep=name, cause="held-deletion"
@@ -123,7 +127,11 @@ def _held_sweep_stopped_at_its_deadline(env: OperatorEnv, name: str, rayjob: str
         what="the RayJob stopped at the deadline while the sweep is held",
     )
     assert env.sweep(name) is not None, "the sweep is still held"
-    stopped = [e.message for e in env.events(name) if e.reason == "StoppedWhileHeld"]
+    stopped = wait_for(  # written with the pass's status, after its delete
+        lambda: [e.message for e in env.events(name) if e.reason == "StoppedWhileHeld"] or None,
+        TIMEOUT,
+        what="the StoppedWhileHeld Event",
+    )
     assert stopped and "deadline" in stopped[0], stopped
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
     wait_for(
