@@ -603,7 +603,8 @@ def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
 
 
 class Ports:
-    """Fake ports: a verifier answer, the run's documents, a namespace budget (the step creates nothing itself)."""
+    """What a resume pass reads, faked: a verifier answer, the run's documents, a namespace budget's answer. `step`
+    reads as `ports.resume_read` does (the verification only where `resume.planned` asks for it)."""
 
     def __init__(self, verified: bool = True, problems: tuple = (), waits: str | None = None) -> None:
         from tests.support.fakes import FakeResult, Finding
@@ -612,13 +613,24 @@ class Ports:
         self.waits = waits
         self.verified: list[str] = []
 
-    def ports(self) -> r.ResumePorts:
-        return r.ResumePorts(
-            verify=lambda target: self.verified.append(target.run_root) or self.result,
-            documents=lambda target: ({"phase": "Running"}, None, True),
-            rayjob=lambda name: None,
-            admit=lambda sweep, attempt: self.waits,
-        )
+    def reads(self, doc: dict, sweep: object) -> r.ResumeReads:
+        from dataclasses import replace
+
+        from sweep_operator.reconcile.attempts import RunRootCheck
+        from sweep_operator.reconcile.verdicts import status_target
+
+        progress = {"phase": "Running"}
+        failed = (doc.get("status") or {}).get("phase") == "Failed"
+        records = r.ResumeReads(None, progress["phase"] if failed else None)
+        target = status_target(doc)
+        planned = r.planned(doc, sweep, records, now=NOW, max_active_seconds=86_400)
+        if isinstance(planned, r.VerifyFirst) and target is not None:
+            self.verified.append(target.run_root)
+            check = RunRootCheck.from_result(
+                self.result, progress=progress, final=None, records_readable=True, root=target.run_root
+            )
+            records = replace(records, verification=check)
+        return records
 
 
 def creates(decision: object) -> list[object]:
@@ -656,7 +668,9 @@ def ended_body(**spec_changes: object) -> tuple[dict, object]:
 def step(doc: dict, sweep: object, ports: Ports) -> object:
     from sweep_operator.rendering import RenderContext
 
-    return r.resume_step(doc, sweep, ports.ports(), now=NOW, context=RenderContext(), max_active_seconds=86_400)
+    reads = ports.reads(doc, sweep)
+    admit = lambda sweep, attempt: ports.waits  # noqa: E731  the budgets' answer, read before deciding
+    return r.resume_step(doc, sweep, reads, admit, now=NOW, context=RenderContext(), max_active_seconds=86_400)
 
 
 def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() -> None:
@@ -694,8 +708,8 @@ def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
     foreign = {"metadata": {"name": "digits-abc123-a2", "labels": {"sweeps.dev/run-id": "zzz999"}}}
     ours = {"metadata": {"name": "digits-abc123-a2", "labels": {"sweeps.dev/run-id": "abc123"}}}
     owned_by_other = {"metadata": {**ours["metadata"], "ownerReferences": [{"uid": "other"}]}}
-    assert not r.adoptable(foreign, create.run_id, create.owner_uid) and r.adoptable(ours, "abc123", "u1")
-    assert not r.adoptable(owned_by_other, "abc123", "u1")
+    assert not attempts.adoptable(foreign, create.run_id, create.owner_uid) and attempts.adoptable(ours, "abc123", "u1")
+    assert not attempts.adoptable(owned_by_other, "abc123", "u1")
     taken = create.taken  # what _act writes instead when the name is held by an object that is not this run's
     assert taken.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in taken.status["message"]
 
@@ -770,4 +784,4 @@ def test_a_resume_waits_for_the_gpu_caps_then_the_gpu_hours(
         "queue": Queue(demand, "4 GPUs wanted, 2 free"),
         "reject": Reject((Problem("spec.trial", "over the cap"),)),
     }[budget]
-    assert r.budget_refusal(answer, Decision(hours) if hours is not None else None) == expected
+    assert attempts.budget_refusal(answer, Decision(hours) if hours is not None else None) == expected

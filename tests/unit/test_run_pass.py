@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from sweep_contracts.api import Phase
 from sweep_operator.reconcile.actions import DeleteRayJob, Finish, RecordGpuHours, ReleaseBudget
 from sweep_operator.reconcile.run_pass import PodsRead, RunReads, decide_run_pass
@@ -78,3 +80,96 @@ def test_a_held_sweep_whose_budget_is_spent_is_stopped_and_keeps_measuring() -> 
     assert kinds(decision.actions) == [RecordGpuHours, DeleteRayJob]  # no ReleaseBudget/Finish: the guard holds it
     assert decision.status is not None and decision.status["phase"] == "Deleting" and decision.status["usage"]
     assert "GPU-hour budget is spent" in decision.events[-1].message
+
+
+# ------------------------------------------------------------------ one decision over everything read (issue 29)
+def _ended_with_a_resume() -> tuple[Any, Any]:
+    """An ended CPU sweep whose spec asks for a resume, and what its pass read: the verification the decision asks
+    for (resume.planned)."""
+    from sweep_operator.reconcile.facts import SweepFacts
+    from tests.unit.test_resume_decisions import NOW, Ports, ended_body
+    from tests.unit.test_run_phase import LIMITS
+
+    doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
+    return SweepFacts(doc, NOW, LIMITS, sweep), Ports().reads(doc, sweep)
+
+
+def _budgets(caps: Any, hours: Any = None) -> Any:
+    from sweep_operator.reconcile.run_pass import BudgetReads
+    from tests.unit.test_run_phase import LIMITS
+
+    return BudgetReads(caps, "8/8", hours, LIMITS)
+
+
+def test_a_resume_waiting_for_the_budgets_and_the_run_pass_make_one_decision_with_the_record_first() -> None:
+    """The resume that waits for namespace capacity records the budgets' answer (ReserveBudget) in the pass's one
+    decision: its message the first time, then, once written, before the run pass's own status and actions (the
+    pass used to act twice: the record alone, then the run pass)."""
+    from sweep_operator.policy import Demand, Queue
+    from sweep_operator.reconcile.actions import ReserveBudget
+    from sweep_operator.reconcile.run_pass import ResumeRead
+
+    facts, records = _ended_with_a_resume()
+    reads = RunReads(resume=ResumeRead(records, _budgets(Queue(Demand(workers=1, gpus=4), "4 GPUs wanted, 2 free"))))
+    first = decide_run_pass(facts, reads, reconcile_seconds=10, refresh_seconds=60)
+    (record,) = [a for a in first.actions if isinstance(a, ReserveBudget)]
+    assert first.actions[0] is record and not record.admitted and record.attempt == "resume-2"
+    assert first.status is not None and first.status["message"].endswith("4 GPUs wanted, 2 free")
+    written = replace(facts, body={**facts.body, "status": first.status})
+    again = decide_run_pass(written, reads, reconcile_seconds=10, refresh_seconds=60)
+    assert kinds(again.actions)[:1] == [ReserveBudget] and kinds(again.actions).count(ReserveBudget) == 1
+    assert again.status is None or again.status["message"] == first.status["message"], "the run pass, same wait"
+
+
+def test_a_resume_the_budgets_admit_creates_its_attempt_after_recording_the_answer() -> None:
+    from sweep_operator.policy import Admit, Demand
+    from sweep_operator.reconcile.actions import CreateRayJob, ReserveBudget
+    from sweep_operator.reconcile.run_pass import ResumeRead
+
+    facts, records = _ended_with_a_resume()
+    reads = RunReads(resume=ResumeRead(records, _budgets(Admit(Demand(workers=1, gpus=0)))))
+    decision = decide_run_pass(facts, reads, reconcile_seconds=10, refresh_seconds=60)
+    assert kinds(decision.actions) == [ReserveBudget, CreateRayJob] and decision.actions[0].admitted
+    assert decision.actions[1].attempt == 2 and decision.status["phase"] == Phase.STARTING
+    queued = decide_run_pass(facts, replace(reads, queue="team-a"), reconcile_seconds=10, refresh_seconds=60)
+    assert queued.status["phase"] == Phase.QUEUED, "in Kueue mode the attempt waits for Kueue's admission"
+
+
+def test_an_admission_decides_once_over_the_caps_and_the_gpu_hour_ledger_read_before() -> None:
+    """The GPU caps admit; the namespace's GPU-hour ledger, read before deciding, has no room: one decision,
+    queued or refused, with the record of the answer first. Without a ledger to ask, the same read admits."""
+    from sweep_operator.gpu_time import NamespaceBudget
+    from sweep_operator.policy import Admit, demand_of
+    from sweep_operator.reconcile.actions import CreateRayJob, ReserveBudget
+    from sweep_operator.reconcile.hours_ledger import HoursLedger
+    from sweep_operator.reconcile.run_pass import decide_admit_pass
+    from sweep_operator.rendering import RenderContext
+
+    fresh = facts({}, None, now=USAGE_T0)
+    assert fresh.sweep is not None
+    caps = Admit(demand_of(fresh.sweep.spec))
+    full = HoursLedger.from_object(None, NamespaceBudget(0.01, 86_400))
+    refused = decide_admit_pass(fresh, _budgets(caps, full), RenderContext())
+    assert kinds(refused.actions) == [ReserveBudget] and not refused.actions[0].admitted
+    assert refused.status["phase"] in (Phase.QUEUED, Phase.INVALID) and "GPU-hour" in refused.status["message"]
+    admitted = decide_admit_pass(fresh, _budgets(caps), RenderContext())
+    assert kinds(admitted.actions) == [ReserveBudget, CreateRayJob] and admitted.actions[0].admitted
+
+
+def test_gpus_up_with_no_trial_running_are_counted_in_the_decision_and_recorded_by_an_action() -> None:
+    """unscheduled-trials: GPU workers up between the pass's look at the pods and the one before, while the driver's
+    status shows no trial running, go into status.idleGpuSeconds and a RecordIdleGpus action (the metric)."""
+    from sweep_operator.reconcile.actions import RecordIdleGpus
+
+    trials = {"total": 4, "running": 0, "pending": 2, "terminated": 2}  # trained, now waiting for Tune
+    idle = {**RUNNING_NOW, "trainingStartedAt": rfc3339(USAGE_T0 - 3000), "trials": trials}
+    read = pods_read(hours_ago=1, gpus=2, record=False)
+    for body in read.pods:
+        body["metadata"].setdefault("labels", {})["ray.io/node-type"] = "worker"
+    pods = replace(read, previous_look=USAGE_T0 - 30)
+    decision = decide(idle, RunReads(pods=pods))
+    (record,) = [a for a in decision.actions if isinstance(a, RecordIdleGpus)]
+    assert record.cause == "unscheduled-trials" and record.gpu_seconds == pytest.approx(60.0)
+    assert decision.status["idleGpuSeconds"]["unscheduledTrials"] == pytest.approx(60.0)
+    first_look = decide(idle, RunReads(pods=replace(pods, previous_look=None)))
+    assert not [a for a in first_look.actions if isinstance(a, RecordIdleGpus)], "nothing before a first look"

@@ -1,7 +1,7 @@
 """What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
 
 The controller executes the actions before the status write (ReserveBudget first, then CreateRayJob, DeleteRayJob,
-SetSuspend, SetRuntimeEnv, RecordGpuHours) or after it (ReleaseBudget, Finish); Events are posted after the write. A
+SetSuspend, SetRuntimeEnv, RecordGpuHours, RecordIdleGpus) or after it (ReleaseBudget, Finish); Events are posted after the write. A
 new action is a dataclass here and one branch in `controller.SweepController._act`.
 """
 
@@ -28,7 +28,7 @@ class CreateRayJob:
     """Create the run's RayJob (or find the one an earlier attempt created). A first admission's create is carried
     out by the controller before `admission.after_create` decides on its outcome; a resumed attempt's (`attempt` > 1)
     is carried out by `_act`: its decision's status is written when the RayJob was created or is this run's
-    (`resume.adoptable`), else `taken`, decided beside it."""
+    (`attempts.adoptable`), else `taken`, decided beside it."""
 
     rayjob: Mapping[str, Any]
     run_id: str
@@ -91,6 +91,14 @@ class RecordGpuHours:
 
 
 @dataclass(frozen=True)
+class RecordIdleGpus:
+    """Add GPU-seconds held without training to the idle-GPU metric, by cause (the status carries them already)."""
+
+    cause: str
+    gpu_seconds: float
+
+
+@dataclass(frozen=True)
 class ReserveBudget:
     """Record what the namespace's budgets answered on a read (the ports only read): the GPU caps' admission or queue
     place, and the attempt's GPU-hour reservation. Carried out first, each decided again where it is recorded (under
@@ -111,6 +119,7 @@ Action = (
     | ReleaseBudget
     | Finish
     | RecordGpuHours
+    | RecordIdleGpus
     | ReserveBudget
 )
 

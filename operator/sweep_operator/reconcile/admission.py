@@ -78,6 +78,11 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
     return None
 
 
+def asks_budgets(facts: SweepFacts) -> bool:
+    """Whether the admission is decided on the namespace's budgets' answer (read before deciding)."""
+    return decide_admission(facts) is None
+
+
 def decide_budget(
     facts: SweepFacts, budget: AdmissionDecision, namespace_budget: str, render: RenderContext
 ) -> Decision:

@@ -9,6 +9,7 @@ from typing import Any
 from sweep_contracts import constants
 from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
 
+from ..policy import Admit
 from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
 from .verdicts import reported_checkpoints
 
@@ -360,7 +361,7 @@ def pending(body: Mapping[str, Any]) -> bool:
 
 def attempt_sweep(sweep: Any, decision: Any) -> Any:
     """The parsed sweep (validation.Sweep) as attempt `decision.attempt` runs it: its deadlines are the attempt's
-    (RESUME.md: the run spec's spec.deadlines and SWEEP_DEADLINE_AT are THIS attempt's), numSamples the total."""
+    (training_entrypoints/resume.py: the run spec's spec.deadlines and SWEEP_DEADLINE_AT are THIS attempt's), numSamples the total."""
     spec = sweep.spec
     deadlines = spec.deadlines.model_copy(update={"active_seconds": decision.active_seconds})
     tune = spec.tune.model_copy(update={"num_samples": decision.num_samples})
@@ -391,3 +392,21 @@ def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: Any, target:
         replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
     )
     return rayjob
+
+
+def adoptable(rayjob: Mapping[str, Any], run_id: str, owner_uid: str) -> bool:
+    """An existing RayJob of an attempt's name is adopted only when an earlier pass of this run created it: it
+    carries the run's id and no owner other than the sweep."""
+    meta = rayjob.get("metadata") or {}
+    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+    return (meta.get("labels") or {}).get(constants.LABEL_RUN_ID) == run_id and (not owners or owner_uid in owners)
+
+
+def budget_refusal(budget: Any, hours: Any = None) -> str | None:
+    """A resume step's `admit` answer: why the namespace keeps the attempt waiting, None when it admits. `budget` is
+    the GPU caps' answer (Admit, Queue, Reject), `hours` the GPU-hour check's decision (None admits)."""
+    if not isinstance(budget, Admit):
+        return str(getattr(budget, "reason", budget))
+    if hours is None:
+        return None
+    return str((hours.status or {}).get("message") or "the GPU-hour budget")

@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 
 from .. import ray_jobs
@@ -22,10 +21,9 @@ from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import is_terminal
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, WorkQueue
-from . import admission, guard, kueue, resume, run_pass, run_phase, usage
+from . import admission, attempts, guard, kueue, run_pass, run_phase, usage
 from .actions import (
     CreateRayJob,
     Decision,
@@ -33,6 +31,7 @@ from .actions import (
     Diagnose,
     Finish,
     RecordGpuHours,
+    RecordIdleGpus,
     ReleaseBudget,
     ReserveBudget,
     SetRuntimeEnv,
@@ -43,7 +42,7 @@ from .deletion_guard import DeletionGuard, GuardKey
 from .deletion_guard import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
-from .ports import INITIAL_ATTEMPT, Budgets, resume_ports
+from .ports import Budgets, resume_read
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
 from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
@@ -233,21 +232,11 @@ class SweepController(DeletionGuard):
             self._admit(facts)
 
     def _admit(self, facts: SweepFacts) -> None:
-        """A sweep without a run: decided before the budgets, or on their answer (a status, or its RayJob to create,
-        which `_act` carries out)."""
-        decision = admission.decide_admission(facts)
-        if decision is None:
-            assert facts.sweep is not None
-            budget = self.budgets.ask(facts, facts.sweep.spec)
-            in_use = self.budgets.in_use(facts.ref.namespace)
-            decision = admission.decide_budget(facts, budget, in_use, self.render_context)
-            admitted = decision.wants(CreateRayJob) is not None
-            hours = self.budgets.gpu_hours(facts, budget) if admitted else None
-            if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
-                decision, admitted = hours, False
-            reserve = ReserveBudget(facts.sweep.spec, INITIAL_ATTEMPT, admitted)  # the answer read, to record
-            decision = replace(decision, actions=(reserve, *decision.actions))
-        self._act(facts.body, decision, facts)
+        """A sweep without a run: read (the budgets only where the admission asks them), decide once, act (a status,
+        or its RayJob to create, which `_act` carries out)."""
+        asks = facts.sweep is not None and admission.asks_budgets(facts)  # a sweep that did not parse asks none
+        budgets = self.budgets.read(facts, facts.sweep.spec) if asks and facts.sweep is not None else None
+        self._act(facts.body, run_pass.decide_admit_pass(facts, budgets, self.render_context), facts)
 
     def _created(self, facts: SweepFacts, create: CreateRayJob) -> tuple[Decision, bool]:
         """A first admission's create carried out, and the decision on its outcome (`admission.after_create`; in
@@ -282,42 +271,29 @@ class SweepController(DeletionGuard):
         return decision, False
 
     def _run(self, facts: SweepFacts) -> None:
-        if is_terminal(facts.status.get("phase")) and not run_phase.awaiting_verification(facts.status) and facts.sweep:
-            ports, asked = resume_ports(facts, self.budgets)
-            resumed = resume.resume_step(
-                facts.body,
-                facts.sweep,
-                ports,
-                now=facts.now,
-                context=self.render_context,
-                max_active_seconds=self.settings.limits.max_active_seconds,
-            )
-            reserve = asked[-1:]  # the budgets' answer, recorded first (a waiting attempt keeps its queue place)
-            if resumed is None and reserve:
-                self._act(facts.body, Decision(actions=tuple(reserve)), facts)
-            elif resumed is not None:  # a new attempt started, or the resume was refused (issue 16)
-                queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
-                if queue and resumed.status and resumed.status.get("phase") == Phase.STARTING:  # Kueue admits it
-                    resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
-                self._act(facts.body, replace(resumed, actions=(*reserve, *resumed.actions)), facts)
-                return
+        """An admitted sweep: read (a pending resume's reads, the run's, Kueue's, the pods when due), decide once
+        (Diagnose alone asks for one more read), act."""
+        settings = self.settings
+        resumed = resume_read(facts, self.budgets, settings.limits.max_active_seconds)
         facts = self.reads.run_facts(facts)
         run = kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
             facts = replace(facts, clock=kueue.run_clock(run, facts.now))
-        reads = RunReads(run, self._pods_read(facts))
-        settings = self.settings
+        queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace) if facts.sweep else None
+        reads = RunReads(run, self._pods_read(facts), resumed, queue)
         decide = partial(
             run_pass.decide_run_pass,
             reads=reads,
             reconcile_seconds=settings.reconcile_seconds,
             refresh_seconds=settings.usage_refresh_seconds,
+            context=self.render_context,
+            max_active_seconds=settings.limits.max_active_seconds,
         )
         decision = decide(facts)
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
             decision = decide(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
-        self._act(facts.body, self._unscheduled_measured(facts, decision, reads.pods))
+        self._act(facts.body, decision, facts)
 
     def _act(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write. A
@@ -333,7 +309,7 @@ class SweepController(DeletionGuard):
         if create is not None and create.taken is not None:  # a resumed attempt's RayJob
             made, fresh = self.kube.create_rayjob(dict(create.rayjob))
             self.cache.observe_rayjob(made)
-            if not fresh and not resume.adoptable(made, create.run_id, create.owner_uid):
+            if not fresh and not attempts.adoptable(made, create.run_id, create.owner_uid):
                 decision = create.taken
         elif create is not None and facts is not None:  # a first admission's
             decision, failed = self._created(facts, create)
@@ -359,6 +335,8 @@ class SweepController(DeletionGuard):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"runtimeEnvYAML": action.runtime_env}})
             elif isinstance(action, RecordGpuHours):
                 self._record_hours(body, action)
+            elif isinstance(action, RecordIdleGpus):
+                self.metrics.idle_gpus(ref.namespace, ref.name, action.cause, action.gpu_seconds)
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
                 self.budgets.release_hours(body, deleted=False, now=self.clock())
@@ -396,7 +374,9 @@ class SweepController(DeletionGuard):
         if pods is None:
             return None
         window, reservation = self.budgets.namespace_hours(facts)
-        return PodsRead(tuple(pods), frozenset(clusters), window, reservation, record=budget is not None)
+        with self._guard_lock:  # this look's time, for the next pass's unscheduled-trials count
+            previous, self._pod_looks[facts.ref] = self._pod_looks.get(facts.ref), facts.now
+        return PodsRead(tuple(pods), frozenset(clusters), window, reservation, budget is not None, previous)
 
     def _record_hours(self, body: Mapping[str, Any], record: RecordGpuHours) -> None:
         try:

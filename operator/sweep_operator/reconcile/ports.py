@@ -1,13 +1,16 @@
-"""The namespace's budgets as admission asks them, and the I/O a resume step is lent (resume.ResumePorts). Asking
-only reads (the ledgers, the API, the caches); what changes the ledgers is carried out by the controller's `_act`
-(`Budgets.reserve` for a ReserveBudget, `record_hours`, `release_hours`). They sit beside reads, above the decisions."""
+"""The namespace's budgets as admission reads them, and what a pending resume reads. Reading only reads (the ledgers,
+the API, the caches); what changes the ledgers is carried out by the controller's `_act` (`Budgets.reserve` for a
+ReserveBudget, `record_hours`, `release_hours`). They sit beside reads, above the decisions."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
+
+from sweep_contracts.api import Phase
 
 from ..gpu_time import NamespaceBudget, PodInterval
 from ..kube import Conflict, KubeApi
@@ -15,16 +18,18 @@ from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from . import admission, attempts, kueue, resume, workloads
-from .actions import Decision, ReserveBudget
+from ..status import is_terminal
+from . import attempts, kueue, resume, run_phase, verdicts, workloads
+from .actions import ReserveBudget
+from .attempts import RunRootCheck
 from .facts import ObjectRef, SweepFacts, meta_of
 from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
 from .reads import Reads
+from .run_pass import BudgetReads, ResumeRead
 from .usage import GpuHourAsk, ReservationFacts, decide_gpu_hour_answer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-INITIAL_ATTEMPT = "initial"
 WRITE_ATTEMPTS = 32  # a burst's writers each lose at most once per other writer
 
 
@@ -76,19 +81,11 @@ class GpuHourLedgers:
             return result
         raise RuntimeError(f"GPUHourLedger {namespace}: {WRITE_ATTEMPTS} writes in a row were refused; retrying later")
 
-    def peek(
-        self,
-        namespace: str,
-        budget: NamespaceBudget,
-        now: float,
-        decide: Callable[[HoursLedger], tuple[T, HoursLedger | None]],
-    ) -> T:
-        """`decide`'s answer over a fresh read, as `change` would decide it first; nothing is written."""
+    def for_admission(self, namespace: str, budget: NamespaceBudget, now: float) -> HoursLedger:
+        """A fresh read to decide an admission on; where no ledger exists yet, the one the first write would create
+        (`change` seeds it the same way), so the decision and its record agree."""
         ledger = self.read(namespace, budget, now, fresh=True)
-        result, new = decide(ledger)
-        if new is not None and ledger.resource_version is None:
-            result, _ = decide(seeded(ledger, self.sweeps_of(namespace), now))
-        return result
+        return seeded(ledger, self.sweeps_of(namespace), now) if ledger.resource_version is None else ledger
 
     def all_cached(self, budget_of: Callable[[str], NamespaceBudget | None]) -> dict[str, HoursLedger]:
         """Every ledger last read or written, by namespace (the metrics' source)."""
@@ -135,28 +132,37 @@ class Budgets:
         created = meta_of(facts.body).get("creationTimestamp") or ""
         return self.ledger.decide(ref.namespace, ref.name, created, spec, self.settings.limits, record=record)
 
+    def read(self, facts: SweepFacts, spec: Any) -> BudgetReads:
+        """What the budgets answer for an attempt run with `spec`, read once for the pass's decision."""
+        namespace = facts.ref.namespace
+        caps = self.ask(facts, spec)
+        budget = self.gpu_hour_budget(namespace)
+        asks_hours = (
+            isinstance(caps, Admit) and spec.trial.resources_per_worker.gpu > 0 and meta_of(facts.body).get("uid")
+        )
+        hours = self.hours.for_admission(namespace, budget, facts.now) if budget is not None and asks_hours else None
+        return BudgetReads(caps, self.in_use(namespace), hours, self.settings.limits)
+
     def reserve(self, facts: SweepFacts, reservation: ReserveBudget) -> bool:
         """Carry out a ReserveBudget: the GPU caps and the GPU-hours decided again and recorded atomically, as the
         decision read them; False: the record no longer agrees with the decision (another admission came first)."""
         budget = self.ask(facts, reservation.spec, record=True)
         if not isinstance(budget, Admit):
             return not reservation.admitted
-        hours = self.gpu_hours(facts, budget, spec=reservation.spec, attempt=reservation.attempt, record=True)
-        return (hours is None) == reservation.admitted
+        refused = self._reserve_hours(facts, budget, reservation.spec, reservation.attempt)
+        if refused:
+            self.ledger.release(facts.ref.namespace, facts.ref.name)  # the GPU caps admitted it; the hours do not
+        return refused == (not reservation.admitted)
 
-    def gpu_hours(
-        self, facts: SweepFacts, budget: Any, *, spec: Any = None, attempt: str = INITIAL_ATTEMPT, record: bool = False
-    ) -> Decision | None:
-        """The GPU-hour check beside the GPU caps: None admits; else the Invalid or Queued decision
-        (docs/budgets.md). `spec`: the attempt's. `record` (`reserve` only): the attempt's hours are reserved in the
-        namespace's ledger, and a refusal takes back the GPU caps' admission."""
+    def _reserve_hours(self, facts: SweepFacts, budget: Admit, spec: Any, attempt: str) -> bool:
+        """The attempt's hours reserved in the namespace's ledger (docs/budgets.md); True: the GPU-hours refuse it."""
         ref = facts.ref
         namespace = self.gpu_hour_budget(ref.namespace)
         uid = str(meta_of(facts.body).get("uid") or "")
 
         def reserve(ask: GpuHourAsk) -> AdmissionDecision:
             assert namespace is not None
-            return (self.hours.change if record else self.hours.peek)(
+            return self.hours.change(
                 ref.namespace,
                 namespace,
                 facts.now,
@@ -176,11 +182,7 @@ class Budgets:
         answer = decide_gpu_hour_answer(
             facts, budget, self.settings.limits, reserve if namespace is not None and uid else None, spec=spec
         )
-        if answer is None:
-            return None
-        if record:
-            self.ledger.release(ref.namespace, ref.name)  # the GPU caps admitted it; the hours do not
-        return admission.decide_budget(facts, answer, self.in_use(ref.namespace), self.context)
+        return answer is not None
 
     def namespace_hours(self, facts: SweepFacts) -> tuple[dict[str, Any] | None, ReservationFacts | None]:
         """The namespace's window as its ledger has it (status.usage.namespace) and this attempt's reservation."""
@@ -236,27 +238,35 @@ class Budgets:
         )
 
 
-def resume_ports(facts: SweepFacts, budgets: Budgets) -> tuple[resume.ResumePorts, list[ReserveBudget]]:
-    """What a resume step may ask for this sweep: verify afresh, read the run's records, ask the namespace's budgets
-    as an admission does (the RayJob's create, the Events and the budgets' record of the answer, the ReserveBudget
-    listed here, are carried out by `_act`)."""
-    reads, ref = budgets.reads, facts.ref
-    asked: list[ReserveBudget] = []
+def resume_read(facts: SweepFacts, budgets: Budgets, max_active_seconds: int | None) -> ResumeRead | None:
+    """What an ended sweep's pending resume decides on (None: no resume pending, nothing read): the run's RayJob and
+    the driver's phase; the run root's fresh verification and records when the decision asks for them
+    (resume.planned); the namespace's budgets for the attempt it would start."""
+    status, sweep, reads = facts.status, facts.sweep, budgets.reads
+    if sweep is None or not is_terminal(status.get("phase")) or run_phase.awaiting_verification(status):
+        return None
+    if not resume.may_resume(status, sweep.spec):
+        return None
+    name, target = status.get("rayJobName"), verdicts.status_target(facts.body)
+    rayjob = reads.rayjob(ObjectRef(facts.ref.namespace, name)) if name else None
+    driver = None
+    if target is not None and status.get("phase") == Phase.FAILED:
+        progress, _, _ = reads.run_documents(target)
+        driver = (progress or {}).get("phase") if isinstance((progress or {}).get("phase"), str) else None
+    records = resume.ResumeReads(rayjob, driver)
 
-    def admit(sweep: Any, decision: Any = None) -> str | None:
-        """The attempt's own deadline makes its worst case; its reservation is its own (resume-<n>)."""
-        spec = attempts.attempt_sweep(sweep, decision).spec if decision is not None else sweep.spec
-        attempt = f"resume-{decision.attempt}" if decision is not None else INITIAL_ATTEMPT
-        budget = budgets.ask(facts, spec)
-        hours = budgets.gpu_hours(facts, budget, spec=spec, attempt=attempt) if isinstance(budget, Admit) else None
-        refusal = resume.budget_refusal(budget, hours)
-        asked.append(ReserveBudget(spec, attempt, admitted=refusal is None))
-        return refusal
+    def plan() -> Any:
+        return resume.planned(facts.body, sweep, records, now=facts.now, max_active_seconds=max_active_seconds)
 
-    ports = resume.ResumePorts(
-        verify=lambda target: reads.verify(target, pooled=False),
-        documents=reads.run_documents,
-        rayjob=lambda name: reads.rayjob(ObjectRef(ref.namespace, name)),
-        admit=admit,
-    )
-    return ports, asked
+    planned = plan()
+    if isinstance(planned, resume.VerifyFirst) and target is not None:
+        result = reads.verify(target, pooled=False)
+        progress, final, readable = reads.run_documents(target)
+        check = RunRootCheck.from_result(
+            result, progress=progress, final=final, records_readable=readable, root=target.run_root
+        )
+        records = replace(records, verification=check)
+        planned = plan()
+    if not isinstance(planned, resume.StartAttempt):
+        return ResumeRead(records)
+    return ResumeRead(records, budgets.read(facts, attempts.attempt_sweep(sweep, planned).spec))

@@ -5,8 +5,8 @@ A resume is asked for in the spec (`spec.resume.generation` above `status.resume
 `failurePolicy.resumeOnClusterLoss: N`, by the operator itself when KubeRay reports that the run's
 cluster was lost. Either way it is fail-closed: the run root is verified afresh first and a resume
 starts only from a verified one, reusing it (same run id, same S3 prefix). Each attempt gets its own
-RayJob (`<sweep>-<runId>-a<N>`), guarded as any other. /work/notes/RESUME.md is the contract with
-the entrypoint (the run spec's `attempt`, this attempt's deadlines).
+RayJob (`<sweep>-<runId>-a<N>`), guarded as any other. The entrypoint's side of the contract (the run
+spec's `attempt`, this attempt's deadlines) is training_entrypoints/resume.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sweep_contracts import constants
 from sweep_contracts.api import RESUMABLE_PHASES, Phase
 
-from ..policy import Admit
 from ..status import rfc3339
 from .attempts import (
     MAX_MISSING_NAMED,
@@ -40,7 +38,7 @@ from .attempts import (
     rayjob_end_from,
     total_ran_seconds,
 )
-from .verdicts import EMPTY_RUN_ROOT
+from .verdicts import EMPTY_RUN_ROOT, status_target
 
 MIN_ATTEMPT_SECONDS = 30  # DeadlinesSpec.active_seconds' minimum
 
@@ -455,38 +453,32 @@ def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class ResumePorts:
-    """What the controller lends a resume step: reads, and the namespace's admission. The attempt's RayJob is not
-    created here: the step returns it as a `CreateRayJob` action, which the controller's `_act` carries out."""
+class ResumeReads:
+    """What a resume step decides on, read before it: the run's RayJob, the driver's phase from status.json (a Failed
+    run only), and the run root's fresh verification with its records (None: `planned` did not ask for one)."""
 
-    verify: Any  # (GuardTarget) -> verification.VerificationResult, afresh
-    documents: Any  # (GuardTarget) -> (status.json, result.json, readable): reads.Reads.run_documents
-    rayjob: Any  # (name) -> the RayJob object or None
-    admit: Any  # (parsed sweep, StartAttempt) -> None when the namespace budgets admit the attempt, else why it waits
-
-
-def adoptable(rayjob: Mapping[str, Any], run_id: str, owner_uid: str) -> bool:
-    """An existing RayJob of an attempt's name is adopted only when an earlier pass of this run created it: it
-    carries the run's id and no owner other than the sweep."""
-    meta = rayjob.get("metadata") or {}
-    owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
-    return (meta.get("labels") or {}).get(constants.LABEL_RUN_ID) == run_id and (not owners or owner_uid in owners)
+    rayjob: Mapping[str, Any] | None = None
+    driver: str | None = None
+    verification: RunRootCheck | None = None
 
 
-def budget_refusal(budget: Any, hours: Any = None) -> str | None:
-    """`ResumePorts.admit`'s answer: why the namespace keeps the attempt waiting, None when it admits. `budget` is
-    the GPU caps' answer (Admit, Queue, Reject), `hours` the GPU-hour check's decision (None admits)."""
-    if not isinstance(budget, Admit):
-        return str(getattr(budget, "reason", budget))
-    if hours is None:
-        return None
-    return str((hours.status or {}).get("message") or "the GPU-hour budget")
+def planned(
+    body: Mapping[str, Any], sweep: Any, reads: ResumeReads, *, now: float, max_active_seconds: int | None = None
+) -> ResumeDecision:
+    """The resume decision over what is read so far: the reads' plan (a `VerifyFirst` asks for the verification, a
+    `StartAttempt` for the namespace's budgets of its attempt). `resume_step` decides on the same reads."""
+    facts = _step_facts(body, sweep, reads, now, max_active_seconds)
+    decision = decide(replace(facts, verification=None))
+    if isinstance(decision, VerifyFirst):
+        return _verified(facts, decision, status_target(body))
+    return decision
 
 
 def resume_step(
     body: Mapping[str, Any],
     sweep: Any,
-    ports: ResumePorts,
+    reads: ResumeReads,
+    admit: Any,
     *,
     now: float,
     context: Any,
@@ -494,46 +486,51 @@ def resume_step(
 ) -> Any:
     """One resume pass for an ended sweep whose end-of-run verification is recorded: the controller's Decision
     (a started attempt with its `CreateRayJob`, whose `taken` is the refusal to write instead when the name is held
-    by an object that is not this run's; a refusal), or None (nothing asked; or it waits for namespace capacity,
-    said in the returned Decision's message). `sweep` is the parsed sweep (validation.Sweep). It reads and asks the
-    namespace's admission through `ports`; it creates nothing and posts no Event itself."""
+    by an object that is not this run's; a refusal), or None (nothing asked, or the verification not read; or it
+    waits for namespace capacity, said in the returned Decision's message). `sweep` is the parsed sweep
+    (validation.Sweep); `admit(sweep, StartAttempt)` is the namespace budgets' answer over what was read (None
+    admits, else why it waits). It reads nothing, creates nothing and posts no Event itself."""
     from .actions import Decision, Event
-    from .verdicts import status_target
 
     status = dict(body.get("status") or {})
     if not may_resume(status, sweep.spec):
         return None
     generation = (body.get("metadata") or {}).get("generation")
-    rayjob = ports.rayjob(status.get("rayJobName") or "") if status.get("rayJobName") else None
     target = status_target(body)
-    driver = None
-    if target is not None and status.get("phase") == Phase.FAILED:
-        progress, _, _ = ports.documents(target)
-        driver = (progress or {}).get("phase") if isinstance((progress or {}).get("phase"), str) else None
-    facts = facts_from_sweep(
-        body,
-        spec=sweep.spec,
-        now=now,
-        max_active_seconds=max_active_seconds,
-        rayjob_end=rayjob_end_from(status, rayjob, driver),
-    )
-    decision = decide(facts)
+    facts = _step_facts(body, sweep, reads, now, max_active_seconds)
+    decision = decide(replace(facts, verification=None))
     said: tuple[Event, ...] = ()
     if isinstance(decision, VerifyFirst):
         if isinstance(decision, AutoResume):
             said = (Event("Normal", "AutoResume", decision.message),)
-        decision = _verified(facts, decision, target, ports)
+        if target is not None and reads.verification is None:
+            return None  # not read this pass: nothing is decided without it
+        decision = _verified(facts, decision, target)
     if isinstance(decision, StartAttempt):
         assert target is not None  # a start follows a verification of the recorded run root
-        return _start(status, sweep, facts, decision, target, ports, context, generation, now, said)
+        return _start(status, sweep, facts, decision, target, admit, context, generation, now, said)
     decided = as_decision(status, decision, generation=generation, now=now, num_samples=sweep.spec.tune.num_samples)
     if decided is None:
         return Decision(events=said) if said else None
     return replace(decided, events=(*said, *decided.events))
 
 
-def _verified(facts: ResumeFacts, decision: VerifyFirst, target: Any, ports: ResumePorts) -> ResumeDecision:
-    """The decision again, on a fresh verification of the recorded run root (none recorded: not resumable)."""
+def _step_facts(
+    body: Mapping[str, Any], sweep: Any, reads: ResumeReads, now: float, max_active_seconds: int | None
+) -> ResumeFacts:
+    status = body.get("status") or {}
+    return facts_from_sweep(
+        body,
+        spec=sweep.spec,
+        now=now,
+        max_active_seconds=max_active_seconds,
+        rayjob_end=rayjob_end_from(status, reads.rayjob, reads.driver),
+        verification=reads.verification,
+    )
+
+
+def _verified(facts: ResumeFacts, decision: VerifyFirst, target: Any) -> ResumeDecision:
+    """The decision again, on the fresh verification of the recorded run root (none recorded: not resumable)."""
     if target is None:
         return NotResumable(
             "the run root is unknown (status.guard is unset): nothing can be verified",
@@ -541,12 +538,9 @@ def _verified(facts: ResumeFacts, decision: VerifyFirst, target: Any, ports: Res
             decision.attempt,
             decision.generation,
         )
-    result = ports.verify(target)
-    progress, final, readable = ports.documents(target)
-    check = RunRootCheck.from_result(
-        result, progress=progress, final=final, records_readable=readable, root=target.run_root
-    )
-    return decide(replace(facts, verification=check))
+    if facts.verification is None:
+        return decision  # the verification is still to be read
+    return decide(facts)
 
 
 def _start(
@@ -555,7 +549,7 @@ def _start(
     facts: ResumeFacts,
     decision: StartAttempt,
     target: Any,
-    ports: ResumePorts,
+    admit: Any,
     context: Any,
     generation: int | None,
     now: float,
@@ -565,7 +559,7 @@ def _start(
     from ..status import updated
     from .actions import CreateRayJob, Decision
 
-    waits = ports.admit(sweep, decision)  # the attempt's own deadline is its worst case
+    waits = admit(sweep, decision)  # the attempt's own deadline is its worst case
     if waits:
         message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
         if status.get("message") != message:

@@ -1,17 +1,48 @@
-"""One run pass's decision (pure): the run-phase rules, then the GPU-hour measurement, then Kueue mode, applied in
-this order to facts read before deciding. Each rule returns data (a status, a measurement, a Kueue outcome); this
-module alone combines them into the pass's one `Decision`, and states which rule wins where two meet."""
+"""A pass's one decision (pure), over facts read before deciding. An admission: the admission rules, then the
+namespace's budgets. An admitted sweep: a pending resume first, then the run-phase rules, the GPU-hour measurement and
+Kueue mode, in this order. Each rule returns data (a status, a measurement, a Kueue outcome); this module alone
+combines them into the pass's one `Decision`, and states which rule wins where two meet."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from sweep_contracts.api import Phase
+
+from ..policy import Admit
+from ..rendering import RenderContext
 from ..status import conditions_with, is_terminal, updated
-from . import kueue, run_phase, usage
-from .actions import Action, Decision, DeleteRayJob, Diagnose, Event, Finish, RecordGpuHours, ReleaseBudget, SetSuspend
-from .facts import SweepFacts
+from . import admission, attempts, hours_ledger, idle_gpus, kueue, resume, run_phase, usage
+from .actions import (
+    Action,
+    CreateRayJob,
+    Decision,
+    DeleteRayJob,
+    Diagnose,
+    Event,
+    Finish,
+    RecordGpuHours,
+    RecordIdleGpus,
+    ReleaseBudget,
+    ReserveBudget,
+    SetSuspend,
+)
+from .facts import SweepFacts, meta_of
+
+INITIAL_ATTEMPT = "initial"  # a first admission's GPU-hour reservation; a resume's is "resume-<n>"
+
+
+@dataclass(frozen=True)
+class BudgetReads:
+    """What the namespace's budgets answered, read for one attempt's spec: the GPU caps' (or Kueue's) answer, the
+    namespace's GPUs in use, and its GPU-hour ledger (None: no namespace budget, or the caps did not admit)."""
+
+    caps: Any  # policy.Admit, Queue or Reject
+    in_use: str  # `<GPUs admitted>/<maxGpusPerNamespace>`
+    hours: hours_ledger.HoursLedger | None
+    limits: Any  # settings.OperatorLimits
 
 
 @dataclass(frozen=True)
@@ -23,32 +54,139 @@ class PodsRead:
     window: dict[str, Any] | None  # the namespace ledger's view (status.usage.namespace); None: no namespace budget
     reservation: usage.ReservationFacts | None  # this attempt's reservation in that window
     record: bool  # the namespace has a GPU-hour budget: the sweep's record is copied into its ledger
+    previous_look: float | None = None  # when the pass before this one read the pods (None: this is the first)
+
+
+@dataclass(frozen=True)
+class ResumeRead:
+    """What an ended sweep's pending resume read: the run's records and verification (resume.ResumeReads), and the
+    namespace's budgets for the attempt it would start (None: the decision does not get that far)."""
+
+    records: resume.ResumeReads
+    budgets: BudgetReads | None = None
 
 
 @dataclass(frozen=True)
 class RunReads:
-    """What a run pass reads beside `SweepFacts`: where Kueue has the run, and the pods measured (None: not due)."""
+    """What a run pass reads beside `SweepFacts`: where Kueue has the run, the pods measured (None: not due), a
+    pending resume's reads (None: none pending) and the sweep's Kueue LocalQueue (None: not in Kueue mode)."""
 
     kueue: kueue.KueueRun | None = None
     pods: PodsRead | None = None
+    resume: ResumeRead | None = None
+    queue: str | None = None
 
 
 # A budget stop replaces the run phase's own way of ending the run.
 _ENDING = (DeleteRayJob, ReleaseBudget, Finish)
 
 
+# ---------------------------------------------------------------------------------------------- an admission
+def decide_admit_pass(facts: SweepFacts, budgets: BudgetReads | None, context: RenderContext) -> Decision:
+    """A sweep without a run: decided before the budgets (`budgets` None: not read, `admission.asks_budgets`), or
+    on their answer: a status, or the run's RayJob to create, after the record of the answer (a ReserveBudget)."""
+    decision = admission.decide_admission(facts)
+    if decision is not None:
+        return decision
+    assert facts.sweep is not None and budgets is not None, "admission.asks_budgets: the budgets are read"
+    spec = facts.sweep.spec
+    decision = admission.decide_budget(facts, budgets.caps, budgets.in_use, context)
+    admitted = decision.wants(CreateRayJob) is not None
+    hours = hours_decision(facts, budgets, spec, INITIAL_ATTEMPT, context) if admitted else None
+    if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
+        decision, admitted = hours, False
+    return replace(decision, actions=(ReserveBudget(spec, INITIAL_ATTEMPT, admitted), *decision.actions))
+
+
+def hours_decision(
+    facts: SweepFacts, budgets: BudgetReads, spec: Any, attempt: str, context: RenderContext
+) -> Decision | None:
+    """The GPU-hour check beside the GPU caps, over the ledger read: None admits; else the Invalid or Queued
+    decision (docs/budgets.md). `spec` is the attempt's: its deadlines make its worst case."""
+    uid, ledger = str(meta_of(facts.body).get("uid") or ""), budgets.hours
+
+    def reserve(ask: usage.GpuHourAsk) -> Any:
+        assert ledger is not None
+        answer, _ = hours_ledger.decide_reservation(
+            ledger,
+            uid=uid,
+            name=facts.ref.name,
+            attempt=attempt,
+            worst_case=ask.worst_case,
+            run_until_exhausted=ask.run_until_exhausted,
+            sweep_left=ask.sweep_left,
+            now=facts.now,
+            worst_case_text=ask.worst_case_text,
+        )
+        return answer
+
+    answer = usage.decide_gpu_hour_answer(
+        facts, budgets.caps, budgets.limits, reserve if ledger is not None and uid else None, spec=spec
+    )
+    return None if answer is None else admission.decide_budget(facts, answer, budgets.in_use, context)
+
+
+# ---------------------------------------------------------------------------------------------- an admitted sweep
 def decide_run_pass(
-    facts: SweepFacts, reads: RunReads, *, reconcile_seconds: float, refresh_seconds: float
+    facts: SweepFacts,
+    reads: RunReads,
+    *,
+    reconcile_seconds: float,
+    refresh_seconds: float,
+    context: RenderContext | None = None,
+    max_active_seconds: int | None = None,
 ) -> Decision:
-    """The new status and actions of an admitted sweep. A Decision asking for `Diagnose` asks only that: the
-    controller reads the startup diagnosis into `facts.diagnosis` and asks again (the one second ask)."""
+    """The new status and actions of an admitted sweep. A pending resume that starts an attempt (or is refused)
+    is the pass's decision; one that waits for the namespace's budgets records their answer before the run pass's
+    actions. A Decision asking for `Diagnose` asks only that: the controller reads the startup diagnosis into
+    `facts.diagnosis` and asks again (the one second ask)."""
+    reserve: tuple[ReserveBudget, ...] = ()
+    if reads.resume is not None:
+        resumed, reserve = decide_resume(
+            facts, reads.resume, reads.queue, context=context or RenderContext(), max_active_seconds=max_active_seconds
+        )
+        if resumed is not None:
+            return replace(resumed, actions=(*reserve, *resumed.actions))
     decision = run_phase.decide_run(facts)
     if decision.wants(Diagnose) is not None:
         return decision
     decision = decide_measured(facts, decision, reads.pods, refresh_seconds=refresh_seconds)
-    if reads.kueue is None:
-        return decision
-    return in_kueue_mode(facts, decision, reads.kueue, reconcile_seconds=reconcile_seconds)
+    if reads.kueue is not None:
+        decision = in_kueue_mode(facts, decision, reads.kueue, reconcile_seconds=reconcile_seconds)
+    decision = unscheduled_measured(facts, decision, reads.pods)
+    return replace(decision, actions=(*reserve, *decision.actions)) if reserve else decision
+
+
+def decide_resume(
+    facts: SweepFacts, read: ResumeRead, queue: str | None, *, context: RenderContext, max_active_seconds: int | None
+) -> tuple[Decision | None, tuple[ReserveBudget, ...]]:
+    """An ended sweep's pending resume (resume.resume_step) over what was read, and the record of the budgets'
+    answer when it asked them (the attempt's own deadline makes its worst case; its reservation is `resume-<n>`).
+    In Kueue mode a started attempt waits Queued: Kueue admits it."""
+    asked: list[ReserveBudget] = []
+
+    def admit(sweep: Any, start: Any) -> str | None:
+        assert read.budgets is not None, "the reads asked the budgets for the attempt the decision starts"
+        spec = attempts.attempt_sweep(sweep, start).spec
+        attempt = f"resume-{start.attempt}"
+        caps = read.budgets.caps
+        hours = hours_decision(facts, read.budgets, spec, attempt, context) if isinstance(caps, Admit) else None
+        refusal = attempts.budget_refusal(caps, hours)
+        asked.append(ReserveBudget(spec, attempt, admitted=refusal is None))
+        return refusal
+
+    resumed = resume.resume_step(
+        facts.body,
+        facts.sweep,
+        read.records,
+        admit,
+        now=facts.now,
+        context=context,
+        max_active_seconds=max_active_seconds,
+    )
+    if resumed is not None and queue and resumed.status and resumed.status.get("phase") == Phase.STARTING:
+        resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
+    return resumed, tuple(asked[-1:])
 
 
 def decide_measured(
@@ -93,6 +231,20 @@ def in_kueue_mode(facts: SweepFacts, decision: Decision, run: kueue.KueueRun, *,
     if env is not None:  # sent before the other actions and the write
         actions.insert(0, env)
     return Decision(status, tuple(actions), tuple(events))
+
+
+def unscheduled_measured(facts: SweepFacts, decision: Decision, pods: PodsRead | None) -> Decision:
+    """GPU workers up while the driver's status shows no trial running (`unscheduled-trials`), counted between this
+    look at the pods and the one before, into status.idleGpuSeconds and the idle-GPU metric."""
+    if pods is None:
+        return decision
+    status = decision.status if decision.status is not None else facts.status
+    held = idle_gpus.unscheduled_gpu_seconds(status, pods.pods, pods.previous_look, facts.now)
+    if held <= 0:
+        return decision
+    changes = idle_gpus.idle_status(status, idle_gpus.UNSCHEDULED_TRIALS, held)
+    record = RecordIdleGpus(idle_gpus.UNSCHEDULED_TRIALS, held)
+    return replace(decision, status=updated(status, changes), actions=(*decision.actions, record))
 
 
 def decide_held_pass(facts: SweepFacts, pods: PodsRead | None, *, refresh_seconds: float) -> Decision:

@@ -23,10 +23,8 @@ from ..status import updated
 from ..workqueue import WorkQueue
 from . import graceful_stop, guard, idle_gpus
 from . import workloads as kueue
-from .actions import Decision
 from .cache import Cache
-from .facts import ObjectRef, SweepFacts, meta_of, status_of
-from .run_pass import PodsRead
+from .facts import ObjectRef, meta_of, status_of
 from .status_writer import EventSink, StatusWriter
 
 log = logging.getLogger(__name__)
@@ -46,7 +44,6 @@ class StopBeforeDelete:
     stop_job: Callable[[str, str], ray_jobs.StopOutcome]
     job_status: Callable[[str, str], str | None]
     _stops: dict[str, float]
-    _pod_looks: dict[ObjectRef, float]
     _guard_lock: threading.Lock
 
     @property
@@ -256,18 +253,3 @@ class StopBeforeDelete:
                 self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, gpu_seconds)))
             except Exception as exc:  # the metric says it; the next record adds to the status
                 log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", sweep_name, cause, exc)
-
-    def _unscheduled_measured(self, facts: SweepFacts, decision: Decision, pods: PodsRead | None) -> Decision:
-        """GPU workers up while the driver's status shows no trial running (`unscheduled-trials`), counted between
-        two looks at the pods (the passes that measure GPU-hours) and written with this pass's status."""
-        if pods is None:
-            return decision
-        with self._guard_lock:
-            previous, self._pod_looks[facts.ref] = self._pod_looks.get(facts.ref), facts.now
-        status = decision.status if decision.status is not None else facts.status
-        held = idle_gpus.unscheduled_gpu_seconds(status, pods.pods, previous, facts.now)
-        if held <= 0:
-            return decision
-        self.metrics.idle_gpus(facts.ref.namespace, facts.ref.name, idle_gpus.UNSCHEDULED_TRIALS, held)
-        changes = idle_gpus.idle_status(status, idle_gpus.UNSCHEDULED_TRIALS, held)
-        return replace(decision, status=updated(status, changes))
