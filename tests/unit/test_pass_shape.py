@@ -17,6 +17,7 @@ CHANGES = {
     "record_hours",
     "release_hours",
     "idle_gpus",
+    "deadline_stopped",
     "write",
     "update",
 }
@@ -52,7 +53,7 @@ def test_admit_and_run_act_once_on_one_run_pass_decision() -> None:
 
 def test_what_changes_the_world_in_a_pass_is_reached_from_act_only() -> None:
     found = methods()
-    pass_methods = {"_pass", "_reconcile", "_admit", "_run", "_pods_read"}
+    pass_methods = {"_pass", "_held_pass", "_reconcile", "_admit", "_run", "_pods_read"}
     for name in pass_methods:
         changing = set(called(found[name])) & CHANGES
         assert not changing, f"{name} changes the world outside _act: {sorted(changing)}"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts.api import Phase
-from sweep_operator.reconcile.actions import DeleteRayJob, Finish, RecordGpuHours, ReleaseBudget
+from sweep_operator.reconcile.actions import DeleteRayJob, Finish, RecordDeadlineStop, RecordGpuHours, ReleaseBudget
 from sweep_operator.reconcile.run_pass import PodsRead, RunReads, decide_run_pass
 from sweep_operator.status import rfc3339
 from tests.unit.test_run_phase import RUNNING, facts, job, kinds
@@ -63,7 +63,7 @@ def test_a_held_sweep_past_its_deadline_is_stopped_with_an_event_and_nothing_els
 
     held = {**RUNNING_NOW, "phase": "Deleting", "deadlineAt": rfc3339(USAGE_T0 - 3600)}
     decision = decide_held_pass(facts(held, job(), now=USAGE_T0), None, refresh_seconds=60)
-    assert kinds(decision.actions) == [DeleteRayJob] and decision.status is None  # no phase change while held
+    assert kinds(decision.actions) == [DeleteRayJob, RecordDeadlineStop] and decision.status is None  # no phase change
     assert [e.reason for e in decision.events] == ["StoppedWhileHeld"] and "its deadline" in decision.events[0].message
     on_time = decide_held_pass(
         facts({**held, "deadlineAt": rfc3339(USAGE_T0 + 60)}, job(), now=USAGE_T0), None, refresh_seconds=60

@@ -1,8 +1,9 @@
 """What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
 
 The controller executes the actions before the status write (ReserveBudget first, then CreateRayJob, DeleteRayJob,
-SetSuspend, SetRuntimeEnv, RecordGpuHours, RecordIdleGpus) or after it (ReleaseBudget, Finish); Events are posted after the write. A
-new action is a dataclass here and one branch in `controller.SweepController._act`.
+SetSuspend, SetRuntimeEnv, RecordGpuHours, RecordIdleGpus, RecordDeadlineStop) or after it (ReleaseBudget, Finish);
+Events are posted after the write. A new action is a dataclass here and one branch in
+`controller.SweepController._act`.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ class RecordIdleGpus:
 
 
 @dataclass(frozen=True)
+class RecordDeadlineStop:
+    """Count a RayJob stopped at the sweep's deadline while the guard holds the sweep (its phase does not change, so
+    the phase callback that counts the others does not see it)."""
+
+
+@dataclass(frozen=True)
 class ReserveBudget:
     """Record what the namespace's budgets answered on a read (the ports only read): the GPU caps' admission or queue
     place, and the attempt's GPU-hour reservation. Carried out first, each decided again where it is recorded (under
@@ -120,6 +127,7 @@ Action = (
     | Finish
     | RecordGpuHours
     | RecordIdleGpus
+    | RecordDeadlineStop
     | ReserveBudget
 )
 

@@ -30,6 +30,7 @@ from .actions import (
     DeleteRayJob,
     Diagnose,
     Finish,
+    RecordDeadlineStop,
     RecordGpuHours,
     RecordIdleGpus,
     ReleaseBudget,
@@ -220,8 +221,6 @@ class SweepController(DeletionGuard):
             self.queue.add_after(facts.ref, next_in)
         refresh = self.settings.usage_refresh_seconds
         decision = run_pass.decide_held_pass(facts, self._pods_read(facts), refresh_seconds=refresh)
-        if any(e.reason == "StoppedWhileHeld" and "its deadline" in e.message for e in decision.events):
-            self.metrics.deadline_stopped(facts.ref.namespace, facts.ref.name)
         self._act(body, decision)  # the stops go gracefully, then deleted (DeleteRayJob)
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
@@ -337,6 +336,8 @@ class SweepController(DeletionGuard):
                 self._record_hours(body, action)
             elif isinstance(action, RecordIdleGpus):
                 self.metrics.idle_gpus(ref.namespace, ref.name, action.cause, action.gpu_seconds)
+            elif isinstance(action, RecordDeadlineStop):
+                self.metrics.deadline_stopped(ref.namespace, ref.name)
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
                 self.budgets.release_hours(body, deleted=False, now=self.clock())

@@ -23,6 +23,7 @@ from .actions import (
     Diagnose,
     Event,
     Finish,
+    RecordDeadlineStop,
     RecordGpuHours,
     RecordIdleGpus,
     ReleaseBudget,
@@ -254,8 +255,10 @@ def decide_held_pass(facts: SweepFacts, pods: PodsRead | None, *, refresh_second
     measured = decide_measured(facts, Decision(None), pods, refresh_seconds=refresh_seconds)
     stops = [a for a in measured.actions if isinstance(a, DeleteRayJob)]
     why = "its GPU-hour budget is spent" if stops else ""
+    counted: tuple[Action, ...] = ()
     if not stops and facts.rayjob is not None and run_phase.deadline_stop_while_held(facts):
         stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
+        counted = (RecordDeadlineStop(),)
     events = tuple(
         Event("Warning", "StoppedWhileHeld", f"RayJob {stop.name} stopped while the sweep's deletion is held: {why}")
         for stop in stops
@@ -263,4 +266,6 @@ def decide_held_pass(facts: SweepFacts, pods: PodsRead | None, *, refresh_second
     records = [a for a in measured.actions if isinstance(a, RecordGpuHours)]
     usage_now = (measured.status or {}).get("usage")
     changed = usage_now is not None and usage_now != facts.status.get("usage")
-    return Decision(updated(facts.status, {"usage": usage_now}) if changed else None, (*records, *stops), events)
+    return Decision(
+        updated(facts.status, {"usage": usage_now}) if changed else None, (*records, *stops, *counted), events
+    )
