@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,8 +54,9 @@ class DeletionGuard(StopBeforeDelete):
     _guard_attempts: dict[GuardKey, int]
     _guard_due: dict[GuardKey, float]
 
+    @abstractmethod
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
-        raise NotImplementedError  # the controller's: a deleted sweep frees its share of the budget
+        """The controller's: a deleted sweep frees its share of the budget."""
 
     def deletion_seen(self, kind: str, body: Mapping[str, Any]) -> None:
         """An object of ours is being deleted and carries the guard's finalizer: the pipeline takes it. Events that

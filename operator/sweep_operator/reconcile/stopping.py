@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -30,7 +31,7 @@ from .status_writer import EventSink, StatusWriter
 log = logging.getLogger(__name__)
 
 
-class StopBeforeDelete:
+class StopBeforeDelete(ABC):
     """`SweepController`'s share that stops a run before the operator deletes its RayJob, and frees the GPUs of a
     cluster the guard holds. The attributes are the controller's (set in its __init__)."""
 
@@ -47,8 +48,9 @@ class StopBeforeDelete:
     _guard_lock: threading.Lock
 
     @property
+    @abstractmethod
     def settings(self) -> Settings:
-        raise NotImplementedError  # the controller's
+        """The controller's (tests change them in flight)."""
 
     def _graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
         """The sweep's gracefulStopSeconds, at most the operator's cap: the webhook refuses no edit of a sweep being
