@@ -23,9 +23,9 @@ from . import attempts, kueue, resume, run_phase, verdicts, workloads
 from .actions import ReserveBudget
 from .attempts import RunRootCheck
 from .facts import ObjectRef, SweepFacts, meta_of
-from .hours_ledger import HoursLedger, decide_reservation, record_usage, release, seeded
+from .hours_ledger import HoursLedger, record_usage, release, seeded
 from .reads import Reads
-from .run_pass import BudgetReads, ResumeRead
+from .run_pass import BudgetReads, ResumeRead, reservation
 from .usage import GpuHourAsk, ReservationFacts, decide_gpu_hour_answer
 
 log = logging.getLogger(__name__)
@@ -166,17 +166,7 @@ class Budgets:
                 ref.namespace,
                 namespace,
                 facts.now,
-                lambda ledger: decide_reservation(
-                    ledger,
-                    uid=uid,
-                    name=ref.name,
-                    attempt=attempt,
-                    worst_case=ask.worst_case,
-                    run_until_exhausted=ask.run_until_exhausted,
-                    sweep_left=ask.sweep_left,
-                    now=facts.now,
-                    worst_case_text=ask.worst_case_text,
-                ),
+                reservation(ask, uid=uid, name=ref.name, attempt=attempt, now=facts.now),
             )
 
         answer = decide_gpu_hour_answer(

@@ -5,13 +5,13 @@ combines them into the pass's one `Decision`, and states which rule wins where t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts.api import Phase
 
-from ..policy import Admit
+from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..status import conditions_with, is_terminal, updated
 from . import admission, attempts, hours_ledger, idle_gpus, kueue, resume, run_phase, usage
@@ -106,25 +106,33 @@ def hours_decision(
     decision (docs/budgets.md). `spec` is the attempt's: its deadlines make its worst case."""
     uid, ledger = str(meta_of(facts.body).get("uid") or ""), budgets.hours
 
-    def reserve(ask: usage.GpuHourAsk) -> Any:
+    def reserve(ask: usage.GpuHourAsk) -> AdmissionDecision:
         assert ledger is not None
-        answer, _ = hours_ledger.decide_reservation(
-            ledger,
-            uid=uid,
-            name=facts.ref.name,
-            attempt=attempt,
-            worst_case=ask.worst_case,
-            run_until_exhausted=ask.run_until_exhausted,
-            sweep_left=ask.sweep_left,
-            now=facts.now,
-            worst_case_text=ask.worst_case_text,
-        )
+        answer, _ = reservation(ask, uid=uid, name=facts.ref.name, attempt=attempt, now=facts.now)(ledger)
         return answer
 
     answer = usage.decide_gpu_hour_answer(
         facts, budgets.caps, budgets.limits, reserve if ledger is not None and uid else None, spec=spec
     )
     return None if answer is None else admission.decide_budget(facts, answer, budgets.in_use, context)
+
+
+def reservation(
+    ask: usage.GpuHourAsk, *, uid: str, name: str, attempt: str, now: float
+) -> Callable[[hours_ledger.HoursLedger], tuple[AdmissionDecision, hours_ledger.HoursLedger | None]]:
+    """The namespace ledger's decision on an attempt's ask (hours_ledger.decide_reservation): decided over the ledger
+    read for the pass's decision, and again over the ledger its record is written onto (`Budgets.reserve`)."""
+    return lambda ledger: hours_ledger.decide_reservation(
+        ledger,
+        uid=uid,
+        name=name,
+        attempt=attempt,
+        worst_case=ask.worst_case,
+        run_until_exhausted=ask.run_until_exhausted,
+        sweep_left=ask.sweep_left,
+        now=now,
+        worst_case_text=ask.worst_case_text,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- an admitted sweep
