@@ -211,7 +211,11 @@ class WorkQueue(Generic[K]):
             try:
                 context.run(self._work, key)
             except Exception:  # a failed pass is retried by the next event or tick, as kopf's on.event would be
-                log.exception("%s of %s failed", self._name, key)
+                if threading.current_thread() not in self._threads:  # stopped meanwhile without waiting for it: it
+                    # failed on what stopped after the queue (the API server), which is the shutdown, not an error
+                    log.debug("%s of %s failed after the queue stopped", self._name, key, exc_info=True)
+                else:
+                    log.exception("%s of %s failed", self._name, key)
             finally:
                 with self._cv:
                     self._running.discard(key)

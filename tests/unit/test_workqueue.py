@@ -94,6 +94,28 @@ def test_a_failing_pass_is_logged_and_the_queue_goes_on(caplog: pytest.LogCaptur
     queue.stop()
 
 
+def test_a_pass_the_shutdown_did_not_wait_for_fails_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """The guard's queue stops without waiting (a verification may take long); its pass then fails on the API server
+    stopped after it. That is the shutdown, not an error of the operator: a debug record, no traceback at ERROR."""
+    import logging
+
+    running, release = threading.Event(), threading.Event()
+
+    def work(key: str) -> None:
+        running.set()
+        release.wait(5)
+        raise RuntimeError("connection refused")
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1, name="guard")
+    with caplog.at_level(logging.DEBUG, logger="sweep_operator.workqueue"):
+        queue.add("held")
+        assert running.wait(5)
+        queue.stop(timeout=0)
+        release.set()
+        wait_until(lambda: "failed after the queue stopped" in caplog.text)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 def test_workers_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="workers"):
         WorkQueue(lambda key: None, workers=-1)
