@@ -28,7 +28,7 @@ from sweep_contracts import constants
 
 from .guard_finalizer import MUTATING_WEBHOOK_ID, finalizers_at_create
 from .install_checks import run_startup_checks
-from .kopf_tuning import tune_gc, tune_kopf
+from .kopf_tuning import tune_gc, tune_kopf, tune_watch_decoding
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
@@ -420,6 +420,7 @@ async def operate(
     """Run one operator until `stop_flag` is set (in-process: tests and the sandbox)."""
     settings = wiring.settings
     tune_kopf()
+    tune_watch_decoding()
     try:
         await _run_kopf(
             wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint

@@ -107,3 +107,45 @@ def test_tune_gc_raises_the_thresholds_and_freezes_what_start_up_left(monkeypatc
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+@pytest.fixture
+def original_json() -> Iterator[Any]:
+    """kopf's watch decoding as kopf ships it for the test (an in-process operator may have tuned it), then as it
+    was."""
+    from kopf._cogs.clients import api
+
+    found = api.json
+    api.json = kopf_tuning.UNTUNED_JSON
+    yield kopf_tuning.UNTUNED_JSON
+    api.json = found
+
+
+def test_watch_lines_are_decoded_by_orjson_and_what_it_refuses_by_json(original_json: Any) -> None:
+    import json
+
+    from kopf._cogs.clients import api
+
+    assert api.json is json
+    assert kopf_tuning.tune_watch_decoding() is True
+    assert kopf_tuning.tune_watch_decoding() is True  # idempotent
+    assert type(api.json).__name__ == "_WatchJson"
+    line = '{"type": "ADDED", "object": {"metadata": {"name": "s1", "resourceVersion": "7"}, "spec": {"x": [1, 2.5]}}}'
+    assert api.json.loads(line) == json.loads(line)
+    # A tenant's spec that orjson refuses must not stop the watch: decoded as kopf always did.
+    huge = '{"object": {"spec": {"paramSpace": {"n": 123456789012345678901234567890, "f": NaN}}}}'
+    decoded = api.json.loads(huge)["object"]["spec"]["paramSpace"]
+    assert decoded["n"] == 123456789012345678901234567890 and decoded["f"] != decoded["f"]
+    assert api.json.dumps({"a": 1}) == json.dumps({"a": 1})  # the rest of `json` is json's
+
+
+def test_watch_decoding_is_left_alone_for_another_kopf_or_when_switched_off(
+    original_json: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kopf._cogs.clients import api
+
+    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
+    assert kopf_tuning.tune_watch_decoding() is False and api.json is original_json
+    monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
+    monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
+    assert kopf_tuning.tune_watch_decoding() is False and api.json is original_json
