@@ -81,7 +81,11 @@ def test_removing_the_label_does_not_unguard_a_rayjob_or_its_cluster(env: Operat
         TIMEOUT,
         what="released after verification",
     )
-    assert "CheckpointGuardReleased" in env.event_reasons(rayjob)
+    wait_for(  # kopf posts the Event on its own queue: the RayJob can be seen gone first
+        lambda: "CheckpointGuardReleased" in env.event_reasons(rayjob),
+        TIMEOUT,
+        what="the CheckpointGuardReleased Event",
+    )
 
 
 class RandomErrors(ErrorInjector):

@@ -211,7 +211,11 @@ def test_a_kueue_preemption_checkpoints_first_then_verifies_releases_and_readmit
     assert all(at > stops[0][2] for at, _, _ in verifications), "verified before the job was told to stop"
     released_on = [checked for at, checked, ok in verifications if ok and at < released_at]
     assert released_on and set(released_on) == {3}, f"the guard released on the older list: {verifications}"
-    released = [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"]
+    released = wait_for(  # kopf posts the Event on its own queue: the cluster can be seen gone first
+        lambda: [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"] or None,
+        TIMEOUT,
+        what="the CheckpointGuardReleased Event",
+    )
     assert released and "verified" in released[0].message
     env.wait_status(
         name, lambda s: (s.get("kueue") or {}).get("admissions") == 2 and s.get("phase") == "Running", "readmitted"

@@ -94,9 +94,13 @@ def test_kueue_admission_then_preemption_then_readmission(env: OperatorEnv) -> N
         TIMEOUT,
         what="the preempted cluster released",
     )
-    released = [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"]
+    released = wait_for(  # kopf posts the Event on its own queue: the cluster can be seen gone first
+        lambda: [e for e in env.events(cluster) if e.reason == "CheckpointGuardReleased"] or None,
+        TIMEOUT,
+        what="the CheckpointGuardReleased Event",
+    )
     assert released and "verified" in released[0].message
-    assert "PreemptedByKueue" in env.event_reasons(name)
+    wait_for(lambda: "PreemptedByKueue" in env.event_reasons(name), TIMEOUT, what="the PreemptedByKueue Event")
 
     readmitted = env.wait_status(
         name, lambda s: (s.get("kueue") or {}).get("admissions") == 2 and s.get("phase") == "Running", "readmitted"

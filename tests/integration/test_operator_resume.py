@@ -187,7 +187,11 @@ def test_the_guard_holds_a_resumed_second_attempt_on_the_shared_run_root(env: Op
     env.delete_ray(constants.RAYJOB_PLURAL, second)
     if column == "complete":
         wait_for(lambda: env.get(constants.RAYJOB_PLURAL, second) is None, TIMEOUT, what="attempt 2 released")
-        released = [e.message for e in env.events(second) if e.reason == "CheckpointGuardReleased"]
+        released = wait_for(  # kopf posts the Event on its own queue: the RayJob can be seen gone first
+            lambda: [e.message for e in env.events(second) if e.reason == "CheckpointGuardReleased"] or None,
+            TIMEOUT,
+            what="the CheckpointGuardReleased Event",
+        )
         assert released and "verified complete" in released[0], env.event_reasons(second)
         return
     wait_for(
