@@ -37,11 +37,13 @@ lint: setup
 
 # The suite in two pytest runs (docs/testing.md): unit and integration tests on TEST_WORKERS xdist workers, a test
 # file per worker at a time (each worker starts its own loopback servers), then the real-Ray e2e tests on
-# E2E_WORKERS (a real-Ray test waits on Ray's process starts and Tune's loop about half its time; the other file
-# uses that). The second runs even when the first fails; each fails when it collects nothing or fewer tests than a
-# layer's floor (min_tests in pyproject.toml).
-TEST_WORKERS ?= 2
-E2E_WORKERS ?= 2
+# E2E_WORKERS. Both use more workers than the machine has cores: an operator test spends about half its time
+# waiting for a state (its passes, the stand-ins, the emulator's watches), a real-Ray test waits on Ray's process
+# starts, a held trial or a deadline; four and three keep two cores busy where two workers left a third to half
+# idle. The second runs even when the first fails; each fails when it collects nothing or fewer tests than a layer's
+# floor (min_tests in pyproject.toml).
+TEST_WORKERS ?= 4
+E2E_WORKERS ?= 3
 # --no-loadscope-reorder: files in the order tests/conftest.py gives them (the longest first), not by test count.
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup

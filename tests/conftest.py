@@ -130,7 +130,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------------------- order
-# The longest files (docs/testing.md has their last measured times) start first, so that on two xdist workers the
+# The longest files (docs/testing.md has their last measured times) start first, so that on the xdist workers the
 # many short files fill in around them instead of one long file running alone at the end. Only the order changes;
 # xdist keeps it with --no-loadscope-reorder (by default it sorts files by their number of tests).
 RUN_FIRST = (
@@ -138,6 +138,9 @@ RUN_FIRST = (
     "e2e/test_sandbox.py",
     "e2e/test_entrypoints_sweep.py",
     "e2e/test_entrypoints_resume.py",
+    "e2e/test_entrypoints_ranks.py",
+    "e2e/test_entrypoints_run_local.py",
+    "e2e/test_entrypoints_trial_stop.py",
     "integration/test_operator_faults.py",
     "integration/test_guard_matrix.py",
     "integration/test_idle_gpus.py",
