@@ -109,7 +109,7 @@ class SweepTicks:
             self.queue.add_after(ref, self.interval)
 
     def stop(self) -> None:
-        self.queue.stop(timeout=0)
+        self.queue.close(timeout=0)
 
 
 @dataclass

@@ -51,6 +51,7 @@ class WorkQueue(Generic[K]):
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        self._closed = False  # for good: the operator is shutting down (close), unlike stop's restart on demand
         self._timers: dict[K, threading.Timer] = {}  # add_after without workers: one timer thread per key
         self._timer_due: dict[K, float] = {}
         # add_after with workers: one thread for every delayed key (a heap by due time), since `add` only enqueues.
@@ -67,6 +68,8 @@ class WorkQueue(Generic[K]):
         return self._workers > 0
 
     def add(self, key: K, priority: int = ROUTINE) -> None:
+        if self._closed:
+            return
         if not self.threaded:
             self.run_now(key, priority)
             return
@@ -86,6 +89,8 @@ class WorkQueue(Generic[K]):
     def add_after(self, key: K, delay: float, priority: int = ROUTINE) -> None:
         """`add` once `delay` seconds have passed (client-go's AddAfter); a key waits on at most one timer, the
         earliest asked for."""
+        if self._closed:
+            return
         due = time.monotonic() + max(delay, 0.0)
         if self.threaded:
             self._add_delayed(key, due, priority)
@@ -227,6 +232,13 @@ class WorkQueue(Generic[K]):
         """Keys waiting or running (for tests and metrics)."""
         with self._cv:
             return len(self._queued) + len(self._running)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """`stop`, and refuse every later request: at shutdown a pass still running on another queue (a stop, a
+        verification) may ask this one for work, which must not start new threads against a closing API server."""
+        with self._cv:
+            self._closed = True
+        self.stop(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Forget what waits, let running passes finish, end the threads (a later `add` starts new ones)."""

@@ -240,3 +240,20 @@ def test_delayed_keys_share_one_thread_come_due_in_order_and_stop_drops_them() -
         wait_until(lambda: ran[-1:] == ["again"])
     finally:
         queue.stop()
+
+
+def test_a_closed_queue_refuses_later_requests_where_a_stopped_one_starts_again() -> None:
+    """At shutdown a pass still running on another queue may ask the guard's queue for work; once closed, that
+    request must not start new workers against the API server stopping after it (they would fail loudly)."""
+    done: list[str] = []
+    queue: WorkQueue[str] = WorkQueue(done.append, workers=1, name="guard")
+    queue.add("before")
+    wait_until(lambda: done == ["before"])
+    queue.close()
+    queue.add("after-close")
+    queue.add_after("later", 0.0)
+    assert queue.pending() == 0 and not queue._threads and queue._delay_thread is None
+    inline: WorkQueue[str] = WorkQueue(done.append, workers=0)
+    inline.close()
+    inline.add("inline-after-close")
+    assert done == ["before"]

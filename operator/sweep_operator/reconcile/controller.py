@@ -129,10 +129,10 @@ class SweepController(DeletionGuard):
 
     def close(self) -> None:
         """Stop the work queues' threads (the operator is stopping)."""
-        self.queue.stop()
-        self.guards.stop(timeout=0)
-        self.stopping.stop(timeout=0)
-        self.finishing.stop(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
+        self.queue.close()
+        self.guards.close(timeout=0)
+        self.stopping.close(timeout=0)
+        self.finishing.close(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
 
     # ------------------------------------------------------------------------------ watch events and ticks
     def sweep_event(self, body: Mapping[str, Any]) -> None:
