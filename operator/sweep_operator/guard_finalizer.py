@@ -1,5 +1,7 @@
-"""The mutating webhook's decision (issue 25, defect 5): a RayCluster created with the guard annotation gets the
-guard's finalizer at admission, so a cluster made and deleted while the operator is down is still verified."""
+"""The mutating webhook's decisions: the guard's finalizer at creation. A RayCluster created with the guard annotation
+gets it (issue 25, defect 5: a cluster made and deleted while the operator is down is still verified); every
+TrainingSweep gets it (issue 30: the operator's own patch, its echo and the pass that waited for it are gone, and no
+sweep exists unguarded, even for a moment)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ from typing import Any
 
 from sweep_contracts import constants
 
-# The path kopf serves the handler under (its id); the chart's MutatingWebhookConfiguration names it.
+# The paths kopf serves the handlers under (their ids); the chart's MutatingWebhookConfiguration names them.
 MUTATING_WEBHOOK_PATH = "/guard-finalizer-raycluster"
 MUTATING_WEBHOOK_ID = MUTATING_WEBHOOK_PATH.strip("/")
+SWEEP_MUTATING_WEBHOOK_PATH = "/guard-finalizer-trainingsweep"
+SWEEP_MUTATING_WEBHOOK_ID = SWEEP_MUTATING_WEBHOOK_PATH.strip("/")
 
 
 def finalizers_at_create(obj: Mapping[str, Any]) -> list[str] | None:
-    """The object's finalizers with the guard's added, or None when nothing is to change.
+    """A RayCluster's finalizers with the guard's added, or None when nothing is to change.
 
     Only the guard annotation (which KubeRay copies from our RayJob, and the guard policy lets nobody else set)
     decides: labels are anyone's to edit and never make an object guarded.
@@ -22,6 +26,18 @@ def finalizers_at_create(obj: Mapping[str, Any]) -> list[str] | None:
     metadata = obj.get("metadata") or {}
     if constants.ANNOTATION_GUARD not in (metadata.get("annotations") or {}):
         return None
+    return _with_guard(metadata)
+
+
+def sweep_finalizers_at_create(obj: Mapping[str, Any]) -> list[str] | None:
+    """A TrainingSweep's finalizers with the guard's added, or None when it already carries it. Every sweep is ours:
+    the operator would add the same finalizer on its first pass (`guard.missing_finalizer`), before anything exists
+    for the sweep to guard; a sweep the webhook missed (failurePolicy Ignore, the chart's webhook off) still gets it
+    there."""
+    return _with_guard(obj.get("metadata") or {})
+
+
+def _with_guard(metadata: Mapping[str, Any]) -> list[str] | None:
     finalizers = list(metadata.get("finalizers") or [])
     if constants.FINALIZER in finalizers:
         return None

@@ -26,7 +26,12 @@ import kopf
 
 from sweep_contracts import constants
 
-from .guard_finalizer import MUTATING_WEBHOOK_ID, finalizers_at_create
+from .guard_finalizer import (
+    MUTATING_WEBHOOK_ID,
+    SWEEP_MUTATING_WEBHOOK_ID,
+    finalizers_at_create,
+    sweep_finalizers_at_create,
+)
 from .install_checks import run_startup_checks
 from .kopf_tuning import tune_gc, tune_kopf, tune_watch_decoding
 from .kube import KubeApi, api_client_from_environment
@@ -283,6 +288,14 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
         @kopf.on.mutate(**RAYCLUSTERS, id=MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)
         async def raycluster_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
             finalizers = finalizers_at_create(body)
+            if finalizers is not None:
+                patch.metadata["finalizers"] = finalizers
+
+        # Issue 30: every sweep is created with the guard's finalizer, so the first pass patches nothing before
+        # it creates the RayJob (a request, its echo and a pass less per sweep) and no sweep exists unguarded.
+        @kopf.on.mutate(**SWEEPS, id=SWEEP_MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)
+        async def sweep_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            finalizers = sweep_finalizers_at_create(body)
             if finalizers is not None:
                 patch.metadata["finalizers"] = finalizers
 

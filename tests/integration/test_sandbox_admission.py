@@ -169,6 +169,31 @@ def test_objects_that_are_not_ours_never_meet_our_webhooks_even_when_they_are_do
         services.update(saved)
 
 
+def test_a_tenants_sweep_is_stored_with_the_guards_finalizer(world: World) -> None:
+    """The chart's sweep webhook (issue 30) adds the finalizer at the tenant's `kubectl apply` (the operator watches
+    another namespace here: nothing else could have); the tenant cannot take it off; with no operator pod
+    answering, a sweep is not created at all (failurePolicy Fail), never created unguarded."""
+    name = f"digits-{uuid.uuid4().hex[:6]}"
+    doc = cpu_sweep(name, world.namespace)
+    assert "finalizers" not in doc["metadata"]
+    created = world.ok("tenant", "apply", "-f", "-", stdin=doc)
+    assert created["metadata"]["finalizers"] == [constants.FINALIZER]
+    (first,) = world.server.history(constants.GROUP, constants.VERSION, constants.PLURAL, world.namespace, name)
+    assert first["metadata"]["finalizers"] == [constants.FINALIZER]
+    error = world.refused("tenant", "patch", "tsw", name, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}')
+    assert "the finalizer sweeps.dev/checkpoint-guard is removed by the checkpoint guard" in error
+    services = world.server.emulator.admission.services
+    saved = dict(services)
+    try:
+        for key in services:
+            services[key] = ("127.0.0.1", chart_admission.free_port())
+        error = world.refused("tenant", "apply", "-f", "-", stdin=cpu_sweep(f"{name}-2", world.namespace))
+        assert 'failed calling webhook "guard-finalizer.trainingsweeps.sweeps.dev"' in error
+    finally:
+        services.update(saved)
+    assert world.kubectl("tenant", "get", "tsw", f"{name}-2").returncode != 0  # nothing stored
+
+
 def test_a_bad_sweep_is_refused_at_apply_and_a_running_sweeps_spec_is_frozen(world: World) -> None:
     def sweep(name: str, **changes: Any) -> dict[str, Any]:
         return changed(cpu_sweep(name, world.namespace), changes)
@@ -269,6 +294,7 @@ def test_a_whole_run_passes_admission_as_each_actor_and_its_cluster_is_born_guar
                 )  # fmt: skip
                 doc = env.new_sweep("adm")
                 name = doc["metadata"]["name"]
+                assert "finalizers" not in doc["metadata"]
                 World(server, kubeconfig, "default").ok("tenant", "apply", "-f", "-", stdin=doc)
                 env.wait_phase(name, "Succeeded")
                 # the end-of-run verification writes the status too: through admission, and before the server stops
@@ -277,5 +303,9 @@ def test_a_whole_run_passes_admission_as_each_actor_and_its_cluster_is_born_guar
                 cluster = rayjob_obj["status"]["rayClusterName"]
                 first = server.history("ray.io", "v1", "rayclusters", "default", cluster)[0]
                 assert constants.FINALIZER in first["metadata"]["finalizers"]
+                # Issue 30: the sweep too was stored guarded (the webhook, not the operator's pass, put it there:
+                # the pass patches a finalizer only onto a sweep that lacks it, and no stored version ever did).
+                versions = server.history(constants.GROUP, constants.VERSION, constants.PLURAL, "default", name)
+                assert all(constants.FINALIZER in v["metadata"].get("finalizers", []) for v in versions)
         finally:
             standin.stop()

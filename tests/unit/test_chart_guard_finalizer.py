@@ -1,7 +1,8 @@
-"""The guard's finalizer at admission (issue 25, defect 5): the chart's MutatingWebhookConfiguration sends only a
-RayCluster created with the guard annotation (its matchConditions evaluated as the API server's webhook matcher
+"""The guard's finalizer at admission (issue 25, defect 5; issue 30): the chart's MutatingWebhookConfiguration sends
+only a RayCluster created with the guard annotation (its matchConditions evaluated as the API server's webhook matcher
 does: sweep_sandbox.admission.Admission.should_call), to the path the operator serves, under failurePolicy Fail; the
-operator's decision adds the finalizer to those and to nothing else."""
+operator's decision adds the finalizer to those and to nothing else. It also sends every TrainingSweep at its
+creation (under webhook.failurePolicy), whose decision adds the finalizer once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.guard_finalizer import MUTATING_WEBHOOK_PATH, finalizers_at_create
+from sweep_operator.guard_finalizer import (
+    MUTATING_WEBHOOK_PATH,
+    SWEEP_MUTATING_WEBHOOK_PATH,
+    finalizers_at_create,
+    sweep_finalizers_at_create,
+)
 from sweep_operator.settings import Settings
 from sweep_sandbox.admission import Admission, AdmissionRequest, UserInfo, WebhookCall
 from tests.unit.test_chart import NAMESPACE, RELEASE, of_kind, render_values, settings_env
@@ -34,10 +40,27 @@ def request(obj: dict[str, Any], operation: str = "CREATE", resource: str = "ray
     )
 
 
-def hook(values: dict[str, Any] | None = None) -> WebhookCall:
+def hooks(values: dict[str, Any] | None = None) -> dict[str, WebhookCall]:
     (configuration,) = of_kind(render_values(values or {}), "MutatingWebhookConfiguration")
-    (webhook,) = Admission.webhooks([configuration], mutating=True)
-    return webhook
+    return {webhook.spec["name"]: webhook for webhook in Admission.webhooks([configuration], mutating=True)}
+
+
+def hook(values: dict[str, Any] | None = None) -> WebhookCall:
+    return hooks(values)["guard-finalizer.rayclusters.sweeps.dev"]
+
+
+def sweep_hook(values: dict[str, Any] | None = None) -> WebhookCall:
+    return hooks(values)["guard-finalizer.trainingsweeps.sweeps.dev"]
+
+
+def sweep(finalizers: list[str] | None = None, user: UserInfo = KUBERAY, operation: str = "CREATE") -> AdmissionRequest:
+    metadata: dict[str, Any] = {"name": "digits", "namespace": "team-a"}
+    if finalizers is not None:
+        metadata["finalizers"] = finalizers
+    obj = {"apiVersion": "sweeps.dev/v1alpha1", "kind": "TrainingSweep", "metadata": metadata, "spec": {}}
+    return AdmissionRequest(
+        operation, "sweeps.dev", "v1alpha1", "trainingsweeps", "TrainingSweep", "team-a", "digits", user, obj
+    )
 
 
 GUARDED = {constants.ANNOTATION_GUARD: '{"runRoot": "s3://b/sweeps/team-a/digits-r1"}'}
@@ -106,3 +129,53 @@ def test_the_decision_adds_the_finalizer_to_guarded_clusters_once() -> None:
     assert finalizers_at_create(cluster(GUARDED, [constants.FINALIZER])) is None
     assert finalizers_at_create(cluster()) is None
     assert finalizers_at_create(cluster({"app": "x"})) is None
+
+
+TENANT = UserInfo("alice@team-a", ("team-a:developers", "system:authenticated"))
+
+
+def test_the_configuration_holds_exactly_the_two_finalizer_webhooks() -> None:
+    assert set(hooks()) == {"guard-finalizer.rayclusters.sweeps.dev", "guard-finalizer.trainingsweeps.sweeps.dev"}
+
+
+def test_every_sweep_created_is_sent_and_nothing_else_of_the_sweeps() -> None:
+    webhook, admission = sweep_hook(), Admission()
+    assert admission.should_call(webhook, sweep(user=TENANT), {})
+    assert admission.should_call(webhook, sweep([constants.FINALIZER], user=TENANT), {})  # the decision says no-op
+    assert not admission.should_call(webhook, sweep(user=TENANT, operation="UPDATE"), {})  # its own patches, status
+    # the sweep webhook never sees RayClusters, nor the RayCluster webhook sweeps
+    assert not admission.should_call(webhook, request(cluster(GUARDED)), {})
+    assert not admission.should_call(hook(), sweep(user=TENANT), {})
+
+
+def test_the_sweep_webhook_follows_the_validation_failure_policy_and_calls_its_own_path() -> None:
+    spec = sweep_hook().spec
+    (validating,) = of_kind(render_values({}), "ValidatingWebhookConfiguration")
+    assert spec["failurePolicy"] == validating["webhooks"][0]["failurePolicy"] == "Fail"
+    assert sweep_hook({"webhook": {"failurePolicy": "Ignore"}}).spec["failurePolicy"] == "Ignore"
+    assert hook({"webhook": {"failurePolicy": "Ignore"}}).spec["failurePolicy"] == "Fail"  # RayClusters' own setting
+    assert spec["sideEffects"] == "None" and spec["reinvocationPolicy"] == "Never"
+    assert spec["clientConfig"]["service"]["path"] == SWEEP_MUTATING_WEBHOOK_PATH
+    assert spec["clientConfig"]["service"] == {
+        **hook().spec["clientConfig"]["service"],
+        "path": spec["clientConfig"]["service"]["path"],
+    }
+    assert "objectSelector" not in spec and "matchConditions" not in spec  # every sweep is ours
+
+
+def test_the_namespaced_install_sends_only_sweeps_of_the_watched_namespaces() -> None:
+    spec = sweep_hook({"watchNamespaces": ["team-a"]}).spec
+    elsewhere = sweep(user=TENANT)
+    elsewhere.namespace = "team-b"
+    assert Admission().should_call(WebhookCall("x", spec, True), sweep(user=TENANT), {})
+    assert not Admission().should_call(WebhookCall("x", spec, True), elsewhere, {})
+
+
+def test_the_sweep_decision_adds_the_finalizer_once_and_keeps_the_others() -> None:
+    def of(finalizers: list[str] | None) -> dict[str, Any]:
+        return sweep(finalizers).object
+
+    assert sweep_finalizers_at_create(of(None)) == [constants.FINALIZER]
+    assert sweep_finalizers_at_create(of(["team-a/keep"])) == ["team-a/keep", constants.FINALIZER]
+    assert sweep_finalizers_at_create(of([constants.FINALIZER])) is None
+    assert sweep_finalizers_at_create({}) == [constants.FINALIZER]
