@@ -149,3 +149,117 @@ def test_watch_decoding_is_left_alone_for_another_kopf_or_when_switched_off(
     monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
     monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
     assert kopf_tuning.tune_watch_decoding() is False and api.json is original_json
+
+
+# ------------------------------------------------------------------------------------- cause detection (issue 30)
+@pytest.fixture
+def original_detection() -> Iterator[Any]:
+    """kopf's cause detection as kopf ships it for the test (an in-process operator may have tuned it), then as it
+    was."""
+    from kopf._core.reactor import processing
+
+    found = processing._detect_causes
+    processing._detect_causes = kopf_tuning.UNTUNED_DETECT_CAUSES
+    yield kopf_tuning.UNTUNED_DETECT_CAUSES
+    processing._detect_causes = found
+
+
+def _detect(registry: Any, settings: Any, builds: list[Any]) -> Any:
+    """One ADDED event of a sweep through `processing._detect_causes` as kopf calls it (process_resource_causes),
+    counting the diff-base builds it makes."""
+    from kopf._cogs.structs import bodies, patches, references
+    from kopf._core.actions import loggers
+    from kopf._core.engines import indexing
+    from kopf._core.reactor import inventory, processing
+
+    resource = references.Resource("sweeps.dev", "v1alpha1", "trainingsweeps", namespaced=True)
+    raw_event: Any = {
+        "type": "ADDED",
+        "object": {
+            "apiVersion": "sweeps.dev/v1alpha1",
+            "kind": "TrainingSweep",
+            "metadata": {"name": "s1", "namespace": "team-a", "uid": "u1", "resourceVersion": "7"},
+            "spec": {"tune": {"numSamples": 4}},
+        },
+    }
+    body = bodies.Body(raw_event["object"])
+    storage = settings.persistence.diffbase_storage
+    build = storage.build
+
+    def counted(**kwargs: Any) -> Any:
+        builds.append(kwargs)
+        return build(**kwargs)
+
+    storage.build = counted  # the instance attribute shadows the method for this settings object only
+
+    async def in_loop() -> Any:  # kopf's per-object memory reads the running loop's clock, as in an operator
+        return processing._detect_causes(
+            indexers=indexing.OperatorIndexers(),
+            registry=registry,
+            settings=settings,
+            resource=resource,
+            raw_event=raw_event,
+            body=body,
+            patch=patches.Patch(),
+            memory=inventory.ResourceMemory(),
+            local_logger=loggers.LocalObjectLogger(body=body, settings=settings),
+            event_logger=loggers.ObjectLogger(body=body, settings=settings),
+        )
+
+    return asyncio.run(in_loop())
+
+
+def _registry(*, changing: bool) -> Any:
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.event("sweeps.dev", "v1alpha1", "trainingsweeps", registry=registry)
+    async def seen(**_: Any) -> None:
+        return None
+
+    if changing:
+
+        @kopf.on.update("sweeps.dev", "v1alpha1", "trainingsweeps", registry=registry)
+        async def updated(**_: Any) -> None:
+            return None
+
+    return registry
+
+
+def test_a_watch_only_resource_gets_kopfs_causes_without_the_diff(original_detection: Any) -> None:
+    import kopf
+
+    as_shipped: list[Any] = []
+    expected = _detect(_registry(changing=False), kopf.OperatorSettings(), as_shipped)
+    assert len(as_shipped) == 1  # kopf diffs the body on every event, whatever handlers there are
+    assert kopf_tuning.tune_event_processing() is True
+    assert kopf_tuning.tune_event_processing() is True  # idempotent
+    tuned: list[Any] = []
+    found = _detect(_registry(changing=False), kopf.OperatorSettings(), tuned)
+    assert tuned == []  # no diff-base built
+    assert found.spawning_cause is None and found.changing_cause is None
+    assert expected.spawning_cause is None and expected.changing_cause is None  # what kopf decided too
+    for field in ("type", "event", "body", "resource"):
+        assert getattr(found.watching_cause, field) == getattr(expected.watching_cause, field), field
+
+
+def test_a_resource_with_changing_handlers_keeps_kopfs_own_detection(original_detection: Any) -> None:
+    import kopf
+
+    assert kopf_tuning.tune_event_processing() is True
+    builds: list[Any] = []
+    found = _detect(_registry(changing=True), kopf.OperatorSettings(), builds)
+    assert len(builds) == 1 and found.changing_cause is not None and found.watching_cause is not None
+
+
+def test_event_processing_is_left_alone_for_another_kopf_or_when_switched_off(
+    original_detection: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kopf._core.reactor import processing
+
+    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
+    assert kopf_tuning.tune_event_processing() is False and processing._detect_causes is original_detection
+    monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
+    monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
+    assert kopf_tuning.tune_event_processing() is False and processing._detect_causes is original_detection
