@@ -390,6 +390,41 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+# The chart's webhooks as the API server calls them (bench --webhooks): the settings the chart's ConfigMap gives the
+# operator for them, and the kinds installed. The guard's ValidatingAdmissionPolicy stays out: it is the API server's
+# CEL, not the operator's work, and the emulator's CEL would only slow the emulator.
+WEBHOOK_SETTINGS = (
+    "SWEEP_OPERATOR_NAMESPACE",
+    "SWEEP_WEBHOOK_CERT_SECRET",
+    "SWEEP_WEBHOOK_SERVICE",
+    "SWEEP_WEBHOOK_CONFIGURATIONS",
+)
+WEBHOOK_KINDS = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+
+
+def install_webhooks(server: emu.EmulatorServer, tmp: Path) -> dict[str, str]:
+    """The chart's webhook configurations (validation, the guard's finalizer) and certificate Secret in the emulator,
+    its webhook Service routed to a port of this machine; returns the operator's environment to serve them there
+    (the certificate made and injected by the operator itself, certProvider operator)."""
+    from sweep_sandbox import chart_admission
+
+    docs = [
+        d
+        for d in chart_admission.render()
+        if d["kind"] not in chart_admission.ADMISSION_KINDS or d["kind"] in WEBHOOK_KINDS
+    ]
+    port = chart_admission.free_port()
+    chart_admission.install(server, docs, port)
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "SWEEP_WEBHOOK_SERVICE" in (d.get("data") or {})]
+    env = {key: config["data"][key] for key in WEBHOOK_SETTINGS}
+    env.update(
+        SWEEP_WEBHOOK_PORT=str(port),
+        SWEEP_WEBHOOK_CERT_DIR=str(tmp / "webhook-tls"),
+        SWEEP_WEBHOOK_CERT_CHECK_SECONDS="1",
+    )
+    return env
+
+
 def wait_rayjobs(
     changes: TimedChangeLog, namespace: str, names: set[str], timeout: float, operator: OperatorProcess
 ) -> float | None:
@@ -483,10 +518,15 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
             stack.callback(KubeRayStandIn(server.api_client(), runner, poll_interval=0.5).start().stop)
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NAMESPACE)
-        operator = OperatorProcess(
-            kubeconfig, Path(tmp) / "operator.log", operator_env(s3.endpoint, args), args.operator
-        )
+        env = operator_env(s3.endpoint, args)
+        if args.webhooks:
+            env.update(install_webhooks(server, Path(tmp)))
+        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", env, args.operator)
         stack.callback(operator.stop)
+        if args.webhooks:
+            from sweep_sandbox.chart_admission import wait_for_webhook
+
+            wait_for_webhook(server, timeout=120)
         custom = bench_client(server)
 
         # Warm-up: one sweep elsewhere proves the operator watches and acts (imports, login, watch streams done).
@@ -673,6 +713,13 @@ def main(argv: list[str] | None = None) -> int:
         "commit, against this harness: a before/after pair with one emulator and stand-in",
     )
     parser.add_argument(
+        "--webhooks",
+        action="store_true",
+        help="install the chart's webhook configurations in the emulator and have the operator serve them, as the "
+        "chart deploys it: every sweep's create is validated and given the guard's finalizer by the operator's "
+        "admission server (its CPU counts); not with --operator bare, which serves none",
+    )
+    parser.add_argument(
         "--standin",
         choices=("process", "thread", "none"),
         default="process",
@@ -689,6 +736,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("kubernetes", "aiohttp.access", "urllib3"):  # a line per request would slow the emulator down
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.webhooks and args.operator == "bare":
+        parser.error("--webhooks: the bare operator serves no webhook (its creates would be refused)")
     sizes = [50] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
     load_before = os.getloadavg()
     results = [measure_size(n, args) for n in sizes]
@@ -707,6 +756,7 @@ def main(argv: list[str] | None = None) -> int:
             "operatorTree": str(args.operator_tree) if args.operator_tree else None,
             "kuberayStandIn": args.standin,
             "kopfTuned": not args.kopf_untuned,
+            "webhooks": args.webhooks,
             "gcTuned": not args.gc_untuned,
             "reconcileSeconds": args.reconcile_seconds,
             "runSeconds": args.run_seconds,
