@@ -115,9 +115,12 @@ def test_sigterm_mid_sweep_commits_each_running_trials_next_report_and_exits_wit
     for trial_id, trial in recorded.items():
         assert trial["reportedAfterStop"] is True
         last = os.path.basename(trial["checkpointUri"].rstrip("/"))
-        # The report Tune saw after the signal is newer than what was committed at the signal, and committed: Ray's
-        # snapshot names it (a report the trial made while Tune was stopping it may be committed after it: kept too).
-        assert last > before[trial_id]
+        # The report Tune saw after the signal is at least what Train had committed at the signal, and committed:
+        # Ray's snapshot names it (a report the trial made while Tune was stopping it may be committed after it: kept
+        # too). Not strictly newer: Train commits a checkpoint before its report reaches Tune, and on a loaded machine
+        # a report committed just before the signal reaches Tune after it; Tune's view is what the stop waits for
+        # (reportedAfterStop), so that report is the trial's report after the stop.
+        assert last >= before[trial_id]
         snapshot = json.loads((run_root / "train" / trial_id / ray_internals.SNAPSHOT_FILENAME).read_text())
         assert last in committed_checkpoint_names(snapshot)
         assert (committed(run_root / "train" / trial_id) or "") >= last
