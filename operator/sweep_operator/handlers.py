@@ -33,7 +33,7 @@ from .guard_finalizer import (
     sweep_finalizers_at_create,
 )
 from .install_checks import run_startup_checks
-from .kopf_tuning import tune_event_processing, tune_gc, tune_kopf, tune_watch_decoding
+from .kopf_tuning import tune_gc, tune_kopf, tune_watch_decoding
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
@@ -434,7 +434,6 @@ async def operate(
     settings = wiring.settings
     tune_kopf()
     tune_watch_decoding()
-    tune_event_processing()
     try:
         await _run_kopf(
             wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint

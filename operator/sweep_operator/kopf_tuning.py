@@ -1,4 +1,4 @@
-"""Targeted adjustments to kopf's internals, applied when the operator starts (kopf-aware, like `handlers`).
+"""Two targeted adjustments to kopf's internals, applied when the operator starts (kopf-aware, like `handlers`).
 
 kopf multiplexes each watch stream into one worker task per object. For every object it has not seen yet,
 its scheduler's `spawn()` ends with `await asyncio.sleep(0)`, which kopf's source says is "mainly for tests".
@@ -21,14 +21,6 @@ fifth of the operator's CPU in a burst (docs/benchmarks.md); orjson decodes them
 (an integer over 64 bits, a NaN in a tenant's spec) is decoded by `json` as before, so no object stops a watch.
 Applied on the same conditions and switch as the scheduler's.
 
-`tune_event_processing`: for every watch event kopf diffs the object against its last handled state (a stripped deep
-copy of the whole body, and the stored diff-base annotation parsed) before it looks at which kinds of handlers the
-resource has; only change-detecting handlers (on.create/update/delete, on.field, timers, daemons) ever read that
-diff. The operator registers none (its resources have on.event handlers only), so for a resource with neither
-changing nor spawning handlers the causes are detected without it: the same watching cause, and no changing or
-spawning cause, exactly as kopf would have decided. Resources with such handlers keep kopf's own detection.
-Applied on the same conditions and switch as the scheduler's.
-
 `tune_gc` (the operator's process only, not in-process tests): the garbage collector's thresholds for a process
 whose live objects are mostly parsed watch bodies and kopf's per-object state.
 """
@@ -47,8 +39,6 @@ from typing import Any
 import orjson
 from kopf._cogs.aiokits import aiotasks
 from kopf._cogs.clients import api
-from kopf._core.intents import causes
-from kopf._core.reactor import processing
 
 log = logging.getLogger(__name__)
 
@@ -130,75 +120,6 @@ def tune_watch_decoding() -> bool:
         )
         return False
     api.json = _WatchJson()  # type: ignore[assignment]  # the patch itself (see the module docstring)
-    return True
-
-
-_DIFFBASE = "settings.persistence.diffbase_storage.build("  # kopf 1.45.2's `processing._detect_causes`
-UNTUNED_DETECT_CAUSES = processing._detect_causes  # as kopf ships it (only this module replaces it)
-
-
-def _detect_causes_for_watchers(
-    indexers: Any,
-    registry: Any,
-    settings: Any,
-    resource: Any,
-    raw_event: Any,
-    body: Any,
-    patch: Any,
-    memory: Any,
-    local_logger: Any,
-    event_logger: Any,
-) -> Any:
-    """kopf 1.45.2 `processing._detect_causes`, less the diff no handler of this resource reads."""
-    if registry._changing.has_handlers(resource=resource) or registry._spawning.has_handlers(resource=resource):
-        return UNTUNED_DETECT_CAUSES(
-            indexers=indexers,
-            registry=registry,
-            settings=settings,
-            resource=resource,
-            raw_event=raw_event,
-            body=body,
-            patch=patch,
-            memory=memory,
-            local_logger=local_logger,
-            event_logger=event_logger,
-        )
-    watching_cause = (
-        causes.detect_watching_cause(
-            raw_event=raw_event,
-            resource=resource,
-            indices=indexers.indices,
-            logger=local_logger,
-            patch=patch,
-            body=body,
-            memo=memory.memo,
-        )
-        if registry._watching.has_handlers(resource=resource)
-        else None
-    )
-    return processing._Causes(watching_cause, None, None)
-
-
-_detect_causes_for_watchers.tuned_by_sweep_operator = True  # type: ignore[attr-defined]  # a marker
-
-
-def tune_event_processing() -> bool:
-    """Detect a watch-only resource's causes without kopf's diff (idempotent). Returns whether kopf now does."""
-    if getattr(processing._detect_causes, "tuned_by_sweep_operator", False):
-        return True
-    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
-        return False
-    version = importlib.metadata.version("kopf")
-    try:
-        source = inspect.getsource(processing._detect_causes)
-    except (OSError, TypeError):
-        source = ""
-    if version != KOPF_VERSION or _DIFFBASE not in source or "_Causes(" not in source:
-        log.warning(
-            "kopf %s: event processing left as it is (the adjustment was written for kopf %s)", version, KOPF_VERSION
-        )
-        return False
-    processing._detect_causes = _detect_causes_for_watchers  # the patch itself (see the module docstring)
     return True
 
 
