@@ -17,7 +17,7 @@ import random
 import re
 import ssl
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -283,21 +283,28 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
             if problems:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
 
-        # Issue 25 defect 5: the guard's finalizer on a guarded RayCluster at its creation, whether or not the
-        # operator's watch ever sees it (the chart sends only objects with the guard annotation, failurePolicy Fail).
-        @kopf.on.mutate(**RAYCLUSTERS, id=MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)
-        async def raycluster_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-            finalizers = finalizers_at_create(body)
-            if finalizers is not None:
-                patch.metadata["finalizers"] = finalizers
+        # The guard's finalizer at creation: on a guarded RayCluster (issue 25 defect 5: whether or not the
+        # operator's watch ever sees it; the chart sends only objects with the guard annotation, failurePolicy Fail)
+        # and on every sweep (issue 30: the first pass patches nothing before it creates the RayJob, and no sweep
+        # exists unguarded).
+        for resource, hook_id, decide in (
+            (RAYCLUSTERS, MUTATING_WEBHOOK_ID, finalizers_at_create),
+            (SWEEPS, SWEEP_MUTATING_WEBHOOK_ID, sweep_finalizers_at_create),
+        ):
+            kopf.on.mutate(**resource, id=hook_id, operations=["CREATE"], registry=registry)(_guard_finalizer(decide))
 
-        # Issue 30: every sweep is created with the guard's finalizer, so the first pass patches nothing before
-        # it creates the RayJob (a request, its echo and a pass less per sweep) and no sweep exists unguarded.
-        @kopf.on.mutate(**SWEEPS, id=SWEEP_MUTATING_WEBHOOK_ID, operations=["CREATE"], registry=registry)
-        async def sweep_guard_finalizer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-            finalizers = sweep_finalizers_at_create(body)
-            if finalizers is not None:
-                patch.metadata["finalizers"] = finalizers
+
+def _guard_finalizer(
+    decide: Callable[[Mapping[str, Any]], list[str] | None],
+) -> Callable[..., Coroutine[Any, Any, None]]:
+    """A mutating handler that sets the finalizers `decide` asks for (None: the object stays as it is)."""
+
+    async def handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        finalizers = decide(body)
+        if finalizers is not None:
+            patch.metadata["finalizers"] = finalizers
+
+    return handler
 
 
 def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -> None:
