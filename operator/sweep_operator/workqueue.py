@@ -68,13 +68,12 @@ class WorkQueue(Generic[K]):
         return self._workers > 0
 
     def add(self, key: K, priority: int = ROUTINE) -> None:
-        if self._closed:
-            return
         if not self.threaded:
-            self.run_now(key, priority)
+            if not self._closed:
+                self.run_now(key, priority)
             return
-        with self._cv:
-            if self._stopped:
+        with self._cv:  # `_closed` read under the lock close() sets it with: no request slips past a close
+            if self._stopped or self._closed:
                 return
             self._contexts[key] = contextvars.copy_context()
             if key in self._running:
@@ -89,14 +88,12 @@ class WorkQueue(Generic[K]):
     def add_after(self, key: K, delay: float, priority: int = ROUTINE) -> None:
         """`add` once `delay` seconds have passed (client-go's AddAfter); a key waits on at most one timer, the
         earliest asked for."""
-        if self._closed:
-            return
         due = time.monotonic() + max(delay, 0.0)
         if self.threaded:
             self._add_delayed(key, due, priority)
             return
         with self._cv:
-            if self._stopped:
+            if self._stopped or self._closed:
                 return
             if key in self._timers and self._timer_due[key] <= due:
                 return
@@ -120,8 +117,8 @@ class WorkQueue(Generic[K]):
             return key in self._timers
 
     def _add_delayed(self, key: K, due: float, priority: int) -> None:
-        with self._delay_cv:
-            if self._stopped:
+        with self._delay_cv:  # close() sets `_closed` before stop() takes this lock
+            if self._stopped or self._closed:
                 return
             current = self._delayed_keys.get(key)
             if current is not None and current[0] <= due:
