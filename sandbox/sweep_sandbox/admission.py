@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import ssl
+import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -455,6 +456,7 @@ class Admission:
         self.default_user = DEFAULT_USER  # no token, or one not in `users` (a real server answers 401)
         self.services: dict[tuple[str, str], tuple[str, int]] = {}
         self._policies: dict[str, tuple[str, PolicyEvaluator]] = {}  # name -> (resourceVersion, compiled)
+        self._clients: dict[tuple[Any, ...], tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, Any]] = {}
 
     def authenticate(self, authorization: str | None) -> UserInfo:
         scheme, _, token = (authorization or "").partition(" ")
@@ -563,6 +565,32 @@ class Admission:
                 return None
             raise webhook_unreachable(name, f"failed to call webhook: {error}") from error
 
+    def _client(self, url: str, server_hostname: str | None, ca_bundle: str) -> tuple[aiohttp.ClientSession, Any]:
+        """A client per (server, name, caBundle), reused across calls as the API server keeps one per webhook client
+        configuration with its kept-alive connections (k8s.io/apiserver/pkg/util/webhook/client.go ClientManager,
+        cached by the configuration's hash). A new caBundle or endpoint gets a new client; a client belongs to the
+        loop it was made in (an emulator restarted in another loop makes its own)."""
+        loop = asyncio.get_running_loop()
+        parts = urllib.parse.urlsplit(url)
+        key = (parts.scheme, parts.netloc, server_hostname, ca_bundle)
+        cached = self._clients.get(key)
+        if cached is not None and cached[0] is loop and not cached[1].closed:
+            return cached[1], cached[2]
+        context = ssl.create_default_context()
+        if ca_bundle:
+            context.load_verify_locations(cadata=base64.b64decode(ca_bundle).decode())
+        session = aiohttp.ClientSession()
+        self._clients[key] = (loop, session, context)
+        return session, context
+
+    async def close(self) -> None:
+        """Close the webhook clients made in this loop (the emulator's stop)."""
+        loop = asyncio.get_running_loop()
+        for key, (owner, session, _) in list(self._clients.items()):
+            if owner is loop:
+                await session.close()
+                del self._clients[key]
+
     async def _post(self, spec: Obj, request: AdmissionRequest) -> Obj:
         client = spec.get("clientConfig") or {}
         server_hostname = None
@@ -576,24 +604,29 @@ class Admission:
             host, port = self.services[key]
             url = f"https://{host}:{port}{service.get('path') or '/'}"
             server_hostname = f"{key[1]}.{key[0]}.svc"  # the name the serving certificate must carry
-        context = ssl.create_default_context()
-        if client.get("caBundle"):
-            context.load_verify_locations(cadata=base64.b64decode(client["caBundle"]).decode())
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request.review_request()}
+        data = json.dumps(review)
         timeout = aiohttp.ClientTimeout(total=float(spec.get("timeoutSeconds") or 10))
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.post(
-                url,
-                data=json.dumps(review),
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
-                ssl=context,
-                server_hostname=server_hostname,
-            ) as answer,
-        ):
-            if answer.status != 200:
-                raise RuntimeError(f"the server responded with status {answer.status}")
-            body = await answer.json(content_type=None)
+        session, context = self._client(url, server_hostname, client.get("caBundle") or "")
+        for attempt in (1, 2):
+            try:
+                async with session.post(
+                    url,
+                    data=data,
+                    headers={"Content-Type": "application/json", "Accept": "application/json"},
+                    ssl=context,
+                    server_hostname=server_hostname,
+                    timeout=timeout,
+                ) as answer:
+                    if answer.status != 200:
+                        raise RuntimeError(f"the server responded with status {answer.status}")
+                    body = await answer.json(content_type=None)
+                break
+            except aiohttp.ServerDisconnectedError:
+                # A kept-alive connection the server had closed: Go's transport sends the request again on a new
+                # one (net/http transport.go shouldRetryRequest, a reused connection); a second failure is real.
+                if attempt == 2:
+                    raise
         response = (body or {}).get("response") or {}
         if response.get("uid") != request.uid:
             raise RuntimeError(f"expected response.uid={request.uid!r}, got {response.get('uid')!r}")

@@ -1008,3 +1008,4 @@ class EmulatorServer:
                 self.emulator._closing = True
                 self.emulator.changes.wake_all()
                 await runner.cleanup()
+                await self.emulator.admission.close()

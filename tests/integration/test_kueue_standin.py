@@ -317,7 +317,9 @@ def test_a_workload_is_created_for_the_suspended_rayjob(space: Namespace, kueue:
     assert (pod_sets["head"]["count"], pod_sets["gpu-workers"]["count"], pod_sets["submitter"]["count"]) == (1, 3, 1)
     worker = pod_sets["gpu-workers"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["requests"][GPU] == 2
-    assert any(e == ("sized", "CreatedWorkload", f"Created Workload: {space.ns}/{name}") for e in kueue.events)
+    # The stand-in records its Event after the Workload's create returns, as Kueue's recorder does: wait for it.
+    created = ("sized", "CreatedWorkload", f"Created Workload: {space.ns}/{name}")
+    wait_for(lambda: created in kueue.events, 10, what="the CreatedWorkload Event")
 
 
 # ---- admission
@@ -342,7 +344,8 @@ def test_admission_within_quota_unsuspends_the_rayjob_and_kuberay_runs_it(
     wait_for(lambda: space.deployment("fits") == "Complete", 20, what="the RayJob completes")
     wait_for(lambda: space.is_true(rayjob, "Finished"), 10, what="the Workload finished")
     assert space.condition(rayjob, "Finished")["reason"] == "Succeeded"
-    assert ("fits", "Started", f"Admitted by clusterQueue {cq}") in kueue.events
+    started = ("fits", "Started", f"Admitted by clusterQueue {cq}")
+    wait_for(lambda: started in kueue.events, 10, what="the Started Event")
 
 
 def test_over_quota_waits_with_kueues_message_and_is_admitted_fifo_as_quota_frees(

@@ -128,11 +128,19 @@ def test_a_webhook_that_does_not_answer_refuses_under_fail_and_admits_under_igno
     }
     hooks = [WebhookCall("c", spec, mutating=True)]
     obj = {"metadata": {"name": "cm"}}
+
+    async def mutate() -> Any:
+        admission = Admission()
+        try:
+            return await admission.mutate(hooks, request(obj), {})
+        finally:
+            await admission.close()
+
     if failure_policy == "Ignore":
-        assert asyncio.run(Admission().mutate(hooks, request(obj), {})) == obj
+        assert asyncio.run(mutate()) == obj
         return
     with pytest.raises(AdmissionDenied) as caught:
-        asyncio.run(Admission().mutate(hooks, request(obj), {}))
+        asyncio.run(mutate())
     assert caught.value.code == 500
     assert caught.value.message.startswith('Internal error occurred: failed calling webhook "m.example.dev": ')
 
