@@ -14,6 +14,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -522,6 +523,8 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         if args.webhooks:
             env.update(install_webhooks(server, Path(tmp)))
         operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", env, args.operator)
+        if args.keep_log:
+            stack.callback(shutil.copyfile, operator.log_path, args.keep_log)
         stack.callback(operator.stop)
         if args.webhooks:
             from sweep_sandbox.chart_admission import wait_for_webhook
@@ -696,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         help="py-spy --gil profile of the operator from the apply until every RayJob exists, written here "
         "(.txt: collapsed stacks, .json: speedscope, else an SVG flamegraph)",
     )
+    parser.add_argument("--keep-log", default="", help="copy the operator's log here when it stops")
     parser.add_argument(
         "--kopf-untuned",
         action="store_true",

@@ -33,7 +33,15 @@ from .guard_finalizer import (
     sweep_finalizers_at_create,
 )
 from .install_checks import run_startup_checks
-from .kopf_tuning import tune_gc, tune_kopf, tune_watch_decoding
+from .kopf_tuning import (
+    EchoFilter,
+    set_echo_filter,
+    tune_echo_filter,
+    tune_gc,
+    tune_json_patch,
+    tune_kopf,
+    tune_watch_decoding,
+)
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
@@ -125,9 +133,11 @@ class OperatorWiring:
     controller: SweepController
     login: Callable[..., kopf.ConnectionInfo | None] | None = None
     ticks: SweepTicks = field(init=False)
+    echoes: EchoFilter = field(init=False)  # our own writes' events, dropped before kopf (kopf_tuning)
 
     def __post_init__(self) -> None:
         self.ticks = SweepTicks(self.controller, self.settings.reconcile_seconds)
+        self.echoes = EchoFilter(lambda plural, obj: self.controller.cache.watch_echo(plural, obj))
 
 
 class NoDiffBaseStorage(kopf.DiffBaseStorage):
@@ -236,6 +246,7 @@ def _register_startup(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, wiring.settings)
+        set_echo_filter(settings, wiring.echoes)
 
     # Issue 28: the webhook's own certificate (kopf starts its admission server after this) and KubeRay's identity.
     @kopf.on.startup(registry=registry)
@@ -441,6 +452,8 @@ async def operate(
     settings = wiring.settings
     tune_kopf()
     tune_watch_decoding()
+    tune_echo_filter()
+    tune_json_patch()
     try:
         await _run_kopf(
             wiring, settings, stop_flag=stop_flag, ready_flag=ready_flag, liveness_endpoint=liveness_endpoint
@@ -448,6 +461,8 @@ async def operate(
     finally:
         wiring.ticks.stop()
         wiring.controller.close()
+        if wiring.echoes.dropped:
+            log.info("our own writes' watch events dropped before kopf: %s", dict(wiring.echoes.dropped))
         if wiring.controller.verification_pool is not None:
             wiring.controller.verification_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -1,4 +1,4 @@
-"""Two targeted adjustments to kopf's internals, applied when the operator starts (kopf-aware, like `handlers`).
+"""Targeted adjustments to kopf's internals, applied when the operator starts (kopf-aware, like `handlers`).
 
 kopf multiplexes each watch stream into one worker task per object. For every object it has not seen yet,
 its scheduler's `spawn()` ends with `await asyncio.sleep(0)`, which kopf's source says is "mainly for tests".
@@ -21,24 +21,41 @@ fifth of the operator's CPU in a burst (docs/benchmarks.md); orjson decodes them
 (an integer over 64 bits, a NaN in a tenant's spec) is decoded by `json` as before, so no object stops a watch.
 Applied on the same conditions and switch as the scheduler's.
 
+`tune_echo_filter`: kopf hands every watch event to a per-object worker that builds causes, body views and a
+logger before any handler (or its `when=`) can say the event is of no interest; our own writes' echoes (a sweep's
+status and finalizer writes, a RayJob's create) were half of the events into the operator in a burst. An operator
+registers a predicate on its kopf settings (`set_echo_filter`); an ADDED or MODIFIED event it calls an echo is
+dropped before kopf's multiplexer. The watch itself is untouched (kopf's resourceVersion bookkeeping happens
+inside `infinite_watch`, before the filter). Applied on the same conditions and switch as the others.
+
+`tune_json_patch`: kopf's `Patch.as_json_patch` deep-copies the whole body before it looks whether the patch is
+empty, and diffs the whole body after; every admission response pays it (an empty patch for each validation, the
+finalizer for each sweep's mutation), as does each patch kopf writes. The tuned one answers an empty patch at once and,
+for a merge patch without callables, copies and diffs only the top-level fields the patch names: the same operations,
+since the other fields are unchanged. A patch with callables (they may touch anything) goes to kopf's own.
+
 `tune_gc` (the operator's process only, not in-process tests): the garbage collector's thresholds for a process
 whose live objects are mostly parsed watch bodies and kopf's per-object state.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import importlib.metadata
 import inspect
 import json
 import logging
 import os
-from collections.abc import Coroutine
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import orjson
 from kopf._cogs.aiokits import aiotasks
-from kopf._cogs.clients import api
+from kopf._cogs.clients import api, watching
+from kopf._cogs.structs import patches
+from kopf._core.reactor import queueing
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +137,100 @@ def tune_watch_decoding() -> bool:
         )
         return False
     api.json = _WatchJson()  # type: ignore[assignment]  # the patch itself (see the module docstring)
+    return True
+
+
+_WATCH_CALL = "watching.infinite_watch("  # kopf 1.45.2's `queueing.watcher`: where each stream comes from
+UNTUNED_INFINITE_WATCH = watching.infinite_watch  # as kopf ships it (only this module replaces it)
+_ECHO_ATTRIBUTE = "sweep_operator_echo_filter"
+
+
+class EchoFilter:
+    """One operator's predicate over (resource plural, object), and how many events it dropped per plural."""
+
+    def __init__(self, is_echo: Callable[[str, Mapping[str, Any]], bool]) -> None:
+        self.is_echo = is_echo
+        self.dropped: Counter[str] = Counter()
+
+    def drops(self, plural: str, raw_event: Any) -> bool:
+        if not isinstance(raw_event, dict) or raw_event.get("type") not in ("ADDED", "MODIFIED"):
+            return False  # bookmarks, listings (type None), deletions and errors always pass
+        obj = raw_event.get("object")
+        if not isinstance(obj, dict) or not self.is_echo(plural, obj):
+            return False
+        self.dropped[plural] += 1
+        return True
+
+
+def set_echo_filter(settings: Any, echo_filter: EchoFilter) -> None:
+    """Register an operator's filter on its kopf settings (each operator in a process has its own)."""
+    setattr(settings, _ECHO_ATTRIBUTE, echo_filter)
+
+
+async def _infinite_watch_without_echoes(*, settings: Any, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    """kopf's `infinite_watch`, less the events the operator's filter calls echoes."""
+    echo_filter: EchoFilter | None = getattr(settings, _ECHO_ATTRIBUTE, None)
+    async for raw_event in UNTUNED_INFINITE_WATCH(settings=settings, resource=resource, **kwargs):
+        if echo_filter is not None and echo_filter.drops(resource.plural, raw_event):
+            continue
+        yield raw_event
+
+
+def tune_echo_filter() -> bool:
+    """Let operators drop their own writes' echoes before kopf's per-object processing (idempotent). Returns
+    whether kopf now does; without it the filters are never asked and every event reaches kopf as it ships."""
+    if watching.infinite_watch is _infinite_watch_without_echoes:
+        return True
+    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
+        return False
+    version = importlib.metadata.version("kopf")
+    try:
+        source = inspect.getsource(queueing.watcher)
+    except (OSError, TypeError):
+        source = ""
+    if version != KOPF_VERSION or _WATCH_CALL not in source:
+        log.warning("kopf %s: echo filter not applied (the adjustment was written for kopf %s)", version, KOPF_VERSION)
+        return False
+    watching.infinite_watch = _infinite_watch_without_echoes  # the patch itself (see the module docstring)
+    return True
+
+
+UNTUNED_AS_JSON_PATCH = patches.Patch.as_json_patch  # as kopf ships it (only this module replaces it)
+_COPY_BEFORE_EMPTY = "body_to_be: bodies.RawBody | None = copy.deepcopy(body_as_is)\n        if not self:"
+
+
+def _as_json_patch(self: patches.Patch, body: Any = None) -> Any:
+    """kopf 1.45.2 `Patch.as_json_patch`: the same operations, from the fields the patch names only."""
+    if not self:
+        return []
+    if self.fns:
+        return UNTUNED_AS_JSON_PATCH(self, body)
+    base = body if body is not None else self._original
+    if base is None:
+        raise ValueError("Cannot build a JSON-patch without the original body as a reference.")
+    as_is = {key: base[key] for key in self if key in base}
+    to_be: Any = copy.deepcopy(as_is)  # kopf's RawBody: a plain dict
+    self._apply_patch(to_be, (), dict(self))  # kopf's own merge of the patch into the copy
+    return patches.jsonpatch.JsonPatch.from_diff(as_is, to_be).patch
+
+
+def tune_json_patch() -> bool:
+    """Install `_as_json_patch` (idempotent). Returns whether kopf now uses it."""
+    if patches.Patch.as_json_patch is _as_json_patch:
+        return True
+    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
+        return False
+    version = importlib.metadata.version("kopf")
+    try:
+        source = inspect.getsource(UNTUNED_AS_JSON_PATCH)
+    except (OSError, TypeError):
+        source = ""
+    if version != KOPF_VERSION or _COPY_BEFORE_EMPTY not in source:
+        log.warning(
+            "kopf %s: JSON patches left as they are (the adjustment was written for kopf %s)", version, KOPF_VERSION
+        )
+        return False
+    patches.Patch.as_json_patch = _as_json_patch  # type: ignore[method-assign]  # the patch itself (docstring)
     return True
 
 

@@ -58,6 +58,7 @@ class OperatorThread:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
+        self.wiring: OperatorWiring | None = None  # while it runs (tests read its echo filter)
 
     def _login(self, **_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(
@@ -69,7 +70,7 @@ class OperatorThread:
         )
 
     def _run(self) -> None:
-        wiring = OperatorWiring(self.settings, self.controller, self._login)
+        wiring = self.wiring = OperatorWiring(self.settings, self.controller, self._login)
         try:
             asyncio.run(operate(wiring, stop_flag=self._stop, ready_flag=self._ready))
         except BaseException as exc:  # surfaced by start()/stop()

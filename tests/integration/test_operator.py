@@ -303,6 +303,74 @@ def test_injected_api_errors_are_retried_to_convergence(env: OperatorEnv) -> Non
     assert not [r for r in injector.pending if r.name == name or r.plural == constants.RAYJOB_PLURAL]
 
 
+def test_our_own_writes_echoes_stop_before_kopf_and_everything_else_reaches_it(
+    env: OperatorEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kopf_tuning.tune_echo_filter with the cache's predicate (Cache.watch_echo): the watch events of the
+    operator's own writes (the sweep's status writes, its RayJob's create) are dropped before kopf's per-object
+    processing; the tenant's create and edit and KubeRay's writes are not, and the sweep runs to the end."""
+    assert env.operator.wiring is not None
+    echoes, cache = env.operator.wiring.echoes, env.operator.controller.cache
+    judged: list[tuple[str, str, str, bool]] = []  # (plural, name, resourceVersion, dropped) as the filter decided
+    written: set[tuple[str, str, str]] = set()  # what the operator's own writes answered
+    judge, remember_write, remember_created = echoes.is_echo, cache.remember_write, cache.remember_created_rayjob
+
+    def spy_judge(plural: str, obj: Any) -> bool:
+        verdict = judge(plural, obj)
+        judged.append((plural, obj["metadata"]["name"], obj["metadata"]["resourceVersion"], verdict))
+        return verdict
+
+    def spy_write(plural: str, remember: Any) -> Any:
+        def spy(obj: Any) -> None:
+            written.add((plural, obj["metadata"]["name"], obj["metadata"]["resourceVersion"]))
+            remember(obj)
+
+        return spy
+
+    monkeypatch.setattr(echoes, "is_echo", spy_judge)
+    monkeypatch.setattr(cache, "remember_write", spy_write(constants.PLURAL, remember_write))
+    monkeypatch.setattr(cache, "remember_created_rayjob", spy_write(constants.RAYJOB_PLURAL, remember_created))
+    dropped_before = echoes.dropped.copy()
+
+    doc = env.new_sweep("echo")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(4.0, startup=0.5))
+    created = env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    env.wait_phase(name, "Succeeded")  # KubeRay's transitions reached the operator
+    (rayjob,) = env.rayjobs(name)
+    first_rayjob = env.server.history(
+        constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL, "default", rayjob["metadata"]["name"]
+    )[0]
+    created_rv = first_rayjob["metadata"]["resourceVersion"]
+    wait_for(
+        lambda: (constants.RAYJOB_PLURAL, rayjob["metadata"]["name"], created_rv, True) in judged,
+        TIMEOUT,
+        what="the RayJob's ADDED event judged our create's echo",
+    )
+    ours = {(p, n, rv) for p, n, rv, verdict in judged if verdict and n in (name, rayjob["metadata"]["name"])}
+    assert ours and ours <= written, f"dropped events that are not our writes: {ours - written}"
+    assert any(p == constants.PLURAL for p, _, _ in ours), "no status write's echo was dropped"
+    # The tenant's create is never dropped (an ADDED event, or part of the listing when the watch starts after it).
+    assert (constants.PLURAL, name, created["metadata"]["resourceVersion"], True) not in judged
+    assert any(  # KubeRay's writes to the RayJob
+        p == constants.RAYJOB_PLURAL and not verdict for p, n, _, verdict in judged if n == rayjob["metadata"]["name"]
+    )
+    assert echoes.dropped[constants.PLURAL] > dropped_before[constants.PLURAL]
+    assert echoes.dropped[constants.RAYJOB_PLURAL] > dropped_before[constants.RAYJOB_PLURAL]
+
+    # A tenant's edit after the fact reaches the operator, even one that writes the same status the operator did.
+    edited = env.custom.patch_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, "default", constants.PLURAL, name, {"metadata": {"labels": {"team": "a"}}}
+    )
+    wait_for(
+        lambda: (constants.PLURAL, name, edited["metadata"]["resourceVersion"], False) in judged,
+        TIMEOUT,
+        what="the tenant's edit reached kopf",
+    )
+
+
 # --------------------------------------------------------------------------------- drift and spec edits
 
 

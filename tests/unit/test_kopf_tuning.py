@@ -149,3 +149,141 @@ def test_watch_decoding_is_left_alone_for_another_kopf_or_when_switched_off(
     monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
     monkeypatch.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
     assert kopf_tuning.tune_watch_decoding() is False and api.json is original_json
+
+
+class _Settings:
+    """Stands for kopf's OperatorSettings: the filter is an attribute set on it."""
+
+
+def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What kopf's watcher receives from the tuned `infinite_watch` when the API streams `events`."""
+
+    async def stream(**_: Any) -> Any:
+        for event in events:
+            yield event
+
+    monkeypatch.setattr(kopf_tuning, "UNTUNED_INFINITE_WATCH", stream)
+
+    async def collect() -> list[Any]:
+        resource = type("Resource", (), {"plural": "trainingsweeps"})()
+        watch = kopf_tuning._infinite_watch_without_echoes(settings=settings, resource=resource, namespace=None)
+        return [event async for event in watch]
+
+    return asyncio.run(collect())
+
+
+def test_the_echo_filter_drops_only_added_and_modified_events_its_predicate_calls_echoes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kopf._cogs.clients import watching
+
+    asked: list[tuple[str, str]] = []
+
+    def is_echo(plural: str, obj: Any) -> bool:
+        asked.append((plural, obj["metadata"]["resourceVersion"]))
+        return bool(obj["metadata"]["resourceVersion"] == "7")
+
+    def event(type_: Any, rv: str) -> dict[str, Any]:
+        return {"type": type_, "object": {"metadata": {"name": "s", "resourceVersion": rv}}}
+
+    events = [
+        watching.Bookmark.LISTED,
+        event(None, "7"),  # the listing: kopf's view of the world after a (re)list is never thinned
+        event("ADDED", "7"),
+        event("MODIFIED", "7"),
+        event("MODIFIED", "8"),
+        event("DELETED", "7"),
+        {"type": "ERROR", "object": {"code": 410}},
+    ]
+    settings = _Settings()
+    echo_filter = kopf_tuning.EchoFilter(is_echo)
+    kopf_tuning.set_echo_filter(settings, echo_filter)
+    assert _watched(events, settings, monkeypatch) == [events[0], events[1], events[4], events[5], events[6]]
+    assert asked == [("trainingsweeps", "7"), ("trainingsweeps", "7"), ("trainingsweeps", "8")]
+    assert echo_filter.dropped == {"trainingsweeps": 2}
+    # An operator that registered no filter (another kopf operator in the process) gets every event.
+    assert _watched(events, _Settings(), monkeypatch) == events
+
+
+@pytest.fixture
+def original_watch() -> Iterator[Any]:
+    from kopf._cogs.clients import watching
+
+    found = watching.infinite_watch
+    watching.infinite_watch = kopf_tuning.UNTUNED_INFINITE_WATCH
+    yield kopf_tuning.UNTUNED_INFINITE_WATCH
+    watching.infinite_watch = found
+
+
+def test_the_echo_filter_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
+    original_watch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kopf._cogs.clients import watching
+
+    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
+    assert kopf_tuning.tune_echo_filter() is False and watching.infinite_watch is original_watch
+    monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
+    with monkeypatch.context() as m:
+        m.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
+        assert kopf_tuning.tune_echo_filter() is False and watching.infinite_watch is original_watch
+    assert kopf_tuning.tune_echo_filter() is True
+    assert kopf_tuning.tune_echo_filter() is True  # idempotent
+    assert watching.infinite_watch is kopf_tuning._infinite_watch_without_echoes
+
+
+def test_the_tuned_json_patch_is_kopfs_for_every_patch_and_copies_nothing_for_an_empty_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kopf._cogs.structs import patches
+
+    body = {
+        "apiVersion": "sweeps.dev/v1alpha1",
+        "kind": "TrainingSweep",
+        "metadata": {"name": "s", "finalizers": ["a"], "labels": {"x": "1"}, "resourceVersion": "7"},
+        "spec": {"tune": {"numSamples": 4}, "big": list(range(50))},
+        "status": {"phase": "Running"},
+    }
+    merges: list[dict[str, Any]] = [
+        {"metadata": {"finalizers": ["a", "sweeps.dev/guard"]}},
+        {"metadata": {"labels": {"x": None, "y": "2"}}, "status": {"phase": "Failed", "new": {"k": [1]}}},
+        {"spec": {"tune": None}},
+        {"metadata": {"annotations": {"n": "v"}}},  # a field the body lacks
+        {"data": {"k": "v"}},  # a top-level key the body lacks
+        {"status": None},
+        {"metadata": {"labels": {"absent": None}}},  # removing what is not there: no operation
+    ]
+    for merge in merges:
+        expected = kopf_tuning.UNTUNED_AS_JSON_PATCH(patches.Patch(merge, body=body))
+        assert kopf_tuning._as_json_patch(patches.Patch(merge, body=body)) == expected, merge
+    with_fn = patches.Patch(fns=[lambda b: b["spec"].update(extra=1)], body=body)
+    assert kopf_tuning._as_json_patch(with_fn) == [{"op": "add", "path": "/spec/extra", "value": 1}]
+    copies: list[Any] = []
+    monkeypatch.setattr(kopf_tuning.copy, "deepcopy", lambda obj: copies.append(obj) or obj)
+    assert kopf_tuning._as_json_patch(patches.Patch(body=body)) == []
+    assert copies == []  # an empty patch (every validation's answer) copies nothing
+
+
+@pytest.fixture
+def original_json_patch() -> Iterator[Any]:
+    from kopf._cogs.structs import patches
+
+    found = patches.Patch.as_json_patch
+    patches.Patch.as_json_patch = kopf_tuning.UNTUNED_AS_JSON_PATCH
+    yield kopf_tuning.UNTUNED_AS_JSON_PATCH
+    patches.Patch.as_json_patch = found
+
+
+def test_the_json_patch_tuning_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
+    original_json_patch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kopf._cogs.structs import patches
+
+    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
+    assert kopf_tuning.tune_json_patch() is False and patches.Patch.as_json_patch is original_json_patch
+    monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
+    with monkeypatch.context() as m:
+        m.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
+        assert kopf_tuning.tune_json_patch() is False and patches.Patch.as_json_patch is original_json_patch
+    assert kopf_tuning.tune_json_patch() is True
+    assert kopf_tuning.tune_json_patch() is True  # idempotent
+    assert patches.Patch.as_json_patch is kopf_tuning._as_json_patch

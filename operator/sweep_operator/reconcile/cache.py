@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
 
@@ -26,6 +28,7 @@ from .guard import backoff_seconds
 _RAYJOB_SPEC_READ = ("suspend", "runtimeEnvYAML", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "backoffLimit")
 _PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
 PARSE_CACHE_SIZE = 4096
+ECHOES_KEPT = 4  # our writes per sweep whose events may still be on their way
 CREATE_RETRY_BASE_SECONDS = 5.0
 CREATE_RETRY_MAX_SECONDS = 300.0
 _MISSING = object()
@@ -84,14 +87,29 @@ class Lru:
                 self._items.popitem(last=False)
 
 
+def _dumps(obj: Any) -> bytes:
+    """orjson (the cache's copies are written on every event and read on every pass); the standard encoder for what
+    orjson refuses (an integer over 64 bits in a tenant's spec), marked by a leading space so that `_loads` decodes
+    it with the standard decoder too (orjson would read such an integer back as a float)."""
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        return b" " + json.dumps(obj).encode()
+
+
+def _loads(text: bytes) -> Any:
+    return json.loads(text) if text[:1] == b" " else orjson.loads(text)
+
+
 class Cache:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._lock = threading.Lock()
-        # Copies are kept as JSON text, a quarter of the memory of the dicts, and json.loads is faster than deepcopy.
-        self._sweeps: dict[ObjectRef, tuple[Any, str]] = {}  # -> (resourceVersion, copy)
-        self._rayjobs: dict[ObjectRef, tuple[Any, str]] = {}
-        self._echoes: dict[ObjectRef, str] = {}  # -> resourceVersion of our last write
+        # Copies are kept as JSON, a quarter of the memory of the dicts, and decoding is faster than deepcopy.
+        self._sweeps: dict[ObjectRef, tuple[Any, bytes]] = {}  # -> (resourceVersion, copy)
+        self._rayjobs: dict[ObjectRef, tuple[Any, bytes]] = {}
+        self._echoes: dict[ObjectRef, tuple[str, ...]] = {}  # -> resourceVersions of our last writes, newest last
+        self._rayjob_echoes: dict[ObjectRef, str] = {}  # -> resourceVersion our create answered
         self._rayjob_news: dict[str, tuple[Any, ...]] = {}  # RayJob uid -> the fields its sweep's status mirrors
         self._caps: dict[RunRef, int] = {}
         self._polled: dict[ObjectRef, float] = {}  # -> monotonic time of the last progress poll
@@ -109,34 +127,59 @@ class Cache:
         if rv is not None and known is not None and known[0] == rv:
             return  # this very version is known (the echo of our own write, remembered from its answer)
         meta = {k: v for k, v in meta_of(body).items() if k != "managedFields"}
-        text = json.dumps({**body, "metadata": meta})  # the watch's dict is kopf's: this is our copy
+        text = _dumps({**body, "metadata": meta})  # the watch's dict is kopf's: this is our copy
         with self._lock:
             current = self._sweeps.get(ref)
             if current is None or not older_version(rv, current[0]):
                 self._sweeps[ref] = (rv, text)
 
     def remember_write(self, written: Mapping[str, Any]) -> None:
-        """The sweep as our own write left it: the newest copy, and the resourceVersion whose event is an echo."""
+        """The sweep as our own write left it: the newest copy, and a resourceVersion whose event is an echo (the
+        last few: a pass's finalizer patch and status write come back after both were made)."""
         self.observe_sweep(written)
         rv = meta_of(written).get("resourceVersion")
         if rv is not None:
+            ref = ObjectRef.of(written)
             with self._lock:
-                self._echoes[ObjectRef.of(written)] = rv
+                self._echoes[ref] = (*self._echoes.get(ref, ())[-(ECHOES_KEPT - 1) :], rv)
 
     def is_echo(self, body: Mapping[str, Any]) -> bool:
         rv = meta_of(body).get("resourceVersion")
         with self._lock:
-            return rv is not None and self._echoes.get(ObjectRef.of(body)) == rv
+            return rv is not None and rv in self._echoes.get(ObjectRef.of(body), ())
+
+    def remember_created_rayjob(self, made: Mapping[str, Any]) -> None:
+        """Our create's answer: its ADDED event is an echo (the answer was observed and seeded its news)."""
+        rv = meta_of(made).get("resourceVersion")
+        if rv is not None:
+            with self._lock:
+                self._rayjob_echoes[ObjectRef.of(made)] = rv
+
+    def watch_echo(self, plural: str, obj: Mapping[str, Any]) -> bool:
+        """Whether a watch event's object is a version our own write made and this cache already holds (a sweep's
+        status or finalizer write, a RayJob's create): such an event tells the operator nothing. A deleting object
+        is never one (its events enter the guard's pipeline, which reads fresh anyway)."""
+        meta = meta_of(obj)
+        rv = meta.get("resourceVersion")
+        if rv is None or meta.get("deletionTimestamp"):
+            return False
+        ref = ObjectRef.of(obj)
+        with self._lock:
+            if plural == constants.PLURAL:
+                return bool(rv in self._echoes.get(ref, ()))
+            if plural == constants.RAYJOB_PLURAL:
+                return bool(self._rayjob_echoes.get(ref) == rv)
+        return False
 
     def sweep(self, ref: ObjectRef) -> dict[str, Any] | None:
         with self._lock:
             cached = self._sweeps.get(ref)
-        return json.loads(cached[1]) if cached is not None else None
+        return _loads(cached[1]) if cached is not None else None
 
     def sweeps(self) -> list[dict[str, Any]]:
         with self._lock:
             texts = [text for _, text in self._sweeps.values()]
-        return [json.loads(text) for text in texts]
+        return [_loads(text) for text in texts]
 
     def forget_sweep(self, ref: ObjectRef) -> None:
         with self._lock:
@@ -176,7 +219,7 @@ class Cache:
     def observe_rayjob(self, rayjob: Mapping[str, Any]) -> None:
         """Remember the newest copy of one of our RayJobs (the watch's, or our create's answer; they race)."""
         ref, rv = ObjectRef.of(rayjob), meta_of(rayjob).get("resourceVersion")
-        text = json.dumps(slim_rayjob(rayjob))
+        text = _dumps(slim_rayjob(rayjob))
         with self._lock:
             current = self._rayjobs.get(ref)
             if current is None or not older_version(rv, current[0]):
@@ -185,7 +228,7 @@ class Cache:
     def rayjob(self, ref: ObjectRef) -> dict[str, Any] | None:
         with self._lock:
             cached = self._rayjobs.get(ref)
-        return json.loads(cached[1]) if cached is not None else None
+        return _loads(cached[1]) if cached is not None else None
 
     def rayjob_has_news(self, rayjob: Mapping[str, Any]) -> bool:
         """Whether a RayJob event changes what its sweep's status mirrors (status, deletion, suspension)."""
@@ -210,6 +253,7 @@ class Cache:
         meta = meta_of(rayjob)
         with self._lock:
             self._rayjobs.pop(ObjectRef.of(rayjob), None)
+            self._rayjob_echoes.pop(ObjectRef.of(rayjob), None)
             self._rayjob_news.pop(meta.get("uid") or meta.get("name", ""), None)
             self._caps.pop(run_ref(rayjob), None)
 

@@ -266,6 +266,8 @@ class SweepController(DeletionGuard):
         if facts.sweep is not None and decision.status and decision.status.get("runId"):
             self.cache.observe_rayjob(rayjob)  # the next pass reads it from memory, not with a GET
             self.cache.rayjob_has_news(rayjob)  # its ADDED event mirrors nothing this pass's status lacks
+            if created:
+                self.cache.remember_created_rayjob(rayjob)  # and that event need not reach the operator at all
             self.cache.remember_cap(RunRef(ref, create.run_id), worker_cap(facts.sweep.spec, self.settings.limits))
         return decision, False
 
