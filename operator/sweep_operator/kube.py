@@ -13,8 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTResponse
 
 from sweep_contracts import constants
 
@@ -83,6 +85,23 @@ class KubeApi:
         self.retry = retry
 
     # ----------------------------------------------------------------------------- plumbing
+    def _send(self, method: str, path: str, body: Any, content_type: str = "application/json") -> dict[str, Any]:
+        """One JSON request through the client's own connection pool, credentials (its refresh hook included) and
+        headers, without its per-call model layer: argument validation, sanitising the body, json.dumps, building
+        the answer. That layer cost as much CPU as the HTTP itself on the writes every sweep makes (docs/benchmarks.md);
+        errors are the client's own ApiException, so callers and `_call` see what the generated methods raise."""
+        client = self.api_client
+        headers = {**client.default_headers, "Accept": "application/json", "Content-Type": content_type}
+        client.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
+        response = client.rest_client.pool_manager.request(
+            method, client.configuration.host + path, body=orjson.dumps(body), headers=headers
+        )
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(
+                http_resp=RESTResponse(response), body=response.data.decode("utf-8", "replace"), data=None
+            )
+        return cast("dict[str, Any]", orjson.loads(response.data))
+
     def _call(self, fn: Callable[[], T], *, retry_conflict: bool = True) -> T:
         delay = self.retry.first_delay
         for attempt in range(self.retry.attempts):
@@ -134,10 +153,10 @@ class KubeApi:
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
 
+        path = f"/apis/{constants.GROUP}/{constants.VERSION}/namespaces/{namespace}/{constants.PLURAL}/{name}/status"
+
         def call() -> Any:
-            return self.custom.patch_namespaced_custom_object_status(
-                constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name, body
-            )
+            return self._send("PATCH", path, body, "application/merge-patch+json")
 
         try:
             # A conditional write's 409 is an answer (re-read and decide again), never retried as it is.
@@ -213,12 +232,8 @@ class KubeApi:
         """Create; on AlreadyExists return the existing one. Returns (object, created)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            created = self._call(
-                lambda: self.custom.create_namespaced_custom_object(
-                    constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYJOB_PLURAL, body
-                ),
-                retry_conflict=False,
-            )
+            path = f"/apis/{constants.RAY_GROUP}/{constants.RAY_VERSION_API}/namespaces/{namespace}/{constants.RAYJOB_PLURAL}"
+            created = self._call(lambda: self._send("POST", path, body), retry_conflict=False)
             return custom_object(created), True
         except ApiException as exc:
             if exc.status != 409:
@@ -305,9 +320,8 @@ class KubeApi:
                 "metadata": {"finalizers": [*finalizers, finalizer], "resourceVersion": meta.get("resourceVersion")}
             }
             try:
-                return custom_object(
-                    self.custom.patch_namespaced_custom_object(group, version, namespace, plural, name, patch)
-                )
+                path = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+                return self._send("PATCH", path, patch, "application/merge-patch+json")
             except ApiException as exc:
                 if exc.status == 404:
                     return None
