@@ -129,7 +129,10 @@ class WorkQueue(Generic[K]):
             if self._delay_thread is None:
                 self._delay_thread = threading.Thread(target=self._run_delayed, name=f"{self._name}-after", daemon=True)
                 self._delay_thread.start()
-            self._delay_cv.notify()
+            elif self._delayed[0][1] == seq:
+                # Woken only for a new earliest entry: the thread already waits for an earlier one, after which it
+                # looks at the heap again (a thread woken per tick re-armed was a context switch per sweep event).
+                self._delay_cv.notify()
 
     def _run_delayed(self) -> None:
         me = threading.current_thread()

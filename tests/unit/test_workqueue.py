@@ -257,3 +257,35 @@ def test_a_closed_queue_refuses_later_requests_where_a_stopped_one_starts_again(
     inline.close()
     inline.add("inline-after-close")
     assert done == ["before"]
+
+
+def test_the_delay_thread_is_woken_only_for_a_new_earliest_entry() -> None:
+    """A tick re-armed later than what the delay thread already waits for does not wake it (it looks at the heap
+    again when the earlier one comes due); a new earliest entry does, and comes due on time."""
+    import threading
+
+    from sweep_operator.workqueue import WorkQueue
+
+    ran: list[str] = []
+    done = threading.Event()
+
+    def work(key: str) -> None:
+        ran.append(key)
+        if key == "soon":
+            done.set()
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1)
+    wakes: list[str] = []
+    try:
+        queue.add_after("first", 60.0)  # starts the thread
+        notify = queue._delay_cv.notify
+        queue._delay_cv.notify = lambda n=1: (wakes.append("notify"), notify(n))[1]  # type: ignore[method-assign]  # counting the wake-ups
+        for i in range(20):
+            queue.add_after(f"later-{i}", 120.0 + i)
+        assert wakes == []
+        queue.add_after("soon", 0.05)
+        assert wakes == ["notify"]
+        assert done.wait(10.0), "the earliest entry never came due"
+        assert ran == ["soon"]
+    finally:
+        queue.stop()
