@@ -34,13 +34,13 @@ from .guard_finalizer import (
 )
 from .install_checks import run_startup_checks
 from .kopf_tuning import (
-    EchoFilter,
-    set_echo_filter,
-    tune_echo_filter,
+    WatchRouter,
+    set_watch_router,
     tune_gc,
     tune_json_patch,
     tune_kopf,
     tune_watch_decoding,
+    tune_watch_router,
 )
 from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
@@ -133,11 +133,11 @@ class OperatorWiring:
     controller: SweepController
     login: Callable[..., kopf.ConnectionInfo | None] | None = None
     ticks: SweepTicks = field(init=False)
-    echoes: EchoFilter = field(init=False)  # our own writes' events, dropped before kopf (kopf_tuning)
+    watch_router: WatchRouter = field(init=False)  # our own writes' echoes and the run objects' events (kopf_tuning)
 
     def __post_init__(self) -> None:
         self.ticks = SweepTicks(self.controller, self.settings.reconcile_seconds)
-        self.echoes = EchoFilter(lambda plural, obj: self.controller.cache.watch_echo(plural, obj))
+        self.watch_router = WatchRouter(lambda plural, obj: self.controller.cache.watch_echo(plural, obj))
 
 
 class NoDiffBaseStorage(kopf.DiffBaseStorage):
@@ -246,7 +246,7 @@ def _register_startup(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, wiring.settings)
-        set_echo_filter(settings, wiring.echoes)
+        set_watch_router(settings, wiring.watch_router)
 
     # Issue 28: the webhook's own certificate (kopf starts its admission server after this) and KubeRay's identity.
     @kopf.on.startup(registry=registry)
@@ -323,44 +323,89 @@ def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWirin
     controller = wiring.controller
 
     # ------------------------------------------------------------------ RayJob / RayCluster
+    # Both are watched through kopf (its streams, login and reconnects), and where kopf_tuning's router is installed
+    # their events go from the stream straight to `rayjob_event` / `raycluster_event`, never through kopf's
+    # per-object workers: the handlers only note, check and enqueue, and every RayJob and RayCluster in the cluster,
+    # other teams' too, paid kopf's per-event processing (causes, body views, a logger, a worker task per object).
+    # The kopf handlers below serve the same functions where the router is not installed.
     @kopf.on.event(**RAYJOBS, when=ours, registry=registry)
     async def rayjob_changed(type: str, event: kopf.RawEvent, **_: Any) -> None:
-        body = _object_of(event)
-        if type != "DELETED":
-            if _deleting(body):
-                await _guard_deletion(controller, constants.RAYJOB_KIND, body)
-            else:
-                await _guard_object(controller, constants.RAYJOB_KIND, body)
-            controller.check_guard_label(body, constants.RAYJOB_KIND)
-            controller.observe_rayjob(body)
-            if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
-                await asyncio.to_thread(controller.correct_drift, body, constants.RAYJOB_KIND)
-        if type == "DELETED":
-            controller.forget_rayjob(body)
-            await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
-        elif controller.rayjob_changed(body):
-            await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
+        await rayjob_event(controller, type, _object_of(event))
 
     # The guard's finalizer goes on each of our RayClusters as it appears; a deleting one enters the guard's
     # pipeline; a worker group raised above the run's cap is set back.
     @kopf.on.event(**RAYCLUSTERS, when=ours, registry=registry)
     async def raycluster_changed(type: str, event: kopf.RawEvent, **_: Any) -> None:
-        body = _object_of(event)
-        if type != "DELETED" and _deleting(body):
-            controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
-            await _guard_deletion(controller, constants.RAYCLUSTER_KIND, body)
-            return
-        if type != "DELETED":
-            await _guard_object(controller, constants.RAYCLUSTER_KIND, body)
-            controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
-        if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
-            await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
+        await raycluster_event(controller, type, _object_of(event))
+
+    wiring.watch_router.route(constants.RAYJOB_PLURAL, _routed(rayjob_event, controller))
+    wiring.watch_router.route(constants.RAYCLUSTER_PLURAL, _routed(raycluster_event, controller))
 
     # Kueue mode: a Workload's admission or eviction reaches its sweep at once (ticks would find it too).
     @kopf.on.event(**WORKLOADS, registry=registry)
     async def workload_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             await asyncio.to_thread(controller.workload_changed, body)
+
+
+async def rayjob_event(controller: SweepController, type: str | None, body: Mapping[str, Any]) -> None:
+    """One of our RayJobs changed: the guard's checks, the watch's copy for reconciles, drift, and its sweep's
+    reconcile when the change is news for the sweep's status."""
+    if type != "DELETED":
+        if _deleting(body):
+            await _guard_deletion(controller, constants.RAYJOB_KIND, body)
+        else:
+            await _guard_object(controller, constants.RAYJOB_KIND, body)
+        controller.check_guard_label(body, constants.RAYJOB_KIND)
+        controller.observe_rayjob(body)
+        if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
+            await asyncio.to_thread(controller.correct_drift, body, constants.RAYJOB_KIND)
+    if type == "DELETED":
+        controller.forget_rayjob(body)
+        await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
+    elif controller.rayjob_changed(body):
+        await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
+
+
+async def raycluster_event(controller: SweepController, type: str | None, body: Mapping[str, Any]) -> None:
+    """One of our RayClusters changed: the guard's finalizer, its deletion pipeline, drift."""
+    if type != "DELETED" and _deleting(body):
+        controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
+        await _guard_deletion(controller, constants.RAYCLUSTER_KIND, body)
+        return
+    if type != "DELETED":
+        await _guard_object(controller, constants.RAYCLUSTER_KIND, body)
+        controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
+    if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
+        await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
+
+
+def _routed(
+    handle: Callable[[SweepController, str | None, Mapping[str, Any]], Coroutine[Any, Any, None]],
+    controller: SweepController,
+) -> Callable[[Mapping[str, Any]], None]:
+    """A raw watch event of a run object, from kopf's stream (in its event loop): ours are handled in a task of
+    their own (started in order, so one object's events are handled in the order they came; a task that waits on
+    I/O lets the stream go on), anyone else's are dropped as kopf's `when=ours` would."""
+    running: set[asyncio.Task[None]] = set()
+
+    def done(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("handling a watch event failed", exc_info=task.exception())
+
+    def route(raw_event: Mapping[str, Any]) -> None:
+        body = raw_event["object"]
+        meta = body.get("metadata") or {}
+        if not ours(meta.get("labels") or {}, meta.get("annotations") or {}, meta):
+            return
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
+            handle(controller, raw_event.get("type"), body)
+        )
+        running.add(task)
+        task.add_done_callback(done)
+
+    return route
 
 
 def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
@@ -452,7 +497,7 @@ async def operate(
     settings = wiring.settings
     tune_kopf()
     tune_watch_decoding()
-    tune_echo_filter()
+    tune_watch_router()
     tune_json_patch()
     try:
         await _run_kopf(
@@ -461,8 +506,8 @@ async def operate(
     finally:
         wiring.ticks.stop()
         wiring.controller.close()
-        if wiring.echoes.dropped:
-            log.info("our own writes' watch events dropped before kopf: %s", dict(wiring.echoes.dropped))
+        router = wiring.watch_router
+        log.info("watch events taken before kopf: echoes %s, routed %s", dict(router.dropped), dict(router.routed))
         if wiring.controller.verification_pool is not None:
             wiring.controller.verification_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -21,12 +21,13 @@ fifth of the operator's CPU in a burst (docs/benchmarks.md); orjson decodes them
 (an integer over 64 bits, a NaN in a tenant's spec) is decoded by `json` as before, so no object stops a watch.
 Applied on the same conditions and switch as the scheduler's.
 
-`tune_echo_filter`: kopf hands every watch event to a per-object worker that builds causes, body views and a
-logger before any handler (or its `when=`) can say the event is of no interest; our own writes' echoes (a sweep's
-status and finalizer writes, a RayJob's create) were half of the events into the operator in a burst. An operator
-registers a predicate on its kopf settings (`set_echo_filter`); an ADDED or MODIFIED event it calls an echo is
-dropped before kopf's multiplexer. The watch itself is untouched (kopf's resourceVersion bookkeeping happens
-inside `infinite_watch`, before the filter). Applied on the same conditions and switch as the others.
+`tune_watch_router`: kopf hands every watch event to a per-object worker that builds causes, body views and a
+logger before any handler (or its `when=`) can say the event is of no interest. Our own writes' echoes (a sweep's
+status and finalizer writes, a RayJob's create) were half of the events into the operator in a burst, and RayJobs
+and RayClusters (anyone's) need none of that machinery. An operator registers a `WatchRouter` on its kopf settings
+(`set_watch_router`): an event it calls an echo is dropped, and a resource it routes is handled by the route before
+kopf's multiplexer. The watch itself is untouched (kopf's resourceVersion bookkeeping, re-lists and reconnects
+happen inside `infinite_watch`, before the router). Applied on the same conditions and switch as the others.
 
 `tune_json_patch`: kopf's `Patch.as_json_patch` deep-copies the whole body before it looks whether the patch is
 empty, and diffs the whole body after; every admission response pays it (an empty patch for each validation, the
@@ -40,6 +41,8 @@ whose live objects are mostly parsed watch bodies and kopf's per-object state.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import copy
 import gc
 import importlib.metadata
@@ -55,6 +58,7 @@ import orjson
 from kopf._cogs.aiokits import aiotasks
 from kopf._cogs.clients import api, watching
 from kopf._cogs.structs import patches
+from kopf._core.engines import posting
 from kopf._core.reactor import queueing
 
 log = logging.getLogger(__name__)
@@ -142,44 +146,72 @@ def tune_watch_decoding() -> bool:
 
 _WATCH_CALL = "watching.infinite_watch("  # kopf 1.45.2's `queueing.watcher`: where each stream comes from
 UNTUNED_INFINITE_WATCH = watching.infinite_watch  # as kopf ships it (only this module replaces it)
-_ECHO_ATTRIBUTE = "sweep_operator_echo_filter"
+_ROUTER_ATTRIBUTE = "sweep_operator_watch_router"
+UNTUNED_WATCHER = queueing.watcher  # as kopf ships it (only this module replaces it)
+_POSTING_READY: contextvars.ContextVar[bool] = contextvars.ContextVar("sweep_operator_posting_ready", default=False)
 
 
-class EchoFilter:
-    """One operator's predicate over (resource plural, object), and how many events it dropped per plural."""
+class WatchRouter:
+    """One operator's say over its raw watch events before kopf's multiplexer: our own writes' echoes are dropped
+    (`is_echo` over (resource plural, object)), and a resource with a route is handled by it instead of kopf's
+    per-object workers (the route runs in kopf's event loop and must not block). Counts both per plural."""
 
     def __init__(self, is_echo: Callable[[str, Mapping[str, Any]], bool]) -> None:
         self.is_echo = is_echo
+        self.routes: dict[str, Callable[[Mapping[str, Any]], None]] = {}
         self.dropped: Counter[str] = Counter()
+        self.routed: Counter[str] = Counter()
 
-    def drops(self, plural: str, raw_event: Any) -> bool:
-        if not isinstance(raw_event, dict) or raw_event.get("type") not in ("ADDED", "MODIFIED"):
-            return False  # bookmarks, listings (type None), deletions and errors always pass
-        obj = raw_event.get("object")
-        if not isinstance(obj, dict) or not self.is_echo(plural, obj):
+    def route(self, plural: str, handle: Callable[[Mapping[str, Any]], None]) -> None:
+        self.routes[plural] = handle
+
+    def takes(self, plural: str, raw_event: Any, *, routing: bool = True) -> bool:
+        """Whether the event stops here (dropped, or routed where `routing`); kopf gets everything else."""
+        if not isinstance(raw_event, dict) or not isinstance(raw_event.get("object"), dict):
+            return False  # bookmarks and errors: kopf's
+        kind = raw_event.get("type")
+        if kind in ("ADDED", "MODIFIED") and self.is_echo(plural, raw_event["object"]):
+            self.dropped[plural] += 1
+            return True
+        handle = self.routes.get(plural) if routing else None
+        if handle is None or kind not in (None, "ADDED", "MODIFIED", "DELETED"):  # None: the listing's
             return False
-        self.dropped[plural] += 1
+        handle(raw_event)
+        self.routed[plural] += 1
         return True
 
 
-def set_echo_filter(settings: Any, echo_filter: EchoFilter) -> None:
-    """Register an operator's filter on its kopf settings (each operator in a process has its own)."""
-    setattr(settings, _ECHO_ATTRIBUTE, echo_filter)
+def set_watch_router(settings: Any, router: WatchRouter) -> None:
+    """Register an operator's router on its kopf settings (each operator in a process has its own)."""
+    setattr(settings, _ROUTER_ATTRIBUTE, router)
 
 
-async def _infinite_watch_without_echoes(*, settings: Any, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
-    """kopf's `infinite_watch`, less the events the operator's filter calls echoes."""
-    echo_filter: EchoFilter | None = getattr(settings, _ECHO_ATTRIBUTE, None)
+async def _routed_infinite_watch(*, settings: Any, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    """kopf's `infinite_watch`, less the events the operator's router takes."""
+    router: WatchRouter | None = getattr(settings, _ROUTER_ATTRIBUTE, None)
+    routing = _POSTING_READY.get()
     async for raw_event in UNTUNED_INFINITE_WATCH(settings=settings, resource=resource, **kwargs):
-        if echo_filter is not None and echo_filter.drops(resource.plural, raw_event):
+        if router is not None and router.takes(resource.plural, raw_event, routing=routing):
             continue
         yield raw_event
 
 
-def tune_echo_filter() -> bool:
-    """Let operators drop their own writes' echoes before kopf's per-object processing (idempotent). Returns
-    whether kopf now does; without it the filters are never asked and every event reaches kopf as it ships."""
-    if watching.infinite_watch is _infinite_watch_without_echoes:
+async def _watcher_with_posting(*, processor: Any, **kwargs: Any) -> None:
+    """kopf's `queueing.watcher`, in a task whose context has kopf's Event queue: kopf sets it for each object it
+    processes, and what a route starts posts Events too (kopf.event). Where kopf's processor does not carry the
+    queue as expected, routes stay off for this stream and kopf's handlers get its events."""
+    queue = (getattr(processor, "keywords", None) or {}).get("event_queue")
+    if queue is not None:
+        posting.event_queue_var.set(queue)
+        posting.event_queue_loop_var.set(asyncio.get_running_loop())
+        _POSTING_READY.set(True)
+    await UNTUNED_WATCHER(processor=processor, **kwargs)
+
+
+def tune_watch_router() -> bool:
+    """Let operators take watch events before kopf's per-object processing (idempotent). Returns whether kopf now
+    does; without it the routers are never asked and every event reaches kopf's handlers as it ships."""
+    if watching.infinite_watch is _routed_infinite_watch:
         return True
     if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
         return False
@@ -189,9 +221,10 @@ def tune_echo_filter() -> bool:
     except (OSError, TypeError):
         source = ""
     if version != KOPF_VERSION or _WATCH_CALL not in source:
-        log.warning("kopf %s: echo filter not applied (the adjustment was written for kopf %s)", version, KOPF_VERSION)
+        log.warning("kopf %s: watch router not applied (the adjustment was written for kopf %s)", version, KOPF_VERSION)
         return False
-    watching.infinite_watch = _infinite_watch_without_echoes  # the patch itself (see the module docstring)
+    watching.infinite_watch = _routed_infinite_watch  # the patch itself (see the module docstring)
+    queueing.watcher = _watcher_with_posting  # kopf calls it with keywords only
     return True
 
 

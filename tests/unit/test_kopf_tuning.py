@@ -155,8 +155,9 @@ class _Settings:
     """Stands for kopf's OperatorSettings: the filter is an attribute set on it."""
 
 
-def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """What kopf's watcher receives from the tuned `infinite_watch` when the API streams `events`."""
+def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch, posting: bool = True) -> list[Any]:
+    """What kopf's watcher receives from the tuned `infinite_watch` when the API streams `events` (`posting`: the
+    watcher found kopf's Event queue, so routes may run)."""
 
     async def stream(**_: Any) -> Any:
         for event in events:
@@ -165,14 +166,19 @@ def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(kopf_tuning, "UNTUNED_INFINITE_WATCH", stream)
 
     async def collect() -> list[Any]:
+        kopf_tuning._POSTING_READY.set(posting)
         resource = type("Resource", (), {"plural": "trainingsweeps"})()
-        watch = kopf_tuning._infinite_watch_without_echoes(settings=settings, resource=resource, namespace=None)
+        watch = kopf_tuning._routed_infinite_watch(settings=settings, resource=resource, namespace=None)
         return [event async for event in watch]
 
     return asyncio.run(collect())
 
 
-def test_the_echo_filter_drops_only_added_and_modified_events_its_predicate_calls_echoes(
+def _event(type_: Any, rv: str) -> dict[str, Any]:
+    return {"type": type_, "object": {"metadata": {"name": "s", "resourceVersion": rv}}}
+
+
+def test_the_router_drops_only_added_and_modified_events_its_predicate_calls_echoes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from kopf._cogs.clients import watching
@@ -183,52 +189,107 @@ def test_the_echo_filter_drops_only_added_and_modified_events_its_predicate_call
         asked.append((plural, obj["metadata"]["resourceVersion"]))
         return bool(obj["metadata"]["resourceVersion"] == "7")
 
-    def event(type_: Any, rv: str) -> dict[str, Any]:
-        return {"type": type_, "object": {"metadata": {"name": "s", "resourceVersion": rv}}}
-
     events = [
         watching.Bookmark.LISTED,
-        event(None, "7"),  # the listing: kopf's view of the world after a (re)list is never thinned
-        event("ADDED", "7"),
-        event("MODIFIED", "7"),
-        event("MODIFIED", "8"),
-        event("DELETED", "7"),
+        _event(None, "7"),  # the listing: kopf's view of the world after a (re)list is never thinned
+        _event("ADDED", "7"),
+        _event("MODIFIED", "7"),
+        _event("MODIFIED", "8"),
+        _event("DELETED", "7"),
         {"type": "ERROR", "object": {"code": 410}},
     ]
     settings = _Settings()
-    echo_filter = kopf_tuning.EchoFilter(is_echo)
-    kopf_tuning.set_echo_filter(settings, echo_filter)
+    router = kopf_tuning.WatchRouter(is_echo)
+    kopf_tuning.set_watch_router(settings, router)
     assert _watched(events, settings, monkeypatch) == [events[0], events[1], events[4], events[5], events[6]]
     assert asked == [("trainingsweeps", "7"), ("trainingsweeps", "7"), ("trainingsweeps", "8")]
-    assert echo_filter.dropped == {"trainingsweeps": 2}
-    # An operator that registered no filter (another kopf operator in the process) gets every event.
+    assert router.dropped == {"trainingsweeps": 2} and not router.routed
+    # An operator that registered no router (another kopf operator in the process) gets every event.
     assert _watched(events, _Settings(), monkeypatch) == events
+
+
+def test_a_routed_resources_events_go_to_its_route_and_never_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kopf._cogs.clients import watching
+
+    router = kopf_tuning.WatchRouter(lambda plural, obj: obj["metadata"]["resourceVersion"] == "7")
+    handled: list[tuple[Any, str]] = []
+    router.route(
+        "trainingsweeps", lambda raw: handled.append((raw["type"], raw["object"]["metadata"]["resourceVersion"]))
+    )
+    router.route("rayjobs", lambda raw: pytest.fail("another resource's route"))
+    error = {"type": "ERROR", "object": {"code": 410}}
+    events = [
+        watching.Bookmark.LISTED,
+        _event(None, "5"),
+        _event("ADDED", "6"),
+        _event("MODIFIED", "7"),  # our own write's echo: dropped, not handled
+        _event("MODIFIED", "8"),
+        _event("DELETED", "9"),
+        error,
+    ]
+    settings = _Settings()
+    kopf_tuning.set_watch_router(settings, router)
+    assert _watched(events, settings, monkeypatch) == [watching.Bookmark.LISTED, error]  # kopf gets only its own
+    assert handled == [(None, "5"), ("ADDED", "6"), ("MODIFIED", "8"), ("DELETED", "9")]
+    assert router.routed == {"trainingsweeps": 4} and router.dropped == {"trainingsweeps": 1}
+    # Without kopf's Event queue in the watcher's context the routes stay off: kopf's handlers get the events.
+    handled.clear()
+    assert _watched(events, settings, monkeypatch, posting=False) == [e for i, e in enumerate(events) if i != 3]
+    assert handled == []
+
+
+def test_the_watcher_puts_kopfs_event_queue_where_routes_can_post() -> None:
+    import functools
+
+    from kopf._core.engines import posting
+
+    seen: list[Any] = []
+
+    async def watcher(**kwargs: Any) -> None:
+        seen.append((posting.event_queue_var.get(None), kopf_tuning._POSTING_READY.get(), sorted(kwargs)))
+
+    async def run(processor: Any) -> None:
+        original = kopf_tuning.UNTUNED_WATCHER
+        kopf_tuning.UNTUNED_WATCHER = watcher
+        try:
+            await asyncio.create_task(kopf_tuning._watcher_with_posting(processor=processor, settings=None))
+        finally:
+            kopf_tuning.UNTUNED_WATCHER = original
+
+    queue: Any = object()
+    asyncio.run(run(functools.partial(lambda **kw: None, event_queue=queue)))
+    asyncio.run(run(lambda **kw: None))  # a peering processor: no queue, no routes
+    assert seen == [(queue, True, ["processor", "settings"]), (None, False, ["processor", "settings"])]
 
 
 @pytest.fixture
 def original_watch() -> Iterator[Any]:
     from kopf._cogs.clients import watching
+    from kopf._core.reactor import queueing
 
-    found = watching.infinite_watch
-    watching.infinite_watch = kopf_tuning.UNTUNED_INFINITE_WATCH
+    found, found_watcher = watching.infinite_watch, queueing.watcher
+    watching.infinite_watch, queueing.watcher = kopf_tuning.UNTUNED_INFINITE_WATCH, kopf_tuning.UNTUNED_WATCHER
     yield kopf_tuning.UNTUNED_INFINITE_WATCH
-    watching.infinite_watch = found
+    watching.infinite_watch, queueing.watcher = found, found_watcher
 
 
-def test_the_echo_filter_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
+def test_the_watch_router_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
     original_watch: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kopf._cogs.clients import watching
 
     monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
-    assert kopf_tuning.tune_echo_filter() is False and watching.infinite_watch is original_watch
+    assert kopf_tuning.tune_watch_router() is False and watching.infinite_watch is original_watch
     monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
     with monkeypatch.context() as m:
         m.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
-        assert kopf_tuning.tune_echo_filter() is False and watching.infinite_watch is original_watch
-    assert kopf_tuning.tune_echo_filter() is True
-    assert kopf_tuning.tune_echo_filter() is True  # idempotent
-    assert watching.infinite_watch is kopf_tuning._infinite_watch_without_echoes
+        assert kopf_tuning.tune_watch_router() is False and watching.infinite_watch is original_watch
+    assert kopf_tuning.tune_watch_router() is True
+    assert kopf_tuning.tune_watch_router() is True  # idempotent
+    assert watching.infinite_watch is kopf_tuning._routed_infinite_watch
+    from kopf._core.reactor import queueing
+
+    assert queueing.watcher is kopf_tuning._watcher_with_posting
 
 
 def test_the_tuned_json_patch_is_kopfs_for_every_patch_and_copies_nothing_for_an_empty_one(
