@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +62,32 @@ def api_client_from_environment(kubeconfig: str | None = None) -> k8s.ApiClient:
         config.load_kube_config(
             config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=configuration
         )
+    if configuration.refresh_api_key_hook is not None:
+        configuration.refresh_api_key_hook = ThrottledRefresh(configuration.refresh_api_key_hook)
     return k8s.ApiClient(configuration)
+
+
+class ThrottledRefresh:
+    """The config loaders' credential refresh, at most once per `every` seconds. Their hook runs before every request
+    and re-applies the whole configuration each time (the `host` setter alone scans the environment for proxies): a
+    twentieth of the operator's CPU in a burst. Both loaders refresh a token only near its expiry (a minute for an
+    in-cluster token, the exec plugin's own for a kubeconfig), so a second of throttling changes no credential.
+    The loaders' hook re-installs itself when it runs; the throttle goes back in front of it."""
+
+    def __init__(self, hook: Callable[[Any], None], every: float = 1.0) -> None:
+        self.hook, self.every = hook, every
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, configuration: Any) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.every:
+                return
+            self._last = now
+            self.hook(configuration)
+            if configuration.refresh_api_key_hook is not self:
+                self.hook, configuration.refresh_api_key_hook = configuration.refresh_api_key_hook, self
 
 
 class Conflict(Exception):

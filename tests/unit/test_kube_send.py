@@ -93,3 +93,28 @@ def test_errors_are_the_clients_exceptions_and_transient_ones_are_retried() -> N
     with pytest.raises(ApiException) as refused:
         _kube(FakePool(FakeResponse(409, conflict)), ["t"])._send("PATCH", "/x", {}, "application/json")
     assert isinstance(refused.value, ConflictException)
+
+
+def test_the_credential_refresh_runs_at_most_once_a_second_and_stays_throttled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubernetes.config's loaders install a hook that re-applies the whole configuration before every request and
+    installs itself again each time it runs (kube_config.py/incluster_config.py `_set_config`)."""
+    from sweep_operator import kube
+
+    clock = [100.0]
+    monkeypatch.setattr(kube.time, "monotonic", lambda: clock[0])
+    configuration = k8s.Configuration(host="https://api.example:6443")
+    runs: list[float] = []
+
+    def loader_hook(config: Any) -> None:  # as the loaders do it
+        runs.append(clock[0])
+        config.api_key["BearerToken"] = f"token-{len(runs)}"
+        config.refresh_api_key_hook = loader_hook
+
+    configuration.refresh_api_key_hook = kube.ThrottledRefresh(loader_hook)
+    tokens = []
+    for step in (0.0, 0.3, 0.9, 1.0, 1.5, 3.0):
+        clock[0] = 100.0 + step
+        tokens.append(configuration.get_api_key_with_prefix("BearerToken"))
+    assert runs == [100.0, 101.0, 103.0]
+    assert tokens == ["token-1", "token-1", "token-1", "token-2", "token-2", "token-3"]
+    assert isinstance(configuration.refresh_api_key_hook, kube.ThrottledRefresh)
