@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -271,16 +272,15 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
     # sweep's event reaches the queue at once however much status traffic the running ones make.
     @kopf.on.event(**SWEEPS, registry=registry)
     async def sweep_changed(type: str, event: kopf.RawEvent, **_: Any) -> None:
-        body = _object_of(event)
-        if type == "DELETED":
-            meta = body.get("metadata") or {}
-            controller.metrics.observe_phase(meta.get("uid") or meta.get("name") or "", None)
-            controller.forget_sweep(body)
-            return
-        if _deleting(body):  # ticks stop for a deleting sweep: the held pass schedules itself
-            await _guard_deletion(controller, constants.KIND, body)
-        await _off_loop_unless_queued(controller, controller.sweep_event, body)
-        wiring.ticks.follow(body)
+        await sweep_event(wiring, type, _object_of(event))
+
+    # Where kopf_tuning's router is installed, sweep events go from kopf's stream to `sweep_event` directly (see
+    # the run objects below), except a sweep still carrying the finalizer an earlier version's kopf.timer needed:
+    # kopf's own processing takes that one off.
+    wiring.watch_router.route(
+        constants.PLURAL,
+        _routed(lambda type, body: sweep_event(wiring, type, body), kopf_keeps=_has_kopf_finalizer),
+    )
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
         # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
@@ -338,8 +338,8 @@ def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWirin
     async def raycluster_changed(type: str, event: kopf.RawEvent, **_: Any) -> None:
         await raycluster_event(controller, type, _object_of(event))
 
-    wiring.watch_router.route(constants.RAYJOB_PLURAL, _routed(rayjob_event, controller))
-    wiring.watch_router.route(constants.RAYCLUSTER_PLURAL, _routed(raycluster_event, controller))
+    for plural, handle in ((constants.RAYJOB_PLURAL, rayjob_event), (constants.RAYCLUSTER_PLURAL, raycluster_event)):
+        wiring.watch_router.route(plural, _routed(functools.partial(handle, controller), accept=_ours))
 
     # Kueue mode: a Workload's admission or eviction reaches its sweep at once (ticks would find it too).
     @kopf.on.event(**WORKLOADS, registry=registry)
@@ -380,13 +380,39 @@ async def raycluster_event(controller: SweepController, type: str | None, body: 
         await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
 
 
+async def sweep_event(wiring: OperatorWiring, type: str | None, body: Mapping[str, Any]) -> None:
+    """A sweep changed: note it and queue its reconcile (no I/O here), or forget a deleted one."""
+    controller = wiring.controller
+    if type == "DELETED":
+        meta = body.get("metadata") or {}
+        controller.metrics.observe_phase(meta.get("uid") or meta.get("name") or "", None)
+        controller.forget_sweep(body)
+        return
+    if _deleting(body):  # ticks stop for a deleting sweep: the held pass schedules itself
+        await _guard_deletion(controller, constants.KIND, body)
+    await _off_loop_unless_queued(controller, controller.sweep_event, body)
+    wiring.ticks.follow(body)
+
+
+def _ours(body: Mapping[str, Any]) -> bool:
+    meta = body.get("metadata") or {}
+    return ours(meta.get("labels") or {}, meta.get("annotations") or {}, meta)
+
+
+def _has_kopf_finalizer(body: Mapping[str, Any]) -> bool:
+    return KOPF_FINALIZER in ((body.get("metadata") or {}).get("finalizers") or ())
+
+
 def _routed(
-    handle: Callable[[SweepController, str | None, Mapping[str, Any]], Coroutine[Any, Any, None]],
-    controller: SweepController,
-) -> Callable[[Mapping[str, Any]], None]:
-    """A raw watch event of a run object, from kopf's stream (in its event loop): ours are handled in a task of
-    their own (started in order, so one object's events are handled in the order they came; a task that waits on
-    I/O lets the stream go on), anyone else's are dropped as kopf's `when=ours` would."""
+    handle: Callable[[str | None, Mapping[str, Any]], Coroutine[Any, Any, None]],
+    *,
+    accept: Callable[[Mapping[str, Any]], bool] = lambda body: True,
+    kopf_keeps: Callable[[Mapping[str, Any]], bool] = lambda body: False,
+) -> Callable[[Mapping[str, Any]], bool]:
+    """A raw watch event from kopf's stream (in its event loop), for the router: one `kopf_keeps` goes on to kopf;
+    an accepted one is handled in a task of its own (started in order, so one object's events are handled in the
+    order they came; a task that waits on I/O lets the stream go on); any other is dropped, as kopf's `when=`
+    filter would have."""
     running: set[asyncio.Task[None]] = set()
 
     def done(task: asyncio.Task[None]) -> None:
@@ -394,16 +420,15 @@ def _routed(
         if not task.cancelled() and task.exception() is not None:
             log.error("handling a watch event failed", exc_info=task.exception())
 
-    def route(raw_event: Mapping[str, Any]) -> None:
+    def route(raw_event: Mapping[str, Any]) -> bool:
         body = raw_event["object"]
-        meta = body.get("metadata") or {}
-        if not ours(meta.get("labels") or {}, meta.get("annotations") or {}, meta):
-            return
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(
-            handle(controller, raw_event.get("type"), body)
-        )
-        running.add(task)
-        task.add_done_callback(done)
+        if kopf_keeps(body):
+            return False
+        if accept(body):
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(handle(raw_event.get("type"), body))
+            running.add(task)
+            task.add_done_callback(done)
+        return True
 
     return route
 

@@ -23,11 +23,12 @@ Applied on the same conditions and switch as the scheduler's.
 
 `tune_watch_router`: kopf hands every watch event to a per-object worker that builds causes, body views and a
 logger before any handler (or its `when=`) can say the event is of no interest. Our own writes' echoes (a sweep's
-status and finalizer writes, a RayJob's create) were half of the events into the operator in a burst, and RayJobs
-and RayClusters (anyone's) need none of that machinery. An operator registers a `WatchRouter` on its kopf settings
+status and finalizer writes, a RayJob's create) were half of the events into the operator in a burst, and our
+handlers only note, check and enqueue. An operator registers a `WatchRouter` on its kopf settings
 (`set_watch_router`): an event it calls an echo is dropped, and a resource it routes is handled by the route before
-kopf's multiplexer. The watch itself is untouched (kopf's resourceVersion bookkeeping, re-lists and reconnects
-happen inside `infinite_watch`, before the router). Applied on the same conditions and switch as the others.
+kopf's multiplexer (a route may leave an event to kopf). The watch itself is untouched (kopf's resourceVersion
+bookkeeping, re-lists and reconnects happen inside `infinite_watch`, before the router). Applied on the same
+conditions and switch as the others.
 
 `tune_json_patch`: kopf's `Patch.as_json_patch` deep-copies the whole body before it looks whether the patch is
 empty, and diffs the whole body after; every admission response pays it (an empty patch for each validation, the
@@ -158,11 +159,12 @@ class WatchRouter:
 
     def __init__(self, is_echo: Callable[[str, Mapping[str, Any]], bool]) -> None:
         self.is_echo = is_echo
-        self.routes: dict[str, Callable[[Mapping[str, Any]], None]] = {}
+        self.routes: dict[str, Callable[[Mapping[str, Any]], bool]] = {}
         self.dropped: Counter[str] = Counter()
         self.routed: Counter[str] = Counter()
 
-    def route(self, plural: str, handle: Callable[[Mapping[str, Any]], None]) -> None:
+    def route(self, plural: str, handle: Callable[[Mapping[str, Any]], bool]) -> None:
+        """`handle` takes a raw event (True) or leaves it to kopf (False)."""
         self.routes[plural] = handle
 
     def takes(self, plural: str, raw_event: Any, *, routing: bool = True) -> bool:
@@ -176,7 +178,8 @@ class WatchRouter:
         handle = self.routes.get(plural) if routing else None
         if handle is None or kind not in (None, "ADDED", "MODIFIED", "DELETED"):  # None: the listing's
             return False
-        handle(raw_event)
+        if not handle(raw_event):
+            return False
         self.routed[plural] += 1
         return True
 

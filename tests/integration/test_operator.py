@@ -376,6 +376,32 @@ def test_our_own_writes_echoes_stop_before_kopf_and_everything_else_reaches_it(
     )
 
 
+def test_a_sweep_an_earlier_version_left_kopfs_timer_finalizer_on_is_left_to_kopf_which_takes_it_off(
+    env: OperatorEnv,
+) -> None:
+    """handlers._has_kopf_finalizer: the router leaves such a sweep's events to kopf, whose processing removes the
+    finalizer no handler needs (kopf's finalizers.py, `allow_removal`); from then on the route takes its events."""
+    assert env.operator.wiring is not None
+    router = env.operator.wiring.watch_router
+    legacy = "sweeps.dev/kopf-timer"
+    doc = env.new_sweep("legacy")
+    doc["metadata"]["finalizers"] = [legacy]
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.succeed(3.0, startup=0.5))
+    routed = router.routed[constants.PLURAL]
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=2, files=2)
+    wait_for(
+        lambda: legacy not in ((env.sweep(name) or {}).get("metadata") or {}).get("finalizers", [legacy]),
+        TIMEOUT,
+        what="kopf took its old finalizer off",
+    )
+    env.wait_phase(name, "Succeeded")  # the run went on
+    assert router.routed[constants.PLURAL] > routed  # kopf's removal came back through the route, at least
+    assert constants.FINALIZER in (env.sweep(name) or {})["metadata"]["finalizers"]
+
+
 # --------------------------------------------------------------------------------- drift and spec edits
 
 
