@@ -42,8 +42,6 @@ whose live objects are mostly parsed watch bodies and kopf's per-object state.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import copy
 import gc
 import importlib.metadata
@@ -59,7 +57,6 @@ import orjson
 from kopf._cogs.aiokits import aiotasks
 from kopf._cogs.clients import api, watching
 from kopf._cogs.structs import patches
-from kopf._core.engines import posting
 from kopf._core.reactor import queueing
 
 log = logging.getLogger(__name__)
@@ -148,8 +145,6 @@ def tune_watch_decoding() -> bool:
 _WATCH_CALL = "watching.infinite_watch("  # kopf 1.45.2's `queueing.watcher`: where each stream comes from
 UNTUNED_INFINITE_WATCH = watching.infinite_watch  # as kopf ships it (only this module replaces it)
 _ROUTER_ATTRIBUTE = "sweep_operator_watch_router"
-UNTUNED_WATCHER = queueing.watcher  # as kopf ships it (only this module replaces it)
-_POSTING_READY: contextvars.ContextVar[bool] = contextvars.ContextVar("sweep_operator_posting_ready", default=False)
 
 
 class WatchRouter:
@@ -167,15 +162,15 @@ class WatchRouter:
         """`handle` takes a raw event (True) or leaves it to kopf (False)."""
         self.routes[plural] = handle
 
-    def takes(self, plural: str, raw_event: Any, *, routing: bool = True) -> bool:
-        """Whether the event stops here (dropped, or routed where `routing`); kopf gets everything else."""
+    def takes(self, plural: str, raw_event: Any) -> bool:
+        """Whether the event stops here (dropped or routed); kopf gets everything else as it ships."""
         if not isinstance(raw_event, dict) or not isinstance(raw_event.get("object"), dict):
             return False  # bookmarks and errors: kopf's
         kind = raw_event.get("type")
         if kind in ("ADDED", "MODIFIED") and self.is_echo(plural, raw_event["object"]):
             self.dropped[plural] += 1
             return True
-        handle = self.routes.get(plural) if routing else None
+        handle = self.routes.get(plural)
         if handle is None or kind not in (None, "ADDED", "MODIFIED", "DELETED"):  # None: the listing's
             return False
         if not handle(raw_event):
@@ -192,23 +187,10 @@ def set_watch_router(settings: Any, router: WatchRouter) -> None:
 async def _routed_infinite_watch(*, settings: Any, resource: Any, **kwargs: Any) -> AsyncIterator[Any]:
     """kopf's `infinite_watch`, less the events the operator's router takes."""
     router: WatchRouter | None = getattr(settings, _ROUTER_ATTRIBUTE, None)
-    routing = _POSTING_READY.get()
     async for raw_event in UNTUNED_INFINITE_WATCH(settings=settings, resource=resource, **kwargs):
-        if router is not None and router.takes(resource.plural, raw_event, routing=routing):
+        if router is not None and router.takes(resource.plural, raw_event):
             continue
         yield raw_event
-
-
-async def _watcher_with_posting(*, processor: Any, **kwargs: Any) -> None:
-    """kopf's `queueing.watcher`, in a task whose context has kopf's Event queue: kopf sets it for each object it
-    processes, and what a route starts posts Events too (kopf.event). Where kopf's processor does not carry the
-    queue as expected, routes stay off for this stream and kopf's handlers get its events."""
-    queue = (getattr(processor, "keywords", None) or {}).get("event_queue")
-    if queue is not None:
-        posting.event_queue_var.set(queue)
-        posting.event_queue_loop_var.set(asyncio.get_running_loop())
-        _POSTING_READY.set(True)
-    await UNTUNED_WATCHER(processor=processor, **kwargs)
 
 
 def tune_watch_router() -> bool:
@@ -227,7 +209,6 @@ def tune_watch_router() -> bool:
         log.warning("kopf %s: watch router not applied (the adjustment was written for kopf %s)", version, KOPF_VERSION)
         return False
     watching.infinite_watch = _routed_infinite_watch  # the patch itself (see the module docstring)
-    queueing.watcher = _watcher_with_posting  # kopf calls it with keywords only
     return True
 
 

@@ -6,11 +6,12 @@ backoff; anything left is raised for the caller's next reconcile to converge.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -24,6 +25,7 @@ from sweep_contracts import constants
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+EVENT_NAME_PREFIX = "kopf-event-"  # kopf's posting.event_name_prefix: Events keep the names they always had
 
 
 def custom_object(answer: object) -> dict[str, Any]:
@@ -419,6 +421,32 @@ class KubeApi:
             if exc.status == 404:
                 return False
             raise
+
+    def post_event(
+        self, involved: Mapping[str, Any], type_: str, reason: str, message: str, *, component: str, instance: str
+    ) -> None:
+        """A core/v1 Event on `involved`, the body kopf's poster writes (kopf/_cogs/clients/events.py post_event:
+        generateName, the object reference, `source.component` for kubectl's From column, the timestamps)."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        reference = {"apiVersion": involved.get("apiVersion"), "kind": involved.get("kind"), "name": meta.get("name")}
+        reference |= {"uid": meta.get("uid"), "namespace": namespace}
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        body = {
+            "metadata": {"namespace": namespace, "generateName": EVENT_NAME_PREFIX},
+            "action": "Action?",
+            "type": type_,
+            "reason": reason,
+            "message": message,
+            "reportingComponent": component,
+            "reportingInstance": instance,
+            "source": {"component": component},
+            "involvedObject": {key: value for key, value in reference.items() if value},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+        }
+        self._call(lambda: self._send("POST", f"/api/v1/namespaces/{namespace}/events", body), retry_conflict=False)
 
     def list_events(self, namespace: str) -> list[dict[str, Any]]:
         result = self._call(lambda: self.core.list_namespaced_event(namespace, _preload_content=False))

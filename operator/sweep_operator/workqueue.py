@@ -8,7 +8,7 @@ handler thread. Like client-go's workqueue:
   (this is the operator's one "one pass per key" rule: `run_now` passes in the caller's thread obey it too);
 - lower priority numbers go first, then first come first served;
 - a pass runs in the context variables of the latest request for its key, as kopf runs a sync handler in the
-  handler's context (kopf.event() needs them).
+  handler's context (its loggers and settings).
 
 The operator puts sweeps that wait for admission (no run yet) ahead of mirroring the status of running ones:
 with many sweeps applied at once, the time until each gets its RayJob no longer grows with the status traffic
@@ -100,7 +100,7 @@ class WorkQueue(Generic[K]):
             old = self._timers.pop(key, None)
             if old is not None:
                 old.cancel()
-            # The request's context travels with it, as with `add` (kopf.event() in the pass needs kopf's).
+            # The request's context travels with it, as with `add`.
             context = contextvars.copy_context()
             timer = threading.Timer(max(delay, 0.0), context.run, args=(self._fire, key, priority))
             timer.daemon = True

@@ -1,6 +1,7 @@
 """The operator's Events say who wrote them: `kubectl describe` shows From: trainingsweep-operator and the Event's
-reportingInstance is the operator's pod (kopf's defaults were `kopf` and `dev`). kopf runs with the operator's own
-settings (`configure_kopf`) against the Kubernetes API emulator; the real kubectl reads the Events back."""
+reportingInstance is the operator's pod (kopf's defaults were `kopf` and `dev`). The operator's poster
+(`handlers.EventPoster`) posts them against the Kubernetes API emulator, from a reconcile thread and from the event
+loop (through its own thread); the real kubectl reads the Events back. A post that cannot reach the API fails nothing."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from sweep_contracts import constants
 from sweep_sandbox.emulator import EmulatorServer
 from tests.support.factories import cpu_sweep
+from tests.support.ports import refused_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -32,43 +34,35 @@ def server() -> Iterator[EmulatorServer]:
         yield running
 
 
-def test_events_come_from_the_operator_and_name_its_pod(server: EmulatorServer, tmp_path: Path) -> None:
-    import kopf
-    import kopf.testing
+def test_events_come_from_the_operator_and_name_its_pod(
+    server: EmulatorServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
     import kubernetes.client
 
-    from sweep_operator.handlers import configure_kopf, post_event
-    from sweep_operator.settings import Settings
+    from sweep_operator.handlers import EventPoster
+    from sweep_operator.kube import KubeApi, Retry, api_client_for_url
 
     ns = f"t-{uuid.uuid4().hex[:8]}"
     api = server.api_client()
     core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
     sweep = cpu_sweep("ev")
     sweep["metadata"] = {"name": "ev"}
-    # The operator's kopf settings, and one Event posted the way every Event of ours is (handlers.post_event); a
-    # registry of its own, so no other test's kopf handlers run here or these there.
-    settings = kopf.OperatorSettings()
-    configure_kopf(settings, Settings())
-    registry = kopf.OperatorRegistry()
+    created = custom.create_namespaced_custom_object(G, V, ns, P, sweep)
+    poster = EventPoster(KubeApi(api))
+    poster(created, "Normal", "Admitted", "admitted (1 workers, 0 GPUs)")  # a reconcile thread's: posted at once
+    assert len(core.list_namespaced_event(ns).items) == 1
 
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server.url, insecure=True)
+    async def from_the_loop() -> None:  # a handler's: never waits on the API in the loop
+        poster(created, "Warning", "GuardLabelRemoved", "x" * 2000)
 
-    @kopf.on.event(G, V, P, registry=registry)
-    def seen(body: kopf.Body, type: str | None, **_: Any) -> None:
-        if type in (None, "ADDED"):  # None: the object was there at the initial listing
-            post_event(body, "Normal", "Admitted", "admitted (1 workers, 0 GPUs)")
-
-    args = ["run", "--standalone", "--namespace", ns]
-    default_registry = kopf.get_default_registry()  # `kopf run` makes the one it is given the process's default
-    try:
-        with kopf.testing.KopfRunner(args, timeout=30, registry=registry, settings=settings) as runner:
-            custom.create_namespaced_custom_object(G, V, ns, P, sweep)
-            wait_for(lambda: core.list_namespaced_event(ns).items, 15, what="the operator's Event")
-    finally:
-        kopf.set_default_registry(default_registry)
-    assert runner.exit_code == 0 and runner.exception is None
+    asyncio.run(from_the_loop())
+    wait_for(lambda: len(core.list_namespaced_event(ns).items) == 2, 15, what="the Event posted from the loop")
+    with refused_port() as port, caplog.at_level("WARNING", logger="sweep_operator.handlers"):
+        unreachable = EventPoster(KubeApi(api_client_for_url(f"http://127.0.0.1:{port}"), Retry(attempts=1)))
+        unreachable(created, "Normal", "Admitted", "nobody answers")  # logged, not raised
+    assert any("cannot post the Normal Event Admitted" in r.getMessage() for r in caplog.records), caplog.text
 
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", namespace=ns)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
@@ -78,9 +72,20 @@ def test_events_come_from_the_operator_and_name_its_pod(server: EmulatorServer, 
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
-    (event,) = json.loads(kubectl("get", "events", "-o", "json"))["items"]
-    assert event["reportingComponent"] == event["source"]["component"] == "trainingsweep-operator"
-    assert event["reportingInstance"] == os.uname().nodename  # in a pod: the pod's name
+    events = json.loads(kubectl("get", "events", "-o", "json"))["items"]
+    assert sorted(e["reason"] for e in events) == ["Admitted", "GuardLabelRemoved"]
+    for event in events:
+        assert event["reportingComponent"] == event["source"]["component"] == "trainingsweep-operator"
+        assert event["reportingInstance"] == os.uname().nodename  # in a pod: the pod's name
+        assert event["involvedObject"] == {
+            "apiVersion": f"{G}/{V}",
+            "kind": constants.KIND,
+            "name": "ev",
+            "uid": created["metadata"]["uid"],
+            "namespace": ns,
+        }
+        assert event["metadata"]["name"].startswith("kopf-event-")
+    assert len(next(e for e in events if e["reason"] == "GuardLabelRemoved")["message"]) == 1024
     described = kubectl("describe", constants.SHORT_NAME, "ev").splitlines()
     header = next(i for i, line in enumerate(described) if line.split()[:4] == ["Type", "Reason", "Age", "From"])
     row: Any = described[header + 2].split()

@@ -155,9 +155,8 @@ class _Settings:
     """Stands for kopf's OperatorSettings: the filter is an attribute set on it."""
 
 
-def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch, posting: bool = True) -> list[Any]:
-    """What kopf's watcher receives from the tuned `infinite_watch` when the API streams `events` (`posting`: the
-    watcher found kopf's Event queue, so routes may run)."""
+def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What kopf's watcher receives from the tuned `infinite_watch` when the API streams `events`."""
 
     async def stream(**_: Any) -> Any:
         for event in events:
@@ -166,7 +165,6 @@ def _watched(events: list[Any], settings: Any, monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(kopf_tuning, "UNTUNED_INFINITE_WATCH", stream)
 
     async def collect() -> list[Any]:
-        kopf_tuning._POSTING_READY.set(posting)
         resource = type("Resource", (), {"plural": "trainingsweeps"})()
         watch = kopf_tuning._routed_infinite_watch(settings=settings, resource=resource, namespace=None)
         return [event async for event in watch]
@@ -239,45 +237,16 @@ def test_a_routed_resources_events_go_to_its_route_and_never_to_kopf(monkeypatch
     assert _watched(events, settings, monkeypatch) == [watching.Bookmark.LISTED, error, events[-1]]
     assert handled == [(None, "5"), ("ADDED", "6"), ("MODIFIED", "8"), ("DELETED", "9")]
     assert router.routed == {"trainingsweeps": 4} and router.dropped == {"trainingsweeps": 1}
-    # Without kopf's Event queue in the watcher's context the routes stay off: kopf's handlers get the events.
-    handled.clear()
-    assert _watched(events, settings, monkeypatch, posting=False) == [e for i, e in enumerate(events) if i != 3]
-    assert handled == []
-
-
-def test_the_watcher_puts_kopfs_event_queue_where_routes_can_post() -> None:
-    import functools
-
-    from kopf._core.engines import posting
-
-    seen: list[Any] = []
-
-    async def watcher(**kwargs: Any) -> None:
-        seen.append((posting.event_queue_var.get(None), kopf_tuning._POSTING_READY.get(), sorted(kwargs)))
-
-    async def run(processor: Any) -> None:
-        original = kopf_tuning.UNTUNED_WATCHER
-        kopf_tuning.UNTUNED_WATCHER = watcher
-        try:
-            await asyncio.create_task(kopf_tuning._watcher_with_posting(processor=processor, settings=None))
-        finally:
-            kopf_tuning.UNTUNED_WATCHER = original
-
-    queue: Any = object()
-    asyncio.run(run(functools.partial(lambda **kw: None, event_queue=queue)))
-    asyncio.run(run(lambda **kw: None))  # a peering processor: no queue, no routes
-    assert seen == [(queue, True, ["processor", "settings"]), (None, False, ["processor", "settings"])]
 
 
 @pytest.fixture
 def original_watch() -> Iterator[Any]:
     from kopf._cogs.clients import watching
-    from kopf._core.reactor import queueing
 
-    found, found_watcher = watching.infinite_watch, queueing.watcher
-    watching.infinite_watch, queueing.watcher = kopf_tuning.UNTUNED_INFINITE_WATCH, kopf_tuning.UNTUNED_WATCHER
+    found = watching.infinite_watch
+    watching.infinite_watch = kopf_tuning.UNTUNED_INFINITE_WATCH
     yield kopf_tuning.UNTUNED_INFINITE_WATCH
-    watching.infinite_watch, queueing.watcher = found, found_watcher
+    watching.infinite_watch = found
 
 
 def test_the_watch_router_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
@@ -294,9 +263,6 @@ def test_the_watch_router_is_installed_once_and_left_alone_for_another_kopf_or_w
     assert kopf_tuning.tune_watch_router() is True
     assert kopf_tuning.tune_watch_router() is True  # idempotent
     assert watching.infinite_watch is kopf_tuning._routed_infinite_watch
-    from kopf._core.reactor import queueing
-
-    assert queueing.watcher is kopf_tuning._watcher_with_posting
 
 
 def test_the_tuned_json_patch_is_kopfs_for_every_patch_and_copies_nothing_for_an_empty_one(
