@@ -14,12 +14,10 @@ import asyncio
 import functools
 import logging
 import os
-import queue
 import random
 import re
 import ssl
 import sys
-import threading
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,9 +47,20 @@ from .kube import KubeApi, api_client_from_environment
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
 from .reconcile.facts import ObjectRef
-from .reconcile.guard import sweep_name_of
 from .s3_clients import operator_s3_clients
 from .settings import WEBHOOK_PATH, Settings, SettingsError
+from .watch_events import (
+    EVENT_COMPONENT,
+    KOPF_FINALIZER,
+    EventPoster,
+    has_kopf_finalizer,
+    ours,
+    ours_body,
+    raycluster_event,
+    rayjob_event,
+    routed,
+    sweep_event,
+)
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -71,78 +80,10 @@ RAYCLUSTERS: dict[str, Any] = {
 # Kueue's Workloads (read only; docs/kueue.md)
 WORKLOADS: dict[str, Any] = {"group": "kueue.x-k8s.io", "version": "v1beta2", "plural": "workloads"}
 
-
-def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mapping[str, Any], **_: Any) -> bool:
-    """A RayJob or RayCluster is ours while it carries our label, our guard annotation or our finalizer. kopf
-    removes a finalizer no matching deletion handler requires any more, so a label filter alone let anyone with
-    patch rights unguard an object by removing the label."""
-    return (
-        constants.LABEL_SWEEP in labels
-        or constants.ANNOTATION_GUARD in annotations
-        or constants.FINALIZER in (meta.get("finalizers") or [])
-    )
-
-
 WEBHOOK_ID = WEBHOOK_PATH.strip("/")
-KOPF_FINALIZER = f"{constants.GROUP}/kopf-timer"  # earlier versions' kopf.timer needed it; kopf now removes it
 MAX_HANDLER_THREADS = 16  # kopf's executor; event handlers only enqueue
 RECONCILE_WORKERS = 8  # the controller's work queue; more only queue up at the API server
 GUARD_WORKERS = 8  # the guard's deletion pipeline (each may wait on an S3 verification)
-
-
-EVENT_COMPONENT = "trainingsweep-operator"  # Events name their writer (kopf's default: "kopf")
-
-
-class EventPoster:
-    """The controller's event sink: a Kubernetes Event on `body`, posted by the calling thread (a reconcile pass or
-    the guard's pipeline: they make API calls anyway), or from the event loop by a thread of its own, so the loop
-    never waits on the API. It replaced kopf's poster (`kopf.event`: an aiohttp request per Event from kopf's loop,
-    twice the CPU of a request of ours, and a queue that exists only in kopf's handler context). A failed post is
-    logged and dropped, as kopf's was: an Event never fails what it reports."""
-
-    def __init__(self, kube: KubeApi, instance: str | None = None) -> None:
-        self.kube, self.instance = kube, instance or os.uname().nodename
-        self._backlog: queue.SimpleQueue[tuple[Mapping[str, Any], str, str, str]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        event = (body, type_, reason, message[:1024])
-        if not _in_event_loop():
-            self._post(*event)
-            return
-        self._backlog.put(event)
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="event-poster", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            self._post(*self._backlog.get())
-
-    def _post(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        try:
-            self.kube.post_event(body, type_, reason, message, component=EVENT_COMPONENT, instance=self.instance)
-        except Exception as exc:
-            meta = body.get("metadata") or {}
-            log.warning(
-                "cannot post the %s Event %s on %s %s/%s: %s",
-                type_,
-                reason,
-                body.get("kind"),
-                meta.get("namespace"),
-                meta.get("name"),
-                exc,
-            )
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class SweepTicks:
@@ -323,14 +264,14 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
     # sweep's event reaches the queue at once however much status traffic the running ones make.
     @kopf.on.event(**SWEEPS, registry=registry)
     async def sweep_changed(type: str, event: kopf.RawEvent, **_: Any) -> None:
-        await sweep_event(wiring, type, _object_of(event))
+        await sweep_event(controller, wiring.ticks.follow, type, _object_of(event))
 
     # Where kopf_tuning's router is installed, sweep events go from kopf's stream to `sweep_event` directly (see
     # the run objects below), except a sweep still carrying the finalizer an earlier version's kopf.timer needed:
     # kopf's own processing takes that one off.
     wiring.watch_router.route(
         constants.PLURAL,
-        _routed(lambda type, body: sweep_event(wiring, type, body), kopf_keeps=_has_kopf_finalizer),
+        routed(functools.partial(sweep_event, controller, wiring.ticks.follow), kopf_keeps=has_kopf_finalizer),
     )
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
@@ -390,98 +331,13 @@ def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWirin
         await raycluster_event(controller, type, _object_of(event))
 
     for plural, handle in ((constants.RAYJOB_PLURAL, rayjob_event), (constants.RAYCLUSTER_PLURAL, raycluster_event)):
-        wiring.watch_router.route(plural, _routed(functools.partial(handle, controller), accept=_ours))
+        wiring.watch_router.route(plural, routed(functools.partial(handle, controller), accept=ours_body))
 
     # Kueue mode: a Workload's admission or eviction reaches its sweep at once (ticks would find it too).
     @kopf.on.event(**WORKLOADS, registry=registry)
     async def workload_changed(type: str, body: kopf.Body, **_: Any) -> None:
         if type != "DELETED":
             await asyncio.to_thread(controller.workload_changed, body)
-
-
-async def rayjob_event(controller: SweepController, type: str | None, body: Mapping[str, Any]) -> None:
-    """One of our RayJobs changed: the guard's checks, the watch's copy for reconciles, drift, and its sweep's
-    reconcile when the change is news for the sweep's status."""
-    if type != "DELETED":
-        if _deleting(body):
-            await _guard_deletion(controller, constants.RAYJOB_KIND, body)
-        else:
-            await _guard_object(controller, constants.RAYJOB_KIND, body)
-        controller.check_guard_label(body, constants.RAYJOB_KIND)
-        controller.observe_rayjob(body)
-        if controller.drifted(body, constants.RAYJOB_KIND):  # rare: someone raised a worker group
-            await asyncio.to_thread(controller.correct_drift, body, constants.RAYJOB_KIND)
-    if type == "DELETED":
-        controller.forget_rayjob(body)
-        await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
-    elif controller.rayjob_changed(body):
-        await _off_loop_unless_queued(controller, _reconcile_owner, controller, body)
-
-
-async def raycluster_event(controller: SweepController, type: str | None, body: Mapping[str, Any]) -> None:
-    """One of our RayClusters changed: the guard's finalizer, its deletion pipeline, drift."""
-    if type != "DELETED" and _deleting(body):
-        controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
-        await _guard_deletion(controller, constants.RAYCLUSTER_KIND, body)
-        return
-    if type != "DELETED":
-        await _guard_object(controller, constants.RAYCLUSTER_KIND, body)
-        controller.check_guard_label(body, constants.RAYCLUSTER_KIND)
-    if type != "DELETED" and controller.drifted(body, constants.RAYCLUSTER_KIND):
-        await asyncio.to_thread(controller.correct_drift, body, constants.RAYCLUSTER_KIND)
-
-
-async def sweep_event(wiring: OperatorWiring, type: str | None, body: Mapping[str, Any]) -> None:
-    """A sweep changed: note it and queue its reconcile (no I/O here), or forget a deleted one."""
-    controller = wiring.controller
-    if type == "DELETED":
-        meta = body.get("metadata") or {}
-        controller.metrics.observe_phase(meta.get("uid") or meta.get("name") or "", None)
-        controller.forget_sweep(body)
-        return
-    if _deleting(body):  # ticks stop for a deleting sweep: the held pass schedules itself
-        await _guard_deletion(controller, constants.KIND, body)
-    await _off_loop_unless_queued(controller, controller.sweep_event, body)
-    wiring.ticks.follow(body)
-
-
-def _ours(body: Mapping[str, Any]) -> bool:
-    meta = body.get("metadata") or {}
-    return ours(meta.get("labels") or {}, meta.get("annotations") or {}, meta)
-
-
-def _has_kopf_finalizer(body: Mapping[str, Any]) -> bool:
-    return KOPF_FINALIZER in ((body.get("metadata") or {}).get("finalizers") or ())
-
-
-def _routed(
-    handle: Callable[[str | None, Mapping[str, Any]], Coroutine[Any, Any, None]],
-    *,
-    accept: Callable[[Mapping[str, Any]], bool] = lambda body: True,
-    kopf_keeps: Callable[[Mapping[str, Any]], bool] = lambda body: False,
-) -> Callable[[Mapping[str, Any]], bool]:
-    """A raw watch event from kopf's stream (in its event loop), for the router: one `kopf_keeps` goes on to kopf;
-    an accepted one is handled in a task of its own (started in order, so one object's events are handled in the
-    order they came; a task that waits on I/O lets the stream go on); any other is dropped, as kopf's `when=`
-    filter would have."""
-    running: set[asyncio.Task[None]] = set()
-
-    def done(task: asyncio.Task[None]) -> None:
-        running.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("handling a watch event failed", exc_info=task.exception())
-
-    def route(raw_event: Mapping[str, Any]) -> bool:
-        body = raw_event["object"]
-        if kopf_keeps(body):
-            return False
-        if accept(body):
-            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(handle(raw_event.get("type"), body))
-            running.add(task)
-            task.add_done_callback(done)
-        return True
-
-    return route
 
 
 def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
@@ -507,43 +363,10 @@ def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, us
         )
 
 
-async def _off_loop_unless_queued(controller: SweepController, fn: Callable[..., None], *args: Any) -> None:
-    """Call `fn` right here when the controller queues reconciles (it only enqueues); in a thread otherwise
-    (a controller without a queue reconciles in the caller, which must not be the event loop)."""
-    if controller.queue.threaded:
-        fn(*args)
-    else:
-        await asyncio.to_thread(fn, *args)
-
-
-async def _guard_deletion(controller: SweepController, kind: str, body: Mapping[str, Any]) -> None:
-    """A deleting object of ours enters the guard's pipeline (its queue runs the verification off the loop)."""
-    if controller.guards.threaded:
-        controller.deletion_seen(kind, body)
-    else:
-        await asyncio.to_thread(controller.deletion_seen, kind, body)
-
-
 def _object_of(event: kopf.RawEvent) -> Mapping[str, Any]:
     """The event's object as the watch delivered it (a plain dict; read only). kopf's Body is a view that resolves
     every key through its layers: a tenth of the operator's CPU went to reading metadata through it."""
     return event["object"]
-
-
-def _deleting(body: Mapping[str, Any]) -> bool:
-    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
-
-
-async def _guard_object(controller: SweepController, kind: str, body: Mapping[str, Any]) -> None:
-    if constants.FINALIZER not in ((body.get("metadata") or {}).get("finalizers") or []):
-        await asyncio.to_thread(controller.guard_object, kind, body)
-
-
-def _reconcile_owner(controller: SweepController, body: Mapping[str, Any]) -> None:
-    meta = body.get("metadata") or {}
-    name = sweep_name_of(body)
-    if name:  # the reconcile reads the sweep itself (and skips a missing one): no GET of our own first
-        controller.request_reconcile(meta.get("namespace") or "default", name)
 
 
 def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:

@@ -41,8 +41,8 @@ def test_events_come_from_the_operator_and_name_its_pod(
 
     import kubernetes.client
 
-    from sweep_operator.handlers import EventPoster
     from sweep_operator.kube import KubeApi, Retry, api_client_for_url
+    from sweep_operator.watch_events import EventPoster
 
     ns = f"t-{uuid.uuid4().hex[:8]}"
     api = server.api_client()
