@@ -82,21 +82,31 @@ async def _spawn_without_yield(
 _spawn_without_yield.tuned_by_sweep_operator = True  # type: ignore[attr-defined]  # a marker on a function object
 
 
+def _applies(written_for: Any, marker: str, what: str) -> bool:
+    """Whether an adjustment may go in: not switched off (`SWEEP_KOPF_UNTUNED`), the kopf version it was written
+    for, and `marker` still in the source of what it replaces (else kopf is left as it is, with a warning)."""
+    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
+        log.info("kopf's %s left as it ships (%s is set)", what, UNTUNED_ENV)
+        return False
+    version = importlib.metadata.version("kopf")
+    try:
+        source = inspect.getsource(written_for)
+    except (OSError, TypeError):
+        source = ""
+    if version != KOPF_VERSION or marker not in source:
+        log.warning(
+            "kopf %s: its %s left as it is (the adjustment was written for kopf %s)", version, what, KOPF_VERSION
+        )
+        return False
+    return True
+
+
 def tune_kopf() -> bool:
     """Apply the adjustment (idempotent). Returns whether kopf now runs with it."""
     current = aiotasks.Scheduler.spawn
     if getattr(current, "tuned_by_sweep_operator", False):
         return True
-    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
-        log.info("kopf's scheduler left as it ships (%s is set)", UNTUNED_ENV)
-        return False
-    version = importlib.metadata.version("kopf")
-    try:
-        source = inspect.getsource(current)
-    except (OSError, TypeError):
-        source = ""
-    if version != KOPF_VERSION or _YIELD not in source:
-        log.warning("kopf %s: scheduler left as it is (the adjustment was written for kopf %s)", version, KOPF_VERSION)
+    if not _applies(current, _YIELD, "scheduler"):
         return False
     aiotasks.Scheduler.spawn = _spawn_without_yield  # type: ignore[method-assign]  # the patch itself (see above)
     return True
@@ -126,17 +136,7 @@ def tune_watch_decoding() -> bool:
     """Decode kopf's watch streams with orjson (idempotent). Returns whether kopf now does."""
     if isinstance(api.json, _WatchJson):
         return True
-    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
-        return False
-    version = importlib.metadata.version("kopf")
-    try:
-        source = inspect.getsource(api.stream)
-    except (OSError, TypeError):
-        source = ""
-    if version != KOPF_VERSION or _DECODE not in source:
-        log.warning(
-            "kopf %s: watch decoding left as it is (the adjustment was written for kopf %s)", version, KOPF_VERSION
-        )
+    if not _applies(api.stream, _DECODE, "watch decoding"):
         return False
     api.json = _WatchJson()  # type: ignore[assignment]  # the patch itself (see the module docstring)
     return True
@@ -198,15 +198,7 @@ def tune_watch_router() -> bool:
     does; without it the routers are never asked and every event reaches kopf's handlers as it ships."""
     if watching.infinite_watch is _routed_infinite_watch:
         return True
-    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
-        return False
-    version = importlib.metadata.version("kopf")
-    try:
-        source = inspect.getsource(queueing.watcher)
-    except (OSError, TypeError):
-        source = ""
-    if version != KOPF_VERSION or _WATCH_CALL not in source:
-        log.warning("kopf %s: watch router not applied (the adjustment was written for kopf %s)", version, KOPF_VERSION)
+    if not _applies(queueing.watcher, _WATCH_CALL, "watch streams"):
         return False
     watching.infinite_watch = _routed_infinite_watch  # the patch itself (see the module docstring)
     return True
@@ -235,17 +227,7 @@ def tune_json_patch() -> bool:
     """Install `_as_json_patch` (idempotent). Returns whether kopf now uses it."""
     if patches.Patch.as_json_patch is _as_json_patch:
         return True
-    if os.environ.get(UNTUNED_ENV, "").strip() in ("1", "true"):
-        return False
-    version = importlib.metadata.version("kopf")
-    try:
-        source = inspect.getsource(UNTUNED_AS_JSON_PATCH)
-    except (OSError, TypeError):
-        source = ""
-    if version != KOPF_VERSION or _COPY_BEFORE_EMPTY not in source:
-        log.warning(
-            "kopf %s: JSON patches left as they are (the adjustment was written for kopf %s)", version, KOPF_VERSION
-        )
+    if not _applies(UNTUNED_AS_JSON_PATCH, _COPY_BEFORE_EMPTY, "JSON patches"):
         return False
     patches.Patch.as_json_patch = _as_json_patch  # type: ignore[method-assign]  # the patch itself (docstring)
     return True

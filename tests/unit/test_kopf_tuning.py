@@ -239,32 +239,6 @@ def test_a_routed_resources_events_go_to_its_route_and_never_to_kopf(monkeypatch
     assert router.routed == {"trainingsweeps": 4} and router.dropped == {"trainingsweeps": 1}
 
 
-@pytest.fixture
-def original_watch() -> Iterator[Any]:
-    from kopf._cogs.clients import watching
-
-    found = watching.infinite_watch
-    watching.infinite_watch = kopf_tuning.UNTUNED_INFINITE_WATCH
-    yield kopf_tuning.UNTUNED_INFINITE_WATCH
-    watching.infinite_watch = found
-
-
-def test_the_watch_router_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
-    original_watch: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from kopf._cogs.clients import watching
-
-    monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
-    assert kopf_tuning.tune_watch_router() is False and watching.infinite_watch is original_watch
-    monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
-    with monkeypatch.context() as m:
-        m.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
-        assert kopf_tuning.tune_watch_router() is False and watching.infinite_watch is original_watch
-    assert kopf_tuning.tune_watch_router() is True
-    assert kopf_tuning.tune_watch_router() is True  # idempotent
-    assert watching.infinite_watch is kopf_tuning._routed_infinite_watch
-
-
 def test_the_tuned_json_patch_is_kopfs_for_every_patch_and_copies_nothing_for_an_empty_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -297,27 +271,37 @@ def test_the_tuned_json_patch_is_kopfs_for_every_patch_and_copies_nothing_for_an
     assert copies == []  # an empty patch (every validation's answer) copies nothing
 
 
-@pytest.fixture
-def original_json_patch() -> Iterator[Any]:
+def _watching() -> Any:
+    from kopf._cogs.clients import watching
+
+    return watching
+
+
+def _patch_class() -> Any:
     from kopf._cogs.structs import patches
 
-    found = patches.Patch.as_json_patch
-    patches.Patch.as_json_patch = kopf_tuning.UNTUNED_AS_JSON_PATCH
-    yield kopf_tuning.UNTUNED_AS_JSON_PATCH
-    patches.Patch.as_json_patch = found
+    return patches.Patch
 
 
-def test_the_json_patch_tuning_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
-    original_json_patch: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("tune", "owner", "attribute", "untuned", "tuned"),
+    [
+        ("tune_watch_router", _watching, "infinite_watch", "UNTUNED_INFINITE_WATCH", "_routed_infinite_watch"),
+        ("tune_json_patch", _patch_class, "as_json_patch", "UNTUNED_AS_JSON_PATCH", "_as_json_patch"),
+    ],
+)
+def test_an_adjustment_is_installed_once_and_left_alone_for_another_kopf_or_when_switched_off(
+    tune: str, owner: Any, attribute: str, untuned: str, tuned: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kopf._cogs.structs import patches
-
+    """kopf as it ships for the test (an in-process operator may have tuned it); monkeypatch puts back what it found."""
+    target, original = owner(), getattr(kopf_tuning, untuned)
+    monkeypatch.setattr(target, attribute, original)
     monkeypatch.setenv(kopf_tuning.UNTUNED_ENV, "1")
-    assert kopf_tuning.tune_json_patch() is False and patches.Patch.as_json_patch is original_json_patch
+    assert getattr(kopf_tuning, tune)() is False and getattr(target, attribute) is original
     monkeypatch.delenv(kopf_tuning.UNTUNED_ENV)
     with monkeypatch.context() as m:
         m.setattr(kopf_tuning.importlib.metadata, "version", lambda name: "9.9.9")
-        assert kopf_tuning.tune_json_patch() is False and patches.Patch.as_json_patch is original_json_patch
-    assert kopf_tuning.tune_json_patch() is True
-    assert kopf_tuning.tune_json_patch() is True  # idempotent
-    assert patches.Patch.as_json_patch is kopf_tuning._as_json_patch
+        assert getattr(kopf_tuning, tune)() is False and getattr(target, attribute) is original
+    assert getattr(kopf_tuning, tune)() is True
+    assert getattr(kopf_tuning, tune)() is True  # idempotent
+    assert getattr(target, attribute) is getattr(kopf_tuning, tuned)
