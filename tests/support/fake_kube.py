@@ -168,7 +168,12 @@ class FakeKube:
         return self.get(obj.get("kind", "TrainingSweep"), obj["metadata"]["namespace"], obj["metadata"]["name"])
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(p) for p in self.pods if _matches(p, label_selector)]
+        self.calls.append(("list_pods", namespace, label_selector))
+        return [
+            copy.deepcopy(p)
+            for p in self.pods
+            if (p.get("metadata") or {}).get("namespace", namespace) == namespace and _matches(p, label_selector)
+        ]
 
     def list_events(self, namespace: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.events)

@@ -1259,3 +1259,29 @@ def test_a_raised_graceful_window_on_a_deleting_sweep_is_capped_by_the_operator(
     assert world.controller._graceful_seconds(sweep) == 120.0
     world.controller.settings = replace_settings(world.controller.settings, max_graceful_stop_seconds=1e9)
     assert world.controller._graceful_seconds(sweep) == 3600.0
+
+
+def test_the_running_sweeps_of_a_namespace_share_one_pod_listing(world: World) -> None:
+    """Issue 30: each running sweep's pass reads its clusters' pods for GPU-hours; one LIST of the namespace's Ray
+    pods (`PodSnapshots`) answers every sweep there for a third of a poll, and each sweep folds only its own pods."""
+    world.controller.settings = replace(world.controller.settings, status_poll_seconds=30.0)
+    for name in ("a", "b"):
+        add_sweep(world, name)
+        rayjob = world.reconcile(name)["rayJobName"]
+        world.kube.set_rayjob_status(
+            rayjob, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=f"{name}-x7k2p"
+        )
+        world.kube.pods.append(
+            {
+                "metadata": {"name": f"{name}-x7k2p-worker", "namespace": "ml", "uid": f"uid-{name}",
+                             "labels": {constants.RAY_LABEL_CLUSTER: f"{name}-x7k2p"}},
+                "spec": {"containers": [{"name": "ray-worker", "resources": {"limits": {constants.GPU_RESOURCE: "1"}}}]},
+                "status": {"phase": "Running", "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-02T12:00:00Z"}]},
+            }
+        )  # fmt: skip
+    world.kube.calls.clear()
+    usage = {name: world.reconcile(name)["usage"] for name in ("a", "b")}
+    assert [c for c in world.kube.calls if c[0] == "list_pods"] == [("list_pods", "ml", constants.RAY_LABEL_CLUSTER)]
+    for name in ("a", "b"):
+        assert [i["name"] for i in usage[name]["podIntervals"]] == [f"{name}-x7k2p-worker"], usage[name]

@@ -27,6 +27,7 @@ from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of
 from .facts import ObjectRef, SweepFacts, meta_of, status_of
 from .guard import GuardTarget, StorageDefaults, error_code, run_target, sweep_name_of
+from .pod_snapshots import PodSnapshots
 from .run_phase import progress_wanted, result_wanted
 from .verdicts import status_target, target_of
 from .workloads import kueue_managed
@@ -59,6 +60,8 @@ class Reads:
         self.verifier, self.metrics = verifier, metrics
         # A concurrent.futures executor the guard's verifications run on (bounded: handlers.build_controller).
         self.verification_pool = verification_pool
+        # GPU-hours' pods: a namespace's listing shared by its sweeps, a third of a poll old at most.
+        self.pod_snapshots = PodSnapshots(kube.list_pods, lambda: self.settings.status_poll_seconds / 3)
 
     @property
     def defaults(self) -> StorageDefaults:
@@ -211,15 +214,11 @@ class Reads:
             workers_wanted=wanted.workers_wanted,
         )
 
-    def cluster_pods(self, ref: ObjectRef, clusters: set[str]) -> list[dict[str, Any]] | None:
-        """The pods of the sweep's RayClusters, for GPU-hours; None when they cannot be read (the next pass
-        measures; nothing is lost while the pods' records stand)."""
+    def cluster_pods(self, ref: ObjectRef, clusters: set[str]) -> list[Mapping[str, Any]] | None:
+        """The pods of the sweep's RayClusters, for GPU-hours (`PodSnapshots`: shared, read-only); None when they
+        cannot be read (the next pass measures; nothing is lost while the pods' records stand)."""
         try:
-            return [
-                p
-                for c in sorted(clusters)
-                for p in self.kube.list_pods(ref.namespace, f"{constants.RAY_LABEL_CLUSTER}={c}")
-            ]
+            return self.pod_snapshots.pods(ref.namespace, clusters)
         except Exception as exc:
             log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
             return None
