@@ -474,10 +474,13 @@ def measure_steady(
     cpu_before = proc_cpu_seconds(operator.pid)
     requests_before = server.call(lambda: Counter(emulator.requests))
     mutations_before = server.call(lambda: Counter(changes.mutations))
+    profiler = Profiler(operator.pid, args.profile_steady) if args.profile_steady else None
     started = time.monotonic()
     time.sleep(args.steady)
     seconds = time.monotonic() - started
     cpu = proc_cpu_seconds(operator.pid) - cpu_before
+    if profiler is not None:
+        profiler.stop()
     requests = server.call(lambda: Counter(emulator.requests)) - requests_before
     ours = Counter({k: v for k, v in requests.items() if k.startswith(("kopf ", "operator-controller "))})
     mutations = server.call(lambda: Counter(changes.mutations)) - mutations_before
@@ -699,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         help="py-spy --gil profile of the operator from the apply until every RayJob exists, written here "
         "(.txt: collapsed stacks, .json: speedscope, else an SVG flamegraph)",
     )
+    parser.add_argument("--profile-steady", default="", help="as --profile, over the --steady window")
     parser.add_argument("--keep-log", default="", help="copy the operator's log here when it stops")
     parser.add_argument(
         "--kopf-untuned",

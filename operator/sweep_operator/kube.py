@@ -7,6 +7,7 @@ backoff; anything left is raised for the caller's next reconcile to converge.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import threading
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import orjson
+import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
@@ -92,6 +94,15 @@ class ThrottledRefresh:
                 self.hook, configuration.refresh_api_key_hook = configuration.refresh_api_key_hook, self
 
 
+@functools.lru_cache(maxsize=8)
+def _origin(host_url: str) -> tuple[str, str, int | None, str]:
+    """(scheme, host, port, path prefix) of the client's `host` (a proxy in front of the API server may serve it
+    under a path). PoolManager.request parses the whole URL on every request to find the pool; a fifth of a
+    request's client CPU here."""
+    parsed = urllib3.util.parse_url(host_url)
+    return parsed.scheme or "http", parsed.host or "", parsed.port, (parsed.path or "").rstrip("/")
+
+
 class Conflict(Exception):
     """A conditional write found a newer resourceVersion: re-read and decide again."""
 
@@ -121,9 +132,16 @@ class KubeApi:
         client = self.api_client
         headers = {**client.default_headers, "Accept": "application/json", "Content-Type": content_type}
         client.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
-        response = client.rest_client.pool_manager.request(
-            method, client.configuration.host + path, body=orjson.dumps(body), headers=headers
-        )
+        manager = client.rest_client.pool_manager
+        if type(manager) is urllib3.PoolManager:  # no proxy: straight to the API server's pool, as its urlopen does
+            scheme, host, port, prefix = _origin(client.configuration.host)
+            response = manager.connection_from_host(host, port, scheme).urlopen(
+                method, prefix + path, body=orjson.dumps(body), headers=headers, assert_same_host=False, redirect=False
+            )
+        else:
+            response = manager.request(
+                method, client.configuration.host + path, body=orjson.dumps(body), headers=headers
+            )
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(
                 http_resp=RESTResponse(response), body=response.data.decode("utf-8", "replace"), data=None

@@ -839,6 +839,10 @@ def test_an_unchanged_spec_is_parsed_once_and_a_changed_one_again(
         world.controller.cache.parse(sweep)
     with pytest.raises(Exception, match="trainLoop"):
         world.controller.cache.parse(sweep)  # a cached rejection is raised again
+    sweep["spec"]["trainLoop"] = "training.loops:train"
+    sweep["spec"]["tune"]["numSamples"] = 2**70  # orjson refuses it: the key takes the standard encoder, stably
+    assert world.controller.cache.parse(sweep) is world.controller.cache.parse(sweep)
+    assert calls == ["digits"] * 5
 
 
 def _count_reads(world: World, method: str) -> list[str]:

@@ -118,3 +118,38 @@ def test_the_credential_refresh_runs_at_most_once_a_second_and_stays_throttled(m
     assert runs == [100.0, 101.0, 103.0]
     assert tokens == ["token-1", "token-1", "token-1", "token-2", "token-2", "token-3"]
     assert isinstance(configuration.refresh_api_key_hook, kube.ThrottledRefresh)
+
+
+def test_without_a_proxy_the_request_goes_to_the_api_servers_pool_under_its_path_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PoolManager.request parses the whole URL to find the host's pool on every request; `_send` asks the manager
+    for that pool itself and sends the path (a proxy manager keeps the manager's own request: the tests above)."""
+    import urllib3
+
+    answer = {"metadata": {"name": "s", "resourceVersion": "8"}}
+    origins: list[tuple[str, str, int | None]] = []
+    sent: list[dict[str, Any]] = []
+
+    class HostPool:
+        def urlopen(self, method: str, url: str, body: bytes | None = None, headers: Any = None, **kw: Any) -> Any:
+            sent.append({"method": method, "url": url, "body": body, "headers": dict(headers or {}), **kw})
+            return FakeResponse(200, answer)
+
+    configuration = k8s.Configuration(host="https://api.example:6443/k8s/clusters/c-1/")
+    client = k8s.ApiClient(configuration)
+    manager = urllib3.PoolManager()
+    client.rest_client.pool_manager = manager
+
+    def pool_for(host: str, port: int | None, scheme: str) -> HostPool:
+        origins.append((scheme, host, port))
+        return HostPool()
+
+    monkeypatch.setattr(manager, "connection_from_host", pool_for)
+    kube = KubeApi(client, Retry(attempts=1))
+    assert kube.patch_sweep_status("ml", "s", {"phase": "Running"}) == answer
+    assert origins == [("https", "api.example", 6443)]
+    (request,) = sent
+    assert request["url"] == "/k8s/clusters/c-1/apis/sweeps.dev/v1alpha1/namespaces/ml/trainingsweeps/s/status"
+    assert (request["method"], request["redirect"], request["assert_same_host"]) == ("PATCH", False, False)
+    assert request["headers"]["Content-Type"] == "application/merge-patch+json"

@@ -15,7 +15,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RECONCILE = ROOT / "operator" / "sweep_operator" / "reconcile"
 # reconcile modules that do I/O or hold state (clients, S3, the ledger): above the decisions, outside the pure contract.
-RECONCILE_EDGES = {"controller", "reads", "ports", "status_writer", "stopping", "deletion_guard", "pod_snapshots"}  # the I/O edges
+RECONCILE_EDGES = {
+    "controller",
+    "reads",
+    "ports",
+    "status_writer",
+    "stopping",
+    "deletion_guard",
+    "pod_snapshots",
+}  # the I/O edges
 
 
 def importlinter() -> configparser.ConfigParser:

@@ -97,6 +97,15 @@ def _dumps(obj: Any) -> bytes:
         return b" " + json.dumps(obj).encode()
 
 
+def _sorted_dumps(obj: Any) -> bytes:
+    """Canonical bytes for a key (sorted keys): orjson (every pass keys its sweep's spec), the standard encoder
+    for what orjson refuses. One body always takes the same path, so its key is stable."""
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(obj, sort_keys=True, default=str).encode()
+
+
 def _loads(text: bytes) -> Any:
     return json.loads(text) if text[:1] == b" " else orjson.loads(text)
 
@@ -190,19 +199,14 @@ class Cache:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
         pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
         meta = meta_of(body)
-        key = hashlib.sha256(
-            json.dumps(  # a digest: a thousand sweeps' specs as keys were megabytes
-                [
-                    sorted(k for k in body if k != "status"),
-                    body.get("apiVersion"),
-                    body.get("kind"),
-                    {k: meta.get(k) for k in _PARSE_METADATA},
-                    body.get("spec"),
-                ],
-                sort_keys=True,
-                default=str,
-            ).encode()
-        ).digest()
+        identity = [
+            sorted(k for k in body if k != "status"),
+            body.get("apiVersion"),
+            body.get("kind"),
+            {k: meta.get(k) for k in _PARSE_METADATA},
+            body.get("spec"),
+        ]
+        key = hashlib.sha256(_sorted_dumps(identity)).digest()  # a digest: a thousand specs as keys were megabytes
         hit = self.parsed.get(key)
         if hit is _MISSING:
             try:
