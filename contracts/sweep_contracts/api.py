@@ -594,6 +594,11 @@ class KueueStatus(StatusModel):
         "queued or preempted (the deadline is paused).",
     )
     first_admitted_at: str | None = Field(None, description="The first admission (RFC 3339).")
+    last_admission_at: str | None = Field(
+        None,
+        description="Kueue's Admitted time of the last admission counted (RFC 3339): an attempt admitted and "
+        "finished between two of the operator's looks is counted once, from the Workload's own times.",
+    )
     admissions: int | None = Field(None, description="How many times Kueue admitted it.")
     preemptions: int | None = Field(None, description="How many times Kueue took the admission back (evicted it).")
 

@@ -102,6 +102,13 @@ READMITTED = workload(
     cq="gpu-cq",
 )
 FINISHED = workload(cond("Finished", True, "Succeeded", "Job finished successfully.", T0 + 900), cq="gpu-cq")
+# finish.go Finish sets Finished alone: the admission's conditions stay as they were.
+ADMITTED_THEN_FINISHED = workload(
+    cond("QuotaReserved", True, "QuotaReserved", "Quota reserved in ClusterQueue gpu-cq", T0 + 10),
+    cond("Admitted", True, "Admitted", "The workload is admitted", T0 + 10),
+    cond("Finished", True, "Succeeded", "Job finished successfully.", T0 + 40),
+    cq="gpu-cq",
+)
 
 
 def facts(wl: dict[str, Any] | None, *, suspended: bool, deployment: str, ever: bool = False) -> KueueFacts:
@@ -188,7 +195,15 @@ VIEWS = [
         KueuePhase.FINISHED,
         "Kueue: Workload",
         None,
-        None,
+        T0 + 900,
+    ),
+    (
+        "finished after an admission (Admitted stays True: finish.go Finish)",
+        facts(ADMITTED_THEN_FINISHED, suspended=False, deployment="Complete"),
+        KueuePhase.FINISHED,
+        "Kueue: Workload",
+        T0 + 10,
+        T0 + 40,
     ),
 ]
 
@@ -266,8 +281,39 @@ def test_a_late_reconcile_closes_the_interval_at_the_eviction(late: float) -> No
     assert after.seconds == 90.0 and after.since is None and after.preemptions == 1
 
 
+def test_an_admission_no_pass_saw_is_counted_once_from_the_workloads_own_times() -> None:
+    """An attempt Kueue admitted and that finished between two passes (a short attempt, a busy operator): the pass
+    that finds the Workload Finished counts the admission and its 30 s, from Admitted's and Finished's times; the
+    next passes do not count it again."""
+    view = kueue_view(facts(ADMITTED_THEN_FINISHED, suspended=False, deployment="Complete"))
+    clock = advance_admitted_time(AdmittedTime(), view, T0 + 100)
+    assert (clock.seconds, clock.since, clock.admissions) == (30.0, None, 1)
+    assert clock.first_admitted_at == clock.last_admission_at == T0 + 10
+    assert advance_admitted_time(clock, view, T0 + 200) == clock
+    assert AdmittedTime.from_status(clock.to_status()) == clock  # and after a restart
+
+
+def test_an_admission_seen_is_closed_at_the_finish_not_at_the_late_pass() -> None:
+    seen = advance_admitted_time(
+        AdmittedTime(), kueue_view(facts(ADMITTED, suspended=False, deployment="Running")), T0 + 12
+    )
+    assert (seen.since, seen.last_admission_at) == (T0 + 10, T0 + 10)
+    view = kueue_view(facts(ADMITTED_THEN_FINISHED, suspended=False, deployment="Complete", ever=True))
+    closed = advance_admitted_time(seen, view, T0 + 300)
+    assert (closed.seconds, closed.since, closed.admissions) == (30.0, None, 1)
+    assert advance_admitted_time(closed, view, T0 + 400) == closed
+
+
+def test_a_clock_recorded_before_admissions_had_an_identity_is_not_counted_twice() -> None:
+    legacy = AdmittedTime.from_status({"admittedSeconds": 30, "admissions": 1, "firstAdmittedAt": iso(T0 + 10)})
+    view = kueue_view(facts(ADMITTED_THEN_FINISHED, suspended=False, deployment="Complete", ever=True))
+    assert advance_admitted_time(legacy, view, T0 + 100) == legacy
+
+
 def test_admitted_time_round_trips_through_the_status() -> None:
-    clock = AdmittedTime(seconds=90.0, since=T0 + 500, admissions=2, preemptions=1, first_admitted_at=T0 + 10)
+    clock = AdmittedTime(
+        seconds=90.0, since=T0 + 500, admissions=2, preemptions=1, first_admitted_at=T0 + 10, last_admission_at=T0 + 500
+    )
     assert AdmittedTime.from_status(clock.to_status()) == clock
     assert AdmittedTime.from_status(None) == AdmittedTime()
 

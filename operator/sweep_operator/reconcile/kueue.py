@@ -30,6 +30,7 @@ from .facts import SweepFacts, meta_of
 from .workloads import (
     ADMITTED,
     EVICTED,
+    FINISHED,
     QUOTA_RESERVED,
     KueueError,
     WorkloadFacts,
@@ -110,10 +111,13 @@ def kueue_view(facts: KueueFacts) -> KueueView:
             f"{queued_text(lq)}: waiting for Kueue to create the Workload for the suspended RayJob",
             summary=queued_text(lq),
         )
-    if wl.finished:
+    if wl.finished:  # Finish sets only Finished: an admission before it keeps Admitted=True (finish.go Finish)
+        admitted, finished = wl.condition(ADMITTED), wl.condition(FINISHED)
         return KueueView(
             KueuePhase.FINISHED,
             f"Kueue: Workload {wl.name} finished",
+            admitted_at=admitted.at if admitted is not None and admitted.status else None,
+            stopped_at=finished.at if finished is not None else None,
             cluster_queue=wl.cluster_queue,
             summary="Finished (Kueue)",
         )
@@ -180,6 +184,7 @@ class AdmittedTime:
     admissions: int = 0
     preemptions: int = 0
     first_admitted_at: float | None = None
+    last_admission_at: float | None = None  # Kueue's Admitted time of the last admission counted (its identity)
 
     def active_seconds(self, now: float) -> float:
         return self.seconds + (max(now - self.since, 0.0) if self.since is not None else 0.0)
@@ -204,7 +209,15 @@ class AdmittedTime:
             "admissions": self.admissions,
             "preemptions": self.preemptions,
             "firstAdmittedAt": rfc3339(self.first_admitted_at) if self.first_admitted_at is not None else None,
+            "lastAdmissionAt": rfc3339(self.last_admission_at) if self.last_admission_at is not None else None,
         }
+
+    def counted(self, admitted_at: float) -> bool:
+        """Whether the admission Kueue made at `admitted_at` is in the clock. A clock recorded before the field
+        existed counts every admission it saw and says nothing of which: one with admissions is taken as complete."""
+        if self.last_admission_at is None:
+            return self.admissions > 0
+        return admitted_at <= self.last_admission_at
 
     @classmethod
     def from_status(cls, data: Mapping[str, Any] | None) -> AdmittedTime:
@@ -226,6 +239,7 @@ class AdmittedTime:
             counts["admissions"],
             counts["preemptions"],
             _seconds(data.get("firstAdmittedAt"), f"{where}.firstAdmittedAt"),
+            _seconds(data.get("lastAdmissionAt"), f"{where}.lastAdmissionAt"),
         )
 
 
@@ -237,22 +251,34 @@ def advance_admitted_time(clock: AdmittedTime, view: KueueView, now: float) -> A
     if view.admitted:
         if clock.since is not None:
             return clock
-        start = view.admitted_at if view.admitted_at is not None and view.admitted_at <= now else now
-        return replace(
-            clock,
-            since=start,
-            admissions=clock.admissions + 1,
-            first_admitted_at=clock.first_admitted_at if clock.first_admitted_at is not None else start,
-        )
+        return _admitted(clock, view.admitted_at, now)
     if clock.since is None:
-        return clock
-    end = view.stopped_at if view.stopped_at is not None and clock.since <= view.stopped_at <= now else now
+        missed = view.admitted_at if view.phase is KueuePhase.FINISHED else None
+        if missed is None or clock.counted(missed):
+            return clock
+        # Admitted and finished between two passes (a short attempt, a busy operator): the interval Kueue's own
+        # times give, counted once (`last_admission_at`), so neither the admission nor its time is lost.
+        clock = _admitted(clock, missed, now)
+    since = clock.since if clock.since is not None else now
+    end = view.stopped_at if view.stopped_at is not None and since <= view.stopped_at <= now else now
     preempted = view.phase is KueuePhase.PREEMPTED
     return replace(
         clock,
-        seconds=clock.seconds + (end - clock.since),
+        seconds=clock.seconds + (end - since),
         since=None,
         preemptions=clock.preemptions + (1 if preempted else 0),
+    )
+
+
+def _admitted(clock: AdmittedTime, admitted_at: float | None, now: float) -> AdmittedTime:
+    """The clock with an admission opened at Kueue's Admitted time (`now` when unknown or in the future)."""
+    start = admitted_at if admitted_at is not None and admitted_at <= now else now
+    return replace(
+        clock,
+        since=start,
+        admissions=clock.admissions + 1,
+        first_admitted_at=clock.first_admitted_at if clock.first_admitted_at is not None else start,
+        last_admission_at=admitted_at if admitted_at is not None else start,
     )
 
 
