@@ -253,6 +253,7 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         if (data.get("metadata") or {}).get("resourceVersion"):
             # storage/etcd3/store.go Create, surfaced as an internal error by the generic registry
             raise ApiError(500, "InternalError", "resourceVersion should not be set on objects to be created")
+        self._refuse_in_terminating_namespace(resource_type, namespace, (data.get("metadata") or {}).get("name") or "")
         review = self._admission_request(resource_type, "CREATE", namespace, data, None, user, None, dry_run)
         if review is not None:  # handlers/create.go: mutating admission before the registry's BeforeCreate
             mutated = await self._mutating_admission(review)
@@ -424,6 +425,23 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         if errors:
             name = obj["metadata"].get("name", "")
             raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
+
+    def _refuse_in_terminating_namespace(self, resource_type: ResourceType, namespace: str | None, name: str) -> None:
+        """The NamespaceLifecycle admission plugin, first in the chain: no create in a namespace being deleted
+        (k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle/admission.go `Admit`: a Forbidden with the
+        NamespaceTerminating cause; deletes and updates pass). Every kind, Events included."""
+        if namespace is None:
+            return
+        stored = self._current(self._type_for("", "v1", "namespaces"), None, namespace)
+        if stored is None or not (stored.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        qualified = resource_type.qualified
+        subject = f'{qualified} "{name}"' if name else qualified
+        why = f"unable to create new content in namespace {namespace} because it is being terminated"
+        cause = {"type": "NamespaceTerminating", "message": f"namespace {namespace} is being terminated",
+                 "field": "metadata.namespace"}  # fmt: skip
+        details = {"name": name, "group": resource_type.group, "kind": resource_type.plural, "causes": [cause]}
+        raise ApiError(403, "Forbidden", f"{subject} is forbidden: {why}", details)
 
     def _ensure_namespace(self, namespace: str) -> None:
         ns_type = self._type_for("", "v1", "namespaces")

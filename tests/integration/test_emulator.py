@@ -384,6 +384,40 @@ def test_namespace_deletion_removes_its_contents(core: Any, custom: Any, ns: str
     assert custom.list_namespaced_custom_object(G, V, ns, P)["items"] == []
 
 
+def test_nothing_is_created_in_a_namespace_being_deleted(core: Any, custom: Any, ns: str) -> None:
+    """NamespaceLifecycle (k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle/admission.go `Admit`): while a
+    finalizer holds the namespace Terminating, creates of any kind are Forbidden with the NamespaceTerminating
+    cause; updates (the finalizer's removal) still pass, and then the namespace goes."""
+    import kubernetes.client
+
+    held = sweep("held")
+    held["metadata"]["finalizers"] = [constants.FINALIZER]
+    custom.create_namespaced_custom_object(G, V, ns, P, held)
+    core.delete_namespace(ns)
+    wait_for(lambda: core.read_namespace(ns).metadata.deletion_timestamp is not None, 5, what="Terminating")
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        custom.create_namespaced_custom_object(G, V, ns, P, sweep("late"))
+    status = json.loads(refused.value.body)
+    assert (refused.value.status, status["reason"]) == (403, "Forbidden")
+    assert status["message"] == (
+        f'trainingsweeps.sweeps.dev "late" is forbidden: unable to create new content in namespace {ns} because it '
+        "is being terminated"
+    )
+    assert status["details"]["causes"] == [
+        {
+            "type": "NamespaceTerminating",
+            "message": f"namespace {ns} is being terminated",
+            "field": "metadata.namespace",
+        }
+    ]
+    event = {"metadata": {"generateName": "held."}, "involvedObject": {"kind": "TrainingSweep", "name": "held"}}
+    with pytest.raises(kubernetes.client.ApiException) as no_event:
+        core.create_namespaced_event(ns, event)
+    assert json.loads(no_event.value.body)["message"].startswith("events is forbidden: unable to create new content")
+    custom.patch_namespaced_custom_object(G, V, ns, P, "held", {"metadata": {"finalizers": []}})
+    wait_for(lambda: gone(lambda: core.read_namespace(ns)), 5, what="the namespace to go")
+
+
 # ---- watches
 
 

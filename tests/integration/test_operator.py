@@ -167,6 +167,70 @@ def test_escape_hatch_releases_with_an_audit_event(env: OperatorEnv) -> None:
     assert missing
 
 
+def test_a_namespace_deleted_under_a_running_sweep_is_released_only_after_its_checkpoints_verify(
+    env: OperatorEnv,
+) -> None:
+    """`kubectl delete namespace` with a sweep running: the namespace controller deletes the sweep, its RayJob and
+    RayCluster at once, and the API server refuses every create there from then on (NamespaceLifecycle), Events
+    included. The guard holds the namespace Terminating while a checkpoint is missing, says why in the sweep's
+    status (an update, which the namespace still takes), and releases everything once the run verifies."""
+    import kubernetes.client
+
+    ns = f"doomed-{int(time.time() * 1000) % 10**8}"
+    doc = env.new_sweep("nsdel", namespace=ns)
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, prefix = env.run_root(name, ns)
+    synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=2)
+    rayjob = env.wait_phase(name, "Running", namespace=ns)["rayJobName"]
+    content = env.s3_client.get_object(Bucket=bucket, Key=synthetic.file_key())["Body"].read()
+    missing = synthetic.delete_file()
+    seen: list[tuple[str, bool, int]] = []
+    controller = env.operator.controller
+    real_verify = controller.verify
+
+    def spy(client: Any, root: str, **kwargs: Any) -> Any:  # the verifier the guard runs: what it saw
+        result = real_verify(client, root, **kwargs)
+        seen.append((root, result.verified, result.checked))
+        return result
+
+    controller.verify = spy
+    try:
+        env.core.delete_namespace(ns)
+        held = env.wait_status(
+            name,
+            lambda s: any(
+                c["type"] == "CheckpointsVerified" and c["status"] == "False" for c in s.get("conditions") or []
+            ),
+            "held, and why",
+            ns,
+        )
+        reason = next(c for c in held["conditions"] if c["type"] == "CheckpointsVerified")["message"]
+        assert missing.rsplit("/", 1)[-1] in reason or "missing" in reason, reason
+        assert env.core.read_namespace(ns).metadata.deletion_timestamp is not None  # Terminating, held by the guard
+        assert env.get(constants.RAYJOB_PLURAL, rayjob, ns) is not None
+        assert seen and not any(verified for _, verified, _ in seen)
+        with pytest.raises(kubernetes.client.ApiException) as refused:  # the namespace takes nothing new
+            env.core.create_namespaced_event(ns, {"metadata": {"generateName": "x."}, "involvedObject": {"name": name}})
+        assert refused.value.status == 403
+        env.s3_client.put_object(Bucket=bucket, Key=missing, Body=content)  # the upload lands after all
+        wait_for(lambda: _namespace_gone(env, ns), TIMEOUT, what="the namespace released once the run verifies")
+    finally:
+        controller.verify = real_verify
+    assert any(verified and checked == synthetic.committed_count for _, verified, checked in seen), seen
+
+
+def _namespace_gone(env: OperatorEnv, namespace: str) -> bool:
+    import kubernetes.client
+
+    try:
+        env.core.read_namespace(namespace)
+    except kubernetes.client.ApiException as exc:
+        return exc.status == 404
+    return False
+
+
 # ------------------------------------------------------------------------------ queueing and deadlines
 
 

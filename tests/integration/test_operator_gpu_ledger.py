@@ -16,14 +16,15 @@ from sweep_contracts import constants
 from sweep_operator.gpu_time import HOUR
 from sweep_sandbox.kuberay import Outcome
 from sweep_sandbox.operator_thread import OperatorThread
-from tests.support.operator_env import OperatorEnv, start_operator_env
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
 from tests.support.sweep_factory import write_sweep
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 BURST, RECREATE, RESUME, EXHAUST = "ledger-burst", "ledger-recreate", "ledger-resume", "ledger-exhaust"
-BUDGETS = {BURST: 36, RECREATE: 36, RESUME: 72, EXHAUST: 36}  # GPU-seconds per window
+DOOMED = "ledger-doomed"
+BUDGETS = {BURST: 36, RECREATE: 36, RESUME: 72, EXHAUST: 36, DOOMED: 3600}  # GPU-seconds per window
 WINDOW = 3600  # long enough that nothing leaves it during a test
 ONE_GPU = {  # worst case 1 worker x 1 GPU x 1 trial x activeSeconds
     "spec__trial": {"workers": 1, "resourcesPerWorker": {"cpu": 1, "gpu": 1, "memory": "4Gi"}},
@@ -154,6 +155,33 @@ def test_deleting_a_sweep_and_recreating_it_does_not_give_its_hours_back(env: Op
         "trainingsweep_namespace_gpu_hours", {"namespace": RECREATE}
     )
     assert metric == pytest.approx(gone["usedGpuHours"], abs=2 / HOUR)
+
+
+def test_a_namespace_deleted_under_a_sweep_its_budget_measures_is_released_once_the_run_verifies(
+    env: OperatorEnv,
+) -> None:
+    """`kubectl delete namespace` with a GPU sweep running under a namespace GPU-hour budget: the namespace
+    controller deletes the GPUHourLedger at once (nothing holds it), and the API server refuses every create there
+    (NamespaceLifecycle: the ledger, the operator's Events). Nothing the release does may wait on those writes:
+    once the run verifies, the guard lets everything go and the namespace is gone."""
+    doc = env.new_sweep("doomed", namespace=DOOMED, gpu=True, **ONE_GPU, **deadlines(600))
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    bucket, root = env.run_root(name, DOOMED)
+    write_sweep(env.s3_client, bucket, root, trials=1, checkpoints=1, files=1)
+    env.wait_status(name, lambda s: (s.get("usage") or {}).get("gpusHeld") == 1, "measured on its GPU", DOOMED)
+    assert ledger(env, DOOMED)["status"]["sweeps"]
+    env.core.delete_namespace(DOOMED)
+
+    def namespace_gone() -> bool:
+        try:
+            env.core.read_namespace(DOOMED)
+        except kubernetes.client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(namespace_gone, TIMEOUT, what="the namespace and everything in it released")
 
 
 def test_a_resume_counts_its_own_past_hours_and_its_own_deadline(env: OperatorEnv) -> None:
