@@ -162,7 +162,7 @@ VIEWS = [
         facts(EVICTING, suspended=True, deployment="Suspending", ever=True),
         KueuePhase.PREEMPTED,
         f"Preempted (Kueue: team-a): {PREEMPTION}; the RayCluster is released once its checkpoints are verified",
-        None,
+        T0 + 10,  # Admitted stays True beside Evicted until the reservation is unset
         T0 + 100,
     ),
     (
@@ -291,6 +291,15 @@ def test_an_admission_no_pass_saw_is_counted_once_from_the_workloads_own_times()
     assert clock.first_admitted_at == clock.last_admission_at == T0 + 10
     assert advance_admitted_time(clock, view, T0 + 200) == clock
     assert AdmittedTime.from_status(clock.to_status()) == clock  # and after a restart
+
+
+def test_an_admission_evicted_before_any_pass_saw_it_counts_the_admission_and_the_preemption() -> None:
+    evicting = kueue_view(facts(EVICTING, suspended=True, deployment="Suspending"))
+    clock = advance_admitted_time(AdmittedTime(), evicting, T0 + 120)
+    assert (clock.seconds, clock.since, clock.admissions, clock.preemptions) == (90.0, None, 1, 1)
+    assert advance_admitted_time(clock, evicting, T0 + 130) == clock
+    requeued = kueue_view(facts(REQUEUED, suspended=True, deployment="Suspended", ever=True))
+    assert advance_admitted_time(clock, requeued, T0 + 140) == clock  # Admitted False now: nothing more to count
 
 
 def test_an_admission_seen_is_closed_at_the_finish_not_at_the_late_pass() -> None:

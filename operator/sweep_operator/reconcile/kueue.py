@@ -161,9 +161,11 @@ def _preempted(facts: KueueFacts, wl: WorkloadFacts, lq: str) -> KueueView:
     else:
         state = "the RayCluster is released once its checkpoints are verified"
     text = f"Preempted (Kueue: {lq}): {why or 'the Workload lost its admission'}; {state}"
+    admitted = wl.condition(ADMITTED)  # still True until Kueue unsets the reservation (evict.go, then requeue)
     return KueueView(
         KueuePhase.PREEMPTED,
         text,
+        admitted_at=admitted.at if admitted is not None and admitted.status else None,
         stopped_at=stopped_at,
         stop_reason=reason,
         cluster_queue=wl.cluster_queue,
@@ -253,11 +255,11 @@ def advance_admitted_time(clock: AdmittedTime, view: KueueView, now: float) -> A
             return clock
         return _admitted(clock, view.admitted_at, now)
     if clock.since is None:
-        missed = view.admitted_at if view.phase is KueuePhase.FINISHED else None
+        missed = view.admitted_at if view.phase in (KueuePhase.FINISHED, KueuePhase.PREEMPTED) else None
         if missed is None or clock.counted(missed):
             return clock
-        # Admitted and finished between two passes (a short attempt, a busy operator): the interval Kueue's own
-        # times give, counted once (`last_admission_at`), so neither the admission nor its time is lost.
+        # Admitted, then finished or evicted, between two passes (a short attempt, a busy operator): the interval
+        # Kueue's own times give, counted once (`last_admission_at`), so neither the admission nor its time is lost.
         clock = _admitted(clock, missed, now)
     since = clock.since if clock.since is not None else now
     end = view.stopped_at if view.stopped_at is not None and since <= view.stopped_at <= now else now
