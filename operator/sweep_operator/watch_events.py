@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from sweep_contracts import constants
 
 from .kube import KubeApi
@@ -34,6 +36,7 @@ def ours(labels: Mapping[str, str], annotations: Mapping[str, str], meta: Mappin
 
 
 EVENT_COMPONENT = "trainingsweep-operator"  # Events name their writer (kopf's default: "kopf")
+MAX_QUEUED_EVENTS = 1000  # client-go's tools/record maxQueuedEvents
 
 
 class EventPoster:
@@ -41,20 +44,29 @@ class EventPoster:
     the guard's pipeline: they make API calls anyway), or from the event loop by a thread of its own, so the loop
     never waits on the API. It replaced kopf's poster (`kopf.event`: an aiohttp request per Event from kopf's loop,
     twice the CPU of a request of ours, and a queue that exists only in kopf's handler context). A failed post is
-    logged and dropped, as kopf's was: an Event never fails what it reports."""
+    logged and dropped, as kopf's was: an Event never fails what it reports. The loop's backlog is bounded as
+    client-go's broadcaster bounds its queue (1,000, `watch.DropIfChannelFull`): past it an Event is dropped and
+    counted, so an unreachable API server cannot grow the operator's memory."""
 
-    def __init__(self, kube: KubeApi, instance: str | None = None) -> None:
+    def __init__(self, kube: KubeApi, instance: str | None = None, backlog: int = MAX_QUEUED_EVENTS) -> None:
         self.kube, self.instance = kube, instance or os.uname().nodename
-        self._backlog: queue.SimpleQueue[tuple[Mapping[str, Any], str, str, str]] = queue.SimpleQueue()
+        self._backlog: queue.Queue[tuple[Mapping[str, Any], str, str, str]] = queue.Queue(maxsize=backlog)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.dropped = 0  # Events dropped from a full backlog
 
     def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         event = (body, type_, reason, message[:1024])
         if not _in_event_loop():
             self._post(*event)
             return
-        self._backlog.put(event)
+        try:
+            self._backlog.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:  # the first of a run of drops, then now and then
+                log.warning("%d Events dropped: the API server takes them slower than they come", self.dropped)
+            return
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="event-poster", daemon=True)
@@ -69,6 +81,10 @@ class EventPoster:
             self.kube.post_event(body, type_, reason, message, component=EVENT_COMPONENT, instance=self.instance)
         except Exception as exc:
             meta = body.get("metadata") or {}
+            if _namespace_terminating(exc):  # NamespaceLifecycle refuses every create there: expected, not a fault
+                log.info("%s Event %s on %s %s/%s not posted: its namespace is being deleted", type_, reason,
+                         body.get("kind"), meta.get("namespace"), meta.get("name"))  # fmt: skip
+                return
             log.warning(
                 "cannot post the %s Event %s on %s %s/%s: %s",
                 type_,
@@ -78,6 +94,12 @@ class EventPoster:
                 meta.get("name"),
                 exc,
             )
+
+
+def _namespace_terminating(exc: Exception) -> bool:
+    """A create refused because its namespace is being deleted (403, cause NamespaceTerminating: k8s.io/apiserver
+    plugin/namespace/lifecycle `Admit`)."""
+    return isinstance(exc, ApiException) and exc.status == 403 and "NamespaceTerminating" in str(exc.body or "")
 
 
 def _in_event_loop() -> bool:

@@ -90,3 +90,57 @@ def test_events_come_from_the_operator_and_name_its_pod(
     header = next(i for i, line in enumerate(described) if line.split()[:4] == ["Type", "Reason", "Age", "From"])
     row: Any = described[header + 2].split()
     assert row[:2] == ["Normal", "Admitted"] and row[3] == "trainingsweep-operator", "\n".join(described)
+
+
+def test_an_event_in_a_namespace_being_deleted_is_dropped_quietly(
+    server: EmulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NamespaceLifecycle refuses every create in a namespace being deleted, Events included: expected while the guard
+    releases a deleted namespace's objects, so an INFO line, not a WARNING with the whole Status."""
+    import kubernetes.client
+
+    from sweep_operator.kube import KubeApi
+    from sweep_operator.watch_events import EventPoster
+
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    api = server.api_client()
+    core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+    sweep = cpu_sweep("held")
+    sweep["metadata"] = {"name": "held", "finalizers": [constants.FINALIZER]}
+    created = custom.create_namespaced_custom_object(G, V, ns, P, sweep)
+    core.delete_namespace(ns)
+    wait_for(lambda: core.read_namespace(ns).metadata.deletion_timestamp, 5, what="the namespace Terminating")
+    with caplog.at_level("INFO", logger="sweep_operator.watch_events"):
+        EventPoster(KubeApi(api))(created, "Normal", "CheckpointGuardReleased", "released")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "sweep_operator.watch_events"]
+    assert lines == [("INFO", f"Normal Event CheckpointGuardReleased on TrainingSweep {ns}/held not posted: its "
+                      "namespace is being deleted")], lines  # fmt: skip
+    custom.patch_namespaced_custom_object(G, V, ns, P, "held", {"metadata": {"finalizers": []}})
+
+
+def test_the_event_loops_backlog_is_bounded_and_drops_what_does_not_fit() -> None:
+    """client-go's broadcaster queues 1,000 Events and drops past that (watch.DropIfChannelFull); the poster's backlog
+    for Events from the event loop is bounded the same way, so a slow or absent API server cannot grow it."""
+    import asyncio
+    import threading
+
+    from sweep_operator.watch_events import EventPoster
+
+    release, posted = threading.Event(), list[str]()
+
+    class SlowKube:
+        def post_event(self, body: Any, type_: str, reason: str, message: str, **_: Any) -> None:
+            assert release.wait(30)
+            posted.append(reason)
+
+    poster = EventPoster(SlowKube(), instance="op-0", backlog=2)  # type: ignore[arg-type]  # KubeApi's one method
+
+    async def burst() -> None:
+        for i in range(6):
+            poster({"kind": "TrainingSweep", "metadata": {"name": "s", "namespace": "ml"}}, "Normal", f"R{i}", "m")
+
+    asyncio.run(burst())
+    assert poster.dropped >= 3  # two queued, at most one more taken by the poster's thread
+    release.set()
+    wait_for(lambda: len(posted) == 6 - poster.dropped, 15, what="what was queued, posted")
+    assert posted == sorted(posted) and posted[0] == "R0"
