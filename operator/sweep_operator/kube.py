@@ -132,16 +132,14 @@ class KubeApi:
         client = self.api_client
         headers = {**client.default_headers, "Accept": "application/json", "Content-Type": content_type}
         client.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
-        manager = client.rest_client.pool_manager
+        manager, data = client.rest_client.pool_manager, orjson.dumps(body)
         if type(manager) is urllib3.PoolManager:  # no proxy: straight to the API server's pool, as its urlopen does
             scheme, host, port, prefix = _origin(client.configuration.host)
             response = manager.connection_from_host(host, port, scheme).urlopen(
-                method, prefix + path, body=orjson.dumps(body), headers=headers, assert_same_host=False, redirect=False
+                method, prefix + path, body=data, headers=headers, assert_same_host=False, redirect=False
             )
         else:
-            response = manager.request(
-                method, client.configuration.host + path, body=orjson.dumps(body), headers=headers
-            )
+            response = manager.request(method, client.configuration.host + path, body=data, headers=headers)
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(
                 http_resp=RESTResponse(response), body=response.data.decode("utf-8", "replace"), data=None

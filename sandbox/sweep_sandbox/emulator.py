@@ -433,7 +433,7 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         if namespace is None:
             return
         stored = self._current(self._type_for("", "v1", "namespaces"), None, namespace)
-        if stored is None or not (stored.get("metadata") or {}).get("deletionTimestamp"):
+        if stored is None or not _namespace_terminating(stored):
             return
         qualified = resource_type.qualified
         subject = f'{qualified} "{name}"' if name else qualified

@@ -186,17 +186,7 @@ def test_a_namespace_deleted_under_a_running_sweep_is_released_only_after_its_ch
     rayjob = env.wait_phase(name, "Running", namespace=ns)["rayJobName"]
     content = env.s3_client.get_object(Bucket=bucket, Key=synthetic.file_key())["Body"].read()
     missing = synthetic.delete_file()
-    seen: list[tuple[str, bool, int]] = []
-    controller = env.operator.controller
-    real_verify = controller.verify
-
-    def spy(client: Any, root: str, **kwargs: Any) -> Any:  # the verifier the guard runs: what it saw
-        result = real_verify(client, root, **kwargs)
-        seen.append((root, result.verified, result.checked))
-        return result
-
-    controller.verify = spy
-    try:
+    with env.verifications() as seen:
         env.core.delete_namespace(ns)
         held = env.wait_status(
             name,
@@ -215,20 +205,8 @@ def test_a_namespace_deleted_under_a_running_sweep_is_released_only_after_its_ch
             env.core.create_namespaced_event(ns, {"metadata": {"generateName": "x."}, "involvedObject": {"name": name}})
         assert refused.value.status == 403
         env.s3_client.put_object(Bucket=bucket, Key=missing, Body=content)  # the upload lands after all
-        wait_for(lambda: _namespace_gone(env, ns), TIMEOUT, what="the namespace released once the run verifies")
-    finally:
-        controller.verify = real_verify
+        wait_for(lambda: env.namespace_gone(ns), TIMEOUT, what="the namespace released once the run verifies")
     assert any(verified and checked == synthetic.committed_count for _, verified, checked in seen), seen
-
-
-def _namespace_gone(env: OperatorEnv, namespace: str) -> bool:
-    import kubernetes.client
-
-    try:
-        env.core.read_namespace(namespace)
-    except kubernetes.client.ApiException as exc:
-        return exc.status == 404
-    return False
 
 
 # ------------------------------------------------------------------------------ queueing and deadlines

@@ -169,19 +169,13 @@ def test_a_namespace_deleted_under_a_sweep_its_budget_measures_is_released_once_
     env.runner.script(name, Outcome.hang())
     env.apply(doc)
     bucket, root = env.run_root(name, DOOMED)
-    write_sweep(env.s3_client, bucket, root, trials=1, checkpoints=1, files=1)
+    synthetic = write_sweep(env.s3_client, bucket, root, trials=1, checkpoints=1, files=1)
     env.wait_status(name, lambda s: (s.get("usage") or {}).get("gpusHeld") == 1, "measured on its GPU", DOOMED)
     assert ledger(env, DOOMED)["status"]["sweeps"]
-    env.core.delete_namespace(DOOMED)
-
-    def namespace_gone() -> bool:
-        try:
-            env.core.read_namespace(DOOMED)
-        except kubernetes.client.ApiException as exc:
-            return exc.status == 404
-        return False
-
-    wait_for(namespace_gone, TIMEOUT, what="the namespace and everything in it released")
+    with env.verifications() as seen:
+        env.core.delete_namespace(DOOMED)
+        wait_for(lambda: env.namespace_gone(DOOMED), TIMEOUT, what="the namespace and everything in it released")
+    assert seen and all(verified and checked == synthetic.committed_count for _, verified, checked in seen), seen
 
 
 def test_a_resume_counts_its_own_past_hours_and_its_own_deadline(env: OperatorEnv) -> None:

@@ -3,9 +3,10 @@ all on 127.0.0.1, plus helpers to read what a user would see (status, Events, ob
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +173,31 @@ class OperatorEnv:
             name,
             {"metadata": {"annotations": annotations}},
         )
+
+    def namespace_gone(self, namespace: str) -> bool:
+        try:
+            self.core.read_namespace(namespace)
+        except kubernetes.client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    @contextlib.contextmanager
+    def verifications(self) -> Iterator[list[tuple[str, bool, int]]]:
+        """Every verification the guard runs meanwhile, as it saw it: (run root, verified, checkpoints checked)."""
+        seen: list[tuple[str, bool, int]] = []
+        controller = self.operator.controller
+        real_verify = controller.verify
+
+        def spy(client: Any, root: str, **kwargs: Any) -> Any:
+            result = real_verify(client, root, **kwargs)
+            seen.append((root, result.verified, result.checked))
+            return result
+
+        controller.verify = spy
+        try:
+            yield seen
+        finally:
+            controller.verify = real_verify
 
     def pruned(self) -> list[tuple[str, str]]:
         """Fields any write sent that the API server's schemas pruned (kind, path): the operator and the stand-in

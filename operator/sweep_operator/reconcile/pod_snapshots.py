@@ -34,7 +34,7 @@ class PodSnapshots:
         self._snapshots: dict[str, _Snapshot] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
-        self.listings = 0  # LISTs sent (tests and the bench read it)
+        self.listings = 0  # LISTs answered (tests read it)
 
     def pods(self, namespace: str, clusters: Iterable[str]) -> list[Mapping[str, Any]]:
         """The pods of `clusters` (RayCluster names) in `namespace`, from a listing at most `max_age` old. The pods
