@@ -334,7 +334,7 @@ def test_admitted_time_round_trips_through_the_status() -> None:
         ({"admittedSeconds": "x"}, "status.kueue.admittedSeconds"),
         ({"preemptions": 1.5}, "status.kueue.preemptions"),
         ({"admittedSince": "yesterday"}, "status.kueue.admittedSince"),
-        ({"lastAdmissionAt": 12}, "status.kueue.lastAdmissionAt"),
+        ({"lastAdmissionAt": "soon"}, "status.kueue.lastAdmissionAt"),
     ],
 )
 def test_a_bad_recorded_clock_names_the_field(status: dict[str, Any], field: str) -> None:
