@@ -71,6 +71,7 @@ def timeline(env: OperatorEnv, name: str) -> list[tuple[Any, ...]]:
             status.get("finishedAt"),
             tuple(a.get("outcome") for a in status.get("attempts") or []),
             status.get("rayJobName"),
+            {k: v for k, v in (status.get("kueue") or {}).items() if k in ("state", "admissions", "lastAdmissionAt")},
         )
         if not rows or rows[-1] != row:
             rows.append(row)
@@ -310,9 +311,10 @@ def test_in_kueue_mode_the_resumed_attempt_is_queued_by_kueue_and_gets_its_own_d
     first = env.status(name)
     result = get_json(env, bucket, f"{root}/_sweep/result.json")
     put_json(env, bucket, f"{root}/_sweep/result.json", {k: v for k, v in result.items() if k != "deadlineReached"})
-    # A short attempt: on a loaded machine it may end before any pass sees its Workload admitted; the pass that
-    # finds it Finished counts the admission then, from Kueue's own times (kueue.advance_admitted_time).
-    env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(3.0, startup=0.3))
+    # The attempt runs long enough for a pass to see its Workload admitted on a loaded machine. An admission that ends
+    # before any pass saw it is counted by the pass that finds the Workload Finished (tests/unit/test_kueue_decisions
+    # .py); but once the sweep is terminal no pass reads Kueue again, so a 3 s attempt could still end uncounted.
+    env.runner.script(f"{first['rayJobName']}-a2", Outcome.succeed(8.0, startup=0.3))
     env.custom.patch_namespaced_custom_object(
         constants.GROUP,
         constants.VERSION,
