@@ -317,11 +317,16 @@ class KubeApi:
         )
         return list(custom_object(result).get("items") or [])
 
-    def patch_raycluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+    def patch_raycluster(
+        self, namespace: str, name: str, patch: dict[str, Any], *, retry_conflict: bool = True
+    ) -> dict[str, Any] | None:
+        """None: the cluster is gone. `retry_conflict=False` for a patch whose resourceVersion is a precondition
+        (sending it again cannot succeed)."""
         return self._get(
             lambda: self.custom.patch_namespaced_custom_object(
                 constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, constants.RAYCLUSTER_PLURAL, name, patch
-            )
+            ),
+            retry_conflict=retry_conflict,
         )
 
     def _delete(self, plural: str, namespace: str, name: str) -> bool:

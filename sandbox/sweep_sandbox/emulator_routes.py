@@ -155,6 +155,11 @@ class ErrorInjector:
         with self._lock:
             self._rules.clear()
 
+    def withdraw(self, rule: InjectedError) -> None:
+        """Stop answering with `rule` (its hits stay readable)."""
+        with self._lock:
+            rule.times = 0
+
     @property
     def pending(self) -> list[InjectedError]:
         with self._lock:

@@ -11,6 +11,7 @@ RayJob). Where someone else did (a Kueue eviction), the guard deletes a held clu
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
+from sweep_sandbox import kuberay
 from sweep_sandbox.kuberay import Outcome, ScriptedRun
 from sweep_sandbox.pod_lifetimes import PodLife, PodLifetimes
 from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
@@ -152,6 +154,18 @@ def test_the_standin_deletes_a_suspended_worker_groups_pods_as_kuberay_v1_7_0(en
     wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep gone")
 
 
+def deletion_began(env: OperatorEnv, plural: str, name: str) -> bool:
+    """In any state the API server kept of the object, its deletion began."""
+    return any(
+        (s.get("metadata") or {}).get("deletionTimestamp")
+        for s in env.server.history(constants.RAY_GROUP, constants.RAY_VERSION_API, plural, "default", name)
+    )
+
+
+def cluster_deleted(env: OperatorEnv, cluster: str) -> bool:
+    return deletion_began(env, constants.RAYCLUSTER_PLURAL, cluster)
+
+
 @dataclass(frozen=True)
 class Path:
     """One way a running sweep stops. `stop(env, name, rayjob)` starts it and returns the run's last report when the
@@ -166,6 +180,7 @@ class Path:
     suspended: bool = True
     cause: str = "stopping"
     kueue: bool = False
+    kuberay_first: bool = False  # the operator's suspend is refused: KubeRay deletes the stopped job's cluster first
 
 
 def _delete(env: OperatorEnv, name: str, rayjob: str) -> float | None:
@@ -219,6 +234,17 @@ PATHS = [
             "spec__deadlines": {"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 2},
         },
     ),
+    # The stopped job's cluster deleted by KubeRay (shutdownAfterJobFinishes) before the operator could suspend it:
+    # the stop is still recorded, up to where the deletion began (a slow pass loses this race under load).
+    Path(
+        "kuberay-deletes-first",
+        _own_limit,  # a spent budget (the sweep stays to show its status): 7.2 GPU-seconds
+        {
+            "spec__budget": {"gpuHours": 0.002, "runUntilExhausted": True},
+            "spec__deadlines": {"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 2},
+        },
+        kuberay_first=True,
+    ),
     Path("no-trial-running", _no_trial_running, cause="unscheduledTrials"),
     # Kueue's, not ours: the guard frees the held cluster's workers once the head says the job stopped (the RayJob's
     # jobStatus stays RUNNING while KubeRay suspends it), not the graceful window (30 s) later.
@@ -240,36 +266,53 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
     if path.held:
         synthetic.delete_file()
     run = run_of(env, rayjob)
+    refused = None
+    if path.kuberay_first:  # every suspend patch but the stand-in's own writes is a conflict
+        refused = env.server.emulator.errors.inject(
+            409,
+            times=None,
+            verb="patch",
+            plural=constants.RAYCLUSTER_PLURAL,
+            name=cluster,
+            user_agent=f"^(?!{re.escape(kuberay.USER_AGENT)})",
+        )
     reported = path.stop(env, name, rayjob)
     wait_for(lambda: run.stop_requests, TIMEOUT, what="the graceful stop asked")
+    if refused is not None:  # refused until KubeRay deleted the cluster and the operator gave up suspending it
+        # (it deletes the RayJob); then the guard's release of the cluster goes through
+        wait_for(lambda: cluster_deleted(env, cluster), TIMEOUT, what="KubeRay deletes the stopped job's cluster")
+        wait_for(
+            lambda: deletion_began(env, constants.RAYJOB_PLURAL, rayjob),
+            TIMEOUT,
+            what="the operator deletes the RayJob",
+        )
+        env.server.emulator.errors.withdraw(refused)
     last_report = reported if reported is not None else run.stop_requests[0] + STOP_SECONDS
     workers = wait_for(lambda: workers_gone(env, cluster, count), TIMEOUT, what="the GPU workers gone")
     assert len(workers) == count and all(w.gpus == 1 for w in workers), workers
     held = lifetimes(env).gpu_seconds_after(last_report, cluster=cluster, node_type="worker")
     assert held <= count * SLACK_S, f"{held:.1f} GPU-seconds after the last report"
     if path.suspended:
-
-        def cluster_deleted() -> bool:  # in any state the API server kept of the cluster
-            return any(
-                (s.get("metadata") or {}).get("deletionTimestamp")
-                for s in env.server.history(
-                    constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYCLUSTER_PLURAL, "default", cluster
-                )
-            )
-
         # KubeRay deletes a suspended group's pods and then posts DeletedWorkerPod, so the pods can be seen gone
         # first. Where the stopped job's cluster was deleted before the operator's suspend (a fast stop: KubeRay's
         # shutdownAfterJobFinishes), the pods went with it and KubeRay no longer reconciles the cluster
         # (raycluster_controller.go: "being deleted, just ignore"). A held cluster is not deleted: there it is KubeRay.
         wait_for(
-            lambda: "DeletedWorkerPod" in env.event_reasons(cluster) or (not path.held and cluster_deleted()),
+            lambda: (
+                "DeletedWorkerPod" in env.event_reasons(cluster) or (not path.held and cluster_deleted(env, cluster))
+            ),
             TIMEOUT,
             what="KubeRay deletes the workers of the groups the operator suspended (or the cluster with them)",
         )
     else:
         assert "DeletedWorkerPod" not in env.event_reasons(cluster), "no group was suspended"
+    if refused is not None:
+        assert refused.hits, "the operator tried to suspend the workers"
     recorded = env.wait_status(name, lambda s: (s.get("idleGpuSeconds") or {}).get(path.cause), path.cause)
     assert 0 < recorded["idleGpuSeconds"][path.cause] <= count * (SLACK_S + 60), recorded["idleGpuSeconds"]
+    if refused is not None:  # from the ask to the deletion: the driver's stop and the stand-in's look at it
+        assert recorded["idleGpuSeconds"][path.cause] <= count * SLACK_S, recorded["idleGpuSeconds"]
+        assert "WorkerGroupsSuspended" not in env.event_reasons(name), "no suspend went through"
     if path.held:
         assert env.get(constants.RAYCLUSTER_PLURAL, cluster) is not None or path.suspended, "the cluster stays held"
         write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)

@@ -145,7 +145,9 @@ class FakeKube:
     def list_rayclusters(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [o for o in self.of_kind("RayCluster", namespace) if _matches(o, label_selector)]
 
-    def patch_raycluster(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+    def patch_raycluster(
+        self, namespace: str, name: str, patch: dict[str, Any], *, retry_conflict: bool = True
+    ) -> dict[str, Any] | None:
         self.calls.append(("patch_raycluster", name))
         obj = self.objects.get(("RayCluster", namespace, name))
         return copy.deepcopy(merge(obj, patch)) if obj else None

@@ -20,6 +20,7 @@ from sweep_operator.reconcile.idle_gpus import (
     driver_stopped,
     idle_status,
     no_trial_running,
+    stop_outran_suspend,
     stopping_gpu_seconds,
     suspend_patch,
     unscheduled_gpu_seconds,
@@ -199,6 +200,28 @@ def test_the_heads_job_status_counts_as_the_driver_stopped_when_the_rayjobs_is_s
 def test_stopping_counts_the_workers_gpu_seconds_since_the_stop_was_asked() -> None:
     body = live_cluster()
     assert stopping_gpu_seconds(body, PODS, DELETED_AT, DELETED_AT + 30) == pytest.approx(30 * 1 + 20 * 4)
+
+
+def test_a_stop_kuberay_ended_by_deleting_the_cluster_counts_until_the_deletion_began() -> None:
+    """The stopped job's cluster deleted by KubeRay before the operator's suspend (shutdownAfterJobFinishes): the
+    stop holds its workers until the deletion began, from which instant the guard's hold counts them."""
+    deleting = cluster()  # deletionTimestamp DELETED_AT
+    asked = DELETED_AT - 5
+    assert stopping_gpu_seconds(deleting, PODS, asked, DELETED_AT + 30) == pytest.approx(5 * 1 + 0 * 4)
+    free = decide_free_workers(deleting, None, PODS, DELETED_AT + 30, GRACE)
+    assert free is not None and free.gpu_seconds == pytest.approx(30 * 1 + 20 * 4), "the hold starts there"
+
+
+def test_a_stop_outran_the_suspend_only_when_the_deletion_came_after_the_ask_and_before_a_suspend() -> None:
+    groups = {"workerGroupSpecs": [{"groupName": "gpu", "replicas": 2}]}
+    deleting = {**cluster(), "spec": groups}
+    suspended = {**cluster(), "spec": {"workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "suspend": True}]}}
+    assert stop_outran_suspend(deleting, DELETED_AT - 5)
+    assert stop_outran_suspend(deleting, DELETED_AT + 0.9), "the same second: deletionTimestamp has whole seconds"
+    assert not stop_outran_suspend(deleting, DELETED_AT + 1), "asked after the deletion began (a preemption)"
+    assert not stop_outran_suspend(deleting, None), "no stop asked (a user deleted the cluster)"
+    assert not stop_outran_suspend(suspended, DELETED_AT - 5), "suspended first: recorded at the suspend"
+    assert not stop_outran_suspend({**cluster(deleting=False), "spec": groups}, DELETED_AT - 5)
 
 
 def test_unscheduled_trials_count_gpu_workers_between_looks_while_no_trial_runs() -> None:

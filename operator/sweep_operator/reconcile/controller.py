@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -113,6 +114,7 @@ class SweepController(DeletionGuard):
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
         # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
+        self._stops_recorded = OrderedDict[tuple[str, int], None]()  # stops whose GPU time status.idleGpuSeconds has
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(

@@ -178,6 +178,7 @@ class DeletionGuard(StopBeforeDelete):
                 message = f"RayCluster {meta_of(body).get('name')}: waiting for its Ray job to stop gracefully"
                 raise RetryLater(message, wait, counted=False)
             self._stop_done(rayjob, sweep)
+        self._record_stop_outran_suspend(body, rayjob, sweep)  # before a release lets the cluster and its pods go
         try:
             _, decision = self._guard(
                 DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)

@@ -3,6 +3,7 @@ reconciles the cluster, deleted when it no longer does), and what each hold cost
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,8 +174,23 @@ def stopping_gpu_seconds(
     cluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], asked: float, now: float
 ) -> float:
     """GPU-seconds the cluster's live workers held since the graceful stop was asked (`asked`), as the operator
-    suspends them: the driver's stop window and the operator's look at its end."""
-    return _gpu_seconds_since(_live_workers(cluster, pods), asked, now)
+    suspends them: the driver's stop window and the operator's look at its end. Where KubeRay deleted the cluster
+    first (the stopped job's shutdownAfterJobFinishes), the stop ends where the deletion began: from then on a
+    held cluster's workers are `held-deletion` (decide_free_workers counts from the same instant)."""
+    deleting = parse_time(meta_of(cluster).get("deletionTimestamp"))
+    end = min(now, deleting.timestamp()) if deleting is not None else now
+    return _gpu_seconds_since(_live_workers(cluster, pods), asked, end)
+
+
+def stop_outran_suspend(cluster: Mapping[str, Any], asked: float | None) -> bool:
+    """The cluster's deletion began after the operator asked its job to stop and before its worker groups were all
+    suspended: KubeRay ended the stop (the stopped job's shutdownAfterJobFinishes). A deletion that began before
+    the ask (a Kueue preemption, a user's delete of the cluster) is no stop of ours."""
+    deleting = parse_time(meta_of(cluster).get("deletionTimestamp"))
+    if asked is None or deleting is None:
+        return False
+    # deletionTimestamp has whole seconds: an ask within the deletion's second counts (it then adds nothing)
+    return math.floor(asked) <= deleting.timestamp() and suspend_patch(cluster) is not None
 
 
 def no_trial_running(status: Mapping[str, Any]) -> bool:

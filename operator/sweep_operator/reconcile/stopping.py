@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +30,12 @@ from .facts import ObjectRef, meta_of, status_of
 from .status_writer import EventSink, StatusWriter
 
 log = logging.getLogger(__name__)
+MAX_REMEMBERED_STOPS = 4096  # stops whose GPU time is recorded, kept to record each once (oldest forgotten first)
+
+
+def _stop_key(rayjob: Mapping[str, Any], asked: float | None) -> tuple[str, int]:
+    """One stop of one RayJob: whole seconds, as status.gracefulStop keeps the request's time."""
+    return (meta_of(rayjob).get("uid") or meta_of(rayjob).get("name", ""), int(asked or 0))
 
 
 class StopBeforeDelete(ABC):
@@ -45,6 +52,7 @@ class StopBeforeDelete(ABC):
     stop_job: Callable[[str, str], ray_jobs.StopOutcome]
     job_status: Callable[[str, str], str | None]
     _stops: dict[str, float]
+    _stops_recorded: OrderedDict[tuple[str, int], None]
     _guard_lock: threading.Lock
 
     @property
@@ -109,28 +117,85 @@ class StopBeforeDelete(ABC):
             since = self._stops.get(key)
         step = idle_gpus.decide_suspend_workers(cluster, rayjob, pods, self.clock(), since)
         if step.wait_s is None:
+            if cluster is not None:  # KubeRay may have deleted the stopped job's cluster before any suspend
+                self._record_stop_outran_suspend(cluster, rayjob, sweep, pods)
             return None
         with self._guard_lock:
             self._stops.setdefault(key, self.clock())
-        if step.patch is not None:
-            try:
-                self.kube.patch_raycluster(namespace, name, step.patch)
-            except Exception as exc:  # a conflict (KubeRay wrote it meanwhile): decided again on a fresh read
+        if step.patch is not None and cluster is not None:
+            try:  # the patch's resourceVersion is a precondition: a conflict is decided again on a fresh read
+                patched = self.kube.patch_raycluster(namespace, name, step.patch, retry_conflict=False)
+            except Exception as exc:
                 log.info(
                     "RayCluster %s/%s: suspending its worker groups failed (%s); trying again", namespace, name, exc
                 )
                 return step.wait_s
-            asked = graceful_stop.recorded_request(status_of(sweep or {}), meta.get("uid") or "")
-            with self._guard_lock:
-                asked = self._stops.get(meta.get("uid") or meta.get("name", ""), asked)
-            if asked is not None and cluster is not None:  # GPU time from the stop's request to this suspend
-                held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
-                self._record_idle(namespace, guard.sweep_name_of(rayjob), sweep, idle_gpus.STOPPING, held)
+            if patched is None:  # gone meanwhile: its deletion passed the guard, which recorded the stop
+                return None
+            self._record_stopping(rayjob, sweep, cluster, pods, self._asked(rayjob, sweep))
             text = f"RayCluster {name}: worker groups suspended before its RayJob is deleted (KubeRay deletes them)"
             log.info("%s", text)
             for target in (rayjob, sweep) if sweep is not None else (rayjob,):
                 self.emit(target, "Normal", "WorkerGroupsSuspended", text)
         return step.wait_s
+
+    def _asked(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+        """When the operator asked the RayJob's head to stop (this process's memory, else status.gracefulStop)."""
+        uid = meta_of(rayjob).get("uid") or ""
+        with self._guard_lock:
+            asked = self._stops.get(uid or meta_of(rayjob).get("name", ""))
+        return asked if asked is not None else graceful_stop.recorded_request(status_of(sweep or {}), uid)
+
+    def _record_stop_outran_suspend(
+        self,
+        cluster: Mapping[str, Any],
+        rayjob: Mapping[str, Any] | None,
+        sweep: Mapping[str, Any] | None,
+        pods: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """KubeRay deleted the cluster of a job the operator was stopping before the operator suspended its worker
+        groups (the stopped job's shutdownAfterJobFinishes, or suspends refused): the stop held the workers until
+        the deletion began. Called from the stop's pass and from the guard, which every such deletion passes."""
+        if rayjob is None or not idle_gpus.owned_by(cluster, rayjob):
+            return
+        asked = self._asked(rayjob, sweep)
+        if not idle_gpus.stop_outran_suspend(cluster, asked) or self._stopping_recorded(rayjob, asked):
+            return
+        if pods is None:
+            ref = ObjectRef.of(cluster)
+            try:
+                pods = self.kube.list_pods(ref.namespace, f"{constants.RAY_LABEL_CLUSTER}={ref.name}")
+            except Exception as exc:  # the metric and status miss this stop's seconds; the guard goes on
+                log.warning("RayCluster %s: cannot read its pods to record the stop's GPU time: %s", ref, exc)
+                return
+        self._record_stopping(rayjob, sweep, cluster, pods, asked)
+
+    def _stopping_recorded(self, rayjob: Mapping[str, Any], asked: float | None) -> bool:
+        with self._guard_lock:
+            return _stop_key(rayjob, asked) in self._stops_recorded
+
+    def _record_stopping(
+        self,
+        rayjob: Mapping[str, Any],
+        sweep: Mapping[str, Any] | None,
+        cluster: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        asked: float | None,
+    ) -> None:
+        """GPU time from the graceful stop's request (`asked`) to the suspend, or to the cluster's deletion: once per
+        stop, whichever of the stop's pass and the guard sees it first."""
+        if asked is None:
+            return
+        stop = _stop_key(rayjob, asked)
+        with self._guard_lock:
+            if stop in self._stops_recorded:
+                return
+            self._stops_recorded[stop] = None
+            while len(self._stops_recorded) > MAX_REMEMBERED_STOPS:
+                self._stops_recorded.popitem(last=False)
+        held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
+        namespace = meta_of(rayjob).get("namespace") or "default"
+        self._record_idle(namespace, guard.sweep_name_of(rayjob), sweep, idle_gpus.STOPPING, held)
 
     def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
