@@ -236,15 +236,7 @@ PATHS = [
     ),
     # The stopped job's cluster deleted by KubeRay (shutdownAfterJobFinishes) before the operator could suspend it:
     # the stop is still recorded, up to where the deletion began (a slow pass loses this race under load).
-    Path(
-        "kuberay-deletes-first",
-        _own_limit,  # a spent budget (the sweep stays to show its status): 7.2 GPU-seconds
-        {
-            "spec__budget": {"gpuHours": 0.002, "runUntilExhausted": True},
-            "spec__deadlines": {"activeSeconds": 3600, "startupSeconds": 600, "gracefulStopSeconds": 2},
-        },
-        kuberay_first=True,
-    ),
+    Path("kuberay-deletes-first", _delete, kuberay_first=True),
     Path("no-trial-running", _no_trial_running, cause="unscheduledTrials"),
     # Kueue's, not ours: the guard frees the held cluster's workers once the head says the job stopped (the RayJob's
     # jobStatus stays RUNNING while KubeRay suspends it), not the graceful window (30 s) later.
@@ -267,7 +259,15 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
         synthetic.delete_file()
     run = run_of(env, rayjob)
     refused = None
-    if path.kuberay_first:  # every suspend patch but the stand-in's own writes is a conflict
+    if path.kuberay_first:  # every suspend patch but the stand-in's own writes is a conflict, once the guard holds
+        wait_for(
+            lambda: (
+                constants.FINALIZER
+                in ((env.get(constants.RAYCLUSTER_PLURAL, cluster) or {}).get("metadata") or {}).get("finalizers", [])
+            ),
+            TIMEOUT,
+            what="the guard's finalizer on the cluster",
+        )
         refused = env.server.emulator.errors.inject(
             409,
             times=None,
@@ -308,11 +308,18 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
         assert "DeletedWorkerPod" not in env.event_reasons(cluster), "no group was suspended"
     if refused is not None:
         assert refused.hits, "the operator tried to suspend the workers"
+    if refused is not None:  # the sweep goes with its deletion: the metric keeps the stop's GPU-seconds, from the
+        # ask to where KubeRay's deletion began (the driver's stop and the stand-in's look at it)
+        metrics = env.operator.controller.metrics
+        total = "trainingsweep_idle_gpu_seconds_total"
+        stopped = wait_for(lambda: metrics.total(total, sweep=name, cause="stopping"), TIMEOUT, what="stop recorded")
+        assert 0 < stopped <= count * SLACK_S, stopped
+        wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released")
+        assert metrics.total(total, sweep=name, cause="stopping") == stopped, "recorded once"
+        assert "WorkerGroupsSuspended" not in env.event_reasons(name), "no suspend went through"
+        return
     recorded = env.wait_status(name, lambda s: (s.get("idleGpuSeconds") or {}).get(path.cause), path.cause)
     assert 0 < recorded["idleGpuSeconds"][path.cause] <= count * (SLACK_S + 60), recorded["idleGpuSeconds"]
-    if refused is not None:  # from the ask to the deletion: the driver's stop and the stand-in's look at it
-        assert recorded["idleGpuSeconds"][path.cause] <= count * SLACK_S, recorded["idleGpuSeconds"]
-        assert "WorkerGroupsSuspended" not in env.event_reasons(name), "no suspend went through"
     if path.held:
         assert env.get(constants.RAYCLUSTER_PLURAL, cluster) is not None or path.suspended, "the cluster stays held"
         write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
