@@ -137,7 +137,8 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
 
     history_limit: int = 10  # versions kept per object in `objects[...]` history (kmock keeps all)
     request_log_limit: int = 2_000  # requests kept in kmock's request log (`list(emulator)`); 0 keeps none
-    auto_create_namespaces: bool = True  # a namespaced object creates its Namespace (the real server refuses)
+    # True: a namespaced create makes its Namespace; False, as the real server: 404 NotFound without it
+    auto_create_namespaces: bool = True
     errors: ErrorInjector = attrs.field(factory=ErrorInjector)
     changes: ChangeLog = attrs.field(factory=ChangeLog)
     _types: dict[kmock.resource, ResourceType] = attrs.field(factory=dict, init=False)
@@ -433,6 +434,10 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         if namespace is None:
             return
         stored = self._current(self._type_for("", "v1", "namespaces"), None, namespace)
+        if stored is None and not self.auto_create_namespaces:  # lifecycle/admission.go: the namespace must exist
+            raise ApiError(
+                404, "NotFound", f'namespaces "{namespace}" not found', {"name": namespace, "kind": "namespaces"}
+            )
         if stored is None or not _namespace_terminating(stored):
             return
         qualified = resource_type.qualified

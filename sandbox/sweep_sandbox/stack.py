@@ -111,7 +111,7 @@ class Sandbox:
         }
 
     def start(self) -> Sandbox:
-        from .emulator import EmulatorServer
+        from .emulator import EmulatorServer, build_emulator
         from .kuberay import KubeRayStandIn
         from .operator_thread import OperatorThread
         from .realrunner import LocalRayRunner
@@ -123,7 +123,8 @@ class Sandbox:
             self.s3 = S3Server().start()
             self.s3.client().create_bucket(Bucket=self.bucket)
             os.environ["AWS_ENDPOINT_URL_S3"] = self.s3.endpoint_url
-            self.server = EmulatorServer(tls=self.admission)  # kubectl sends its tokens over TLS only
+            # kubectl sends its tokens over TLS only; a create in a namespace nobody made is NotFound, as in a cluster
+            self.server = EmulatorServer(build_emulator(auto_create_namespaces=False), tls=self.admission)
             self.server.start()
             chart_docs = self._install_chart_admission()
             self.server.write_kubeconfig(

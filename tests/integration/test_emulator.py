@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_sandbox.emulator import EmulatorServer, parse_label_selector
+from sweep_sandbox.emulator import EmulatorServer, build_emulator, parse_label_selector
 from tests.support.factories import cpu_sweep
 from tests.support.waiting import wait_for
 
@@ -416,6 +416,26 @@ def test_nothing_is_created_in_a_namespace_being_deleted(core: Any, custom: Any,
     assert json.loads(no_event.value.body)["message"].startswith("events is forbidden: unable to create new content")
     custom.patch_namespaced_custom_object(G, V, ns, P, "held", {"metadata": {"finalizers": []}})
     wait_for(lambda: gone(lambda: core.read_namespace(ns)), 5, what="the namespace to go")
+
+
+def test_a_create_in_a_namespace_that_does_not_exist_is_not_found_where_the_emulator_is_strict() -> None:
+    """NamespaceLifecycle again (lifecycle/admission.go `Admit`: "refuse to operate on non-existent namespaces", the
+    live lookup's NotFound returned as it is): the operator's integration environment runs the emulator so
+    (`auto_create_namespaces=False`); the Namespace itself and cluster-scoped kinds need none."""
+    import kubernetes.client
+
+    with EmulatorServer(build_emulator(auto_create_namespaces=False)) as strict:
+        api = strict.api_client()
+        core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            custom.create_namespaced_custom_object(G, V, "nowhere", P, sweep("early"))
+        status = json.loads(refused.value.body)
+        assert (refused.value.status, status["reason"]) == (404, "NotFound")
+        assert status["message"] == 'namespaces "nowhere" not found'
+        assert status["details"] == {"name": "nowhere", "kind": "namespaces"}
+        assert gone(lambda: core.read_namespace("nowhere")), "nothing made the namespace"
+        core.create_namespace({"metadata": {"name": "nowhere"}})
+        assert custom.create_namespaced_custom_object(G, V, "nowhere", P, sweep("early"))["metadata"]["uid"]
 
 
 # ---- watches

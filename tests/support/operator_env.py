@@ -14,7 +14,7 @@ import kubernetes
 
 from sweep_contracts import constants
 from sweep_operator.settings import OperatorLimits, Settings
-from sweep_sandbox.emulator import EmulatorServer
+from sweep_sandbox.emulator import EmulatorServer, build_emulator
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.factories import changed, cpu_sweep, gpu_sweep
@@ -84,6 +84,7 @@ class OperatorEnv:
 
     def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
         meta = doc["metadata"]
+        self.ensure_namespace(meta["namespace"])
         return self.custom.create_namespaced_custom_object(
             constants.GROUP, constants.VERSION, meta["namespace"], constants.PLURAL, copy.deepcopy(doc)
         )
@@ -174,6 +175,15 @@ class OperatorEnv:
             {"metadata": {"annotations": annotations}},
         )
 
+    def ensure_namespace(self, namespace: str) -> None:
+        """The tenant's namespace, made first as a platform admin would: the API server (and the emulator here)
+        refuses a create in a namespace that does not exist."""
+        try:
+            self.core.create_namespace({"metadata": {"name": namespace}})
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 409:
+                raise
+
     def namespace_gone(self, namespace: str) -> bool:
         try:
             self.core.read_namespace(namespace)
@@ -256,7 +266,7 @@ def start_operator_env(
         return healthy_clients[key]
 
     switch = S3Switch(healthy, failing_s3)
-    server = EmulatorServer()
+    server = EmulatorServer(build_emulator(auto_create_namespaces=False))
     server.start()
     runner = ScriptedRunner(default=Outcome.succeed(1.0, startup=0.3))
     # The heads' Jobs API on loopback: the operator stops a running job through it before a delete (issue 26).
