@@ -62,7 +62,10 @@ def write_env_file(path: Path, environment: Mapping[str, str], bin_dir: Path | N
     folder = bin_dir or Path(sys.executable).parent.absolute()
     lines = [f"export {key}={shlex.quote(value)}\n" for key, value in environment.items()]
     lines.append(f'export PATH={shlex.quote(str(folder))}:"$PATH"\n')
-    path.write_text("".join(lines))
+    # Whole or not at all: the file's existence says the sandbox is up to whoever waits for it (a script, a test).
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text("".join(lines))
+    os.replace(partial, path)
 
 
 @dataclass

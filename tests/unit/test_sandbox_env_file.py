@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from sweep_sandbox.stack import write_env_file
 
@@ -31,3 +32,21 @@ def test_sourcing_the_env_file_puts_the_repositorys_kubectl_and_its_plugin_first
     kubectl, kubeconfig, *plugin = done.stdout.splitlines()
     assert kubectl == str(BIN / "kubectl") and kubeconfig == str(tmp_path / "kube config")
     assert any("kubectl sweep" in line for line in plugin), done.stdout
+
+
+def test_the_env_file_appears_whole_never_written_in_place(tmp_path: Path, monkeypatch: Any) -> None:
+    """Whoever waits for the file (a script, the e2e tests) reads it as soon as it exists: it must never exist half
+    written, so it is written beside and renamed into place."""
+    env_file = tmp_path / "env"
+    seen: list[tuple[Path, bool]] = []
+    real_write = Path.write_text
+
+    def write_text(self: Path, data: str, *args: Any, **kwargs: Any) -> int:
+        seen.append((self, env_file.exists()))
+        return real_write(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    write_env_file(env_file, {"SWEEP_SANDBOX_BUCKET": "sweeps-sandbox"})
+    assert seen and all(path != env_file and not existed for path, existed in seen), seen
+    assert "export SWEEP_SANDBOX_BUCKET=sweeps-sandbox\n" in env_file.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env"], "nothing partial left beside it"
