@@ -675,6 +675,9 @@ class IdleGpuStatus(StatusModel):
 class GracefulStopStatus(StatusModel):
     ray_job_uid: str = Field(..., description="The RayJob whose Ray job the operator asked to stop.")
     requested_at: str = Field(..., description="When the operator asked the head to stop it (RFC 3339).")
+    idle_recorded: bool | None = Field(
+        None, description="The stop's GPU time is in idleGpuSeconds.stopping (a restarted operator adds it once)."
+    )
 
 
 class SweepStatus(StatusModel):

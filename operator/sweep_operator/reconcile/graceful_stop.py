@@ -81,6 +81,27 @@ def recorded_request(status: Mapping[str, Any], rayjob_uid: str) -> float | None
     return epoch_seconds(stop.get("requestedAt"))
 
 
+def idle_recorded(status: Mapping[str, Any], rayjob_uid: str) -> bool:
+    """This RayJob's stop has its GPU time in status.idleGpuSeconds already (status.gracefulStop.idleRecorded): a
+    restarted operator, which no longer remembers it, must not add it a second time."""
+    stop = status.get("gracefulStop")
+    return (
+        isinstance(stop, Mapping)
+        and bool(rayjob_uid)
+        and stop.get("rayJobUid") == rayjob_uid
+        and stop.get("idleRecorded") is True
+    )
+
+
+def with_idle_recorded(status: Mapping[str, Any], rayjob_uid: str) -> dict[str, Any]:
+    """The status change that marks this RayJob's recorded stop as counted; nothing where status.gracefulStop is
+    another RayJob's or absent (the stop was then asked by this process only, whose memory keeps it once)."""
+    stop = status.get("gracefulStop")
+    if not isinstance(stop, Mapping) or not rayjob_uid or stop.get("rayJobUid") != rayjob_uid:
+        return {}
+    return {"gracefulStop": {**stop, "idleRecorded": True}}
+
+
 def request_status(rayjob_uid: str, now: float) -> dict[str, Any]:
     """The status change that records a stop's request (status.gracefulStop)."""
     return {"gracefulStop": {"rayJobUid": rayjob_uid, "requestedAt": rfc3339(now)}}

@@ -183,19 +183,40 @@ class StopBeforeDelete(ABC):
         asked: float | None,
     ) -> None:
         """GPU time from the graceful stop's request (`asked`) to the suspend, or to the cluster's deletion: once per
-        stop, whichever of the stop's pass and the guard sees it first."""
+        stop, whichever of the stop's pass and the guard sees it first, and once across a restart (the status write
+        that adds it marks status.gracefulStop, which a restarted operator reads before it adds anything)."""
         if asked is None:
             return
-        stop = _stop_key(rayjob, asked)
+        stop, uid = _stop_key(rayjob, asked), meta_of(rayjob).get("uid") or ""
         with self._guard_lock:
             if stop in self._stops_recorded:
                 return
             self._stops_recorded[stop] = None
             while len(self._stops_recorded) > MAX_REMEMBERED_STOPS:
                 self._stops_recorded.popitem(last=False)
+        if sweep is not None and graceful_stop.idle_recorded(status_of(sweep), uid):
+            return
         held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
-        namespace = meta_of(rayjob).get("namespace") or "default"
-        self._record_idle(namespace, guard.sweep_name_of(rayjob), sweep, idle_gpus.STOPPING, held)
+        namespace, name = meta_of(rayjob).get("namespace") or "default", guard.sweep_name_of(rayjob)
+        if held <= 0:
+            return
+        counted = True
+
+        def change(status: dict[str, Any]) -> dict[str, Any]:
+            nonlocal counted
+            counted = not graceful_stop.idle_recorded(status, uid)  # a fresh read after a conflict decides again
+            if not counted:
+                return dict(status)
+            idle = idle_gpus.idle_status(status, idle_gpus.STOPPING, held)
+            return updated(status, {**idle, **graceful_stop.with_idle_recorded(status, uid)})
+
+        if sweep is not None:
+            try:
+                self.status.update(sweep, change)
+            except Exception as exc:  # the metric says it; the status misses this stop
+                log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", name, idle_gpus.STOPPING, exc)
+        if counted:
+            self.metrics.idle_gpus(namespace, name, idle_gpus.STOPPING, held)
 
     def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
