@@ -115,6 +115,7 @@ class SweepController(DeletionGuard):
         # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
         self._stops_recorded = OrderedDict[tuple[str, int], None]()  # (RayJob, ask) stops whose GPU time is recorded
+        self._stop_failures = dict[tuple[str, str, str], int]()
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(

@@ -58,6 +58,9 @@ class SweepFacts:
     create_retry_at: float | None = None  # the last RayJob create failed; not before this time again
     rayjob: RayJobFacts | None = None  # None: the run's RayJob does not exist
     rayjob_body: Mapping[str, Any] | None = None
+    # An ended sweep's RayJob as the watch last saw it (no request is made for an ended sweep): a stop the operator
+    # decided but never carried out shows here as a RayJob still running (run_phase.unstopped_rayjob).
+    ended_rayjob: Mapping[str, Any] | None = None
     run_spec: RunSpec | None = None  # the spec the run was admitted with (it travels on the RayJob)
     progress: Mapping[str, Any] | None = None  # status fields from the run's _sweep/status.json, polled this pass
     stopped_at_deadline: bool = False  # _sweep/result.json says Tune's budget ended the run

@@ -93,7 +93,9 @@ class Reads:
     def run_facts(self, facts: SweepFacts) -> SweepFacts:
         """An admitted sweep's facts: its RayJob, and the run's progress or result when the decision reads them."""
         if is_terminal(facts.status.get("phase")):
-            return facts
+            name = facts.status.get("rayJobName") or ""
+            ended = self.cache.rayjob(ObjectRef(facts.ref.namespace, name)) if name else None
+            return replace(facts, ended_rayjob=ended) if ended is not None else facts
         rayjob = self.rayjob(ObjectRef(facts.ref.namespace, facts.status.get("rayJobName") or ""))
         facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
                         run_spec=run_spec_of(rayjob) if rayjob else None)  # fmt: skip

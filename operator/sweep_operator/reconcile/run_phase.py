@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sweep_contracts import constants
 from sweep_contracts.api import WAITING_PHASES, Phase
 
 from ..policy import demand_of
-from ..run_metadata import worker_cap
+from ..run_metadata import GuardTarget, worker_cap
 from ..status import (
     RayJobFacts,
     conditions_with,
@@ -200,6 +201,27 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
         events.append(Event("Warning", "SpecChangeRefused", message))
 
 
+# The ended phases an operator's stop leaves (the deadline, a spent budget, the startup deadline): the RayJob's
+# deletion follows them. A Succeeded sweep's job ended by itself; KubeRay's own deletion follows it.
+STOPPED_BY_OPERATOR = frozenset({Phase.FAILED, Phase.DEADLINE_EXCEEDED, Phase.BUDGET_EXHAUSTED})
+
+
+def unstopped_rayjob(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> str | None:
+    """The RayJob to stop again: an ended sweep's own RayJob (status.rayJobName, carrying the guard record only the
+    operator may write, of this run) still running, neither deleting nor finished. The stop's delete never went out
+    (its pass failed for good, or the operator restarted before it ran), and a live job would hold its GPUs until
+    KubeRay's active deadline. A finished job is KubeRay's to clean up; a deleting one is the guard's."""
+    if rayjob is None or status.get("phase") not in STOPPED_BY_OPERATOR:
+        return None
+    meta = rayjob.get("metadata") or {}
+    if not meta.get("name") or meta.get("name") != status.get("rayJobName") or meta.get("deletionTimestamp"):
+        return None
+    target = GuardTarget.from_annotation((meta.get("annotations") or {}).get(constants.ANNOTATION_GUARD))
+    if target is None or not target.run_id or target.run_id != status.get("runId"):
+        return None
+    return None if RayJobFacts.from_object(rayjob).finished else str(meta["name"])
+
+
 def decide_run(facts: SweepFacts) -> Decision:
     """The new status and actions of an admitted sweep. A Decision with a Diagnose action only asks for the
     startup diagnosis: the controller reads it into `facts.diagnosis` and decides again. The status judged is the
@@ -207,7 +229,9 @@ def decide_run(facts: SweepFacts) -> Decision:
     status, generation, now = facts.judged_status, facts.generation, facts.now
     phase = status.get("phase")
     if is_terminal(phase):
-        return Decision(actions=(ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),))
+        ending = (ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),)
+        unstopped = unstopped_rayjob(facts.status, facts.ended_rayjob)
+        return Decision(actions=(DeleteRayJob(unstopped), *ending) if unstopped else ending)
     changes: dict[str, Any] = {}
     actions: list[Any] = []
     events: list[Event] = []

@@ -31,6 +31,7 @@ from .status_writer import EventSink, StatusWriter
 
 log = logging.getLogger(__name__)
 MAX_REMEMBERED_STOPS = 4096  # stops whose GPU time is recorded, kept to record each once (oldest forgotten first)
+STOP_RETRY_S, MAX_STOP_RETRY_S = 1.0, 60.0  # a failed stop pass is tried again after 1, 2, 4 ... 60 s
 
 
 def _stop_key(rayjob: Mapping[str, Any], asked: float | None) -> tuple[str, int]:
@@ -53,6 +54,7 @@ class StopBeforeDelete(ABC):
     job_status: Callable[[str, str], str | None]
     _stops: dict[str, float]
     _stops_recorded: OrderedDict[tuple[str, int], None]
+    _stop_failures: dict[tuple[str, str, str], int]  # failed passes in a row, per stop being carried out
     _guard_lock: threading.Lock
 
     @property
@@ -81,7 +83,22 @@ class StopBeforeDelete(ABC):
         return graceful_stop.evicted_by_kueue(rayjob, workloads)
 
     def _stopping_pass(self, key: tuple[str, str, str]) -> None:
-        """Delete a RayJob once its job stopped gracefully or its window passed; until then look again."""
+        """Delete a RayJob once its job stopped gracefully or its window passed; until then look again. A pass that
+        fails (the API server, the head) is tried again after a backoff: the stop exists nowhere else once the
+        sweep's phase has ended, and a live job keeps its GPUs."""
+        try:
+            self._stop_step(key)
+        except Exception as exc:
+            with self._guard_lock:
+                failures = self._stop_failures[key] = self._stop_failures.get(key, 0) + 1
+            delay = min(STOP_RETRY_S * 2 ** (failures - 1), MAX_STOP_RETRY_S)
+            log.warning("RayJob %s/%s: its stop failed (%s); trying again in %.0f s", key[0], key[1], exc, delay)
+            self.stopping.add_after(key, delay)
+            return
+        with self._guard_lock:
+            self._stop_failures.pop(key, None)
+
+    def _stop_step(self, key: tuple[str, str, str]) -> None:
         namespace, name, sweep_name = key
         rayjob = self.kube.get_rayjob(namespace, name)
         if rayjob is None:
