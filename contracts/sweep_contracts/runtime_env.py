@@ -39,14 +39,26 @@ def encode(run_spec: RunSpec, deadline_at: int | None) -> str:
     return yaml.dump({"env_vars": env_vars}, Dumper=_DUMPER, sort_keys=True, width=1_000_000)
 
 
+# Anyone who may edit a RayJob may rewrite its runtimeEnvYAML, and the operator reads it on every pass: the text is
+# bounded (the operator's own runtime env is a few KiB) and only scalars are ever turned into text, so a small
+# document of nested aliases (a "billion laughs") cannot make the operator expand it in memory.
+MAX_RUNTIME_ENV_CHARS = 512 * 1024
+_SCALARS = (str, int, float, bool)
+
+
 def decode(text: str | None) -> dict[str, Any]:
     """A runtimeEnvYAML document as KubeRay reads it: a YAML mapping, or nothing ({}) for an empty or null document.
     ValueError, naming the field, when it is not YAML or not a mapping (KubeRay rejects both; the schema inside is
-    Ray's to check). Keys come back as strings, as KubeRay's YAML-to-JSON step makes them."""
+    Ray's to check), or when it is longer than MAX_RUNTIME_ENV_CHARS or nested too deep to read (a key that is a
+    structure, unhashable, is refused by the loader). Keys come back as strings, as KubeRay's YAML-to-JSON step makes them."""
+    if text is not None and len(text) > MAX_RUNTIME_ENV_CHARS:
+        raise ValueError(f"runtimeEnvYAML is {len(text)} characters long, more than {MAX_RUNTIME_ENV_CHARS}")
     try:
         doc = yaml.load(text or "", Loader=_LOADER)
     except yaml.YAMLError as e:
         raise ValueError(f"runtimeEnvYAML is not YAML: {e}") from e
+    except RecursionError as e:
+        raise ValueError("runtimeEnvYAML is nested too deep to read") from e
     if doc is None:
         return {}
     if not isinstance(doc, dict):
@@ -55,12 +67,15 @@ def decode(text: str | None) -> dict[str, Any]:
 
 
 def env_vars(text: str | None) -> dict[str, str]:
-    """The `env_vars` a runtimeEnvYAML document carries ({} when absent or unreadable)."""
+    """The `env_vars` a runtimeEnvYAML document carries ({} when absent or unreadable). Ray takes strings; a value
+    that is not a scalar (a list, a mapping) is left out rather than turned into text."""
     try:
         found = decode(text).get("env_vars")
     except ValueError:
         return {}
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): str(v) for k, v in found.items() if isinstance(k, _SCALARS) and isinstance(v, _SCALARS)}
 
 
 def env_vars_of(rayjob: Mapping[str, Any]) -> dict[str, str]:
@@ -84,7 +99,7 @@ class _Parsed:
                 return self._items[key]
         try:
             parsed: RunSpec | None = RunSpec.from_json(env_vars(text)[constants.ENV_RUN_SPEC])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, RecursionError):  # a run spec nested too deep is unreadable too
             parsed = None
         with self._lock:
             self._items[key] = parsed

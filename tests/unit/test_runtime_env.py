@@ -49,3 +49,33 @@ def test_decode_reads_what_the_renderer_writes() -> None:
     assert set(doc) == {"env_vars"}
     assert doc["env_vars"][constants.ENV_DEADLINE_AT] == "1796000000"
     assert RunSpec.from_json(doc["env_vars"][constants.ENV_RUN_SPEC]) == runtime_env.run_spec_of(rayjob)
+
+
+def _alias_bomb(levels: int, run_spec: str = "{}") -> str:
+    """A few hundred characters of nested aliases that stand for 9**levels strings once written out in full."""
+    lines = ["a0: &a0 [" + ", ".join(['"xxxxxxxxxx"'] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    lines.append(f"env_vars: {{{constants.ENV_RUN_SPEC}: '{run_spec}', X: *a{levels}}}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_tenants_alias_bomb_in_the_runtime_env_is_never_written_out() -> None:
+    """Anyone who may edit the RayJob may rewrite runtimeEnvYAML: a value that is not a scalar is left out, not
+    turned into text (6 levels: 0.5 s and 140 MB to write out; 7 exhaust the operator's 512 MiB)."""
+    bomb = _alias_bomb(6)
+    assert len(bomb) < 600
+    assert runtime_env.env_vars(bomb) == {constants.ENV_RUN_SPEC: "{}"}
+    assert runtime_env.env_vars(_alias_bomb(9)) == {constants.ENV_RUN_SPEC: "{}"}
+    rayjob = {"spec": {"runtimeEnvYAML": _alias_bomb(9, run_spec="not json")}}
+    assert runtime_env.run_spec_of(rayjob) is None
+
+
+def test_a_runtime_env_too_long_too_deep_or_keyed_by_a_structure_is_unreadable() -> None:
+    too_long = "env_vars: {A: '" + "x" * runtime_env.MAX_RUNTIME_ENV_CHARS + "'}\n"
+    with pytest.raises(ValueError, match="characters long"):
+        runtime_env.decode(too_long)
+    assert runtime_env.env_vars(too_long) == {}
+    with pytest.raises(ValueError, match="unhashable key"):
+        runtime_env.decode("a: &a [1, 2]\n? *a\n: x\n")
+    deep = "env_vars: " + "[" * 100_000 + "]" * 100_000 + "\n"
+    assert runtime_env.env_vars(deep) == {}
