@@ -133,14 +133,38 @@ def has_any_object(client: S3Reader, bucket: str, prefix: str) -> bool:
     return bool(page.get("Contents"))
 
 
-def read_object(client: S3Reader, bucket: str, key: str, missing_ok: bool = False) -> bytes | None:
-    """The whole object (small JSON documents only); None if it does not exist and `missing_ok`."""
+# A run's JSON records (status, result, Train's snapshots, manifests, Tune's experiment state) are written by the
+# tenant's code: the operator reads at most this much of one, so an outsized object cannot exhaust its memory
+# (the guard then holds, naming the object; progress is best effort).
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+class DocumentTooLarge(ValueError):
+    """An S3 object over MAX_DOCUMENT_BYTES where the operator expects a JSON record."""
+
+
+def read_document(response: Mapping[str, Any], key: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
+    """The body of a `get_object` answer, at most `limit` bytes read (DocumentTooLarge beyond it); closed after."""
+    body = response["Body"]
     try:
-        body = client.get_object(Bucket=bucket, Key=key)["Body"]
-        try:
-            return body.read()
-        finally:
-            body.close()
+        size = response.get("ContentLength")
+        if isinstance(size, int) and size > limit:
+            raise DocumentTooLarge(f"{key} is {size} bytes, more than the {limit} the operator reads of a run's record")
+        data = body.read(limit + 1)
+        if len(data) > limit:
+            raise DocumentTooLarge(f"{key} is more than the {limit} bytes the operator reads of a run's record")
+        return data
+    finally:
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
+
+
+def read_object(client: S3Reader, bucket: str, key: str, missing_ok: bool = False) -> bytes | None:
+    """The whole object (small JSON documents only, at most MAX_DOCUMENT_BYTES); None if it does not exist and
+    `missing_ok`."""
+    try:
+        return read_document(client.get_object(Bucket=bucket, Key=key), key)
     except Exception as exc:
         if missing_ok and _error_code(exc) in ("NoSuchKey", "404"):
             return None

@@ -307,3 +307,41 @@ def test_list_trials_groups_by_trial_and_repeats_a_trial_seen_again() -> None:
     trials = v.list_trials(Client(), "bkt", "t/train/", lambda trial, objects: seen.append((trial, dict(objects))))
     assert trials == {"a": {"x": 1, "y": 2, "z": 4}, "b": {"x": 3}}
     assert seen == [("a", {"x": 1, "y": 2}), ("b", {"x": 3}), ("a", {"x": 1, "y": 2, "z": 4})]
+
+
+def test_an_outsized_record_holds_naming_it_without_being_read_whole(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """The run's records are the tenant's to write: one over MAX_DOCUMENT_BYTES (a manifest here) is an S3 error
+    naming it, the guard holds, and at most the limit's worth of it is read."""
+    from sweep_operator.verification_listing import MAX_DOCUMENT_BYTES
+
+    key = sweep.manifest_keys(sweep.trials[0], sweep.checkpoints[sweep.trials[0]][0])[0]
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"[" + b"0," * (MAX_DOCUMENT_BYTES // 2) + b"0]")
+    result = verify(s3, sweep)
+    assert not result.verified
+    assert result.problems[0].key == key and result.problems[0].kind == v.S3_ERROR
+    assert "more than the" in result.problems[0].detail, result.problems[0]
+
+
+def test_a_record_is_read_up_to_the_limit_only() -> None:
+    from sweep_operator.verification_listing import DocumentTooLarge, read_document
+
+    class Body:
+        def __init__(self, size: int) -> None:
+            self.size, self.asked, self.closed = size, [], False
+
+        def read(self, amt: int | None = None) -> bytes:
+            self.asked.append(amt)
+            return b"x" * min(self.size, amt if amt is not None else self.size)
+
+        def close(self) -> None:
+            self.closed = True
+
+    announced = Body(100)
+    with pytest.raises(DocumentTooLarge, match="k is 100 bytes"):
+        read_document({"Body": announced, "ContentLength": 100}, "k", limit=10)
+    assert announced.asked == [] and announced.closed, "refused from its announced length, unread"
+    unannounced = Body(10**9)
+    with pytest.raises(DocumentTooLarge):
+        read_document({"Body": unannounced}, "k", limit=10)
+    assert unannounced.asked == [11] and unannounced.closed
+    assert read_document({"Body": Body(10), "ContentLength": 10}, "k", limit=10) == b"x" * 10

@@ -21,6 +21,7 @@ from ..policy import Demand
 from ..rendering import rayjob_name, run_id_for
 from ..settings import Settings
 from ..status import RayJobFacts, is_terminal, progress_patch
+from ..verification_listing import read_document
 from .actions import Diagnose
 from .admission import owned_by
 from .cache import Cache, run_ref
@@ -144,7 +145,7 @@ class Reads:
         uri = s3_layout.S3Uri.parse(location)
         try:
             client = self.s3_client_for(target.endpoint_url, target.region)
-            doc = json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read())
+            doc = json.loads(read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key))
             return doc if isinstance(doc, dict) else None
         except Exception as exc:
             log.debug("cannot read %s: %s", location, exc)
@@ -294,7 +295,7 @@ def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | No
     for location in (layout.status_path, layout.result_path):
         uri = s3_layout.S3Uri.parse(location)
         try:
-            docs.append(json.loads(client.get_object(Bucket=uri.bucket, Key=uri.key)["Body"].read()))
+            docs.append(json.loads(read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key)))
         except Exception as exc:  # absent is an answer; anything else means "cannot tell"
             docs.append(None)
             if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
