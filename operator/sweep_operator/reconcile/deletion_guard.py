@@ -163,8 +163,19 @@ class DeletionGuard(StopBeforeDelete):
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
-        deletion = DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=self.reads.sweep_of(body))
+        sweep = self.reads.sweep_of(body)
+        # Whoever deleted it (a user's `kubectl delete rayjob`, a tool), KubeRay stops its job, but the RayCluster
+        # stays while the guard holds its owner, at full size: its worker groups are suspended first, as where the
+        # operator deletes a RayJob (a no-op there: they are suspended already), so the GPUs do not wait for the
+        # verification.
+        wait = self._suspend_before_delete(body, sweep)
+        if wait is not None:
+            message = f"RayJob {meta_of(body).get('name')}: waiting for its cluster's worker groups to go"
+            raise RetryLater(message, wait, counted=False)
+        deletion = DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=sweep)
         facts, decision = self._guard(deletion)
+        with self._guard_lock:  # released: the suspend's start is no longer needed
+            self._stops.pop(f"suspend/{meta_of(body).get('uid') or meta_of(body).get('name')}", None)
         if facts.skip:
             self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), rayjobs=False)
         return decision.reason
@@ -179,12 +190,13 @@ class DeletionGuard(StopBeforeDelete):
                 raise RetryLater(message, wait, counted=False)
             self._stop_done(rayjob, sweep)
         self._record_stop_outran_suspend(body, rayjob, sweep)  # before a release lets the cluster and its pods go
+        # The data stays held; the GPUs need not (issue 26), nor wait for the verification, which may take minutes.
+        self._free_held_workers(body, rayjob, sweep)
         try:
             _, decision = self._guard(
                 DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
             )
-        except RetryLater as hold:  # the data stays held; the GPUs need not (issue 26)
-            self._free_held_workers(body, rayjob, sweep)
+        except RetryLater as hold:
             hold.delay = min(hold.delay, self._until_workers_free(body, rayjob, sweep))
             raise
         return decision.reason

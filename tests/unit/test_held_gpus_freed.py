@@ -1,0 +1,117 @@
+"""GPU workers of a run the guard holds do not wait for the verification (issue 26): a RayJob deleted by anyone else
+has its cluster's worker groups suspended first, and a held cluster whose driver stopped loses its workers before
+the verification, which may take its whole timeout, begins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_operator.reconcile.controller import RetryLater
+from tests.unit.test_controller import World, add_sweep
+from tests.unit.test_stops_not_lost import make_world
+
+
+def cluster_with_workers(world: World, rayjob: dict[str, Any], name: str, workers: int = 4) -> None:
+    """The RayCluster KubeRay made for `rayjob` (its controller ownerReference), GPU workers up, autoscaler off."""
+    world.kube.add(
+        "RayCluster",
+        {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": {
+                "name": name,
+                "namespace": "ml",
+                "uid": "cluster-uid",
+                "labels": dict(rayjob["metadata"]["labels"]),
+                "annotations": dict(rayjob["metadata"].get("annotations") or {}),
+                "finalizers": [constants.FINALIZER],
+                "ownerReferences": [
+                    {
+                        "kind": "RayJob",
+                        "name": rayjob["metadata"]["name"],
+                        "uid": rayjob["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "enableInTreeAutoscaling": False,
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers, "minReplicas": workers}],
+            },
+        },
+    )
+    for i in range(workers):
+        world.kube.pods.append(
+            {
+                "metadata": {
+                    "name": f"{name}-w{i}",
+                    "namespace": "ml",
+                    "labels": {constants.RAY_LABEL_CLUSTER: name, constants.RAY_LABEL_NODE_TYPE: "worker"},
+                    "ownerReferences": [{"uid": "cluster-uid"}],
+                },
+                "spec": {"containers": [{"resources": {"limits": {constants.GPU_RESOURCE: "1"}}}]},
+                "status": {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-02T11:00:00Z"}
+                    ],
+                },
+            }
+        )
+
+
+def test_a_rayjob_deleted_by_a_user_has_its_clusters_worker_groups_suspended_before_it_is_verified() -> None:
+    world = make_world()
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    cluster = f"{name}-x7k2p"
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=cluster)
+    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    world.verifier.verified = False  # the checkpoints do not verify: the guard holds
+    world.kube.delete_rayjob("ml", name)  # `kubectl delete rayjob`: the cluster stays while its owner is held
+    body = world.kube.get_rayjob("ml", name) or {}
+    world.kube.calls.clear()
+    with pytest.raises(RetryLater) as held:
+        world.controller.guard_rayjob_deletion(body, 0)
+    assert held.value.counted is False, "a wait for the workers, not a failed check"
+    suspended = world.kube.get_raycluster("ml", cluster) or {}
+    assert all(g.get("suspend") is True for g in suspended["spec"]["workerGroupSpecs"]), suspended["spec"]
+    assert not suspended["metadata"].get("deletionTimestamp"), "the cluster itself stays, held with its owner"
+    world.kube.pods.clear()  # KubeRay deletes a suspended group's pods (raycluster_controller.go reconcilePods)
+    world.verifier.calls.clear()
+    with pytest.raises(RetryLater) as held:
+        world.controller.guard_rayjob_deletion(body, 1)
+    assert held.value.counted is True and world.verifier.calls, "then the guard verifies, and holds"
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_a_held_clusters_workers_go_before_its_verification_once_the_driver_stopped(verified: bool) -> None:
+    world = make_world()
+    order: list[str] = []
+    world.kube.delete_pod = lambda namespace, pod: order.append("delete_pod") or True  # type: ignore[method-assign]  # records the order
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    cluster = f"{name}-x7k2p"
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName=cluster
+    )
+    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    world.verifier.verified = verified
+    verify = world.controller.reads.verifier
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        order.append("verify")
+        world.clock.now += 900  # a verification that takes its whole timeout (a slow or throttled bucket)
+        return verify(*args, **kwargs)
+
+    world.controller.reads.verifier = slow
+    world.kube._delete("RayCluster", "ml", cluster)  # KubeRay's TTL deletion of the finished job's cluster
+    body = world.kube.get_raycluster("ml", cluster) or {}
+    try:
+        world.controller.guard_raycluster_deletion(body, 0)
+    except RetryLater:
+        assert not verified
+    assert order[:5] == ["delete_pod"] * 4 + ["verify"], order
