@@ -7,6 +7,7 @@ Stdlib HTTP with bounded timeouts; no kopf, no Kubernetes client. KubeRay v1.7.0
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -17,6 +18,7 @@ from typing import Any
 TIMEOUT_S = 5.0
 JOB_PATH = "/api/jobs/"  # dashboard_httpclient.go JobPath
 TERMINAL_JOB_STATUSES = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})  # rayv1.IsJobTerminal
+_HOST_PORT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")  # a DNS name or IPv4, a port
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,25 @@ class StopOutcome:
 
 
 def dashboard_base(dashboard_url: str) -> str:
-    """`status.dashboardURL` is `host:port` without a scheme (KubeRay prefixes `http://` before InitClient)."""
+    """`status.dashboardURL` is `host:port` without a scheme (KubeRay prefixes `http://` before InitClient). Only a
+    host and port are taken: a path, query, fragment or user part (which would aim the operator's requests at another
+    URL than the head's Jobs API) is a ValueError."""
     url = dashboard_url.strip().rstrip("/")
-    return url if url.startswith(("http://", "https://")) else f"http://{url}"
+    scheme, _, rest = url.rpartition("://") if url.startswith(("http://", "https://")) else ("http", "", url)
+    if not _HOST_PORT.fullmatch(rest):
+        raise ValueError(f"dashboard URL {dashboard_url!r} is not host:port")
+    return f"{scheme}://{rest}"
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """The head's answer is taken as it is: a redirect (which a tenant's image serving :8265 could send anywhere,
+    turning the stop into a request elsewhere) is an HTTPError, not followed."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def job_of(rayjob: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -46,7 +64,7 @@ def job_of(rayjob: Mapping[str, Any]) -> tuple[str, str] | None:
 def _request(method: str, url: str, timeout_s: float) -> tuple[int, bytes]:
     request = urllib.request.Request(url, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _OPENER.open(request, timeout=timeout_s) as response:
             return int(response.status), response.read()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read() or b""
@@ -56,13 +74,13 @@ def stop_job(dashboard_url: str, job_id: str, *, timeout_s: float = TIMEOUT_S) -
     """`POST /api/jobs/<id>/stop` (Ray's job_head.py `stop_job`): Ray's supervisor SIGTERMs the driver and SIGKILLs
     it after the job's `RAY_JOB_STOP_WAIT_TIME_S`. Like KubeRay's StopJob, `stopped: false` is fine when the job is
     already terminal (`GET /api/jobs/<id>`). Never raises: an unreachable head is an outcome with its reason."""
-    base = dashboard_base(dashboard_url) + JOB_PATH + urllib.parse.quote(job_id, safe="")
     try:
+        base = dashboard_base(dashboard_url) + JOB_PATH + urllib.parse.quote(job_id, safe="")
         code, body = _request("POST", base + "/stop", timeout_s)
         if code == 404:
             return StopOutcome(asked=False, error=f"job {job_id} does not exist on the cluster")
         if code // 100 != 2:
-            return StopOutcome(asked=False, error=f"stop answered {code}: {body[:200].decode(errors='replace')}")
+            return StopOutcome(asked=False, error=f"stop answered HTTP {code}")  # the body: not the operator's to relay
         if json.loads(body or b"{}").get("stopped") is True:
             return StopOutcome(asked=True)
         code, body = _request("GET", base, timeout_s)
@@ -78,8 +96,8 @@ def job_status(dashboard_url: str, job_id: str, *, timeout_s: float = TIMEOUT_S)
     """The job's status as its head has it (`GET /api/jobs/<id>`, JobDetails.status: PENDING, RUNNING, STOPPED,
     SUCCEEDED, FAILED); None when the head cannot say. While KubeRay suspends a RayJob it no longer polls the job, so
     the RayJob's jobStatus goes stale: the head is where a stop is seen to have ended."""
-    url = dashboard_base(dashboard_url) + JOB_PATH + urllib.parse.quote(job_id, safe="")
     try:
+        url = dashboard_base(dashboard_url) + JOB_PATH + urllib.parse.quote(job_id, safe="")
         code, body = _request("GET", url, timeout_s)
         status = json.loads(body or b"{}").get("status") if code // 100 == 2 else None
     except (OSError, ValueError):

@@ -115,3 +115,40 @@ def test_a_held_clusters_workers_go_before_its_verification_once_the_driver_stop
     except RetryLater:
         assert not verified
     assert order[:5] == ["delete_pod"] * 4 + ["verify"], order
+
+
+def test_the_sweeps_rayjob_is_found_by_what_only_the_operator_writes_never_by_ownerreferences() -> None:
+    """A tenant may edit a RayJob's ownerReferences and create RayJobs of their own: a run re-pointed at another
+    owner is still the sweep's (its deletion stops and deletes it), an unmarked decoy at the name the sweep's uid
+    implies is not (the operator would stop it through its status.dashboardURL)."""
+    from sweep_operator.rendering import rayjob_name, run_id_for
+
+    world = make_world()
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    rayjob = world.kube.get("RayJob", "ml", name) or {}
+    rayjob["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "anchor", "uid": "x"}]
+    world.kube.objects[("RayJob", "ml", name)] = rayjob
+    found = world.controller.reads.rayjob_of_sweep(world.sweep("digits"))
+    assert found is not None and found["metadata"]["name"] == name, "a re-pointed owner detached the run"
+
+    decoyed = add_sweep(world, "queued")  # never admitted: no status, so the name its uid implies is looked up
+    decoy = rayjob_name("queued", run_id_for(decoyed["metadata"]["uid"]))
+    world.kube.add("RayJob", {"metadata": {"name": decoy, "namespace": "ml"}, "status": {"dashboardURL": "x:1"}})
+    assert world.controller.reads.rayjob_of_sweep(world.sweep("queued")) is None
+
+
+def test_a_clusters_rayjob_is_of_the_clusters_own_run() -> None:
+    world = make_world()
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    cluster = f"{name}-x7k2p"
+    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    body = world.kube.get_raycluster("ml", cluster) or {}
+    found = world.controller.reads.rayjob_of_cluster(body)
+    assert found is not None and found["metadata"]["name"] == name
+    world.kube.add("RayJob", {"metadata": {"name": "decoy", "namespace": "ml", "uid": "decoy-uid"}})
+    repointed = {**body, "metadata": {**body["metadata"], "ownerReferences": [
+        {"kind": "RayJob", "name": "decoy", "uid": "decoy-uid", "controller": True}
+    ]}}  # fmt: skip
+    assert world.controller.reads.rayjob_of_cluster(repointed) is None

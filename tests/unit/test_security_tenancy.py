@@ -397,3 +397,40 @@ def test_an_entry_with_a_port_allows_that_port_only() -> None:
     )
     assert tenancy.endpoint_allowed("http://minio.svc:9000") and tenancy.endpoint_allowed("https://minio.svc")
     assert not tenancy.endpoint_allowed("http://minio.svc.attacker.example")
+
+
+# --- the Ray head's address ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("digits-r1-head-svc.team-a.svc.cluster.local:8265", "http://digits-r1-head-svc.team-a.svc.cluster.local:8265"),
+        ("http://10.0.0.7:8265/", "http://10.0.0.7:8265"),
+        ("https://head:8265", "https://head:8265"),
+    ],
+)
+def test_the_dashboard_url_is_a_host_and_port(url: str, base: str) -> None:
+    from sweep_operator import ray_jobs
+
+    assert ray_jobs.dashboard_base(url) == base
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "internal-svc.other.svc:8080/anything?",  # the rest of the request's path becomes a query
+        "head:8265/admin",
+        "head:8265#",
+        "user:pw@head:8265",
+        "head:port",
+        ":8265",
+    ],
+)
+def test_a_dashboard_url_with_more_than_host_and_port_is_refused_and_nothing_is_sent(url: str) -> None:
+    from sweep_operator import ray_jobs
+
+    with pytest.raises(ValueError, match="is not host:port"):
+        ray_jobs.dashboard_base(url)
+    assert not ray_jobs.stop_job(url, "raysubmit_1").asked  # refused before any connection (unit tests: no network)
+    assert ray_jobs.job_status(url, "raysubmit_1") is None

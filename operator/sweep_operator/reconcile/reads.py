@@ -23,7 +23,6 @@ from ..settings import Settings
 from ..status import RayJobFacts, is_terminal, progress_patch
 from ..verification_listing import read_document
 from .actions import Diagnose
-from .admission import owned_by
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of
 from .facts import ObjectRef, SweepFacts, meta_of, status_of
@@ -236,18 +235,26 @@ class Reads:
         if not name:
             return None
         rayjob = self.kube.get_rayjob(meta.get("namespace") or "default", name)
-        if rayjob is None or not owned_by(rayjob, meta.get("uid")):
+        run_id = status.get("runId") or (run_id_for(meta["uid"]) if meta.get("uid") else "")
+        # By what only the operator writes (the run in its guard record, the run-id label), never ownerReferences,
+        # which anyone who may edit the RayJob may point elsewhere (a detached run) or leave empty (a decoy).
+        if rayjob is None or not run_id or run_of(rayjob) != run_id:
             return None
         return rayjob
 
     def rayjob_of_cluster(self, cluster: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The RayJob the cluster was made for: named by its RayJob ownerReference (else KubeRay's label), and of
+        the same run as the cluster's own guard record (KubeRay copies it from the RayJob; only the operator writes
+        one): an ownerReference re-pointed at another RayJob names nothing."""
         meta = meta_of(cluster)
         namespace = meta.get("namespace") or "default"
-        for owner in meta.get("ownerReferences") or []:
-            if owner.get("kind") == constants.RAYJOB_KIND:
-                return self.kube.get_rayjob(namespace, owner.get("name", ""))
-        name = (meta.get("labels") or {}).get(constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME)
-        return self.kube.get_rayjob(namespace, name) if name else None
+        name = next(
+            (o.get("name", "") for o in meta.get("ownerReferences") or [] if o.get("kind") == constants.RAYJOB_KIND),
+            (meta.get("labels") or {}).get(constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME),
+        )
+        rayjob = self.kube.get_rayjob(namespace, name) if name else None
+        run_id = run_of(cluster)
+        return rayjob if rayjob is not None and run_id and run_of(rayjob) == run_id else None
 
     def unfinished_runs(self, namespace: str) -> list[tuple[str, Any]]:
         """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
@@ -305,3 +312,12 @@ def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | No
         docs[1] if isinstance(docs[1], dict) else None,
         readable,
     )
+
+
+def run_of(obj: Mapping[str, Any]) -> str:
+    """The run an object of ours belongs to, from what only the operator writes: its guard record's run, else the
+    run-id label (both protected by the chart's policy); "" when neither says."""
+    target = GuardTarget.from_annotation((meta_of(obj).get("annotations") or {}).get(constants.ANNOTATION_GUARD))
+    if target is not None and target.run_id:
+        return target.run_id
+    return str((meta_of(obj).get("labels") or {}).get(constants.LABEL_RUN_ID) or "")
