@@ -38,6 +38,10 @@ ANNOTATION_FORCE_RELEASED: Final = "sweeps.dev/force-released"
 # On each RayJob from its creation (KubeRay copies it too): the worker groups as rendered, each group's replica cap
 # and GPUs per worker (JSON). Drift correction and the ledger's rebuild read it, never the editable runtime env.
 ANNOTATION_BOUNDS: Final = "sweeps.dev/bounds"
+# On each RayJob from its creation: the sha256 of the run spec its runtimeEnvYAML carries (SWEEP_RUN_SPEC, as the
+# operator wrote it). Anyone who may edit the RayJob may rewrite that field; its deadlines and budget are enforced
+# only while they still match.
+ANNOTATION_RUN_SPEC: Final = "sweeps.dev/run-spec-sha256"
 
 # Every annotation key under this prefix is the operator's alone (kopf's handler progress records included:
 # `AnnotationsProgressStorage(prefix=GROUP)`); the chart's ValidatingAdmissionPolicy guards them.

@@ -117,6 +117,18 @@ def run_spec_of(rayjob: Mapping[str, Any]) -> RunSpec | None:
     return _RUN_SPECS.get(text) if isinstance(text, str) else None
 
 
+def run_spec_digest(run_spec: RunSpec) -> str:
+    """The sha256 of a run spec as the runtime env carries it (RunSpec.to_json: a decoded one encodes the same)."""
+    return hashlib.sha256(run_spec.to_json().encode()).hexdigest()
+
+
+def run_spec_intact(rayjob: Mapping[str, Any], run_spec: RunSpec) -> bool:
+    """Whether `run_spec` (read from the RayJob's runtimeEnvYAML) is the one the operator recorded at the create
+    (the protected ANNOTATION_RUN_SPEC); a RayJob from before the record keeps its run spec."""
+    recorded = ((rayjob.get("metadata") or {}).get("annotations") or {}).get(constants.ANNOTATION_RUN_SPEC)
+    return not recorded or recorded == run_spec_digest(run_spec)
+
+
 def deadline_of(rayjob: Mapping[str, Any]) -> float | None:
     """SWEEP_DEADLINE_AT (epoch seconds) a RayJob carries, or None."""
     try:

@@ -178,7 +178,8 @@ def build_rayjob(
             "namespace": sweep.namespace,
             "labels": dict(labels),
             "annotations": {
-                constants.ANNOTATION_GUARD: guard_target(sweep, run_spec.run_root, run_id, ctx).to_annotation()
+                constants.ANNOTATION_GUARD: guard_target(sweep, run_spec.run_root, run_id, ctx).to_annotation(),
+                constants.ANNOTATION_RUN_SPEC: runtime_env.run_spec_digest(run_spec),
             },
             "finalizers": [constants.FINALIZER],
         },

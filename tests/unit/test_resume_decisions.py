@@ -484,7 +484,7 @@ def test_every_attempt_gets_its_own_rayjob_name_within_kuberays_limit(
 
 
 def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_the_same_run_root() -> None:
-    from sweep_contracts import constants
+    from sweep_contracts import constants, runtime_env
     from sweep_contracts.runtime_env import deadline_of, run_spec_of
     from sweep_operator.rendering import RenderContext, build_rayjob, rayjob_name
     from sweep_operator.validation import parse_sweep
@@ -506,7 +506,9 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     # Guarded as the first attempt: same finalizer, labels and guard annotation (same run root).
     assert rayjob["metadata"]["finalizers"] == first["metadata"]["finalizers"] == [constants.FINALIZER]
     assert rayjob["metadata"]["labels"] == first["metadata"]["labels"]
-    assert rayjob["metadata"]["annotations"] == first["metadata"]["annotations"]
+    mine = dict(rayjob["metadata"]["annotations"])  # its own run spec's digest (the attempt differs), else the same
+    assert mine.pop(constants.ANNOTATION_RUN_SPEC) == runtime_env.run_spec_digest(run_spec)
+    assert mine == {k: v for k, v in first["metadata"]["annotations"].items() if k != constants.ANNOTATION_RUN_SPEC}
     with pytest.raises(ValueError, match="not the run root"):
         elsewhere = replace(recorded, run_root="s3://bucket/elsewhere/ml/digits-abc123")
         attempts.attempt_rayjob(sweep, "abc123", RenderContext(), decision, elsewhere)

@@ -388,9 +388,9 @@ def attempt_rayjob(sweep: Any, run_id: str, context: Any, decision: Any, target:
     rayjob["metadata"]["name"] = decision.rayjob_name
     recorded = replace_fields(target, sweep=sweep.name, run_id=run_id)
     rayjob["metadata"]["annotations"][constants.ANNOTATION_GUARD] = recorded.to_annotation()
-    rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(
-        replace(run_spec, attempt=decision.attempt), int(decision.deadline_at)
-    )
+    attempt_spec = replace(run_spec, attempt=decision.attempt)
+    rayjob["spec"]["runtimeEnvYAML"] = runtime_env.encode(attempt_spec, int(decision.deadline_at))
+    rayjob["metadata"]["annotations"][constants.ANNOTATION_RUN_SPEC] = runtime_env.run_spec_digest(attempt_spec)
     return rayjob
 
 

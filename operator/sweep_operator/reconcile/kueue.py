@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES, Phase
-from sweep_contracts.runtime_env import deadline_of, run_spec_of
+from sweep_contracts.runtime_env import deadline_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
@@ -472,7 +472,7 @@ def driver_runtime_env(facts: SweepFacts, outcome: KueueOutcome) -> SetRuntimeEn
     """The rewrite that keeps the waiting RayJob's SWEEP_DEADLINE_AT current (None: none is due): KubeRay starts the
     readmitted attempt from the RayJob's runtimeEnvYAML the moment Kueue unsuspends it."""
     rayjob = facts.rayjob_body or {}
-    run_spec = run_spec_of(rayjob)
+    run_spec = facts.run_spec  # the operator's, checked against its digest (never a rewritten one re-encoded)
     if outcome.driver_deadline_at is None or run_spec is None:
         return None
     return SetRuntimeEnv(meta_of(rayjob)["name"], encode_runtime_env(run_spec, int(outcome.driver_deadline_at)))

@@ -12,7 +12,8 @@ from typing import Any
 
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
-from sweep_contracts.runtime_env import run_spec_of
+from sweep_contracts.runspec import RunSpec
+from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
 
 from ..diagnosis import diagnose_startup
 from ..kube import KubeApi
@@ -61,6 +62,7 @@ class Reads:
         # A concurrent.futures executor the guard's verifications run on (bounded: handlers.build_controller).
         self.verification_pool = verification_pool
         # GPU-hours' pods: a namespace's listing shared by its sweeps, a third of a poll old at most.
+        self._tampered: set[str] = set()  # RayJobs whose rewritten run spec was reported
         self.pod_snapshots = PodSnapshots(kube.list_pods, lambda: self.settings.status_poll_seconds / 3)
 
     @property
@@ -98,12 +100,30 @@ class Reads:
             return replace(facts, ended_rayjob=ended) if ended is not None else facts
         rayjob = self.rayjob(ObjectRef(facts.ref.namespace, facts.status.get("rayJobName") or ""))
         facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
-                        run_spec=run_spec_of(rayjob) if rayjob else None)  # fmt: skip
+                        run_spec=self.run_spec(rayjob) if rayjob else None)  # fmt: skip
         if progress_wanted(facts) and self.cache.poll_due(facts.ref, time.monotonic(), take=True):
             facts = replace(facts, progress=self.progress(facts))
         if result_wanted(facts):
             facts = replace(facts, stopped_at_deadline=self.stopped_at_deadline(facts.body))
         return facts
+
+    def run_spec(self, rayjob: Mapping[str, Any]) -> RunSpec | None:
+        """The run spec the RayJob carries while it is the one the operator wrote (its recorded digest); else None,
+        so the sweep's own spec is enforced: a rewritten runtimeEnvYAML (a week-long graceful window, no budget)
+        must not move the run's limits."""
+        run_spec = run_spec_of(rayjob)
+        if run_spec is None or run_spec_intact(rayjob, run_spec):
+            return run_spec
+        uid = meta_of(rayjob).get("uid") or ""
+        if uid not in self._tampered:  # said once per RayJob (the set is bounded: forgotten, it is said again)
+            if len(self._tampered) >= 4096:
+                self._tampered.clear()
+            self._tampered.add(uid)
+            log.warning(
+                "RayJob %s/%s: the run spec in spec.runtimeEnvYAML is not the one the operator wrote; its sweep's own "
+                "spec is enforced", meta_of(rayjob).get("namespace"), meta_of(rayjob).get("name"),
+            )  # fmt: skip
+        return None
 
     def namespace_sweeps(self, namespace: str) -> list[dict[str, Any]]:
         """The sweeps of `namespace`, read fresh (a new GPU-hour ledger is seeded from their own records)."""
