@@ -152,3 +152,62 @@ def test_a_clusters_rayjob_is_of_the_clusters_own_run() -> None:
         {"kind": "RayJob", "name": "decoy", "uid": "decoy-uid", "controller": True}
     ]}}  # fmt: skip
     assert world.controller.reads.rayjob_of_cluster(repointed) is None
+
+
+def test_an_ended_jobs_workers_go_at_its_end_not_when_kuberay_deletes_the_cluster() -> None:
+    """KubeRay deletes a finished job's cluster ttlSecondsAfterFinished later (300 s by default); until then its
+    GPU workers would idle. The pass that sees the end suspends the cluster's worker groups (the head stays); once."""
+    world = make_world()
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    cluster = f"{name}-x7k2p"
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=cluster)
+    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    assert world.reconcile("digits")["phase"] == "Running"
+    assert not any(
+        g.get("suspend") for g in (world.kube.get_raycluster("ml", cluster) or {})["spec"]["workerGroupSpecs"]
+    )
+    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")
+    assert world.reconcile("digits")["phase"] == "Succeeded"
+    groups = (world.kube.get_raycluster("ml", cluster) or {})["spec"]["workerGroupSpecs"]
+    assert all(g.get("suspend") is True for g in groups), groups
+    assert "WorkerGroupsSuspended" in world.reasons(name)
+    world.kube.calls.clear()
+    world.reconcile("digits")  # a later pass of the ended sweep: nothing more
+    assert not [c for c in world.kube.calls if c[0] in ("get_raycluster", "patch_raycluster")]
+
+
+def test_a_restarted_operator_suspends_an_ended_jobs_workers_and_leaves_others_alone() -> None:
+    world = make_world()
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    cluster = f"{name}-x7k2p"
+    world.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName=cluster
+    )
+    world.controller._suspend_finished = lambda *args: None  # type: ignore[method-assign]  # the process goes first
+    assert world.reconcile("digits")["phase"] == "Succeeded"
+    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    restarted = make_world()
+    restarted.kube, restarted.clock = world.kube, world.clock
+    from sweep_operator.reconcile.controller import SweepController
+
+    restarted.controller = SweepController(
+        world.controller.settings, world.kube, lambda *a: world.s3, lambda *e: None, verifier=world.verifier,
+        clock=world.clock,
+    )  # fmt: skip
+    restarted.reconcile("digits")
+    assert all(g.get("suspend") for g in (world.kube.get_raycluster("ml", cluster) or {})["spec"]["workerGroupSpecs"])
+
+    other = make_world()  # a cluster its ownerReference does not tie to this RayJob is not touched
+    add_sweep(other, "digits")
+    name = other.reconcile("digits")["rayJobName"]
+    other.kube.set_rayjob_status(
+        name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName="foreign"
+    )
+    cluster_with_workers(other, {**(other.kube.get_rayjob("ml", name) or {}), "metadata": {
+        **(other.kube.get_rayjob("ml", name) or {})["metadata"], "uid": "someone-else"}}, "foreign")  # fmt: skip
+    other.reconcile("digits")
+    assert not any(
+        g.get("suspend") for g in (other.kube.get_raycluster("ml", "foreign") or {})["spec"]["workerGroupSpecs"]
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.reconcile.actions import DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend
+from sweep_operator.reconcile.actions import DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend, SuspendWorkers
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.reconcile.run_phase import (
     deadline_passed,
@@ -100,14 +100,14 @@ ROWS = [
         facts(RUNNING, job("Complete", "SUCCEEDED")),
         "Succeeded",
         ("Running", "False", "Succeeded"),
-        [ReleaseBudget, Finish],
+        [ReleaseBudget, Finish, SuspendWorkers],
     ),
     (
         "Tune's budget stopped it at the deadline and the driver exited 0",
         facts(RUNNING, job("Complete", "SUCCEEDED"), stopped_at_deadline=True),
         "DeadlineExceeded",
         ("DeadlineExceeded", "True", "GracefulStop"),
-        [ReleaseBudget, Finish],
+        [ReleaseBudget, Finish, SuspendWorkers],
     ),
     (
         "the deadline and its graceful window passed: stop through the guard",
@@ -128,7 +128,7 @@ ROWS = [
         facts(RUNNING, job("Failed", "", reason="DeadlineExceeded")),
         "DeadlineExceeded",
         ("DeadlineExceeded", "True", "ActiveDeadlineSeconds"),
-        [ReleaseBudget, Finish],
+        [ReleaseBudget, Finish, SuspendWorkers],
     ),
     (
         "startup overdue: the diagnosis is asked for first",
@@ -183,14 +183,14 @@ ROWS = [
         facts(STARTING, job("Failed", "FAILED", reason="AppFailed"), diagnosis="image pull"),
         "Failed",
         ("Running", "False", "StartupFailed"),
-        [ReleaseBudget, Finish],
+        [ReleaseBudget, Finish, SuspendWorkers],
     ),
     (
         "a run that trained, then failed, needs no startup diagnosis",
         facts(RUNNING, job("Failed", "FAILED", reason="AppFailed")),
         "Failed",
         ("Running", "False", "Failed"),
-        [ReleaseBudget, Finish],
+        [ReleaseBudget, Finish, SuspendWorkers],
     ),
     (
         "suspended",

@@ -130,3 +130,21 @@ def test_only_the_operators_own_unfinished_rayjob_of_a_stopped_sweep_is_stopped_
     assert unstopped_rayjob(status, other_run) is None
     assert unstopped_rayjob({**status, "runId": "r2"}, rayjob) is None
     assert unstopped_rayjob({**status, "rayJobName": "digits-r1-a2"}, rayjob) is None
+
+
+def test_an_ended_jobs_workers_are_suspended_unless_the_operators_own_stop_is_doing_it() -> None:
+    """finished_workers: a finished job's cluster (KubeRay's TTL keeps it) loses its workers at the end, except while
+    the operator's stop of that RayJob is under way (status.gracefulStop names it): the stop suspends them and
+    records the GPU time it held."""
+    from sweep_operator.reconcile.actions import SuspendWorkers
+    from sweep_operator.reconcile.run_phase import finished_workers
+
+    status, rayjob = ours("Succeeded", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName="c1")
+    rayjob["metadata"]["uid"] = "uid-rj"
+    assert finished_workers(status, rayjob) == SuspendWorkers("digits-r1", "c1")
+    stopping = {**status, "phase": "DeadlineExceeded", "gracefulStop": {"rayJobUid": "uid-rj", "requestedAt": "x"}}
+    assert finished_workers(stopping, rayjob) is None
+    assert finished_workers({**stopping, "gracefulStop": {"rayJobUid": "another"}}, rayjob) is not None
+    assert finished_workers(*ours("Succeeded", rayClusterName="c1")) is None, "still running: not finished"
+    assert finished_workers({**status, "phase": "Running"}, rayjob) is None
+    assert finished_workers({**status, "runId": "r2"}, rayjob) is None, "another run's RayJob"

@@ -46,6 +46,15 @@ class DeleteRayJob:
 
 
 @dataclass(frozen=True)
+class SuspendWorkers:
+    """The ended job's cluster keeps its worker groups until KubeRay deletes it (ttlSecondsAfterFinished): suspend
+    them now (KubeRay deletes their pods; the head stays)."""
+
+    rayjob: str
+    cluster: str
+
+
+@dataclass(frozen=True)
 class SetSuspend:
     rayjob: str
     suspend: bool
@@ -120,6 +129,7 @@ class ReserveBudget:
 Action = (
     CreateRayJob
     | DeleteRayJob
+    | SuspendWorkers
     | SetSuspend
     | SetRuntimeEnv
     | Diagnose

@@ -38,6 +38,7 @@ from .actions import (
     ReserveBudget,
     SetRuntimeEnv,
     SetSuspend,
+    SuspendWorkers,
 )
 from .cache import Cache, run_ref
 from .deletion_guard import DeletionGuard, GuardKey
@@ -116,6 +117,7 @@ class SweepController(DeletionGuard):
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
         self._stops_recorded = OrderedDict[tuple[str, int], None]()  # (RayJob, ask) stops whose GPU time is recorded
         self._stop_failures = dict[tuple[str, str, str], int]()
+        self._finished_suspended = OrderedDict[str, None]()  # ended jobs' RayJobs whose workers were seen to
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
@@ -333,6 +335,8 @@ class SweepController(DeletionGuard):
         for action in decision.actions:
             if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
                 self.stopping.add((ref.namespace, action.name, ref.name))
+            elif isinstance(action, SuspendWorkers):
+                self._suspend_finished(ref.namespace, action.rayjob, action.cluster)
             elif isinstance(action, SetSuspend):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
             elif isinstance(action, SetRuntimeEnv):

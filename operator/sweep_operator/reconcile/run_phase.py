@@ -25,7 +25,7 @@ from ..status import (
     rfc3339,
     updated,
 )
-from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend
+from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend, SuspendWorkers
 from .attempts import end_patch
 from .attempts import pending as resume_pending
 from .facts import SweepFacts
@@ -222,6 +222,29 @@ def unstopped_rayjob(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None
     return None if RayJobFacts.from_object(rayjob).finished else str(meta["name"])
 
 
+def _stopping(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> bool:
+    """The operator is stopping this RayJob (status.gracefulStop names it): its stop suspends the workers and
+    records the GPU time the stop held, so nothing else suspends them first."""
+    stop, uid = status.get("gracefulStop"), ((rayjob or {}).get("metadata") or {}).get("uid")
+    return isinstance(stop, Mapping) and bool(uid) and stop.get("rayJobUid") == uid
+
+
+def finished_workers(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> SuspendWorkers | None:
+    """An ended sweep's own RayJob (as in unstopped_rayjob) whose job finished: its cluster's worker groups go now,
+    not when KubeRay deletes the cluster ttlSecondsAfterFinished later (the head stays until then)."""
+    if rayjob is None or not is_terminal(status.get("phase")):
+        return None
+    meta, facts = rayjob.get("metadata") or {}, RayJobFacts.from_object(rayjob)
+    if meta.get("name") != status.get("rayJobName") or facts.deleting or not facts.finished or not facts.cluster_name:
+        return None
+    if _stopping(status, rayjob):
+        return None
+    target = GuardTarget.from_annotation((meta.get("annotations") or {}).get(constants.ANNOTATION_GUARD))
+    if target is None or not target.run_id or target.run_id != status.get("runId"):
+        return None
+    return SuspendWorkers(facts.name, facts.cluster_name)
+
+
 def decide_run(facts: SweepFacts) -> Decision:
     """The new status and actions of an admitted sweep. A Decision with a Diagnose action only asks for the
     startup diagnosis: the controller reads it into `facts.diagnosis` and decides again. The status judged is the
@@ -231,7 +254,10 @@ def decide_run(facts: SweepFacts) -> Decision:
     if is_terminal(phase):
         ending = (ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),)
         unstopped = unstopped_rayjob(facts.status, facts.ended_rayjob)
-        return Decision(actions=(DeleteRayJob(unstopped), *ending) if unstopped else ending)
+        if unstopped:
+            return Decision(actions=(DeleteRayJob(unstopped), *ending))
+        idle = finished_workers(facts.status, facts.ended_rayjob)
+        return Decision(actions=(idle, *ending) if idle else ending)
     changes: dict[str, Any] = {}
     actions: list[Any] = []
     events: list[Event] = []
@@ -262,6 +288,9 @@ def decide_run(facts: SweepFacts) -> Decision:
     if is_terminal(new_phase):
         changes["finishedAt"] = rfc3339(now)
         actions.extend((ReleaseBudget(), Finish()))
+        ended_by_itself = not stops and not _stopping(status, facts.rayjob_body)
+        if ended_by_itself and rayjob.finished and rayjob.cluster_name and not rayjob.deleting:
+            actions.append(SuspendWorkers(rayjob.name, rayjob.cluster_name))
     if conditions:
         changes["conditions"] = conditions_with(status, generation, now, *conditions)
     return Decision(updated(status, changes), tuple(actions), tuple(events))

@@ -55,6 +55,7 @@ class StopBeforeDelete(ABC):
     _stops: dict[str, float]
     _stops_recorded: OrderedDict[tuple[str, int], None]
     _stop_failures: dict[tuple[str, str, str], int]  # failed passes in a row, per stop being carried out
+    _finished_suspended: OrderedDict[str, None]
     _guard_lock: threading.Lock
 
     @property
@@ -155,6 +156,48 @@ class StopBeforeDelete(ABC):
             for target in (rayjob, sweep) if sweep is not None else (rayjob,):
                 self.emit(target, "Normal", "WorkerGroupsSuspended", text)
         return step.wait_s
+
+    def _suspend_finished(self, namespace: str, rayjob_name: str, cluster_name: str) -> None:
+        """An ended job's cluster keeps its worker groups until KubeRay deletes it (ttlSecondsAfterFinished): suspend
+        them, once per RayJob, on the cluster KubeRay made for it (its controller ownerReference), while KubeRay
+        still reconciles it (not deleting). A failed patch is tried again by the next pass."""
+        try:  # the pass's status write comes after its actions: a read that fails must not hold it up
+            rayjob = self.cache.rayjob(ObjectRef(namespace, rayjob_name)) or self.kube.get_rayjob(
+                namespace, rayjob_name
+            )
+            uid = meta_of(rayjob or {}).get("uid") or ""
+            with self._guard_lock:
+                if not uid or uid in self._finished_suspended:
+                    return
+            cluster = self.kube.get_raycluster(namespace, cluster_name)
+        except Exception as exc:
+            log.info("RayCluster %s/%s: cannot read the ended job's cluster: %s", namespace, cluster_name, exc)
+            return
+        patch = None
+        if (
+            cluster is not None
+            and not meta_of(cluster).get("deletionTimestamp")
+            and idle_gpus.owned_by(cluster, rayjob or {})
+        ):
+            patch = idle_gpus.suspend_patch(cluster)
+        if patch is not None:
+            try:  # the cluster's resourceVersion is a precondition: a conflict is decided again by the next pass
+                if self.kube.patch_raycluster(namespace, cluster_name, patch, retry_conflict=False) is None:
+                    return
+            except Exception as exc:
+                log.info(
+                    "RayCluster %s/%s: suspending the ended job's workers failed: %s", namespace, cluster_name, exc
+                )
+                return
+            text = (
+                f"RayCluster {cluster_name}: its job ended; worker groups suspended (KubeRay deletes the cluster later)"
+            )
+            log.info("%s", text)
+            self.emit(rayjob or {}, "Normal", "WorkerGroupsSuspended", text)
+        with self._guard_lock:
+            self._finished_suspended[uid] = None
+            while len(self._finished_suspended) > MAX_REMEMBERED_STOPS:
+                self._finished_suspended.popitem(last=False)
 
     def _asked(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """When the operator asked the RayJob's head to stop (this process's memory, else status.gracefulStop)."""
