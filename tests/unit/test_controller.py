@@ -1253,6 +1253,33 @@ def test_a_held_objects_check_that_comes_early_stays_armed(world: World) -> None
         world.controller.guards.stop(timeout=0)
 
 
+@pytest.mark.parametrize("fails", ["get_object", "remove_finalizer"])
+def test_a_guard_pass_whose_read_or_release_fails_is_armed_again_not_dropped(world: World, fails: str) -> None:
+    """The API server failing the pipeline's fresh read or its finalizer removal holds the object like any failed
+    check, with a backoff: the check is armed again, never left to a watch event that may not come."""
+    from kubernetes.client.exceptions import ApiException
+
+    from sweep_operator.reconcile.controller import GuardKey
+
+    add_sweep(world, "digits")
+    name = world.reconcile("digits")["rayJobName"]
+    world.kube.delete_rayjob("ml", name)  # held by the guard's finalizer
+    body = world.kube.get_rayjob("ml", name) or {}
+    key = GuardKey(constants.RAYJOB_KIND, "ml", name, body["metadata"]["uid"])
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise ApiException(status=503, reason="Service Unavailable")
+
+    setattr(world.kube, fails, unavailable)
+    try:
+        world.controller._guard_pass(key)
+        assert key in world.controller._guard_due, "the check was dropped"
+        assert key in world.controller.guards._timers, "no re-check armed"
+        assert world.kube.get_rayjob("ml", name) is not None, "held: nothing released"
+    finally:
+        world.controller.guards.stop(timeout=0)
+
+
 def test_a_raised_graceful_window_on_a_deleting_sweep_is_capped_by_the_operator(world: World) -> None:
     """The webhook refuses no edit of a sweep being deleted: a tenant who raises spec.deadlines.gracefulStopSeconds
     there must not keep a held cluster's GPU workers past the operator's maxGracefulStopSeconds (issue 26)."""

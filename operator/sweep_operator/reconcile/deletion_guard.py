@@ -81,7 +81,12 @@ class DeletionGuard(StopBeforeDelete):
         if early > 0:  # a timer may fire a hair early; the check stays armed for its time
             self.guards.add_after(key, early)
             return
-        fresh = self.kube.get_object(key.kind, key.namespace, key.name)
+        attempt = self._guard_attempts.get(key, 0)
+        try:  # a failed read or release is tried again after a backoff, not left to a watch event that may not come
+            fresh = self.kube.get_object(key.kind, key.namespace, key.name)
+        except Exception as exc:
+            self._guard_io_failed(key, attempt, "read", exc)
+            return
         meta = meta_of(fresh or {})
         if (
             fresh is None
@@ -91,7 +96,6 @@ class DeletionGuard(StopBeforeDelete):
         ):
             self._guard_done(key)
             return
-        attempt = self._guard_attempts.get(key, 0)
         try:
             reason = self._deletion_kinds[key.kind](fresh, attempt)
         except RetryLater as hold:
@@ -108,11 +112,24 @@ class DeletionGuard(StopBeforeDelete):
             )
             self._guard_retry(key, attempt, delay)
             return
-        if not self.kube.remove_finalizer(fresh):
+        try:
+            removed = self.kube.remove_finalizer(fresh)
+        except Exception as exc:
+            self._guard_io_failed(key, attempt, "release", exc)
+            return
+        if not removed:
             self._guard_retry(key, attempt, 1.0)
             return
         self._guard_done(key)
         log.info("checkpoint guard released %s %s/%s: %s", key.kind, key.namespace, key.name, reason)
+
+    def _guard_io_failed(self, key: GuardKey, attempt: int, what: str, exc: Exception) -> None:
+        delay = guard.backoff_seconds(attempt, 1.0, 60.0)
+        log.warning(
+            "checkpoint guard of %s %s/%s: cannot %s it (%s); holding, next check in %gs",
+            key.kind, key.namespace, key.name, what, exc, delay,
+        )  # fmt: skip
+        self._guard_retry(key, attempt, delay)
 
     def _guard_retry(self, key: GuardKey, attempt: int, delay: float) -> None:
         with self._guard_lock:
