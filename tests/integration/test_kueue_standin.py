@@ -359,8 +359,11 @@ def test_over_quota_waits_with_kueues_message_and_is_admitted_fifo_as_quota_free
     first = space.submit("first", workers=4, gpus=1)
     space.wait_admitted(first)
     second = space.submit("second", workers=2, gpus=1)
-    third = space.submit("third", workers=2, gpus=1)
+    # Kueue makes a RayJob's Workload only once KubeRay has parked the job (jobframework: an active job without a
+    # Workload is stopped first), so the queue's order is the Workloads' creation: third is submitted once
+    # second's Workload waits, or KubeRay's parking order under load would decide which is older.
     waiting = space.wait_pending(second)
+    third = space.submit("third", workers=2, gpus=1)
     assert waiting["reason"] == "WaitingForQuota"
     assert waiting["message"] == (
         "couldn't assign flavors to pod set gpu-workers: insufficient unused quota for "
