@@ -63,13 +63,19 @@ def cluster_with_workers(world: World, rayjob: dict[str, Any], name: str, worker
         )
 
 
-def test_a_rayjob_deleted_by_a_user_has_its_clusters_worker_groups_suspended_before_it_is_verified() -> None:
+def running_with_workers() -> tuple[World, str, str]:
+    """An admitted sweep whose job runs on a cluster with GPU workers: (world, RayJob, RayCluster)."""
     world = make_world()
     add_sweep(world, "digits")
     name = world.reconcile("digits")["rayJobName"]
     cluster = f"{name}-x7k2p"
     world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=cluster)
     cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    return world, name, cluster
+
+
+def test_a_rayjob_deleted_by_a_user_has_its_clusters_worker_groups_suspended_before_it_is_verified() -> None:
+    world, name, cluster = running_with_workers()
     world.verifier.verified = False  # the checkpoints do not verify: the guard holds
     world.kube.delete_rayjob("ml", name)  # `kubectl delete rayjob`: the cluster stays while its owner is held
     body = world.kube.get_rayjob("ml", name) or {}
@@ -157,12 +163,7 @@ def test_a_clusters_rayjob_is_of_the_clusters_own_run() -> None:
 def test_an_ended_jobs_workers_go_at_its_end_not_when_kuberay_deletes_the_cluster() -> None:
     """KubeRay deletes a finished job's cluster ttlSecondsAfterFinished later (300 s by default); until then its
     GPU workers would idle. The pass that sees the end suspends the cluster's worker groups (the head stays); once."""
-    world = make_world()
-    add_sweep(world, "digits")
-    name = world.reconcile("digits")["rayJobName"]
-    cluster = f"{name}-x7k2p"
-    world.kube.set_rayjob_status(name, "ml", jobDeploymentStatus="Running", jobStatus="RUNNING", rayClusterName=cluster)
-    cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
+    world, name, cluster = running_with_workers()
     assert world.reconcile("digits")["phase"] == "Running"
     assert not any(
         g.get("suspend") for g in (world.kube.get_raycluster("ml", cluster) or {})["spec"]["workerGroupSpecs"]
