@@ -166,6 +166,14 @@ def cluster_deleted(env: OperatorEnv, cluster: str) -> bool:
     return deletion_began(env, constants.RAYCLUSTER_PLURAL, cluster)
 
 
+def not_verified(status: dict[str, Any]) -> bool:
+    """The guard verified the sweep's run and found it incomplete (the test deleted a checkpoint file)."""
+    return any(
+        c.get("type") == "CheckpointsVerified" and c.get("status") == "False" and (status.get("checkpoints") or {})
+        for c in status.get("conditions") or []
+    )
+
+
 @dataclass(frozen=True)
 class Path:
     """One way a running sweep stops. `stop(env, name, rayjob)` starts it and returns the run's last report when the
@@ -237,6 +245,9 @@ PATHS = [
     # The stopped job's cluster deleted by KubeRay (shutdownAfterJobFinishes) before the operator could suspend it:
     # the stop is still recorded, up to where the deletion began (a slow pass loses this race under load).
     Path("kuberay-deletes-first", _delete, kuberay_first=True),
+    # The same race where the checkpoints do not verify: the guard holds the deleting cluster, which KubeRay no
+    # longer reconciles, and deletes its workers itself once the head says the job stopped.
+    Path("held-kuberay-first", _delete, held=True, kuberay_first=True),
     Path("no-trial-running", _no_trial_running, cause="unscheduledTrials"),
     # Kueue's, not ours: the guard frees the held cluster's workers once the head says the job stopped (the RayJob's
     # jobStatus stays RUNNING while KubeRay suspends it), not the graceful window (30 s) later.
@@ -279,13 +290,17 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
     reported = path.stop(env, name, rayjob)
     wait_for(lambda: run.stop_requests, TIMEOUT, what="the graceful stop asked")
     if refused is not None:  # refused until KubeRay deleted the cluster and the operator gave up suspending it
-        # (it deletes the RayJob); then the guard's release of the cluster goes through
+        # (it deletes the RayJob, unless the verification holds it first); then the guard's release of the cluster
+        # goes through
         wait_for(lambda: cluster_deleted(env, cluster), TIMEOUT, what="KubeRay deletes the stopped job's cluster")
-        wait_for(
-            lambda: deletion_began(env, constants.RAYJOB_PLURAL, rayjob),
-            TIMEOUT,
-            what="the operator deletes the RayJob",
-        )
+        if path.held:
+            env.wait_status(name, not_verified, "the sweep's deletion held by its verification")
+        else:
+            wait_for(
+                lambda: deletion_began(env, constants.RAYJOB_PLURAL, rayjob),
+                TIMEOUT,
+                what="the operator deletes the RayJob",
+            )
         env.server.emulator.errors.withdraw(refused)
     last_report = reported if reported is not None else run.stop_requests[0] + STOP_SECONDS
     workers = wait_for(lambda: workers_gone(env, cluster, count), TIMEOUT, what="the GPU workers gone")
@@ -295,21 +310,33 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
     if path.suspended:
         # KubeRay deletes a suspended group's pods and then posts DeletedWorkerPod, so the pods can be seen gone
         # first. Where the stopped job's cluster was deleted before the operator's suspend (a fast stop: KubeRay's
-        # shutdownAfterJobFinishes), the pods went with it and KubeRay no longer reconciles the cluster
-        # (raycluster_controller.go: "being deleted, just ignore"). A held cluster is not deleted: there it is KubeRay.
-        wait_for(
-            lambda: (
-                "DeletedWorkerPod" in env.event_reasons(cluster) or (not path.held and cluster_deleted(env, cluster))
-            ),
+        # shutdownAfterJobFinishes after ttlSecondsAfterFinished, 1 s here), KubeRay no longer reconciles the
+        # cluster (raycluster_controller.go: "being deleted, just ignore"): the pods went with it, or, where the
+        # guard holds it, the guard deleted them (HeldClusterWorkersReleased on the cluster).
+        def freed_by() -> str | None:
+            reasons = env.event_reasons(cluster)
+            if "DeletedWorkerPod" in reasons:
+                return "kuberay"
+            if not cluster_deleted(env, cluster):
+                return None
+            if not path.held:
+                return "deleted"
+            return "guard" if "HeldClusterWorkersReleased" in reasons else None
+
+        freer = wait_for(
+            freed_by,
             TIMEOUT,
-            what="KubeRay deletes the workers of the groups the operator suspended (or the cluster with them)",
+            what="KubeRay deletes the workers of the groups the operator suspended (or the cluster with them, or "
+            "the guard the held cluster's)",
         )
+        if path.kuberay_first:  # the suspend was refused: the deletion took the pods, or the guard did
+            assert freer == ("guard" if path.held else "deleted"), freer
     else:
         assert "DeletedWorkerPod" not in env.event_reasons(cluster), "no group was suspended"
     if refused is not None:
         assert refused.hits, "the operator tried to suspend the workers"
-    if refused is not None:  # the sweep goes with its deletion: the metric keeps the stop's GPU-seconds, from the
-        # ask to where KubeRay's deletion began (the driver's stop and the stand-in's look at it)
+    if refused is not None and not path.held:  # the sweep goes with its deletion: the metric keeps the stop's
+        # GPU-seconds, from the ask to where KubeRay's deletion began (the driver's stop and the stand-in's look)
         metrics = env.operator.controller.metrics
         total = "trainingsweep_idle_gpu_seconds_total"
         stopped = wait_for(lambda: metrics.total(total, sweep=name, cause="stopping"), TIMEOUT, what="stop recorded")
