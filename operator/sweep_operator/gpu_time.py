@@ -6,8 +6,9 @@ scheduler's binding sets it, `pkg/scheduler/schedule_one.go` `bind` -> `podutil.
 gone: its containers all terminated (kubelet's `containerStatuses[].state.terminated.finishedAt`), its phase
 `Succeeded`/`Failed`, or its deletion's grace period ended (`deletionTimestamp` is the request time plus the
 grace period: `k8s.io/apiserver/pkg/registry/rest/delete.go` `BeforeDelete`). A pod still running counts up to
-`now`. A pod the operator stops seeing without having seen it end is closed when the operator notices (an upper
-bound: a budget that undercounts is the failure it exists to prevent).
+`now`. A pod missing from a listing (selected by a label its editors can change) is read by name; one gone, or
+replaced by another of its name, is closed when the operator notices (an upper bound: a budget that undercounts is
+the failure it exists to prevent).
 """
 
 from __future__ import annotations
@@ -407,6 +408,25 @@ def clusters_to_read(status: Mapping[str, Any]) -> set[str]:
     if status.get("rayClusterName"):
         clusters.add(str(status["rayClusterName"]))
     return clusters
+
+
+def unlisted_open_pods(
+    status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], listed_clusters: Iterable[str]
+) -> list[tuple[str, str]]:
+    """(name, uid) of each pod the record has open in a listed cluster that this listing did not show. The listing
+    selects by the pod's `ray.io/cluster` label, which anyone who may edit the pod can change: such a pod is looked
+    up by name before `fold` would close its interval, and its GPUs stay counted while it holds them."""
+    listed, seen = set(listed_clusters), {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
+    return [
+        (i.name or i.pod, i.pod)
+        for i in UsageLedger.from_status(status.get("usage")).intervals
+        if i.end is None and i.cluster in listed and i.pod not in seen
+    ]
+
+
+def still_holding(pod: Mapping[str, Any] | None, uid: str) -> bool:
+    """The pod read by name is the one the record has open (its uid: a name is reused by a later pod)."""
+    return pod is not None and (pod.get("metadata") or {}).get("uid") == uid
 
 
 def holding_gpus(status: Mapping[str, Any]) -> bool:

@@ -433,6 +433,9 @@ class KubeApi:
         )
         return list(_json(result).get("items") or [])
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(lambda: _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False)))
+
     def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (a held RayCluster's worker: KubeRay no longer reconciles that cluster); False if gone."""
         try:

@@ -8,12 +8,13 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes.client
 import pytest
 
+from sweep_contracts import constants
 from sweep_operator.gpu_time import HOUR, UsageLedger, epoch, fold, observe_pod
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.kuberay import KubeRayStandIn, Outcome, ScriptedRunner
@@ -248,3 +249,60 @@ def test_a_namespace_over_its_window_queues_and_is_readmitted_when_the_window_fr
     )
     started = epoch(admitted["startedAt"])
     assert started is not None and started >= a_end + WINDOW - 2 * 5.0  # freed by the window, not by A's end
+
+
+def _uid_of_pod(env: OperatorEnv, name: str) -> str | None:
+    try:
+        return str(env.core.read_namespaced_pod(name, "default").metadata.uid)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_a_worker_relabelled_out_of_its_cluster_stays_counted_until_it_is_gone(env: OperatorEnv) -> None:
+    """The pods are listed by their `ray.io/cluster` label, which anyone who may edit a pod can change: a worker
+    relabelled away from its cluster (KubeRay, which counts its pods by that label, starts another) keeps its open
+    interval (the operator reads it by name and uid) and is closed only once it is gone (docs/security.md)."""
+    doc = env.new_sweep(
+        "relabel",
+        gpu=True,
+        namespace="default",
+        spec__workerGroup__minReplicas=2,
+        spec__deadlines={"activeSeconds": 600, "startupSeconds": 120, "gracefulStopSeconds": 0},
+    )
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(startup=0.3))
+    env.apply(doc)
+    cluster = env.wait_status(name, lambda s: s.get("rayClusterName"), "a RayCluster")["rayClusterName"]
+    measured = env.wait_status(name, lambda s: ((s.get("usage") or {}).get("gpusHeld") or 0) == 2, "2 GPUs measured")
+    open_pods = {i.pod: i for i in UsageLedger.from_status(measured["usage"]).intervals if i.end is None}
+    victim = next(iter(open_pods.values()))
+    env.core.patch_namespaced_pod(victim.name, "default", {"metadata": {"labels": {"ray.io/cluster": "elsewhere"}}})
+    relabelled = time.time()
+
+    def measured_since(moment: float) -> Callable[[dict[str, Any]], bool]:
+        def after(status: dict[str, Any]) -> bool:
+            at = epoch((status.get("usage") or {}).get("lastMeasuredAt"))
+            return at is not None and at >= moment + 2.0  # RFC 3339 seconds: a pass that surely read the pods after
+
+        return after
+
+    after = env.wait_status(name, measured_since(relabelled), "a measurement after the relabel")
+    recorded = {i.pod: i for i in UsageLedger.from_status(after["usage"]).intervals}
+    assert recorded[victim.pod].end is None, "a relabelled worker's interval was closed while it still runs"
+    assert recorded[victim.pod].cluster == cluster
+    env.core.delete_namespaced_pod(victim.name, "default")
+    wait_for(lambda: _uid_of_pod(env, victim.name) != victim.pod, 30, what="the relabelled pod gone")
+    closed = env.wait_status(
+        name,
+        lambda s: (
+            next((i for i in UsageLedger.from_status(s.get("usage")).intervals if i.pod == victim.pod), victim).end
+        ),
+        "the relabelled pod's interval closed once it is gone",
+    )
+    end = next(i for i in UsageLedger.from_status(closed["usage"]).intervals if i.pod == victim.pod).end
+    assert end is not None and end >= relabelled
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    env.delete_sweep(name)
+    wait_for(lambda: env.sweep(name) is None, 60, what="the sweep gone")

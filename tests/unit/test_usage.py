@@ -22,6 +22,8 @@ from sweep_operator.gpu_time import (
     pod_gpus,
     pod_scheduled_at,
     reserved_gpu_hours,
+    still_holding,
+    unlisted_open_pods,
     worst_case_gpu_hours,
 )
 from sweep_operator.policy import Admit, Queue, Reject
@@ -162,6 +164,55 @@ def test_an_absent_pod_of_a_listed_cluster_is_closed_when_noticed() -> None:
     gone = fold(ledger, [], T0 + 120, listed_clusters={"c1"})
     assert gone.intervals[0].end == T0 + 120  # upper bound: never undercounts
     assert gone.gpu_seconds(T0 + 999) == pytest.approx(120)
+
+
+def test_an_open_pod_missing_from_its_clusters_listing_is_looked_up_by_name_and_uid() -> None:
+    """The listing selects by the `ray.io/cluster` label, which a pod's editors can change: each open interval of a
+    listed cluster whose pod the listing lacks is read by name; only the same uid keeps it (a name is reused)."""
+    w1, w2 = pod("w1", scheduled=0.0, uid="u1"), pod("w2", scheduled=0.0, uid="u2")
+    ledger = fold(UsageLedger(), observe(w1, w2), T0 + 60, listed_clusters={"c1"})
+    status = {"usage": ledger.to_status(T0 + 60)}
+    assert unlisted_open_pods(status, [w1, w2], {"c1"}) == []
+    assert unlisted_open_pods(status, [w1], {"c1"}) == [("w2", "u2")]
+    assert unlisted_open_pods(status, [w1], set()) == []  # c1 not listed: nothing is closed, nothing looked up
+    relabelled = pod("w2", scheduled=0.0, uid="u2", cluster="elsewhere")
+    assert still_holding(relabelled, "u2") and not still_holding(pod("w2", uid="u9"), "u2")
+    assert not still_holding(None, "u2")
+    kept = fold(ledger, observe(w1, relabelled), T0 + 120, listed_clusters={"c1"})
+    assert all(i.end is None and i.cluster == "c1" for i in kept.intervals), kept.intervals
+    closed = fold(ledger, observe(w1), T0 + 120, listed_clusters={"c1"})  # gone: closed when noticed
+    assert {i.pod: i.end for i in closed.intervals} == {"u1": None, "u2": T0 + 120}
+
+
+def test_a_pod_that_cannot_be_read_by_name_measures_nothing_rather_than_close_it() -> None:
+    """Reads.pods_still_holding: each wanted pod by name, kept only with its uid; an API error is None (the pass
+    skips the measurement: closing a live pod's interval would undercount)."""
+    from sweep_operator.reconcile.reads import Reads
+    from sweep_operator.settings import Settings
+
+    class Kube:
+        def __init__(self, pods: dict[str, dict[str, Any]], failing: bool = False) -> None:
+            self.pods, self.failing, self.asked = pods, failing, []
+
+        def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+            raise AssertionError("not listed here")
+
+        def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+            self.asked.append((namespace, name))
+            if self.failing:
+                raise OSError("connection reset")
+            return self.pods.get(name)
+
+    relabelled = pod("w2", uid="u2", cluster="elsewhere")
+    kube = Kube({"w2": relabelled, "w3": pod("w3", uid="other")})
+
+    def reads(kube: Kube) -> Reads:
+        return Reads(Settings(), kube, None, None, None, None)  # type: ignore[arg-type]  # only the kube is read
+
+    wanted = [("w2", "u2"), ("w3", "u3"), ("w4", "u4")]
+    assert reads(kube).pods_still_holding("team", wanted) == [relabelled]
+    assert kube.asked == [("team", "w2"), ("team", "w3"), ("team", "w4")]
+    assert reads(Kube({}, failing=True)).pods_still_holding("team", wanted) is None
 
 
 def test_the_status_record_survives_a_restart_without_double_counting() -> None:

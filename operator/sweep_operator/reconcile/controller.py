@@ -15,7 +15,7 @@ from typing import Any
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
 
-from .. import ray_jobs
+from .. import gpu_time, ray_jobs
 from ..kube import KubeApi
 from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
@@ -381,6 +381,10 @@ class SweepController(DeletionGuard):
         if clusters is None or not self.cache.pods_due(facts.ref, time.monotonic()):
             return None
         pods = self.reads.cluster_pods(facts.ref, clusters)
+        unlisted = gpu_time.unlisted_open_pods(facts.judged_status, pods or (), clusters)
+        if pods is not None and unlisted:  # relabelled, or gone: only an observed end closes a pod's interval
+            still = self.reads.pods_still_holding(facts.ref.namespace, unlisted)
+            pods = None if still is None else [*pods, *still]
         if pods is None:
             return None
         window, reservation = self.budgets.namespace_hours(facts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +16,7 @@ from sweep_contracts.runspec import RunSpec
 from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
 
 from ..diagnosis import diagnose_startup
+from ..gpu_time import still_holding
 from ..kube import KubeApi
 from ..metrics import OperatorMetrics
 from ..policy import Demand
@@ -244,6 +245,16 @@ class Reads:
         except Exception as exc:
             log.warning("sweep %s: cannot read its pods for GPU-hours: %s", ref, exc)
             return None
+
+    def pods_still_holding(self, namespace: str, wanted: Sequence[tuple[str, str]]) -> list[dict[str, Any]] | None:
+        """The pods of `wanted` ((name, uid): open in the record, missing from the listing) that still exist, read
+        one by one; None when one cannot be read (the pass measures nothing rather than close a live pod)."""
+        try:
+            pods = [(self.kube.get_pod(namespace, name), uid) for name, uid in wanted]
+        except Exception as exc:
+            log.warning("cannot read the pods %s in %s for GPU-hours: %s", [n for n, _ in wanted], namespace, exc)
+            return None
+        return [pod for pod, uid in pods if pod is not None and still_holding(pod, uid)]
 
     def rayjob_of_sweep(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator
