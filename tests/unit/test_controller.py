@@ -592,6 +592,37 @@ def test_rayjob_guard_reads_its_own_run_spec(world: World) -> None:
     assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{status['runId']}"
 
 
+def test_an_older_runs_held_rayjob_is_not_the_business_of_a_sweep_created_again_under_its_name(world: World) -> None:
+    """A sweep deleted (an admin took its finalizer off) and created again under its name is another run (R16):
+    the older run's held RayJob writes nothing into the new sweep's status, and the escape hatch set on the new
+    sweep reaches only the new run's objects (reads.sweep_of, deletion_guard._propagate_skip)."""
+    old = ran(world)
+    rayjob = world.kube.get_rayjob("ml", old["rayJobName"])
+    assert rayjob is not None
+    del world.kube.objects[("TrainingSweep", "ml", "digits")]
+    again = ran(world)  # a new uid: a new run, a new RayJob
+    assert again["runId"] != old["runId"]
+    before = world.status("digits")
+    world.verifier.verified = False
+    with pytest.raises(RetryLater, match="missing-file"):
+        world.controller.guard_rayjob_deletion(rayjob, attempt=0)
+    assert world.verifier.calls[-1] == f"s3://bucket/sweeps/ml/digits-{old['runId']}"  # its own run was verified
+    assert world.status("digits") == before, "the older run's verification was written into the new sweep"
+    world.kube.objects[("TrainingSweep", "ml", "digits")]["metadata"]["annotations"] = {
+        constants.ANNOTATION_SKIP_VERIFICATION: "true"
+    }
+    world.controller.guard_sweep_deletion(world.sweep("digits"), attempt=0)
+    skipped = {
+        name: (obj["metadata"].get("annotations") or {}).get(constants.ANNOTATION_SKIP_VERIFICATION)
+        for (kind, _, name), obj in world.kube.objects.items()
+        if kind == "RayJob"
+    }
+    assert skipped.get(old["rayJobName"]) is None, "the escape hatch crossed into the older run"
+    assert skipped.get(again["rayJobName"]) == "true", skipped  # its own run's objects take it
+    with pytest.raises(RetryLater, match="missing-file"):  # still held: verified, not waved through
+        world.controller.guard_rayjob_deletion(world.kube.get_rayjob("ml", old["rayJobName"]), attempt=1)
+
+
 def test_raycluster_guard_finds_the_run_through_its_own_annotation_or_its_rayjobs(world: World) -> None:
     """KubeRay copies the RayJob's guard annotation onto the cluster: it names the run after the RayJob and the
     sweep are gone. A cluster without its own copy is guarded through its RayJob's (R22)."""

@@ -19,7 +19,7 @@ from ..status import conditions_with, updated
 from ..workqueue import WorkQueue
 from . import guard
 from .facts import DeletionFacts, ObjectRef, meta_of, status_of
-from .reads import Reads
+from .reads import Reads, run_of, sweep_run_id
 from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class DeletionGuard(StopBeforeDelete):
                 raise RetryLater(message, wait, counted=False)
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
-            self._propagate_skip(ref.namespace, ref.name)
+            self._propagate_skip(ref.namespace, ref.name, sweep_run_id(body))
         if rayjob is not None:
             self.kube.delete_rayjob(ref.namespace, meta_of(rayjob)["name"])
         self._release_and_admit_next(ref)
@@ -194,7 +194,7 @@ class DeletionGuard(StopBeforeDelete):
         with self._guard_lock:  # released: the suspend's start is no longer needed
             self._stops.pop(f"suspend/{meta_of(body).get('uid') or meta_of(body).get('name')}", None)
         if facts.skip:
-            self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), rayjobs=False)
+            self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), run_of(body), rayjobs=False)
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
@@ -261,17 +261,20 @@ class DeletionGuard(StopBeforeDelete):
         except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
             log.warning("cannot record the bypass on sweep %s/%s: %s", record.namespace, record.sweep, exc)
 
-    def _propagate_skip(self, namespace: str, sweep: str, *, rayjobs: bool = True) -> None:
-        """The escape hatch on a sweep (or RayJob) covers the objects deleted after it, which outlive it."""
+    def _propagate_skip(self, namespace: str, sweep: str, run: str, *, rayjobs: bool = True) -> None:
+        """The escape hatch on a sweep (or RayJob) covers the objects of its run deleted after it, which outlive
+        it; not an older run's under the same sweep name (`run_of`: what only the operator writes)."""
         if not sweep:
             return
         selector = f"{constants.LABEL_SWEEP}={sweep}"
         patch = {"metadata": {"annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}}
         if rayjobs:
             for rayjob in self.kube.list_rayjobs(namespace, selector):
-                self.kube.patch_rayjob(namespace, meta_of(rayjob)["name"], patch)
+                if run_of(rayjob) == run:
+                    self.kube.patch_rayjob(namespace, meta_of(rayjob)["name"], patch)
         for cluster in self.kube.list_rayclusters(namespace, selector):
-            self.kube.patch_raycluster(namespace, meta_of(cluster)["name"], patch)
+            if run_of(cluster) == run:
+                self.kube.patch_raycluster(namespace, meta_of(cluster)["name"], patch)
 
     def check_guard_label(self, body: Mapping[str, Any], kind: str) -> None:
         """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through

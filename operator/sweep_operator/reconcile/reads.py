@@ -266,7 +266,7 @@ class Reads:
         if not name:
             return None
         rayjob = self.kube.get_rayjob(meta.get("namespace") or "default", name)
-        run_id = status.get("runId") or (run_id_for(meta["uid"]) if meta.get("uid") else "")
+        run_id = sweep_run_id(body)
         # By what only the operator writes (the run in its guard record, the run-id label), never ownerReferences,
         # which anyone who may edit the RayJob may point elsewhere (a detached run) or leave empty (a decoy).
         if rayjob is None or not run_id or run_of(rayjob) != run_id:
@@ -319,9 +319,13 @@ class Reads:
         return sweeps
 
     def sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The sweep a RayJob or RayCluster belongs to, read fresh."""
+        """The sweep a RayJob or RayCluster belongs to, read fresh: the sweep of its name whose run is the object's
+        (`run_of`). A sweep deleted and created again under that name is another run (R16): an older run's held
+        objects neither write their verification into its status nor take its escape hatch."""
         name = sweep_name_of(obj)
-        return self.kube.get_sweep(meta_of(obj).get("namespace") or "default", name) if name else None
+        sweep = self.kube.get_sweep(meta_of(obj).get("namespace") or "default", name) if name else None
+        run = run_of(obj)
+        return sweep if sweep is not None and (not run or run == sweep_run_id(sweep)) else None
 
 
 def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
@@ -343,6 +347,13 @@ def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | No
         docs[1] if isinstance(docs[1], dict) else None,
         readable,
     )
+
+
+def sweep_run_id(sweep: Mapping[str, Any]) -> str:
+    """The sweep's run (every attempt's): status.runId, else the id its uid implies (only the operator writes the
+    status; the uid is the API server's)."""
+    uid = meta_of(sweep).get("uid")
+    return str(status_of(sweep).get("runId") or (run_id_for(uid) if uid else ""))
 
 
 def run_of(obj: Mapping[str, Any]) -> str:
