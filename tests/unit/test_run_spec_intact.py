@@ -55,6 +55,10 @@ def test_a_rewritten_run_spec_is_not_enforced_the_sweeps_own_spec_is() -> None:
     admitted = facts.admitted_spec
     assert admitted is not None and admitted.budget is not None and admitted.budget.gpu_hours == 100
     assert admitted.deadlines.graceful_stop_seconds != 604_800
+    said = [e for e in world.events if e[2] == "RunSpecRewritten"]
+    assert len(said) == 1 and said[0][1] == "Warning" and constants.ANNOTATION_RUN_SPEC in said[0][3], said
+    reads.run_facts(reads.sweep_facts(world.sweep("digits"), world.clock()))
+    assert len([e for e in world.events if e[2] == "RunSpecRewritten"]) == 1, "said once per RayJob"
 
 
 def test_a_rayjob_from_before_the_digest_keeps_its_run_spec() -> None:

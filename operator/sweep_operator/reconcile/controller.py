@@ -83,7 +83,9 @@ class SweepController(DeletionGuard):
         self.metrics = metrics or OperatorMetrics()
         self.cache = Cache(settings)
         verifier = verifier or verify_sweep_checkpoints
-        self.reads = Reads(settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool)
+        self.reads = Reads(
+            settings, kube, self.cache, s3_client_for, verifier, self.metrics, verification_pool, emit=events
+        )
         self.settings = settings
         self.status = StatusWriter(
             kube, self.cache, events, [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)]

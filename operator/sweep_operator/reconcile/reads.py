@@ -57,8 +57,10 @@ class Reads:
         verifier: Verifier,
         metrics: OperatorMetrics,
         verification_pool: Any = None,
+        emit: Callable[[Mapping[str, Any], str, str, str], None] | None = None,
     ) -> None:
         self.settings, self.kube, self.cache, self.s3_client_for = settings, kube, cache, s3_client_for
+        self.emit = emit  # the controller's Events (a rewritten run spec is said on the RayJob)
         self.verifier, self.metrics = verifier, metrics
         # A concurrent.futures executor the guard's verifications run on (bounded: handlers.build_controller).
         self.verification_pool = verification_pool
@@ -120,10 +122,13 @@ class Reads:
             if len(self._tampered) >= 4096:
                 self._tampered.clear()
             self._tampered.add(uid)
-            log.warning(
-                "RayJob %s/%s: the run spec in spec.runtimeEnvYAML is not the one the operator wrote; its sweep's own "
-                "spec is enforced", meta_of(rayjob).get("namespace"), meta_of(rayjob).get("name"),
-            )  # fmt: skip
+            message = (
+                f"the run spec in spec.runtimeEnvYAML is not the one the operator wrote (its digest is recorded in "
+                f"{constants.ANNOTATION_RUN_SPEC}); the sweep's own spec (deadlines, GPU-hour budget) is enforced"
+            )
+            log.warning("RayJob %s/%s: %s", meta_of(rayjob).get("namespace"), meta_of(rayjob).get("name"), message)
+            if self.emit is not None:
+                self.emit(rayjob, "Warning", "RunSpecRewritten", message)
         return None
 
     def namespace_sweeps(self, namespace: str) -> list[dict[str, Any]]:
