@@ -10,6 +10,7 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.reconcile.controller import RetryLater
+from sweep_operator.status import rfc3339
 from tests.unit.test_controller import World, add_sweep
 from tests.unit.test_stops_not_lost import make_world
 
@@ -78,6 +79,10 @@ def test_a_rayjob_deleted_by_a_user_has_its_clusters_worker_groups_suspended_bef
     world, name, cluster = running_with_workers()
     world.verifier.verified = False  # the checkpoints do not verify: the guard holds
     world.kube.delete_rayjob("ml", name)  # `kubectl delete rayjob`: the cluster stays while its owner is held
+    deleted = world.kube.objects[("RayJob", "ml", name)]["metadata"]
+    deleted["deletionTimestamp"] = rfc3339(world.clock() - 30)  # on the world's clock
+    for pod in world.kube.pods:  # bound an hour before
+        pod["status"]["conditions"][0]["lastTransitionTime"] = rfc3339(world.clock() - 3600)
     body = world.kube.get_rayjob("ml", name) or {}
     world.kube.calls.clear()
     with pytest.raises(RetryLater) as held:
@@ -86,11 +91,17 @@ def test_a_rayjob_deleted_by_a_user_has_its_clusters_worker_groups_suspended_bef
     suspended = world.kube.get_raycluster("ml", cluster) or {}
     assert all(g.get("suspend") is True for g in suspended["spec"]["workerGroupSpecs"]), suspended["spec"]
     assert not suspended["metadata"].get("deletionTimestamp"), "the cluster itself stays, held with its owner"
+    # The 4 workers' GPU time from the RayJob's deletion (KubeRay stopped the job then) to the suspend is idle,
+    # recorded as the hold's (no graceful stop of the operator's was asked).
+    idle = world.status("digits").get("idleGpuSeconds") or {}
+    assert idle.get("heldDeletion") == pytest.approx(4 * 30), idle
+    assert "stopping" not in idle, idle
     world.kube.pods.clear()  # KubeRay deletes a suspended group's pods (raycluster_controller.go reconcilePods)
     world.verifier.calls.clear()
     with pytest.raises(RetryLater) as held:
         world.controller.guard_rayjob_deletion(body, 1)
     assert held.value.counted is True and world.verifier.calls, "then the guard verifies, and holds"
+    assert world.status("digits")["idleGpuSeconds"] == idle, "recorded once"
 
 
 @pytest.mark.parametrize("verified", [True, False])

@@ -182,6 +182,15 @@ def stopping_gpu_seconds(
     return _gpu_seconds_since(_live_workers(cluster, pods), asked, end)
 
 
+def deleted_rayjob_gpu_seconds(
+    cluster: Mapping[str, Any], rayjob: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float
+) -> float:
+    """GPU-seconds the cluster's live workers held since someone else deleted its RayJob (KubeRay stopped the job at
+    once; the cluster stayed at full size while the guard held its owner), as the operator suspends them."""
+    deleting = parse_time(meta_of(rayjob).get("deletionTimestamp"))
+    return _gpu_seconds_since(_live_workers(cluster, pods), deleting.timestamp(), now) if deleting else 0.0
+
+
 def stop_outran_suspend(cluster: Mapping[str, Any], asked: float | None) -> bool:
     """The cluster's deletion began after the operator asked its job to stop and before its worker groups were all
     suspended: KubeRay ended the stop (the stopped job's shutdownAfterJobFinishes). A deletion that began before

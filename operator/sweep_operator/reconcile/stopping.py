@@ -150,7 +150,13 @@ class StopBeforeDelete(ABC):
                 return step.wait_s
             if patched is None:  # gone meanwhile: its deletion passed the guard, which recorded the stop
                 return None
-            self._record_stopping(rayjob, sweep, cluster, pods, self._asked(rayjob, sweep))
+            asked = self._asked(rayjob, sweep)
+            if asked is not None:
+                self._record_stopping(rayjob, sweep, cluster, pods, asked)
+            else:  # deleted by someone else: no stop of ours, the guard holds it (once: the next pass patches nothing)
+                held = idle_gpus.deleted_rayjob_gpu_seconds(cluster, rayjob, pods, self.clock())
+                sweep_name = guard.sweep_name_of(rayjob)
+                self._record_idle(namespace, sweep_name, sweep, idle_gpus.HELD_DELETION, held)
             text = f"RayCluster {name}: worker groups suspended before its RayJob is deleted (KubeRay deletes them)"
             log.info("%s", text)
             for target in (rayjob, sweep) if sweep is not None else (rayjob,):
