@@ -27,6 +27,8 @@ PHASES: tuple[str, ...] = tuple(Phase)
 PREFIX = "trainingsweep_"
 
 RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A gone sweep's counter series stay this long (many scrape intervals), then go with the next sweep that goes.
+SERIES_RETENTION_S = 900.0
 VERIFICATION_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 
 # Series the state collector produces at each scrape (name -> help), listed so tests and the chart's dashboard
@@ -121,6 +123,7 @@ class OperatorMetrics:
         self._gpu_hour_budget: Callable[[str], NamespaceBudget | None] | None = None
         self._gpu_hour_ledgers: Callable[[], Mapping[str, Any]] | None = None
         self._namespaces: set[str] = set()  # every namespace seen keeps its zero series (0, not absent)
+        self._gone: dict[tuple[str, str], float] = {}  # (namespace, sweep) -> when it went (its series go later)
         self.reconcile_seconds = Histogram(
             "trainingsweep_reconcile_duration_seconds",
             "Time to reconcile one sweep",
@@ -217,6 +220,35 @@ class OperatorMetrics:
 
     def idle_gpus(self, namespace: str, sweep: str, cause: str, gpu_seconds: float) -> None:
         self.idle_gpu_seconds.labels(namespace=namespace, sweep=sweep, cause=cause).inc(gpu_seconds)
+
+    def _per_sweep(self) -> tuple[Counter, ...]:
+        return (
+            self.verifications,
+            self.verification_failures,
+            self.deadline_stops,
+            self.guard_holds,
+            self.budget_thresholds,
+            self.guard_bypasses,
+            self.idle_gpu_seconds,
+        )
+
+    def sweep_gone(self, namespace: str, sweep: str) -> None:
+        """The sweep left the cluster: its per-sweep counter series go SERIES_RETENTION_S later, so a long-running
+        operator's /metrics does not grow with every sweep it ever ran. Not at once: a counter bumped as the sweep
+        goes (a bypass, a hold's last verification) must be scraped first, or its alert never sees the increase.
+        The series of sweeps gone longer ago are removed now; a sweep of that name created again keeps its own."""
+        now = self._clock()
+        with self._lock:
+            self._gone[(namespace, sweep)] = now
+            due = [k for k, at in self._gone.items() if now - at >= SERIES_RETENTION_S]
+            for key in due:
+                del self._gone[key]
+            live = {(f.namespace, f.name) for f in self._sweeps.values()}  # as of the last scrape
+        for ns, name in due:
+            if (ns, name) in live:
+                continue
+            for counter in self._per_sweep():
+                counter.remove_by_labels({"namespace": ns, "sweep": name})
 
     def guard_released(self, kind: str, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}

@@ -208,3 +208,32 @@ def test_names_follow_prometheus_conventions_and_metric_names_lists_every_export
 def test_run_root_identity_reads_the_layout() -> None:
     assert run_root_identity("s3://bucket/sweeps/team-a/digits-gpu-x1y2z3") == ("team-a", "digits-gpu")
     assert run_root_identity("/tmp/store/default/d-r1") == ("default", "d")
+
+
+def test_a_gone_sweeps_counter_series_go_after_a_retention_not_at_once_and_not_a_live_namesakes() -> None:
+    """Per-sweep counters would grow /metrics with every sweep a long-running operator ever ran: a sweep's series
+    go SERIES_RETENTION_S after it left (a bypass counted as it goes is scraped first), removed when a later sweep
+    goes; a sweep of the same name known again (created anew) keeps its series."""
+    from sweep_operator.metrics import SERIES_RETENTION_S
+
+    now = [T0]
+    known: list[dict[str, Any]] = []
+    metrics = OperatorMetrics(clock=lambda: now[0])
+    metrics.follow(lambda: known)
+    bypasses = "trainingsweep_guard_bypasses_total"
+    for name in ("old", "again", "late"):
+        metrics.guard_bypassed("TrainingSweep", "team-a", name)
+        metrics.idle_gpus("team-a", name, "stopping", 12.0)
+        metrics.deadline_stopped("team-a", name)
+    metrics.sweep_gone("team-a", "old")
+    metrics.sweep_gone("team-a", "again")
+    assert value(metrics, bypasses, namespace="team-a", sweep="old", kind="TrainingSweep") == 1, "kept for a while"
+    known.append(sweep("again", "team-a", "Running", runId="r9"))  # created again under its name
+    samples(metrics)  # a scrape sees it
+    now[0] += SERIES_RETENTION_S
+    metrics.sweep_gone("team-a", "late")
+    series = samples(metrics)
+    assert not [k for k in series if ("sweep", "old") in k[1]], "the gone sweep's series stayed"
+    assert value(metrics, bypasses, namespace="team-a", sweep="again", kind="TrainingSweep") == 1
+    assert value(metrics, bypasses, namespace="team-a", sweep="late", kind="TrainingSweep") == 1, "not yet due"
+    assert value(metrics, "trainingsweep_idle_gpu_seconds_total", namespace="team-a", sweep="late", cause="stopping")

@@ -53,6 +53,7 @@ class DeletionGuard(StopBeforeDelete):
     _guard_lock: threading.Lock
     _guard_attempts: dict[GuardKey, int]
     _guard_due: dict[GuardKey, float]
+    _pod_looks: dict[ObjectRef, float]
 
     @abstractmethod
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
@@ -177,6 +178,9 @@ class DeletionGuard(StopBeforeDelete):
             self.kube.delete_rayjob(ref.namespace, meta_of(rayjob)["name"])
         self._release_and_admit_next(ref)
         self.metrics.observe_phase(meta.get("uid") or ref.name, None, ref.namespace, ref.name)
+        self.metrics.sweep_gone(ref.namespace, ref.name)  # its series go later; its pods' last look now
+        with self._guard_lock:
+            self._pod_looks.pop(ref, None)
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
