@@ -9,6 +9,7 @@ deleted `train/<trial>/`: `_sweep/status.json`, `_sweep/result.json` and Tune's 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -59,6 +60,7 @@ from .verification_findings import (
     SNAPSHOT_RAY_VERSION,
     STATUS_MAX_PROBLEMS,
     TIMEOUT,
+    TOO_MANY_OBJECTS,
     UNCOMMITTED,
     UNCOMMITTED_CHECKPOINT,
     VERIFIED,
@@ -72,6 +74,7 @@ from .verification_listing import (
     HASH_CHUNK_BYTES,
     S3AccessError,
     S3Reader,
+    TooManyObjects,
     collect_trial,
     describe_s3_error,
     has_any_object,
@@ -119,6 +122,7 @@ __all__ = [
     "SNAPSHOT_RAY_VERSION",
     "STATUS_MAX_PROBLEMS",
     "TIMEOUT",
+    "TOO_MANY_OBJECTS",
     "TUNE_CHECKPOINT_PATH_KEY",
     "UNCOMMITTED",
     "UNCOMMITTED_CHECKPOINT",
@@ -187,7 +191,9 @@ class _Run:
         exc = future.exception()
         if exc is None:
             return future.result()
-        if isinstance(exc, S3AccessError):
+        if isinstance(exc, TooManyObjects):
+            self.problems.append(Finding(TOO_MANY_OBJECTS, exc.key, exc.detail))
+        elif isinstance(exc, S3AccessError):
             self.problems.append(Finding(S3_ERROR, exc.key, exc.detail))
         else:
             self.problems.append(Finding(VERIFIER_ERROR, "", describe_s3_error(exc)))
@@ -227,14 +233,17 @@ def verify_sweep_checkpoints(
     deadline = None if timeout_seconds is None else started + timeout_seconds
     run = _Run()
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="verify-s3")
+    ended = threading.Event()  # the listing asks for no page once set: a timed-out pass stops listing
     try:
-        _verify(client, uri, deep, pool, deadline, clock, run, min_retention_days, empty_root_ok, now().date())
+        _verify(client, uri, deep, pool, deadline, clock, run, min_retention_days, empty_root_ok, now().date(), ended)
     except _DeadlineExceeded:
         run.problems.append(Finding(TIMEOUT, uri.prefix, f"verification did not finish within {timeout_seconds:g} s"))
     except Exception as exc:  # fail closed: a bug here must read as "not verified", not as success
         run.problems.append(Finding(VERIFIER_ERROR, uri.prefix, describe_s3_error(exc)))
     finally:
-        # Never wait for stragglers after a timeout: their requests end by the client's own timeouts.
+        # Never wait for stragglers after a timeout: their requests end by the client's own timeouts, and the
+        # listing at its next page.
+        ended.set()
         pool.shutdown(wait=False, cancel_futures=True)
     return _result(uri, deep, run, clock() - started, now())
 
@@ -252,7 +261,7 @@ class _Reads:
     retention: Future[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 
-def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor) -> _Reads:
+def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, ended: threading.Event) -> _Reads:
     trial_futures: dict[str, Future[TrialFacts]] = {}
 
     def on_trial(trial: str, objects: Mapping[str, int]) -> None:
@@ -261,7 +270,7 @@ def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor) -> _Re
 
     train_prefix = root.join(s3_layout.TRAIN_DIR).prefix
     return _Reads(
-        listing=pool.submit(list_trials, client, root.bucket, train_prefix, on_trial),
+        listing=pool.submit(list_trials, client, root.bucket, train_prefix, on_trial, stop=ended),
         trials=trial_futures,
         result=pool.submit(read_object, client, root.bucket, root.join(s3_layout.RESULT_KEY).key, True),
         status=pool.submit(read_object, client, root.bucket, root.join(s3_layout.STATUS_KEY).key, True),
@@ -281,8 +290,9 @@ def _verify(
     min_retention_days: int,
     empty_root_ok: bool,
     today: date,
+    ended: threading.Event,
 ) -> None:
-    reads = _start_reads(client, root, pool)
+    reads = _start_reads(client, root, pool, ended)
     _wait_all([reads.listing], deadline, clock)
     trials = run.outcome(reads.listing)
     if trials is None:  # the run cannot even be listed: nothing else is worth asking

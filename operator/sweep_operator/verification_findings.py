@@ -21,6 +21,8 @@ BEST_CHECKPOINT_UNVERIFIED: Final = "best-checkpoint-unverified"
 S3_ERROR: Final = "s3-error"
 TIMEOUT: Final = "timeout"
 VERIFIER_ERROR: Final = "verifier-error"
+# More objects under the run's train/ than the verifier lists (verification_listing.MAX_LISTED_OBJECTS).
+TOO_MANY_OBJECTS: Final = "too-many-objects"
 # A trial the run's surviving records (status.json, result.json, Tune's experiment state) say checkpointed, with no
 # object left under train/<trial>/.
 MISSING_TRIAL: Final = "missing-trial"

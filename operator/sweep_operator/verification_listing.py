@@ -5,6 +5,7 @@ an S3AccessError naming the key."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
@@ -22,6 +23,10 @@ from .verification_records import parse_snapshot
 
 HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
 _LIST_PAGE_SIZE: Final = 1000
+# A run's train/ holds trials x kept checkpoints x ranks x files: thousands, rarely more. The listing is held in
+# memory, and anyone whose code writes the run root decides its size: past this many keys the run is not verified
+# (a finding naming the bound) rather than the operator's memory spent on it.
+MAX_LISTED_OBJECTS: Final = 1_000_000
 
 
 class S3Reader(Protocol):
@@ -72,15 +77,40 @@ def _s3_call(key: str, call: Callable[..., dict[str, Any]], **kwargs: Any) -> di
         raise S3AccessError(key, describe_s3_error(exc)) from exc
 
 
-def iter_listing(client: S3Reader, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
-    """Every object under `prefix` as (key relative to prefix, size), paginated (ListObjectsV2, 1000 a page)."""
+class TooManyObjects(S3AccessError):
+    """More keys under a prefix than the verifier lists (MAX_LISTED_OBJECTS)."""
+
+
+class ListingStopped(S3AccessError):
+    """The verification this listing served is over (its deadline passed): no further page is asked for."""
+
+
+def iter_listing(
+    client: S3Reader,
+    bucket: str,
+    prefix: str,
+    *,
+    stop: threading.Event | None = None,
+    limit: int = MAX_LISTED_OBJECTS,
+) -> Iterator[tuple[str, int]]:
+    """Every object under `prefix` as (key relative to prefix, size), paginated (ListObjectsV2, 1000 a page); at
+    most `limit` keys (TooManyObjects past it), and no page asked for once `stop` is set (ListingStopped)."""
     token: str | None = None
+    listed = 0
     while True:
+        if stop is not None and stop.is_set():
+            raise ListingStopped(prefix, "the verification ended before the listing did")
         kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": _LIST_PAGE_SIZE}
         if token:
             kwargs["ContinuationToken"] = token
         page = _s3_call(prefix, client.list_objects_v2, **kwargs)
-        for obj in page.get("Contents", []):
+        contents = page.get("Contents", [])
+        listed += len(contents)
+        if listed > limit:
+            raise TooManyObjects(
+                prefix, f"more than {limit} objects under it; the verifier lists at most {limit} (docs/guard.md)"
+            )
+        for obj in contents:
             yield obj["Key"][len(prefix) :], int(obj.get("Size", 0))
         if not page.get("IsTruncated"):
             return
@@ -95,7 +125,13 @@ def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
 
 
 def list_trials(
-    client: S3Reader, bucket: str, train_prefix: str, on_trial: Callable[[str, Mapping[str, int]], None]
+    client: S3Reader,
+    bucket: str,
+    train_prefix: str,
+    on_trial: Callable[[str, Mapping[str, int]], None],
+    *,
+    stop: threading.Event | None = None,
+    limit: int = MAX_LISTED_OBJECTS,
 ) -> dict[str, dict[str, int]]:
     """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, objects)` is called as
     soon as the listing has moved past a trial, so its reads overlap the rest of the listing.
@@ -108,7 +144,7 @@ def list_trials(
     announced: set[str] = set()
     late: set[str] = set()
     current: str | None = None
-    for rel, size in iter_listing(client, bucket, train_prefix):
+    for rel, size in iter_listing(client, bucket, train_prefix, stop=stop, limit=limit):
         trial, sep, rest = rel.partition("/")
         if not sep or not trial:
             continue

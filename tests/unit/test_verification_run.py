@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
@@ -16,6 +17,7 @@ from sweep_operator import verification as v
 from sweep_operator.verification import verify_sweep_checkpoints
 from tests.support.fake_s3 import FakeS3, client_error
 from tests.support.sweep_factory import SyntheticSweep, write_sweep
+from tests.support.waiting import wait_for
 
 BUCKET = "bucket-a"
 
@@ -345,3 +347,58 @@ def test_a_record_is_read_up_to_the_limit_only() -> None:
         read_document({"Body": unannounced}, "k", limit=10)
     assert unannounced.asked == [11] and unannounced.closed
     assert read_document({"Body": Body(10), "ContentLength": 10}, "k", limit=10) == b"x" * 10
+
+
+class _EndlessListing:
+    """A run root whose train/ a tenant's code filled with more keys than anyone lists: pages without end, all of
+    one trial (so no trial's reads are started as the listing passes it), each a little slow, counted."""
+
+    def __init__(self, inner: FakeS3, delay: float = 0.02):
+        self.inner, self.delay, self.pages = inner, delay, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def list_objects_v2(self, Bucket: str, Prefix: str = "", ContinuationToken: str = "", **kwargs: object) -> Any:
+        if not Prefix.endswith(f"/{s3_layout.TRAIN_DIR}/"):
+            return self.inner.list_objects_v2(Bucket=Bucket, Prefix=Prefix, **kwargs)
+        time.sleep(self.delay)
+        self.pages += 1
+        page = int(ContinuationToken or 0)
+        keys = [{"Key": f"{Prefix}t0/junk/{page:08d}-{i:04d}", "Size": 1} for i in range(1000)]
+        return {"Contents": keys, "IsTruncated": True, "NextContinuationToken": str(page + 1)}
+
+
+def test_a_listing_past_the_bound_is_not_verified_naming_the_bound(
+    s3: FakeS3, sweep: SyntheticSweep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone whose code writes the run root decides how many keys it has; the listing is held in memory, so past
+    MAX_LISTED_OBJECTS the run is not verified (too-many-objects, naming the bound) instead of listed on."""
+    from functools import partial
+
+    from sweep_operator import verification_listing
+
+    assert verification_listing.MAX_LISTED_OBJECTS == 1_000_000
+    monkeypatch.setattr(v, "list_trials", partial(verification_listing.list_trials, limit=3_000))
+    endless = _EndlessListing(s3, delay=0)
+    result = verify_sweep_checkpoints(endless, sweep.root_uri)
+    assert not result.verified
+    assert [p.kind for p in result.problems] == [v.TOO_MANY_OBJECTS], result.problems
+    assert "more than 3000 objects" in result.problems[0].detail
+    assert endless.pages == 4, "stopped at the first page past the bound"
+
+
+def test_a_timed_out_verification_stops_listing(s3: FakeS3, sweep: SyntheticSweep) -> None:
+    """A verification that timed out asks for no further page: its listing thread ends (a held deletion retries,
+    and each retry's listing would otherwise page on beside the next, holding what it listed)."""
+    endless = _EndlessListing(s3)
+    before = set(threading.enumerate())
+    result = verify_sweep_checkpoints(endless, sweep.root_uri, timeout_seconds=0.3)
+    assert [p.kind for p in result.problems] == [v.TIMEOUT]
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith("verify-s3") and t not in before],
+        10,
+        what="the verifier's threads ended with its listing",
+    )
+    pages = endless.pages
+    assert 0 < pages < 300, pages  # 20 ms a page: a listing that went on would still be paging
