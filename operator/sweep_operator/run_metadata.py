@@ -103,9 +103,12 @@ class RunBounds:
     groups: Mapping[str, int] = field(default_factory=dict)  # group name -> GPUs per worker
     workers: int = 0  # the run's demand (the ledger's rebuild)
     gpus: int = 0
+    active_deadline_s: int = 0  # the RayJob's spec.activeDeadlineSeconds as rendered (0: not recorded)
 
     def to_annotation(self) -> str:
-        doc = {"cap": self.cap, "groups": dict(self.groups), "workers": self.workers, "gpus": self.gpus}
+        doc: dict[str, Any] = {"cap": self.cap, "groups": dict(self.groups), "workers": self.workers, "gpus": self.gpus}
+        if self.active_deadline_s:
+            doc["activeDeadlineSeconds"] = self.active_deadline_s
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -115,7 +118,8 @@ class RunBounds:
         try:
             doc = json.loads(text)
             groups = {str(k): int(v) for k, v in (doc.get("groups") or {}).items()}
-            return cls(int(doc["cap"]), groups, int(doc.get("workers") or 0), int(doc.get("gpus") or 0))
+            deadline = int(doc.get("activeDeadlineSeconds") or 0)
+            return cls(int(doc["cap"]), groups, int(doc.get("workers") or 0), int(doc.get("gpus") or 0), deadline)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
@@ -124,7 +128,10 @@ def rendered_bounds(rayjob: Mapping[str, Any], demand_workers: int, demand_gpus:
     """The bounds of a RayJob as just rendered: its worker groups, their caps and GPUs per worker."""
     groups = worker_groups(rayjob, constants.RAYJOB_KIND)
     cap = max((int(g.get("maxReplicas") or 0) for g in groups), default=0)
-    return RunBounds(cap, {str(g.get("groupName")): group_gpus(g) for g in groups}, demand_workers, demand_gpus)
+    deadline = (rayjob.get("spec") or {}).get("activeDeadlineSeconds")
+    deadline = deadline if isinstance(deadline, int) and not isinstance(deadline, bool) and deadline > 0 else 0
+    gpus = {str(g.get("groupName")): group_gpus(g) for g in groups}
+    return RunBounds(cap, gpus, demand_workers, demand_gpus, deadline)
 
 
 def container_gpus(container: Mapping[str, Any]) -> int:

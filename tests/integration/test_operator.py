@@ -447,6 +447,33 @@ def test_a_sweep_an_earlier_version_left_kopfs_timer_finalizer_on_is_left_to_kop
 # --------------------------------------------------------------------------------- drift and spec edits
 
 
+def test_a_raised_active_deadline_is_set_back(env: OperatorEnv) -> None:
+    """KubeRay's backstop for a run the operator fails to stop: spec.activeDeadlineSeconds raised by hand on the
+    RayJob is set back to the rendered value (recorded in the protected bounds annotation), with an Event."""
+    doc = env.new_sweep("deadline-drift")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    rendered = env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["activeDeadlineSeconds"]
+    env.custom.patch_namespaced_custom_object(
+        constants.RAY_GROUP,
+        constants.RAY_VERSION_API,
+        "default",
+        constants.RAYJOB_PLURAL,
+        rayjob,
+        {"spec": {"activeDeadlineSeconds": 10_000_000}},
+    )
+    wait_for(
+        lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["activeDeadlineSeconds"] == rendered,
+        TIMEOUT,
+        what="activeDeadlineSeconds set back",
+    )
+    wait_for(lambda: "CapEnforced" in env.event_reasons(rayjob), TIMEOUT, what="CapEnforced Event on the RayJob")
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    env.delete_sweep(name)
+
+
 def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
     """R21: maxReplicas raised by hand on the RayJob is set back to workers x maxConcurrentTrials, with an Event."""
     doc = env.new_sweep("drift")

@@ -267,3 +267,31 @@ def test_an_added_worker_group_and_raised_gpus_are_set_back_to_the_rendered_spec
 
 def worker_name(rayjob: dict[str, Any]) -> str:
     return str(rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"])
+
+
+@pytest.mark.parametrize("edit", [10**7, None, 0, "86400"], ids=["raised", "removed", "zero", "a string"])
+def test_a_raised_or_removed_active_deadline_is_set_back_and_a_lower_one_kept(edit: Any) -> None:
+    """KubeRay's backstop (spec.activeDeadlineSeconds, rendered from the sweep's deadline) is recorded in the
+    operator's protected bounds annotation; raised or removed by anyone with RayJob edit rights, it is set back,
+    alone (no worker group rewritten); lowered, it is the editor's own shorter run."""
+    import copy
+
+    rayjob = _rendered(gpu=1)
+    bounds = bounds_of(rayjob)
+    rendered = rayjob["spec"]["activeDeadlineSeconds"]
+    assert bounds is not None and bounds.active_deadline_s == rendered > 0
+    edited = copy.deepcopy(rayjob)
+    if edit is None:
+        del edited["spec"]["activeDeadlineSeconds"]
+    else:
+        edited["spec"]["activeDeadlineSeconds"] = edit
+    assert may_exceed_cap(edited, constants.RAYJOB_KIND, bounds)
+    correction = decide_drift(edited, constants.RAYJOB_KIND, bounds)
+    assert correction is not None and correction.patch == {"spec": {"activeDeadlineSeconds": rendered}}
+    assert f"activeDeadlineSeconds {edit} -> {rendered}" in correction.message
+    edited["spec"]["activeDeadlineSeconds"] = rendered - 60
+    assert decide_drift(edited, constants.RAYJOB_KIND, bounds) is None
+    older = RunBounds(bounds.cap, bounds.groups, bounds.workers, bounds.gpus)  # a RayJob rendered before the field
+    edited["spec"]["activeDeadlineSeconds"] = 10**7
+    assert decide_drift(edited, constants.RAYJOB_KIND, older) is None
+    assert RunBounds.from_annotation(older.to_annotation()) == older

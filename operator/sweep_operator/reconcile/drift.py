@@ -103,12 +103,29 @@ def decide_drift(body: Mapping[str, Any], kind: str, bounds: RunBounds | int) ->
     head = head_group(body, kind)
     head_fixed, head_notes = _with_gpus(head, 0) if head is not None and bounds.groups else (head, [])
     notes.extend(head_notes)
+    spec: dict[str, Any] = {}
+    if notes:
+        cluster: dict[str, Any] = {"workerGroupSpecs": fixed}
+        if head_notes:
+            cluster["headGroupSpec"] = head_fixed
+        spec = {"rayClusterSpec": cluster} if kind == constants.RAYJOB_KIND else cluster
+    deadline = _deadline_note(body, kind, bounds)
+    if deadline:
+        spec["activeDeadlineSeconds"] = bounds.active_deadline_s
+        notes.append(deadline)
     if not notes:
         return None
-    cluster: dict[str, Any] = {"workerGroupSpecs": fixed}
-    if head_notes:
-        cluster["headGroupSpec"] = head_fixed
-    spec = {"rayClusterSpec": cluster} if kind == constants.RAYJOB_KIND else cluster
     return Correction(
         {"spec": spec}, f"set back to what the operator rendered (cap {bounds.cap} workers): {', '.join(notes)}"
     )
+
+
+def _deadline_note(body: Mapping[str, Any], kind: str, bounds: RunBounds) -> str:
+    """KubeRay's backstop for a run the operator fails to stop: a RayJob's activeDeadlineSeconds raised or removed
+    after rendering is set back (a lower one is the editor's to choose). "" when it holds."""
+    if kind != constants.RAYJOB_KIND or not bounds.active_deadline_s:
+        return ""
+    found = (body.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(found, int) and not isinstance(found, bool) and 0 < found <= bounds.active_deadline_s:
+        return ""
+    return f"activeDeadlineSeconds {found} -> {bounds.active_deadline_s}"
