@@ -668,7 +668,10 @@ class IdleGpuStatus(StatusModel):
     )
     unscheduled_trials: float | None = Field(
         None,
-        description="GPU-seconds GPU workers were up while the driver's _sweep/status.json showed no trial running.",
+        description=(
+            "GPU-seconds GPU workers were up beyond what the running trials the driver's _sweep/status.json showed "
+            "use (none running, or fewer than the workers hold)."
+        ),
     )
 
 

@@ -240,6 +240,21 @@ def test_unscheduled_trials_count_gpu_workers_between_looks_while_no_trial_runs(
     assert idle_status({}, STOPPING, 5.0) == {"idleGpuSeconds": {"stopping": 5.0}}
 
 
+def test_gpus_past_what_the_running_trials_use_are_counted_too() -> None:
+    """Partly idle: fewer trials run than the workers hold (the search near its end, ASHA's stops). PODS hold 13
+    GPUs; with 2 GPUs a trial and 3 trials running, 7 are idle; with 7 running (14 GPUs asked), none is."""
+    now = DELETED_AT + 100
+    status = {"phase": "Running", "trials": {"total": 8, "running": 3}}
+    assert unscheduled_gpu_seconds(status, PODS, now - 10, now, gpus_per_trial=2) == pytest.approx(10 * 7)
+    busy = {"phase": "Running", "trials": {"total": 8, "running": 7}}
+    assert unscheduled_gpu_seconds(busy, PODS, now - 10, now, gpus_per_trial=2) == 0.0
+    assert unscheduled_gpu_seconds(status, PODS, now - 10, now) == 0.0, "a trial's size unknown: nothing guessed"
+    none = {"phase": "Running", "trials": {"total": 8, "running": 0}}
+    assert unscheduled_gpu_seconds(none, PODS, now - 10, now, gpus_per_trial=2) == pytest.approx(10 * 13)
+    starting = {"phase": "Starting", "trials": {"total": 8, "running": 3}}
+    assert unscheduled_gpu_seconds(starting, PODS, now - 10, now, gpus_per_trial=2) == 0.0
+
+
 def test_only_pods_the_cluster_owns_are_its_workers() -> None:
     """A pod wearing KubeRay's labels without the cluster's ownerReference (a tenant's) is never deleted or counted."""
     body = cluster()

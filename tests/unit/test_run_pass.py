@@ -173,3 +173,12 @@ def test_gpus_up_with_no_trial_running_are_counted_in_the_decision_and_recorded_
     assert decision.status["idleGpuSeconds"]["unscheduledTrials"] == pytest.approx(60.0)
     first_look = decide(idle, RunReads(pods=replace(pods, previous_look=None)))
     assert not [a for a in first_look.actions if isinstance(a, RecordIdleGpus)], "nothing before a first look"
+    # Partly idle: 6 GPUs up, one trial running of the factory's 2 workers x 1 GPU: the other 4 are idle too.
+    six = pods_read(hours_ago=1, gpus=6, record=False)
+    for body in six.pods:
+        body["metadata"].setdefault("labels", {})["ray.io/node-type"] = "worker"
+    one = {**idle, "trials": {**trials, "running": 1, "pending": 1}}
+    decided = decide(one, RunReads(pods=replace(six, previous_look=USAGE_T0 - 30)))
+    (partly,) = [a for a in decided.actions if isinstance(a, RecordIdleGpus)]
+    assert partly.gpu_seconds == pytest.approx(30 * (6 - 2 * 1)), partly
+    assert not [a for a in decide(one, RunReads(pods=pods)).actions if isinstance(a, RecordIdleGpus)], "2 up, 2 used"

@@ -217,12 +217,19 @@ def unscheduled_gpu_seconds(
     previous_look: float | None,
     now: float,
     max_gap: float = MAX_LOOK_GAP_S,
+    gpus_per_trial: float = 0.0,
 ) -> float:
-    """GPU-seconds GPU workers were up between the previous look at the pods and this one while no trial ran (0
-    without a previous look: an unseen stretch is not billed)."""
-    if previous_look is None or not no_trial_running(status):
+    """GPU-seconds GPU workers were up between the previous look at the pods and this one beyond what the running
+    trials use: all of them while no trial runs; with `gpus_per_trial` (workers x GPUs per worker), the GPUs past
+    running trials x that (fewer trials left than the group holds, ASHA's stops). 0 without a previous look (an
+    unseen stretch is not billed) or without the driver's trial counts."""
+    trials = status.get("trials")
+    if previous_look is None or status.get("phase") != Phase.RUNNING or not isinstance(trials, Mapping):
         return 0.0
-    gpus = sum(
+    total, running = int(trials.get("total") or 0), int(trials.get("running") or 0)
+    if total <= 0 or (running > 0 and gpus_per_trial <= 0):
+        return 0.0
+    up = sum(
         pod_gpus(p)
         for p in pods
         if (meta_of(p).get("labels") or {}).get(constants.RAY_LABEL_NODE_TYPE) == "worker"
@@ -230,7 +237,8 @@ def unscheduled_gpu_seconds(
         and pod_scheduled_at(p) is not None
         and pod_ended_at(p) is None
     )
-    return gpus * max(0.0, min(now - previous_look, max_gap))
+    idle = max(0.0, up - running * gpus_per_trial)
+    return idle * max(0.0, min(now - previous_look, max_gap))
 
 
 def cause_of(free: FreeWorkers, sweep_status: Mapping[str, Any]) -> str:

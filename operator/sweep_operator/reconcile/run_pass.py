@@ -243,12 +243,17 @@ def in_kueue_mode(facts: SweepFacts, decision: Decision, run: kueue.KueueRun, *,
 
 
 def unscheduled_measured(facts: SweepFacts, decision: Decision, pods: PodsRead | None) -> Decision:
-    """GPU workers up while the driver's status shows no trial running (`unscheduled-trials`), counted between this
-    look at the pods and the one before, into status.idleGpuSeconds and the idle-GPU metric."""
+    """GPU workers up beyond what the running trials the driver's status shows use (`unscheduled-trials`: none
+    running, or fewer than the workers hold), counted between this look at the pods and the one before, into
+    status.idleGpuSeconds and the idle-GPU metric."""
     if pods is None:
         return decision
     status = decision.status if decision.status is not None else facts.status
-    held = idle_gpus.unscheduled_gpu_seconds(status, pods.pods, pods.previous_look, facts.now)
+    spec = facts.admitted_spec
+    per_trial = spec.trial.workers * spec.trial.resources_per_worker.gpu if spec is not None else 0
+    held = idle_gpus.unscheduled_gpu_seconds(
+        status, pods.pods, pods.previous_look, facts.now, gpus_per_trial=float(per_trial)
+    )
     if held <= 0:
         return decision
     changes = idle_gpus.idle_status(status, idle_gpus.UNSCHEDULED_TRIALS, held)
