@@ -506,9 +506,18 @@ def test_the_rayjob_of_a_resumed_attempt_carries_the_attempt_its_deadline_and_th
     # Guarded as the first attempt: same finalizer, labels and guard annotation (same run root).
     assert rayjob["metadata"]["finalizers"] == first["metadata"]["finalizers"] == [constants.FINALIZER]
     assert rayjob["metadata"]["labels"] == first["metadata"]["labels"]
-    mine = dict(rayjob["metadata"]["annotations"])  # its own run spec's digest (the attempt differs), else the same
+    # Its own run spec's digest and its own active deadline in its bounds (the attempt differs), else the same.
+    mine = dict(rayjob["metadata"]["annotations"])
     assert mine.pop(constants.ANNOTATION_RUN_SPEC) == runtime_env.run_spec_digest(run_spec)
-    assert mine == {k: v for k, v in first["metadata"]["annotations"].items() if k != constants.ANNOTATION_RUN_SPEC}
+    from sweep_operator.run_metadata import RunBounds
+
+    first_annotations = dict(first["metadata"]["annotations"])
+    bounds = RunBounds.from_annotation(mine.pop(constants.ANNOTATION_BOUNDS))
+    first_bounds = RunBounds.from_annotation(first_annotations.pop(constants.ANNOTATION_BOUNDS))
+    assert bounds is not None and first_bounds is not None
+    assert bounds.active_deadline_s == rayjob["spec"]["activeDeadlineSeconds"] != first_bounds.active_deadline_s
+    assert replace(bounds, active_deadline_s=0) == replace(first_bounds, active_deadline_s=0)
+    assert mine == {k: v for k, v in first_annotations.items() if k != constants.ANNOTATION_RUN_SPEC}
     with pytest.raises(ValueError, match="not the run root"):
         elsewhere = replace(recorded, run_root="s3://bucket/elsewhere/ml/digits-abc123")
         attempts.attempt_rayjob(sweep, "abc123", RenderContext(), decision, elsewhere)
