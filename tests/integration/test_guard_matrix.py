@@ -267,13 +267,8 @@ def _end_attempt(cell: Cell, rayjob: str, outcome: Outcome) -> None:
     for run in list(env.runner.runs):
         if run.rayjob_key == ("default", rayjob) and not run.stopped:
             run.outcome = outcome
-    env.custom.patch_namespaced_custom_object(
-        constants.RAY_GROUP,
-        constants.RAY_VERSION_API,
-        "default",
-        constants.RAYJOB_PLURAL,
-        rayjob,
-        {"metadata": {"annotations": {"test.sweeps.dev/nudge": str(time.monotonic())}}},
+    env.patch_ray(
+        constants.RAYJOB_PLURAL, rayjob, {"metadata": {"annotations": {"test.sweeps.dev/nudge": str(time.monotonic())}}}
     )
 
 

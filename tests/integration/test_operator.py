@@ -456,14 +456,7 @@ def test_a_raised_active_deadline_is_set_back(env: OperatorEnv) -> None:
     env.apply(doc)
     rayjob = env.wait_phase(name, "Running")["rayJobName"]
     rendered = env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["activeDeadlineSeconds"]
-    env.custom.patch_namespaced_custom_object(
-        constants.RAY_GROUP,
-        constants.RAY_VERSION_API,
-        "default",
-        constants.RAYJOB_PLURAL,
-        rayjob,
-        {"spec": {"activeDeadlineSeconds": 10_000_000}},
-    )
+    env.patch_ray(constants.RAYJOB_PLURAL, rayjob, {"spec": {"activeDeadlineSeconds": 10_000_000}})
     wait_for(
         lambda: env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["activeDeadlineSeconds"] == rendered,
         TIMEOUT,
@@ -485,14 +478,7 @@ def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
     body = env.get(constants.RAYJOB_PLURAL, rayjob)
     groups = body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     groups[0]["maxReplicas"] = 64
-    env.custom.patch_namespaced_custom_object(
-        constants.RAY_GROUP,
-        constants.RAY_VERSION_API,
-        "default",
-        constants.RAYJOB_PLURAL,
-        rayjob,
-        {"spec": {"rayClusterSpec": {"workerGroupSpecs": groups}}},
-    )
+    env.patch_ray(constants.RAYJOB_PLURAL, rayjob, {"spec": {"rayClusterSpec": {"workerGroupSpecs": groups}}})
     wait_for(
         lambda: (
             env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["maxReplicas"]

@@ -131,6 +131,12 @@ class OperatorEnv:
                 return None
             raise
 
+    def patch_ray(self, plural: str, name: str, patch: dict[str, Any], namespace: str = "default") -> Any:
+        """A merge patch on one of the run's RayJobs or RayClusters, as a user's `kubectl patch` would send it."""
+        return self.custom.patch_namespaced_custom_object(
+            constants.RAY_GROUP, constants.RAY_VERSION_API, namespace, plural, name, patch
+        )
+
     def rayjobs(self, sweep: str, namespace: str = "default") -> list[dict[str, Any]]:
         return self.custom.list_namespaced_custom_object(
             constants.RAY_GROUP,
