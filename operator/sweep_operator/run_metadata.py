@@ -128,10 +128,16 @@ def rendered_bounds(rayjob: Mapping[str, Any], demand_workers: int, demand_gpus:
     """The bounds of a RayJob as just rendered: its worker groups, their caps and GPUs per worker."""
     groups = worker_groups(rayjob, constants.RAYJOB_KIND)
     cap = max((int(g.get("maxReplicas") or 0) for g in groups), default=0)
-    deadline = (rayjob.get("spec") or {}).get("activeDeadlineSeconds")
-    deadline = deadline if isinstance(deadline, int) and not isinstance(deadline, bool) and deadline > 0 else 0
+    deadline = active_deadline_of(rayjob)
     gpus = {str(g.get("groupName")): group_gpus(g) for g in groups}
     return RunBounds(cap, gpus, demand_workers, demand_gpus, deadline)
+
+
+def active_deadline_of(rayjob: Mapping[str, Any]) -> int:
+    """A RayJob's spec.activeDeadlineSeconds, 0 where it has none that KubeRay would enforce (absent, not a
+    positive integer)."""
+    value = (rayjob.get("spec") or {}).get("activeDeadlineSeconds")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def container_gpus(container: Mapping[str, Any]) -> int:

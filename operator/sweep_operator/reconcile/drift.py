@@ -9,7 +9,7 @@ from typing import Any
 from sweep_contracts import constants
 
 from ..run_metadata import RunBounds as RunBounds
-from ..run_metadata import container_gpus
+from ..run_metadata import active_deadline_of, container_gpus
 from ..run_metadata import rendered_bounds as rendered_bounds
 from ..run_metadata import worker_cap as worker_cap
 from ..run_metadata import worker_groups as worker_groups
@@ -125,7 +125,7 @@ def _deadline_note(body: Mapping[str, Any], kind: str, bounds: RunBounds) -> str
     after rendering is set back (a lower one is the editor's to choose). "" when it holds."""
     if kind != constants.RAYJOB_KIND or not bounds.active_deadline_s:
         return ""
-    found = (body.get("spec") or {}).get("activeDeadlineSeconds")
-    if isinstance(found, int) and not isinstance(found, bool) and 0 < found <= bounds.active_deadline_s:
+    if 0 < active_deadline_of(body) <= bounds.active_deadline_s:
         return ""
+    found = (body.get("spec") or {}).get("activeDeadlineSeconds")
     return f"activeDeadlineSeconds {found} -> {bounds.active_deadline_s}"
