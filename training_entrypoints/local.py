@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -370,6 +370,7 @@ def run_rayjob(
     cluster: LocalRayCluster | None = None,
     env_overrides: Mapping[str, str] | None = None,
     workdir: str | Path | None = None,
+    code_dirs: Sequence[str | Path] = (),
     log_dir: str | Path | None = None,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     poll_interval_s: float = 2.0,
@@ -381,7 +382,8 @@ def run_rayjob(
 
     The driver gets the container env and the runtime env exactly as rendered, plus `env_overrides` (which reach
     every Ray worker too, like runtime env vars). `workdir` (default: the current directory) is the driver's cwd and
-    is put on PYTHONPATH, standing in for the image's code. The run is killed after `timeout_s` (default: the
+    is put on PYTHONPATH, standing in for the image's code; `code_dirs` (a user's own code: `--code`) go on
+    PYTHONPATH before it, for the driver and every Ray worker. The run is killed after `timeout_s` (default: the
     RayJob's activeDeadlineSeconds, KubeRay's hard stop); setting `stop_event` stops the driver early as Ray's Jobs
     API stop does (SIGTERM, then SIGKILL after the job's `RAY_JOB_STOP_WAIT_TIME_S`: the driver's graceful stop). LocalRunError when it can never fit (`check_fit=False` leaves that to the driver's own
     bounded failure) or Ray does not start.
@@ -393,7 +395,8 @@ def run_rayjob(
 
     base_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     base_env.update(container_env(rayjob))
-    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(workdir), base_env.get("PYTHONPATH", "")) if p)
+    code_path = [str(Path(d).resolve()) for d in code_dirs]
+    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (*code_path, str(workdir), base_env.get("PYTHONPATH", "")) if p)
     size = cluster.size if cluster else plan_local_ray(spec, max_workers=max_workers(rayjob))
     problem = fit_problem(spec, size) if check_fit else None
     if problem:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +21,16 @@ POLL_SECONDS = 1.0
 class LocalRayRun:
     """One attempt of one RayJob, run by `training_entrypoints.local.run_rayjob` in a background thread."""
 
-    def __init__(self, rayjob: Mapping[str, Any], log_dir: Path, prepare: Callable[[Mapping[str, Any]], None] | None):
+    def __init__(
+        self,
+        rayjob: Mapping[str, Any],
+        log_dir: Path,
+        prepare: Callable[[Mapping[str, Any]], None] | None,
+        code_dirs: Sequence[Path] = (),
+    ):
         self.rayjob = rayjob
         self.log_dir = log_dir
+        self.code_dirs = tuple(code_dirs)
         self._prepare = prepare
         self._stop = threading.Event()
         self._result: Any = None
@@ -37,7 +44,13 @@ class LocalRayRun:
         try:
             if self._prepare is not None:
                 self._prepare(self.rayjob)
-            self._result = run_rayjob(self.rayjob, workdir=self.log_dir, log_dir=self.log_dir, stop_event=self._stop)
+            self._result = run_rayjob(
+                self.rayjob,
+                workdir=self.log_dir,
+                code_dirs=self.code_dirs,
+                log_dir=self.log_dir,
+                stop_event=self._stop,
+            )
         except LocalRunError as exc:
             self._error = str(exc)
         except Exception as exc:  # a runner bug must fail the job, not hang it
@@ -69,18 +82,27 @@ class LocalRayRun:
 
 
 class LocalRayRunner:
-    """`JobRunner` that runs RayJobs for real; `prepare(rayjob)` runs first (the sandbox creates missing buckets)."""
+    """`JobRunner` that runs RayJobs for real; `prepare(rayjob)` runs first (the sandbox creates missing buckets).
 
-    def __init__(self, state_dir: Path, prepare: Callable[[Mapping[str, Any]], None] | None = None):
+    `code_dirs` (`sweepctl sandbox up --code DIR`) go first on every job's PYTHONPATH, driver and Ray workers alike:
+    a user's own train loop, standing in for the code an image would carry."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        prepare: Callable[[Mapping[str, Any]], None] | None = None,
+        code_dirs: Sequence[Path] = (),
+    ):
         self.state_dir = Path(state_dir)
         self.prepare = prepare
+        self.code_dirs = tuple(code_dirs)
         self.runs: list[LocalRayRun] = []
         self._lock = threading.Lock()
 
     def start(self, rayjob: Mapping[str, Any], cluster_name: str) -> LocalRayRun:
         log_dir = self.state_dir / "runs" / cluster_name
         log_dir.mkdir(parents=True, exist_ok=True)
-        run = LocalRayRun(rayjob, log_dir, self.prepare)
+        run = LocalRayRun(rayjob, log_dir, self.prepare, self.code_dirs)
         with self._lock:
             self.runs.append(run)
         return run

@@ -92,6 +92,8 @@ class Sandbox:
     # Scripted jobs instead of local Ray (`--scripted-jobs SECONDS`): each job succeeds after this many seconds,
     # its GPU pods emulated, so GPU sweeps and their budgets run on a laptop in seconds
     scripted_seconds: float | None = None
+    # A user's own code (`--code DIR`): first on the PYTHONPATH of every job the KubeRay stand-in runs on local Ray
+    code_dirs: tuple[Path, ...] = ()
 
     @property
     def kubeconfig(self) -> Path:
@@ -158,7 +160,7 @@ class Sandbox:
 
                 self.runner = ScriptedRunner(default=Outcome.succeed(self.scripted_seconds, startup=0.5))
             else:
-                self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket)
+                self.runner = LocalRayRunner(self.state_dir, prepare=self._ensure_bucket, code_dirs=self.code_dirs)
             # dashboard: the heads' Jobs API on loopback, so the operator's graceful stop reaches the driver (issue 26)
             self.standin = KubeRayStandIn(
                 self.server.api_client(self._token("kuberay")),

@@ -1,4 +1,4 @@
-"""`sweepctl`: validate, render, verify, run-local, sandbox, status, report, release, guarded.
+"""`sweepctl`: init, validate, render, verify, run-local, sandbox, status, report, release, guarded.
 
 Each subcommand lives in its own module with `register(subparsers)`; imports of heavy
 dependencies (ray, boto3, kubernetes clients) happen inside the command, not here.
@@ -15,7 +15,18 @@ from collections.abc import Sequence
 from .common import EXIT_USAGE, UsageError
 
 # Subcommand modules, in the order `sweepctl --help` lists them.
-COMMAND_MODULES = ("validate", "render", "verify", "run_local", "sandbox", "status", "report", "release", "resume")
+COMMAND_MODULES = (
+    "init",
+    "validate",
+    "render",
+    "verify",
+    "run_local",
+    "sandbox",
+    "status",
+    "report",
+    "release",
+    "resume",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

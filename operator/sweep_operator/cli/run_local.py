@@ -1,7 +1,8 @@
-"""`sweepctl run-local -f FILE [--storage URI|DIR] [--cpu-only]`: one sweep's entrypoint on a local Ray.
+"""`sweepctl run-local -f FILE [--storage URI|DIR] [--cpu-only] [--code DIR]`: one sweep's entrypoint on a local Ray.
 
 The RayJob is rendered exactly as the operator would; `training_entrypoints.local` runs its entrypoint with the
-same environment on a local Ray sized so nested Tune + Train fits. Exit 0 on success, 1 when the sweep failed.
+same environment on a local Ray sized so nested Tune + Train fits, the user's code on PYTHONPATH (code_path.py).
+Exit 0 on success, 1 when the sweep failed, 2 when the manifest or the trainLoop's module cannot be used.
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from .code_path import code_dir, train_loop_dirs
 from .common import EXIT_FAILED, EXIT_OK, UsageError, load_limits, load_sweep, run_id_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("run-local", help="run a TrainingSweep's entrypoint on a local Ray (no cluster)")
+    p = subparsers.add_parser(
+        "run-local",
+        help="run a TrainingSweep's entrypoint on a local Ray (no cluster)",
+        description="Run a TrainingSweep's entrypoint on a local Ray, as its RayJob would run in a cluster. Your "
+        "train loop (spec.trainLoop, module:function) is imported from --code DIR; without --code, from the current "
+        "directory, this Python's installed packages and PYTHONPATH, else the manifest's own directory.",
+    )
     p.add_argument("-f", "--filename", required=True, metavar="FILE", help="TrainingSweep manifest ('-': stdin)")
     p.add_argument(
         "--storage",
@@ -30,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", help="run id (default: a fresh one; a new run gets a new prefix)")
     p.add_argument("--limits", metavar="FILE", help="operator limits YAML (maxWorkersPerSweep, ...)")
     p.add_argument("--log-dir", metavar="DIR", help="where the driver and Ray logs go (default: a temp dir)")
+    p.add_argument(
+        "--code",
+        metavar="DIR",
+        help="the directory holding your train loop's package, put on PYTHONPATH for the driver (its working "
+        "directory) and every Ray worker (default: the current directory; when spec.trainLoop is not found there "
+        "or among the installed packages but beside the manifest, the manifest's directory)",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,8 +67,6 @@ def _storage_base(value: str | None) -> str | None:
             return str(S3Uri.parse(value))
         except ValueError as exc:
             raise UsageError(f"--storage: {exc}") from None
-    from pathlib import Path
-
     return str(Path(value).expanduser().resolve())
 
 
@@ -148,6 +162,15 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu_only:
         sweep = cpu_only(sweep)
     run_id = run_id_from(args.run_id)
+    code = code_dir(args.code)
+    found = train_loop_dirs(
+        sweep.spec.train_loop,
+        first=code or Path.cwd(),
+        first_label="--code" if code else "the current directory",
+        manifest=args.filename,
+    )
+    if found.note:
+        print(f"run-local: {found.note}", file=sys.stderr)
     deadline = int(time.time()) + effective_active_seconds(sweep.spec, limits)
     rayjob = build_rayjob(
         sweep, run_id, RenderContext(limits=limits), deadline_at=deadline, storage_uri=_storage_base(args.storage)
@@ -161,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"run-local: {sweep.namespace}/{sweep.name} run {run_id} ({rayjob['metadata']['name']})", file=sys.stderr)
     try:
         with stopped_by_signals():
-            outcome = run_rayjob(rayjob, log_dir=args.log_dir, on_progress=progress)
+            outcome = run_rayjob(rayjob, workdir=code, code_dirs=found.dirs, log_dir=args.log_dir, on_progress=progress)
     except LocalRunError as exc:
         progress.done()
         print(f"run-local: {exc}", file=sys.stderr)

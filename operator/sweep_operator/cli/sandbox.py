@@ -2,6 +2,7 @@
 
 sweepctl sandbox up --state-dir .sandbox           # foreground; Ctrl-C stops everything it started
 sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
+sweepctl sandbox up --code my-loop/                 # your train loop's package on every job's PYTHONPATH
 """
 
 from __future__ import annotations
@@ -19,13 +20,20 @@ from typing import Any
 
 from sweep_contracts.api import Phase
 
+from .code_path import code_dir, train_loop_dirs
 from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, load_documents
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sandbox", help="run the operator, KubeRay and S3 on this machine (no cluster needed)")
     sub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND", required=True)
-    up = sub.add_parser("up", help="start the sandbox in the foreground and drive it with kubectl")
+    up = sub.add_parser(
+        "up",
+        help="start the sandbox in the foreground and drive it with kubectl",
+        description="Start the sandbox in the foreground and drive it with kubectl. Jobs import your train loop "
+        "(spec.trainLoop) from --code DIR, or from a PYTHONPATH set in this shell (PYTHONPATH=DIR sweepctl sandbox "
+        "up), besides the installed packages.",
+    )
     up.add_argument("--state-dir", default=".sandbox", help="where kubeconfig, env and job logs go (default .sandbox)")
     up.add_argument(
         "--kueue",
@@ -40,8 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="no local Ray: each RayJob's job succeeds after SECONDS, its GPU pods emulated (GPU sweeps and budgets "
         "on a laptop)",
     )
+    _code_argument(up)
     up.set_defaults(func=run_up)
-    run = sub.add_parser("run", help="start the sandbox, run one sweep to the end, report, stop")
+    run = sub.add_parser(
+        "run",
+        help="start the sandbox, run one sweep to the end, report, stop",
+        description="Start the sandbox, run one sweep to the end, report, stop. The sweep's train loop "
+        "(spec.trainLoop) is imported from --code DIR, else from the installed packages and PYTHONPATH, else from "
+        "the manifest's own directory; found nowhere, nothing starts (exit 2).",
+    )
     run.add_argument("--sweep", required=True, metavar="FILE", help="TrainingSweep manifest")
     run.add_argument(
         "--then-delete", action="store_true", help="delete the sweep at the end and show the guard's decision"
@@ -53,7 +68,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
     )
+    _code_argument(run)
     run.set_defaults(func=run_sweep)
+
+
+def _code_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--code",
+        metavar="DIR",
+        help="the directory holding your train loop's package: first on the PYTHONPATH of every job the sandbox "
+        "runs, driver and Ray workers (the same as PYTHONPATH=DIR in this shell)",
+    )
 
 
 def _budget_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +171,10 @@ def _kueue_line(sandbox: Any) -> str:
     )
 
 
+def _code_line(code: Path | None) -> str:
+    return f"  your code       {code}   (first on every job's PYTHONPATH)\n" if code else ""
+
+
 def _admission_line(sandbox: Any) -> str:
     """What the API server enforces here as on EKS (issue 25): the chart's guard policy and the operator's webhooks,
     per user (one kubeconfig context each)."""
@@ -165,8 +194,13 @@ def run_up(args: argparse.Namespace) -> int:
     Sandbox = _sandbox_class()
 
     stop = _Stop()
+    code = code_dir(args.code)
     sandbox = Sandbox(
-        Path(args.state_dir), kueue=args.kueue, overrides=budget_overrides(args), scripted_seconds=args.scripted_jobs
+        Path(args.state_dir),
+        kueue=args.kueue,
+        overrides=budget_overrides(args),
+        scripted_seconds=args.scripted_jobs,
+        code_dirs=(code,) if code else (),
     )
     log_path = _quiet_logs(sandbox.state_dir)
     try:
@@ -181,6 +215,7 @@ def run_up(args: argparse.Namespace) -> int:
             f"  Kubernetes API  {sandbox.server.url}   (kubeconfig: {sandbox.kubeconfig})\n"
             f"  S3              {sandbox.s3.endpoint_url}   (bucket: {sandbox.bucket})\n"
             f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n"
+            f"{_code_line(code)}"
             f"{_kueue_line(sandbox)}\n"
             f"{_admission_line(sandbox)}"
             f"In another shell:\n"
@@ -245,6 +280,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"{args.sweep}: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    code = code_dir(args.code)
+    found = train_loop_dirs(manifest["spec"]["trainLoop"], first=code, first_label="--code", manifest=args.sweep)
+    if found.note:
+        print(f"sandbox: {found.note}", flush=True)
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace") or "default"
     deadlines = manifest.get("spec", {}).get("deadlines", {})
@@ -255,7 +294,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="sweep-sandbox-"))
     stop = _Stop()
-    sandbox = Sandbox(state_dir, kueue=getattr(args, "kueue", False))
+    code_dirs = ((code,) if code else ()) + found.dirs
+    sandbox = Sandbox(state_dir, kueue=getattr(args, "kueue", False), code_dirs=code_dirs)
     _quiet_logs(state_dir)
     started = time.monotonic()
     try:
