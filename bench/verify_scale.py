@@ -139,7 +139,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             """Only the small objects any verifier must read (snapshots, manifests, result.json), concurrently."""
             keys = [
                 root.prefix + rel
-                for rel, _ in iter_listing(client, root.bucket, root.prefix)
+                for rel, _, _ in iter_listing(client, root.bucket, root.prefix)
                 if rel == s3_layout.RESULT_KEY
                 or rel.endswith("/" + s3_layout.SNAPSHOT_FILE)
                 or s3_layout.is_manifest_name(rel.rsplit("/", 1)[-1])

@@ -48,6 +48,7 @@ class TrialSummary:
     value: float | None = None
     checkpoint_uri: str | None = None
     error: str | None = None
+    reports: int = 0  # how many times the trial reported (Tune's training_iteration)
 
 
 def utc_now() -> str:
@@ -102,7 +103,9 @@ def status_document(
         "phase": phase,
         "trials": trial_counts(trials),
         "bestTrial": best_trial(trials, metric, mode),
-        "trialResults": [{"id": t.id, "status": t.status, "checkpointUri": t.checkpoint_uri} for t in trials],
+        "trialResults": [
+            {"id": t.id, "status": t.status, "checkpointUri": t.checkpoint_uri, "reports": t.reports} for t in trials
+        ],
         "updatedAt": utc_now(),
     }
     if pending is not None:
@@ -262,7 +265,14 @@ def result_document(
         "bestTrial": best_trial(trials, metric, mode),
         "trials": trial_counts(trials),
         "trialResults": [
-            {"id": t.id, "status": t.status, "config": t.config, "value": t.value, "checkpointUri": t.checkpoint_uri}
+            {
+                "id": t.id,
+                "status": t.status,
+                "config": t.config,
+                "value": t.value,
+                "checkpointUri": t.checkpoint_uri,
+                "reports": t.reports,
+            }
             for t in trials
         ],
         "errors": [{"trial": t.id, "error": t.error} for t in trials if t.error],
@@ -276,18 +286,25 @@ def public_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k != CONTEXT_KEY}
 
 
-def summarize_trial(trial: Any, metric: str | None, mode: str | None, run_root: str) -> TrialSummary:
-    """A live `ray.tune.experiment.Trial` as a TrialSummary (best value over all its results so far)."""
+def summarize_trial(
+    trial: Any, metric: str | None, mode: str | None, run_root: str, last_checkpoint: str | None = None
+) -> TrialSummary:
+    """A live `ray.tune.experiment.Trial` as a TrialSummary (best value over all its results so far). Its checkpoint
+    is the last one any of its results named (`last_checkpoint`): a loop that checkpoints every other report has one
+    between them too."""
     value = None
     if metric and mode in ("min", "max"):
         value = _finite((trial.metric_analysis.get(metric) or {}).get(mode))
-    checkpoint = (trial.last_result or {}).get(CHECKPOINT_PATH_KEY)
+    last = trial.last_result or {}
+    checkpoint = last.get(CHECKPOINT_PATH_KEY) or last_checkpoint
+    iteration = last.get("training_iteration")
     return TrialSummary(
         id=trial.trial_id,
         status=trial.status,
         config=public_config(dict(trial.config)),
         value=value,
         checkpoint_uri=storage.to_uri(checkpoint, run_root) if checkpoint else None,
+        reports=iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else 0,
     )
 
 
@@ -334,13 +351,27 @@ class SweepProgressCallback(Callback):
         self._demand_reader = demand_reader
         self._trial_pending_since: dict[str, float] = {}
         self._group_pending_since: dict[str, float] = {}  # touched by the one writer thread only
+        self._checkpoints: dict[str, str] = {}  # trial id -> the last checkpoint path its results named
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks with the experiment; live trials, threads and clocks stay behind.
-        return {**self.__dict__, "trials": [], "_writer": None, "_trial_pending_since": {}, "_group_pending_since": {}}
+        return {
+            **self.__dict__,
+            "trials": [],
+            "_writer": None,
+            "_trial_pending_since": {},
+            "_group_pending_since": {},
+            "_checkpoints": {},
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_checkpoints": {}, **state})
 
     def summaries(self) -> list[TrialSummary]:
-        return [summarize_trial(t, self.metric, self.mode, self.layout.root) for t in self.trials]
+        return [
+            summarize_trial(t, self.metric, self.mode, self.layout.root, self._checkpoints.get(str(t.trial_id)))
+            for t in self.trials
+        ]
 
     def pending_trials(self, trials: list[Any], now: float) -> dict[str, float]:
         """{trial id: seconds it has been PENDING}, measured from when this callback first saw it pending."""
@@ -392,6 +423,9 @@ class SweepProgressCallback(Callback):
         self._maybe_write(trials)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any) -> None:
+        checkpoint = result.get(CHECKPOINT_PATH_KEY)
+        if isinstance(checkpoint, str) and checkpoint:
+            self._checkpoints[str(trial.trial_id)] = checkpoint
         self._maybe_write(trials)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -20,7 +20,7 @@ from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
-from . import graceful_stop, preflight, resume, storage
+from . import commit_records, graceful_stop, preflight, resume, storage
 from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
 from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
@@ -143,6 +143,7 @@ def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
                 series = frame[metric].dropna()
                 value = float(series.min() if mode == "min" else series.max()) if len(series) else None
         path = _best_committed_checkpoint(run_spec.layout.trial_dir(trial_id), attribute, order)
+        iteration = (result.metrics or {}).get("training_iteration")
         summaries.append(
             TrialSummary(
                 id=trial_id,
@@ -151,6 +152,7 @@ def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
                 value=value,
                 checkpoint_uri=storage.to_uri(path, run_spec.run_root) if path else None,
                 error=_one_line(result.error) if result.error else None,
+                reports=iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else 0,
             )
         )
     return summaries
@@ -338,6 +340,9 @@ def _tune(
             ),
         )
     results = tuner.fit()
+    # A trial's last records may have been cut short (its controller aborted by a stop): every committed checkpoint
+    # is proven before the final records name them.
+    commit_records.backfill_run(layout.train_storage_path)
     if stop.triggered:
         return _record_graceful_stop(plan, ledger, progress, stop, known)
     deadline_reached = deadline_was_reached(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())

@@ -19,6 +19,7 @@ from sweep_contracts.api import SweepSpec, parse_quantity
 from sweep_contracts.runspec import RunSpec
 
 from . import ray_internals, trial_stop
+from .commit_records import CommitRecordCallback, backfill_trial
 from .search import EntrypointError
 
 logger = logging.getLogger(__name__)
@@ -127,8 +128,14 @@ def train_run_config(run_spec: RunSpec, trial_id: str, extra_callbacks: Sequence
         storage_path=run_spec.layout.train_storage_path,
         failure_config=train_failure_config(spec),
         checkpoint_config=checkpoint_config(spec),
-        # TuneReportCallback forwards rank 0's metrics and the checkpoint path, not the checkpoint (R18).
-        callbacks=[RankReportCallback(spec.tune.metric), TuneReportCallback(), *extra_callbacks],
+        # TuneReportCallback forwards rank 0's metrics and the checkpoint path, not the checkpoint (R18). The commit
+        # record of a checkpoint starts before it: Tune's report may wait on the trial to take it.
+        callbacks=[
+            RankReportCallback(spec.tune.metric),
+            CommitRecordCallback(run_spec.layout.trial_dir(trial_id)),
+            TuneReportCallback(),
+            *extra_callbacks,
+        ],
     )
 
 
@@ -143,6 +150,16 @@ def trial_context(run_spec: RunSpec, trial_id: str) -> dict[str, str]:
     }
 
 
+def backfill_trial_records(train_run_dir: str) -> list[str]:
+    """The trial's missing commit records, written before its run starts again; never raises (the verifier says
+    which checkpoints stay unproven)."""
+    try:
+        return backfill_trial(train_run_dir)
+    except Exception as exc:
+        logger.warning("could not backfill commit records under %s: %s", train_run_dir, exc)
+        return []
+
+
 def make_trial_driver(run_spec: RunSpec) -> Callable[[dict[str, Any]], None]:
     """The function trainable Tune runs once per trial."""
 
@@ -155,6 +172,8 @@ def make_trial_driver(run_spec: RunSpec) -> Callable[[dict[str, Any]], None]:
         # A retried or resumed trial reports the same folder names again: an orphan left by an earlier stop or a
         # killed driver must not be merged into.
         trial_stop.remove_uncommitted_checkpoints(run.train_run_dir)
+        # A controller of this trial that died between Ray's snapshot and our record left a checkpoint unproven.
+        backfill_trial_records(run.train_run_dir)
         trainer = TorchTrainer(
             load_train_loop(run_spec.spec.train_loop),
             train_loop_config={**config, CONTEXT_KEY: trial_context(run_spec, trial_id)},

@@ -23,6 +23,9 @@ from .paramspace import ParamValue
 DEFAULT_STARTUP_SECONDS = 1800
 DEFAULT_GRACEFUL_STOP_SECONDS = 300
 DEFAULT_VERIFICATION_TIMEOUT_SECONDS = 900
+# Reports after which a trial with no committed checkpoint is warned about (a loop that checkpoints every epoch has
+# one at its first report; a few more leave room for one that checkpoints every other epoch or so).
+DEFAULT_WARN_AFTER_REPORTS = 3
 
 
 # apimachinery's grammar (pkg/api/resource/quantity.go, parseQuantityString): a signed decimal, then one binary
@@ -279,6 +282,14 @@ class CheckpointsSpec(ApiModel):
     score_order: Literal["min", "max"] | None = Field(
         None, description="min or max for scoreAttribute; unset: tune.mode."
     )
+    warn_after_reports: int = Field(
+        DEFAULT_WARN_AFTER_REPORTS,
+        ge=1,
+        le=100_000,
+        description="A trial that has reported this many times, or ended, with no committed checkpoint gets a "
+        "Warning Event and the condition CheckpointsCommitted=False (its work could not be resumed or protected). "
+        "A loop that checkpoints every N reports sets N or more.",
+    )
 
 
 class DeadlinesSpec(ApiModel):
@@ -510,7 +521,15 @@ class CheckpointProblem(StatusModel):
 
 
 class CheckpointsStatus(StatusModel):
+    summary: str | None = Field(
+        None,
+        description="What verification proved, as the VERIFIED column shows it: how many checkpoints at which "
+        "level (`4 full-state`, `4 committed`, `4 committed (2 full-state)`), `none`, or `failed: <reason>`. "
+        "committed: every file Ray committed is there unchanged (any loop); full-state: the helpers' manifests "
+        "prove model, optimizer, RNG and data position too.",
+    )
     verified: bool | None = Field(None, description="Whether every committed checkpoint is complete in S3.")
+    full_state: int | None = Field(None, description="Verified checkpoints proven at the full-state level.")
     checked: int | None = Field(None, description="Checkpoints checked.")
     bytes: int | None = Field(None, description="Bytes the verified checkpoints hold.")
     problems: list[CheckpointProblem] | None = Field(None, description="Why verification failed (first 20).")
@@ -528,7 +547,9 @@ class ReplicasStatus(StatusModel):
 
 
 class Condition(StatusModel):
-    type: str = Field(..., description="Admitted, Running, CheckpointsVerified, DeadlineExceeded or Ready.")
+    type: str = Field(
+        ..., description="Admitted, Running, CheckpointsCommitted, CheckpointsVerified, DeadlineExceeded or Ready."
+    )
     status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
     reason: str = Field(..., description="CamelCase reason.")
     message: str = Field("", description="Human-readable detail.")

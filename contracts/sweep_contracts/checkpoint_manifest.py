@@ -81,7 +81,8 @@ def optional_int(value: Any, where: str) -> int | None:
     return value
 
 
-def _relative_path(value: Any, where: str) -> str:
+def relative_path(value: Any, where: str) -> str:
+    """`value` as a path relative to a checkpoint directory; FormatError naming `where` otherwise."""
     if not isinstance(value, str) or not value or value.startswith("/"):
         raise FormatError(f"{where}: got {value!r}; expected a path relative to the checkpoint directory")
     if any(part in ("", ".", "..") for part in value.split("/")):
@@ -102,7 +103,7 @@ def parse_manifest(data: bytes, name: str = s3_layout.MANIFEST_FILE) -> Manifest
     for i, item in enumerate(files):
         if not isinstance(item, dict):
             raise FormatError(f"files[{i}]: got {item!r}; expected an object {{path, size, sha256}}")
-        path = _relative_path(item.get(PATH), f"files[{i}].path")
+        path = relative_path(item.get(PATH), f"files[{i}].path")
         size = item.get(SIZE)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise FormatError(f"files[{i}].size: got {size!r}; expected an integer >= 0")

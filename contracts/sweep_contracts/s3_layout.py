@@ -5,7 +5,9 @@
       train/<trialId>/                       one Train run per trial
         checkpoint_manager_snapshot.json     Ray's commit record
         checkpoint_epoch-000003/...          files + _manifest.json (a sharded save: shard-NNNN/ + _manifest.rank-NNNN.json
-                                             per rank; the manifest document: checkpoint_manifest.py)
+                                             per rank; the manifest document: checkpoint_manifest.py), written by our
+                                             helpers; _commit_record.json, what Ray committed, for any loop
+                                             (commit_record.py)
       _sweep/status.json                     progress written by the driver every few seconds
       _sweep/result.json                     final best trial + its checkpoint URI
       _sweep/preflight-<token>.json          the driver's storage probe, deleted at once; _sweep/gpu-preflight/
@@ -30,6 +32,9 @@ RESULT_FILE: Final = "result.json"
 PREFLIGHT_PREFIX: Final = "preflight-"
 SNAPSHOT_FILE: Final = "checkpoint_manager_snapshot.json"
 MANIFEST_FILE: Final = "_manifest.json"
+# Written by the operator's Train callback into each checkpoint Ray committed: every file with its size and the
+# store's fingerprint (commit_record.py).
+COMMIT_RECORD_FILE: Final = "_commit_record.json"
 CHECKPOINT_DIR_PREFIX: Final = "checkpoint_"
 CHECKPOINT_DIR_FORMAT: Final = "checkpoint_epoch-{epoch:06d}"
 

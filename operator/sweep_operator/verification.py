@@ -40,10 +40,14 @@ from .verification_findings import (
     BEST_CHECKPOINT_UNVERIFIED,
     CHECKSUM_MISMATCH,
     EMPTY_RUN_ROOT,
+    FINGERPRINT_MISMATCH,
+    INVALID_COMMIT_RECORD,
     INVALID_MANIFEST,
     INVALID_RECORD,
     INVALID_RESULT,
     INVALID_SNAPSHOT,
+    LEVEL_COMMITTED,
+    LEVEL_FULL_STATE,
     LIFECYCLE_EXPIRATION,
     LIFECYCLE_NONCURRENT_EXPIRATION,
     LIFECYCLE_TRANSITION,
@@ -101,11 +105,15 @@ __all__ = [
     "CHECKSUM_MISMATCH",
     "EMPTY_RUN_ROOT",
     "EXPERIMENT_STATE_PREFIX",
+    "FINGERPRINT_MISMATCH",
     "HASH_CHUNK_BYTES",
+    "INVALID_COMMIT_RECORD",
     "INVALID_MANIFEST",
     "INVALID_RECORD",
     "INVALID_RESULT",
     "INVALID_SNAPSHOT",
+    "LEVEL_COMMITTED",
+    "LEVEL_FULL_STATE",
     "LIFECYCLE_EXPIRATION",
     "LIFECYCLE_NONCURRENT_EXPIRATION",
     "LIFECYCLE_TRANSITION",
@@ -264,9 +272,9 @@ class _Reads:
 def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, ended: threading.Event) -> _Reads:
     trial_futures: dict[str, Future[TrialFacts]] = {}
 
-    def on_trial(trial: str, objects: Mapping[str, int]) -> None:
+    def on_trial(trial: str, objects: Mapping[str, int], etags: Mapping[str, str]) -> None:
         # Called from the listing thread; a later call for the same trial (an unordered store) replaces it.
-        trial_futures[trial] = pool.submit(collect_trial, client, root, trial, objects)
+        trial_futures[trial] = pool.submit(collect_trial, client, root, trial, objects, etags)
 
     train_prefix = root.join(s3_layout.TRAIN_DIR).prefix
     return _Reads(
@@ -379,7 +387,9 @@ def _hash_checkpoints(
             failed.setdefault((item.trial, item.checkpoint), run.problems[-1].kind)
     if failed:
         run.assessments = [
-            CheckpointAssessment(replace(a.report, status=failed[(a.report.trial, a.report.name)]), a.problems)
+            CheckpointAssessment(
+                replace(a.report, status=failed[(a.report.trial, a.report.name)], level=""), a.problems
+            )
             if (a.report.trial, a.report.name) in failed
             else a
             for a in run.assessments

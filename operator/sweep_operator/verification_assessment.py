@@ -12,15 +12,20 @@ from sweep_contracts.checkpoint_manifest import (
     Manifest,
     missing_rank_manifests,
 )
+from sweep_contracts.commit_record import FINGERPRINT_S3_ETAG, FINGERPRINT_SHA256, CommitRecord
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
 from .verification_findings import (
     BEST_CHECKPOINT_UNVERIFIED,
+    FINGERPRINT_MISMATCH,
+    INVALID_COMMIT_RECORD,
     INVALID_MANIFEST,
     INVALID_RECORD,
     INVALID_RESULT,
     INVALID_SNAPSHOT,
+    LEVEL_COMMITTED,
+    LEVEL_FULL_STATE,
     MISSING_CHECKPOINT,
     MISSING_FILE,
     MISSING_MANIFEST,
@@ -45,12 +50,17 @@ class TrialObjects:
     trial: str
     files: Mapping[str, int]
     dirs: Mapping[str, Mapping[str, int]]
+    etags: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per sub-directory, as `dirs`
 
     @classmethod
-    def from_listing(cls, trial: str, objects: Mapping[str, int]) -> TrialObjects:
-        """`objects` maps keys relative to the trial dir to sizes; `dir/` markers (pyarrow) keep a dir known."""
+    def from_listing(
+        cls, trial: str, objects: Mapping[str, int], etags: Mapping[str, str] | None = None
+    ) -> TrialObjects:
+        """`objects` maps keys relative to the trial dir to sizes (`etags` to ETags); `dir/` markers (pyarrow) keep a
+        dir known."""
         files: dict[str, int] = {}
         dirs: dict[str, dict[str, int]] = {}
+        dir_etags: dict[str, dict[str, str]] = {}
         for rel, size in objects.items():
             head, sep, rest = rel.partition("/")
             if not sep:
@@ -59,7 +69,10 @@ class TrialObjects:
             contents = dirs.setdefault(head, {})
             if rest and not rest.endswith("/"):
                 contents[rest] = size
-        return cls(trial, files, dirs)
+                etag = (etags or {}).get(rel)
+                if etag:
+                    dir_etags.setdefault(head, {})[rest] = etag
+        return cls(trial, files, dirs, dir_etags)
 
     @property
     def has_snapshot(self) -> bool:
@@ -106,14 +119,17 @@ def assess_checkpoint(
     dir_key: str,
     contents: Mapping[str, int] | None,
     manifests: Mapping[str, Manifest | FormatError],
+    record: CommitRecord | FormatError | None = None,
+    etags: Mapping[str, str] | None = None,
 ) -> CheckpointAssessment:
-    """Compare one committed checkpoint's listing with its manifests (`contents` None: no object at all)."""
+    """Compare one committed checkpoint's listing with its proofs (`contents` None: no object at all): our helpers'
+    manifests (the full-state level) and the commit record of what Ray committed (the committed level, any loop)."""
 
     def result(
-        problems: list[Finding], files: int = 0, size: int = 0, to_hash: Sequence[FileToHash] = ()
+        problems: list[Finding], files: int = 0, size: int = 0, to_hash: Sequence[FileToHash] = (), level: str = ""
     ) -> CheckpointAssessment:
         status = problems[0].kind if problems else VERIFIED
-        report = CheckpointReport(trial, name, dir_key, True, files, size, status)
+        report = CheckpointReport(trial, name, dir_key, True, files, size, status, level if not problems else "")
         return CheckpointAssessment(report, tuple(problems), tuple(to_hash) if not problems else ())
 
     if contents is None or not contents:
@@ -125,18 +141,42 @@ def assess_checkpoint(
                 )
             ]
         )
-    if not manifests:
+    if not manifests and record is None:
         return result(
             [
                 Finding(
                     MISSING_MANIFEST,
-                    dir_key + s3_layout.MANIFEST_FILE,
-                    f"no {s3_layout.MANIFEST_FILE} or {s3_layout.rank_manifest_name(0)} among {len(contents)} object(s); "
+                    dir_key + s3_layout.COMMIT_RECORD_FILE,
+                    f"neither a commit record ({s3_layout.COMMIT_RECORD_FILE}, written after Ray commits a "
+                    f"checkpoint) nor a manifest ({s3_layout.MANIFEST_FILE}) among {len(contents)} object(s); "
                     "the checkpoint cannot be proven complete",
                 )
             ]
         )
     problems: list[Finding] = []
+    files = size = 0
+    to_hash: list[FileToHash] = []
+    if manifests:
+        files, size = _assess_manifests(trial, name, dir_key, contents, manifests, problems, to_hash)
+    if record is not None:
+        record_files, record_size = _assess_record(
+            trial, name, dir_key, contents, record, etags or {}, problems, to_hash
+        )
+        if not manifests:
+            files, size = record_files, record_size
+    return result(problems, files, size, to_hash, LEVEL_FULL_STATE if manifests else LEVEL_COMMITTED)
+
+
+def _assess_manifests(
+    trial: str,
+    name: str,
+    dir_key: str,
+    contents: Mapping[str, int],
+    manifests: Mapping[str, Manifest | FormatError],
+    problems: list[Finding],
+    to_hash: list[FileToHash],
+) -> tuple[int, int]:
+    """Our helpers' manifests against the listing: (files, bytes) they name; problems and files to hash appended."""
     for manifest_name, manifest in manifests.items():
         if isinstance(manifest, FormatError):
             problems.append(Finding(INVALID_MANIFEST, dir_key + manifest_name, str(manifest)))
@@ -155,7 +195,6 @@ def assess_checkpoint(
         )
     files = 0
     size = 0
-    to_hash: list[FileToHash] = []
     for manifest in manifests.values():
         if isinstance(manifest, FormatError):
             continue
@@ -172,7 +211,57 @@ def assess_checkpoint(
                 problems.append(Finding(SIZE_MISMATCH, key, f"{actual} bytes in S3, the manifest says {entry.size}"))
             else:
                 to_hash.append(FileToHash(trial, name, key, entry.size, entry.sha256))
-    return result(problems, files, size, to_hash)
+    return files, size
+
+
+def _assess_record(
+    trial: str,
+    name: str,
+    dir_key: str,
+    contents: Mapping[str, int],
+    record: CommitRecord | FormatError,
+    etags: Mapping[str, str],
+    problems: list[Finding],
+    to_hash: list[FileToHash],
+) -> tuple[int, int]:
+    """The commit record against the listing: every file Ray committed is there with its size and its ETag (a
+    same-size rewrite changes the ETag); (files, bytes) it names."""
+    record_key = dir_key + s3_layout.COMMIT_RECORD_FILE
+    if isinstance(record, FormatError):
+        problems.append(Finding(INVALID_COMMIT_RECORD, record_key, str(record)))
+        return 0, 0
+    if record.checkpoint != name:
+        problems.append(
+            Finding(INVALID_COMMIT_RECORD, record_key, f"records checkpoint {record.checkpoint!r}, not {name!r}")
+        )
+        return 0, 0
+    size = 0
+    for entry in record.files:
+        key = dir_key + entry.path
+        size += entry.size
+        actual = contents.get(entry.path)
+        if actual is None:
+            problems.append(
+                Finding(
+                    MISSING_FILE, key, f"committed by Ray ({entry.size} bytes, per the commit record) but not in S3"
+                )
+            )
+        elif actual != entry.size:
+            problems.append(Finding(SIZE_MISMATCH, key, f"{actual} bytes in S3, the commit record says {entry.size}"))
+        elif record.fingerprint == FINGERPRINT_S3_ETAG:
+            listed = etags.get(entry.path)
+            if listed != entry.fingerprint:
+                problems.append(
+                    Finding(
+                        FINGERPRINT_MISMATCH,
+                        key,
+                        f"ETag {listed or 'unknown'} in S3, the commit record says {entry.fingerprint}: "
+                        "the file was rewritten after Ray committed it",
+                    )
+                )
+        elif record.fingerprint == FINGERPRINT_SHA256:
+            to_hash.append(FileToHash(trial, name, key, entry.size, entry.fingerprint))
+    return len(record.files), size
 
 
 def check_best_checkpoint(
@@ -205,6 +294,7 @@ class TrialFacts:
     objects: TrialObjects
     snapshot: Snapshot | FormatError | None = None
     manifests: Mapping[str, Mapping[str, Manifest | FormatError]] = field(default_factory=dict)
+    records: Mapping[str, CommitRecord | FormatError] = field(default_factory=dict)
 
 
 def assess_trial(root: S3Uri, facts: TrialFacts) -> tuple[list[CheckpointAssessment], list[Finding], list[Finding]]:
@@ -250,7 +340,15 @@ def assess_trial(root: S3Uri, facts: TrialFacts) -> tuple[list[CheckpointAssessm
         )
     for name in snapshot.committed:
         contents = facts.objects.dirs.get(name)
-        assessment = assess_checkpoint(trial, name, f"{trial_prefix}{name}/", contents, facts.manifests.get(name, {}))
+        assessment = assess_checkpoint(
+            trial,
+            name,
+            f"{trial_prefix}{name}/",
+            contents,
+            facts.manifests.get(name, {}),
+            facts.records.get(name),
+            facts.objects.etags.get(name),
+        )
         assessments.append(assessment)
         problems += assessment.problems
     for name in checkpoint_dirs:

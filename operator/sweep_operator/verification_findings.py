@@ -3,6 +3,7 @@ verdict on a run root (VerificationResult, with its `status.checkpoints` form)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -30,6 +31,10 @@ MISSING_TRIAL: Final = "missing-trial"
 INVALID_RECORD: Final = "invalid-record"
 # A checkpoint result.json names for a trial is not among the verified ones.
 RECORDED_CHECKPOINT_UNVERIFIED: Final = "recorded-checkpoint-unverified"
+# A file's ETag differs from the one its commit record took when Ray committed it: rewritten since.
+FINGERPRINT_MISMATCH: Final = "fingerprint-mismatch"
+# A checkpoint's _commit_record.json cannot be read as one.
+INVALID_COMMIT_RECORD: Final = "invalid-commit-record"
 
 # Warnings: reported, never a reason to hold a deletion.
 UNCOMMITTED_CHECKPOINT: Final = "uncommitted-checkpoint"
@@ -44,6 +49,11 @@ RETENTION_UNKNOWN: Final = "retention-unknown"
 # Row statuses besides a problem kind.
 VERIFIED: Final = "verified"
 UNCOMMITTED: Final = "uncommitted"
+
+# What a verified checkpoint is proven to hold. Committed: every file Ray committed is there unchanged (its commit
+# record; any loop). Full state: our helpers' manifests on top (model, optimizer, RNG, data position, each rank).
+LEVEL_COMMITTED: Final = "committed"
+LEVEL_FULL_STATE: Final = "full-state"
 
 STATUS_MAX_PROBLEMS: Final = 20  # CheckpointsStatus.problems keeps the first 20
 
@@ -71,6 +81,7 @@ class CheckpointReport:
     files: int  # files its manifests list
     bytes: int  # bytes its manifests list
     status: str  # "verified", "uncommitted", or the first problem kind found
+    level: str = ""  # LEVEL_COMMITTED or LEVEL_FULL_STATE once verified, "" otherwise
 
     @property
     def verified(self) -> bool:
@@ -85,6 +96,7 @@ class CheckpointReport:
             "files": self.files,
             "bytes": self.bytes,
             "status": self.status,
+            "level": self.level,
         }
 
 
@@ -118,6 +130,7 @@ class VerificationResult:
             "problems": [p.to_dict() for p in self.problems],
             "warnings": [w.to_dict() for w in self.warnings],
             "checkpoints": [c.to_dict() for c in self.checkpoints],
+            "summary": self.summary,
             "bestCheckpointUri": self.best_checkpoint_uri,
             "objectsListed": self.objects_listed,
             "durationSeconds": round(self.duration_seconds, 3),
@@ -127,12 +140,20 @@ class VerificationResult:
     def to_status(self, max_problems: int = STATUS_MAX_PROBLEMS) -> dict[str, Any]:
         """`status.checkpoints` of a TrainingSweep (api.CheckpointsStatus, camelCase keys)."""
         return {
+            "summary": self.summary,
             "verified": self.verified,
             "checked": self.checked,
+            "fullState": sum(1 for c in self.checkpoints if c.verified and c.level == LEVEL_FULL_STATE),
             "bytes": self.bytes,
             "problems": [p.to_dict() for p in self.problems[:max_problems]],
             "verifiedAt": self.verified_at,
         }
+
+    @property
+    def summary(self) -> str:
+        """What the VERIFIED column, `sweepctl verify` and the report say: `4 full-state`, `4 committed`,
+        `4 committed (2 full-state)`, `none`, or `failed: <first problem kind>`."""
+        return checkpoints_summary(self.verified, self.problems, self.checkpoints)
 
     @property
     def reason(self) -> str:
@@ -142,3 +163,15 @@ class VerificationResult:
         first = self.problems[0]
         more = f" (and {len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
         return f"{first.kind}: {first.key}: {first.detail}{more}"
+
+
+def checkpoints_summary(verified: bool, problems: Sequence[Finding], checkpoints: Sequence[CheckpointReport]) -> str:
+    if not verified:
+        return f"failed: {problems[0].kind}" if problems else "failed"
+    proven = [c for c in checkpoints if c.verified]
+    if not proven:
+        return "none"
+    full = sum(1 for c in proven if c.level == LEVEL_FULL_STATE)
+    if full == len(proven):
+        return f"{full} {LEVEL_FULL_STATE}"
+    return f"{len(proven)} {LEVEL_COMMITTED}" + (f" ({full} {LEVEL_FULL_STATE})" if full else "")

@@ -15,6 +15,7 @@ from sweep_contracts.checkpoint_manifest import (
     Manifest,
     parse_manifest,
 )
+from sweep_contracts.commit_record import CommitRecord, normalize_etag, parse_record
 from sweep_contracts.s3_layout import S3Uri
 from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX
 
@@ -92,9 +93,10 @@ def iter_listing(
     *,
     stop: threading.Event | None = None,
     limit: int = MAX_LISTED_OBJECTS,
-) -> Iterator[tuple[str, int]]:
-    """Every object under `prefix` as (key relative to prefix, size), paginated (ListObjectsV2, 1000 a page); at
-    most `limit` keys (TooManyObjects past it), and no page asked for once `stop` is set (ListingStopped)."""
+) -> Iterator[tuple[str, int, str]]:
+    """Every object under `prefix` as (key relative to prefix, size, ETag without quotes), paginated (ListObjectsV2,
+    1000 a page); at most `limit` keys (TooManyObjects past it), and no page asked for once `stop` is set
+    (ListingStopped)."""
     token: str | None = None
     listed = 0
     while True:
@@ -111,7 +113,7 @@ def iter_listing(
                 prefix, f"more than {limit} objects under it; the verifier lists at most {limit} (docs/guard.md)"
             )
         for obj in contents:
-            yield obj["Key"][len(prefix) :], int(obj.get("Size", 0))
+            yield obj["Key"][len(prefix) :], int(obj.get("Size", 0)), normalize_etag(str(obj.get("ETag", "")))
         if not page.get("IsTruncated"):
             return
         token = page.get("NextContinuationToken")
@@ -121,19 +123,19 @@ def iter_listing(
 
 def list_prefix(client: S3Reader, bucket: str, prefix: str) -> dict[str, int]:
     """Every object under `prefix` as {key relative to prefix: size}."""
-    return dict(iter_listing(client, bucket, prefix))
+    return {rel: size for rel, size, _ in iter_listing(client, bucket, prefix)}
 
 
 def list_trials(
     client: S3Reader,
     bucket: str,
     train_prefix: str,
-    on_trial: Callable[[str, Mapping[str, int]], None],
+    on_trial: Callable[[str, Mapping[str, int], Mapping[str, str]], None],
     *,
     stop: threading.Event | None = None,
     limit: int = MAX_LISTED_OBJECTS,
 ) -> dict[str, dict[str, int]]:
-    """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, objects)` is called as
+    """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, sizes, etags)` is called as
     soon as the listing has moved past a trial, so its reads overlap the rest of the listing.
 
     S3 lists keys in lexicographic order, which keeps a trial's keys contiguous; a store that does not
@@ -141,26 +143,29 @@ def list_trials(
     of them. Files directly under `train/` belong to no trial and are ignored.
     """
     trials: dict[str, dict[str, int]] = {}
+    etags: dict[str, dict[str, str]] = {}
     announced: set[str] = set()
     late: set[str] = set()
     current: str | None = None
-    for rel, size in iter_listing(client, bucket, train_prefix, stop=stop, limit=limit):
+    for rel, size, etag in iter_listing(client, bucket, train_prefix, stop=stop, limit=limit):
         trial, sep, rest = rel.partition("/")
         if not sep or not trial:
             continue
         if trial != current:
             if current is not None:
-                on_trial(current, trials[current])
+                on_trial(current, trials[current], etags[current])
                 announced.add(current)
             if trial in announced:
                 late.add(trial)
-                trials[trial] = dict(trials[trial])  # the announced mapping may be in use: never mutate it
+                # the announced mappings may be in use: never mutate them
+                trials[trial], etags[trial] = dict(trials[trial]), dict(etags[trial])
             current = trial
         trials.setdefault(trial, {})[rest] = size
+        etags.setdefault(trial, {})[rest] = etag
     if current is not None and current not in late:
-        on_trial(current, trials[current])
+        on_trial(current, trials[current], etags[current])
     for trial in sorted(late):
-        on_trial(trial, trials[trial])
+        on_trial(trial, trials[trial], etags[trial])
     return trials
 
 
@@ -224,10 +229,13 @@ def hash_object(client: S3Reader, bucket: str, key: str) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[str, int]) -> TrialFacts:
-    """Given one trial's listing, read its snapshot, then the manifests of the checkpoints it commits."""
+def collect_trial(
+    client: S3Reader, root: S3Uri, trial: str, listing: Mapping[str, int], etags: Mapping[str, str] | None = None
+) -> TrialFacts:
+    """Given one trial's listing, read its snapshot, then the manifests and commit records of the checkpoints it
+    commits."""
     trial_prefix = root.join(s3_layout.relative_trial_key(trial)).prefix
-    objects = TrialObjects.from_listing(trial, listing)
+    objects = TrialObjects.from_listing(trial, listing, etags)
     if not objects.has_snapshot:
         return TrialFacts(objects)
     data = read_object(client, root.bucket, trial_prefix + s3_layout.SNAPSHOT_FILE)
@@ -236,6 +244,7 @@ def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[st
     except FormatError as exc:
         return TrialFacts(objects, exc)
     manifests: dict[str, dict[str, Manifest | FormatError]] = {}
+    records: dict[str, CommitRecord | FormatError] = {}
     for name in snapshot.committed:
         contents = objects.dirs.get(name) or {}
         found: dict[str, Manifest | FormatError] = {}
@@ -246,7 +255,13 @@ def collect_trial(client: S3Reader, root: S3Uri, trial: str, listing: Mapping[st
             except FormatError as exc:
                 found[manifest_name] = exc
         manifests[name] = found
-    return TrialFacts(objects, snapshot, manifests)
+        if s3_layout.COMMIT_RECORD_FILE in contents:
+            raw = read_object(client, root.bucket, f"{trial_prefix}{name}/{s3_layout.COMMIT_RECORD_FILE}") or b""
+            try:
+                records[name] = parse_record(raw, s3_layout.COMMIT_RECORD_FILE)
+            except FormatError as exc:
+                records[name] = exc
+    return TrialFacts(objects, snapshot, manifests, records)
 
 
 def read_retention(client: S3Reader, bucket: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -263,5 +278,5 @@ def read_retention(client: S3Reader, bucket: str) -> tuple[dict[str, Any], list[
 def read_experiment_states(client: S3Reader, root: S3Uri) -> dict[str, bytes]:
     """Every `tune/experiment_state-*.json` of the run (one per Tune session) by key: one listing of that prefix."""
     prefix = root.join(s3_layout.TUNE_EXPERIMENT_NAME).prefix + EXPERIMENT_STATE_PREFIX
-    keys = [prefix + rel for rel, _ in iter_listing(client, root.bucket, prefix) if rel and "/" not in rel]
+    keys = [prefix + rel for rel, _, _ in iter_listing(client, root.bucket, prefix) if rel and "/" not in rel]
     return {key: read_object(client, root.bucket, key) or b"" for key in keys}

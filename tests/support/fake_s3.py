@@ -6,6 +6,7 @@ Errors are real `botocore.exceptions.ClientError`s, so code under test handles t
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 from collections.abc import Callable
@@ -151,11 +152,20 @@ class FakeS3:
                     entries[Prefix + rest.split(Delimiter)[0] + Delimiter] = None
                 else:
                     entries[key] = len(objects[key])
+            # S3 lists every object with its ETag: the quoted MD5 of a single-part upload's content.
             names = sorted(n for n in entries if n > ContinuationToken)
             limit = min(MaxKeys, self.page_size)
             page, rest_names = names[:limit], names[limit:]
             response: dict[str, Any] = {
-                "Contents": [{"Key": n, "Size": entries[n]} for n in page if entries[n] is not None],
+                "Contents": [
+                    {
+                        "Key": n,
+                        "Size": entries[n],
+                        "ETag": f'"{hashlib.md5(objects[n], usedforsecurity=False).hexdigest()}"',
+                    }
+                    for n in page
+                    if entries[n] is not None
+                ],
                 "CommonPrefixes": [{"Prefix": n} for n in page if entries[n] is None],
                 "IsTruncated": bool(rest_names),
                 "KeyCount": len(page),

@@ -76,9 +76,10 @@ def test_committed_checkpoint_with_only_directory_markers_is_missing() -> None:
     assert "directory markers" in result.problems[0].detail
 
 
-def test_checkpoint_without_manifest_cannot_be_proven_complete() -> None:
+def test_checkpoint_with_neither_commit_record_nor_manifest_cannot_be_proven_complete() -> None:
     result = assess_checkpoint("t1", "checkpoint_epoch-000001", DIR, {"model.pt": 10}, {})
-    assert [(p.kind, p.key) for p in result.problems] == [(v.MISSING_MANIFEST, DIR + "_manifest.json")]
+    assert [(p.kind, p.key) for p in result.problems] == [(v.MISSING_MANIFEST, DIR + "_commit_record.json")]
+    assert "neither a commit record" in result.problems[0].detail and "_manifest.json" in result.problems[0].detail
 
 
 def test_missing_and_resized_files_are_each_reported() -> None:

@@ -306,7 +306,9 @@ def test_list_trials_groups_by_trial_and_repeats_a_trial_seen_again() -> None:
             }
 
     seen: list[tuple[str, dict[str, int]]] = []
-    trials = v.list_trials(Client(), "bkt", "t/train/", lambda trial, objects: seen.append((trial, dict(objects))))
+    trials = v.list_trials(
+        Client(), "bkt", "t/train/", lambda trial, objects, etags: seen.append((trial, dict(objects)))
+    )
     assert trials == {"a": {"x": 1, "y": 2, "z": 4}, "b": {"x": 3}}
     assert seen == [("a", {"x": 1, "y": 2}), ("b", {"x": 3}), ("a", {"x": 1, "y": 2, "z": 4})]
 
