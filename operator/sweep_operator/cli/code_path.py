@@ -35,26 +35,45 @@ def code_dir(value: str | None, option: str = "--code") -> Path | None:
 def module_location(module: str, dirs: Sequence[Path] | None = None) -> str | None:
     """Where `module` (dotted) would be imported from, searching `dirs` only (None: this Python's own path, installed
     packages included); None when it is not there. Nothing is imported: each package level is looked up on disk."""
-    importlib.invalidate_caches()  # a directory written a moment ago (a scaffold, a test) is listed afresh
     parts = module.split(".")
     if not all(part.isidentifier() for part in parts):
         return None
-    try:
-        if dirs is None:
+    if dirs is None:
+        importlib.invalidate_caches()
+        try:
             spec = importlib.util.find_spec(parts[0])  # a top-level name: its lookup imports nothing
-        else:
-            spec = importlib.machinery.PathFinder.find_spec(parts[0], [str(d) for d in dirs])
-        for depth in range(1, len(parts)):
-            if spec is None or spec.submodule_search_locations is None:
-                return None
-            spec = importlib.machinery.PathFinder.find_spec(
-                ".".join(parts[: depth + 1]), list(spec.submodule_search_locations)
-            )
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    return spec.origin or next(iter(spec.submodule_search_locations or []), None) or module
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        origin = spec.origin if spec.has_location else None
+        locations = list(spec.submodule_search_locations or [])
+    else:
+        origin, locations = _lookup(parts[0], [str(d) for d in dirs])
+    for part in parts[1:]:
+        if not locations:
+            return None  # a plain module, or nothing: no submodules under it
+        origin, locations = _lookup(part, locations)
+    return origin or next(iter(locations), None)
+
+
+def _lookup(name: str, dirs: Sequence[str]) -> tuple[str | None, list[str]]:
+    """`name` in `dirs` as Python's path finder looks: the first directory holding a package (`name/__init__.py`)
+    or a module (`name.py`) wins, giving (its file, the package's directory); else every `name/` directory is a part
+    of one namespace package, (None, those directories)."""
+    suffixes = importlib.machinery.all_suffixes()
+    namespace = []
+    for folder in map(Path, dirs):
+        package = folder / name
+        init = next((package / f"__init__{s}" for s in suffixes if (package / f"__init__{s}").is_file()), None)
+        if init is not None:
+            return str(init), [str(package)]
+        plain = next((folder / f"{name}{s}" for s in suffixes if (folder / f"{name}{s}").is_file()), None)
+        if plain is not None:
+            return str(plain), []
+        if package.is_dir():
+            namespace.append(str(package))
+    return None, namespace
 
 
 def train_loop_dirs(train_loop: str, *, first: Path | None, first_label: str, manifest: str | None) -> CodeDirs:
