@@ -102,9 +102,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {
         "name": "Verified",
-        "type": "boolean",
-        "jsonPath": ".status.checkpoints.verified",
-        "description": "Checkpoints verified complete in S3",
+        "type": "string",
+        "jsonPath": ".status.checkpoints.summary",
+        "description": "Checkpoints verified in S3 and at which level (4 committed, 4 full-state), none, or failed: why",
     },
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "description": "The run's RayJob"},
     {

@@ -127,7 +127,13 @@ def test_train_run_config_is_trains_own_class_with_its_own_settings_R18_R19(monk
     assert config.name == "t_00000"
     assert config.storage_path == "s3://bucket/sweeps/default/digits-cpu-abc123/train"
     assert isinstance(config.failure_config, TrainFailureConfig)
-    assert [type(c).__name__ for c in config.callbacks] == ["RankReportCallback", "TuneReportCallback"]
+    # the commit record of a checkpoint starts before TuneReportCallback's report, which may wait on the trial
+    assert [type(c).__name__ for c in config.callbacks] == [
+        "RankReportCallback",
+        "CommitRecordCallback",
+        "TuneReportCallback",
+    ]
+    assert config.callbacks[1]._train_run_dir == "s3://bucket/sweeps/default/digits-cpu-abc123/train/t_00000"
 
 
 def test_rank_callback_forwards_the_rank_count_and_the_metric_spread_R8_R9(caplog: pytest.LogCaptureFixture) -> None:

@@ -265,7 +265,7 @@ def test_the_trials_train_run_config_carries_the_controller_callback_after_tunes
     run_spec = build_run_spec(parse_sweep(cpu_sweep()), "abc123")
     config = trainable.train_run_config(run_spec, "t_00000", [trial_stop.SendControllerHandle(None)])
     names = [type(c).__name__ for c in config.callbacks]
-    assert names == ["RankReportCallback", "TuneReportCallback", "SendControllerHandle"]
+    assert names == ["RankReportCallback", "CommitRecordCallback", "TuneReportCallback", "SendControllerHandle"]
 
 
 # ---------------------------------------------------------------------------- uncommitted checkpoints

@@ -55,12 +55,13 @@ def _verdict(records: RunRecords) -> str:
     verification, status = records.verification or {}, records.status
     if verification:
         verdict = "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
-        return verdict + (f" at {verification['verifiedAt']}" if verification.get("verifiedAt") else "")
+        summary = f" ({verification['summary']})" if verification.get("summary") else ""
+        return verdict + summary + (f" at {verification['verifiedAt']}" if verification.get("verifiedAt") else "")
     if status.get("checkpoints"):
         c = status["checkpoints"]
+        said = c.get("summary") or ("verified" if c.get("verified") else "NOT verified")
         return (
-            f"{'verified' if c.get('verified') else 'NOT verified'} by the operator at {c.get('verifiedAt')}: "
-            f"{c.get('checked')} checkpoints, {c.get('bytes')} bytes"
+            f"{said} (by the operator at {c.get('verifiedAt')}): {c.get('checked')} checkpoints, {c.get('bytes')} bytes"
         )
     return "not verified by this report (--no-verify, or not an S3 run root)"
 
@@ -117,7 +118,7 @@ def render_html(
     header, rows = _trial_rows(curves)
     verification = records.verification or {}
     checkpoints = [
-        (c.get("trial"), c.get("checkpoint"), c.get("files"), c.get("bytes"), c.get("status"))
+        (c.get("trial"), c.get("checkpoint"), c.get("files"), c.get("bytes"), c.get("status"), c.get("level") or "-")
         for c in verification.get("checkpoints") or []
     ]
     problems = [(p.get("kind"), p.get("key"), p.get("detail")) for p in verification.get("problems") or []]
@@ -142,7 +143,7 @@ gap:.2em 1.2em}}dl.facts dt{{font-weight:600}}dl.facts dd{{margin:0}}</style>
 {_table(rows, header)}</section>
 <section><h2>Checkpoints</h2>
 <p>{html.escape(_verdict(records))}</p>
-{_table(checkpoints, ("trial", "checkpoint", "files", "bytes", "status")) if checkpoints else ""}
+{_table(checkpoints, ("trial", "checkpoint", "files", "bytes", "status", "level")) if checkpoints else ""}
 {_table(problems, ("problem", "key", "detail")) if problems else ""}</section>
 </body></html>
 """

@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sweep_contracts.api import DEFAULT_WARN_AFTER_REPORTS
+from sweep_contracts.checkpoint_coverage import checkpoint_coverage
+
 from .code_path import code_dir, train_loop_dirs
 from .common import EXIT_FAILED, EXIT_OK, UsageError, load_limits, load_sweep, run_id_from
 
@@ -104,13 +107,24 @@ def stopped_by_signals() -> Iterator[None]:
 class ProgressLine:
     """One live line on a terminal (`\\r`), one line per change otherwise."""
 
-    def __init__(self, planned: int | None = None) -> None:
+    def __init__(self, planned: int | None = None, warn_after_reports: int = DEFAULT_WARN_AFTER_REPORTS) -> None:
         self.planned = planned  # the trials the sweep asks for (numSamples x grid points): the count's whole
+        self.warn_after_reports = warn_after_reports
         self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
         self._last = ""
+        self._warned = ""
+
+    def warn_if_uncheckpointed(self, document: dict[str, Any]) -> None:
+        """What the operator's Warning Event says, printed as soon as the progress shows it, once per change."""
+        coverage = checkpoint_coverage(document, self.warn_after_reports)
+        if coverage is None or coverage.ok or coverage.message == self._warned:
+            return
+        self._warned = coverage.message
+        print(f"{chr(10) if self.tty else ''}run-local: warning: {coverage.message}", file=sys.stderr, flush=True)
 
     def __call__(self, status: dict[str, Any]) -> None:
+        self.warn_if_uncheckpointed(status)
         counts = status.get("trials") or {}
         best = status.get("bestTrial") or {}
         finished = counts.get("terminated", 0) + counts.get("errored", 0)
@@ -180,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..status import planned_trials
 
-    progress = ProgressLine(planned_trials(sweep.spec))
+    progress = ProgressLine(planned_trials(sweep.spec), sweep.spec.checkpoints.warn_after_reports)
     print(f"run-local: {sweep.namespace}/{sweep.name} run {run_id} ({rayjob['metadata']['name']})", file=sys.stderr)
     try:
         with stopped_by_signals():
@@ -197,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     progress.done()
     if outcome.result:
         print(result_table(outcome.result))
+        progress.warn_if_uncheckpointed(outcome.result)
     print(f"run-local: run root {outcome.run_root}; driver log {outcome.log_path}", file=sys.stderr)
     if not outcome.ok:
         print(outcome.message or f"run-local: the entrypoint exited with {outcome.returncode}", file=sys.stderr)

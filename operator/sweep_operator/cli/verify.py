@@ -200,14 +200,14 @@ def _human_bytes(n: int) -> str:
 
 def print_report(result: Any, out: TextIO) -> None:
     """The human form: a table of checkpoints, then problems, warnings and a one-line verdict."""
-    rows = [("TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS")]
-    rows += [(c.trial, c.name, str(c.files), str(c.bytes), c.status) for c in result.checkpoints]
+    rows = [("TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS", "LEVEL")]
+    rows += [(c.trial, c.name, str(c.files), str(c.bytes), c.status, c.level or "-") for c in result.checkpoints]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     if len(rows) > 1:
         for row in rows:
             out.write(
                 "  ".join(
-                    cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w)
+                    cell.ljust(w) if i < 2 or i >= 4 else cell.rjust(w)
                     for i, (cell, w) in enumerate(zip(row, widths, strict=True))
                 ).rstrip()
             )
@@ -223,11 +223,11 @@ def print_report(result: Any, out: TextIO) -> None:
     mode = "deep (sha256)" if result.deep else "sizes"
     if result.verified:
         out.write(
-            f"VERIFIED {result.root}: {result.checked} checkpoint(s), {result.files} file(s), "
+            f"VERIFIED {result.root}: {result.summary}; {result.checked} checkpoint(s), {result.files} file(s), "
             f"{_human_bytes(result.bytes)} checked by {mode} in {result.duration_seconds:.2f} s\n"
         )
     else:
         out.write(
-            f"NOT VERIFIED {result.root}: {len(result.problems)} problem(s) "
+            f"NOT VERIFIED {result.root}: {result.summary}; {len(result.problems)} problem(s) "
             f"({result.checked} committed checkpoint(s) checked by {mode} in {result.duration_seconds:.2f} s)\n"
         )

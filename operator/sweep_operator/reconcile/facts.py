@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts.api import SweepSpec
+from sweep_contracts.checkpoint_coverage import CheckpointCoverage
 from sweep_contracts.runspec import RunSpec
 
 from ..settings import OperatorLimits
@@ -63,6 +64,8 @@ class SweepFacts:
     ended_rayjob: Mapping[str, Any] | None = None
     run_spec: RunSpec | None = None  # the spec the run was admitted with (it travels on the RayJob)
     progress: Mapping[str, Any] | None = None  # status fields from the run's _sweep/status.json, polled this pass
+    # Trials of that document past spec.checkpoints.warnAfterReports or ended, and those without a committed checkpoint.
+    coverage: CheckpointCoverage | None = None
     stopped_at_deadline: bool = False  # _sweep/result.json says Tune's budget ended the run
     diagnosis: str | None = None  # why the cluster does not start (read only when a decision asks: Diagnose)
     # Status fields the run phase judges by another clock (Kueue mode: deadlineAt and startedAt from the time Kueue

@@ -11,6 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from sweep_contracts import constants, s3_layout
+from sweep_contracts.api import DEFAULT_WARN_AFTER_REPORTS
+from sweep_contracts.checkpoint_coverage import checkpoint_coverage
 from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec
 from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
@@ -105,7 +107,7 @@ class Reads:
         facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
                         run_spec=self.run_spec(rayjob) if rayjob else None)  # fmt: skip
         if progress_wanted(facts) and self.cache.poll_due(facts.ref, time.monotonic(), take=True):
-            facts = replace(facts, progress=self.progress(facts))
+            facts = self.with_progress(facts)
         if result_wanted(facts):
             facts = replace(facts, stopped_at_deadline=self.stopped_at_deadline(facts.body))
         return facts
@@ -176,9 +178,18 @@ class Reads:
             log.debug("cannot read %s: %s", location, exc)
             return None
 
-    def progress(self, facts: SweepFacts) -> dict[str, Any]:
-        """Status fields from the run's `_sweep/status.json`, read from the run's recorded storage (status.guard)
-        as the guard reads it; today's spec only for runs admitted before it was recorded."""
+    def with_progress(self, facts: SweepFacts) -> SweepFacts:
+        """The facts with the run's `_sweep/status.json` read: its status fields and its checkpoint coverage."""
+        doc = self.progress_document(facts)
+        if not doc:
+            return replace(facts, progress={})
+        spec = facts.admitted_spec
+        warn_after = spec.checkpoints.warn_after_reports if spec is not None else DEFAULT_WARN_AFTER_REPORTS
+        return replace(facts, progress=progress_patch(doc, spec), coverage=checkpoint_coverage(doc, warn_after))
+
+    def progress_document(self, facts: SweepFacts) -> dict[str, Any] | None:
+        """The run's `_sweep/status.json`, read from the run's recorded storage (status.guard) as the guard reads
+        it; today's spec only for runs admitted before it was recorded."""
         sweep = facts.sweep
         assert sweep is not None
         target = status_target({"metadata": {"name": sweep.name}, "status": facts.status})
@@ -188,8 +199,7 @@ class Reads:
             target = GuardTarget(
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
-        doc = self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
-        return progress_patch(doc, facts.admitted_spec) if doc else {}
+        return self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
 
     def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""

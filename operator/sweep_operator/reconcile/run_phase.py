@@ -11,13 +11,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import WAITING_PHASES, Phase
+from sweep_contracts.api import DEFAULT_WARN_AFTER_REPORTS, WAITING_PHASES, Phase
+from sweep_contracts.checkpoint_coverage import CONDITION as COVERAGE_CONDITION
+from sweep_contracts.checkpoint_coverage import CheckpointCoverage, checkpoint_coverage
 
 from ..policy import demand_of
 from ..run_metadata import GuardTarget, worker_cap
 from ..status import (
     RayJobFacts,
     conditions_with,
+    get_condition,
     is_terminal,
     parse_time,
     phase_for,
@@ -285,6 +288,9 @@ def decide_run(facts: SweepFacts) -> Decision:
         }
     )
     conditions.extend(_phase_conditions(new_phase, rayjob, message, conditions))
+    coverage_conditions, coverage_events = coverage_changes(status, facts.coverage)
+    conditions.extend(coverage_conditions)
+    events.extend(coverage_events)
     if is_terminal(new_phase):
         changes["finishedAt"] = rfc3339(now)
         actions.extend((ReleaseBudget(), Finish()))
@@ -443,6 +449,20 @@ def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) 
     }
 
 
+def coverage_changes(
+    status: Mapping[str, Any], coverage: CheckpointCoverage | None
+) -> tuple[list[Condition], list[Event]]:
+    """CheckpointsCommitted from the trials' coverage, and a Warning Event when trials without a committed
+    checkpoint are first seen or change: said while the sweep runs, not at its deletion."""
+    if coverage is None:
+        return [], []
+    condition: Condition = (COVERAGE_CONDITION, coverage.ok, coverage.reason, coverage.message)
+    previous = get_condition(status.get("conditions"), COVERAGE_CONDITION) or {}
+    said = previous.get("status") == "False" and previous.get("message") == coverage.message
+    events = [] if coverage.ok or said else [Event("Warning", coverage.reason, coverage.message)]
+    return [condition], events
+
+
 def stop_actions(rayjob: str) -> tuple[DeleteRayJob, ReleaseBudget, Finish]:
     """What ends a run the operator stops: the RayJob deleted (gracefully), the budget freed, the end verified."""
     return DeleteRayJob(rayjob), ReleaseBudget(), Finish()
@@ -489,10 +509,14 @@ def decide_finish(
         )
     )
     ready = status.get("phase") == Phase.SUCCEEDED and verified
+    spec = facts.admitted_spec
+    warn_after = spec.checkpoints.warn_after_reports if spec is not None else DEFAULT_WARN_AFTER_REPORTS
+    coverage_conditions, coverage_events = coverage_changes(status, checkpoint_coverage(result or progress, warn_after))
     changes["conditions"] = conditions_with(
         status,
         generation,
         facts.now,
+        *coverage_conditions,
         ("CheckpointsVerified", verified, reason, text),
         (
             "Ready",
@@ -506,4 +530,4 @@ def decide_finish(
         if verified
         else (Event("Warning", "CheckpointsNotVerified" if reason == "NotVerified" else "NothingToProtect", text),)
     )
-    return Decision(updated(status, changes), events=events)
+    return Decision(updated(status, changes), events=(*coverage_events, *events))
