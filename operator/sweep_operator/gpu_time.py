@@ -14,7 +14,7 @@ the failure it exists to prevent).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -51,13 +51,38 @@ def _gpu_count(resources: Mapping[str, Any] | None) -> int:
         return 0
 
 
+def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    found = spec.get(key)
+    return [c for c in found if isinstance(c, Mapping)] if isinstance(found, list) else []
+
+
+def pod_spec_gpus(spec: Mapping[str, Any], count: Callable[[Mapping[str, Any]], int]) -> int:
+    """GPUs a pod of `spec` asks for, as Kubernetes sizes a pod for the scheduler and quota
+    (`k8s.io/component-helpers/resource/helpers.go` `PodRequests` -> `aggregateContainerResourcesByFn`): the app
+    containers' sum plus every native sidecar (an init container with `restartPolicy: Always`), or, when larger, the
+    most one init container needs while it runs (its own and the sidecars started before it). `count` reads one
+    container."""
+    total = sum(count(c) for c in _containers(spec, "containers"))
+    sidecars = most_init = 0
+    for container in _containers(spec, "initContainers"):
+        gpus = count(container)
+        if is_sidecar(container):
+            total += gpus
+            sidecars += gpus
+            most_init = max(most_init, sidecars)
+        else:
+            most_init = max(most_init, sidecars + gpus)
+    return max(total, most_init)
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """A native sidecar: an init container that keeps running beside the app containers (`isRestartableInitContainer`)."""
+    return container.get("restartPolicy") == "Always"
+
+
 def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod holds: the larger of its app containers' sum and its largest init container, as the scheduler
-    sizes a pod (`k8s.io/component-helpers/resource/helpers.go` `PodRequests`)."""
-    spec = pod.get("spec") or {}
-    apps = sum(_gpu_count(c.get("resources")) for c in spec.get("containers") or [])
-    inits = max((_gpu_count(c.get("resources")) for c in spec.get("initContainers") or []), default=0)
-    return max(apps, inits)
+    """GPUs a pod holds, as the scheduler sizes it (`pod_spec_gpus`)."""
+    return pod_spec_gpus(pod.get("spec") or {}, lambda c: _gpu_count(c.get("resources")))
 
 
 def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:

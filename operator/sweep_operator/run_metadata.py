@@ -12,6 +12,7 @@ from typing import Any
 from sweep_contracts import api, constants
 from sweep_contracts.api import SweepSpec
 
+from .gpu_time import pod_spec_gpus
 from .policy import demand_of
 from .settings import OperatorLimits
 
@@ -153,5 +154,6 @@ def container_gpus(container: Mapping[str, Any]) -> int:
 
 
 def group_gpus(group: Mapping[str, Any]) -> int:
-    containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
-    return max((container_gpus(c) for c in containers), default=0)
+    """GPUs per pod of a worker group (or the head): every container counted as Kubernetes sizes the pod, init
+    containers and native sidecars included (gpu_time.pod_spec_gpus)."""
+    return pod_spec_gpus((group.get("template") or {}).get("spec") or {}, container_gpus)

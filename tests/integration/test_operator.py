@@ -493,6 +493,43 @@ def test_worker_group_edited_above_cap_is_set_back(env: OperatorEnv) -> None:
     env.delete_sweep(name)
 
 
+def test_gpus_added_in_an_init_container_are_set_back(env: OperatorEnv) -> None:
+    """A worker template edited to add an initContainer asking for nvidia.com/gpu: 8 (Kubernetes sizes the pod by
+    it: component-helpers/resource/helpers.go `PodRequests`) and the head given a native sidecar with 4 are set back
+    to what was rendered, with an Event; the Ray containers are left as they were."""
+    doc = env.new_sweep("drift-init")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang())
+    env.apply(doc)
+    rayjob = env.wait_phase(name, "Running")["rayJobName"]
+    cluster = env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]
+    rendered_worker = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    gpus = {constants.GPU_RESOURCE: 8}
+    cluster["workerGroupSpecs"][0]["template"]["spec"]["initContainers"] = [
+        {"name": "grab", "image": "busybox", "resources": {"limits": gpus, "requests": gpus}}
+    ]
+    sidecar = {"limits": {constants.GPU_RESOURCE: 4}, "requests": {constants.GPU_RESOURCE: 4}}
+    cluster["headGroupSpec"]["template"]["spec"]["initContainers"] = [
+        {"name": "beside", "image": "busybox", "restartPolicy": "Always", "resources": sidecar}
+    ]
+    env.patch_ray(constants.RAYJOB_PLURAL, rayjob, {"spec": {"rayClusterSpec": cluster}})
+
+    def init_gpus() -> tuple[Any, Any]:
+        spec = env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]
+        worker = spec["workerGroupSpecs"][0]["template"]["spec"]["initContainers"][0]["resources"]["limits"]
+        head = spec["headGroupSpec"]["template"]["spec"]["initContainers"][0]["resources"]["limits"]
+        return worker[constants.GPU_RESOURCE], head[constants.GPU_RESOURCE]
+
+    worker_gpus = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    rendered = int(worker_gpus.get(constants.GPU_RESOURCE, 0))
+    wait_for(lambda: init_gpus() == (rendered, 0), TIMEOUT, what="the init containers' GPUs set back")
+    after = env.get(constants.RAYJOB_PLURAL, rayjob)["spec"]["rayClusterSpec"]
+    assert after["workerGroupSpecs"][0]["template"]["spec"]["containers"] == rendered_worker
+    wait_for(lambda: "CapEnforced" in env.event_reasons(rayjob), TIMEOUT, what="CapEnforced Event on the RayJob")
+    env.annotate_sweep(name, {constants.ANNOTATION_SKIP_VERIFICATION: "true"})
+    env.delete_sweep(name)
+
+
 def test_spec_change_refused_while_running_and_suspend_honoured(env: OperatorEnv) -> None:
     doc = env.new_sweep("edit")
     name = doc["metadata"]["name"]

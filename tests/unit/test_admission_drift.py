@@ -265,6 +265,75 @@ def test_an_added_worker_group_and_raised_gpus_are_set_back_to_the_rendered_spec
     assert decide_drift(on_cluster, constants.RAYCLUSTER_KIND, bounds) is not None
 
 
+def _added(where: str, *, sidecar: bool = False, gpus: int = 8) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": f"{where}-extra",
+        "image": "busybox",
+        "resources": {"limits": {constants.GPU_RESOURCE: gpus}, "requests": {constants.GPU_RESOURCE: gpus}},
+    }
+    return {**container, "restartPolicy": "Always"} if sidecar else container
+
+
+@pytest.mark.parametrize(
+    "part, kind, asked, kept",
+    [
+        ("worker", "initContainers", 8, 1),  # it runs before the Ray container: as many as one worker was rendered
+        ("worker", "sidecar", 8, 0),  # it runs beside the Ray container, which keeps the rendered GPU
+        ("worker", "containers", 1, 0),  # a second app container: the pod asks the sum
+        ("head", "initContainers", 8, 0),  # the head is rendered without GPUs
+        ("head", "sidecar", 8, 0),
+    ],
+)
+def test_gpus_asked_by_an_init_container_a_sidecar_or_another_container_are_set_back(
+    part: str, kind: str, asked: int, kept: int
+) -> None:
+    """An initContainer (or a native sidecar: an init container with restartPolicy Always, or a second app container)
+    asking for nvidia.com/gpu: 8 in a worker or head template: Kubernetes sizes the pod by all of them
+    (component-helpers/resource/helpers.go `PodRequests`), so the per-sweep and namespace GPU caps were bypassed
+    while only `containers` was checked one by one. Each is set back until the pod asks for what was rendered."""
+    import copy
+
+    from sweep_operator.run_metadata import container_gpus
+
+    rayjob = _rendered(gpu=1)
+    bounds = bounds_of(rayjob)
+    assert bounds is not None and bounds.groups[worker_name(rayjob)] == 1
+    edited = copy.deepcopy(rayjob)
+    cluster = edited["spec"]["rayClusterSpec"]
+    group = cluster["workerGroupSpecs"][0] if part == "worker" else cluster["headGroupSpec"]
+    pod = group["template"]["spec"]
+    added = _added(part, sidecar=kind == "sidecar", gpus=asked)
+    pod.setdefault("containers" if kind == "containers" else "initContainers", []).append(added)
+    assert may_exceed_cap(edited, constants.RAYJOB_KIND, bounds)
+    correction = decide_drift(edited, constants.RAYJOB_KIND, bounds)
+    assert correction is not None and f"{added['name']} {constants.GPU_RESOURCE} -> {kept}" in correction.message
+    fixed = correction.patch["spec"]["rayClusterSpec"]
+    fixed_group = fixed["workerGroupSpecs"][0] if part == "worker" else fixed["headGroupSpec"]
+    fixed_pod = fixed_group["template"]["spec"]
+    assert fixed_pod["containers"][0] == pod["containers"][0], "the Ray container keeps what was rendered"
+    everything = fixed_pod.get("initContainers", []) + fixed_pod["containers"]
+    (fixed_added,) = [c for c in everything if c["name"] == added["name"]]
+    assert container_gpus(fixed_added) == kept
+    edited["spec"]["rayClusterSpec"] = {**cluster, **fixed}
+    assert decide_drift(edited, constants.RAYJOB_KIND, bounds) is None, "the correction is its own fixed point"
+    on_cluster = {"metadata": edited["metadata"], "spec": cluster}
+    assert decide_drift(on_cluster, constants.RAYCLUSTER_KIND, bounds) is not None
+
+
+def test_an_init_container_within_the_rendered_gpus_is_kept() -> None:
+    """Kubernetes counts a pod's init container beside the app containers' sum by max: one asking for no more than
+    the worker was rendered with adds nothing, and is not the operator's to change."""
+    import copy
+
+    rayjob = _rendered(gpu=1)
+    bounds = bounds_of(rayjob)
+    assert bounds is not None
+    edited = copy.deepcopy(rayjob)
+    worker = edited["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    worker["initContainers"] = [_added("worker", gpus=1)]
+    assert decide_drift(edited, constants.RAYJOB_KIND, bounds) is None
+
+
 def worker_name(rayjob: dict[str, Any]) -> str:
     return str(rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"])
 

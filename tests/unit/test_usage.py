@@ -98,6 +98,34 @@ def test_pod_gpus_as_the_scheduler_sizes_the_pod(body: dict[str, Any], expected:
     assert pod_gpus(body) == expected
 
 
+def _gpus(n: int, **extra: Any) -> dict[str, Any]:
+    return {"name": f"c{n}-{len(extra)}", "resources": {"limits": {"nvidia.com/gpu": n}}, **extra}
+
+
+SIDECAR = {"restartPolicy": "Always"}
+
+
+@pytest.mark.parametrize(
+    "containers, inits, expected",
+    [
+        ([_gpus(1)], [_gpus(2, **SIDECAR)], 3),  # a native sidecar runs beside the app containers: added
+        ([_gpus(1)], [_gpus(1, **SIDECAR), _gpus(3)], 4),  # an init container runs beside the sidecars before it
+        ([_gpus(1)], [_gpus(3), _gpus(1, **SIDECAR)], 3),  # ... not beside those started after it
+        ([_gpus(2), _gpus(2)], [_gpus(3)], 4),  # app containers add up
+        ([_gpus(0)], [_gpus(8)], 8),
+    ],
+)
+def test_pod_gpus_count_native_sidecars_as_kubernetes_pod_requests_does(
+    containers: list[dict[str, Any]], inits: list[dict[str, Any]], expected: int
+) -> None:
+    """k8s.io/component-helpers/resource/helpers.go `PodRequests` (`aggregateContainerResourcesByFn`): the app
+    containers' sum plus the restartable init containers, or the largest init container with the sidecars started
+    before it, whichever is larger. A sidecar asking for GPUs holds them as long as the pod."""
+    body = pod("a", gpus=0)
+    body["spec"] = {"containers": containers, "initContainers": inits}
+    assert pod_gpus(body) == expected
+
+
 def test_scheduled_at_is_the_pod_scheduled_condition_time() -> None:
     assert pod_scheduled_at(pod("a", scheduled=12.0)) == T0 + 12
     assert pod_scheduled_at(pod("a", scheduled=None)) is None  # Unschedulable: holds no GPU

@@ -8,6 +8,7 @@ from typing import Any
 
 from sweep_contracts import constants
 
+from ..gpu_time import is_sidecar, pod_spec_gpus
 from ..run_metadata import RunBounds as RunBounds
 from ..run_metadata import active_deadline_of, container_gpus
 from ..run_metadata import rendered_bounds as rendered_bounds
@@ -43,23 +44,45 @@ def bounds_of(obj: Mapping[str, Any] | None) -> RunBounds | None:
 
 
 def _with_gpus(group: Mapping[str, Any], gpus: int) -> tuple[dict[str, Any], list[str]]:
-    """The group with every container's GPU request and limit set back to at most `gpus`."""
+    """The group with its pod's GPUs set back to at most `gpus`, counted as Kubernetes sizes a pod (init containers
+    and native sidecars included: gpu_time.pod_spec_gpus). The app containers keep theirs first, in order (the Ray
+    container is the first), then the sidecars from what is left; an init container that runs to completion keeps
+    at most what the sidecars started before it leave."""
     template = dict(group.get("template") or {})
     pod = dict(template.get("spec") or {})
-    fixed, notes = [], []
-    for container in pod.get("containers") or []:
-        if container_gpus(container) <= gpus:
-            fixed.append(container)
-            continue
+    if pod_spec_gpus(pod, container_gpus) <= gpus:
+        return dict(group), []
+    where, notes = group.get("groupName", "head"), list[str]()
+
+    def fit(container: Mapping[str, Any], allowed: int, kind: str) -> tuple[Mapping[str, Any], int]:
+        own = container_gpus(container)
+        if own <= allowed:
+            return container, own
         resources = {k: dict(v or {}) for k, v in (container.get("resources") or {}).items()}
         for part in ("limits", "requests"):
             if constants.GPU_RESOURCE in resources.get(part, {}):
-                resources[part][constants.GPU_RESOURCE] = gpus
-        notes.append(f"{group.get('groupName', 'head')}.{container.get('name')} {constants.GPU_RESOURCE} -> {gpus}")
-        fixed.append({**container, "resources": resources})
-    if not notes:
-        return dict(group), []
-    return {**group, "template": {**template, "spec": {**pod, "containers": fixed}}}, notes
+                resources[part][constants.GPU_RESOURCE] = allowed
+        notes.append(f"{where}.{kind}{container.get('name')} {constants.GPU_RESOURCE} -> {allowed}")
+        return {**container, "resources": resources}, allowed
+
+    left, fixed_pod = gpus, dict(pod)
+    apps = []
+    for container in pod.get("containers") or []:
+        container, used = fit(container, left, "")
+        apps.append(container)
+        left -= used
+    fixed_pod["containers"] = apps
+    if pod.get("initContainers"):
+        inits, sidecars = [], 0
+        for container in pod.get("initContainers") or []:
+            if is_sidecar(container):
+                container, used = fit(container, left, "initContainers.")
+                left, sidecars = left - used, sidecars + used
+            else:
+                container, _ = fit(container, gpus - sidecars, "initContainers.")
+            inits.append(container)
+        fixed_pod["initContainers"] = inits
+    return {**group, "template": {**template, "spec": fixed_pod}}, notes
 
 
 def head_group(body: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
