@@ -256,7 +256,8 @@ def _assess_record(
                         FINGERPRINT_MISMATCH,
                         key,
                         f"ETag {listed or 'unknown'} in S3, the commit record says {entry.fingerprint}: "
-                        "the file was rewritten after Ray committed it",
+                        "the file was rewritten after Ray committed it (a restore by another upload method, e.g. "
+                        "one PUT for a multipart upload, changes the ETag too)",
                     )
                 )
         elif record.fingerprint == FINGERPRINT_SHA256:

@@ -1,0 +1,257 @@
+"""A user's own train loop on real Ray, with nothing imported from this project (R7, R22): the loop `sweepctl init`
+scaffolds (written as Ray's docs teach: `torch.save` into a temporary directory, `Checkpoint.from_directory`,
+`ray.train.report`) runs into the S3 server and verifies at the committed level; tampering is named; a loop that never
+checkpoints is warned about while it runs. One local Ray serves both runs, side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweep_contracts import constants, s3_layout
+from sweep_contracts.checkpoint_coverage import checkpoint_coverage
+from sweep_contracts.s3_layout import S3Uri
+from sweep_operator.cli import main
+from sweep_operator.cli.run_local import ProgressLine
+from sweep_operator.rendering import build_rayjob
+from sweep_operator.validation import parse_sweep
+from training_entrypoints.local import LocalRayCluster, LocalRaySize, LocalRunResult, run_rayjob
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+BUCKET = "e2e-your-loop"
+
+# A loop that reports and never checkpoints: what a user who forgot `checkpoint=` brings.
+NO_CHECKPOINT_LOOP = """
+import time
+
+import ray.train
+
+
+def train_loop(config):
+    for epoch in range(int(config.get("epochs", 8))):
+        time.sleep(float(config.get("pause", 2.0)))
+        ray.train.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)})
+"""
+
+
+@dataclass
+class PlainRun:
+    outcome: LocalRunResult
+    client: Any
+    root: S3Uri
+    endpoint: str
+
+
+@dataclass
+class UncheckpointedRun:
+    outcome: LocalRunResult
+    documents: list[dict[str, Any]]
+    printed: str
+
+
+def render(manifest: dict[str, Any], run_id: str, storage: str | None = None) -> dict[str, Any]:
+    return build_rayjob(parse_sweep(manifest), run_id, deadline_at=int(time.time() + 900), storage_uri=storage)
+
+
+@pytest.fixture(scope="module")
+def runs(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[PlainRun, UncheckpointedRun]:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
+    client = s3_server.client()
+    client.create_bucket(Bucket=BUCKET)
+    work = tmp_path_factory.mktemp("your-loop")
+
+    # `sweepctl init demo-loop` in an empty directory; its sweep into the S3 server.
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        assert main(["init", "demo-loop"]) == 0
+    finally:
+        os.chdir(here)
+    plain = yaml.safe_load((work / "demo-loop" / "sweep.yaml").read_text())
+    plain["spec"]["storage"] = {
+        "uri": f"s3://{BUCKET}/sweeps",
+        "region": "us-east-1",
+        "endpointUrl": s3_server.endpoint_url,
+    }
+    quiet = work / "quiet"
+    quiet.mkdir()
+    (quiet / "quiet_loop.py").write_text(NO_CHECKPOINT_LOOP)
+    unsaved = {
+        **plain,
+        "metadata": {"name": "quiet", "namespace": "default"},
+        "spec": {
+            **plain["spec"],
+            "trainLoop": "quiet_loop:train_loop",
+            "paramSpace": {"epochs": 8, "pause": 2.0},
+            "tune": {**plain["spec"]["tune"], "numSamples": 1, "metric": "loss", "searcher": {"type": "random"}},
+        },
+    }
+    # Room for both at once: 2 + 1 trials of one CPU worker, a trial-driver slot each (R5, R15).
+    size = LocalRaySize(num_cpus=5, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 3.0})
+    cluster = LocalRayCluster(size, env={**os.environ, "PYTHONPATH": str(REPO)}, log_path=work / "ray.log")
+    documents: list[dict[str, Any]] = []
+    with cluster:
+        outcome: dict[str, LocalRunResult] = {}
+
+        def run_plain() -> None:
+            outcome["plain"] = run_rayjob(
+                render(plain, "plain1"),
+                cluster=cluster,
+                workdir=REPO,
+                code_dirs=[work / "demo-loop"],
+                log_dir=work / "plain-logs",
+            )
+
+        background = threading.Thread(target=run_plain, name="plain-run")
+        background.start()
+        printed = io.StringIO()
+        progress = ProgressLine(1, warn_after_reports=3)
+
+        def seen(document: dict[str, Any]) -> None:
+            documents.append(document)
+            progress(document)
+
+        with contextlib.redirect_stderr(printed):
+            quiet_outcome = run_rayjob(
+                render(unsaved, "quiet1", storage=str(work / "quiet-store")),
+                cluster=cluster,
+                workdir=REPO,
+                code_dirs=[quiet],
+                log_dir=work / "quiet-logs",
+                on_progress=seen,
+                poll_interval_s=0.5,
+            )
+        background.join(timeout=900)
+    for name, result in (("plain", outcome.get("plain")), ("quiet", quiet_outcome)):
+        assert result is not None and result.ok, f"{name}: {result and result.message}\n" + (
+            Path(result.log_path).read_text()[-6000:] if result else ""
+        )
+    return (
+        PlainRun(outcome["plain"], client, S3Uri.parse(outcome["plain"].run_root), s3_server.endpoint_url),
+        UncheckpointedRun(quiet_outcome, documents, printed.getvalue()),
+    )
+
+
+def verify(run: PlainRun, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["verify", str(run.root), "--endpoint-url", run.endpoint, "--min-retention-days", "0", *extra])
+    return code, capsys.readouterr().out
+
+
+def committed_files(run: PlainRun) -> list[str]:
+    """Keys of the files Ray committed (the loop's own, not our record), over every trial."""
+    keys = []
+    for trial in run.outcome.result["trialResults"]:
+        prefix = run.root.join("train", trial["id"]).prefix
+        snapshot = json.loads(
+            run.client.get_object(Bucket=run.root.bucket, Key=prefix + s3_layout.SNAPSHOT_FILE)["Body"].read()
+        )
+        for item in snapshot["checkpoint_results"]:
+            listing = run.client.list_objects_v2(
+                Bucket=run.root.bucket, Prefix=prefix + item["checkpoint_dir_name"] + "/"
+            )
+            keys += [
+                o["Key"] for o in listing.get("Contents", []) if not o["Key"].endswith(("/", "_commit_record.json"))
+            ]
+    return keys
+
+
+@pytest.mark.timeout(900)
+def test_a_loop_written_as_ray_teaches_verifies_at_the_committed_level(
+    runs: tuple[PlainRun, UncheckpointedRun], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No manifest of ours in any checkpoint; every committed one has Ray's files and our commit record, and the
+    verifier proves them all at the committed level (R22)."""
+    run, _ = runs
+    result = run.outcome.result
+    assert result["trials"]["terminated"] == 2
+    keys = committed_files(run)
+    assert keys and not any(k.endswith(s3_layout.MANIFEST_FILE) for k in keys)
+    assert all(k.endswith("/checkpoint.pt") for k in keys)
+    code, out = verify(run, capsys, "--json")
+    doc = json.loads(out)
+    assert code == 0, out
+    checkpoints = doc["checkpoints"]
+    assert {c["level"] for c in checkpoints} == {"committed"} and len(checkpoints) == doc["checked"] >= 2
+    assert doc["summary"] == f"{doc['checked']} committed"
+    assert all(row["checkpointUri"] for row in result["trialResults"])
+
+
+def restore(run: PlainRun, key: str, data: bytes, etag: str) -> None:
+    """Put `data` back as Ray's pyarrow uploaded it: a multipart upload of one part has the ETag `md5-1`, a plain PUT
+    the MD5 alone. A restore has to reproduce the upload for its ETag to match the record."""
+    client, bucket = run.client, run.root.bucket
+    if not etag.strip('"').endswith("-1"):
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=data)
+    client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    )
+
+
+@pytest.mark.timeout(900)
+def test_a_deleted_or_rewritten_file_is_named_and_restoring_it_verifies_again(
+    runs: tuple[PlainRun, UncheckpointedRun], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run, _ = runs
+    key = committed_files(run)[0]
+    got = run.client.get_object(Bucket=run.root.bucket, Key=key)
+    original, etag = got["Body"].read(), got["ETag"]
+    try:
+        # Same size, other bytes: only the ETag the record took tells.
+        run.client.put_object(Bucket=run.root.bucket, Key=key, Body=bytes(b ^ 0xFF for b in original))
+        code, out = verify(run, capsys)
+        assert code == 1 and f"fingerprint-mismatch: s3://{run.root.bucket}/{key}" in out, out
+        run.client.delete_object(Bucket=run.root.bucket, Key=key)
+        code, out = verify(run, capsys)
+        assert code == 1 and f"missing-file: s3://{run.root.bucket}/{key}" in out, out
+    finally:
+        restore(run, key, original, etag)
+    code, out = verify(run, capsys)
+    assert code == 0 and "committed" in out, out
+
+
+@pytest.mark.timeout(900)
+def test_the_report_draws_a_plain_loops_run_and_says_its_level(
+    runs: tuple[PlainRun, UncheckpointedRun], tmp_path: Path
+) -> None:
+    run, _ = runs
+    out = tmp_path / "report"
+    code = main(["report", "--storage", str(run.root), "--endpoint-url", run.endpoint, "--out", str(out)])
+    assert code == 0
+    page = (out / "report.html").read_text()
+    assert "committed" in page and "<img" in page
+
+
+@pytest.mark.timeout(900)
+def test_a_loop_that_never_checkpoints_is_warned_while_it_runs(runs: tuple[PlainRun, UncheckpointedRun]) -> None:
+    """The driver's progress, while the trial still runs, already shows a trial past warnAfterReports without a
+    committed checkpoint: the operator's condition and Event come from that document, run-local prints it."""
+    _, quiet = runs
+    running = [
+        d
+        for d in quiet.documents
+        if any(r.get("status") == "RUNNING" for r in d.get("trialResults") or [])
+        and (checkpoint_coverage(d, 3) or None) is not None
+    ]
+    assert running, quiet.documents
+    coverage = checkpoint_coverage(running[0], 3)
+    assert coverage is not None and not coverage.ok
+    assert "run-local: warning: no trial has committed a checkpoint" in quiet.printed
+    final = checkpoint_coverage(quiet.outcome.result, 3)
+    assert final is not None and [t.ended for t in final.without] == [True]
