@@ -589,7 +589,8 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     header, row = got.stdout.strip().splitlines()
     assert header.split()[:5] == ["NAME", "PHASE", "TRIALS", "BEST", "VERIFIED"]
     cells = row.split()
-    assert cells[0] == "kubectl-scalar" and cells[1] == "Succeeded" and cells[4] == "true"
+    # VERIFIED says how many checkpoints at which level: two trials' one checkpoint each, with our manifests
+    assert cells[0] == "kubectl-scalar" and cells[1] == "Succeeded" and cells[4:6] == ["2", "full-state"], cells
     assert cells[2] != "<none>" and cells[3] == "0.1", cells
     shown = subprocess.run(
         [sys.executable, "-m", "sweep_operator.cli", "status", "kubectl-scalar", "--kubeconfig", str(kubeconfig)],
@@ -598,7 +599,7 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
         timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
-    assert "phase:       Succeeded" in shown.stdout and "checkpoints: verified" in shown.stdout
+    assert "phase:       Succeeded" in shown.stdout and "checkpoints: verified (2 full-state)" in shown.stdout
     assert "CheckpointsVerified" in shown.stdout
     deleted = subprocess.run(
         [kubectl, "delete", "tsw", "kubectl-scalar", "--wait=true", "--timeout=60s"],

@@ -395,7 +395,11 @@ def _report(status: dict[str, Any]) -> bool:
         print(f"checkpoint:  {best.get('checkpointUri')}")
     checkpoints = status.get("checkpoints") or {}
     if checkpoints.get("verified"):
-        print(f"checkpoints: verified {checkpoints.get('checked')} checkpoints, {checkpoints.get('bytes')} bytes in S3")
+        level = f" ({checkpoints['summary']})" if checkpoints.get("summary") else ""
+        print(
+            f"checkpoints: verified {checkpoints.get('checked')} checkpoints{level}, {checkpoints.get('bytes')} bytes "
+            "in S3"
+        )
     else:
         problems = "; ".join(f"{p.get('kind')} {p.get('key')}" for p in checkpoints.get("problems") or [])
         print(f"checkpoints: NOT verified {problems}".rstrip())

@@ -151,7 +151,8 @@ def format_status(
         parts = [f"{causes.get(k, k)} {float(v) / 3600:.3g} GPU-h" for k, v in sorted(idle.items()) if v]
         lines.append(f"  idle GPUs:   {', '.join(parts)}")
     if checkpoints:
-        verdict = checkpoints.get("summary") or ("verified" if checkpoints.get("verified") else "NOT verified")
+        verdict = "verified" if checkpoints.get("verified") else "NOT verified"
+        verdict += f" ({checkpoints['summary']})" if checkpoints.get("summary") else ""
         lines.append(
             f"  checkpoints: {verdict}, {checkpoints.get('checked')} checked, {checkpoints.get('bytes')} bytes at {checkpoints.get('verifiedAt')}"
         )
