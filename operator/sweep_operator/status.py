@@ -6,6 +6,7 @@ Conditions follow the Kubernetes API conventions: type, status, reason, message,
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -201,20 +202,63 @@ def trials_summary(counts: Mapping[str, int], planned: int | None = None) -> str
     return f"{finished}/{total} ({running} running)" if running else f"{finished}/{total}"
 
 
+# The best trial is copied from documents the tenant's code writes (`_sweep/status.json`, `result.json`) into the
+# sweep's status, which is rewritten on every change: each part is bounded. A config over its bound is replaced by a
+# note of its size (the whole config stays in the run's documents).
+MAX_BEST_CONFIG_BYTES = 4 * 1024  # the config as compact JSON
+MAX_BEST_ID_CHARS = 256  # Tune's trial ids are a dozen characters
+MAX_BEST_METRIC_CHARS = 128  # spec.tune.metric's own bound
+MAX_BEST_URI_CHARS = 2048  # s3://, a bucket name (63) and a key (at most 1024 bytes)
+
+
+def _bounded_text(value: Any, limit: int) -> str | None:
+    """A string of at most `limit` characters (a longer one cut, saying its length); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    if len(value) <= limit:
+        return value
+    note = f"... ({len(value)} characters)"
+    return value[: limit - len(note)] + note
+
+
+def _bounded_config(value: Any) -> dict[str, Any] | None:
+    """The config when it is a JSON object of at most MAX_BEST_CONFIG_BYTES, else a short note saying why not."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        size = len(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+    except (ValueError, TypeError, RecursionError):  # NaN or infinity (the API server refuses them), too deep
+        return {"omitted": "the best trial's config is not plain JSON; see the run's _sweep/status.json"}
+    if size > MAX_BEST_CONFIG_BYTES:
+        return {
+            "omitted": f"the best trial's config is {size} bytes of JSON, over the {MAX_BEST_CONFIG_BYTES} the status "
+            "keeps; see the run's _sweep/status.json",
+            "bytes": size,
+        }
+    return dict(value)
+
+
+def _finite_number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an integer past a float's range: no number the API server stores
+        return None
+
+
 def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`bestTrial` for the status from a progress/result file, or None when there is none yet."""
+    """`bestTrial` for the status from a progress/result file, or None when there is none yet. Every part is
+    bounded and of its schema type (a wrong type is left out: the API server would refuse the whole status)."""
     best = doc.get("bestTrial") or doc.get("best")
     if not isinstance(best, Mapping):
         return None
-    value = best.get("value")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        value = None
     out = {
-        "id": best.get("id"),
-        "metric": best.get("metric"),
-        "value": value,
-        "config": best.get("config") if isinstance(best.get("config"), Mapping) else None,
-        "checkpointUri": best.get("checkpointUri"),
+        "id": _bounded_text(best.get("id"), MAX_BEST_ID_CHARS),
+        "metric": _bounded_text(best.get("metric"), MAX_BEST_METRIC_CHARS),
+        "value": _finite_number(best.get("value")),
+        "config": _bounded_config(best.get("config")),
+        "checkpointUri": _bounded_text(best.get("checkpointUri"), MAX_BEST_URI_CHARS),
     }
     return {k: v for k, v in out.items() if v is not None}
 
