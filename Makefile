@@ -66,6 +66,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/verify_scale.py
+	$(PY) bench/commit_record_cost.py
 	$(PY) bench/entrypoint_overhead.py
 	$(PY) bench/operator_scale.py
 
