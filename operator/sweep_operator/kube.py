@@ -436,6 +436,10 @@ class KubeApi:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(lambda: _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False)))
 
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Service (a RayCluster's head Service, checked before the operator sends a request to its head)."""
+        return self._get(lambda: _json(self.core.read_namespaced_service(name, namespace, _preload_content=False)))
+
     def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete a pod (a held RayCluster's worker: KubeRay no longer reconciles that cluster); False if gone."""
         try:

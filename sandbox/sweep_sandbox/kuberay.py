@@ -336,6 +336,76 @@ def plan_pods(cluster: Mapping[str, Any], workers: int | None = None) -> list[Po
     return plans
 
 
+# common/service.go getDefaultPorts (v1.7.0): the head Service's ports when the head container names none.
+DEFAULT_HEAD_PORTS = {"client": 10001, "gcs-server": 6379, "dashboard": 8265, "metrics": 8080, "serve": 8000}
+CLUSTER_DOMAIN = "cluster.local"  # utils.GetClusterDomainName without CLUSTER_DOMAIN set
+
+
+def head_service_name(cluster: Mapping[str, Any]) -> str:
+    """utils.GenerateHeadServiceName (RayClusterCRD): headGroupSpec.headService's name, else `<cluster>-head-svc`."""
+    head = (cluster.get("spec") or {}).get("headGroupSpec") or {}
+    custom = ((head.get("headService") or {}).get("metadata") or {}).get("name")
+    return str(custom) if custom else f"{cluster['metadata']['name']}-head-svc"
+
+
+def head_service_body(cluster: Mapping[str, Any]) -> Obj:
+    """common/service.go BuildServiceForHeadPod with createService's controller reference (v1.7.0, without a custom
+    headService beyond its name): HeadServiceLabels as labels and selector (app.kubernetes.io/name from the head
+    template's labels if set), the head container's named ports (getPortsFromCluster; unnamed: `<port>-port`) or
+    getDefaultPorts, metrics always, appProtocol tcp, sorted by name; headless (clusterIP None, not-ready addresses
+    published) unless the type is other than ClusterIP."""
+    name = cluster["metadata"]["name"]
+    head = (cluster.get("spec") or {}).get("headGroupSpec") or {}
+    template = head.get("template") or {}
+    selector = {
+        LABEL_CLUSTER: name,
+        LABEL_NODE_TYPE: "head",
+        "ray.io/identifier": f"{name}-head",
+        "app.kubernetes.io/name": ((template.get("metadata") or {}).get("labels") or {}).get(
+            "app.kubernetes.io/name", "kuberay"
+        ),
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    ports = {
+        str(p.get("name") or f"{p.get('containerPort')}-port"): int(p["containerPort"])
+        for p in containers[0].get("ports") or []
+        if isinstance(p, Mapping) and "containerPort" in p
+    } or dict(DEFAULT_HEAD_PORTS)
+    ports.setdefault("metrics", DEFAULT_HEAD_PORTS["metrics"])
+    kind = head.get("serviceType") or ""
+    spec: Obj = {
+        "selector": selector,
+        "ports": [{"name": n, "port": port, "appProtocol": "tcp"} for n, port in sorted(ports.items())],
+    }
+    if kind:
+        spec["type"] = kind
+    if kind in ("", "ClusterIP"):
+        spec.update(clusterIP="None", publishNotReadyAddresses=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": head_service_name(cluster),
+            "namespace": cluster["metadata"]["namespace"],
+            "labels": dict(selector),
+            "annotations": dict(head.get("headServiceAnnotations") or {}),
+            "ownerReferences": [_owner_ref(cluster)],
+        },
+        "spec": spec,
+    }
+
+
+def head_service_url(service: Mapping[str, Any]) -> str | None:
+    """utils.FetchHeadServiceURL: `<service>.<namespace>.svc.<domain>:<the port named dashboard>`; None without
+    that port ("dashboard port is not found")."""
+    meta = service["metadata"]
+    port = next(
+        (p["port"] for p in (service.get("spec") or {}).get("ports") or [] if p.get("name") == "dashboard"), None
+    )
+    return None if port is None else f"{meta['name']}.{meta['namespace']}.svc.{CLUSTER_DOMAIN}:{port}"
+
+
 def pod_body(cluster: Mapping[str, Any], plan: PodPlan) -> Obj:
     template = plan.template
     cluster_name = cluster["metadata"]["name"]
@@ -1085,6 +1155,8 @@ class JobsApiServer:
 
         self.find = find
         self.requests: list[tuple[str, str, float]] = []  # (method, path, wall clock): what reached a head
+        self._routes: set[str] = set()  # dashboard URLs (host:port) that reach this server
+        self._routes_lock = threading.Lock()
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -1134,9 +1206,37 @@ class JobsApiServer:
 
     @property
     def address(self) -> str:
-        """`host:port`, as KubeRay writes status.dashboardURL (no scheme)."""
+        """`host:port` of the one loopback server that stands for every head's dashboard."""
         host, port = self._server.server_address[:2]
         return f"{host}:{port}"
+
+    def serve(self, url: str) -> None:
+        """`url` (a head Service's `name.namespace.svc.cluster.local:port`, as KubeRay writes status.dashboardURL)
+        now reaches this server: the sandbox's cluster DNS and Service routing for the heads."""
+        with self._routes_lock:
+            self._routes.add(url.removeprefix("http://").rstrip("/"))
+
+    def route(self, url: str) -> str | None:
+        """The loopback address a dashboard URL reaches in the sandbox; None for a name no head Service has."""
+        with self._routes_lock:
+            known = url.strip().removeprefix("http://").rstrip("/") in self._routes
+        return self.address if known else None
+
+    def stop_job(self, url: str, job_id: str) -> Any:
+        """`ray_jobs.stop_job` as the operator's pod would send it, through the sandbox's routing."""
+        from sweep_operator import ray_jobs
+
+        address = self.route(url)
+        if address is None:
+            return ray_jobs.StopOutcome(asked=False, error="gaierror: the name does not resolve (sandbox)")
+        return ray_jobs.stop_job(address, job_id)
+
+    def job_status(self, url: str, job_id: str) -> str | None:
+        """`ray_jobs.job_status` through the sandbox's routing (None for a name no head Service has)."""
+        from sweep_operator import ray_jobs
+
+        address = self.route(url)
+        return ray_jobs.job_status(address, job_id) if address is not None else None
 
     def start(self) -> JobsApiServer:
         self._thread.start()
@@ -1160,9 +1260,10 @@ class KubeRayStandIn:
     a run reports them). `delete_rayjob_after_job_finishes` is KubeRay's DELETE_RAYJOB_CR_AFTER_JOB_FINISHES=true.
     A run lives as long as its RayCluster object: it stops when KubeRay stops the job (a RayJob deletion) or when
     the cluster is gone from the API (its pods with it), never on a deadline, a suspend or a retry by itself.
-    `dashboard=True` serves the heads' Jobs API on one loopback port (`JobsApiServer`) and writes its address as each
-    RayJob's status.dashboardURL, so the operator's real client can stop a job the way KubeRay's StopJob does; off,
-    the URL is the head service's in-cluster name, as KubeRay writes it. `deletion_policy_gate` is KubeRay's
+    Each cluster gets its head Service as KubeRay makes it (`head_service_body`), and status.dashboardURL is that
+    Service's in-cluster name and dashboard port (FetchHeadServiceURL). `dashboard=True` serves the heads' Jobs API
+    on one loopback port (`JobsApiServer`), which those names reach through `jobs_api.stop_job`/`job_status` (the
+    sandbox's cluster DNS), so the operator's real client can stop a job the way KubeRay's StopJob does. `deletion_policy_gate` is KubeRay's
     RayJobDeletionPolicy feature gate (on by default in v1.7.0), which a suspended worker group needs.
     """
 
@@ -1199,6 +1300,7 @@ class KubeRayStandIn:
             threading.Thread(target=self._work, name=f"kuberay-worker-{i}", daemon=True) for i in range(workers)
         ]
         self._runs: dict[Key, tuple[str, RunHandle]] = {}  # RayJob -> (its cluster's uid, the run on it)
+        self._head_services: set[str] = set()  # clusters (uid) whose head Service exists
         self._gone: set[str] = set()  # uids of clusters the watch saw deleted (a stale cache read starts no run)
         self._failures: dict[Key, int] = {}
         self._lock = threading.Lock()
@@ -1499,12 +1601,11 @@ class KubeRayStandIn:
             if (cluster.get("status") or {}).get("state") != "ready":
                 status["rayClusterStatus"] = cluster.get("status") or {}
                 return True
-            meta = cluster["metadata"]
-            status["dashboardURL"] = (
-                self.jobs_api.address
-                if self.jobs_api is not None
-                else f"{meta['name']}-head-svc.{meta['namespace']}.svc.cluster.local:{constants.DASHBOARD_PORT}"
-            )
+            url = self._head_service_url(cluster)
+            if url is None:  # FetchHeadServiceURL failed: the reconcile is retried
+                step.wake_in(self.poll_interval)
+                return True
+            status["dashboardURL"] = url
         mode = submission_mode(spec)
         if mode == "InteractiveMode":
             status["jobDeploymentStatus"] = "Waiting"
@@ -1803,6 +1904,7 @@ class KubeRayStandIn:
         if cluster["metadata"].get("deletionTimestamp") or run is _NO_RUN:
             step.wake_in(self.poll_interval)
             return cluster
+        self._ensure_head_service(cluster)
         poll = run.poll()
         if poll.phase is RunPhase.STARTING and _ready_before_demand(cluster, poll.pending_pods):
             # calculateStatus: pods == desired workers (0) + head, all running -> ready; the workers the job needs
@@ -1824,6 +1926,66 @@ class KubeRayStandIn:
         if (cluster.get("status") or {}).get("state") != "ready":
             cluster = self._set_cluster_status(cluster, ready_cluster_status(cluster))
         return cluster
+
+    def _ensure_head_service(self, cluster: Obj) -> Obj | None:
+        """reconcileHeadService: the head Service created (with an Event) when none exists; a Service found is left
+        as it is (whatever a tenant made of it). The Service, None when it was seen before."""
+        meta = cluster["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/services"
+        name = head_service_name(cluster)
+        with self._lock:
+            if meta.get("uid") in self._head_services:  # seen: no GET on every poll (KubeRay lists from its cache)
+                return None
+        try:
+            found = self.api.core("GET", f"{path}/{name}")
+        except self.api.ApiException as e:
+            if e.status != 404:
+                raise
+        else:
+            with self._lock:
+                self._head_services.add(meta["uid"])
+            return found
+        try:
+            service = self.api.core("POST", path, head_service_body(cluster))
+        except self.api.ApiException as e:
+            if e.status != 409:
+                self.api.event(
+                    cluster,
+                    "Warning",
+                    "FailedToCreateService",
+                    f"Failed creating service {meta['namespace']}/{name}, {e.reason}",
+                    component=RAYCLUSTER_CONTROLLER,
+                    action="Create",
+                )
+                raise
+            return self.api.core("GET", f"{path}/{name}")
+        self.api.event(
+            cluster,
+            "Normal",
+            "CreatedService",
+            f"Created service {meta['namespace']}/{name}",
+            component=RAYCLUSTER_CONTROLLER,
+            action="Create",
+        )
+        with self._lock:
+            self._head_services.add(meta["uid"])
+        return service
+
+    def _head_service_url(self, cluster: Obj) -> str | None:
+        """FetchHeadServiceURL, on the Service as it is now; with `dashboard`, its name reaches the Jobs API."""
+        meta = cluster["metadata"]
+        try:
+            service = self.api.core(
+                "GET", f"/api/v1/namespaces/{meta['namespace']}/services/{head_service_name(cluster)}"
+            )
+        except self.api.ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+        url = head_service_url(service)
+        if url is not None and self.jobs_api is not None:
+            self.jobs_api.serve(url)
+        return url
 
     def _autoscaler_demand(self, cluster: Obj, pending: PendingPods | None) -> Obj:
         """The autoscaler asks for workers that do not start: pending pods and their Events; the cluster stays

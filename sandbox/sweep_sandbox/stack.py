@@ -177,6 +177,12 @@ class Sandbox:
             self.operator = OperatorThread(
                 settings, self.server.url, token=self._token("operator"), ca_file=self.server.ca_file
             )
+            assert self.standin.jobs_api is not None  # the heads' Service names reach it as the cluster's DNS would
+            controller = self.operator.controller
+            controller.stop_job, controller.job_status = (
+                self.standin.jobs_api.stop_job,
+                self.standin.jobs_api.job_status,
+            )
             self.operator.start()
             if chart_docs:
                 from .chart_admission import wait_for_webhook

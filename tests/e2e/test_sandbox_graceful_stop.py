@@ -93,8 +93,9 @@ def test_deleting_a_running_sandbox_sweep_stops_it_gracefully_and_verifies_its_l
             job = get(constants.RAYJOB_PLURAL, rayjob)
             if job is not None and job["metadata"].get("deletionTimestamp") and not deleting:
                 # The head's own view too: the RayJob's jobStatus trails it by KubeRay's next look.
-                found = ray_jobs.job_of(job)
-                head = ray_jobs.job_status(*found) if found else None
+                found = ray_jobs.job_of(job)  # the head Service's name, which reaches the sandbox's Jobs API
+                jobs_api = sandbox.standin.jobs_api
+                head = jobs_api.job_status(*found) if found and jobs_api is not None else None
                 deleting.update(at=time.time(), jobStatus=(job.get("status") or {}).get("jobStatus"), head=head)
             return job is None and get(constants.PLURAL, name, constants.GROUP) is None
 

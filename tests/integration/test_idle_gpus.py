@@ -111,11 +111,12 @@ def test_a_sweep_deleted_while_held_is_still_stopped_at_its_deadline(env: Operat
     rayjob = status["rayJobName"]
     synthetic.delete_file()
     controller = env.operator.controller
+    reachable = controller.stop_job
     controller.stop_job = lambda url, job: ray_jobs.StopOutcome(asked=False, error="the head is unreachable (test)")
     try:
         _held_sweep_stopped_at_its_deadline(env, name, rayjob, bucket, prefix)
     finally:
-        controller.stop_job = ray_jobs.stop_job
+        controller.stop_job = reachable
 
 
 def _held_sweep_stopped_at_its_deadline(env: OperatorEnv, name: str, rayjob: str, bucket: str, prefix: str) -> None:

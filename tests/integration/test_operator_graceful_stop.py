@@ -54,6 +54,9 @@ def test_the_jobs_api_stop_of_the_standin_answers_as_rays_and_the_job_stays_runn
     rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name)
     assert rayjob is not None
     url, job_id = ray_jobs.job_of(rayjob) or ("", "")
+    assert url == f"{rayjob['status']['rayClusterName']}-head-svc.default.svc.cluster.local:8265"  # FetchHeadServiceURL
+    assert env.standin.jobs_api is not None
+    url = env.standin.jobs_api.route(url) or ""  # the loopback server the head Service's name reaches here
     assert url.startswith("127.0.0.1:")
     assert ray_jobs.stop_job(url, job_id) == ray_jobs.StopOutcome(asked=True)
     assert run_of(env, rayjob_name).stop_requests
@@ -99,7 +102,7 @@ def test_deleting_a_running_sweep_stops_its_job_gracefully_verifies_the_last_che
             job = env.get(constants.RAYJOB_PLURAL, rayjob_name)
             if job is not None and job["metadata"].get("deletionTimestamp") and "deleting" not in seen:
                 found = ray_jobs.job_of(job)  # the head's own view: the RayJob's jobStatus trails it a little
-                head = ray_jobs.job_status(*found) if found else None
+                head = env.standin.jobs_api.job_status(*found) if found and env.standin.jobs_api else None
                 seen["deleting"] = (time.time(), job["status"].get("jobStatus"), head)
             time.sleep(0.02)
 
@@ -138,6 +141,42 @@ def test_deleting_a_running_sweep_stops_its_job_gracefully_verifies_the_last_che
     # (A check that ran while the driver was still writing may hold; only a verified list can release.)
     released_on = [checked for at, checked, ok in verifications if ok and at < deleted_at]
     assert released_on and set(released_on) == {3}, f"the guard released on the older list: {verifications}"
+
+
+# ------------------------------------------------------------------------------ the head's address
+
+
+def test_a_head_service_a_tenant_turned_into_externalname_gets_no_request_and_the_delete_goes_on(
+    env: OperatorEnv,
+) -> None:
+    """status.dashboardURL is the head Service's name (utils.FetchHeadServiceURL over the Service that
+    common/service.go BuildServiceForHeadPod made). A tenant with edit rights on Services turns it into an
+    ExternalName to aim the operator's POST at a host of their choosing: the operator checks the Service first, sends
+    nothing, says why on the sweep (a Warning Event naming the Service and its type, nothing of the tenant's target)
+    and deletes the RayJob without a graceful stop (KubeRay's StopJob stops the job)."""
+    doc = env.new_sweep("headsvc")
+    name = doc["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(stop_seconds=STOP_SECONDS))
+    env.apply(doc)
+    bucket, prefix = env.run_root(name)
+    write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    rayjob_name = env.wait_phase(name, "Running")["rayJobName"]
+    rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}
+    _, job_id = ray_jobs.job_of(rayjob) or ("", "")
+    service = f"{rayjob['status']['rayClusterName']}-head-svc"
+    made = env.core.read_namespaced_service(service, "default")
+    assert made.spec.type in (None, "ClusterIP") and made.metadata.owner_references[0].kind == "RayCluster"
+    target = "attacker-controlled.example.com"
+    env.core.patch_namespaced_service(
+        service, "default", {"spec": {"type": "ExternalName", "externalName": target, "clusterIP": None}}
+    )
+    env.delete_sweep(name)
+    wait_for(lambda: "GracefulStopRefused" in env.event_reasons(name), TIMEOUT, what="the refusal on the sweep")
+    wait_for(lambda: env.sweep(name) is None, TIMEOUT, what="the sweep released")
+    (message,) = [e.message for e in env.events(name) if e.reason == "GracefulStopRefused"]
+    assert f"head Service {service} is of type ExternalName" in message and target not in message, message
+    assert env.standin.jobs_api is not None
+    assert not [r for r in env.standin.jobs_api.requests if job_id in r[1]], "a request went to the tenant's target"
 
 
 # ------------------------------------------------------------------------------ section 4: a Kueue preemption

@@ -142,6 +142,9 @@ class FakeKube:
     def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("RayCluster", namespace, name)
 
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("Service", namespace, name)
+
     def list_rayclusters(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return [o for o in self.of_kind("RayCluster", namespace) if _matches(o, label_selector)]
 

@@ -284,6 +284,11 @@ def start_operator_env(
 
         kueue = KueueStandIn(server.api_client(), server=server, poll_interval=0.1).start()
     operator = OperatorThread(settings, server.url, s3_client_for=switch)
+    assert standin.jobs_api is not None  # the heads' names reach it as the cluster's DNS would
+    operator.controller.stop_job, operator.controller.job_status = (
+        standin.jobs_api.stop_job,
+        standin.jobs_api.job_status,
+    )
     operator.start()
     env = OperatorEnv(
         server, runner, standin, operator, settings, s3_server.endpoint_url, s3_client, bucket, switch, kueue

@@ -212,6 +212,7 @@ NAMESPACED_GRANTS = {
     ("events.k8s.io", "events"): {"create", "patch"},
     # delete: the worker pods of a RayCluster the guard holds (docs/security.md, "hold the data, not the GPUs")
     ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "services"): {"get"},  # the graceful stop's check of a head's address (docs/security.md)
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},  # Kueue mode: read the RayJobs' Workloads
     # the namespaces' GPU-hour ledgers: created, then replaced with the resourceVersion precondition; never deleted
     ("sweeps.dev", "gpuhourledgers"): {"get", "list", "watch", "create", "update"},

@@ -97,3 +97,89 @@ def test_a_stop_request_is_recorded_in_the_sweeps_status_and_read_back_only_for_
     assert gs.recorded_request({}, "uid-1") is None
     assert gs.recorded_request({"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "garbage"}}, "uid-1") is None
     assert gs.recorded_request(recorded, "") is None
+
+
+# ---- the head's address: the head Service KubeRay made for the RayJob's own cluster, or nothing is sent
+
+
+def _made_by_kuberay() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]:
+    """A RayJob, the RayCluster KubeRay made for it, the head Service KubeRay made for that (the stand-in's model of
+    common/service.go BuildServiceForHeadPod and createService's controller reference) and the dashboard URL
+    utils.FetchHeadServiceURL writes from it."""
+    from sweep_sandbox.kuberay import head_service_body, head_service_url
+
+    job = {
+        "metadata": {"name": "s-r1", "namespace": "team-a", "uid": "job-uid"},
+        "status": {"jobStatus": "RUNNING", "jobId": "s-r1-abc", "rayClusterName": "s-r1-x7k2p"},
+    }
+    owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "s-r1", "uid": "job-uid", "controller": True}
+    cluster = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "s-r1-x7k2p", "namespace": "team-a", "uid": "cluster-uid", "ownerReferences": [owner]},
+        "spec": {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head"}]}}}},
+    }
+    service = head_service_body(cluster)
+    url = head_service_url(service)
+    assert url == "s-r1-x7k2p-head-svc.team-a.svc.cluster.local:8265"
+    return job, cluster, service, url
+
+
+def _edited(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    import copy
+
+    out = copy.deepcopy(obj)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return out
+
+
+def test_the_head_service_kuberay_made_is_addressed() -> None:
+    job, cluster, service, url = _made_by_kuberay()
+    assert gs.head_service_name(cluster) == "s-r1-x7k2p-head-svc"  # utils.GenerateHeadServiceName
+    assert gs.head_address_refusal(job, cluster, service, url) == ""
+    assert gs.head_address_refusal(job, cluster, service, "http://" + url) == ""
+
+
+@pytest.mark.parametrize(
+    "part, path, value, why",
+    [
+        ("service", "spec.type", "ExternalName", "is of type ExternalName, not the ClusterIP Service KubeRay makes"),
+        ("service", "spec.type", "NodePort", "is of type NodePort"),
+        ("service", "spec.ports", [{"name": "dashboard", "port": 6379}], "dashboard URL is not port 6379"),
+        ("service", "spec.ports", [{"name": "http", "port": 8265}], "has no port named dashboard"),
+        ("service", "spec.selector", None, "does not select the head pod of RayCluster s-r1-x7k2p"),
+        ("service", "spec.selector", {"app": "internal-admin"}, "does not select the head pod"),
+        ("service", "metadata.ownerReferences", None, "is not the one KubeRay made for RayCluster s-r1-x7k2p"),
+        ("service", "metadata.ownerReferences", [{"kind": "RayCluster", "uid": "other", "controller": True}], "not"),
+        ("cluster", "metadata.ownerReferences", None, "RayCluster s-r1-x7k2p is not the one KubeRay made"),
+        ("url", "", "10.0.0.9:8265", "dashboard URL is not port 8265 of its head Service s-r1-x7k2p-head-svc"),
+        ("url", "", "s-r1-x7k2p-head-svc.team-b.svc.cluster.local:8265", "dashboard URL is not"),
+    ],
+)
+def test_a_head_service_or_address_that_is_not_kuberays_gets_no_request(
+    part: str, path: str, value: Any, why: str
+) -> None:
+    """A tenant who may edit Services steers the head's name elsewhere (ExternalName to any host, another port, no
+    selector and hand-made endpoints) or makes a look-alike: the operator sends its Jobs API request only to the
+    dashboard port of the ClusterIP Service KubeRay made for the RayJob's own cluster, and says why not otherwise."""
+    job, cluster, service, url = _made_by_kuberay()
+    if part == "service":
+        service = _edited(service, path, value)
+    elif part == "cluster":
+        cluster = _edited(cluster, path, value)
+    else:
+        url = value
+    assert why in gs.head_address_refusal(job, cluster, service, url)
+
+
+def test_no_cluster_or_no_service_gets_no_request() -> None:
+    job, cluster, service, url = _made_by_kuberay()
+    assert "its RayCluster s-r1-x7k2p is not there" in gs.head_address_refusal(job, None, service, url)
+    assert "its head Service s-r1-x7k2p-head-svc does not exist" in gs.head_address_refusal(job, cluster, None, url)

@@ -118,3 +118,70 @@ def evicted_by_kueue(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str,
         return kueue.WorkloadFacts.from_object(workload).evicted
     except kueue.KueueError:
         return False
+
+
+# The head's address. KubeRay writes a RayJob's status.dashboardURL from its cluster's head Service
+# (utils.FetchHeadServiceURL: `<service>.<namespace>.svc.<cluster domain>:<the port named dashboard>`), a Service a
+# tenant may edit (type ExternalName, another port, no selector and hand-made endpoints): the operator's request would
+# go to a host and port of the tenant's choosing. The URL is used only while the Service is still the one KubeRay made
+# for the RayJob's own cluster (common/service.go BuildServiceForHeadPod).
+DASHBOARD_PORT_NAME = "dashboard"  # utils.DashboardPortName
+
+
+def head_service_name(cluster: Mapping[str, Any]) -> str:
+    """utils.GenerateHeadServiceName for a RayCluster: headGroupSpec.headService's name if set, else
+    `<cluster>-head-svc`."""
+    head = (cluster.get("spec") or {}).get("headGroupSpec") or {}
+    custom = ((head.get("headService") or {}).get("metadata") or {}).get("name")
+    return custom if isinstance(custom, str) and custom else f"{(cluster.get('metadata') or {}).get('name')}-head-svc"
+
+
+def _controlled_by(obj: Mapping[str, Any], kind: str, uid: Any) -> bool:
+    """A controller ownerReference to the object of `uid` (set by its maker at creation; a name is anyone's)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(
+        isinstance(r, Mapping) and r.get("controller") is True and r.get("kind") == kind and r.get("uid") == uid
+        for r in refs
+    )
+
+
+def head_address_refusal(
+    rayjob: Mapping[str, Any],
+    cluster: Mapping[str, Any] | None,
+    service: Mapping[str, Any] | None,
+    dashboard_url: str,
+) -> str:
+    """Why the operator must not send Jobs API requests to `dashboard_url`, "" when it may: the RayJob's cluster is
+    the one KubeRay made for it, its head Service the one KubeRay made for that cluster (a ClusterIP Service with
+    KubeRay's controller reference and its head selector), and the URL that Service's name and dashboard port."""
+    meta = rayjob.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", str((rayjob.get("status") or {}).get("rayClusterName") or "")
+    if cluster is None:
+        return f"its RayCluster {name or '(none named)'} is not there"
+    cluster_meta = cluster.get("metadata") or {}
+    if not _controlled_by(cluster, "RayJob", meta.get("uid")):
+        return f"RayCluster {name} is not the one KubeRay made for the RayJob (no controller reference to it)"
+    service_name = head_service_name(cluster)
+    if service is None:
+        return f"its head Service {service_name} does not exist"
+    spec = service.get("spec") or {}
+    kind = spec.get("type") or "ClusterIP"
+    if kind != "ClusterIP":
+        return f"its head Service {service_name} is of type {kind}, not the ClusterIP Service KubeRay makes"
+    if not _controlled_by(service, "RayCluster", cluster_meta.get("uid")):
+        return f"its head Service {service_name} is not the one KubeRay made for RayCluster {name}"
+    selector = spec.get("selector") or {}
+    if not isinstance(selector, Mapping) or (
+        selector.get("ray.io/cluster") != name or selector.get("ray.io/node-type") != "head"
+    ):
+        return f"its head Service {service_name} does not select the head pod of RayCluster {name}"
+    ports = [p for p in spec.get("ports") or [] if isinstance(p, Mapping) and p.get("name") == DASHBOARD_PORT_NAME]
+    if not ports:
+        return f"its head Service {service_name} has no port named {DASHBOARD_PORT_NAME}"
+    host, _, port = dashboard_url.strip().removeprefix("http://").rstrip("/").rpartition(":")
+    if not host.startswith(f"{service_name}.{namespace}.svc.") or port != str(ports[0].get("port")):
+        return (
+            f"the RayJob's dashboard URL is not port {ports[0].get('port')} of its head Service "
+            f"{service_name}.{namespace}.svc"
+        )
+    return ""

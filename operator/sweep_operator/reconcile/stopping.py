@@ -289,11 +289,20 @@ class StopBeforeDelete(ABC):
         SIGTERM and RAY_JOB_STOP_WAIT_TIME_S), then hold the delete until the job ended or the window passed.
         Seconds to wait, or None: delete now. KubeRay's own deletion path would stop the job at once."""
         meta = meta_of(rayjob)
-        key, job = meta.get("uid") or meta.get("name", ""), ray_jobs.job_of(rayjob)
+        key = meta.get("uid") or meta.get("name", "")
         window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
         with self._guard_lock:
             asked, unasked = self._stops.get(key), f"unasked/{key}" in self._stops
         if unasked:  # the head could not be told (or its job had ended): no window to wait out, KubeRay stops it
+            return None
+        job, refused = self._head_job(rayjob) if graceful_stop.job_live(rayjob) else (None, "")
+        if refused:  # the head's address is not KubeRay's: nothing is sent, the delete (KubeRay's StopJob) goes ahead
+            with self._guard_lock:
+                self._stops[f"unasked/{key}"] = self.clock()
+            text = f"RayJob {meta.get('name')}: the operator sends nothing to its head: {refused}"
+            log.warning("%s", text)
+            for target in (rayjob, sweep) if sweep is not None else (rayjob,):
+                self.emit(target, "Warning", "GracefulStopRefused", f"{text}; it is deleted without a graceful stop")
             return None
         if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
             asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
@@ -384,9 +393,35 @@ class StopBeforeDelete(ABC):
             self.emit(target, "Normal", "HeldClusterWorkersReleased", message)
 
     def _head_job_status(self, rayjob: Mapping[str, Any] | None) -> str | None:
-        """The Ray job's status from its head (the Jobs API), None when the RayJob names none or the head is silent."""
-        job = ray_jobs.job_of(rayjob) if rayjob is not None else None
+        """The Ray job's status from its head (the Jobs API), None when the RayJob names none, its address is not
+        the head Service KubeRay made, or the head is silent."""
+        job, refused = self._head_job(rayjob) if rayjob is not None else (None, "")
+        if refused:
+            log.info(
+                "RayJob %s: its head is not asked for the job's status: %s", meta_of(rayjob or {}).get("name"), refused
+            )
         return self.job_status(*job) if job is not None else None
+
+    def _head_job(self, rayjob: Mapping[str, Any]) -> tuple[tuple[str, str] | None, str]:
+        """(dashboard URL, job id) of the RayJob's Ray job, once the URL is checked to be the dashboard port of the
+        head Service KubeRay made for the RayJob's own cluster (graceful_stop.head_address_refusal, on fresh reads);
+        else None and why ("" when the RayJob names no job to ask about)."""
+        job = ray_jobs.job_of(rayjob)
+        if job is None:
+            return None, ""
+        namespace = meta_of(rayjob).get("namespace") or "default"
+        name = str(status_of(rayjob).get("rayClusterName") or "")
+        try:
+            cluster = self.kube.get_raycluster(namespace, name) if name else None
+            service = (
+                self.kube.get_service(namespace, graceful_stop.head_service_name(cluster))
+                if cluster is not None
+                else None
+            )
+        except Exception as exc:  # nothing is sent to an address the operator could not check
+            return None, f"its cluster's head Service could not be read ({type(exc).__name__})"
+        refused = graceful_stop.head_address_refusal(rayjob, cluster, service, job[0])
+        return (None, refused) if refused else (job, "")
 
     def _record_stop_request(self, sweep: Mapping[str, Any], rayjob_uid: str, asked_at: float) -> None:
         """status.gracefulStop: the window survives an operator restart (read back by graceful_stop.recorded_request)."""

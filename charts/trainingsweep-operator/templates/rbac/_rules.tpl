@@ -52,6 +52,11 @@ namespace otherwise.
 - apiGroups: [""]
   resources: ["pods", "events"]
   verbs: ["get", "list", "watch"]
+# The graceful stop asks a RayJob's head through its status.dashboardURL only while the head Service it names is the
+# one KubeRay made for the RayJob's cluster (type, owner, selector, dashboard port): read, never changed.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get"]
 # Hold the data, not the GPUs: the worker pods of a RayCluster the checkpoint guard holds (KubeRay no longer
 # reconciles a deleting cluster, so nothing else frees them). RBAC cannot narrow a verb by label; the operator
 # deletes only pods labelled ray.io/node-type=worker and owned by a cluster it holds (docs/security.md).
