@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,25 +68,42 @@ def render(manifest: dict[str, Any], run_id: str, storage: str | None = None) ->
 
 
 @pytest.fixture(scope="module")
-def runs(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[PlainRun, UncheckpointedRun]:
+def cluster(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    """Room for the first two runs at once: 2 + 1 trials of one CPU worker, a trial-driver slot each (R5, R15)."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
-    client = s3_server.client()
-    client.create_bucket(Bucket=BUCKET)
-    work = tmp_path_factory.mktemp("your-loop")
+    s3_server.client().create_bucket(Bucket=BUCKET)
+    size = LocalRaySize(num_cpus=5, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 3.0})
+    log = tmp_path_factory.mktemp("ray") / "ray.log"
+    with LocalRayCluster(size, env={**os.environ, "PYTHONPATH": str(REPO)}, log_path=log) as started:
+        yield started
 
-    # `sweepctl init demo-loop` in an empty directory; its sweep into the S3 server.
+
+@pytest.fixture(scope="module")
+def scaffold(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`sweepctl init demo-loop` in an empty directory: the loop package and its sweep."""
+    work = tmp_path_factory.mktemp("your-loop")
     here = os.getcwd()
     os.chdir(work)
     try:
         assert main(["init", "demo-loop"]) == 0
     finally:
         os.chdir(here)
-    plain = yaml.safe_load((work / "demo-loop" / "sweep.yaml").read_text())
-    plain["spec"]["storage"] = {
-        "uri": f"s3://{BUCKET}/sweeps",
-        "region": "us-east-1",
-        "endpointUrl": s3_server.endpoint_url,
-    }
+    return work / "demo-loop"
+
+
+def scaffold_sweep(scaffold: Path, endpoint: str) -> dict[str, Any]:
+    """The scaffold's sweep, its storage the S3 server."""
+    manifest = yaml.safe_load((scaffold / "sweep.yaml").read_text())
+    manifest["spec"]["storage"] = {"uri": f"s3://{BUCKET}/sweeps", "region": "us-east-1", "endpointUrl": endpoint}
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def runs(
+    cluster: LocalRayCluster, scaffold: Path, s3_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[PlainRun, UncheckpointedRun]:
+    work = tmp_path_factory.mktemp("runs")
+    plain = scaffold_sweep(scaffold, s3_server.endpoint_url)
     quiet = work / "quiet"
     quiet.mkdir()
     (quiet / "quiet_loop.py").write_text(NO_CHECKPOINT_LOOP)
@@ -99,48 +117,40 @@ def runs(s3_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Plai
             "tune": {**plain["spec"]["tune"], "numSamples": 1, "metric": "loss", "searcher": {"type": "random"}},
         },
     }
-    # Room for both at once: 2 + 1 trials of one CPU worker, a trial-driver slot each (R5, R15).
-    size = LocalRaySize(num_cpus=5, num_gpus=0, resources={constants.TRIAL_DRIVER_RESOURCE: 3.0})
-    cluster = LocalRayCluster(size, env={**os.environ, "PYTHONPATH": str(REPO)}, log_path=work / "ray.log")
     documents: list[dict[str, Any]] = []
-    with cluster:
-        outcome: dict[str, LocalRunResult] = {}
+    outcome: dict[str, LocalRunResult] = {}
 
-        def run_plain() -> None:
-            outcome["plain"] = run_rayjob(
-                render(plain, "plain1"),
-                cluster=cluster,
-                workdir=REPO,
-                code_dirs=[work / "demo-loop"],
-                log_dir=work / "plain-logs",
-            )
+    def run_plain() -> None:
+        outcome["plain"] = run_rayjob(
+            render(plain, "plain1"), cluster=cluster, workdir=REPO, code_dirs=[scaffold], log_dir=work / "plain-logs"
+        )
 
-        background = threading.Thread(target=run_plain, name="plain-run")
-        background.start()
-        printed = io.StringIO()
-        progress = ProgressLine(1, warn_after_reports=3)
+    background = threading.Thread(target=run_plain, name="plain-run")
+    background.start()
+    printed = io.StringIO()
+    progress = ProgressLine(1, warn_after_reports=3)
 
-        def seen(document: dict[str, Any]) -> None:
-            documents.append(document)
-            progress(document)
+    def seen(document: dict[str, Any]) -> None:
+        documents.append(document)
+        progress(document)
 
-        with contextlib.redirect_stderr(printed):
-            quiet_outcome = run_rayjob(
-                render(unsaved, "quiet1", storage=str(work / "quiet-store")),
-                cluster=cluster,
-                workdir=REPO,
-                code_dirs=[quiet],
-                log_dir=work / "quiet-logs",
-                on_progress=seen,
-                poll_interval_s=0.5,
-            )
-        background.join(timeout=900)
+    with contextlib.redirect_stderr(printed):
+        quiet_outcome = run_rayjob(
+            render(unsaved, "quiet1", storage=str(work / "quiet-store")),
+            cluster=cluster,
+            workdir=REPO,
+            code_dirs=[quiet],
+            log_dir=work / "quiet-logs",
+            on_progress=seen,
+            poll_interval_s=0.5,
+        )
+    background.join(timeout=900)
     for name, result in (("plain", outcome.get("plain")), ("quiet", quiet_outcome)):
         assert result is not None and result.ok, f"{name}: {result and result.message}\n" + (
             Path(result.log_path).read_text()[-6000:] if result else ""
         )
     return (
-        PlainRun(outcome["plain"], client, S3Uri.parse(outcome["plain"].run_root), s3_server.endpoint_url),
+        PlainRun(outcome["plain"], s3_server.client(), S3Uri.parse(outcome["plain"].run_root), s3_server.endpoint_url),
         UncheckpointedRun(quiet_outcome, documents, printed.getvalue()),
     )
 
@@ -255,3 +265,70 @@ def test_a_loop_that_never_checkpoints_is_warned_while_it_runs(runs: tuple[Plain
     assert "run-local: warning: no trial has committed a checkpoint" in quiet.printed
     final = checkpoint_coverage(quiet.outcome.result, 3)
     assert final is not None and [t.ended for t in final.without] == [True]
+
+
+def tune_rows(client: Any, root: S3Uri, trial: str) -> list[dict[str, Any]]:
+    got = client.get_object(Bucket=root.bucket, Key=root.join("tune", trial, "result.json").key)
+    return [json.loads(line) for line in got["Body"].read().decode().splitlines() if line]
+
+
+def committed_epochs(client: Any, root: S3Uri) -> dict[str, list[int]]:
+    """{trial: the epochs its committed checkpoints hold}, from Ray's snapshots (none before the first commit)."""
+    found: dict[str, list[int]] = {}
+    listing = client.list_objects_v2(Bucket=root.bucket, Prefix=root.join("train").prefix)
+    for obj in listing.get("Contents", []):
+        if obj["Key"].endswith("/" + s3_layout.SNAPSHOT_FILE):
+            snapshot = json.loads(client.get_object(Bucket=root.bucket, Key=obj["Key"])["Body"].read())
+            trial = obj["Key"].split("/")[-2]
+            found[trial] = sorted(int(r["metrics"]["epoch"]) for r in snapshot["checkpoint_results"])
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_a_stopped_plain_loop_resumes_from_its_last_committed_checkpoint_and_every_checkpoint_stays_proven(
+    cluster: LocalRayCluster, scaffold: Path, s3_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run's driver is stopped once the trial has committed checkpoints (a lost RayJob attempt); the retry of the
+    same run continues the trial from its last committed checkpoint through `ray.train.get_checkpoint()`, and every
+    checkpoint either attempt committed verifies at the committed level (its record written, or backfilled)."""
+    epochs = 12
+    manifest = scaffold_sweep(scaffold, s3_server.endpoint_url)
+    manifest["metadata"]["name"] = "resumed-loop"
+    manifest["spec"]["paramSpace"] = {"lr": 0.05, "hidden": 16, "epochs": epochs, "batch_size": 128}
+    manifest["spec"]["tune"].update({"numSamples": 1, "maxConcurrentTrials": 1})
+    rayjob = render(manifest, "retry1")
+    client = s3_server.client()
+    root = S3Uri(BUCKET, "sweeps/default/resumed-loop-retry1")
+    stop = threading.Event()
+    first: dict[str, LocalRunResult] = {}
+
+    def run_first() -> None:
+        first["run"] = run_rayjob(
+            rayjob, cluster=cluster, workdir=REPO, code_dirs=[scaffold], log_dir=tmp_path / "a1", stop_event=stop
+        )
+
+    background = threading.Thread(target=run_first, name="first-attempt")
+    background.start()
+    deadline = time.monotonic() + 600
+    while not (done := committed_epochs(client, root)) or max(max(e) for e in done.values()) < 2:
+        assert background.is_alive(), first["run"].message
+        assert time.monotonic() < deadline, "the first attempt never checkpointed"
+        time.sleep(0.5)
+    stop.set()
+    background.join(timeout=300)
+    assert "stopped on request" in (first["run"].message or ""), first["run"].message  # the driver's graceful stop
+    ((trial, kept),) = committed_epochs(client, root).items()
+    stopped_at = max(kept)
+    rows_before = len(tune_rows(client, root, trial))
+    assert stopped_at < epochs - 1
+
+    second = run_rayjob(rayjob, cluster=cluster, workdir=REPO, code_dirs=[scaffold], log_dir=tmp_path / "a2")
+    log = Path(second.log_path).read_text()
+    assert second.ok, log[-6000:]
+    assert "recovering run retry1" in log
+    resumed = [r["epoch"] for r in tune_rows(client, root, trial)[rows_before:]]
+    assert resumed[0] == stopped_at + 1 and resumed[-1] == epochs - 1, resumed
+    capsys.readouterr()
+    code = main(["verify", str(root), "--endpoint-url", s3_server.endpoint_url, "--min-retention-days", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and "committed" in out, out

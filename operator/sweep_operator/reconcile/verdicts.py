@@ -102,7 +102,9 @@ def decide_after_verification(
             "nothing to protect: the run root holds no object (the driver never wrote its status)", audit=True
         )
     if result.verified and result.checked > 0:
-        return Release("checkpoints verified complete in S3")
+        # Said with the level it proved (`4 committed`, `4 full-state`): what the guard saw, not only that it passed.
+        summary = getattr(result, "summary", "")
+        return Release("checkpoints verified complete in S3" + (f": {summary}" if summary else ""))
     if result.verified and result.checked == 0:
         reported = reported_checkpoints(progress, final)
         if not progress_readable:
