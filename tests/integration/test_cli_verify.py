@@ -39,13 +39,14 @@ def test_verified_sweep_exits_0_with_a_table(
     code, out, err = sweepctl(capsys, sweep.root_uri, "--endpoint-url", s3_server.endpoint_url, *FAST)
     assert code == 0, out + err
     lines = out.splitlines()
-    assert lines[0].split() == ["TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS"]
+    assert lines[0].split() == ["TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS", "LEVEL"]
     rows = [line.split() for line in lines[1:5]]
-    assert [(r[0], r[1], r[4]) for r in rows] == [
-        (t, c, "verified") for t in sweep.trials for c in sweep.checkpoints[t]
+    assert [(r[0], r[1], r[4], r[5]) for r in rows] == [
+        (t, c, "verified", "full-state") for t in sweep.trials for c in sweep.checkpoints[t]
     ]
     assert all(r[2] == "3" and r[3] == "768" for r in rows)
     assert lines[-1].startswith(f"VERIFIED {sweep.root_uri}: 4 checkpoint(s), 12 file(s)")
+    assert lines[-1].endswith("; 4 full-state")  # the level our helpers' manifests prove
     assert err == ""
 
 
@@ -68,7 +69,10 @@ def test_json_has_a_top_level_verified_boolean(
         "verifiedAt",
     } <= doc.keys()
     assert doc["checked"] == 4 and doc["problems"] == []
-    assert doc["checkpoints"][0].keys() == {"trial", "checkpoint", "key", "committed", "files", "bytes", "status"}
+    assert doc["checkpoints"][0].keys() == {
+        "trial", "checkpoint", "key", "committed", "files", "bytes", "status", "level"
+    }  # fmt: skip
+    assert doc["summary"] == f"{doc['checked']} full-state"
 
 
 def test_missing_file_exits_1_listing_the_problem(

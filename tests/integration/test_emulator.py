@@ -616,18 +616,18 @@ def test_kubectl_apply_get_custom_columns_describe_and_delete(
                 "trialsSummary": "1/2",
                 "bestTrial": {"value": 0.25},
                 "bestSummary": "0.25",
-                "checkpoints": {"verified": True},
+                "checkpoints": {"verified": True, "summary": "4 committed"},
             }
         },
     )
 
     table = kubectl("get", constants.SHORT_NAME).stdout.splitlines()
     assert table[0].split()[:4] == ["NAME", "PHASE", "TRIALS", "BEST"]  # the CRD's printer columns, server-side
-    assert table[1].split()[:5] == ["digits-cpu", "Running", "1/2", "0.25", "true"]
+    assert table[1].split()[:6] == ["digits-cpu", "Running", "1/2", "0.25", "4", "committed"]
 
     columns = ",".join(f"{c['name'].upper()}:{c['jsonPath']}" for c in PRINTER_COLUMNS if c["type"] != "date")
     custom_table = kubectl("get", constants.SHORT_NAME, "-o", f"custom-columns=NAME:.metadata.name,{columns}").stdout
-    assert custom_table.splitlines()[1].split()[:5] == ["digits-cpu", "Running", "1/2", "0.25", "true"]
+    assert custom_table.splitlines()[1].split()[:6] == ["digits-cpu", "Running", "1/2", "0.25", "4", "committed"]
 
     described = kubectl("describe", constants.SHORT_NAME, "digits-cpu").stdout
     assert "Kind:         TrainingSweep" in described and "Trials Summary:  1/2" in described

@@ -92,10 +92,11 @@ def test_same_size_corruption_is_caught_only_by_deep(client: Any, sweep: Synthet
 
 
 def test_missing_manifest_is_not_verified(client: Any, sweep: SyntheticSweep) -> None:
-    """R22: without its manifest a checkpoint cannot be proven complete."""
+    """R22: without its manifest, and with no commit record, a checkpoint cannot be proven complete."""
     key = sweep.delete_manifest(checkpoint=sweep.checkpoints[sweep.trials[0]][0])
     result = verify_sweep_checkpoints(client, sweep.root_uri)
-    assert problems(result) == [(v.MISSING_MANIFEST, key)]
+    record = key.rsplit("/", 1)[0] + "/_commit_record.json"
+    assert problems(result) == [(v.MISSING_MANIFEST, record)]
 
 
 def test_sharded_checkpoint_missing_one_rank_manifest_is_not_verified(

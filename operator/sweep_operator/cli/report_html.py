@@ -56,7 +56,7 @@ def _verdict(records: RunRecords) -> str:
     if verification:
         verdict = "VERIFIED" if verification.get("verified") else "NOT VERIFIED"
         summary = f" ({verification['summary']})" if verification.get("summary") else ""
-        return verdict + summary + (f" at {verification['verifiedAt']}" if verification.get("verifiedAt") else "")
+        return verdict + (f" at {verification['verifiedAt']}" if verification.get("verifiedAt") else "") + summary
     if status.get("checkpoints"):
         c = status["checkpoints"]
         said = c.get("summary") or ("verified" if c.get("verified") else "NOT verified")

@@ -223,11 +223,11 @@ def print_report(result: Any, out: TextIO) -> None:
     mode = "deep (sha256)" if result.deep else "sizes"
     if result.verified:
         out.write(
-            f"VERIFIED {result.root}: {result.summary}; {result.checked} checkpoint(s), {result.files} file(s), "
-            f"{_human_bytes(result.bytes)} checked by {mode} in {result.duration_seconds:.2f} s\n"
+            f"VERIFIED {result.root}: {result.checked} checkpoint(s), {result.files} file(s), "
+            f"{_human_bytes(result.bytes)} checked by {mode} in {result.duration_seconds:.2f} s; {result.summary}\n"
         )
     else:
         out.write(
-            f"NOT VERIFIED {result.root}: {result.summary}; {len(result.problems)} problem(s) "
+            f"NOT VERIFIED {result.root}: {len(result.problems)} problem(s) "
             f"({result.checked} committed checkpoint(s) checked by {mode} in {result.duration_seconds:.2f} s)\n"
         )
