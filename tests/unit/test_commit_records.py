@@ -161,9 +161,28 @@ def test_a_controller_killed_after_rays_snapshot_and_before_the_record_is_backfi
     write_plain_checkpoint(s3, "checkpoint_b")
     commit(s3, "checkpoint_a")
     assert commit_records.record_checkpoint(f"{TRIAL_DIR}/checkpoint_a", store).written
-    # Ray commits checkpoint_b (snapshot written); the controller is killed before our record of it.
+    # Ray commits checkpoint_b (snapshot written) and the callback queues its record; the controller is killed
+    # before the record's PUT (the write never returns; no shutdown or abort hook runs).
     commit(s3, "checkpoint_a", "checkpoint_b")
     result_json(s3, "checkpoint_b")
+    killed = threading.Event()
+    reached = threading.Event()
+
+    class DyingStore(commit_records.S3Store):
+        def write(self, location: str, data: bytes) -> None:
+            reached.set()
+            killed.wait(10)
+            raise OSError("the controller's process is gone")
+
+    callback = commit_records.CommitRecordCallback(TRIAL_DIR, timeout_s=10)
+    original = commit_records.store_for
+    commit_records.store_for = lambda location: DyingStore(client=s3)  # type: ignore[assignment]  # the dying one
+    try:
+        callback.after_report(None, [{"loss": 0.5}], FakeCheckpoint("checkpoint_b"))
+        assert reached.wait(10)
+    finally:
+        killed.set()
+        commit_records.store_for = original
     before = verify_sweep_checkpoints(s3, ROOT)
     assert not before.verified
     assert (before.problems[0].kind, before.problems[0].key) == (
