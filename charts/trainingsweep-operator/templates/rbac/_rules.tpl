@@ -25,7 +25,7 @@ namespace otherwise.
   resources: ["trainingsweeps/finalizers"]
   verbs: ["update"]
 # RayJobs the operator renders, and the RayClusters KubeRay creates from them: created, adopted,
-# finalized by the checkpoint guard (R22), set back when edited above their caps, stopped at deadlines;
+# finalized by the checkpoint guard, set back when edited above their caps, stopped at deadlines;
 # a stopping run's worker groups suspended before its RayJob is deleted (KubeRay then deletes the pods).
 - apiGroups: ["ray.io"]
   resources: ["rayjobs", "rayclusters"]
@@ -47,7 +47,7 @@ namespace otherwise.
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Startup diagnosis (R6, R20): why a RayCluster's pods are pending (FailedScheduling, image pulls, quota);
+# Startup diagnosis: why a RayCluster's pods are pending (FailedScheduling, image pulls, quota);
 # GPU-hour accounting: the RayClusters' GPU pods, scheduled to gone (label ray.io/cluster).
 - apiGroups: [""]
   resources: ["pods", "events"]
