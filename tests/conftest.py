@@ -136,8 +136,10 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 RUN_FIRST = (
     "e2e/test_sandbox_resume.py",
     "e2e/test_sandbox.py",
+    "e2e/test_your_training_loop.py",
     "e2e/test_entrypoints_sweep.py",
     "e2e/test_entrypoints_resume.py",
+    "e2e/test_sandbox_your_loop.py",
     "e2e/test_entrypoints_ranks.py",
     "e2e/test_entrypoints_run_local.py",
     "e2e/test_entrypoints_trial_stop.py",

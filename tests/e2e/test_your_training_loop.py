@@ -50,7 +50,8 @@ def train_loop(config):
 
 @dataclass
 class PlainRun:
-    outcome: LocalRunResult
+    result: dict[str, Any]  # its _sweep/result.json
+    printed: str  # what `sweepctl run-local` said
     client: Any
     root: S3Uri
     endpoint: str
@@ -118,15 +119,6 @@ def runs(
         },
     }
     documents: list[dict[str, Any]] = []
-    outcome: dict[str, LocalRunResult] = {}
-
-    def run_plain() -> None:
-        outcome["plain"] = run_rayjob(
-            render(plain, "plain1"), cluster=cluster, workdir=REPO, code_dirs=[scaffold], log_dir=work / "plain-logs"
-        )
-
-    background = threading.Thread(target=run_plain, name="plain-run")
-    background.start()
     printed = io.StringIO()
     progress = ProgressLine(1, warn_after_reports=3)
 
@@ -134,8 +126,10 @@ def runs(
         documents.append(document)
         progress(document)
 
-    with contextlib.redirect_stderr(printed):
-        quiet_outcome = run_rayjob(
+    quiet_outcome: dict[str, LocalRunResult] = {}
+
+    def run_quiet() -> None:
+        quiet_outcome["run"] = run_rayjob(
             render(unsaved, "quiet1", storage=str(work / "quiet-store")),
             cluster=cluster,
             workdir=REPO,
@@ -144,14 +138,43 @@ def runs(
             on_progress=seen,
             poll_interval_s=0.5,
         )
-    background.join(timeout=900)
-    for name, result in (("plain", outcome.get("plain")), ("quiet", quiet_outcome)):
-        assert result is not None and result.ok, f"{name}: {result and result.message}\n" + (
-            Path(result.log_path).read_text()[-6000:] if result else ""
-        )
+
+    background = threading.Thread(target=run_quiet, name="quiet-run")
+    here = os.getcwd()
+    saved = os.environ.get("AWS_ENDPOINT_URL_S3")
+    with contextlib.redirect_stderr(printed):
+        background.start()
+        # `sweepctl run-local` as a user types it, from the directory `sweepctl init` ran in (its own local Ray);
+        # the sandbox's S3 server stands in for the bucket, through the variable Ray and boto3 both read.
+        os.chdir(scaffold.parent)
+        os.environ["AWS_ENDPOINT_URL_S3"] = s3_server.endpoint_url
+        try:
+            code = main(
+                ["run-local", "-f", "demo-loop/sweep.yaml", "--storage", f"s3://{BUCKET}/sweeps", "--run-id", "plain1",
+                 "--log-dir", str(work / "plain-logs")]
+            )  # fmt: skip
+        finally:
+            os.chdir(here)
+            if saved is None:
+                os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+            else:
+                os.environ["AWS_ENDPOINT_URL_S3"] = saved
+        background.join(timeout=900)
+    said = printed.getvalue()
+    assert code == 0 and "run-local: succeeded" in said, (
+        said[-4000:] + (work / "plain-logs" / "driver.log").read_text()[-6000:]
+    )
+    result = quiet_outcome.get("run")
+    assert result is not None and result.ok, (
+        result and result.message,
+        result and Path(result.log_path).read_text()[-6000:],
+    )
+    client = s3_server.client()
+    root = S3Uri(BUCKET, "sweeps/default/demo-loop-plain1")
+    plain_result = json.loads(client.get_object(Bucket=BUCKET, Key=root.join(s3_layout.RESULT_KEY).key)["Body"].read())
     return (
-        PlainRun(outcome["plain"], s3_server.client(), S3Uri.parse(outcome["plain"].run_root), s3_server.endpoint_url),
-        UncheckpointedRun(quiet_outcome, documents, printed.getvalue()),
+        PlainRun(plain_result, said, client, root, s3_server.endpoint_url),
+        UncheckpointedRun(result, documents, said),
     )
 
 
@@ -164,7 +187,7 @@ def verify(run: PlainRun, capsys: pytest.CaptureFixture[str], *extra: str) -> tu
 def committed_files(run: PlainRun) -> list[str]:
     """Keys of the files Ray committed (the loop's own, not our record), over every trial."""
     keys = []
-    for trial in run.outcome.result["trialResults"]:
+    for trial in run.result["trialResults"]:
         prefix = run.root.join("train", trial["id"]).prefix
         snapshot = json.loads(
             run.client.get_object(Bucket=run.root.bucket, Key=prefix + s3_layout.SNAPSHOT_FILE)["Body"].read()
@@ -186,7 +209,7 @@ def test_a_loop_written_as_ray_teaches_verifies_at_the_committed_level(
     """No manifest of ours in any checkpoint; every committed one has Ray's files and our commit record, and the
     verifier proves them all at the committed level (R22)."""
     run, _ = runs
-    result = run.outcome.result
+    result = run.result
     assert result["trials"]["terminated"] == 2
     keys = committed_files(run)
     assert keys and not any(k.endswith(s3_layout.MANIFEST_FILE) for k in keys)
