@@ -124,7 +124,8 @@ def bundle_fit_problems(spec: SweepSpec) -> list[Problem]:
 def cap_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
     """Per-sweep caps (the sweep alone can never be admitted past these)."""
     demand = demand_of(spec)
-    shape = f"{spec.trial.workers} workers x {spec.tune.max_concurrent_trials} concurrent trials"
+    workers, trials = spec.trial.workers, spec.tune.max_concurrent_trials
+    shape = f"{workers} worker{'s' * (workers != 1)} x {trials} concurrent trial{'s' * (trials != 1)}"
     problems = []
     if demand.workers > limits.max_workers_per_sweep:
         problems.append(

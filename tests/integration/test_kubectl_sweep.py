@@ -150,7 +150,10 @@ def test_sweep_status_honours_kubeconfig_lists_context_and_namespace(world: Worl
     assert done.returncode == 0, done.stdout + done.stderr
     assert "phase:       Succeeded" in done.stdout
     other = world.kubectl("sweep", "status", world.name, "--context=emu", "-n", "default", env=merged)
-    assert other.returncode == 1 and f"TrainingSweep default/{world.name}: Not Found" in other.stderr
+    # kubectl's own words and exit status for an object that is not there.
+    assert other.returncode == 1, other.stderr
+    assert other.stderr.strip() == f'Error from server (NotFound): trainingsweeps.sweeps.dev "{world.name}" not found'
+    assert world.kubectl("get", "tsw", world.name, "-n", "default").stderr.strip() == other.stderr.strip()
     named = world.kubectl(
         "sweep", "status", world.name, f"--namespace={world.namespace}", "--context", "emu", "--json", env=merged
     )
@@ -169,6 +172,8 @@ def test_sweep_verify_render_validate_and_resume(world: World) -> None:
     assert rayjob["kind"] == "RayJob" and rayjob["metadata"]["name"] == f"{world.name}-rep001"
     validate = world.kubectl("sweep", "validate", world.name)
     assert validate.returncode == 0, validate.stdout + validate.stderr
+    # The live object by name, not the temporary file it is validated from.
+    assert validate.stdout.strip() == f"{world.namespace}/{world.name}: TrainingSweep {world.name} is valid"
     resume = world.kubectl("sweep", "resume", world.name)  # sweepctl resume: a Succeeded sweep needs more samples
     assert resume.returncode == 2 and "pass --num-samples above" in resume.stderr, resume.stderr
     unknown = world.kubectl("sweep", "delete", world.name)

@@ -29,11 +29,25 @@ COMMAND_MODULES = (
 )
 
 
+DISTRIBUTION = "trainingsweep-operator"
+
+
+def distribution_version() -> str:
+    """The installed distribution's version (`unknown` when run from a tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sweepctl",
         description="TrainingSweep operator CLI: Ray Tune sweeps over Ray Train V2 in KubeRay RayJobs.",
     )
+    parser.add_argument("--version", action="version", version=f"sweepctl {distribution_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:

@@ -63,6 +63,26 @@ def load_sweep(path: str, limits: Any) -> Any:
         raise UsageError("invalid TrainingSweep\n" + "\n".join(f"{path}: {p}" for p in exc.problems)) from None
 
 
+def api_error_text(exc: Any, name: str, resource: str = "") -> str:
+    """An API error as kubectl prints it: `Error from server (NotFound): trainingsweeps.sweeps.dev "NAME" not found`
+    (the Status's reason and message; a 404 worded as kubectl words it whatever the server's message)."""
+    import json
+
+    from sweep_contracts import constants
+
+    resource = resource or f"{constants.PLURAL}.{constants.GROUP}"
+    try:
+        doc = json.loads(getattr(exc, "body", "") or "")
+    except (TypeError, ValueError):
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    if getattr(exc, "status", None) == 404:
+        return f'Error from server (NotFound): {resource} "{name}" not found'
+    reason = doc.get("reason") or getattr(exc, "reason", "") or "Unknown"
+    message = doc.get("message") or f"{resource} {name!r}: HTTP {getattr(exc, 'status', '?')}"
+    return f"Error from server ({reason}): {message}"
+
+
 def run_id_from(value: str | None) -> str:
     """`--run-id` checked, or a fresh run id."""
     from ..rendering import check_run_id, new_run_id

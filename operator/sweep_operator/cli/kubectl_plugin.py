@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_USAGE
+from .common import EXIT_FAILED, EXIT_USAGE, api_error_text
 
 VERBS = ("status", "report", "verify", "resume", "validate", "render")
 USAGE = """usage: kubectl sweep VERB NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [OPTIONS]
@@ -92,7 +92,7 @@ def _live_sweep(found: dict[str, str], name: str) -> dict[str, Any] | int:
             )
         )
     except kubernetes.client.ApiException as exc:
-        print(f"kubectl sweep: TrainingSweep {namespace}/{name}: {exc.reason} ({exc.status})", file=sys.stderr)
+        print(api_error_text(exc, name), file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:  # connection refused, DNS, TLS
         print(f"kubectl sweep: cannot reach the cluster: {exc}", file=sys.stderr)
@@ -149,6 +149,9 @@ def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str
     manifest = _manifest_file(sweep)
     if verb == "render" and status.get("runId") and "--run-id" not in options:
         options = ["--run-id", status["runId"], *options]
+    if verb == "validate":  # the lines name the live object, not the temporary file it was written to
+        namespace = (sweep.get("metadata") or {}).get("namespace") or "default"
+        options = ["--source-name", f"{namespace}/{name}", *options]
     return [verb, "-f", manifest, *options]
 
 
@@ -159,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else EXIT_USAGE
+    if args[0] == "--version":
+        from . import distribution_version
+
+        print(f"kubectl-sweep {distribution_version()}")
+        return 0
     verb, tail = args[0], args[1:]
     if verb not in VERBS:
         return _usage_error(f"unknown verb {verb!r} (one of {', '.join(VERBS)})")

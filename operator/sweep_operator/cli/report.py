@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_OK, UsageError, kube_connection
+from .common import EXIT_FAILED, EXIT_OK, UsageError, api_error_text, kube_connection
 from .report_data import (
     Curves,
     ParameterSeries,
@@ -203,7 +203,7 @@ def _sweep_from_cluster(args: argparse.Namespace) -> dict[str, Any]:
         )
     except kubernetes.client.ApiException as exc:
         raise UsageError(
-            f"TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status}); without the cluster, "
+            f"{api_error_text(exc, args.name)}; without the cluster, "
             "pass the run root: --storage s3://bucket/prefix/<namespace>/<sweep>-<runId>"
         ) from None
     except Exception as exc:  # connection refused, DNS, TLS

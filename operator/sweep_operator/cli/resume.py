@@ -18,7 +18,7 @@ from typing import Any
 
 from sweep_contracts.api import RESUMABLE_PHASES, Phase
 
-from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, kube_connection
+from .common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_error_text, kube_connection
 
 MIN_ACTIVE_SECONDS = 30  # api.ResumeSpec.active_seconds' minimum
 # The phases reconcile.resume can resume from (kept here so the CLI imports nothing heavy).
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         sweep = custom_object(api.get_namespaced_custom_object(*where))
     except kubernetes.client.ApiException as exc:
-        print(f"sweepctl resume: TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})", file=sys.stderr)
+        print(api_error_text(exc, args.name), file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:  # connection refused, DNS, TLS
         print(f"sweepctl resume: cannot reach the cluster: {exc}", file=sys.stderr)

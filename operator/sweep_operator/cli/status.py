@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .common import EXIT_FAILED, EXIT_OK, kube_connection
+from .common import EXIT_FAILED, EXIT_OK, api_error_text, kube_connection
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,6 +100,16 @@ def _trial_counts(trials: Any) -> str:
     return f"({', '.join(parts)})" if parts else ""
 
 
+def _trials_line(status: dict[str, Any]) -> str:
+    """`3/8  (2 pending, 1 running, 3 terminated)`: trialsSummary says `3/8 (1 running)` itself, so its own count
+    goes when the per-state counts follow (they say it once)."""
+    summary = str(status.get("trialsSummary") or "-")
+    counts = _trial_counts(status.get("trials"))
+    if not counts:
+        return summary
+    return f"{summary.split(' (', 1)[0]}  {counts}"
+
+
 def config_text(config: dict[str, Any]) -> str:
     """`lr=0.003162  hidden=64`: a trial's hyper-parameters as a user wrote them in paramSpace, not a Python dict."""
 
@@ -130,7 +140,7 @@ def format_status(
         f"  phase:       {status.get('phase', 'Pending')}  {status.get('message', '')}".rstrip(),
         f"  run:         {status.get('runId', '-')}  RayJob {status.get('rayJobName', '-')}  RayCluster {status.get('rayClusterName', '-')}",
         f"  deadline:    {status.get('deadlineAt', '-')}  (started {status.get('startedAt', '-')})",
-        f"  trials:      {status.get('trialsSummary', '-')}  {_trial_counts(status.get('trials'))}".rstrip(),
+        f"  trials:      {_trials_line(status)}",
     ]
     if best:
         value = best.get("value")
@@ -178,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             api.get_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, args.name)
         )
     except kubernetes.client.ApiException as exc:
-        print(f"sweepctl status: TrainingSweep {namespace}/{args.name}: {exc.reason} ({exc.status})", file=sys.stderr)
+        print(api_error_text(exc, args.name), file=sys.stderr)
         return EXIT_FAILED
     except Exception as exc:  # connection refused, DNS, TLS: say so without a traceback
         print(f"sweepctl status: cannot reach the cluster: {exc}", file=sys.stderr)

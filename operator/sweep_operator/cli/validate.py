@@ -12,6 +12,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("validate", help="check TrainingSweep manifests (schema, semantics, caps, bundle fit)")
     p.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="manifest ('-': stdin)")
     p.add_argument("--limits", metavar="FILE", help="operator limits YAML (maxWorkersPerSweep, ...)")
+    # `kubectl sweep validate NAME` validates the live object through a temporary file: the lines name the object.
+    p.add_argument("--source-name", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -22,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     invalid = 0
     for path in args.filename:
         for i, doc in enumerate(load_documents(path)):
-            where = path if i == 0 else f"{path}[{i}]"
+            shown = args.source_name or path
+            where = shown if i == 0 else f"{shown}[{i}]"
             name = doc.get("metadata", {}).get("name", "?") if isinstance(doc, dict) else "?"
             problems = validate_sweep(doc, limits)
             if problems:

@@ -7,8 +7,10 @@ Prints a table (trial, checkpoint, files, bytes, status) or, with --json, the re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from sweep_contracts import s3_layout
@@ -64,10 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..s3 import S3ClientConfig, make_s3_client
-    from ..verification import verify_sweep_checkpoints
 
+    local = None if s3_layout.is_s3_uri(args.uri) else _local_run_root(args.uri)
     try:
-        root = S3Uri.parse(args.uri)
+        root = local.root if local else S3Uri.parse(args.uri)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not root.key:
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-attempts: got {args.max_attempts}; must be from 1 to 20")
     if args.endpoint_url and not args.endpoint_url.startswith(("http://", "https://")):
         raise UsageError(f"--endpoint-url: got {args.endpoint_url!r}; must start with http:// or https://")
+    if local is not None:
+        return _report(args, local, root, lambda key: local.display(key))
     config = S3ClientConfig(
         endpoint_url=args.endpoint_url,
         region=args.region,
@@ -96,9 +100,38 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # botocore refuses some configurations (e.g. an invalid region name) before any request
         raise UsageError(f"cannot build an S3 client: {exc}") from None
 
+    return _report(args, client, root, lambda key: f"s3://{root.bucket}/{key}" if key else f"s3://{root.bucket}")
+
+
+def _local_run_root(value: str) -> Any:
+    """The reader of a local run root (`run-local --storage DIR` writes `DIR/<namespace>/<sweep>-<runId>`)."""
+    from pathlib import Path
+
+    from .local_run_root import LocalRunRootReader
+
+    directory = Path(value).expanduser()
+    if not directory.is_dir():
+        raise UsageError(
+            f"{value!r} is neither an s3:// URI nor a directory (a run root: s3://bucket/prefix/<namespace>/"
+            "<sweep>-<runId>, or the local directory run-local --storage wrote it to)"
+        )
+    return LocalRunRootReader(directory)
+
+
+def _report(args: argparse.Namespace, client: Any, root: S3Uri, where: Callable[[str], str]) -> int:
+    from ..verification import verify_sweep_checkpoints
+    from ..verification_findings import (
+        LIFECYCLE_EXPIRATION,
+        LIFECYCLE_NONCURRENT_EXPIRATION,
+        LIFECYCLE_TRANSITION,
+        RETENTION_UNKNOWN,
+        VERSIONING_DISABLED,
+    )
+
+    local = root.bucket == ""
     not_a_run_root = run_root_problem(client, root)
     if not_a_run_root:
-        raise UsageError(not_a_run_root)
+        raise UsageError(not_a_run_root.replace(str(root), where(root.key)) if local else not_a_run_root)
 
     result = verify_sweep_checkpoints(
         client,
@@ -106,14 +139,38 @@ def run(args: argparse.Namespace) -> int:
         deep=args.deep,
         concurrency=args.concurrency,
         timeout_seconds=args.timeout,
-        min_retention_days=args.min_retention_days,
+        min_retention_days=0 if local else args.min_retention_days,
     )
+    if local:  # a directory has no versioning or lifecycle rules to warn about
+        bucket_only = {
+            VERSIONING_DISABLED,
+            LIFECYCLE_EXPIRATION,
+            LIFECYCLE_TRANSITION,
+            LIFECYCLE_NONCURRENT_EXPIRATION,
+            RETENTION_UNKNOWN,
+        }
+        result = dataclasses.replace(result, warnings=tuple(w for w in result.warnings if w.kind not in bucket_only))
+    checks = checks_run(result.deep, local)
     if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=2)
+        doc = result.to_dict()
+        doc["checks"] = checks
+        if local:
+            doc["root"] = where(root.key)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_report(result, sys.stdout)
+        print_report(result, sys.stdout, where=where, root=where(root.key) if local else None, checks=checks)
     return EXIT_OK if result.verified else EXIT_FAILED
+
+
+def checks_run(deep: bool, local: bool) -> str:
+    """Which checks a verification ran, as the verdict line says it."""
+    if deep:
+        return "deep (sha256)"
+    if local:
+        # run-local's commit records fingerprint files by sha256, which only --deep reads back.
+        return "sizes, and ETags where a commit record lists them (sha256 with --deep)"
+    return "sizes"
 
 
 # A run root holds at least one of these (s3_layout): the driver writes _sweep/ first, Ray tune/ and train/.
@@ -198,8 +255,17 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"  # unreachable
 
 
-def print_report(result: Any, out: TextIO) -> None:
-    """The human form: a table of checkpoints, then problems, warnings and a one-line verdict."""
+def print_report(
+    result: Any,
+    out: TextIO,
+    *,
+    where: Callable[[str], str] | None = None,
+    root: str | None = None,
+    checks: str | None = None,
+) -> None:
+    """The human form: a table of checkpoints, then problems, warnings and a one-line verdict. `where` names a key
+    as the user knows it (an s3:// URI, or a local path); `root` and `checks` replace the run root and the checks
+    the verdict names."""
     rows = [("TRIAL", "CHECKPOINT", "FILES", "BYTES", "STATUS", "LEVEL")]
     rows += [(c.trial, c.name, str(c.files), str(c.bytes), c.status, c.level or "-") for c in result.checkpoints]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -214,20 +280,22 @@ def print_report(result: Any, out: TextIO) -> None:
             out.write("\n")
         out.write("\n")
     bucket = result.root.split("/")[2]
+    if where is None:
+        where = lambda key: f"s3://{bucket}/{key}" if key else f"s3://{bucket}"  # noqa: E731 -- one expression
+    shown_root = root or result.root
     for title, findings in (("problems", result.problems), ("warnings", result.warnings)):
         if findings:
             out.write(f"{title}:\n")
             for f in findings:
-                where = f"s3://{bucket}/{f.key}" if f.key else f"s3://{bucket}"
-                out.write(f"  {f.kind}: {where}: {f.detail}\n")
-    mode = "deep (sha256)" if result.deep else "sizes"
+                out.write(f"  {f.kind}: {where(f.key)}: {f.detail}\n")
+    mode = checks or ("deep (sha256)" if result.deep else "sizes")
     if result.verified:
         out.write(
-            f"VERIFIED {result.root}: {result.checked} checkpoint(s), {result.files} file(s), "
+            f"VERIFIED {shown_root}: {result.checked} checkpoint(s), {result.files} file(s), "
             f"{_human_bytes(result.bytes)} checked by {mode} in {result.duration_seconds:.2f} s; {result.summary}\n"
         )
     else:
         out.write(
-            f"NOT VERIFIED {result.root}: {len(result.problems)} problem(s) "
+            f"NOT VERIFIED {shown_root}: {len(result.problems)} problem(s) "
             f"({result.checked} committed checkpoint(s) checked by {mode} in {result.duration_seconds:.2f} s)\n"
         )
