@@ -1,0 +1,134 @@
+"""One namespace's Ray heads cannot hold another namespace's stop: every request to a head ends at its deadline.
+
+Team A's training code serves its heads' dashboards and answers the operator's Jobs API requests one byte a second;
+team A deletes as many running sweeps as the guard has workers, then team B deletes one. Team B's sweep is still
+stopped gracefully (its head asked, its job stopped, then released) within the request deadline and a margin: each
+of team A's requests ends at its deadline as a GracefulStopFailed outcome of team A's own sweep, and the worker goes
+on. With a socket timeout per read, team A's heads held every guard worker for as long as they trickled."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from sweep_contracts import constants
+from sweep_operator import ray_jobs
+from sweep_operator.handlers import GUARD_WORKERS
+from sweep_sandbox.kuberay import Outcome
+from tests.support.operator_env import TIMEOUT, OperatorEnv, start_operator_env
+from tests.support.sweep_factory import write_sweep
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+TRICKLE_BYTES = 120  # two minutes of answer at one byte a second: far past any wait below
+MARGIN_S = 10.0  # the guard's own work around the stop (reads, the delete, the verification) on a loaded machine
+
+
+class TricklingHead(http.server.BaseHTTPRequestHandler):
+    """Team A's heads: a status line and headers at once, then a JSON body one byte a second."""
+
+    connections: ClassVar[list[float]] = []
+
+    def _answer(self) -> None:
+        type(self).connections.append(time.monotonic())
+        try:
+            self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n")
+            for _ in range(TRICKLE_BYTES):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(1.0)
+        except OSError:  # the operator hung up at its deadline
+            return
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def env(s3_server: Any) -> Iterator[OperatorEnv]:
+    environment, stop = start_operator_env(s3_server)
+    try:
+        yield environment
+    finally:
+        stop()
+
+
+@pytest.fixture
+def trickling_head() -> Iterator[tuple[type[TricklingHead], str]]:
+    handler = type("TeamAHead", (TricklingHead,), {"connections": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield handler, f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_heads_trickling_in_one_namespace_delay_another_namespaces_stop_by_at_most_a_deadline(
+    env: OperatorEnv, trickling_head: tuple[type[TricklingHead], str]
+) -> None:
+    head, address = trickling_head
+    team_a, team_b = f"team-a-{uuid.uuid4().hex[:4]}", f"team-b-{uuid.uuid4().hex[:4]}"
+    controller = env.operator.controller
+    routed_stop, routed_status = controller.stop_job, controller.job_status
+
+    def stop_job(url: str, job_id: str) -> ray_jobs.StopOutcome:  # team A's heads' names reach team A's code
+        return ray_jobs.stop_job(address, job_id) if f".{team_a}.svc." in url else routed_stop(url, job_id)
+
+    def job_status(url: str, job_id: str) -> str | None:
+        return ray_jobs.job_status(address, job_id) if f".{team_a}.svc." in url else routed_status(url, job_id)
+
+    sweeps = [env.new_sweep("noisy", namespace=team_a) for _ in range(GUARD_WORKERS)]
+    quiet = env.new_sweep("quiet", namespace=team_b)
+    for doc in (*sweeps, quiet):
+        env.runner.script(doc["metadata"]["name"], Outcome.hang(stop_seconds=0.5))
+        env.apply(doc)
+    for doc in (*sweeps, quiet):
+        name, namespace = doc["metadata"]["name"], doc["metadata"]["namespace"]
+        env.wait_phase(name, "Running", namespace=namespace)
+        bucket, prefix = env.run_root(name, namespace)
+        write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
+    quiet_name = quiet["metadata"]["name"]
+    quiet_job = env.get(constants.RAYJOB_PLURAL, env.status(quiet_name, team_b)["rayJobName"], team_b) or {}
+    _, quiet_job_id = ray_jobs.job_of(quiet_job) or ("", "")
+    jobs_api = env.standin.jobs_api
+    assert jobs_api is not None
+    controller.stop_job, controller.job_status = stop_job, job_status
+    try:
+        for doc in sweeps:
+            env.delete_sweep(doc["metadata"]["name"], team_a)
+        wait_for(lambda: len(head.connections) >= GUARD_WORKERS // 2, TIMEOUT, what="team A's heads holding workers")
+        deleted_at = time.time()  # the Jobs API server records its requests on the wall clock
+        env.delete_sweep(quiet_name, team_b)
+        asked = wait_for(
+            lambda: next(
+                (at for method, path, at in jobs_api.requests if path.endswith(f"{quiet_job_id}/stop")),
+                None,
+            ),
+            ray_jobs.TIMEOUT_S * 2 + MARGIN_S * 3,
+            what="team B's head asked to stop",
+        )
+        waited = asked - deleted_at
+        assert waited < ray_jobs.TIMEOUT_S + MARGIN_S, f"team B's stop waited {waited:.1f} s behind team A's heads"
+        wait_for(lambda: env.sweep(quiet_name, team_b) is None, TIMEOUT, what="team B's sweep released")
+        wait_for(
+            lambda: all(env.sweep(d["metadata"]["name"], team_a) is None for d in sweeps),
+            TIMEOUT,
+            what="team A's sweeps released once their stops failed",
+        )
+    finally:
+        controller.stop_job, controller.job_status = routed_stop, routed_status
+    failed = [
+        e.message for d in sweeps for e in env.events(d["metadata"]["name"], team_a) if e.reason == "GracefulStopFailed"
+    ]
+    assert failed and all(f"the head did not answer within {ray_jobs.TIMEOUT_S:g} s" in m for m in failed), failed
