@@ -302,3 +302,49 @@ def test_report_says_why_when_s3_refuses(world: World, tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert f"sweepctl report: cannot read {missing}" in err and "NoSuchBucket" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_sweep_list_shows_what_get_tsw_shows(world: World) -> None:
+    listed = world.kubectl("sweep", "list")
+    got = world.kubectl("get", "tsw")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0] == got.stdout.splitlines()[0]  # the same columns
+    assert world.name in listed.stdout
+    everywhere = world.kubectl("sweep", "list", "-A")
+    assert everywhere.returncode == 0 and everywhere.stdout.startswith("NAMESPACE"), everywhere.stderr
+    assert world.namespace in everywhere.stdout
+
+
+def test_suspend_and_unsuspend_patch_spec_suspend_and_resume_of_a_suspended_sweep_points_to_unsuspend(
+    world: World,
+) -> None:
+    def suspend_field() -> object:
+        return json.loads(world.kubectl("get", "tsw", world.name, "-o", "json").stdout)["spec"].get("suspend")
+
+    done = world.kubectl("sweep", "suspend", world.name)
+    assert done.returncode == 0, done.stderr
+    assert suspend_field() is True and "suspended" in done.stdout
+    custom = kubernetes.client.CustomObjectsApi(world.server.api_client())
+    where = (constants.GROUP, constants.VERSION, world.namespace, constants.PLURAL, world.name)
+    phase = custom.get_namespaced_custom_object(*where)["status"]["phase"]
+    custom.patch_namespaced_custom_object_status(*where, {"status": {"phase": "Suspended"}})
+    try:
+        resume = world.kubectl("sweep", "resume", world.name)
+        assert resume.returncode == 1 and f"kubectl sweep unsuspend {world.name}" in resume.stderr, resume.stderr
+    finally:
+        custom.patch_namespaced_custom_object_status(*where, {"status": {"phase": phase}})
+        undone = world.kubectl("sweep", "unsuspend", world.name)
+    assert undone.returncode == 0, undone.stderr
+    assert suspend_field() is False
+    helped = world.kubectl("sweep", "--help")
+    assert "unsuspend NAME" in helped.stdout and 'what Kueue calls "resume"' in helped.stdout
+    missing = world.kubectl("sweep", "suspend", "nope")
+    assert missing.returncode == 1 and "(NotFound)" in missing.stderr
+
+
+def test_release_and_guarded_are_plugin_verbs(world: World) -> None:
+    guarded = world.kubectl("sweep", "guarded")
+    assert guarded.returncode in (0, 1), guarded.stdout + guarded.stderr
+    assert "unknown verb" not in guarded.stderr
+    release = world.kubectl("sweep", "release", world.name, "--reason", "test")
+    assert "unknown verb" not in release.stderr and "usage" not in release.stderr.lower(), release.stderr

@@ -39,7 +39,9 @@ def _api_error(status: int, reason: str, body: dict | None = None) -> ApiExcepti
 
 
 def test_an_api_error_reads_as_kubectl_prints_it() -> None:
-    missing = _api_error(404, "Not Found", {"kind": "Status", "reason": "NotFound", "message": "the server's own words"})
+    missing = _api_error(
+        404, "Not Found", {"kind": "Status", "reason": "NotFound", "message": "the server's own words"}
+    )
     assert api_error_text(missing, "nope") == 'Error from server (NotFound): trainingsweeps.sweeps.dev "nope" not found'
     forbidden = _api_error(
         403,

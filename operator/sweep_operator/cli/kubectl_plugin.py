@@ -1,4 +1,5 @@
-"""`kubectl sweep status|report|verify|resume|validate|render NAME`: sweepctl as a kubectl plugin (`kubectl-sweep`).
+"""`kubectl sweep list|status|report|verify|suspend|unsuspend|resume|validate|render|release|guarded`: sweepctl
+as a kubectl plugin (`kubectl-sweep`).
 
 Honours kubectl's `-n/--namespace`, `--context` and `--kubeconfig` flags and `KUBECONFIG` (several files merged,
 as kubectl does); each verb runs the sweepctl subcommand on the named TrainingSweep.
@@ -14,16 +15,34 @@ from typing import Any
 
 from .common import EXIT_FAILED, EXIT_USAGE, api_error_text
 
-VERBS = ("status", "report", "verify", "resume", "validate", "render")
+VERBS = (
+    "list",
+    "status",
+    "report",
+    "verify",
+    "resume",
+    "suspend",
+    "unsuspend",
+    "validate",
+    "render",
+    "release",
+    "guarded",
+)
 USAGE = """usage: kubectl sweep VERB NAME [-n NAMESPACE] [--context CONTEXT] [--kubeconfig FILE] [OPTIONS]
 
 verbs:
+  list            the TrainingSweeps of a namespace (-A: all), as `kubectl get tsw` shows them
   status NAME     phase, trials, best trial, checkpoints and conditions of a TrainingSweep
   report NAME     learning curves, hyper-parameters and timeline: report.html + PNGs (--out DIR)
   verify NAME     verify the sweep's checkpoints in S3 (its run root, endpoint and region from its status)
-  resume NAME     continue an ended sweep from its verified checkpoints (--active-seconds N, --num-samples N)
+  suspend NAME    set spec.suspend: the sweep stops gracefully and waits, Suspended (Kueue's "suspend")
+  unsuspend NAME  clear spec.suspend: a Suspended sweep runs again (what Kueue calls "resume")
+  resume NAME     continue an ENDED sweep (Succeeded, Failed, DeadlineExceeded, BudgetExhausted) from its
+                  verified checkpoints (--active-seconds N, --num-samples N); not for a Suspended one
   validate NAME   check the live TrainingSweep (or -f FILE) offline: schema, semantics, caps, bundle fit
   render NAME     the RayJob the operator renders for the live TrainingSweep (or -f FILE)
+  release NAME    release the sweep's objects the checkpoint guard holds, verifying first (--reason R)
+  guarded         the objects the checkpoint guard holds (-A: every namespace)
 
 Options after NAME go to the sweepctl subcommand (`sweepctl VERB --help`)."""
 
@@ -115,13 +134,64 @@ def _manifest_file(sweep: dict[str, Any]) -> str:
     return handle.name
 
 
+def _list(found: dict[str, str], rest: list[str]) -> int:
+    """`kubectl get trainingsweeps.sweeps.dev`: the same columns, printed by the kubectl that ran this plugin."""
+    import shutil
+    import subprocess
+
+    from sweep_contracts import constants
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("kubectl sweep list: kubectl is not on PATH", file=sys.stderr)
+        return EXIT_FAILED
+    command = [kubectl, "get", f"{constants.PLURAL}.{constants.GROUP}", *_connection_flags(found), *rest]
+    return subprocess.run(command, check=False).returncode
+
+
+def _set_suspend(verb: str, found: dict[str, str], name: str, suspend: bool) -> int:
+    """A merge patch of spec.suspend, as `kubectl patch tsw NAME --type merge -p '{"spec":{"suspend":...}}'`."""
+    import kubernetes
+
+    from sweep_contracts import constants
+
+    sweep = _live_sweep(found, name)
+    if isinstance(sweep, int):
+        return sweep
+    namespace = (sweep.get("metadata") or {}).get("namespace") or "default"
+    from .common import kube_connection
+
+    api_client, _ns, _user = kube_connection(found.get("kubeconfig"), found.get("context"), namespace)
+    try:
+        kubernetes.client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+            constants.GROUP,
+            constants.VERSION,
+            namespace,
+            constants.PLURAL,
+            name,
+            {"spec": {"suspend": suspend}},
+            _content_type="application/merge-patch+json",
+        )
+    except kubernetes.client.ApiException as exc:
+        print(api_error_text(exc, name), file=sys.stderr)
+        return EXIT_FAILED
+    print(f"trainingsweep.{constants.GROUP}/{name} {verb}ed")
+    return 0
+
+
 def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str] | int:
     """The sweepctl command line a plugin verb runs (an exit code when it needs no sweepctl run)."""
+    if verb == "list":
+        return _list(found, rest)
+    if verb == "guarded":
+        return ["guarded", *_connection_flags(found), *rest]
     if not rest:
         return _usage_error(f"{verb}: name a TrainingSweep")
     name, options = rest[0], rest[1:]
-    if verb in ("status", "resume"):  # resume: the same code as `sweepctl resume` (cli/resume.py)
+    if verb in ("status", "resume", "release"):  # the same code as `sweepctl VERB` (cli/resume.py, release.py)
         return [verb, name, *_connection_flags(found), *options]
+    if verb in ("suspend", "unsuspend"):
+        return _set_suspend(verb, found, name, verb == "suspend")
     if verb == "status":
         return ["status", name, *_connection_flags(found), *options]
     if verb == "report":

@@ -82,6 +82,11 @@ def resume_patch(sweep: Mapping[str, Any], *, active_seconds: int | None, num_sa
         )
     if meta.get("deletionTimestamp"):
         raise Refused(f"TrainingSweep {name} is being deleted: nothing to resume")
+    if phase == Phase.SUSPENDED:
+        raise Refused(
+            f"TrainingSweep {name} is Suspended (spec.suspend: true), not ended: `kubectl sweep unsuspend "
+            f"{meta.get('name')}` lets it run again; resume continues an ended sweep from its checkpoints"
+        )
     if phase not in RESUMABLE_PHASES:
         raise Refused(
             f"TrainingSweep {name} is {phase or 'Pending'}, not ended: only a "
