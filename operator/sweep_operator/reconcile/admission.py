@@ -186,7 +186,8 @@ def after_create(
         create.run_id,
         render,
     )
-    message = f"admitted ({budget.demand.workers} workers, {budget.demand.gpus} GPUs); RayJob {name} {how}"
+    workers, gpus = budget.demand.workers, budget.demand.gpus
+    message = f"admitted ({workers} worker{'s' * (workers != 1)}, {gpus} GPU{'s' * (gpus != 1)}); RayJob {name} {how}"
     return Decision(_started(facts, create, budget, name, target, started_at, deadline_at, namespace_budget, message))
 
 

@@ -292,7 +292,10 @@ def decide_gpu_hour_answer(
     active = effective_active_seconds(spec, limits)
     workers, gpus, trials = spec.trial.workers, spec.trial.resources_per_worker.gpu, spec.tune.max_concurrent_trials
     worst = worst_case_gpu_hours(workers, gpus, trials, active)
-    text = f"{workers} workers x {gpus} GPU x {trials} trials x {active}s = {format_hours(worst)} GPU-hours"
+    text = (
+        f"{workers} worker{'s' * (workers != 1)} x {gpus} GPU x {trials} trial{'s' * (trials != 1)} x {active}s = "
+        f"{format_hours(worst)} GPU-hours"
+    )
     used = UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now)
     decided = decide_budget_admission(
         worst_case=worst,
