@@ -10,7 +10,7 @@ path to it. Pure: no I/O, no Ray import.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,21 +45,34 @@ class TrialRecord:
 
 def trial_records(state: Mapping[str, Any], what: str = "experiment state") -> list[TrialRecord]:
     """Every trial of one experiment-state document; FormatError (a ValueError) naming the row that is not Tune's."""
+    return list(iter_trial_records(state, what))
+
+
+def iter_trial_records(
+    state: Mapping[str, Any], what: str = "experiment state", decode: Callable[[str], Any] = json.loads
+) -> Iterator[TrialRecord]:
+    """The trials of one experiment-state document one at a time, each row's two JSON documents decoded by `decode`
+    (a bounded decoder for a reader that must not hold or parse more than it can afford); FormatError as
+    `trial_records`, and whatever else `decode` raises."""
     rows = state.get("trial_data")
     if not isinstance(rows, list):
         raise FormatError(
             f"{what}: trial_data: got {type(rows).__name__}; expected Tune's list of [trial, run metadata] pairs"
         )
-    records = []
     for i, row in enumerate(rows):
+        unreadable = FormatError(f"{what}: trial_data[{i}]: expected two JSON documents")
         try:
             trial_json, metadata_json = row
-            trial, metadata = json.loads(trial_json), json.loads(metadata_json)
         except (TypeError, ValueError):
-            raise FormatError(f"{what}: trial_data[{i}]: expected two JSON documents") from None
+            raise unreadable from None
+        if not isinstance(trial_json, str) or not isinstance(metadata_json, str):
+            raise unreadable
+        try:
+            trial, metadata = decode(trial_json), decode(metadata_json)
+        except json.JSONDecodeError:
+            raise unreadable from None
         if not isinstance(trial, dict) or not isinstance(trial.get("trial_id"), str) or not trial["trial_id"]:
             raise FormatError(f"{what}: trial_data[{i}]: the trial document has no trial_id")
         if not isinstance(metadata, dict) or not isinstance(metadata.get("last_result") or {}, dict):
             raise FormatError(f"{what}: trial_data[{i}]: the run metadata or its last_result is not an object")
-        records.append(TrialRecord(trial, metadata))
-    return records
+        yield TrialRecord(trial, metadata)

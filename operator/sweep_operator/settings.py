@@ -143,6 +143,10 @@ class Settings:
     # The longest the operator waits for a graceful stop (Ray's Jobs API stop, the driver's last reports) before it
     # deletes a RayJob whose job still runs; a sweep's own deadlines.gracefulStopSeconds applies below it.
     max_graceful_stop_seconds: float = field(default=900.0, metadata=_env("SWEEP_MAX_GRACEFUL_STOP_SECONDS"))
+    # The operator container's memory limit in bytes: the chart sets it from the pod's resources.limits.memory (the
+    # downward API). The memory budget for tenants' data (memory_budget.py) is sized from it; 0: unknown, the chart's
+    # default limit (512 MiB) is assumed.
+    memory_limit_bytes: int = field(default=0, metadata=_env("SWEEP_MEMORY_LIMIT_BYTES"))
     # Concurrent S3 listings in one verification.
     verify_concurrency: int = field(default=8, metadata=_env("SWEEP_VERIFY_CONCURRENCY"))
     # The checkpoint guard's verifications running at once, on a pool of their own (bounds the S3 connections and
@@ -191,6 +195,15 @@ class Settings:
     kuberay_service_account: str = field(default="", metadata=_env("SWEEP_KUBERAY_SERVICE_ACCOUNT"))
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.memory_limit_bytes, bool)
+            or not isinstance(self.memory_limit_bytes, int)
+            or not (self.memory_limit_bytes == 0 or self.memory_limit_bytes >= 64 * 1024 * 1024)
+        ):
+            raise SettingsError(
+                f"memoryLimitBytes (SWEEP_MEMORY_LIMIT_BYTES): got {self.memory_limit_bytes!r}; must be the pod's "
+                "memory limit in bytes, at least 64 MiB (67108864), or 0 when unknown"
+            )
         for name in ("verification_workers", "s3_client_cache_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

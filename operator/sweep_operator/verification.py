@@ -22,6 +22,7 @@ from sweep_contracts.checkpoint_manifest import FormatError, Manifest, parse_man
 from sweep_contracts.s3_layout import S3Uri
 from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX, TUNE_CHECKPOINT_PATH_KEY
 
+from .memory_budget import STANDALONE_BUDGET, VerificationBudget
 from .status import rfc3339
 from .verification_assessment import (
     CheckpointAssessment,
@@ -57,6 +58,7 @@ from .verification_findings import (
     MISSING_SNAPSHOT,
     MISSING_TRIAL,
     NO_CHECKPOINTS,
+    OVER_BUDGET,
     RECORDED_CHECKPOINT_UNVERIFIED,
     RETENTION_UNKNOWN,
     S3_ERROR,
@@ -76,6 +78,7 @@ from .verification_findings import (
 )
 from .verification_listing import (
     HASH_CHUNK_BYTES,
+    OverBudget,
     S3AccessError,
     S3Reader,
     TooManyObjects,
@@ -88,6 +91,7 @@ from .verification_listing import (
     list_trials,
     read_experiment_states,
     read_object,
+    read_record,
     read_retention,
 )
 from .verification_records import (
@@ -123,6 +127,7 @@ __all__ = [
     "MISSING_SNAPSHOT",
     "MISSING_TRIAL",
     "NO_CHECKPOINTS",
+    "OVER_BUDGET",
     "RECORDED_CHECKPOINT_UNVERIFIED",
     "RETENTION_UNKNOWN",
     "S3_ERROR",
@@ -201,6 +206,8 @@ class _Run:
             return future.result()
         if isinstance(exc, TooManyObjects):
             self.problems.append(Finding(TOO_MANY_OBJECTS, exc.key, exc.detail))
+        elif isinstance(exc, OverBudget):
+            self.problems.append(Finding(OVER_BUDGET, exc.key, exc.detail))
         elif isinstance(exc, S3AccessError):
             self.problems.append(Finding(S3_ERROR, exc.key, exc.detail))
         else:
@@ -217,6 +224,7 @@ def verify_sweep_checkpoints(
     timeout_seconds: float | None = None,
     min_retention_days: int = 30,
     empty_root_ok: bool = False,
+    budget: VerificationBudget | None = None,
     clock: Callable[[], float] = time.monotonic,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> VerificationResult:
@@ -226,6 +234,8 @@ def verify_sweep_checkpoints(
     before any request). `concurrency` bounds parallel requests; `timeout_seconds` bounds the whole pass
     (the operator passes spec.deletion.verificationTimeoutSeconds). A root with no object at all is a
     problem (a wrong URI must not pass) unless `empty_root_ok`, for a caller that knows nothing was written.
+    `budget`: what the pass may hold of the run's listing, records and Tune states (the operator's share per
+    verification; by default a process of its own, memory_budget.STANDALONE_BUDGET); past it the run is not verified.
     """
     uri = root if isinstance(root, S3Uri) else S3Uri.parse(root)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -243,7 +253,10 @@ def verify_sweep_checkpoints(
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="verify-s3")
     ended = threading.Event()  # the listing asks for no page once set: a timed-out pass stops listing
     try:
-        _verify(client, uri, deep, pool, deadline, clock, run, min_retention_days, empty_root_ok, now().date(), ended)
+        _verify(
+            client, uri, deep, pool, deadline, clock, run, min_retention_days, empty_root_ok, now().date(), ended,
+            budget or STANDALONE_BUDGET.verification,
+        )  # fmt: skip
     except _DeadlineExceeded:
         run.problems.append(Finding(TIMEOUT, uri.prefix, f"verification did not finish within {timeout_seconds:g} s"))
     except Exception as exc:  # fail closed: a bug here must read as "not verified", not as success
@@ -265,11 +278,13 @@ class _Reads:
     trials: dict[str, Future[TrialFacts]]
     result: Future[bytes | None]
     status: Future[bytes | None]
-    states: Future[dict[str, bytes]]
+    states: Future[dict[str, dict[str, str] | FormatError]]
     retention: Future[tuple[dict[str, Any], list[dict[str, Any]]]]
 
 
-def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, ended: threading.Event) -> _Reads:
+def _start_reads(
+    client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, ended: threading.Event, budget: VerificationBudget
+) -> _Reads:
     trial_futures: dict[str, Future[TrialFacts]] = {}
 
     def on_trial(trial: str, objects: Mapping[str, int], etags: Mapping[str, str]) -> None:
@@ -278,11 +293,14 @@ def _start_reads(client: S3Reader, root: S3Uri, pool: ThreadPoolExecutor, ended:
 
     train_prefix = root.join(s3_layout.TRAIN_DIR).prefix
     return _Reads(
-        listing=pool.submit(list_trials, client, root.bucket, train_prefix, on_trial, stop=ended),
+        listing=pool.submit(
+            list_trials, client, root.bucket, train_prefix, on_trial, stop=ended, max_bytes=budget.listing_bytes
+        ),
         trials=trial_futures,
-        result=pool.submit(read_object, client, root.bucket, root.join(s3_layout.RESULT_KEY).key, True),
-        status=pool.submit(read_object, client, root.bucket, root.join(s3_layout.STATUS_KEY).key, True),
-        states=pool.submit(read_experiment_states, client, root),
+        result=pool.submit(read_record, client, root.bucket, root.join(s3_layout.RESULT_KEY).key, budget.run_records),
+        status=pool.submit(read_record, client, root.bucket, root.join(s3_layout.STATUS_KEY).key, budget.run_records),
+        # On the pass's pool: when the pass ends (its deadline), `ended` stops the reads between files and pieces.
+        states=pool.submit(read_experiment_states, client, root, budget, stop=ended),
         retention=pool.submit(read_retention, client, root.bucket),
     )
 
@@ -299,8 +317,9 @@ def _verify(
     empty_root_ok: bool,
     today: date,
     ended: threading.Event,
+    budget: VerificationBudget,
 ) -> None:
-    reads = _start_reads(client, root, pool, ended)
+    reads = _start_reads(client, root, pool, ended, budget)
     _wait_all([reads.listing], deadline, clock)
     trials = run.outcome(reads.listing)
     if trials is None:  # the run cannot even be listed: nothing else is worth asking

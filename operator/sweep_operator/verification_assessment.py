@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sweep_contracts import s3_layout
 from sweep_contracts.checkpoint_manifest import (
@@ -40,7 +41,7 @@ from .verification_findings import (
     CheckpointReport,
     Finding,
 )
-from .verification_records import Snapshot, best_checkpoint_uri, experiment_state_checkpoints, recorded_checkpoints
+from .verification_records import Snapshot, best_checkpoint_uri, recorded_checkpoints
 
 
 @dataclass(frozen=True)
@@ -386,14 +387,19 @@ def missing_trial_findings(
 
 
 def expected_trials(
-    root: S3Uri, result_data: bytes | None, status_data: bytes | None, states: Mapping[str, bytes] | None
+    root: S3Uri,
+    result_data: bytes | None,
+    status_data: bytes | None,
+    states: Mapping[str, Mapping[str, str] | FormatError] | None,
 ) -> tuple[dict[str, str], list[Finding]]:
     """({trial: which record says it checkpointed}, problems), from every record that survives; an unreadable status
-    or experiment state is a problem (which trials must have checkpoints is then unknown)."""
+    or experiment state is a problem (which trials must have checkpoints is then unknown). `states`: each experiment
+    state's {trial: checkpoint path} as the reader took it (verification_listing.read_experiment_states), or why it
+    is unreadable."""
     expected: dict[str, str] = {}
     problems: list[Finding] = []
-    # (key, name shown, bytes, parser, problem kind when unreadable: "" for result.json, judged with its best)
-    sources: list[tuple[str, str, bytes, Callable[[bytes, str], dict[str, str]], str]] = []
+    # (key, name shown, what was read, parser, problem kind when unreadable: "" for result.json, judged with its best)
+    sources: list[tuple[str, str, Any, Callable[[Any, str], Mapping[str, str]], str]] = []
     if result_data is not None:
         sources.append(
             (root.join(s3_layout.RESULT_KEY).key, s3_layout.RESULT_KEY, result_data, recorded_checkpoints, "")
@@ -408,9 +414,8 @@ def expected_trials(
                 INVALID_RECORD,
             )
         )
-    for key, data in sorted((states or {}).items()):
-        name = key[len(root.prefix) :]
-        sources.append((key, name, data, experiment_state_checkpoints, INVALID_RECORD))
+    for key, taken in sorted((states or {}).items()):
+        sources.append((key, key[len(root.prefix) :], taken, _taken, INVALID_RECORD))
     for key, name, data, parse, invalid_kind in sources:
         try:
             found = parse(data, name)
@@ -421,6 +426,12 @@ def expected_trials(
         for trial, uri in found.items():
             expected.setdefault(trial, f"{name} records its checkpoint {uri}")
     return expected, problems
+
+
+def _taken(taken: Mapping[str, str] | FormatError, _: str) -> Mapping[str, str]:
+    if isinstance(taken, FormatError):
+        raise taken
+    return taken
 
 
 def recorded_checkpoint_findings(

@@ -22,8 +22,12 @@ BEST_CHECKPOINT_UNVERIFIED: Final = "best-checkpoint-unverified"
 S3_ERROR: Final = "s3-error"
 TIMEOUT: Final = "timeout"
 VERIFIER_ERROR: Final = "verifier-error"
-# More objects under the run's train/ than the verifier lists (verification_listing.MAX_LISTED_OBJECTS).
+# More objects under the run's train/ than the verifier lists (verification_listing.MAX_LISTED_OBJECTS), or keys
+# taking more than a verification's share of the operator's memory.
 TOO_MANY_OBJECTS: Final = "too-many-objects"
+# A run's status or result document, or its Tune experiment states, over what the operator reads of them (bytes,
+# nesting, elements, files: memory_budget.py); which trials checkpointed is then unknown.
+OVER_BUDGET: Final = "over-budget"
 # A trial the run's surviving records (status.json, result.json, Tune's experiment state) say checkpointed, with no
 # object left under train/<trial>/.
 MISSING_TRIAL: Final = "missing-trial"

@@ -19,14 +19,25 @@ from sweep_contracts.commit_record import CommitRecord, normalize_etag, parse_re
 from sweep_contracts.s3_layout import S3Uri
 from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX
 
+from .memory_budget import (
+    LISTED_KEY_OVERHEAD_BYTES,
+    MAX_DOCUMENT_BYTES,
+    DocumentBounds,
+    DocumentTooLarge,
+    VerificationBudget,
+    bytes_over,
+    check_json_shape,
+)
 from .verification_assessment import TrialFacts, TrialObjects, manifest_names
-from .verification_records import parse_snapshot
+from .verification_records import experiment_state_checkpoints, parse_snapshot
 
 HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
+_READ_CHUNK_BYTES: Final = 1 << 20  # a document is read in pieces, so a verification that ended stops reading it
 _LIST_PAGE_SIZE: Final = 1000
 # A run's train/ holds trials x kept checkpoints x ranks x files: thousands, rarely more. The listing is held in
-# memory, and anyone whose code writes the run root decides its size: past this many keys the run is not verified
-# (a finding naming the bound) rather than the operator's memory spent on it.
+# memory, and anyone whose code writes the run root decides its size: past this many keys, or past the bytes of the
+# verification's memory budget (memory_budget.VerificationBudget.listing_bytes), the run is not verified (a finding
+# naming the bound) rather than the operator's memory spent on it.
 MAX_LISTED_OBJECTS: Final = 1_000_000
 
 
@@ -86,6 +97,10 @@ class ListingStopped(S3AccessError):
     """The verification this listing served is over (its deadline passed): no further page is asked for."""
 
 
+class OverBudget(S3AccessError):
+    """A run's record, or its records together, over what the operator reads of them (its memory budget)."""
+
+
 def iter_listing(
     client: S3Reader,
     bucket: str,
@@ -93,12 +108,13 @@ def iter_listing(
     *,
     stop: threading.Event | None = None,
     limit: int = MAX_LISTED_OBJECTS,
+    max_bytes: int | None = None,
 ) -> Iterator[tuple[str, int, str]]:
     """Every object under `prefix` as (key relative to prefix, size, ETag without quotes), paginated (ListObjectsV2,
-    1000 a page); at most `limit` keys (TooManyObjects past it), and no page asked for once `stop` is set
-    (ListingStopped)."""
+    1000 a page); at most `limit` keys and `max_bytes` of them as the verifier holds them (TooManyObjects past
+    either), and no page asked for once `stop` is set (ListingStopped)."""
     token: str | None = None
-    listed = 0
+    listed = held = 0
     while True:
         if stop is not None and stop.is_set():
             raise ListingStopped(prefix, "the verification ended before the listing did")
@@ -112,6 +128,14 @@ def iter_listing(
             raise TooManyObjects(
                 prefix, f"more than {limit} objects under it; the verifier lists at most {limit} (docs/guard.md)"
             )
+        if max_bytes is not None:
+            held += sum(2 * (len(obj["Key"]) - len(prefix)) + LISTED_KEY_OVERHEAD_BYTES for obj in contents)
+            if held > max_bytes:
+                raise TooManyObjects(
+                    prefix,
+                    f"its keys take more than {max_bytes // 1024} KiB as the verifier holds them (after {listed} "
+                    "objects), more than one verification's share of the operator's memory (docs/guard.md)",
+                )
         for obj in contents:
             yield obj["Key"][len(prefix) :], int(obj.get("Size", 0)), normalize_etag(str(obj.get("ETag", "")))
         if not page.get("IsTruncated"):
@@ -134,6 +158,7 @@ def list_trials(
     *,
     stop: threading.Event | None = None,
     limit: int = MAX_LISTED_OBJECTS,
+    max_bytes: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """One paginated listing of the run's `train/`, grouped by trial; `on_trial(trial, sizes, etags)` is called as
     soon as the listing has moved past a trial, so its reads overlap the rest of the listing.
@@ -147,7 +172,7 @@ def list_trials(
     announced: set[str] = set()
     late: set[str] = set()
     current: str | None = None
-    for rel, size, etag in iter_listing(client, bucket, train_prefix, stop=stop, limit=limit):
+    for rel, size, etag in iter_listing(client, bucket, train_prefix, stop=stop, limit=limit, max_bytes=max_bytes):
         trial, sep, rest = rel.partition("/")
         if not sep or not trial:
             continue
@@ -174,26 +199,37 @@ def has_any_object(client: S3Reader, bucket: str, prefix: str) -> bool:
     return bool(page.get("Contents"))
 
 
-# A run's JSON records (status, result, Train's snapshots, manifests, Tune's experiment state) are written by the
-# tenant's code: the operator reads at most this much of one, so an outsized object cannot exhaust its memory
-# (the guard then holds, naming the object; progress is best effort).
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+# Train's snapshots, our manifests and commit records (written by the tenant's code) are read up to
+# MAX_DOCUMENT_BYTES, so an outsized object cannot exhaust the operator's memory (the guard then holds, naming the
+# object); a run's status and result documents and Tune's experiment states have bounds of their own, from the memory
+# budget (memory_budget.py).
 
 
-class DocumentTooLarge(ValueError):
-    """An S3 object over MAX_DOCUMENT_BYTES where the operator expects a JSON record."""
-
-
-def read_document(response: Mapping[str, Any], key: str, limit: int = MAX_DOCUMENT_BYTES) -> bytes:
-    """The body of a `get_object` answer, at most `limit` bytes read (DocumentTooLarge beyond it); closed after."""
+def read_document(
+    response: Mapping[str, Any], key: str, limit: int = MAX_DOCUMENT_BYTES, *, stop: threading.Event | None = None
+) -> bytes:
+    """The body of a `get_object` answer, at most `limit` bytes read (DocumentTooLarge beyond it) in pieces, no
+    further piece once `stop` is set (ListingStopped); closed after."""
     body = response["Body"]
     try:
         size = response.get("ContentLength")
         if isinstance(size, int) and size > limit:
-            raise DocumentTooLarge(f"{key} is {size} bytes, more than the {limit} the operator reads of a run's record")
-        data = body.read(limit + 1)
+            raise bytes_over(size, key, limit)
+        if stop is None:
+            data = body.read(limit + 1)
+        else:
+            pieces, got = [], 0
+            while got <= limit:
+                if stop.is_set():
+                    raise ListingStopped(key, "the verification ended before this record was read")
+                piece = body.read(min(_READ_CHUNK_BYTES, limit + 1 - got))
+                if not piece:
+                    break
+                pieces.append(piece)
+                got += len(piece)
+            data = b"".join(pieces)
         if len(data) > limit:
-            raise DocumentTooLarge(f"{key} is more than the {limit} bytes the operator reads of a run's record")
+            raise DocumentTooLarge(f"{key} is more than the {limit} bytes the operator reads of it")
         return data
     finally:
         close = getattr(body, "close", None)
@@ -201,15 +237,42 @@ def read_document(response: Mapping[str, Any], key: str, limit: int = MAX_DOCUME
             close()
 
 
-def read_object(client: S3Reader, bucket: str, key: str, missing_ok: bool = False) -> bytes | None:
-    """The whole object (small JSON documents only, at most MAX_DOCUMENT_BYTES); None if it does not exist and
+def read_object(
+    client: S3Reader,
+    bucket: str,
+    key: str,
+    missing_ok: bool = False,
+    *,
+    limit: int = MAX_DOCUMENT_BYTES,
+    stop: threading.Event | None = None,
+) -> bytes | None:
+    """The whole object (small JSON documents only, at most `limit` bytes); None if it does not exist and
     `missing_ok`."""
     try:
-        return read_document(client.get_object(Bucket=bucket, Key=key), key)
+        return read_document(client.get_object(Bucket=bucket, Key=key), key, limit, stop=stop)
+    except ListingStopped:
+        raise
     except Exception as exc:
         if missing_ok and _error_code(exc) in ("NoSuchKey", "404"):
             return None
         raise S3AccessError(key, describe_s3_error(exc)) from exc
+
+
+def read_record(client: S3Reader, bucket: str, key: str, bounds: DocumentBounds) -> bytes | None:
+    """A run's `_sweep/status.json` or `result.json` as bytes whose size, nesting and element count are within
+    `bounds` (OverBudget naming the bound otherwise), None when absent; the parse is the caller's."""
+    try:
+        data = read_object(client, bucket, key, True, limit=bounds.max_bytes)
+    except S3AccessError as exc:
+        if isinstance(exc.__cause__, DocumentTooLarge):
+            raise OverBudget(key, str(exc.__cause__)) from exc
+        raise
+    if data is not None:
+        try:
+            check_json_shape(data.decode("utf-8", "replace"), key, bounds)
+        except DocumentTooLarge as exc:
+            raise OverBudget(key, str(exc)) from None
+    return data
 
 
 def hash_object(client: S3Reader, bucket: str, key: str) -> tuple[str, int]:
@@ -275,8 +338,51 @@ def read_retention(client: S3Reader, bucket: str) -> tuple[dict[str, Any], list[
     return versioning, list(lifecycle.get("Rules", []))
 
 
-def read_experiment_states(client: S3Reader, root: S3Uri) -> dict[str, bytes]:
-    """Every `tune/experiment_state-*.json` of the run (one per Tune session) by key: one listing of that prefix."""
+def read_experiment_states(
+    client: S3Reader, root: S3Uri, budget: VerificationBudget, *, stop: threading.Event | None = None
+) -> dict[str, dict[str, str] | FormatError]:
+    """Which trials checkpointed, by each `tune/experiment_state-*.json` of the run (one per Tune session): {key:
+    {trial: checkpoint path}, or the FormatError that makes it unreadable}. One listing of that prefix, then the files
+    one at a time, each parsed and dropped before the next is read; past the budget's count or bytes, OverBudget
+    naming the bound (the verification then fails closed), and nothing more is read once `stop` is set."""
     prefix = root.join(s3_layout.TUNE_EXPERIMENT_NAME).prefix + EXPERIMENT_STATE_PREFIX
-    keys = [prefix + rel for rel, _, _ in iter_listing(client, root.bucket, prefix) if rel and "/" not in rel]
-    return {key: read_object(client, root.bucket, key) or b"" for key in keys}
+    where, files = prefix + "*.json", list[tuple[str, int]]()
+    # Tune writes nothing else under this prefix: a few times the files' bound is all a run may have there.
+    for rel, size, _ in iter_listing(client, root.bucket, prefix, stop=stop, limit=4 * budget.experiment_state_files):
+        if rel and "/" not in rel:
+            files.append((prefix + rel, size))
+        if len(files) > budget.experiment_state_files:
+            raise OverBudget(
+                where,
+                f"more than {budget.experiment_state_files} experiment states; the verifier reads at most "
+                f"{budget.experiment_state_files} of a run (one per Tune session)",
+            )
+    total = sum(size for _, size in files)
+    if total > budget.experiment_state_bytes:
+        raise OverBudget(where, _states_over(total, budget))
+    bounds, states, read = budget.experiment_state_bounds, dict[str, dict[str, str] | FormatError](), 0
+    for key, _ in files:
+        # Each read is bounded by what is left of the budget, whatever size the listing said.
+        left = min(bounds.max_bytes, budget.experiment_state_bytes - read)
+        try:
+            data = read_object(client, root.bucket, key, limit=left, stop=stop) or b""
+        except S3AccessError as exc:
+            if isinstance(exc.__cause__, DocumentTooLarge):
+                raise OverBudget(where, _states_over(read + left + 1, budget)) from exc
+            raise
+        read += len(data)
+        try:
+            states[key] = experiment_state_checkpoints(data, key[len(root.prefix) :], bounds)
+        except DocumentTooLarge as exc:
+            raise OverBudget(key, str(exc)) from None
+        except FormatError as exc:
+            states[key] = exc
+        del data
+    return states
+
+
+def _states_over(size: int, budget: VerificationBudget) -> str:
+    return (
+        f"the run's experiment states take more than {budget.experiment_state_bytes} bytes ({size} or more), more "
+        "than one verification's share of the operator's memory reads of them (docs/guard.md)"
+    )

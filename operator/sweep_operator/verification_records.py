@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +13,9 @@ from sweep_contracts.checkpoint_manifest import (
     FormatError,
     load_json_object,
 )
-from sweep_contracts.tune_state import trial_records
+from sweep_contracts.tune_state import iter_trial_records
+
+from .memory_budget import DocumentBounds, load_json
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,27 @@ def recorded_checkpoints(data: bytes, what: str) -> dict[str, str]:
     return found
 
 
-def experiment_state_checkpoints(data: bytes, what: str) -> dict[str, str]:
+def experiment_state_checkpoints(data: bytes | str, what: str, bounds: DocumentBounds | None = None) -> dict[str, str]:
     """{trial id: checkpoint path} for every trial of one Tune experiment state whose last result names a checkpoint
-    (Tune over Train: the path TuneReportCallback forwards, R18); raises FormatError when the file is not Tune's."""
+    (Tune over Train: the path TuneReportCallback forwards, R18); raises FormatError when the file is not Tune's.
+    With `bounds`, the document and each trial's records nested in it are checked before they are parsed
+    (DocumentTooLarge), and the trials are parsed one at a time, each dropped once its checkpoint is taken."""
+    if bounds is None:
+        state = load_json_object(data if isinstance(data, bytes) else data.encode(), what)
+        decode: Callable[[str], Any] = json.loads
+    else:
+        try:
+            state = load_json(data, what, bounds)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(f"{what} is not valid JSON ({exc})") from None
+        if not isinstance(state, dict):
+            raise FormatError(f"{what} must be a JSON object, got {type(state).__name__}")
+
+        def decode(text: str) -> Any:
+            return load_json(text, f"{what}: a trial's record", bounds)
+
     return {
         record.trial_id: record.checkpoint_path
-        for record in trial_records(load_json_object(data, what), what)
+        for record in iter_trial_records(state, what, decode)
         if record.checkpoint_path
     }

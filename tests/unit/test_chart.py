@@ -304,6 +304,16 @@ def test_liveness_probe_calls_kopfs_endpoint_on_the_configured_port() -> None:
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 
+def test_the_operator_learns_its_memory_limit_from_its_own_pod() -> None:
+    """The memory budget for tenants' data is sized from the container's limit, given in bytes by the downward API;
+    without a limit the downward API would give the node's memory, so the variable is left out (the default applies)."""
+    (entry,) = [e for e in operator_container(render("defaults"))["env"] if e["name"] == "SWEEP_MEMORY_LIMIT_BYTES"]
+    assert entry["valueFrom"] == {"resourceFieldRef": {"containerName": "operator", "resource": "limits.memory"}}
+    unlimited = operator_container(render_values({"resources": {"limits": None}}))
+    assert "SWEEP_MEMORY_LIMIT_BYTES" not in {e["name"] for e in unlimited["env"]}
+    assert operator_settings.Settings.from_env({"SWEEP_MEMORY_LIMIT_BYTES": str(512 * 1024 * 1024)}).memory_limit_bytes
+
+
 def test_default_is_one_replica_recreated_without_peering() -> None:
     docs = render("defaults")
     deployment = one(docs, "Deployment")
@@ -344,7 +354,11 @@ def test_configmap_sets_exactly_the_operator_settings_and_the_operator_accepts_t
     docs = render(scenario)
     env = settings_env(docs)
     assert set(env) <= settings_env_vars(), f"not Settings variables: {sorted(set(env) - settings_env_vars())}"
-    assert set(env) == settings_env_vars(), f"settings the chart does not set: {sorted(settings_env_vars() - set(env))}"
+    from_pod = {e["name"] for e in operator_container(docs).get("env") or [] if e["name"] in settings_env_vars()}
+    assert from_pod == {"SWEEP_MEMORY_LIMIT_BYTES"}  # what the pod knows of itself (the downward API)
+    assert set(env) | from_pod == settings_env_vars(), (
+        f"settings the chart does not set: {sorted(settings_env_vars() - set(env) - from_pod)}"
+    )
     assert all(isinstance(value, str) for value in env.values())
     parsed = operator_settings.Settings.from_env(env)
     values = _chart().merge_values(SCENARIOS[scenario])

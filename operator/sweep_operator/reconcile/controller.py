@@ -112,6 +112,14 @@ class SweepController(DeletionGuard):
         # ("handler done", retry counts) in annotations a tenant can write; nothing stored stands in for a
         # verification here: a release is decided by verifying, in this process, every time.
         self.guards: WorkQueue[GuardKey] = WorkQueue(self._guard_pass, workers=guard_workers, name="guard")
+        # The memory budget is shared by what may run at once: the guard's and the finishing sweeps' verifications,
+        # and every worker that may read a run's status or result document (reconcile, guard, finishing).
+        finishing = FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0
+        self.reads.concurrency = (
+            (settings.verification_workers if verification_pool is not None else 0) + finishing,
+            reconcile_workers + guard_workers + finishing,
+        )
+        log.info("%s", self.reads.budget.describe())
         self._guard_lock = threading.Lock()
         self._guard_attempts: dict[GuardKey, int] = {}
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)

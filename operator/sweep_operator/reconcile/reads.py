@@ -3,7 +3,6 @@ cluster that does not start, the objects a deletion belongs to. I/O only; no dec
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
 from ..diagnosis import diagnose_startup
 from ..gpu_time import still_holding
 from ..kube import KubeApi
+from ..memory_budget import RUN_RECORD_BOUNDS, DocumentBounds, DocumentTooLarge, MemoryBudget, load_json
 from ..metrics import OperatorMetrics
 from ..policy import Demand
 from ..rendering import rayjob_name, run_id_for
@@ -68,7 +68,16 @@ class Reads:
         self.verification_pool = verification_pool
         # GPU-hours' pods: a namespace's listing shared by its sweeps, a third of a poll old at most.
         self._tampered: set[str] = set()  # RayJobs whose rewritten run spec was reported
+        self._oversized: dict[tuple[str, str], str] = {}  # (object uid, document) said to be over its bounds
+        # (verifications, document readers) that may run at once: the controller sets its pools' sizes.
+        self.concurrency = (1, 1)
         self.pod_snapshots = PodSnapshots(kube.list_pods, lambda: self.settings.status_poll_seconds / 3)
+
+    @property
+    def budget(self) -> MemoryBudget:
+        """The memory budget of this operator: its pod's limit (settings) shared by what may run at once."""
+        verifications, readers = self.concurrency
+        return MemoryBudget.from_limit(self.settings.memory_limit_bytes, verifications=verifications, readers=readers)
 
     @property
     def defaults(self) -> StorageDefaults:
@@ -162,21 +171,43 @@ class Reads:
         if target is None:
             return None
         layout = s3_layout.RunLayout(target.run_root)
-        result, progress = self.read_json(target, layout.result_path), self.read_json(target, layout.status_path)
+        result = self.read_json(target, layout.result_path, about=body)
+        progress = self.read_json(target, layout.status_path, about=body)
         return self.verify(target, pooled=False), progress, result
 
     # ---- the run's records in S3
-    def read_json(self, target: GuardTarget, location: str) -> dict[str, Any] | None:
+    def read_json(
+        self, target: GuardTarget, location: str, *, about: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         """A JSON document of the run, None when absent or unreadable (progress is best effort; the guard reads
-        with `run_documents`, which tells the two apart)."""
-        uri = s3_layout.S3Uri.parse(location)
+        with `run_documents`, which tells the two apart). One over the memory budget's bounds is neither read past
+        them nor parsed: a Warning Event on `about` (the sweep) says so, once while it stays over."""
+        uri, bounds = s3_layout.S3Uri.parse(location), self.budget.run_records
         try:
             client = self.s3_client_for(target.endpoint_url, target.region)
-            doc = json.loads(read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key))
-            return doc if isinstance(doc, dict) else None
+            data = read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), location, bounds.max_bytes)
+            doc = load_json(data, location, bounds)
+        except DocumentTooLarge as exc:
+            self._say_oversized(about, location, str(exc))
+            return None
         except Exception as exc:
             log.debug("cannot read %s: %s", location, exc)
             return None
+        if about is not None:
+            self._oversized.pop((meta_of(about).get("uid") or "", location), None)
+        return doc if isinstance(doc, dict) else None
+
+    def _say_oversized(self, about: Mapping[str, Any] | None, location: str, why: str) -> None:
+        message = f"{why}; the operator skips it until it is back within its bounds (the memory budget, docs/guard.md)"
+        key = (meta_of(about or {}).get("uid") or "", location)
+        if self._oversized.get(key) == message:
+            return
+        log.warning("%s", message)
+        if len(self._oversized) >= 4096:  # bounded: a forgotten one is said again
+            self._oversized.clear()
+        self._oversized[key] = message
+        if about is not None and self.emit is not None:
+            self.emit(about, "Warning", "RunDocumentTooLarge", message)
 
     def with_progress(self, facts: SweepFacts) -> SweepFacts:
         """The facts with the run's `_sweep/status.json` read: its status fields and its checkpoint coverage."""
@@ -199,19 +230,19 @@ class Reads:
             target = GuardTarget(
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
-        return self.read_json(target, s3_layout.RunLayout(target.run_root).status_path)
+        return self.read_json(target, s3_layout.RunLayout(target.run_root).status_path, about=facts.body)
 
     def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""
         target = run_target(body, self.defaults)
         if target is None:
             return False
-        result = self.read_json(target, s3_layout.RunLayout(target.run_root).result_path)
+        result = self.read_json(target, s3_layout.RunLayout(target.run_root).result_path, about=body)
         return bool(result and result.get("deadlineReached") is True)
 
     def run_documents(self, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
         """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
-        return run_documents(self.s3_client_for(target.endpoint_url, target.region), target)
+        return run_documents(self.s3_client_for(target.endpoint_url, target.region), target, self.budget.run_records)
 
     def verify(self, target: GuardTarget, *, pooled: bool = True) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
@@ -223,6 +254,7 @@ class Reads:
             # Targets recorded before a lower cap was set are held to it too.
             "timeout_seconds": min(target.timeout_seconds, self.settings.limits.max_verification_timeout_seconds),
             "min_retention_days": self.settings.min_retention_days,
+            "budget": self.budget.verification,
         }
         if pooled and self.verification_pool is not None:
             result = self.verification_pool.submit(self.verifier, *args, **options).result()
@@ -343,16 +375,20 @@ class Reads:
         return sweep if sweep is not None and (not run or run == sweep_run_id(sweep)) else None
 
 
-def run_documents(client: Any, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+def run_documents(
+    client: Any, target: GuardTarget, bounds: DocumentBounds = RUN_RECORD_BOUNDS
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
     """The run's `_sweep/status.json` and `result.json` through `client` (None when absent) and whether both could
-    be read: the guard's reads and `sweepctl release` (with the caller's credentials) share it."""
+    be read: the guard's reads and `sweepctl release` (with the caller's credentials) share it. One over `bounds` is
+    unreadable (neither read past them nor parsed), so the guard holds."""
     layout = s3_layout.RunLayout(target.run_root)
     docs: list[Any] = []
     readable = True
     for location in (layout.status_path, layout.result_path):
         uri = s3_layout.S3Uri.parse(location)
         try:
-            docs.append(json.loads(read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key)))
+            data = read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key, bounds.max_bytes)
+            docs.append(load_json(data, uri.key, bounds))
         except Exception as exc:  # absent is an answer; anything else means "cannot tell"
             docs.append(None)
             if error_code(exc) not in ("NoSuchKey", "404", "KeyError"):
