@@ -179,7 +179,7 @@ def test_server_down_exits_1_without_traceback() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["gs://bucket/x"], "is not an s3:// URI"),
+        (["gs://bucket/x"], "is neither an s3:// URI nor a directory"),
         (["s3://Bad_Bucket/x"], "is not a valid S3 bucket name"),
         (["s3://bucket-a"], "names a bucket, not a run root"),
         (["s3://bucket-a/x", "--timeout", "0"], "--timeout: got 0"),
