@@ -64,6 +64,8 @@ class Store(Protocol):
 
     def list(self, location: str) -> dict[str, tuple[int, str]]: ...
 
+    def exists(self, location: str) -> bool: ...
+
 
 class S3Store:
     """boto3, because the fingerprint is the ETag of a listing (pyarrow's file info has none): recording a checkpoint
@@ -113,6 +115,14 @@ class S3Store:
             raise OSError(f"cannot list {location}: {exc}") from exc
         return found
 
+    def exists(self, location: str) -> bool:
+        uri = s3_layout.S3Uri.parse(location)
+        try:
+            page = self.client.list_objects_v2(Bucket=uri.bucket, Prefix=uri.key, MaxKeys=1)
+        except Exception as exc:
+            raise OSError(f"cannot list {location}: {exc}") from exc
+        return any(obj.get("Key") == uri.key for obj in page.get("Contents", []))
+
     def pages(self, uri: s3_layout.S3Uri, delimiter: str = "") -> Iterator[dict[str, Any]]:
         """ListObjectsV2 pages under `uri`'s prefix."""
         token = ""
@@ -147,6 +157,9 @@ class LocalStore:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, location)
+
+    def exists(self, location: str) -> bool:
+        return os.path.isfile(location)
 
     def list(self, location: str) -> dict[str, tuple[int, str]]:
         found: dict[str, tuple[int, str]] = {}
@@ -236,22 +249,20 @@ def record_checkpoint(checkpoint_dir: str, store: Store | None = None) -> Record
 
 
 def backfill_trial(trial_dir: str, store: Store | None = None) -> list[str]:
-    """Write the missing commit records of one Train run's committed checkpoints (one listing of the trial); the names
-    written. What a controller that died after Ray's snapshot and before our record left unproven."""
+    """Write the missing commit records of one Train run's committed checkpoints; the names written. What a
+    controller that died after Ray's snapshot and before our record left unproven. Only a checkpoint without a
+    record is listed (a local directory's files are hashed to be listed)."""
     store = store or store_for(trial_dir)
     committed = _committed(store, trial_dir)
-    if not committed:
-        return []
-    by_checkpoint: dict[str, dict[str, tuple[int, str]]] = {}
-    for rel, value in store.list(trial_dir).items():
-        head, sep, rest = rel.partition("/")
-        if sep and head in committed:
-            by_checkpoint.setdefault(head, {})[rest] = value
     written = []
-    for name, files in sorted(by_checkpoint.items()):
-        if s3_layout.COMMIT_RECORD_FILE in files:
+    for name in sorted(committed or ()):
+        checkpoint_dir = s3_layout.join(trial_dir, name)
+        location = s3_layout.join(checkpoint_dir, s3_layout.COMMIT_RECORD_FILE)
+        if store.exists(location):
             continue
-        location = s3_layout.join(trial_dir, name, s3_layout.COMMIT_RECORD_FILE)
+        files = {k: v for k, v in store.list(checkpoint_dir).items() if k != s3_layout.COMMIT_RECORD_FILE}
+        if not files:
+            continue  # deleted since, or never there: the verifier says which
         store.write(location, _record_bytes(name, files, store.fingerprint, backfilled=True))
         written.append(name)
     if written:

@@ -342,3 +342,23 @@ def test_the_local_store_fingerprints_by_sha256(tmp_path: Any) -> None:
 
     assert doc.fingerprint == "sha256"
     assert doc.files == (commit_record.RecordEntry("model.pt", 7, hashlib.sha256(b"weights").hexdigest()),)
+
+
+def test_a_backfill_lists_only_the_checkpoints_that_lack_a_record(tmp_path: Any) -> None:
+    """A local directory's files are hashed to be listed: a recorded checkpoint (a large model, say) is not read again
+    at every trial start and at the driver's end."""
+    trial = tmp_path / "train" / "t1"
+    for name in ("checkpoint_a", "checkpoint_b"):
+        (trial / name).mkdir(parents=True)
+        (trial / name / "model.pt").write_bytes(name.encode())
+    (trial / s3_layout.SNAPSHOT_FILE).write_text(json.dumps(ray_snapshot(["checkpoint_a", "checkpoint_b"])))
+    assert commit_records.record_checkpoint(str(trial / "checkpoint_a")).written
+    listed: list[str] = []
+
+    class Watched(commit_records.LocalStore):
+        def list(self, location: str) -> dict[str, tuple[int, str]]:
+            listed.append(location.rsplit("/", 1)[-1])
+            return super().list(location)
+
+    assert commit_records.backfill_trial(str(trial), Watched()) == ["checkpoint_b"]
+    assert listed == ["checkpoint_b"]
