@@ -13,7 +13,7 @@ from sweep_contracts.checkpoint_manifest import (
     Manifest,
     missing_rank_manifests,
 )
-from sweep_contracts.commit_record import FINGERPRINT_S3_ETAG, FINGERPRINT_SHA256, CommitRecord
+from sweep_contracts.commit_record import FINGERPRINT_S3_ETAG, FINGERPRINT_SHA256, CommitRecord, same_content
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
@@ -251,14 +251,14 @@ def _assess_record(
             problems.append(Finding(SIZE_MISMATCH, key, f"{actual} bytes in S3, the commit record says {entry.size}"))
         elif record.fingerprint == FINGERPRINT_S3_ETAG:
             listed = etags.get(entry.path)
-            if listed != entry.fingerprint:
+            if listed is None or not same_content(entry.fingerprint, listed):
                 problems.append(
                     Finding(
                         FINGERPRINT_MISMATCH,
                         key,
                         f"ETag {listed or 'unknown'} in S3, the commit record says {entry.fingerprint}: "
-                        "the file was rewritten after Ray committed it (a restore by another upload method, e.g. "
-                        "one PUT for a multipart upload, changes the ETag too)",
+                        "the file was rewritten after Ray committed it (a file of several upload parts restored by "
+                        "one PUT has another ETag too: restore it in parts of the same size)",
                     )
                 )
         elif record.fingerprint == FINGERPRINT_SHA256:

@@ -362,3 +362,41 @@ def test_a_backfill_lists_only_the_checkpoints_that_lack_a_record(tmp_path: Any)
 
     assert commit_records.backfill_trial(str(trial), Watched()) == ["checkpoint_b"]
     assert listed == ["checkpoint_b"]
+
+
+def _md5(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def test_a_file_restored_by_one_put_of_the_same_bytes_is_the_same_content_a_rewrite_is_not() -> None:
+    """pyarrow (so Ray) uploads even a small file as a one-part multipart upload: its ETag is md5(md5(bytes))-1. A
+    restore by a plain PUT of the same bytes lists md5(bytes): the same content, recognised both ways; other bytes,
+    or a several-part upload that cannot be compared with one PUT's, are not."""
+    data = b"weights" * 100
+    one_part = _md5(bytes.fromhex(_md5(data))) + "-1"
+    assert commit_record.same_content(one_part, _md5(data))
+    assert commit_record.same_content(_md5(data), one_part)
+    assert commit_record.same_content(_md5(data), _md5(data))
+    assert not commit_record.same_content(one_part, _md5(b"other" * 100))
+    assert not commit_record.same_content(_md5(bytes.fromhex(_md5(data))) + "-2", _md5(data))
+    assert not commit_record.same_content("not-an-etag-1", _md5(data))
+
+
+def test_the_verifier_takes_a_faithful_restore_of_a_multipart_upload(s3: FakeS3, store: commit_records.S3Store) -> None:
+    data = PLAIN_FILES["model.pt"]
+    write_plain_checkpoint(s3, "checkpoint_a")
+    commit(s3, "checkpoint_a")
+    result_json(s3, "checkpoint_a")
+    assert commit_records.record_checkpoint(f"{TRIAL_DIR}/checkpoint_a", store).written
+    # as Ray's upload left it: the record names the one-part multipart ETag of model.pt
+    raw = s3.get_object(Bucket=BUCKET, Key=key("checkpoint_a", s3_layout.COMMIT_RECORD_FILE))["Body"].read()
+    doc = json.loads(raw)
+    for entry in doc["files"]:
+        if entry["path"] == "model.pt":
+            entry["fingerprint"] = _md5(bytes.fromhex(_md5(data))) + "-1"
+    s3.put_object(Bucket=BUCKET, Key=key("checkpoint_a", s3_layout.COMMIT_RECORD_FILE), Body=json.dumps(doc).encode())
+    assert verify_sweep_checkpoints(s3, ROOT).verified  # FakeS3 lists one PUT's md5, as S3 does
+    s3.put_object(Bucket=BUCKET, Key=key("checkpoint_a", "model.pt"), Body=b"n" * len(data))  # same size, other bytes
+    assert [p.kind for p in verify_sweep_checkpoints(s3, ROOT).problems][:1] == [v.FINGERPRINT_MISMATCH]
