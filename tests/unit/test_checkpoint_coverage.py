@@ -84,3 +84,17 @@ def test_the_spec_sets_the_threshold_and_the_finish_judges_the_result() -> None:
     assert "NoCommittedCheckpoint" in [e.reason for e in decision.events]
     running = checkpoint_coverage({"trialResults": [row("t1", reports=4)]}, 5)
     assert running is None  # a loop that checkpoints every 5 reports sets warnAfterReports: 5
+
+
+def test_run_local_prints_the_same_warning_while_it_runs_once_per_change(capsys: pytest.CaptureFixture[str]) -> None:
+    from sweep_operator.cli.run_local import ProgressLine
+
+    progress = ProgressLine(planned=1, warn_after_reports=3)
+    progress({"trials": {"total": 1, "running": 1}, "trialResults": [row("t1", reports=2)]})
+    assert "warning" not in capsys.readouterr().err
+    for reports in (3, 4):  # the same fact twice: said once
+        progress({"trials": {"total": 1, "running": 1}, "trialResults": [row("t1", reports=reports)]})
+    err = capsys.readouterr().err
+    assert err.count("run-local: warning: no trial has committed a checkpoint") == 1
+    progress.warn_if_uncheckpointed({"trialResults": [row("t1", "TERMINATED", reports=5)]})
+    assert "trial t1 ended" in capsys.readouterr().err
