@@ -771,7 +771,12 @@ class SweepStatus(StatusModel):
 
 # ---------------------------------------------------------------------------------------- the GPU-hour ledger
 
-LEDGER_MAX_SWEEPS = 128  # entries per namespace; past it the oldest ended ones merge into one (docs/budgets.md)
+LEDGER_MAX_SWEEPS = 128  # entries past which the oldest that reserve nothing merge into one (docs/budgets.md)
+# Admitted GPU attempts one namespace's ledger holds reservations for at once; a further attempt waits Queued until
+# one ends. Entries that reserve cannot merge (each is its attempt's promise), so the object must hold them all: this
+# many beside LEDGER_MAX_SWEEPS others, each at most 17 intervals, stay under 1 MiB (tests/unit/test_hours_ledger.py).
+LEDGER_MAX_RESERVATIONS = 256
+LEDGER_MAX_ENTRIES = LEDGER_MAX_SWEEPS + LEDGER_MAX_RESERVATIONS  # the CRD's bound on status.sweeps
 LEDGER_MAX_INTERVALS = 64  # per entry; finished ones merge past 16 (a sweep's own record holds at most 64)
 
 
@@ -823,6 +828,6 @@ class GPUHourLedgerStatus(StatusModel):
     updated_at: str | None = Field(None, description="When the operator last wrote the ledger (RFC 3339).")
     sweeps: list[LedgerSweepStatus] | None = Field(
         None,
-        max_length=LEDGER_MAX_SWEEPS,
+        max_length=LEDGER_MAX_ENTRIES,
         description="Every sweep (deleted ones too) with GPU-hours in the window or a reservation.",
     )

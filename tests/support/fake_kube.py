@@ -8,7 +8,7 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_operator.kube import Conflict
-from tests.support.schemas import sweep_status_validator
+from tests.support.schemas import errors, ledger_validator, sweep_status_validator
 
 # A real API server prunes status fields its CRD schema lacks, silently: here each status write is checked against
 # the CRD's status schema made strict, so a field the operator writes but the schema lacks fails the test.
@@ -110,7 +110,11 @@ class FakeKube:
         wanted = body["metadata"].get("resourceVersion")
         if (current is None) != (wanted is None) or (current and current["metadata"]["resourceVersion"] != wanted):
             raise Conflict(f"GPUHourLedger: resourceVersion {wanted} is not the current one")
+        problems = errors(ledger_validator(), body)
+        if problems:  # the API server's 422 (a list past its maxItems, a field the schema lacks)
+            raise AssertionError(f"GPUHourLedger write does not fit the CRD schema: {[p[:300] for p in problems[:3]]}")
         obj = copy.deepcopy(body)
+        obj["metadata"]["uid"] = current["metadata"]["uid"] if current else f"uid-{next(_uids)}"
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self.objects[(constants.LEDGER_KIND, obj["metadata"]["namespace"], constants.LEDGER_NAME)] = obj

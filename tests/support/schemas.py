@@ -103,3 +103,10 @@ def sweep_status_validator() -> jsonschema.Validator:
     """Our CRD's status schema (crds/), strict: unknown status fields are errors, not silently pruned."""
     crd = yaml.safe_load((REPO / "crds" / "trainingsweeps.sweeps.dev.yaml").read_text())
     return validator(crd_v1_schema(crd, "v1alpha1")["properties"]["status"])
+
+
+@functools.cache
+def ledger_validator() -> jsonschema.Validator:
+    """The GPUHourLedger CRD's schema (crds/), strict: a write the API server would refuse (422) is an error here."""
+    crd = yaml.safe_load((REPO / "crds" / "gpuhourledgers.sweeps.dev.yaml").read_text())
+    return validator(crd_v1_schema(crd, "v1alpha1"))

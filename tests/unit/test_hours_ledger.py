@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sweep_contracts.api import LEDGER_MAX_SWEEPS, GPUHourLedgerStatus
+from sweep_contracts.api import LEDGER_MAX_ENTRIES, LEDGER_MAX_RESERVATIONS, LEDGER_MAX_SWEEPS, GPUHourLedgerStatus
 from sweep_operator.gpu_time import HOUR, NamespaceBudget, PodInterval, UsageLedger
 from sweep_operator.policy import Admit, Queue, Reject
 from sweep_operator.reconcile.hours_ledger import (
@@ -18,6 +18,7 @@ from sweep_operator.reconcile.hours_ledger import (
     HoursLedger,
     LedgerEntry,
     Reservation,
+    bounded,
     decide_reservation,
     record_usage,
     release,
@@ -187,7 +188,6 @@ def test_an_ended_run_releases_its_reservation_but_not_its_hours() -> None:
 def test_the_ledger_object_stays_bounded_whatever_the_number_of_sweeps() -> None:
     """1,000 sweeps of 64 GPU pods each in one window, recorded one at a time and each bounded as every write
     bounds it: the object stays far below etcd's 1.5 MiB and keeps every GPU-second of the window."""
-    from sweep_operator.reconcile.hours_ledger import bounded
 
     ledger, total = HoursLedger(BUDGET), 0.0
     for s in range(1000):
@@ -267,3 +267,92 @@ def test_the_first_write_creates_the_ledger_seeded_from_the_sweeps_records_and_a
     assert isinstance(two.change("team", BUDGET, NOW, reserve("c", 2.0)), Queue)  # refused, decided again
     stored = kube.get_ledger("team")
     assert stored is not None and stored["status"]["leftGpuHours"] == pytest.approx(0.0)
+
+
+# ------------------------------------------------------------------------------------ more reservations than before
+
+
+def test_more_admitted_gpu_attempts_than_the_ledger_once_held_keep_every_write_valid() -> None:
+    """260 one-GPU-hour attempts in one namespace with room for all: entries that reserve never merge, so past 128
+    every write was one the CRD refuses (a wedge). Now up to LEDGER_MAX_RESERVATIONS are admitted, every write fits
+    the CRD's schema (the fake refuses one that does not, as the API server does), the rest wait Queued saying why,
+    and one ending lets the next in."""
+    from sweep_operator.reconcile.ports import GpuHourLedgers
+    from tests.support.fake_kube import FakeKube
+
+    kube = FakeKube()
+    ledgers = GpuHourLedgers(kube, kube.list_sweeps)  # type: ignore[arg-type]  # the fake has KubeApi's surface
+    roomy = NamespaceBudget(gpu_hours=10_000.0, window_seconds=7 * 24 * HOUR)
+
+    def reserve(n: int) -> Any:
+        return lambda ledger: ask(ledger, uid=f"uid-{n}", name=f"s{n}", worst_case=1.0)
+
+    answers = [ledgers.change("team", roomy, NOW, reserve(n)) for n in range(LEDGER_MAX_RESERVATIONS + 4)]
+    admitted = [n for n, a in enumerate(answers) if isinstance(a, Admit)]
+    assert LEDGER_MAX_RESERVATIONS > 128 and admitted == list(range(LEDGER_MAX_RESERVATIONS))
+    queued = answers[LEDGER_MAX_RESERVATIONS:]
+    assert all(isinstance(q, Queue) and "the most its GPU-hour ledger tracks" in q.reason for q in queued), queued[0]
+    stored = kube.get_ledger("team")
+    assert stored is not None and len(stored["status"]["sweeps"]) == LEDGER_MAX_RESERVATIONS
+    # one ends: its reservation goes, and the first of those waiting is admitted (every write still valid)
+    ledgers.change("team", roomy, NOW, lambda ledger: (None, release(ledger, uid="uid-0", deleted=True, now=NOW)))
+    assert isinstance(ledgers.change("team", roomy, NOW, reserve(LEDGER_MAX_RESERVATIONS)), Admit)
+    assert isinstance(ledgers.change("team", roomy, NOW, reserve(LEDGER_MAX_RESERVATIONS + 1)), Queue)
+
+
+def test_a_full_ledger_of_running_reservations_and_ended_sweeps_fits_its_object() -> None:
+    """The most the object holds: LEDGER_MAX_RESERVATIONS running sweeps of 16 GPU pods with a finished one each, and
+    more ended sweeps than LEDGER_MAX_SWEEPS: bounded as every write bounds it, it fits the CRD and stays under 1 MiB
+    (etcd takes 1.5)."""
+    from tests.support.schemas import errors, ledger_validator
+
+    running = tuple(
+        LedgerEntry(
+            f"running-sweep-with-a-long-name-{s:03d}",
+            f"0b8d5c6e-3f0a-4c1e-9a55-{s:012d}",
+            (
+                *(PodInterval(f"7c1e4b2a-0d3f-4e5a-8b6c-{s:06d}{p:06d}", "c", 1.0, NOW - HOUR) for p in range(16)),
+                PodInterval(f"finished-{s}", "c", 1.0, NOW - 2 * HOUR, NOW - HOUR),
+            ),
+            Reservation(40.0, NOW - HOUR, "resume-12", run_until_exhausted=True),
+        )
+        for s in range(LEDGER_MAX_RESERVATIONS)
+    )
+    ended = tuple(
+        LedgerEntry(
+            f"ended-sweep-{s:03d}",
+            f"uid-ended-{s}",
+            tuple(PodInterval(f"p-{s}-{p}", "c", 1.0, NOW - 3 * HOUR + p, NOW - 2 * HOUR + p) for p in range(16)),
+            deleted=True,
+        )
+        for s in range(2 * LEDGER_MAX_SWEEPS)
+    )
+    ledger = bounded(HoursLedger(BUDGET, running + ended), NOW)
+    obj = ledger.to_object("team", NOW)
+    size = len(json.dumps(obj))
+    assert size < 1024 * 1024, size
+    assert errors(ledger_validator(), obj) == []
+    assert sum(1 for s in obj["status"]["sweeps"] if s.get("reservation")) == LEDGER_MAX_RESERVATIONS
+
+
+def test_reservations_past_what_the_object_holds_are_charged_as_used_never_dropped() -> None:
+    """A ledger seeded from more running sweeps than admission lets reserve: the newest reservations past the CRD's
+    bound count as used now (in the merged entry), so what is left never grows and the write is still accepted."""
+    roomy = NamespaceBudget(gpu_hours=10_000.0, window_seconds=7 * 24 * HOUR)
+    entries = tuple(
+        LedgerEntry(
+            f"s{n}",
+            f"uid-{n}",
+            (PodInterval(f"pod-{n}", "c", 1.0, NOW - HOUR),),
+            Reservation(3.0, NOW - HOUR + n, "seeded"),
+        )
+        for n in range(LEDGER_MAX_ENTRIES + 10)
+    )
+    ledger = HoursLedger(roomy, entries)
+    before = ledger.left(NOW)
+    kept = bounded(ledger, NOW)
+    assert len(kept.entries) <= LEDGER_MAX_ENTRIES
+    assert kept.left(NOW) == pytest.approx(before) and kept.left(NOW) <= before + 1e-6
+    newest = {f"uid-{n}" for n in range(LEDGER_MAX_ENTRIES - 1, LEDGER_MAX_ENTRIES + 10)}
+    assert not newest & {e.uid for e in kept.entries if e.reservation is not None}
+    GPUHourLedgerStatus.model_validate(kept.to_object("team", NOW)["status"])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts import constants
-from sweep_contracts.api import LEDGER_MAX_SWEEPS
+from sweep_contracts.api import LEDGER_MAX_ENTRIES, LEDGER_MAX_RESERVATIONS, LEDGER_MAX_SWEEPS
 from sweep_contracts.problems import Problem
 
 from ..gpu_time import (
@@ -192,18 +192,38 @@ class HoursLedger:
 def bounded(ledger: HoursLedger, now: float) -> HoursLedger:
     """The ledger kept small: entries whose hours all left the window and that reserve nothing go; past
     LEDGER_MAX_SWEEPS entries, the oldest that reserve nothing merge into one (their GPU-seconds kept, only which
-    sweep used them lost). A merged sweep that records again counts twice: the ledger errs high, never low."""
+    sweep used them lost). A merged sweep that records again counts twice: the ledger errs high, never low.
+
+    Entries that reserve are bounded by admission (LEDGER_MAX_RESERVATIONS, `decide_reservation`). Where more are
+    held all the same (a ledger seeded from more running sweeps than that), the newest reservations past what the
+    object holds are charged: what each still promises counts as used now, in the merged entry, and the reservation
+    goes. Again the ledger errs high, and every write stays one the API server accepts."""
     start = now - ledger.budget.window_seconds
     kept = [e for e in ledger.entries if e.reservation is not None or e.last_end(now) > start]
     if len(kept) > LEDGER_MAX_SWEEPS:
         idle = sorted((e for e in kept if e.reservation is None and e.uid != MERGED), key=lambda e: e.last_end(now))
         old = idle[: len(kept) - LEDGER_MAX_SWEEPS + 1]
+        after = len(kept) - len(old) + (0 if any(e.uid == MERGED for e in kept) else 1)
+        reserving = sorted((e for e in kept if e.reservation is not None), key=_admitted_order, reverse=True)
+        charged = reserving[: max(after - LEDGER_MAX_ENTRIES, 0)]
         merged = next((e for e in kept if e.uid == MERGED), LedgerEntry(f"({MERGED} sweeps)", MERGED, deleted=True))
         intervals = [i for e in (merged, *old) for i in e.intervals if i.end is not None]
+        intervals += [i if i.end is not None else replace(i, end=now) for e in charged for i in e.intervals]
+        intervals += [_charge(e, now) for e in charged if e.reserved_left(now) > 0]
         merged = replace(merged, intervals=merged_intervals(intervals, ENTRY_INTERVALS))
-        gone = {e.uid for e in old} | {MERGED}
-        kept = [e for e in kept if e.uid not in gone] + [merged]
+        gone = {e.uid for e in (*old, *charged)} | {MERGED}
+        kept = [e for e in kept if e.uid not in gone] + ([merged] if merged.intervals else [])
     return replace(ledger, entries=tuple(kept))
+
+
+def _admitted_order(entry: LedgerEntry) -> tuple[float, str]:
+    assert entry.reservation is not None
+    return (entry.reservation.since, entry.uid)
+
+
+def _charge(entry: LedgerEntry, now: float) -> PodInterval:
+    """What a reservation still promises, as GPU-seconds used in the second before `now`."""
+    return PodInterval(f"charged:{entry.uid}", "", entry.reserved_left(now) * HOUR, now - 1.0, now, MERGED)
 
 
 def merged_intervals(intervals: list[PodInterval], limit: int) -> tuple[PodInterval, ...]:
@@ -259,6 +279,12 @@ def decide_reservation(
                     f"lower trial.workers, tune.maxConcurrentTrials or deadlines.activeSeconds, {opt_in}",
                 ),
             )
+        ), None
+    reserving = sum(1 for e in ledger.entries if e.reservation is not None and e.uid != uid)
+    if reserving >= LEDGER_MAX_RESERVATIONS:
+        return Queue(
+            reason=f"the namespace has {reserving} admitted GPU sweeps holding GPU-hour reservations, the most its "
+            "GPU-hour ledger tracks at once; admitted when one of them ends"
         ), None
     used, reserved = ledger.used(now), ledger.reserved(now, exclude_uid=uid)
     left = budget.gpu_hours - used - reserved
