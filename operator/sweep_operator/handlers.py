@@ -19,7 +19,6 @@ import re
 import ssl
 import sys
 from collections.abc import Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +60,7 @@ from .watch_events import (
     routed,
     sweep_event,
 )
-from .workqueue import WorkQueue
+from .workqueue import FairPool, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +96,7 @@ class SweepTicks:
 
     def __init__(self, controller: SweepController, interval: float) -> None:
         self.controller, self.interval = controller, interval
-        self.queue: WorkQueue[ObjectRef] = WorkQueue(self._tick, workers=1, name="tick")
+        self.queue: WorkQueue[ObjectRef] = WorkQueue(self._tick, workers=1, name="tick", flow=lambda ref: ref.namespace)
 
     def follow(self, body: Mapping[str, Any]) -> None:
         """A watched sweep gets its next tick one interval from now, unless one is already due sooner."""
@@ -372,7 +371,8 @@ def _object_of(event: kopf.RawEvent) -> Mapping[str, Any]:
 def build_controller(settings: Settings, api_client: Any, metrics: OperatorMetrics | None = None) -> SweepController:
     """The controller with real clients: Kubernetes from `api_client`, S3 from the shared factory."""
     # Verifications share no thread with reconciles or the webhook; at most verification_workers wait on S3.
-    pool = ThreadPoolExecutor(max_workers=settings.verification_workers, thread_name_prefix="verify")
+    # Fair between namespaces as the guard's queue is: one namespace's slow buckets hold at most its share.
+    pool = FairPool(settings.verification_workers, name="verify")
     kube = KubeApi(api_client)
     return SweepController(
         settings,

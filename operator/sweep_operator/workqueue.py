@@ -14,6 +14,13 @@ The operator puts sweeps that wait for admission (no run yet) ahead of mirroring
 with many sweeps applied at once, the time until each gets its RayJob no longer grows with the status traffic
 of those admitted before it. With `workers=0` every request runs at once in the caller's thread (tests drive
 the controller that way).
+
+Given a `flow` (the operator's is the key's namespace), the queue is fair between flows, as API Priority and
+Fairness bounds one flow's share of a priority level: each flow has its own queue, flows with work take turns, and
+no flow runs more keys at once than its share (`fair_share`). One namespace's slow passes (a Ray head that
+trickles its replies, a bucket at its deadline) then hold at most its share of the workers, each for at most its
+call's deadline, and another namespace's work starts on a worker kept free for it. `FairPool` is the same
+discipline for tasks that have no key of their own (the guard's verifications).
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ import contextvars
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +45,39 @@ URGENT = 0  # a sweep waiting for admission: its RayJob does not exist yet
 ROUTINE = 1  # status mirroring, ticks, anything else
 
 
+def fair_share(workers: int, flows: int) -> int:
+    """The most workers one flow may hold while `flows` flows have work queued or running: an even split of all
+    workers but one. The one kept back is what a flow arriving while another has work finds free at once (a
+    split of all of them left the newcomer waiting for one of the busy flow's passes to end, up to a deadline);
+    with two flows or more every worker is in use again (the shares are rounded up)."""
+    if workers <= 1:
+        return 1
+    return max(1, math.ceil((workers - 1) / max(flows, 1)))
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self, work: Callable[[K], None], *, workers: int, name: str = "reconcile") -> None:
+    def __init__(
+        self,
+        work: Callable[[K], None],
+        *,
+        workers: int,
+        name: str = "reconcile",
+        flow: Callable[[K], Hashable] | None = None,
+    ) -> None:
         if workers < 0:
             raise ValueError(f"workers must be 0 (run in the caller) or more, got {workers}")
         self._work = work
         self._workers = workers
         self._name = name
+        self._flow_of = flow
         self._cv = threading.Condition()
-        self._heap: list[tuple[int, int, K]] = []
+        # Each flow's own heap of (priority, seq, key); without a `flow` every key is in flow None.
+        self._heaps: dict[Hashable, list[tuple[int, int, K]]] = {}
+        self._turns: deque[Hashable] = deque()  # flows with queued keys that may run one now, in turn order
+        self._in_turns: set[Hashable] = set()
+        self._parked: set[Hashable] = set()  # flows with queued keys, holding their share of the workers
+        self._flow_running: Counter[Hashable] = Counter()  # keys run by the workers, by flow
+        self._flow_present: Counter[Hashable] = Counter()  # keys queued or run by the workers, by flow
         self._queued: dict[K, int] = {}  # key -> the priority of its live heap entry
         self._running: set[K] = set()
         self._again: dict[K, int] = {}  # running keys asked for meanwhile -> best priority asked
@@ -172,7 +206,10 @@ class WorkQueue(Generic[K]):
             if key in self._running:
                 self._again[key] = min(self._again.get(key, priority), priority)
                 return
-            self._queued.pop(key, None)  # its heap entry goes stale: this pass serves it
+            if self._queued.pop(key, None) is not None:  # its heap entry goes stale: this pass serves it
+                flow = self._flow(key)
+                self._less(self._flow_present, flow)
+                self._unpark()
             self._running.add(key)
         try:
             while True:
@@ -185,10 +222,64 @@ class WorkQueue(Generic[K]):
                 self._running.discard(key)
                 self._again.pop(key, None)
 
+    def _flow(self, key: K) -> Hashable:
+        return None if self._flow_of is None else self._flow_of(key)
+
+    def _share(self) -> int:
+        if self._flow_of is None:
+            return max(self._workers, 1)
+        return fair_share(self._workers, len(self._flow_present))
+
+    @staticmethod
+    def _less(counter: Counter[Hashable], flow: Hashable) -> None:
+        counter[flow] -= 1
+        if counter[flow] <= 0:
+            del counter[flow]
+
     def _push(self, key: K, priority: int) -> None:
+        flow = self._flow(key)
+        if key not in self._queued:
+            self._flow_present[flow] += 1
         self._queued[key] = priority
-        heapq.heappush(self._heap, (priority, next(self._seq), key))
+        heapq.heappush(self._heaps.setdefault(flow, []), (priority, next(self._seq), key))
+        if flow not in self._in_turns and flow not in self._parked:
+            self._turns.append(flow)
+            self._in_turns.add(flow)
         self._cv.notify()
+
+    def _unpark(self) -> None:
+        """Flows back in turn once they hold less than their share (a pass of theirs ended, or a flow left)."""
+        share = self._share()
+        for flow in [f for f in self._parked if self._flow_running[f] < share]:
+            self._parked.discard(flow)
+            self._turns.append(flow)
+            self._in_turns.add(flow)
+            self._cv.notify()
+
+    def _next(self) -> K | None:
+        """The next key to run: the head of the first flow in turn below its share (then at the back of the line
+        if it has more). Stale heap entries (superseded by a more urgent one, or served by run_now) are dropped."""
+        share = self._share()
+        for _ in range(len(self._turns)):
+            flow = self._turns.popleft()
+            self._in_turns.discard(flow)
+            heap = self._heaps.get(flow, [])
+            while heap and self._queued.get(heap[0][2]) != heap[0][0]:
+                heapq.heappop(heap)
+            if not heap:
+                self._heaps.pop(flow, None)
+                continue
+            if self._flow_running[flow] >= share:
+                self._parked.add(flow)
+                continue
+            _, _, key = heapq.heappop(heap)
+            if heap:
+                self._turns.append(flow)
+                self._in_turns.add(flow)
+            else:
+                self._heaps.pop(flow, None)
+            return key
+        return None
 
     def _start_workers(self) -> None:
         while len(self._threads) < self._workers:  # started on first use: tests driving reconciles directly spawn none
@@ -199,15 +290,15 @@ class WorkQueue(Generic[K]):
     def _take(self) -> tuple[K, contextvars.Context] | None:
         with self._cv:
             while True:
-                while not self._heap and not self._stopped:
-                    self._cv.wait()
                 if self._stopped:
                     return None
-                priority, _, key = heapq.heappop(self._heap)
-                if self._queued.get(key) != priority:
-                    continue  # superseded by a more urgent entry for the same key
+                key = self._next()
+                if key is None:
+                    self._cv.wait()
+                    continue
                 del self._queued[key]
                 self._running.add(key)
+                self._flow_running[self._flow(key)] += 1
                 return key, self._contexts.pop(key, None) or contextvars.copy_context()
 
     def _run(self) -> None:
@@ -224,9 +315,13 @@ class WorkQueue(Generic[K]):
             finally:
                 with self._cv:
                     self._running.discard(key)
+                    flow = self._flow(key)
+                    self._less(self._flow_running, flow)
+                    self._less(self._flow_present, flow)
                     again = self._again.pop(key, None)
                     if again is not None and not self._stopped:
                         self._push(key, again)
+                    self._unpark()
 
     def pending(self) -> int:
         """Keys waiting or running (for tests and metrics)."""
@@ -244,7 +339,11 @@ class WorkQueue(Generic[K]):
         """Forget what waits, let running passes finish, end the threads (a later `add` starts new ones)."""
         with self._cv:
             self._stopped = True
-            self._heap.clear()
+            self._heaps.clear()
+            self._turns.clear()
+            self._in_turns.clear()
+            self._parked.clear()
+            self._flow_present = Counter(self._flow_running)  # what still runs leaves as it ends
             self._queued.clear()
             self._again.clear()
             self._contexts.clear()
@@ -265,3 +364,59 @@ class WorkQueue(Generic[K]):
                 thread.join(max(0.0, deadline - time.monotonic()))
         with self._cv:
             self._stopped = False
+
+
+class FairPool:
+    """An executor whose tasks are served fairly between flows (a `WorkQueue` keyed by task): the guard's
+    verifications, so that one namespace's slow buckets hold at most its share of the verification threads."""
+
+    def __init__(self, workers: int, name: str = "verify") -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be 1 or more, got {workers}")
+        self._tasks: dict[tuple[Hashable, int], tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]]
+        self._tasks = {}
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._queue: WorkQueue[tuple[Hashable, int]] = WorkQueue(
+            self._run, workers=workers, name=name, flow=lambda key: key[0]
+        )
+        self._shut = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """As `Executor.submit`, in the flow of no namespace."""
+        return self.submit_to(None, fn, *args, **kwargs)
+
+    def submit_to(self, flow: Hashable, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        key = (flow, next(self._seq))
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot submit after shutdown")
+            self._tasks[key] = (future, fn, args, kwargs)
+        self._queue.add(key)
+        return future
+
+    def _run(self, key: tuple[Hashable, int]) -> None:
+        with self._lock:
+            task = self._tasks.pop(key, None)
+        if task is None:
+            return
+        future, fn, args, kwargs = task
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # the caller's future carries it, as ThreadPoolExecutor's does
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Refuse new tasks, cancel those not started (the queue forgets them: whatever `cancel_futures` says, a
+        caller must not wait for a task that will never run), let running ones end (waiting up to 10 s)."""
+        with self._lock:
+            self._shut = True
+            pending, self._tasks = list(self._tasks.values()), {}
+        for future, *_ in pending:
+            future.cancel()
+        self._queue.close(timeout=10.0 if wait else 0)

@@ -434,3 +434,27 @@ def test_a_dashboard_url_with_more_than_host_and_port_is_refused_and_nothing_is_
         ray_jobs.dashboard_base(url)
     assert not ray_jobs.stop_job(url, "raysubmit_1").asked  # refused before any connection (unit tests: no network)
     assert ray_jobs.job_status(url, "raysubmit_1") is None
+
+
+def test_every_queue_of_the_controller_is_fair_between_namespaces_and_the_stop_has_several_workers() -> None:
+    """Polls, guard checks, end-of-run verifications and graceful stops: each queue's flow is the key's namespace."""
+    from sweep_operator.reconcile.controller import STOP_WORKERS
+    from sweep_operator.reconcile.deletion_guard import GuardKey
+    from sweep_operator.reconcile.facts import ObjectRef
+
+    made = SweepController(
+        Settings(), FakeKube(), lambda *_: None, lambda *_: None, reconcile_workers=2, guard_workers=2,
+        verification_pool=ThreadPoolExecutor(max_workers=1),
+    )  # fmt: skip
+    try:
+        keys = {
+            made.queue: ObjectRef("team-a", "s"),
+            made.finishing: ObjectRef("team-a", "s"),
+            made.guards: GuardKey("RayJob", "team-a", "s-run", "uid"),
+            made.stopping: ("team-a", "s-run", "s"),
+        }
+        for queue, key in keys.items():
+            assert queue._flow_of is not None and queue._flow_of(key) == "team-a", queue._name
+        assert made.stopping._workers == STOP_WORKERS > 1
+    finally:
+        made.close()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sweep_operator.workqueue import ROUTINE, URGENT, WorkQueue
+from sweep_operator.workqueue import ROUTINE, URGENT, FairPool, WorkQueue, fair_share
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
@@ -289,3 +289,140 @@ def test_the_delay_thread_is_woken_only_for_a_new_earliest_entry() -> None:
         assert ran == ["soon"]
     finally:
         queue.stop()
+
+
+# ---------------------------------------------------------------------------- fairness between flows (namespaces)
+def namespace(key: str) -> str:
+    return key.split("/")[0]
+
+
+@pytest.mark.parametrize(
+    ("workers", "flows", "share"),
+    [(1, 1, 1), (1, 5, 1), (2, 1, 1), (4, 1, 3), (8, 1, 7), (8, 2, 4), (8, 3, 3), (8, 9, 1)],
+)
+def test_a_flows_share_keeps_one_worker_for_a_newcomer_and_splits_the_rest(
+    workers: int, flows: int, share: int
+) -> None:
+    assert fair_share(workers, flows) == share
+
+
+def test_one_flows_slow_passes_hold_at_most_its_share_and_a_newcomer_runs_on_the_worker_kept_free() -> None:
+    release = threading.Event()
+    running: dict[str, int] = {}
+    most: dict[str, int] = {}
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def work(key: str) -> None:
+        with lock:
+            running[namespace(key)] = running.get(namespace(key), 0) + 1
+            most[namespace(key)] = max(most.get(namespace(key), 0), running[namespace(key)])
+        try:
+            if namespace(key) == "team-a":
+                release.wait(10)  # a Ray head trickling its reply until the call's deadline
+        finally:
+            with lock:
+                running[namespace(key)] -= 1
+                done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=4, flow=namespace)
+    try:
+        for i in range(10):
+            queue.add(f"team-a/sweep-{i}")
+        wait_until(lambda: running.get("team-a") == fair_share(4, 1))
+        queue.add("team-b/quiet")
+        wait_until(lambda: "team-b/quiet" in done)  # while every pass of team A still waits
+        assert not any(key.startswith("team-a") for key in done)
+        assert most["team-a"] == fair_share(4, 1)
+        release.set()
+        wait_until(lambda: queue.pending() == 0)
+        assert len(done) == 11
+    finally:
+        release.set()
+        queue.stop()
+
+
+def test_flows_with_work_take_turns_and_each_keeps_its_own_order() -> None:
+    gate = threading.Event()
+    done: list[str] = []
+
+    def work(key: str) -> None:
+        if key == "a/0":
+            gate.wait(5)
+        done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=1, flow=namespace)
+    try:
+        queue.add("a/0")  # holds the only worker while both flows queue up
+        wait_until(lambda: "a/0" in queue._running)
+        for i in range(1, 5):
+            queue.add(f"a/{i}")
+        for i in range(3):
+            queue.add(f"b/{i}", ROUTINE)
+        queue.add("a/urgent", URGENT)  # first within its own flow, not ahead of b's turn
+        gate.set()
+        wait_until(lambda: queue.pending() == 0)
+        assert done == ["a/0", "a/urgent", "b/0", "a/1", "b/1", "a/2", "b/2", "a/3", "a/4"]
+    finally:
+        gate.set()
+        queue.stop()
+
+
+def test_a_parked_flow_runs_again_once_a_pass_of_its_own_ends() -> None:
+    release = {f"a/{i}": threading.Event() for i in range(4)}
+    done: list[str] = []
+
+    def work(key: str) -> None:
+        release[key].wait(5)
+        done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=3, flow=namespace)
+    try:
+        for key in release:
+            queue.add(key)
+        wait_until(lambda: len(queue._running) == fair_share(3, 1))  # a/0 and a/1; a/2 and a/3 wait parked
+        release["a/0"].set()
+        wait_until(lambda: "a/2" in queue._running)
+        assert "a/3" not in queue._running
+        for event in release.values():
+            event.set()
+        wait_until(lambda: queue.pending() == 0)
+        assert sorted(done) == sorted(release)
+    finally:
+        for event in release.values():
+            event.set()
+        queue.stop()
+
+
+def test_a_fair_pool_serves_flows_in_turn_returns_results_and_errors_and_cancels_at_shutdown() -> None:
+    gate = threading.Event()
+    order: list[str] = []
+
+    def task(name: str) -> str:
+        if name == "a0":
+            gate.wait(5)
+        if name == "boom":
+            raise ValueError("bucket unreachable")
+        order.append(name)
+        return name.upper()
+
+    pool = FairPool(1)
+    first = pool.submit_to("a", task, "a0")
+    wait_until(lambda: pool._queue.pending() == 1 and not pool._queue._queued)
+    futures = [pool.submit_to("a", task, f"a{i}") for i in (1, 2)] + [pool.submit_to("b", task, "b0")]
+    failing = pool.submit(task, "boom")
+    gate.set()
+    assert [f.result(5) for f in (first, *futures)] == ["A0", "A1", "A2", "B0"]
+    with pytest.raises(ValueError, match="bucket unreachable"):
+        failing.result(5)
+    assert order == ["a0", "a1", "b0", "a2"]  # b's one task goes before a's second queued one
+    blocker = threading.Event()
+    held = pool.submit_to("a", blocker.wait, 5)
+    wait_until(lambda: pool._queue.pending() == 1 and not pool._queue._queued)
+    waiting = pool.submit_to("b", task, "never")
+    pool.shutdown(wait=False)
+    assert waiting.cancelled()
+    blocker.set()
+    assert held.result(5) is True
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(task, "late")

@@ -53,6 +53,15 @@ from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, St
 log = logging.getLogger(__name__)
 
 FINISH_VERIFICATION_WORKERS = 2
+# Graceful stops (a call to the run's Ray head each, up to its deadline): several, so that a namespace whose heads
+# answer slowly holds only its share of them.
+STOP_WORKERS = 4
+
+
+def _namespace_of(key: Any) -> str:
+    """A queue key's flow: its namespace (ObjectRef and GuardKey name it; a stop is (namespace, RayJob, sweep))."""
+    namespace = getattr(key, "namespace", None)
+    return str(namespace if namespace is not None else key[0])
 
 
 class SweepController(DeletionGuard):
@@ -100,18 +109,7 @@ class SweepController(DeletionGuard):
             gpu_hour_ledgers=lambda: self.budgets.hours.all_cached(self.budgets.gpu_hour_budget),
         )
         self.verification_pool = verification_pool
-        self.queue: WorkQueue[ObjectRef] = WorkQueue(lambda ref: self._pass(ref), workers=reconcile_workers)
-        # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
-        # and neither holds a reconcile worker while a bucket is slow.
-        self.finishing: WorkQueue[ObjectRef] = WorkQueue(
-            self._finish,
-            workers=FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0,
-            name="finish-verify",
-        )
-        # The guard's deletion pipeline: our own finalizer, our own retries. kopf's on.delete kept its progress
-        # ("handler done", retry counts) in annotations a tenant can write; nothing stored stands in for a
-        # verification here: a release is decided by verifying, in this process, every time.
-        self.guards: WorkQueue[GuardKey] = WorkQueue(self._guard_pass, workers=guard_workers, name="guard")
+        self._build_queues(reconcile_workers, guard_workers, verification_pool is not None)
         # The memory budget is shared by what may run at once: the guard's and the finishing sweeps' verifications,
         # and every worker that may read a run's status or result document (reconcile, guard, finishing).
         finishing = FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0
@@ -129,9 +127,35 @@ class SweepController(DeletionGuard):
         self._stop_failures = dict[tuple[str, str, str], int]()
         self._finished_suspended = OrderedDict[str, None]()  # ended jobs' RayJobs whose workers were seen to
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
+
+    def _build_queues(self, reconcile_workers: int, guard_workers: int, pooled: bool) -> None:
+        """The reconcile, end-of-run verification, guard and graceful-stop queues (`pooled`: verifications run
+        on their own threads)."""
+        # Every queue is fair between namespaces (workqueue.fair_share): what one namespace's objects cause (its
+        # polls, stops, guard checks, verifications) holds at most its share of a queue's workers.
+        self.queue: WorkQueue[ObjectRef] = WorkQueue(
+            lambda ref: self._pass(ref), workers=reconcile_workers, flow=_namespace_of
+        )
+        # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
+        # and neither holds a reconcile worker while a bucket is slow.
+        self.finishing: WorkQueue[ObjectRef] = WorkQueue(
+            self._finish,
+            workers=FINISH_VERIFICATION_WORKERS if pooled else 0,
+            name="finish-verify",
+            flow=_namespace_of,
+        )
+        # The guard's deletion pipeline: our own finalizer, our own retries. kopf's on.delete kept its progress
+        # ("handler done", retry counts) in annotations a tenant can write; nothing stored stands in for a
+        # verification here: a release is decided by verifying, in this process, every time.
+        self.guards: WorkQueue[GuardKey] = WorkQueue(
+            self._guard_pass, workers=guard_workers, name="guard", flow=_namespace_of
+        )
         # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
-            self._stopping_pass, workers=1 if reconcile_workers or guard_workers else 0, name="graceful-stop"
+            self._stopping_pass,
+            workers=STOP_WORKERS if reconcile_workers or guard_workers else 0,
+            name="graceful-stop",
+            flow=_namespace_of,
         )
 
     @property
@@ -464,11 +488,13 @@ class SweepController(DeletionGuard):
 
     # --------------------------------------------------------------------------------- the webhook
     def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
-        """Problems that make the API server refuse a CREATE/UPDATE (the validating webhook; no I/O)."""
+        """Problems that make the API server refuse a CREATE/UPDATE (the validating webhook; no I/O). What it parses
+        is not remembered: anyone who reaches the webhook chooses these specs (dry runs and forged reviews too), and
+        hundreds of KiB each would fill the parse cache the reconciles share."""
         if meta_of(body).get("deletionTimestamp"):
             return []
         try:
-            self.cache.parse(body)
+            self.cache.parse(body, remember=False)
         except SpecError as exc:
             return [str(p) for p in exc.problems]
         return admission.spec_change_problems(body, old) + [str(p) for p in transition_problems(body, old)]

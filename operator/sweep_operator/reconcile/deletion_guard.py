@@ -10,6 +10,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
@@ -229,7 +230,9 @@ class DeletionGuard(StopBeforeDelete):
         Status changes are computed from the sweep as the deletion found it and written onto `newest` (our own
         write just before) or the freshest copy."""
         facts, body, sweep = guard.guard_facts(deletion, self.reads.defaults), deletion.body, deletion.sweep
-        decision, result = guard.decide_deletion(deletion, facts, self.reads.verify, self.reads.run_documents)
+        # The verification runs in the deleted object's namespace's share of the verification pool.
+        verify = partial(self.reads.verify, flow=meta_of(body).get("namespace") or "default")
+        decision, result = guard.decide_deletion(deletion, facts, verify, self.reads.run_documents)
         if sweep is not None and result is not None:
             found, generation = status_of(sweep), meta_of(sweep).get("generation")
             changes = guard.verification_status(found, generation, self.clock(), result, decision)

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from sweep_contracts import constants, s3_layout
@@ -26,6 +27,7 @@ from ..rendering import rayjob_name, run_id_for
 from ..settings import Settings
 from ..status import RayJobFacts, is_terminal, progress_patch
 from ..verification_listing import read_document
+from ..workqueue import FairPool
 from .actions import Diagnose
 from .cache import Cache, run_ref
 from .drift import RunBounds, bounds_of
@@ -244,7 +246,7 @@ class Reads:
         """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
         return run_documents(self.s3_client_for(target.endpoint_url, target.region), target, self.budget.run_records)
 
-    def verify(self, target: GuardTarget, *, pooled: bool = True) -> Any:
+    def verify(self, target: GuardTarget, *, pooled: bool = True, flow: str | None = None) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
         object vanished (one listing pass is cheap next to the data it protects)."""
         started = time.monotonic()
@@ -257,7 +259,9 @@ class Reads:
             "budget": self.budget.verification,
         }
         if pooled and self.verification_pool is not None:
-            result = self.verification_pool.submit(self.verifier, *args, **options).result()
+            pool = self.verification_pool
+            submit = partial(pool.submit_to, flow) if isinstance(pool, FairPool) else pool.submit
+            result = submit(self.verifier, *args, **options).result()
         else:
             result = self.verifier(*args, **options)
         self.metrics.verification_finished(target.run_root, time.monotonic() - started, result.verified)
