@@ -195,9 +195,10 @@ class Cache:
             self._sweeps.pop(ref, None)
             self._echoes.pop(ref, None)
 
-    def parse(self, body: Mapping[str, Any]) -> Sweep:
+    def parse(self, body: Mapping[str, Any], *, remember: bool = True) -> Sweep:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
-        pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError."""
+        pydantic validation of an unchanged spec is most of a steady reconcile's CPU). Raises SpecError.
+        `remember=False` uses what is remembered but adds nothing (a spec that may never be stored)."""
         meta = meta_of(body)
         identity = [
             sorted(k for k in body if k != "status"),
@@ -213,7 +214,8 @@ class Cache:
                 hit = parse_sweep(dict(body), self.settings.limits, self.settings.tenancy)
             except SpecError as exc:
                 hit = tuple(exc.problems)
-            self.parsed.put(key, hit)
+            if remember:
+                self.parsed.put(key, hit)
         if isinstance(hit, tuple):
             raise SpecError(list(hit))
         assert isinstance(hit, Sweep)
