@@ -168,7 +168,8 @@ def test_sweepctl_report_on_a_local_run_root(tmp_path: Path, capsys: pytest.Capt
     assert sweepctl(["report", "--storage", str(FIXTURE), "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "4 trial(s), 9 val_loss point(s)" in out
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted([*FIGURES, "report.html", "report.json"])
+    written = ["report.html", "interactive.html", "report.json"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted([*FIGURES, *written])
 
 
 def test_sweepctl_report_needs_a_name_or_a_run_root(capsys: pytest.CaptureFixture[str]) -> None:

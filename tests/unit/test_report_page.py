@@ -91,28 +91,34 @@ def test_legends_name_trials_by_their_hyper_parameters(tmp_path: Path, drawn: di
     curves = learning_curves(records_of())
     assert {t.trial: t.label for t in curves.trials} == LR and curves.varying == ["lr"]
     write_report(records_of(), tmp_path / "r", now=NOW)
-    curve_legend = legend_texts(drawn["val_loss per epoch (X: stopped early by the scheduler)"])
+    curve_legend = legend_texts(drawn["val_loss per epoch (X: ended before the other trials' last epoch)"])
     assert curve_legend[0] == "lr=0.1 (best)"
     assert all(label.startswith("lr=") for label in curve_legend) and not any("48bfa" in t for t in curve_legend)
     metric_legend = legend_texts(drawn["every metric the train loop reports, per epoch"])
     assert set(LR.values()) <= {t.removesuffix(" (best)") for t in metric_legend}
     page = (tmp_path / "r" / "report.html").read_text()
     trials = next(t for t in _tables(page) if t["header"][0] == "trial")
-    assert trials["header"][1] == "lr" and {r[0]: "lr=" + r[1] for r in trials["rows"][1:]} == LR
+    # The loop also reports a metric named lr (its schedule): the column says it is the hyper-parameter.
+    assert trials["header"][1] == "config lr" and {r[0]: "lr=" + r[1] for r in trials["rows"][1:]} == LR
 
 
-def test_every_metric_the_loop_reports_gets_a_panel(tmp_path: Path, drawn: dict[str, Any]) -> None:
+def test_every_metric_the_loop_reports_gets_a_panel_and_counters_are_named_not_drawn(
+    tmp_path: Path, drawn: dict[str, Any]
+) -> None:
     records = records_of()
     reported = {k for path in FIXTURE.glob("tune/*/result.json") for line in path.open() for k in json.loads(line)}
-    loop = {"train_loss", "train_samples", "val_loss", "val_accuracy", "val_samples", "lr"}
-    assert loop <= reported and set(loop_metrics(records)) == loop
+    loop = {"train_loss", "val_loss", "val_accuracy", "lr"}
+    assert loop | {"train_samples", "val_samples"} <= reported and set(loop_metrics(records)) == loop
     panels = metric_panels(records, learning_curves(records))
     assert next(p.metrics for p in panels) == ["train_loss", "val_loss"]  # the sweep's metric's family first
     assert sorted(m for p in panels for m in p.metrics) == sorted(loop)
-    write_report(records, tmp_path / "r", now=NOW)
+    report = write_report(records, tmp_path / "r", now=NOW)
+    assert report.data["countersNotDrawn"] == ["train_samples", "val_samples"]
+    said = "Counters are not drawn (how much data an epoch saw, not how the model does): train_samples, val_samples."
+    assert said in report.html.read_text()
     fig = drawn["every metric the train loop reports, per epoch"]
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["train_loss vs val_loss", "val_accuracy", "lr", "train_samples vs val_samples"]
+    assert titles == ["train_loss vs val_loss", "val_accuracy", "metric lr"]
     loss = fig.axes[0]
     styles = {line.get_linestyle() for line in loss.get_lines()}
     assert styles == {"--", "-"}  # train dashed, validation solid: overfitting shows in one panel
@@ -128,7 +134,7 @@ def test_a_searched_hyper_parameter_that_did_not_vary_is_said(tmp_path: Path, dr
     report = write_report(records, tmp_path / "r", now=NOW)
     assert [(p["name"], p["varies"]) for p in report.data["parameters"]] == [("hidden", False), ("lr", True)]
     fig = drawn["each hyper-parameter vs the trial's final val_loss (red: best trial)"]
-    assert [ax.get_xlabel() for ax in fig.axes] == ["hidden (did not vary)", "lr"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["hidden (did not vary)", "config lr"]
     page = report.html.read_text()
     assert "Searched but did not vary (every trial drew the same value): hidden=32." in page
     assert "Same in every trial (fixed in paramSpace): batch_size=64, epochs=6." in page
@@ -191,7 +197,7 @@ def test_parallel_coordinates_have_an_axis_per_varying_parameter_and_final_metri
     records = records_of()
     curves = learning_curves(records)
     view = parallel_view(records, curves, parameter_points(curves))
-    assert [a.name for a in view.axes] == ["lr", "final val_loss", "final train_loss", "final val_accuracy"]
+    assert [a.name for a in view.axes] == ["config lr", "final val_loss", "final train_loss", "final val_accuracy"]
     assert dict(zip(view.trials, view.axes[0].values, strict=True)) == {
         t: float(label.removeprefix("lr=")) for t, label in LR.items()
     }
@@ -199,7 +205,7 @@ def test_parallel_coordinates_have_an_axis_per_varying_parameter_and_final_metri
     write_report(records, tmp_path / "r", now=NOW)
     ax = drawn["parallel coordinates: one line per trial"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "lr (log)",
+        "config lr (log)",
         "final val_loss",
         "final train_loss",
         "final val_accuracy",

@@ -1,6 +1,7 @@
 """`sweepctl report NAME [-n NS] [--out DIR]`: a sweep's learning curves, metrics, hyper-parameters and timeline as
 a self-contained report.html (figures embedded) plus PNGs, from its status and its run root in S3 (or a local dir);
-`--storage RUN_ROOT` reads S3 alone. Reading: report_records; figure data: report_data; drawing: report_figures."""
+`--storage RUN_ROOT` reads S3 alone; interactive.html beside it has hover, zoom, a log scale and a metric picker.
+Reading: report_records; figure data: report_data; drawing: report_figures, report_interactive; page: report_html."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .report_data import (
     Curves,
     ParameterSeries,
     constant_parameters,
+    counters,
     learning_curves,
     metric_panels,
     parallel_view,
@@ -33,7 +35,8 @@ from .report_figures import (
     render_timeline,
     trial_colors,
 )
-from .report_html import Figure, parameters_caption, render_html
+from .report_html import Figure, parameters_caption, render_html, title_of
+from .report_interactive import INTERACTIVE, render_interactive
 from .report_records import LocalStore, RunRecords, RunStore, S3Store, read_records, run_end, sweep_identity
 
 __all__ = ["LocalStore", "RunRecords", "S3Store", "learning_curves", "parameter_points", "read_records", "timeline"]
@@ -82,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class Report:
     out: Path
     html: Path
+    interactive: Path
     figures: dict[str, Path]
     data: dict[str, Any]
 
@@ -114,6 +118,7 @@ def figure_data(records: RunRecords, now: float) -> dict[str, Any]:
         "phase": asdict(run_end(records)),
         "learningCurves": asdict(curves),
         "metrics": [asdict(p) for p in metric_panels(records, curves)],
+        "countersNotDrawn": counters(records, curves),
         "parameters": [asdict(s) for s in data.series],
         "sameInEveryTrial": data.constants,
         "parallelCoordinates": asdict(parallel_view(records, curves, data.series)),
@@ -128,21 +133,30 @@ def _figures(records: RunRecords, data: ReportData, now: float) -> list[Figure]:
     line = timeline(records, now, {t.trial: t.label for t in curves.trials})
     colors = trial_colors(curves)
     lane_colors = {t.label: colors[t.trial] for t in curves.trials}
-    legend = f"Trials are named by the hyper-parameters that vary ({', '.join(curves.varying) or 'none vary'})."
+    varying = ", ".join(map(curves.parameter_label, curves.varying)) or "none vary"
+    legend = f"Trials are named by the hyper-parameters that vary ({varying})."
+    stopped = f", X where a trial {curves.early_stop_note}" if any(t.early_stopped for t in curves.trials) else ""
+    left_out = counters(records, curves)
+    not_drawn = (
+        f" Counters are not drawn (how much data an epoch saw, not how the model does): {', '.join(left_out)}."
+        if left_out
+        else ""
+    )
+    shown = ", ".join(curves.metric_label(m) for p in panels for m in p.metrics)
     return [
         Figure(
             "learning_curves.png",
             f"Learning curves: {curves.metric}",
             f"The sweep's metric {curves.metric} ({curves.mode} is better) at each {curves.x_label} of every trial, "
-            f"as Tune recorded it; the best trial in red, X where the scheduler stopped a trial early. {legend}",
+            f"as Tune recorded it; the best trial in red{stopped}. {legend}",
             render_learning_curves(curves),
         ),
         Figure(
             "metrics.png",
             "Every metric the loop reports",
-            f"One panel per metric the train loop reports ({', '.join(m for p in panels for m in p.metrics)}); "
+            f"One panel per metric the train loop reports ({shown}); "
             "training splits dashed, validation solid, so a validation curve rising while training keeps falling "
-            f"(overfitting) shows in one panel. Colours as above. {legend}",
+            f"(overfitting) shows in one panel. Colours as above. {legend}{not_drawn}",
             render_metrics(panels, curves),
         ),
         Figure(
@@ -170,7 +184,8 @@ def _figures(records: RunRecords, data: ReportData, now: float) -> list[Figure]:
 
 
 def write_report(records: RunRecords, out: Path, now: float | None = None) -> Report:
-    """Write the PNG figures, report.html (the same figures inlined: one file to mail or attach) and report.json."""
+    """Write the PNG figures, report.html (the same figures inlined: one file to mail or attach), interactive.html
+    (plotly, its library inlined: about 5 MB) and report.json."""
     now = now if now is not None else datetime.now(UTC).timestamp()
     out.mkdir(parents=True, exist_ok=True)
     data = report_data(records)
@@ -181,8 +196,11 @@ def write_report(records: RunRecords, out: Path, now: float | None = None) -> Re
         paths[figure.name] = out / figure.name
     document = figure_data(records, now)
     (out / DATA).write_text(json.dumps(document, indent=2, default=str) + "\n")
-    (out / REPORT).write_text(render_html(records, data.curves, figures, now, data.constants))
-    return Report(out=out, html=out / REPORT, figures=paths, data=document)
+    (out / REPORT).write_text(render_html(records, data.curves, figures, now, data.constants, INTERACTIVE))
+    colors = trial_colors(data.curves)
+    page = render_interactive(records, data.curves, data.series, colors, title_of(records))
+    (out / INTERACTIVE).write_text(page)
+    return Report(out=out, html=out / REPORT, interactive=out / INTERACTIVE, figures=paths, data=document)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -298,6 +316,7 @@ def run(args: argparse.Namespace, *, now: Callable[[], float] | None = None) -> 
         f"{curves['metric']} point(s) from {root}"
     )
     print(
-        f"sweepctl report: wrote {report.html} ({', '.join(sorted(p.name for p in report.figures.values()))}, {DATA})"
+        f"sweepctl report: wrote {report.html} ({', '.join(sorted(p.name for p in report.figures.values()))}, {DATA}) "
+        f"and {report.interactive} (hover, zoom, log scale, pick a metric)"
     )
     return EXIT_OK

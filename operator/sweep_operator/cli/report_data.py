@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..status import epoch_seconds
@@ -35,6 +36,13 @@ TUNE_KEYS = frozenset(
     }
 )
 SPLIT_PREFIXES = ("train_", "training_", "val_", "validation_", "valid_", "eval_", "test_")
+# Counters a loop reports beside its metrics (how many samples, tokens or steps an epoch saw): bookkeeping, not a
+# measure of the model, so no curve is drawn for them; the report names the ones it left out.
+COUNTER_NAME = re.compile(
+    r"(^|_)(samples|examples|tokens|steps|batches|count)$|^(num|n)_|^(global_)?step$", re.IGNORECASE
+)
+# Tune's schedulers that stop a trial before its last epoch (the operator refuses pbt; fifo runs every trial out).
+EARLY_STOPPING_SCHEDULERS = frozenset({"asha", "hyperband", "median"})
 
 
 def _finite(value: Any) -> float | None:
@@ -62,7 +70,7 @@ class TrialCurve:
     epochs: list[float]
     values: list[float]
     best: bool
-    early_stopped: bool  # ended before the others' last epoch without an error (a scheduler stopped it)
+    early_stopped: bool  # ended before the others' last epoch without an error, under a scheduler that may stop it
     label: str = ""  # the trial's hyper-parameters that vary across trials (`lr=0.1`): legends name trials by them
 
 
@@ -73,10 +81,32 @@ class Curves:
     x_label: str
     trials: list[TrialCurve]
     varying: list[str]  # hyper-parameters whose value differs between trials
+    # Tune's scheduler from the sweep's spec (fifo when unset); None: unknown (the run root alone does not say).
+    scheduler: str | None = None
+    clashes: list[str] = field(default_factory=list)  # names both a hyper-parameter and a reported metric (lr)
 
     @property
     def best(self) -> TrialCurve | None:
         return next((t for t in self.trials if t.best), None)
+
+    @property
+    def early_stop_note(self) -> str:
+        """What the X on a curve's end means: a scheduler's early stop, or (scheduler unknown) only that the trial
+        ended before the others."""
+        if self.scheduler in EARLY_STOPPING_SCHEDULERS:
+            return f"stopped early by the scheduler ({self.scheduler})"
+        return "ended before the other trials' last " + self.x_label
+
+    def metric_label(self, metric: str) -> str:
+        """A metric's name, marked as a metric where a hyper-parameter has the same name (a scheduled lr)."""
+        return f"metric {metric}" if metric in self.clashes else metric
+
+    def parameter_label(self, name: str) -> str:
+        return f"config {name}" if name in self.clashes else name
+
+    @property
+    def legend_title(self) -> str:
+        return "trial: " + ", ".join(map(self.parameter_label, self.varying)) if self.varying else "trial"
 
 
 def metric_and_mode(records: RunRecords) -> tuple[str | None, str | None]:
@@ -157,6 +187,14 @@ def metric_points(records: RunRecords, metric: str, x: str) -> dict[str, tuple[l
     return points
 
 
+def scheduler_of(records: RunRecords) -> str | None:
+    """spec.tune.scheduler.type (the API's default, fifo, when unset); None without the sweep's spec."""
+    if records.sweep is None:
+        return None
+    scheduler = (records.spec.get("tune") or {}).get("scheduler") or {}
+    return str(scheduler.get("type") or "fifo") if isinstance(scheduler, Mapping) else None
+
+
 def learning_curves(records: RunRecords) -> Curves:
     """The sweep's metric per epoch of every trial, exactly as Tune recorded rank 0's reports."""
     metric, mode = metric_and_mode(records)
@@ -167,6 +205,9 @@ def learning_curves(records: RunRecords) -> Curves:
     varying = varying_parameters({t: configs.get(t, {}) for t in points})
     labels = trial_labels({t: configs.get(t, {}) for t in points}, varying)
     last = max((xs[-1] for xs, _ in points.values() if xs), default=None)
+    # Under fifo nothing stops a trial: one that ended first ran its own course (fewer epochs, its own stop).
+    scheduler = scheduler_of(records)
+    may_stop_early = scheduler is None or scheduler in EARLY_STOPPING_SCHEDULERS
     trials = []
     for trial, (xs, ys) in points.items():
         # Before result.json exists, Tune's own `done` on a trial's last result says it ended (finished or stopped).
@@ -181,11 +222,13 @@ def learning_curves(records: RunRecords) -> Curves:
                 epochs=xs,
                 values=ys,
                 best=trial == best,
-                early_stopped=status == "TERMINATED" and finished_early,
+                early_stopped=may_stop_early and status == "TERMINATED" and finished_early,
                 label=labels[trial],
             )
         )
-    return Curves(metric=metric, mode=mode or "min", x_label=x, trials=trials, varying=varying)
+    hyper = {k for t in trials for k in t.config}
+    clashes = sorted(hyper & set(reported_metrics(records)))
+    return Curves(metric, mode or "min", x, trials, varying, scheduler, clashes)
 
 
 # ---------------------------------------------------------------------------- every metric the loop reports
@@ -201,8 +244,8 @@ class MetricPanel:
     points: dict[str, dict[str, tuple[list[float], list[float]]]]  # metric -> trial -> (x, values)
 
 
-def loop_metrics(records: RunRecords) -> list[str]:
-    """Every numeric metric the train loop reported (Tune's and our own bookkeeping left out)."""
+def reported_metrics(records: RunRecords) -> list[str]:
+    """Every numeric value the train loop reported, counters included (Tune's and our own bookkeeping left out)."""
     x = x_key(records)
     names: set[str] = set()
     for rows in records.trial_results.values():
@@ -215,6 +258,21 @@ def loop_metrics(records: RunRecords) -> list[str]:
     return sorted(names)
 
 
+def is_counter(name: str) -> bool:
+    return bool(COUNTER_NAME.search(name))
+
+
+def counters(records: RunRecords, curves: Curves) -> list[str]:
+    """The counters the loop reported (train_samples): no curve is drawn for them, the report names them."""
+    return [m for m in reported_metrics(records) if is_counter(m) and m != curves.metric]
+
+
+def loop_metrics(records: RunRecords, metric: str | None = None) -> list[str]:
+    """The metrics the train loop reported that measure the model: counters left out, the sweep's own `metric`
+    always kept."""
+    return [m for m in reported_metrics(records) if m == metric or not is_counter(m)]
+
+
 def metric_family(metric: str) -> str:
     return next((metric[len(p) :] for p in SPLIT_PREFIXES if metric.startswith(p) and len(metric) > len(p)), metric)
 
@@ -222,7 +280,7 @@ def metric_family(metric: str) -> str:
 def metric_panels(records: RunRecords, curves: Curves) -> list[MetricPanel]:
     """A panel per family of loop metrics (loss: train_loss and val_loss), the sweep's metric's first."""
     families: dict[str, list[str]] = {}
-    for metric in loop_metrics(records):
+    for metric in loop_metrics(records, curves.metric):
         families.setdefault(metric_family(metric), []).append(metric)
     order = sorted(families, key=lambda f: (f != metric_family(curves.metric), f))
     return [
@@ -310,13 +368,15 @@ class ParallelView:
 def parallel_view(records: RunRecords, curves: Curves, series: Sequence[ParameterSeries]) -> ParallelView:
     finished = [t for t in curves.trials if t.values]
     axes = [
-        ParallelAxis(s.name, s.categorical, s.log_scale, [t.config.get(s.name) for t in finished])
+        ParallelAxis(
+            curves.parameter_label(s.name), s.categorical, s.log_scale, [t.config.get(s.name) for t in finished]
+        )
         for s in series
         if s.varies
     ]
     finals: dict[str, list[Any]] = {f"final {curves.metric}": [t.values[-1] for t in finished]}
     hyper = {k for t in finished for k in t.config}
-    for metric in loop_metrics(records):
+    for metric in loop_metrics(records, curves.metric):
         if metric == curves.metric or metric in hyper:
             continue  # a metric named as a hyper-parameter (lr, as scheduled) would read as the hyper-parameter
         last = {trial: ys[-1] for trial, (_, ys) in metric_points(records, metric, curves.x_label).items() if ys}

@@ -10,7 +10,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .common import UsageError
-from .report_data import Curves, MetricPanel, ParallelView, ParameterSeries, Timeline, format_value
+from .report_data import (
+    EARLY_STOPPING_SCHEDULERS,
+    Curves,
+    MetricPanel,
+    ParallelView,
+    ParameterSeries,
+    Timeline,
+    format_value,
+)
 
 BEST = "tab:red"
 
@@ -53,8 +61,12 @@ def _legend_columns(entries: int) -> int:
     return 1 + entries // 24  # a legend no taller than the figure beside it
 
 
-def _legend_title(curves: Curves) -> str:
-    return "trial: " + ", ".join(curves.varying) if curves.varying else "trial"
+def _whole_number_ticks(ax: Any, xs: Sequence[float]) -> None:
+    """Epochs and iterations are counted: no tick at 0.25 when a run has two of them."""
+    from matplotlib.ticker import MaxNLocator
+
+    if xs and all(float(x).is_integer() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def render_learning_curves(curves: Curves) -> bytes:
@@ -67,7 +79,7 @@ def render_learning_curves(curves: Curves) -> bytes:
         width = 3.0 if t.best else 1.4
         label = (
             f"{t.label}{' (best)' if t.best else ''}{' (running)' if t.status == 'RUNNING' else ''}"
-            f"{f' (stopped early at {curves.x_label} {t.epochs[-1]:g})' if t.early_stopped else ''}"
+            f"{f' ({_ended_early(curves)} at {curves.x_label} {t.epochs[-1]:g})' if t.early_stopped else ''}"
             f"{' (errored)' if t.status == 'ERROR' else ''}"
         )
         ax.plot(
@@ -86,18 +98,29 @@ def render_learning_curves(curves: Curves) -> bytes:
         if t.status == "ERROR":
             ax.plot(t.epochs[-1], t.values[-1], marker="s", markersize=9, color="black", zorder=4)
     ax.set_xlabel(curves.x_label)
-    ax.set_ylabel(f"{curves.metric} ({curves.mode})")
-    ax.set_title(f"{curves.metric} per {curves.x_label} (X: stopped early by the scheduler)")
+    _whole_number_ticks(ax, [x for t in curves.trials for x in t.epochs])
+    ax.set_ylabel(f"{curves.metric_label(curves.metric)} ({curves.mode})")
+    ax.set_title(learning_curves_title(curves))
     ax.grid(alpha=0.3)
     if any(t.values for t in curves.trials):
         ax.legend(
             fontsize=8,
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
-            title=_legend_title(curves),
+            title=curves.legend_title,
             ncol=_legend_columns(len(curves.trials)),
         )
     return _png(fig)
+
+
+def _ended_early(curves: Curves) -> str:
+    return "stopped early" if curves.scheduler in EARLY_STOPPING_SCHEDULERS else "ended"
+
+
+def learning_curves_title(curves: Curves) -> str:
+    """The X is explained only where a trial has one: under fifo nothing is stopped early."""
+    title = f"{curves.metric_label(curves.metric)} per {curves.x_label}"
+    return title + (f" (X: {curves.early_stop_note})" if any(t.early_stopped for t in curves.trials) else "")
 
 
 def _split_style(metric: str) -> str:
@@ -130,9 +153,10 @@ def render_metrics(panels: Sequence[MetricPanel], curves: Curves) -> bytes:
                         color=colors.get(trial, "tab:gray"),
                         zorder=3 if best else 2,
                     )
-        ax.set_title(" vs ".join(panel.metrics) if len(panel.metrics) > 1 else panel.metrics[0], fontsize=10)
+        ax.set_title(" vs ".join(map(curves.metric_label, panel.metrics)), fontsize=10)
         ax.set_xlabel(curves.x_label)
-        ax.set_ylabel(panel.name)
+        _whole_number_ticks(ax, [x for xs, _ in panel.points[panel.metrics[0]].values() for x in xs])
+        ax.set_ylabel(curves.metric_label(panel.name) if panel.name in panel.metrics else panel.name)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_axis_off()
@@ -148,7 +172,7 @@ def render_metrics(panels: Sequence[MetricPanel], curves: Curves) -> bytes:
         loc="upper left",
         bbox_to_anchor=(1.0, 0.98),
         fontsize=8,
-        title=_legend_title(curves),
+        title=curves.legend_title,
         ncol=_legend_columns(len(handles)),
     )
     fig.suptitle(f"every metric the train loop reports, per {curves.x_label}")
@@ -177,10 +201,11 @@ def render_parameters(series: Sequence[ParameterSeries], curves: Curves) -> byte
         ax.scatter(xs, [p[1] for p in s.points], c=[colors.get(p[2], "tab:gray") for p in s.points], s=45, zorder=3)
         if s.log_scale and s.varies:
             ax.set_xscale("log")
-        ax.set_xlabel(s.name + ("" if s.varies else " (did not vary)"))
+        ax.set_xlabel(curves.parameter_label(s.name) + ("" if s.varies else " (did not vary)"))
         ax.set_ylabel(f"final {curves.metric}")
         if not s.varies:
-            ax.set_title(f"searched, but every trial drew {s.name}={format_value(s.points[0][0])}", fontsize=8)
+            drew = f"{curves.parameter_label(s.name)}={format_value(s.points[0][0])}"
+            ax.set_title(f"searched, but every trial drew {drew}", fontsize=8)
         ax.grid(alpha=0.3)
     if not series:
         axes[0][0].text(0.5, 0.5, "no hyper-parameter varies across trials", ha="center", va="center")
@@ -284,17 +309,19 @@ def _marker_note(at: float, start: float, end: float) -> str:
 
 def render_timeline(line: Timeline, colors: Mapping[str, Any] | None = None) -> bytes:
     """The run's phases, attempts and trials against UTC time, the axis scaled to the run's own start and end;
-    a deadline beyond them is said in the legend, not drawn hours away."""
+    a deadline beyond them is said in the legend, not drawn hours away. Each span has a row of its own, named on
+    the axis, so a phase of seconds beside one of minutes never puts two labels on one spot."""
     plt = _pyplot()
     import matplotlib.dates as mdates
 
     phase_colors = {"Queued": "tab:gray", "Starting": "tab:orange", "Running": "tab:green"}
-    rows = list(dict.fromkeys(s.label if s.kind == "trial" else s.lane for s in line.spans))
+    rows = list(dict.fromkeys(s.label for s in line.spans))
     fig, ax = plt.subplots(figsize=(10, 1.6 + 0.42 * max(1, len(rows))))
     start = line.start if line.start is not None else line.now
     end = line.end if line.end is not None and line.end > start else start + 60
+    middle = start + (end - start) / 2
     for span in line.spans:
-        y = rows.index(span.label if span.kind == "trial" else span.lane)
+        y = rows.index(span.label)
         left = datetime.fromtimestamp(span.start, UTC)
         stop = span.end if span.end is not None else line.now
         color = phase_colors.get(span.label, (colors or {}).get(span.label, "tab:blue"))
@@ -310,8 +337,11 @@ def render_timeline(line: Timeline, colors: Mapping[str, Any] | None = None) -> 
             edgecolor="black",
             linewidth=0.5,
         )
-        text = _duration(stop - span.start) if span.kind == "trial" else f"{span.label}: {_duration(stop - span.start)}"
-        ax.text(left, y, " " + text, va="center", fontsize=8)
+        # The duration after the bar's start; a bar starting in the right half has it before, inside the axes.
+        if span.start < middle:
+            ax.text(left, y, f" {_duration(stop - span.start)}", va="center", ha="left", fontsize=8)
+        else:
+            ax.text(left, y, f"{_duration(stop - span.start)} ", va="center", ha="right", fontsize=8)
     pad = max(1.0, 0.03 * (end - start))
     for marker in line.markers:
         inside = start - pad <= marker.at <= end + pad

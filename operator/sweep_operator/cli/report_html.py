@@ -67,12 +67,13 @@ def _verdict(records: RunRecords) -> str:
 
 
 def _trial_rows(curves: Curves) -> tuple[list[str], list[list[Any]]]:
-    header = ["trial", *curves.varying, "status", f"{curves.x_label}s reported", f"last {curves.metric}"]
+    header = ["trial", *map(curves.parameter_label, curves.varying), "status", f"{curves.x_label}s reported"]
+    header += [f"last {curves.metric}"]
     header += [f"best {curves.metric}", "outcome"]
     rows = []
     for t in curves.trials:
         best_value = (min(t.values) if curves.mode == "min" else max(t.values)) if t.values else None
-        outcome = "best trial" if t.best else ("stopped early by the scheduler" if t.early_stopped else "")
+        outcome = "best trial" if t.best else (curves.early_stop_note if t.early_stopped else "")
         rows.append(
             [
                 t.trial,
@@ -100,8 +101,22 @@ def parameters_caption(series: Sequence[ParameterSeries], constants: Mapping[str
     return " ".join(parts)
 
 
+def _interactive_link(page: str | None) -> str:
+    if not page:
+        return ""
+    return (
+        f'<p>Interactive view: <a href="{html.escape(page)}">{html.escape(page)}</a>, beside this file (hover, zoom, '
+        "log scale, pick a metric; it fetches nothing).</p>"
+    )
+
+
 def render_html(
-    records: RunRecords, curves: Curves, figures: Sequence[Figure], now: float, constants: Mapping[str, Any]
+    records: RunRecords,
+    curves: Curves,
+    figures: Sequence[Figure],
+    now: float,
+    constants: Mapping[str, Any],
+    interactive: str | None = None,
 ) -> str:
     title = title_of(records)
     end = run_end(records)
@@ -138,6 +153,7 @@ gap:.2em 1.2em}}dl.facts dt{{font-weight:600}}dl.facts dd{{margin:0}}</style>
 </head><body>
 <h1>TrainingSweep {html.escape(title)}</h1>
 {_facts(facts)}
+{_interactive_link(interactive)}
 {sections}
 <section><h2>Trials</h2>
 {_table(rows, header)}</section>
