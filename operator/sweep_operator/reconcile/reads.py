@@ -17,6 +17,7 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec
 from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
 
+from ..bounded_reads import DeadlineReads
 from ..diagnosis import diagnose_startup
 from ..gpu_time import still_holding
 from ..kube import KubeApi
@@ -74,6 +75,9 @@ class Reads:
         # (verifications, document readers) that may run at once: the controller sets its pools' sizes.
         self.concurrency = (1, 1)
         self.pod_snapshots = PodSnapshots(kube.list_pods, lambda: self.settings.status_poll_seconds / 3)
+        # Status and result documents: one deadline per read, a few abandoned reads per namespace at most. A read
+        # abandoned once its body began is cut off at once; one still waiting for headers holds no document.
+        self.deadline_reads = DeadlineReads()
 
     @property
     def budget(self) -> MemoryBudget:
@@ -187,7 +191,12 @@ class Reads:
         uri, bounds = s3_layout.S3Uri.parse(location), self.budget.run_records
         try:
             client = self.s3_client_for(target.endpoint_url, target.region)
-            data = read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), location, bounds.max_bytes)
+            data = self.deadline_reads.read(
+                run_namespace(target.run_root),
+                lambda: client.get_object(Bucket=uri.bucket, Key=uri.key),
+                lambda response: read_document(response, location, bounds.max_bytes),
+                location,
+            )
             doc = load_json(data, location, bounds)
         except DocumentTooLarge as exc:
             self._say_oversized(about, location, str(exc))
@@ -244,7 +253,8 @@ class Reads:
 
     def run_documents(self, target: GuardTarget) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
         """The run's `_sweep/status.json` and `result.json` (None when absent) and whether both could be read."""
-        return run_documents(self.s3_client_for(target.endpoint_url, target.region), target, self.budget.run_records)
+        client = self.s3_client_for(target.endpoint_url, target.region)
+        return run_documents(client, target, self.budget.run_records, self.deadline_reads)
 
     def verify(self, target: GuardTarget, *, pooled: bool = True, flow: str | None = None) -> Any:
         """Verify a run root, always afresh: a result cached even for seconds could release a deletion after an
@@ -380,18 +390,27 @@ class Reads:
 
 
 def run_documents(
-    client: Any, target: GuardTarget, bounds: DocumentBounds = RUN_RECORD_BOUNDS
+    client: Any,
+    target: GuardTarget,
+    bounds: DocumentBounds = RUN_RECORD_BOUNDS,
+    deadline_reads: DeadlineReads | None = None,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
     """The run's `_sweep/status.json` and `result.json` through `client` (None when absent) and whether both could
-    be read: the guard's reads and `sweepctl release` (with the caller's credentials) share it. One over `bounds` is
-    unreadable (neither read past them nor parsed), so the guard holds."""
+    be read: the guard's reads and `sweepctl release` (with the caller's credentials) share it. One over `bounds`,
+    or not read within `deadline_reads`' deadline, is unreadable (neither read past them nor parsed): the guard
+    holds."""
     layout = s3_layout.RunLayout(target.run_root)
     docs: list[Any] = []
     readable = True
     for location in (layout.status_path, layout.result_path):
         uri = s3_layout.S3Uri.parse(location)
         try:
-            data = read_document(client.get_object(Bucket=uri.bucket, Key=uri.key), uri.key, bounds.max_bytes)
+            data = (deadline_reads or _UNBOUNDED).read(
+                run_namespace(target.run_root),
+                partial(client.get_object, Bucket=uri.bucket, Key=uri.key),
+                partial(read_document, key=uri.key, limit=bounds.max_bytes),
+                location,
+            )
             docs.append(load_json(data, uri.key, bounds))
         except Exception as exc:  # absent is an answer; anything else means "cannot tell"
             docs.append(None)
@@ -402,6 +421,24 @@ def run_documents(
         docs[1] if isinstance(docs[1], dict) else None,
         readable,
     )
+
+
+class _Unbounded:
+    """Reads in the caller's thread with botocore's own timeouts only (the CLI, run by the user it waits for)."""
+
+    @staticmethod
+    def read(flow: Any, get: Callable[[], Any], read_body: Callable[[Any], bytes], what: str) -> bytes:
+        return read_body(get())
+
+
+_UNBOUNDED = _Unbounded()
+
+
+def run_namespace(run_root: str) -> str:
+    """The namespace a run root is under (`<storage.uri>/<namespace>/<sweep>-<runId>`, which the operator renders
+    and records in the protected guard record): the flow its reads count against."""
+    parts = run_root.rstrip("/").split("/")
+    return parts[-2] if len(parts) >= 2 else ""
 
 
 def sweep_run_id(sweep: Mapping[str, Any]) -> str:
