@@ -6,6 +6,7 @@ and the phase its run ended in. Figures are checked on matplotlib's own objects,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -45,7 +46,8 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     def keep(fig: Any) -> bytes:
         title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
         figures[title] = fig
-        fig.canvas.draw()
+        boxes = drawn_texts(fig)  # before the PNG: a closed figure draws nothing
+        figures[title + " boxes"] = boxes
         texts = [t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text"))]
         figures[title + " texts"] = texts
         return png(fig)
@@ -250,3 +252,158 @@ def test_a_run_root_without_an_end_record_says_so_and_a_result_says_how_it_ended
     records.progress = {**(records.progress or {}), "phase": "Running"}
     records.result = {**(records.result or {}), "deadlineReached": True}
     assert run_end(records).run_phase == "DeadlineExceeded"
+
+
+# ------------------------------------------------------------------ the figures as a person reads them, continued
+
+
+def drawn_texts(fig: Any) -> list[tuple[str, Any]]:
+    """Each text matplotlib draws with its box on the canvas; texts it does not draw (ticks outside the view) are
+    not there to collide."""
+    import matplotlib.text
+
+    boxes: list[tuple[str, Any]] = []
+    draw = matplotlib.text.Text.draw
+
+    def recorded(text: Any, renderer: Any) -> None:
+        draw(text, renderer)
+        if text.get_visible() and text.get_text().strip():
+            boxes.append((text.get_text(), text.get_window_extent(renderer)))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.text.Text, "draw", recorded)
+        fig.canvas.draw()
+    return boxes
+
+
+def overlapping_texts(boxes: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """Pairs of drawn texts sharing more than a pixel each way."""
+    return [
+        (a, b)
+        for i, (a, box_a) in enumerate(boxes)
+        for b, box_b in boxes[i + 1 :]
+        if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > 1
+        and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > 1
+    ]
+
+
+def with_sweep(records: Any, scheduler: str | None = None) -> Any:
+    """The fixture's run as the cluster tells it: queued 1 s, starting 3 s, running two minutes (a phase of seconds
+    beside one of minutes), under `scheduler`."""
+    tune: dict[str, Any] = {"metric": "val_loss", "mode": "min"}
+    if scheduler:
+        tune["scheduler"] = {"type": scheduler}
+    records.sweep = {
+        "metadata": {"name": "digits-asha", "namespace": "default", "creationTimestamp": "2026-12-03T11:46:58Z"},
+        "spec": {"tune": tune},
+        "status": {
+            "phase": "Succeeded",
+            "queuedAt": "2026-12-03T11:46:59Z",
+            "startedAt": "2026-12-03T11:47:00Z",
+            "trainingStartedAt": "2026-12-03T11:47:03Z",
+            "deadlineAt": "2026-12-03T17:47:00Z",
+            "finishedAt": "2026-12-03T11:48:58Z",
+        },
+    }
+    return records
+
+
+def test_no_label_overlaps_another_in_any_figure(tmp_path: Path, drawn: dict[str, Any]) -> None:
+    """The timeline drew Starting (3 s) and Running on one lane, their labels on top of each other."""
+    write_report(with_sweep(records_of(), "asha"), tmp_path / "r", now=NOW)
+    figures = [title for title, fig in drawn.items() if hasattr(fig, "canvas")]
+    assert len(figures) == 5
+    for title in figures:
+        boxes = drawn[title + " boxes"]
+        assert len(boxes) >= 5 and overlapping_texts(boxes) == [], title
+    (timeline,) = [title for title in figures if title.startswith("timeline")]
+    assert {"Queued", "Starting", "Running", "attempt 1"} <= {text for text, _ in drawn[timeline + " boxes"]}
+
+
+def test_the_x_is_explained_only_where_a_scheduler_may_have_stopped_a_trial(
+    tmp_path: Path, drawn: dict[str, Any]
+) -> None:
+    """Under fifo nothing stops a trial early: no X and no note. Under asha the note names the scheduler; from the
+    run root alone the scheduler is unknown and the X says only that the trial ended before the others."""
+    fifo = write_report(with_sweep(records_of(), "fifo"), tmp_path / "fifo", now=NOW)
+    assert not any(t["early_stopped"] for t in fifo.data["learningCurves"]["trials"])
+    assert "val_loss per epoch" in drawn and "stopped early" not in fifo.html.read_text()
+    assert not any("stopped early" in t or "ended at" in t for t in legend_texts(drawn["val_loss per epoch"]))
+    unset = learning_curves(with_sweep(records_of(), None))  # the API's default scheduler is fifo
+    assert unset.scheduler == "fifo" and not any(t.early_stopped for t in unset.trials)
+
+    asha = write_report(with_sweep(records_of(), "asha"), tmp_path / "asha", now=NOW)
+    title = "val_loss per epoch (X: stopped early by the scheduler (asha))"
+    assert "lr=0.0003 (stopped early at epoch 0)" in legend_texts(drawn[title])
+    trials = next(t for t in _tables(asha.html.read_text()) if t["header"][0] == "trial")
+    assert sorted(r[-1] for r in trials["rows"][1:]) == ["best trial"] + ["stopped early by the scheduler (asha)"] * 3
+
+    write_report(records_of(), tmp_path / "alone", now=NOW)
+    title = "val_loss per epoch (X: ended before the other trials' last epoch)"
+    assert "lr=0.0003 (ended at epoch 0)" in legend_texts(drawn[title])
+
+
+def test_epochs_are_ticked_in_whole_numbers(tmp_path: Path, drawn: dict[str, Any]) -> None:
+    """A run of two epochs had ticks at 0.25, 0.5, 0.75 on every curve."""
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(FIXTURE, root)
+    best = root / "tune" / "48bfa_00000" / "result.json"
+    best.write_text("\n".join(best.read_text().splitlines()[:2]) + "\n")
+    write_report(records_of(root), tmp_path / "r", now=NOW)
+    (curves,) = [fig for title, fig in drawn.items() if title.startswith("val_loss per epoch") and hasattr(fig, "axes")]
+    metrics = drawn["every metric the train loop reports, per epoch"]
+    for ax in [*curves.axes, *(ax for ax in metrics.axes if ax.get_title())]:
+        low, high = ax.get_xlim()
+        ticks = [float(x) for x in ax.get_xticks() if low <= x <= high]
+        assert len(ticks) >= 2 and all(x.is_integer() for x in ticks), (ax.get_title(), ticks)
+
+
+def test_counters_are_told_by_their_names() -> None:
+    from sweep_operator.cli.report_data import is_counter
+
+    counted = ["train_samples", "val_samples", "samples", "num_tokens", "n_examples", "global_step", "step"]
+    counted += ["train_steps", "tokens", "val_batches", "error_count"]
+    measured = ["val_loss", "train_loss", "lr", "val_accuracy", "nll", "perplexity", "step_time_s", "sample_weight"]
+    assert [n for n in counted if not is_counter(n)] == [] and [n for n in measured if is_counter(n)] == []
+
+
+def test_a_metric_and_a_hyper_parameter_of_one_name_are_told_apart(tmp_path: Path, drawn: dict[str, Any]) -> None:
+    """The loop reports its scheduled lr as a metric beside the hyper-parameter lr: the figures, the table and the
+    interactive view say which is which; a name only one of them uses stays bare."""
+    report = write_report(records_of(), tmp_path / "r", now=NOW)
+    metrics = drawn["every metric the train loop reports, per epoch"]
+    assert "metric lr" in [ax.get_title() for ax in metrics.axes] and "metric lr" in [
+        ax.get_ylabel() for ax in metrics.axes
+    ]
+    assert "trial: config lr" in [legend.get_title().get_text() for legend in metrics.legends]
+    assert [
+        ax.get_xlabel() for ax in drawn["each hyper-parameter vs the trial's final val_loss (red: best trial)"].axes
+    ] == ["config lr"]
+    interactive = report.interactive.read_text()
+    assert '<option value="lr">metric lr</option>' in interactive and '"title_text": "config lr"' not in interactive
+    assert "config lr" in interactive
+    no_lr_metric = records_of()
+    for rows in no_lr_metric.trial_results.values():
+        for row in rows:
+            row.pop("lr")
+    drawn.clear()
+    write_report(no_lr_metric, tmp_path / "s", now=NOW)
+    labels = drawn["each hyper-parameter vs the trial's final val_loss (red: best trial)"].axes[0].get_xlabel()
+    assert labels == "lr" and "metric lr" not in str(drawn)
+
+
+def test_the_interactive_view_is_one_file_that_fetches_nothing(tmp_path: Path) -> None:
+    """plotly.js inlined, no element that loads anything, every loop metric offered (the sweep's first), and a
+    hyper-parameter's text cannot close the page's scripts."""
+    records = records_of()
+    for i, rows in enumerate(records.trial_results.values()):
+        rows[-1]["config"]["note"] = f"</script><script>document.title='x{i}'</script>"
+    page = write_report(records, tmp_path / "r", now=NOW).interactive.read_text()
+    assert "plotly.js v" in page and len(page) > 3_000_000
+    assert not re.search(r"<(script|img|iframe|link)[^>]*\s(src|href)=", page, re.IGNORECASE)
+    assert page.count("<script") == page.count("</script>") == 5  # the library, two figures, the labels, the picker
+    options = re.findall(r'<option value="([^"]+)"', page)
+    assert options == ["val_loss", "lr", "train_loss", "val_accuracy"]
+    assert "val_loss (the sweep&#39;s metric)" in page
