@@ -75,6 +75,7 @@ from .emulator_tables import (
     resource_key,
 )
 from .kuberay_crds import KUBERAY_CRDS, kuberay_crd_dir, kuberay_crds
+from .pod_logs import ContainerLogs
 
 # The emulator's public names, wherever they live (emulator_routes, _store, _tables; kuberay_crds): one import path.
 __all__ = [
@@ -165,6 +166,8 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
     # Users by bearer token, and the API server's admission chain over the stored ValidatingAdmissionPolicies,
     # their bindings and the Mutating/ValidatingWebhookConfigurations (admission.py)
     admission: Admission = attrs.field(factory=Admission, init=False)
+    # What each container printed, served by pods/log (pod_logs.py): whoever runs a container registers its output
+    container_logs: ContainerLogs = attrs.field(factory=ContainerLogs, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()

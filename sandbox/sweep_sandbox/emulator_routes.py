@@ -22,6 +22,7 @@ from . import schema_apply as managed_fields
 from .admission import AdmissionDenied
 from .emulator_store import _foreground
 from .emulator_tables import STATUS_REASONS, ApiError, ResourceType, _InvalidObject, render_table, resource_key
+from .pod_logs import pod_log
 
 Obj = dict[str, Any]
 
@@ -443,6 +444,10 @@ class RoutesMixin:
         user = self.admission.authenticate(raw.headers.get("Authorization"))
         warnings: list[str] = []
         if verb == "get":
+            if target.subresource == "log" and resource_type.kind == "Pod" and resource_type.group == "":
+                pod = self.get_object(resource_type, target.namespace, target.name or "")
+                body = pod_log(self.container_logs, pod, query)
+                return aiohttp.web.Response(body=body, content_type="text/plain")
             if target.subresource not in (None, "status"):
                 raise ApiError(
                     404, "NotFound", f"the server could not find the requested resource ({target.subresource})"

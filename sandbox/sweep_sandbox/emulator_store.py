@@ -361,6 +361,8 @@ class StoreMixin:
         if resource_type.kind == "Pod" and resource_type.group == "":
             obj = normalize_pod_quantities(obj)
             obj["status"] = {"phase": "Pending"}  # as the real server's PrepareForCreate
+        if resource_type.kind == "Job" and resource_type.group == "batch":
+            obj = _job_with_generated_selector(obj)
         return obj
 
     def _store_new(self, resource_type: ResourceType, namespace: str | None, obj: Obj) -> Obj:
@@ -524,3 +526,33 @@ def _strip_directives(patch: Any) -> Any:
     if isinstance(patch, dict):
         return {k: _strip_directives(v) for k, v in patch.items() if not str(k).startswith("$")}
     return patch
+
+
+# batch/v1 labels (k8s.io/api/batch/v1 types.go): the Job's name and uid on its pods, the uid in its selector
+JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
+JOB_CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
+
+
+def _job_with_generated_selector(job: Obj) -> Obj:
+    """pkg/registry/batch/job/strategy.go PrepareForCreate -> generateSelector (unless spec.manualSelector): the
+    template gains the job-name and controller-uid labels (legacy and batch.kubernetes.io/ names), the selector
+    matches batch.kubernetes.io/controller-uid=<uid>. `kubectl logs job/NAME` finds the Job's pods by it."""
+    spec = dict(job.get("spec") or {})
+    if spec.get("manualSelector"):
+        return job
+    meta = job["metadata"]
+    template = dict(spec.get("template") or {})
+    template_meta = dict(template.get("metadata") or {})
+    labels = dict(template_meta.get("labels") or {})
+    for key in JOB_NAME_LABELS:
+        labels.setdefault(key, meta["name"])
+    for key in JOB_CONTROLLER_UID_LABELS:
+        labels.setdefault(key, meta["uid"])
+    template_meta["labels"] = labels
+    template["metadata"] = template_meta
+    selector = dict(spec.get("selector") or {})
+    match = dict(selector.get("matchLabels") or {})
+    match.setdefault(JOB_CONTROLLER_UID_LABELS[1], meta["uid"])
+    selector["matchLabels"] = match
+    spec.update(template=template, selector=selector)
+    return {**job, "spec": spec}

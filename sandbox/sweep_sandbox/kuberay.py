@@ -23,6 +23,8 @@ from sweep_contracts import constants, runtime_env
 from .controllers import Informer, Key, Obj, WorkQueue, event_body, resource_version
 from .emulator import now_rfc3339, parse_rfc3339, random_suffix
 from .pod_lifetimes import PodLifetimes
+from .pod_logs import ContainerLogs
+from .submitter_pods import SubmitterPods, container_id
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +139,10 @@ class RunHandle(Protocol):
         """Stop the attempt (KubeRay's StopJob on a RayJob deletion, its cluster gone, stand-in stop); idempotent."""
         ...
 
+    def driver_log(self) -> bytes:
+        """What the driver printed so far (the submitter pod's log under `emulate_pods`)."""
+        ...
+
 
 class JobRunner(Protocol):
     """The seam for what runs a RayJob's entrypoint. `start` is called once per RayCluster object (uid): once per
@@ -161,6 +167,8 @@ class Outcome:
     # After a stop the job stays RUNNING this long, then STOPPED: the driver's graceful stop on SIGTERM, which Ray's
     # supervisor allows RAY_JOB_STOP_WAIT_TIME_S for (JobSupervisor.run); 0 stops at once, as a driver without one.
     stop_seconds: float = 0.0
+    # What the driver prints (the submitter pod's log, read through pods/log when pods are emulated)
+    log: str = ""
 
     @classmethod
     def succeed(cls, after: float = 0.1, *, startup: float = 0.0, submit: float = 0.0) -> Outcome:
@@ -230,6 +238,9 @@ class ScriptedRun:
         self.stop_requests.append(time.time())
         if not self.stopped:
             self.stopped, self.stopped_at = True, time.monotonic()
+
+    def driver_log(self) -> bytes:
+        return self.outcome.log.encode()
 
 
 class ScriptedRunner:
@@ -459,17 +470,18 @@ def _container_statuses(pod: Mapping[str, Any], *, ready: bool, waiting: Obj | N
     statuses = []
     for container in pod["spec"].get("containers", []):
         state: Obj = {"running": {"startedAt": now_rfc3339()}} if ready else {"waiting": dict(waiting or {})}
-        statuses.append(
-            {
-                "name": container.get("name", "ray"),
-                "image": container.get("image", ""),
-                "imageID": "",
-                "ready": ready,
-                "restartCount": 0,
-                "started": ready,
-                "state": state,
-            }
-        )
+        entry: Obj = {
+            "name": container.get("name", "ray"),
+            "image": container.get("image", ""),
+            "imageID": "",
+            "ready": ready,
+            "restartCount": 0,
+            "started": ready,
+            "state": state,
+        }
+        if ready:  # a started container has the id the kubelet serves its log by
+            entry["containerID"] = container_id(dict(pod), entry["name"])
+        statuses.append(entry)
     return statuses
 
 
@@ -1279,6 +1291,7 @@ class KubeRayStandIn:
         delete_rayjob_after_job_finishes: bool = False,
         dashboard: bool = False,
         deletion_policy_gate: bool = True,
+        container_logs: ContainerLogs | None = None,
     ) -> None:
         self.api = RayApi(api_client)
         self.jobs_api = JobsApiServer(self._job_by_id) if dashboard else None
@@ -1290,6 +1303,10 @@ class KubeRayStandIn:
         self.deletion_policy_gate = deletion_policy_gate  # features.RayJobDeletionPolicy (Beta, on by default)
         self.pod_lifetimes: PodLifetimes | None = None
         self.pods = ClusterPods(self.api)
+        # The submitter Job's pod under `emulate_pods`; its log (the emulator's `container_logs`) is the driver's
+        self.submitter_pods = SubmitterPods(self.api.core, container_logs)
+        self._submitter_pods: set[tuple[str, str]] = set()  # (Job uid, step) done once each
+        self._driver_runs: dict[Key, RunHandle] = {}  # the latest run of each RayJob, kept after its cluster goes
         self.queue = WorkQueue()
         ray = (self.api.custom, constants.RAY_GROUP, constants.RAY_VERSION_API)
         self.rayjobs = Informer(*ray, constants.RAYJOB_PLURAL, self._on_rayjob, namespace)
@@ -2047,12 +2064,15 @@ class KubeRayStandIn:
             raise
 
     def _ensure_submitter(self, rayjob: Obj, cluster: Obj) -> None:
-        """createK8sJobIfNeed: create the submitter Job unless one of that name exists."""
-        if self._get_submitter(rayjob) is not None:
-            return
+        """createK8sJobIfNeed: create the submitter Job unless one of that name exists. Under `emulate_pods` the
+        Job controller's pod follows, its log the driver's output."""
         meta = rayjob["metadata"]
+        existing = self._get_submitter(rayjob)
+        if existing is not None:
+            self._start_submitter_pod(existing, (meta["namespace"], meta["name"]))
+            return
         try:
-            self.api.core(
+            created = self.api.core(
                 "POST", f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs", submitter_job_for(rayjob, cluster)
             )
         except self.api.ApiException as e:
@@ -2073,9 +2093,22 @@ class KubeRayStandIn:
             f"Created Kubernetes Job {meta['namespace']}/{meta['name']}",
             action="Create",
         )
+        self._start_submitter_pod(created, (meta["namespace"], meta["name"]))
+
+    def _start_submitter_pod(self, job: Obj, key: Key) -> None:
+        if not self._submitter_pod_once(job, "start"):
+            return
+        try:
+            self.submitter_pods.start(job, lambda: self._driver_log(key))
+        except BaseException:
+            with self._lock:  # the next reconcile tries again
+                self._submitter_pods.discard((str(job["metadata"].get("uid")), "start"))
+            raise
 
     def _finish_submitter(self, job: Obj) -> str:
         """What the Job controller records when the submitter pod exits 0; returns the Complete condition's time."""
+        if self._submitter_pod_once(job, "succeed"):
+            self.submitter_pods.succeed(job)
         done = _job_condition(job, "Complete")
         if done is not None:
             return str(done.get("lastTransitionTime", ""))
@@ -2150,7 +2183,23 @@ class KubeRayStandIn:
         handle = self.runner.start(rayjob, cluster["metadata"]["name"])
         with self._lock:
             self._runs[key] = (cluster_uid, handle)
+            self._driver_runs[key] = handle
         return handle
+
+    def _driver_log(self, key: Key) -> bytes:
+        """The output of the RayJob's latest run (empty before it starts): the submitter pod's log."""
+        with self._lock:
+            handle = self._driver_runs.get(key)
+        read = getattr(handle, "driver_log", None)  # a test's own runner may not keep its output
+        return read() if read is not None else b""
+
+    def _submitter_pod_once(self, job: Obj, step: str) -> bool:
+        mark = (str(job["metadata"].get("uid")), step)
+        with self._lock:
+            if not self.emulate_pods or mark in self._submitter_pods:
+                return False
+            self._submitter_pods.add(mark)
+        return True
 
     def _stop_run(self, key: Key) -> None:
         with self._lock:

@@ -77,6 +77,13 @@ class LocalRayRun:
     def stop(self) -> None:
         self._stop.set()
 
+    def driver_log(self) -> bytes:
+        """The driver's output so far (stdout and stderr, as `ray job logs` shows them)."""
+        try:
+            return (self.log_dir / "driver.log").read_bytes()
+        except FileNotFoundError:
+            return b""
+
     def wait(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 

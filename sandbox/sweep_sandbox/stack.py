@@ -168,6 +168,7 @@ class Sandbox:
                 emulate_pods=True,
                 poll_interval=1.0,
                 dashboard=True,
+                container_logs=self.server.emulator.container_logs,
             )
             self.standin.start()
             if self.kueue:

@@ -348,3 +348,96 @@ def test_release_and_guarded_are_plugin_verbs(world: World) -> None:
     assert "unknown verb" not in guarded.stderr
     release = world.kubectl("sweep", "release", world.name, "--reason", "test")
     assert "unknown verb" not in release.stderr and "usage" not in release.stderr.lower(), release.stderr
+
+
+DRIVER_OUTPUT = "sweep: new run rep001\nTrial 48bfa_00000 started with configuration\nsweep: 4 trial(s) terminated\n"
+
+
+def _submitter(world: World) -> dict[str, Any]:
+    """The sweep's submitter Job as KubeRay creates it (K8sJobMode) and its pod as the Job controller, the scheduler
+    and the kubelet leave it (the KubeRay stand-in's own code), printing DRIVER_OUTPUT."""
+    from sweep_operator.rendering import SUBMITTER_CONTAINER
+    from sweep_sandbox.kuberay import RayApi
+    from sweep_sandbox.submitter_pods import SubmitterPods
+
+    batch = kubernetes.client.BatchV1Api(world.server.api_client())
+    template = {
+        "metadata": {"labels": {constants.LABEL_SWEEP: world.name}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": SUBMITTER_CONTAINER, "image": "trainer:1"}]},
+    }
+    body = {"metadata": {"name": f"{world.name}-rep001"}, "spec": {"backoffLimit": 2, "template": template}}
+    job = batch.api_client.sanitize_for_serialization(batch.create_namespaced_job(world.namespace, body))
+    pods = SubmitterPods(RayApi(world.server.api_client()).core, world.server.emulator.container_logs)
+    pods.start(job, DRIVER_OUTPUT.encode)
+    return job
+
+
+def test_sweep_logs_prints_the_driver_log_and_each_trials_log_from_the_run_root(world: World, tmp_path: Path) -> None:
+    before = world.kubectl("sweep", "logs", world.name)
+    assert before.returncode == 1, before.stdout
+    assert f"the submitter Job {world.namespace}/{world.name}-rep001 of RayJob" in before.stderr
+    assert f"sweepctl logs {world.name} --trial ID" in before.stderr
+    job = _submitter(world)
+    try:
+        shown = world.kubectl("sweep", "logs", world.name)
+        assert (shown.returncode, shown.stdout) == (0, DRIVER_OUTPUT), shown.stderr
+        tail = world.kubectl("sweep", "logs", world.name, "--tail", "1")
+        assert tail.stdout == "sweep: 4 trial(s) terminated\n", tail.stderr
+
+        trial = world.kubectl("sweep", "logs", world.name, "--trial", "48bfa_00000")
+        assert trial.returncode == 0, trial.stderr
+        lines = trial.stdout.splitlines()
+        assert lines[0] == f"trial 48bfa_00000  ({world.root}/tune/48bfa_00000)"
+        assert lines[1] == "config: batch_size=64  epochs=6  hidden=32  lr=0.1"
+        iterations = [line for line in lines if "  iteration " in line]
+        assert len(iterations) == 6 and lines[2] == "6 result(s) reported:"
+        assert "iteration 1 (21.2 s)  epoch=0  train_loss=2.05" in iterations[0]
+        assert "val_loss=1.297" in iterations[0] and iterations[0].endswith("checkpoint checkpoint_epoch-000000")
+        assert "ranks_reported" not in trial.stdout and "hostname" not in trial.stdout
+        assert lines[-1] == "no error recorded"
+
+        prefix = world.root.removeprefix(f"s3://{world.bucket}/")
+        world.s3.put_object(
+            Bucket=world.bucket, Key=f"{prefix}/tune/48bfa_00003/error.txt", Body=b"Failure # 1\nRuntimeError: boom\n"
+        )
+        failed = world.kubectl("sweep", "logs", world.name, "--trial", "48bfa_00003")
+        assert failed.stdout.splitlines()[-3:] == ["error (error.txt):", "  Failure # 1", "  RuntimeError: boom"]
+
+        unknown = world.kubectl("sweep", "logs", world.name, "--trial", "48bfa_00009")
+        assert unknown.returncode == 1
+        assert (
+            f'trial "48bfa_00009" not found under {world.root}/tune (its trials: 48bfa_00000, 48bfa_00001, '
+            "48bfa_00002, 48bfa_00003)" in unknown.stderr
+        )
+
+        out = tmp_path / "logs"
+        saved = world.kubectl("sweep", "logs", world.name, "--out-dir", str(out))
+        assert saved.returncode == 0, saved.stderr
+        assert (out / "driver.log").read_text() == DRIVER_OUTPUT
+        assert sorted(p.name for p in (out / "trials").iterdir()) == [f"48bfa_0000{i}" for i in range(4)]
+        assert (out / "trials" / "48bfa_00003" / "error.txt").read_text().endswith("RuntimeError: boom\n")
+        assert sorted(p.name for p in (out / "trials" / "48bfa_00000").iterdir()) == ["params.json", "result.json"]
+    finally:
+        world.s3.delete_object(Bucket=world.bucket, Key=f"{prefix}/tune/48bfa_00003/error.txt")
+        kubernetes.client.BatchV1Api(world.server.api_client()).delete_namespaced_job(
+            job["metadata"]["name"], world.namespace
+        )
+
+
+def test_sweep_logs_of_a_missing_sweep_and_of_one_without_a_run(world: World) -> None:
+    missing = world.kubectl("sweep", "logs", "nope")
+    assert missing.returncode == 1
+    assert 'Error from server (NotFound): trainingsweeps.sweeps.dev "nope" not found' in missing.stderr
+    doc = yaml.safe_load((REPO / "tests" / "support" / "fixtures" / "report-sweep.yaml").read_text())
+    doc["metadata"].update(name="not-started", namespace=world.namespace)
+    custom = kubernetes.client.CustomObjectsApi(world.server.api_client())
+    custom.create_namespaced_custom_object(constants.GROUP, constants.VERSION, world.namespace, constants.PLURAL, doc)
+    try:
+        for extra in ((), ("--trial", "48bfa_00000")):
+            fresh = world.kubectl("sweep", "logs", "not-started", *extra)
+            assert fresh.returncode == 1
+            assert "TrainingSweep not-started has no run yet (phase Pending)" in fresh.stderr, fresh.stderr
+    finally:
+        custom.delete_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, world.namespace, constants.PLURAL, "not-started"
+        )

@@ -1,4 +1,4 @@
-"""`sweepctl`: init, validate, render, verify, run-local, sandbox, status, report, release, guarded.
+"""`sweepctl`: init, validate, render, verify, run-local, sandbox, status, logs, report, release, guarded.
 
 Each subcommand lives in its own module with `register(subparsers)`; imports of heavy
 dependencies (ray, boto3, kubernetes clients) happen inside the command, not here.
@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "run_local",
     "sandbox",
     "status",
+    "logs",
     "report",
     "release",
     "resume",

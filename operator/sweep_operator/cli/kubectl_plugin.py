@@ -1,4 +1,4 @@
-"""`kubectl sweep list|status|report|verify|suspend|unsuspend|resume|validate|render|release|guarded`: sweepctl
+"""`kubectl sweep list|status|logs|report|verify|suspend|unsuspend|resume|validate|render|release|guarded`: sweepctl
 as a kubectl plugin (`kubectl-sweep`).
 
 Honours kubectl's `-n/--namespace`, `--context` and `--kubeconfig` flags and `KUBECONFIG` (several files merged,
@@ -18,6 +18,7 @@ from .common import EXIT_FAILED, EXIT_USAGE, api_error_text
 VERBS = (
     "list",
     "status",
+    "logs",
     "report",
     "verify",
     "resume",
@@ -33,6 +34,8 @@ USAGE = """usage: kubectl sweep VERB NAME [-n NAMESPACE] [--context CONTEXT] [--
 verbs:
   list            the TrainingSweeps of a namespace (-A: all), as `kubectl get tsw` shows them
   status NAME     phase, trials, best trial, checkpoints and conditions of a TrainingSweep
+  logs NAME       the driver's log (its RayJob's submitter pod; --tail N); --trial ID: a trial's results and
+                  error from the run root; --out-dir DIR: the driver log and every trial's files, as kubectl ray log
   report NAME     learning curves, hyper-parameters and timeline: report.html + PNGs (--out DIR)
   verify NAME     verify the sweep's checkpoints in S3 (its run root, endpoint and region from its status)
   suspend NAME    set spec.suspend: the sweep stops gracefully and waits, Suspended (Kueue's "suspend")
@@ -188,7 +191,7 @@ def sweepctl_argv(verb: str, found: dict[str, str], rest: list[str]) -> list[str
     if not rest:
         return _usage_error(f"{verb}: name a TrainingSweep")
     name, options = rest[0], rest[1:]
-    if verb in ("status", "resume", "release"):  # the same code as `sweepctl VERB` (cli/resume.py, release.py)
+    if verb in ("status", "logs", "resume", "release"):  # the same code as `sweepctl VERB` (cli/resume.py, release.py)
         return [verb, name, *_connection_flags(found), *options]
     if verb in ("suspend", "unsuspend"):
         return _set_suspend(verb, found, name, verb == "suspend")
