@@ -69,6 +69,7 @@ bench: setup
 	$(PY) bench/commit_record_cost.py
 	$(PY) bench/entrypoint_overhead.py
 	$(PY) bench/operator_scale.py
+	$(PY) bench/noisy_neighbours.py
 
 # Regenerate the CRDs (and the chart's copies) from contracts/sweep_contracts/api.py.
 crd: setup
