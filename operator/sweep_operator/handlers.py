@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from sweep_contracts import constants
@@ -43,6 +44,7 @@ from .kopf_tuning import (
     tune_watch_router,
 )
 from .kube import KubeApi, api_client_from_environment
+from .memory_budget import DocumentTooLarge, check_json_shape
 from .metrics import OperatorMetrics
 from .reconcile.controller import SweepController
 from .reconcile.facts import ObjectRef
@@ -60,6 +62,7 @@ from .watch_events import (
     routed,
     sweep_event,
 )
+from .webhook_bounds import BUSY_MESSAGE, ValidationBusy, ValidationPool, refusal_message, review_bounds
 from .workqueue import FairPool, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -126,6 +129,8 @@ class OperatorWiring:
     login: Callable[..., kopf.ConnectionInfo | None] | None = None
     ticks: SweepTicks = field(init=False)
     watch_router: WatchRouter = field(init=False)  # our own writes' echoes and the run objects' events (kopf_tuning)
+    # The validating webhook's threads: its validations never run on kopf's event loop (webhook_bounds.py).
+    validation_pool: ValidationPool = field(default_factory=ValidationPool)
 
     def __post_init__(self) -> None:
         self.ticks = SweepTicks(self.controller, self.settings.reconcile_seconds)
@@ -198,6 +203,7 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: Settings) -> 
             certfile=os.path.join(settings.webhook_cert_dir, "tls.crt"),
             pkeyfile=os.path.join(settings.webhook_cert_dir, "tls.key"),
             file_check_interval=settings.webhook_cert_check_seconds,
+            max_request_bytes=settings.webhook_max_request_bytes,
         )
         # admission.managed stays unset: the chart owns the ValidatingWebhookConfiguration.
 
@@ -207,9 +213,34 @@ class ReloadingWebhookServer(kopf.WebhookServer):
     restarts its listener on a change (kopf/_kits/webhooks.py WebhookServer.__call__). A pair read mid-rotation
     (a new tls.crt beside the old tls.key: files copied one by one, where kubelet's Secret volume swaps both
     at once) does not load; kopf's server would then die and every create be refused under failurePolicy Fail.
-    This one keeps serving the last good pair, and the next change (the matching key) brings the new one."""
+    This one keeps serving the last good pair, and the next change (the matching key) brings the new one.
+
+    It reads at most `max_request_bytes` of a request and counts its JSON elements and depth before kopf parses it
+    (kopf reads any body aiohttp accepts, 1 MiB by default, and parses it on the event loop): a larger one is
+    answered 413 at once, so a forged review costs the loop a few milliseconds at most (webhook_bounds.py)."""
 
     _last_good: tuple[bytes | None, ssl.SSLContext | None] | None = None
+
+    def __init__(self, *, max_request_bytes: int = 256 * 1024, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.review_bounds = review_bounds(max_request_bytes)
+
+    async def _serve(  # type: ignore[override]  # kopf's is a staticmethod; this one needs the bounds
+        self, fn: Any, request: aiohttp.web.Request
+    ) -> aiohttp.web.Response:
+        cap = self.review_bounds.max_bytes
+        if request.content_length is not None and request.content_length > cap:
+            raise _too_large(f"the admission request is {request.content_length} bytes", cap)
+        capped = request.clone(client_max_size=cap)  # aiohttp stops reading past it (a chunked body has no length)
+        try:
+            body = await capped.read()  # kept by the request: kopf's own read gets these bytes
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            raise _too_large(f"the admission request is over {cap} bytes", cap) from None
+        try:
+            check_json_shape(body.decode("utf-8", "replace"), "the admission request", self.review_bounds)
+        except DocumentTooLarge as exc:
+            raise _too_large(str(exc), cap) from None
+        return await kopf.WebhookServer._serve(fn, capped)
 
     def _build_ssl(self) -> tuple[bytes | None, ssl.SSLContext | None]:
         try:
@@ -221,6 +252,14 @@ class ReloadingWebhookServer(kopf.WebhookServer):
             return self._last_good
         self._last_good = built
         return built
+
+
+def _too_large(what: str, cap: int) -> aiohttp.web.HTTPRequestEntityTooLarge:
+    """413, saying what was too large and the cap (the API server shows a webhook's text answer to the user)."""
+    text = (
+        f"{what}; the TrainingSweep webhook reads at most {cap} bytes (webhook.maxRequestBytes), a sweep is a few KiB"
+    )
+    return aiohttp.web.HTTPRequestEntityTooLarge(max_size=cap, text=text)
 
 
 def build_registry(wiring: OperatorWiring) -> kopf.OperatorRegistry:
@@ -274,16 +313,29 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
     )
 
     if settings.webhook_port:  # kopf refuses admission handlers without a server to serve them
-        # A coroutine on kopf's event loop, not a sync handler in its thread pool: the guards' deletion handlers
-        # wait on S3 in those threads, and the API server's admission call must never queue behind them.
-        # admission_problems is pure (parse and compare; no S3, no API call).
-        # WebhookFn's protocol lists every kwarg kopf passes; this handler takes the three it reads and **_.
+        # A coroutine, not a sync handler in kopf's thread pool: the guards' deletion handlers wait on S3 in those
+        # threads, and the API server's admission call must never queue behind them. admission_problems is pure
+        # (parse and compare; no S3, no API call) but CPU: it runs on the webhook's own few threads, bounded in
+        # number and time, so a flood of forged reviews is refused as busy instead of holding kopf's event loop
+        # (where the guard's finalizer webhooks below and every watch event are served).
+        # WebhookFn's protocol lists every kwarg kopf passes; this handler takes the four it reads and **_.
         @kopf.on.validate(**SWEEPS, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)  # type: ignore[arg-type]  # see above
-        async def sweep_admission(body: kopf.Body, old: Any, userinfo: Any = None, **_: Any) -> None:
-            _log_escape_hatch(body, old, userinfo)
-            problems = controller.admission_problems(body, old)
+        async def sweep_admission(
+            body: kopf.Body, old: Any, userinfo: Any = None, dryrun: bool = False, **_: Any
+        ) -> None:
+            _log_escape_hatch(body, old, userinfo, dryrun)
+            try:
+                problems = await wiring.validation_pool.run(controller.admission_problems, body, old)
+            except ValidationBusy as busy:
+                if wiring.validation_pool.note_refusal():  # one line a minute, however many a flood makes
+                    log.warning("TrainingSweep reviews refused as busy (%s); the first of a minute's refusals", busy)
+                raise kopf.AdmissionError(BUSY_MESSAGE, code=429) from None
             if problems:
-                raise kopf.AdmissionError("; ".join(problems), code=422)
+                raise kopf.AdmissionError(refusal_message(problems), code=422)
+
+        @kopf.on.cleanup(registry=registry)
+        def stop_validations(**_: Any) -> None:
+            wiring.validation_pool.shutdown()
 
         # The guard's finalizer at creation: on a guarded RayCluster (issue 25 defect 5: whether or not the
         # operator's watch ever sees it; the chart sends only objects with the guard annotation, failurePolicy Fail)
@@ -339,9 +391,13 @@ def _register_run_objects(registry: kopf.OperatorRegistry, wiring: OperatorWirin
             await asyncio.to_thread(controller.workload_changed, body)
 
 
-def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any) -> None:
+def _log_escape_hatch(
+    body: Mapping[str, Any], old: Mapping[str, Any] | None, userinfo: Any, dryrun: bool = False
+) -> None:
     """The webhook is the one place the API names the user: say who sets the escape hatch on a sweep it sees
-    (creates and spec changes; the guard's ValidatingAdmissionPolicy decides whether they may)."""
+    (creates and spec changes; the guard's ValidatingAdmissionPolicy decides whether they may). The user is what
+    the review says: the API server's word only where the NetworkPolicy admits no one else to the webhook
+    (`networkPolicy.webhookFrom`), since any caller that reaches the port can send a review of its own making."""
 
     def skip(obj: Mapping[str, Any] | None) -> str | None:
         return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(
@@ -352,13 +408,14 @@ def _log_escape_hatch(body: Mapping[str, Any], old: Mapping[str, Any] | None, us
         meta = body.get("metadata") or {}
         user = (userinfo or {}).get("username") or "unknown"
         log.warning(
-            "escape hatch %s=%r set on TrainingSweep %s/%s by %s (groups %s)",
+            "escape hatch %s=%r set on TrainingSweep %s/%s by %s (groups %s), as the admission review says%s",
             constants.ANNOTATION_SKIP_VERIFICATION,
             skip(body),
             meta.get("namespace"),
             meta.get("name"),
             user,
             ", ".join((userinfo or {}).get("groups") or []) or "none",
+            " (a dry run: nothing stored)" if dryrun else "",
         )
 
 

@@ -168,6 +168,8 @@ class Settings:
     webhook_cert_dir: str = field(default="/etc/sweep-operator/webhook-tls", metadata=_env("SWEEP_WEBHOOK_CERT_DIR"))
     # How often the mounted certificate files are re-read; a renewed pair is served without a restart.
     webhook_cert_check_seconds: float = field(default=10.0, metadata=_env("SWEEP_WEBHOOK_CERT_CHECK_SECONDS"))
+    # The largest admission request the webhook reads (413 past it, before parsing); webhook_bounds.py says why 256 KiB.
+    webhook_max_request_bytes: int = field(default=256 * 1024, metadata=_env("SWEEP_WEBHOOK_MAX_REQUEST_BYTES"))
     # GPU-hour budgets (issue 18), measured from the GPU pods of each namespace's sweeps over a rolling window:
     # the default for every namespace (0: none), `namespace=hours` entries overriding it (0: none there), the window.
     namespace_gpu_hours: float = field(default=0.0, metadata=_env("SWEEP_NAMESPACE_GPU_HOURS"))
@@ -203,6 +205,15 @@ class Settings:
             raise SettingsError(
                 f"memoryLimitBytes (SWEEP_MEMORY_LIMIT_BYTES): got {self.memory_limit_bytes!r}; must be the pod's "
                 "memory limit in bytes, at least 64 MiB (67108864), or 0 when unknown"
+            )
+        if (
+            isinstance(self.webhook_max_request_bytes, bool)
+            or not isinstance(self.webhook_max_request_bytes, int)
+            or not 16 * 1024 <= self.webhook_max_request_bytes <= 3 * 1024 * 1024
+        ):
+            raise SettingsError(
+                f"webhookMaxRequestBytes (SWEEP_WEBHOOK_MAX_REQUEST_BYTES): got {self.webhook_max_request_bytes!r}; "
+                "must be an integer from 16384 (16 KiB) to 3145728 (3 MiB: two copies of the largest object etcd stores)"
             )
         for name in ("verification_workers", "s3_client_cache_size"):
             value = getattr(self, name)
