@@ -393,7 +393,6 @@ def test_the_interactive_view_plots_every_metric_marks_the_best_and_fetches_noth
     page = out / "interactive.html"
     best = json.loads((FIXTURE / "_sweep" / "result.json").read_text())["bestTrial"]["id"]
     trials = sorted(p.name for p in (FIXTURE / "tune").iterdir() if p.is_dir())
-    started = time.monotonic()
     with devtools(tmp_path / "profile") as browser:
         browser.open(page)
         options = browser.evaluate('Array.from(document.getElementById("metric").options).map((o) => o.value)')
@@ -411,7 +410,9 @@ def test_the_interactive_view_plots_every_metric_marks_the_best_and_fetches_noth
             assert {t["metric"] for t in shown["parameters"]} == {metric}
             assert shown["title"] == [f"{metric} per epoch"] or metric == "lr", shown["title"]
             assert all(float(tick).is_integer() for tick in shown["xticks"]), shown["xticks"]
-            pairs = overlapping_labels(browser.evaluate(TEXT_BOXES))
+            boxes = browser.evaluate(TEXT_BOXES)
+            assert len([b for b in boxes if b["where"] == "svg"]) > 20  # plotly's titles, ticks and legend
+            pairs = overlapping_labels(boxes)
             assert pairs == [], (metric, pairs)
         # The sweep's metric: its best value starred; the metric named lr is told apart from the hyper-parameter.
         assert [t["trial"] for t in shown["curves"] if t["star"]] == [best]
@@ -427,7 +428,6 @@ def test_the_interactive_view_plots_every_metric_marks_the_best_and_fetches_noth
         browser.evaluate('document.getElementById("log-scale").click()')
         assert browser.evaluate(scales) == ["linear", "linear"]
         assert fetched(browser, page) == [] and browser.problems() == []
-    assert time.monotonic() - started < 20
 
 
 def test_the_static_report_lays_out_no_label_over_another_and_fetches_nothing(
