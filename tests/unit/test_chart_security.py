@@ -9,11 +9,13 @@ from typing import Any
 
 import helm_python as helm
 import jsonschema
+import kubernetes_validate
 import pytest
 
 from sweep_operator.settings import Settings
 from tests.unit.test_chart import (
     CHART,
+    KUBE_VERSION,
     NAMESPACE,
     RELEASE,
     _chart,
@@ -167,6 +169,52 @@ def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
     )
     closed = one(closed_docs, "NetworkPolicy")
     assert closed["spec"]["ingress"] == []
+
+
+# On EKS the control plane calls webhooks from its network interfaces in the cluster's subnets (the chart README).
+EKS_CONTROL_PLANE = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.0.16/28"}}]
+MALFORMED_PEERS = {
+    "no prefix length": [{"ipBlock": {"cidr": "10.0.0.0"}}],
+    "no cidr": [{"ipBlock": {"except": ["10.0.0.0/28"]}}],
+    "a misspelt key": [{"ipblock": {"cidr": "10.0.0.0/16"}}],
+    "an ipBlock with a selector": [{"ipBlock": {"cidr": "10.0.0.0/16"}, "podSelector": {}}],
+    "an empty peer": [{}],
+    "a bad selector operator": [{"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Equals"}]}}],
+}
+
+
+def test_the_webhook_ingress_is_open_by_default_narrows_to_the_given_peers_and_refuses_malformed_ones() -> None:
+    """Open by default, so every install's API server reaches the webhook (a wrong range refuses every sweep under
+    failurePolicy Fail); narrowed by networkPolicy.webhookFrom, whose entries are checked before anything renders."""
+
+    def webhook_rule(values: dict[str, Any]) -> dict[str, Any]:
+        docs = render_values(values)
+        policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray-dashboard")], "NetworkPolicy")
+        (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "webhook"]
+        kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
+        return rule
+
+    assert "from" not in webhook_rule({})
+    narrowed = webhook_rule({"networkPolicy": {"webhookFrom": EKS_CONTROL_PLANE}})
+    assert narrowed["from"] == EKS_CONTROL_PLANE
+    mixed = [
+        {"ipBlock": {"cidr": "10.0.0.0/16", "except": ["10.0.64.0/18"]}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}, "podSelector": {}},
+        {"ipBlock": {"cidr": "fd00:ec2::/56"}},
+    ]
+    assert webhook_rule({"networkPolicy": {"webhookFrom": mixed}})["from"] == mixed
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    let_through = []
+    for name, peers in MALFORMED_PEERS.items():
+        values = {"networkPolicy": {"webhookFrom": peers}}
+        try:
+            jsonschema.validate(_chart().merge_values(values), schema)
+        except jsonschema.ValidationError:
+            with pytest.raises(helm.HelmValuesError):  # and Helm refuses to render it
+                _chart().render(values, name=RELEASE, namespace=NAMESPACE)
+        else:
+            let_through.append(name)
+    assert not let_through
 
 
 def test_the_operator_may_reach_the_ray_heads_dashboard_port_in_each_sweep_namespace() -> None:
