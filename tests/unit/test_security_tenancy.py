@@ -181,7 +181,7 @@ def test_the_webhook_refuses_the_same_sweeps_without_calling_s3() -> None:
 
 def test_the_webhook_answers_while_every_verification_worker_is_stuck_on_s3() -> None:
     """A hung bucket holds the whole verification pool; the webhook's check still answers at once (it runs in
-    the event loop, handlers.sweep_admission, and reaches neither the pool nor S3)."""
+    the webhook's own threads, handlers.sweep_admission, and reaches neither the pool nor S3)."""
     release = threading.Event()
     pool = ThreadPoolExecutor(max_workers=1)
     made, _ = controller(FakeKube(), verification_pool=pool)

@@ -1,6 +1,7 @@
 """The operator's webhook wiring (issue 15): kopf's admission server re-reads its certificate files at the
-configured interval, and the validation handler is a coroutine (kopf runs it on its event loop, never in the
-thread pool where the guards wait on S3: kopf/_core/actions/invocation.py invoke())."""
+configured interval, and the validation handler is a coroutine (kopf awaits it on its event loop, never in the
+thread pool where the guards wait on S3: kopf/_core/actions/invocation.py invoke()), which hands the validation to
+the webhook's own bounded threads: off the loop, a bounded number at once, each within a deadline."""
 
 from __future__ import annotations
 
