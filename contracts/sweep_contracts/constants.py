@@ -26,6 +26,10 @@ LEDGER_SHORT_NAME: Final = "gpuledger"
 LEDGER_NAME: Final = "gpu-hours"  # the one ledger object of a namespace
 LEDGER_CRD_NAME: Final = f"{LEDGER_PLURAL}.{GROUP}"
 LEDGER_CRD_FILENAME: Final = f"{LEDGER_CRD_NAME}.yaml"
+# The operator's record of the ledgers it created (ConfigMap in its own namespace, a key per namespace): a ledger that
+# vanished is refused, not re-created (docs/budgets.md). The chart creates it; the operator may get and update it.
+LEDGER_RECORD_NAME: Final = "trainingsweep-gpu-ledgers"
+LEDGER_RECORD_FALLBACK_NAMESPACE: Final = "kube-system"  # without SWEEP_OPERATOR_NAMESPACE (no chart)
 
 FINALIZER: Final = "sweeps.dev/checkpoint-guard"
 LABEL_SWEEP: Final = "sweeps.dev/sweep"

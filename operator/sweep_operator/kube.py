@@ -272,6 +272,36 @@ class KubeApi:
                 raise Conflict(f"GPUHourLedger {namespace}/{constants.LEDGER_NAME} changed since it was read") from None
             raise
 
+    # ------------------------------------------------------------- the record of the ledgers created
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(lambda: _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False)))
+
+    def write_config_map(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create (no resourceVersion) or replace at the resourceVersion the body carries; `Conflict` when another
+        write came first."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        replace = bool(body["metadata"].get("resourceVersion"))
+        try:
+            if replace:
+                return self._call(lambda: self._send("PUT", f"{path}/{name}", body), retry_conflict=False)
+            return self._call(lambda: self._send("POST", path, body), retry_conflict=False)
+        except ApiException as exc:
+            if exc.status == 409 or (replace and exc.status == 404):
+                raise Conflict(f"ConfigMap {namespace}/{name} changed since it was read") from None
+            raise
+
+    def namespace_uid(self, name: str) -> str | None:
+        """The namespace's uid; None where it is gone or the operator may not read namespaces (watched-namespaces
+        installs grant no such right)."""
+        try:
+            found = self._get(lambda: _json(self.core.read_namespace(name, _preload_content=False)))
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            raise
+        return str((found or {}).get("metadata", {}).get("uid") or "") or None
+
     def create_rayjob(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create; on AlreadyExists return the existing one. Returns (object, created)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

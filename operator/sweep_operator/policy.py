@@ -52,6 +52,9 @@ class Queue:
     demand: Demand = Demand()
     reason: str = ""
     frees_at: float | None = None  # a GPU-hour window: when it has room again (None: as running sweeps end)
+    # Why, when it is no budget's ordinary wait but something an administrator must fix: the condition's reason and
+    # a Warning Event's (empty: Queued, no Event)
+    cause: str = ""
 
 
 @dataclass(frozen=True)

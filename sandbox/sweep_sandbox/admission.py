@@ -69,12 +69,14 @@ class AdmissionRequest:
     namespace: str | None
     name: str
     user: UserInfo
-    object: Obj
+    object: Obj | None  # None on a DELETE: the object is `old_object`
     old_object: Obj | None = None
     subresource: str = ""
     dry_run: bool = False
     namespaced: bool = True
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    # The request's namespace as policies see it (`namespaceObject`); None for cluster-scoped objects
+    namespace_object: Obj | None = None
 
     @property
     def qualified(self) -> str:
@@ -168,6 +170,19 @@ def namespace_selector_matches(selector: Mapping[str, Any] | None, request: Admi
     return selector_matches(selector, {**(labels or {}), NAMESPACE_NAME_LABEL: request.namespace})
 
 
+def namespace_object(namespace: Mapping[str, Any]) -> Obj:
+    """The Namespace as a policy's `namespaceObject` sees it (admission/plugin/cel/filter.go CreateNamespaceObject):
+    its spec and status, and the metadata fields copied there (no managedFields, ownerReferences or finalizers)."""
+    meta = namespace.get("metadata") or {}
+    kept = ("name", "generateName", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+            "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations")  # fmt: skip
+    return {
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "spec": dict(namespace.get("spec") or {}),
+        "status": dict(namespace.get("status") or {}),
+    }
+
+
 # ----------------------------------------------------------------------------------------------------------- CEL
 
 
@@ -191,6 +206,7 @@ class _Cel:
         return {
             "object": self.compiler.to_cel(request.object),
             "oldObject": self.compiler.to_cel(request.old_object),
+            "namespaceObject": self.compiler.to_cel(request.namespace_object),
             # the CEL `request` always has subResource (empty for the main resource), never the objects
             "request": self.compiler.to_cel(
                 {"subResource": ""} | request.review_request() | {"object": None, "oldObject": None}
@@ -298,25 +314,29 @@ class PolicyEvaluator:
         resource: str,
         operation: str,
         user: tuple[str, list[str]],
-        new: dict[str, Any],
+        new: dict[str, Any] | None,
         old: dict[str, Any] | None = None,
         subresource: str = "",
+        namespace: dict[str, Any] | None = None,
     ) -> Decision:
-        """One request by resource name (the unit tests' shorthand): group from the resource, no namespace labels."""
-        group = "sweeps.dev" if resource == "trainingsweeps" else "ray.io"
+        """One request by resource name (the unit tests' shorthand): group from the resource, no namespace labels;
+        `new` None on a DELETE (of `old`); `namespace` the request's Namespace object (namespaceObject)."""
+        group = "sweeps.dev" if resource in ("trainingsweeps", "gpuhourledgers") else "ray.io"
         username, groups = user
+        subject = new if new is not None else old or {}
         request = AdmissionRequest(
             operation,
             group,
             "v1alpha1" if group == "sweeps.dev" else "v1",
             resource,
-            str(new.get("kind") or ""),
-            (new.get("metadata") or {}).get("namespace"),
-            (new.get("metadata") or {}).get("name") or "",
+            str(subject.get("kind") or ""),
+            (subject.get("metadata") or {}).get("namespace"),
+            (subject.get("metadata") or {}).get("name") or "",
             UserInfo(username, tuple(groups)),
             new,
             old,
             subresource=subresource,
+            namespace_object=namespace_object(namespace) if namespace is not None else None,
         )
         return self.evaluate(request)
 

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import datetime
 import json
+import logging
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from sweep_contracts.timestamps import parse_time
 
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
-from .admission import ADMISSION_GROUP, Admission, AdmissionRequest, UserInfo
+from .admission import ADMISSION_GROUP, Admission, AdmissionDenied, AdmissionRequest, UserInfo, namespace_object
 from .emulator_routes import (
     _MERGE_PATCHES,
     SERVER_VERSION,
@@ -76,6 +77,8 @@ from .emulator_tables import (
 )
 from .kuberay_crds import KUBERAY_CRDS, kuberay_crd_dir, kuberay_crds
 from .pod_logs import ContainerLogs
+
+log = logging.getLogger(__name__)
 
 # The emulator's public names, wherever they live (emulator_routes, _store, _tables; kuberay_crds): one import path.
 __all__ = [
@@ -355,7 +358,7 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         resource_type: ResourceType,
         operation: str,
         namespace: str | None,
-        obj: Obj,
+        obj: Obj | None,
         old: Obj | None,
         user: UserInfo | None,
         subresource: str | None,
@@ -364,9 +367,14 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
     ) -> AdmissionRequest | None:
         """The request the admission chain sees, or None where nothing could act on it: the admission
         configuration kinds themselves (never sent to webhooks or policies, as in the real server) or no
-        policy binding and no webhook configuration stored."""
+        policy binding and no webhook configuration stored. `obj` is None on a DELETE (of `old`)."""
         if resource_type.group == ADMISSION_GROUP or not self._admission_configured():
             return None
+        stored_namespace = (
+            self._current(self._type_for("", "v1", "namespaces"), None, namespace)
+            if namespace and resource_type.namespaced
+            else None
+        )
         return AdmissionRequest(
             operation,
             resource_type.group,
@@ -374,14 +382,51 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
             resource_type.plural,
             resource_type.kind,
             namespace,
-            name or str((obj.get("metadata") or {}).get("name") or ""),
+            name or str(((obj if obj is not None else old) or {}).get("metadata", {}).get("name") or ""),
             user or self.admission.authenticate(None),
             obj,
             old,
             subresource=subresource or "",
             dry_run=dry_run,
             namespaced=resource_type.namespaced,
+            namespace_object=namespace_object(stored_namespace) if stored_namespace is not None else None,
         )
+
+    async def admit_delete(
+        self, resource_type: ResourceType, namespace: str | None, name: str, user: UserInfo | None, dry_run: bool
+    ) -> None:
+        """A DELETE through validating admission, as the registry's deleteValidation runs it (handlers/delete.go:
+        policies and validating webhooks see `oldObject`, `object` null; mutating webhooks are not called)."""
+        namespace = namespace if resource_type.namespaced else None
+        old = self.get_object(resource_type, namespace, name)
+        review = self._admission_request(resource_type, "DELETE", namespace, None, old, user, None, dry_run, name)
+        if review is not None:
+            await self._validating_admission(review, None)
+
+    def controller_may_delete(self, resource_type: ResourceType, obj: Obj, username: str) -> bool:
+        """Whether the ValidatingAdmissionPolicies let a controller of kube-controller-manager (the namespace
+        controller, the garbage collector) delete `obj`: they delete through the API server, so a policy that
+        refuses keeps the object (and a terminating namespace waits for it, as a real one does)."""
+        namespace = obj["metadata"].get("namespace") if resource_type.namespaced else None
+        user = UserInfo(
+            username, ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated")
+        )
+        review = self._admission_request(
+            resource_type, "DELETE", namespace, None, obj, user, None, False, obj["metadata"]["name"]
+        )
+        bindings = self._admission_objects("validatingadmissionpolicybindings") if review is not None else []
+        if review is None or not bindings:
+            return True
+        labels = self._namespace_labels(namespace)
+        policies = self._admission_objects("validatingadmissionpolicies")
+        try:
+            self.admission.check_policies(review, policies, bindings, labels, None)
+        except AdmissionDenied as denied:
+            log.info(
+                "emulator: %s may not delete %s %s: %s", username, resource_type.kind, obj["metadata"]["name"], denied
+            )
+            return False
+        return True
 
     def _admission_objects(self, plural: str) -> list[Obj]:
         resource_type = self.resource_type(ADMISSION_GROUP, "v1", plural)

@@ -436,12 +436,18 @@ class RoutesMixin:
             return await self._serve_watch(raw, resource_type, target, query, table)
         if verb == "list":
             return aiohttp.web.json_response(self.list_objects(resource_type, target.namespace, query, table))
+        user = self.admission.authenticate(raw.headers.get("Authorization"))
         if verb == "deletecollection":
+            # handlers/delete.go DeleteCollection: each object through validating admission, as its own delete
+            listed = self.list_objects(resource_type, target.namespace, query)
+            for item in listed["items"]:
+                await self.admit_delete(
+                    resource_type, item["metadata"].get("namespace"), item["metadata"]["name"], user, False
+                )
             return aiohttp.web.json_response(self._delete_collection(resource_type, target, query))
         data = request.data
         directive = _field_validation(query)
         dry_run = _dry_run(query)
-        user = self.admission.authenticate(raw.headers.get("Authorization"))
         warnings: list[str] = []
         if verb == "get":
             if target.subresource == "log" and resource_type.kind == "Pod" and resource_type.group == "":
@@ -492,7 +498,9 @@ class RoutesMixin:
             for key in ("propagationPolicy", "gracePeriodSeconds"):
                 if key in query:
                     options.setdefault(key, query[key])
-            if dry_run or "All" in (options.get("dryRun") or []):  # DeleteOptions carry it in the body
+            dry_run = dry_run or "All" in (options.get("dryRun") or [])  # DeleteOptions carry it in the body
+            await self.admit_delete(resource_type, target.namespace, target.name or "", user, dry_run)
+            if dry_run:
                 return aiohttp.web.json_response(self.get_object(resource_type, target.namespace, target.name or ""))
             obj, gone = self.delete_object(resource_type, target.namespace, target.name or "", options)
             waits_for_dependents = not gone and _foreground(options)

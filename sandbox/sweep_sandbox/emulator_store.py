@@ -34,6 +34,10 @@ ObjectKey = tuple[kmock.resource, str | None, str]  # (resource, namespace, name
 
 FOREGROUND_FINALIZER = "foregroundDeletion"
 NAMESPACE_FINALIZER = "kubernetes"
+# kube-controller-manager's controllers delete through the API server under their own service accounts
+# (--use-service-account-credentials), so admission sees them by these names.
+NAMESPACE_CONTROLLER = "system:serviceaccount:kube-system:namespace-controller"
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -413,6 +417,8 @@ class StoreMixin:
             return 0
         dangling = [r for r in refs if r.get("uid") not in self._uids]
         if len(dangling) == len(refs) or any(self._owner_deleting_in_foreground(r.get("uid", "")) for r in refs):
+            if not self.controller_may_delete(resource_type, obj, GARBAGE_COLLECTOR):
+                return 0
             self.delete_object(resource_type, meta.get("namespace"), meta["name"])
             return 1
         if dangling:
@@ -454,10 +460,15 @@ class StoreMixin:
             self._terminating.discard(namespace)
             self._commit(ns_type, None, None, ns_obj)
             return 1
-        deleting = [(t, o) for t, o in contents if not o["metadata"].get("deletionTimestamp")]
+        deleting = [
+            (t, o)
+            for t, o in contents
+            if not o["metadata"].get("deletionTimestamp") and self.controller_may_delete(t, o, NAMESPACE_CONTROLLER)
+        ]
         for resource_type, obj in deleting:
             self.delete_object(resource_type, namespace, obj["metadata"]["name"])
-        return len(deleting)  # objects held by finalizers keep the namespace Terminating, without spinning
+        # objects held by finalizers or refused by a policy keep the namespace Terminating, without spinning
+        return len(deleting)
 
     async def _collect_garbage_forever(self) -> None:
         assert self._gc_wakeup is not None

@@ -23,8 +23,8 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 BURST, RECREATE, RESUME, EXHAUST = "ledger-burst", "ledger-recreate", "ledger-resume", "ledger-exhaust"
-DOOMED = "ledger-doomed"
-BUDGETS = {BURST: 36, RECREATE: 36, RESUME: 72, EXHAUST: 36, DOOMED: 3600}  # GPU-seconds per window
+DOOMED, VANISHED = "ledger-doomed", "ledger-vanished"
+BUDGETS = {BURST: 36, RECREATE: 36, RESUME: 72, EXHAUST: 36, DOOMED: 3600, VANISHED: 3600}  # GPU-seconds per window
 WINDOW = 3600  # long enough that nothing leaves it during a test
 ONE_GPU = {  # worst case 1 worker x 1 GPU x 1 trial x activeSeconds
     "spec__trial": {"workers": 1, "resourcesPerWorker": {"cpu": 1, "gpu": 1, "memory": "4Gi"}},
@@ -232,3 +232,41 @@ def test_run_until_exhausted_reserves_what_is_left_and_is_stopped_when_it_is_spe
     )
     # the stop began gracefulStopSeconds early; the guard's verification and a poll's lag are all it may overrun
     assert final["usedGpuHours"] * HOUR <= 36 + 2 * 3.0, final
+
+
+def test_a_ledger_deleted_past_the_policy_is_refused_until_an_administrator_re_creates_it(env: OperatorEnv) -> None:
+    """The ledger deleted by someone the policy does not stop here (this emulator has no admission policy): the next
+    GPU sweep waits Queued with a Warning Event saying what is gone and what an administrator does, and no ledger is
+    made again; removing the namespace's key from the operator's record re-creates it on purpose."""
+    first = env.new_sweep("vanish-a", namespace=VANISHED, gpu=True, **ONE_GPU, **deadlines(30))
+    env.runner.script(first["metadata"]["name"], Outcome.hang(startup=0.3))
+    env.apply(first)
+    env.wait_status(first["metadata"]["name"], lambda s: bool(s.get("runId")), "admitted", VANISHED)
+    record_namespace = env.settings.operator_namespace or constants.LEDGER_RECORD_FALLBACK_NAMESPACE
+    record = env.core.read_namespaced_config_map(constants.LEDGER_RECORD_NAME, record_namespace)
+    assert VANISHED in (record.data or {})
+    env.custom.delete_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, VANISHED, constants.LEDGER_PLURAL, constants.LEDGER_NAME
+    )
+    second = env.new_sweep("vanish-b", namespace=VANISHED, gpu=True, **ONE_GPU, **deadlines(30))
+    name = second["metadata"]["name"]
+    env.runner.script(name, Outcome.hang(startup=0.3))
+    env.apply(second)
+    waiting = env.wait_status(
+        name, lambda s: "GPU-hour ledger" in (s.get("message") or ""), "queued on the vanished ledger", VANISHED
+    )
+    assert waiting["phase"] == "Queued" and not waiting.get("runId")
+    assert (
+        f"removing the key {VANISHED} from ConfigMap {record_namespace}/{constants.LEDGER_RECORD_NAME}"
+        in (waiting["message"])
+    )
+    wait_for(lambda: "GpuHourLedgerMissing" in env.event_reasons(name, VANISHED), 30, what="the Warning Event")
+    with pytest.raises(kubernetes.client.ApiException):
+        ledger(env, VANISHED)
+    env.core.patch_namespaced_config_map(
+        constants.LEDGER_RECORD_NAME,
+        record_namespace,
+        [{"op": "remove", "path": f"/data/{VANISHED}"}],
+    )
+    env.wait_status(name, lambda s: bool(s.get("runId")), "admitted once the administrator removed the entry", VANISHED)
+    assert {s["name"] for s in ledger(env, VANISHED)["status"]["sweeps"]} >= {name}

@@ -31,6 +31,7 @@ from sweep_sandbox import chart_admission
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.factories import changed, cpu_sweep
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -192,6 +193,88 @@ def test_a_tenants_sweep_is_stored_with_the_guards_finalizer(world: World) -> No
     finally:
         services.update(saved)
     assert world.kubectl("tenant", "get", "tsw", f"{name}-2").returncode != 0  # nothing stored
+
+
+def test_a_gpu_hour_ledger_is_written_by_the_operator_alone_and_deleted_only_with_its_namespace(world: World) -> None:
+    """The chart's ledger policy through the real kubectl: the operator creates and replaces the ledger; a tenant
+    cannot edit or delete it, nor can a guard admin, the sandbox's cluster admin or the operator delete it; deleting
+    the namespace takes it (the namespace controller, under the same policy, empties a terminating namespace)."""
+    from kubernetes import client as k8s
+
+    from sweep_sandbox.emulator_store import NAMESPACE_CONTROLLER
+
+    namespace = f"ledger-{uuid.uuid4().hex[:6]}"
+    core = k8s.CoreV1Api(world.server.api_client())  # kubectl sends built-in kinds as protobuf
+    core.create_namespace({"metadata": {"name": namespace}})
+    ledger = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.LEDGER_KIND,
+        "metadata": {"name": constants.LEDGER_NAME},
+        "spec": {"gpuHours": 10.0, "windowSeconds": 3600},
+        "status": {"usedGpuHours": 9.5, "updatedAt": "2026-12-08T10:00:00Z"},
+    }
+    scope = ("-n", namespace)
+    world.ok("operator", "create", *scope, "-f", "-", stdin=ledger)
+    world.ok("operator", "annotate", *scope, "gpuledger", constants.LEDGER_NAME, "note=1")
+    error = world.refused("tenant", "annotate", *scope, "gpuledger", constants.LEDGER_NAME, "note=2", "--overwrite")
+    assert "is written by the operator only" in error and "alice@team-a" in error
+    for context in ("tenant", "guard-admin", "sandbox", "operator"):
+        error = world.refused(context, "delete", *scope, "gpuledger", constants.LEDGER_NAME)
+        assert f"GPU-hour ledger {namespace}/{constants.LEDGER_NAME} is never deleted" in error, context
+    assert "is never deleted" in world.refused("sandbox", "delete", *scope, constants.LEDGER_PLURAL, "--all")
+    with pytest.raises(k8s.ApiException) as refused:  # a DeleteCollection: each object through admission
+        k8s.CustomObjectsApi(world.server.api_client()).delete_collection_namespaced_custom_object(
+            constants.GROUP, constants.VERSION, namespace, constants.LEDGER_PLURAL
+        )
+    assert refused.value.status == 403 and "is never deleted" in str(refused.value.body)
+    assert world.ok("sandbox", "get", *scope, "gpuledger", constants.LEDGER_NAME)["status"]["usedGpuHours"] == 9.5
+    core.delete_namespace(namespace)
+
+    def gone() -> bool:
+        return world.kubectl("sandbox", "get", "namespace", namespace).returncode != 0
+
+    wait_for(gone, 30, 0.1, what=f"namespace {namespace} emptied by {NAMESPACE_CONTROLLER} and gone")
+
+
+def test_the_namespace_controller_deletes_through_admission_as_kube_controller_managers_does(world: World) -> None:
+    """A policy that refuses every DELETE of a kind keeps a terminating namespace waiting for it (the namespace
+    controller deletes through the API server): the emulator is no laxer than a cluster about what a policy
+    refuses, so a ledger policy without its terminating-namespace exemption would fail here."""
+    from kubernetes import client as k8s
+
+    api: Any = world.server.api_client()
+    core, admission = k8s.CoreV1Api(api), k8s.AdmissionregistrationV1Api(api)
+    namespace, name = f"held-{uuid.uuid4().hex[:6]}", f"no-configmap-deletes-{uuid.uuid4().hex[:6]}"
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["configmaps"]}
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "matchConstraints": {"resourceRules": [rule]},
+                "validations": [{"expression": "false", "message": "kept"}],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {"metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}
+    )
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "kept"}, "data": {"a": "1"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "goes"}, "stringData": {"b": "2"}})
+    try:
+        core.delete_namespace(namespace)
+
+        def secret_deleted() -> bool:
+            return not world.ok("sandbox", "get", "-n", namespace, "secrets")["items"]
+
+        wait_for(secret_deleted, 30, 0.1, what="the namespace controller's pass (the Secret deleted)")
+        held = world.ok("sandbox", "get", "namespace", namespace)
+        assert held["status"]["phase"] == "Terminating"
+        assert world.ok("sandbox", "get", "-n", namespace, "configmap", "kept")["data"] == {"a": "1"}
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
+    wait_for(lambda: world.kubectl("sandbox", "get", "namespace", namespace).returncode != 0, 30, 0.1, what="gone")
 
 
 def test_a_bad_sweep_is_refused_at_apply_and_a_running_sweeps_spec_is_frozen(world: World) -> None:

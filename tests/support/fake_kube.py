@@ -120,6 +120,35 @@ class FakeKube:
         self.objects[(constants.LEDGER_KIND, obj["metadata"]["namespace"], constants.LEDGER_NAME)] = obj
         return copy.deepcopy(obj)
 
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get("ConfigMap", namespace, name)
+
+    def write_config_map(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, or replace at the resourceVersion the body carries (Conflict otherwise), as the API server."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        self.calls.append(("write_config_map", f"{namespace}/{name}"))
+        current = self.objects.get(("ConfigMap", namespace, name))
+        wanted = body["metadata"].get("resourceVersion")
+        if (current is None) != (wanted is None) or (current and current["metadata"]["resourceVersion"] != wanted):
+            raise Conflict(f"ConfigMap {namespace}/{name}: resourceVersion {wanted} is not the current one")
+        problems = [f"data.{k}" for k, v in (body.get("data") or {}).items() if not isinstance(v, str)]
+        if problems:
+            raise AssertionError(f"ConfigMap data values must be strings: {problems}")
+        obj = copy.deepcopy(body)
+        obj["metadata"]["uid"] = current["metadata"]["uid"] if current else f"uid-{next(_uids)}"
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.objects[("ConfigMap", namespace, name)] = obj
+        return copy.deepcopy(obj)
+
+    def namespace_uid(self, name: str) -> str | None:
+        namespace = self.objects.get(("Namespace", "", name))
+        return str(namespace["metadata"]["uid"]) if namespace else None
+
+    def delete_ledger(self, namespace: str) -> None:
+        """What the ledger policy refuses (a test's stand-in for a deletion that got past it)."""
+        del self.objects[(constants.LEDGER_KIND, namespace, constants.LEDGER_NAME)]
+
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get("RayJob", namespace, name)
 

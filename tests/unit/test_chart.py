@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from sweep_contracts.constants import CRD_FILENAME
+from sweep_contracts.constants import CRD_FILENAME, LEDGER_RECORD_NAME
 from sweep_operator import settings as operator_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,6 +226,9 @@ NAMED_CLUSTER_GRANTS = {
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {"get", "patch"},
 }
 WEBHOOK_SECRET_GRANTS = {("", "secrets"): {"get", "update"}}
+# The record of the GPU-hour ledgers the operator created, in the release namespace (get/update by name, create)
+LEDGER_RECORD_GRANTS = {("", "configmaps"): {"get", "update", "create"}}
+RELEASE_NAMESPACE_ROLES = ("-webhook-certificate", "-gpu-ledger-record")
 
 
 def operator_cluster_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -242,8 +245,9 @@ def test_tenants_may_read_their_gpu_hour_ledger_and_only_read_it() -> None:
 
 
 def manager_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The Roles of watched namespaces (the webhook certificate's Role in the release namespace left out)."""
-    return [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith("-webhook-certificate")]
+    """The Roles of watched namespaces (the release namespace's Roles left out: the webhook certificate's, the
+    ledger record's)."""
+    return [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith(RELEASE_NAMESPACE_ROLES)]
 
 
 PEERING = {"get", "list", "watch", "patch"}
@@ -252,7 +256,11 @@ PEERING = {"get", "list", "watch", "patch"}
 def test_cluster_wide_mode_grants_exactly_what_the_operator_touches() -> None:
     docs = render("defaults")
     assert not manager_roles(docs)
-    assert grants(of_kind(docs, "Role")) == WEBHOOK_SECRET_GRANTS
+    assert grants(of_kind(docs, "Role")) == WEBHOOK_SECRET_GRANTS | LEDGER_RECORD_GRANTS
+    (record,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-gpu-ledger-record")]
+    assert record["metadata"]["namespace"] == NAMESPACE
+    assert [r.get("resourceNames") for r in record["rules"]] == [[LEDGER_RECORD_NAME], None]
+    assert record["rules"][1]["verbs"] == ["create"]  # create cannot be scoped to a name
     assert grants(operator_cluster_roles(docs)) == NAMESPACED_GRANTS | CRD_READ | NAMESPACES_READ | NAMED_CLUSTER_GRANTS
     for binding in of_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [
@@ -268,7 +276,7 @@ def test_watch_namespaces_renders_a_role_per_namespace_and_no_cluster_role_for_n
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert grants([role]) == NAMESPACED_GRANTS
-    bindings = [b for b in of_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("-webhook-certificate")]
+    bindings = [b for b in of_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith(RELEASE_NAMESPACE_ROLES)]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"

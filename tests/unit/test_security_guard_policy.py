@@ -29,10 +29,15 @@ SKIP, GUARD, LABEL, FINALIZER = (
 GUARD_VALUE = '{"runRoot": "s3://ckpt/sweeps/team-a/digits-r1", "endpointUrl": "", "verify": true}'
 
 
+def guard_policy(docs: list[dict[str, Any]], kind: str = "ValidatingAdmissionPolicy") -> dict[str, Any]:
+    """The checkpoint guard's policy (or binding); the chart's other one guards the GPU-hour ledgers."""
+    return one([d for d in docs if d["metadata"]["name"].endswith("-checkpoint-guard")], kind)
+
+
 @functools.cache
 def _policy(groups: tuple[str, ...] = (ADMINS,)) -> tuple[dict[str, Any], dict[str, Any]]:
     docs = render_values({"guardPolicy": {"allowedGroups": list(groups)}})
-    return one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+    return guard_policy(docs), guard_policy(docs, "ValidatingAdmissionPolicyBinding")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +178,7 @@ def test_the_binding_denies_and_follows_the_watched_namespaces() -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert "matchResources" not in binding["spec"]  # cluster-wide
     docs = render_values({"watchNamespaces": ["team-a", "team-b"]})
-    (scoped,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    scoped = guard_policy(docs, "ValidatingAdmissionPolicyBinding")
     assert scoped["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
     ]
@@ -238,7 +243,7 @@ def test_a_rayjob_that_is_not_ours_is_never_refused_whoever_writes_it(
 @pytest.mark.parametrize("kuberay_namespace", ["default", "ray-system"])
 def test_kuberays_identity_in_any_namespace_comes_from_the_value(kuberay_namespace: str) -> None:
     docs = render_values({"kuberay": {"namespace": kuberay_namespace}})
-    policy = PolicyEvaluator(one(docs, "ValidatingAdmissionPolicy"))
+    policy = PolicyEvaluator(guard_policy(docs))
     kuberay = (f"system:serviceaccount:{kuberay_namespace}:kuberay-operator", ["system:serviceaccounts"])
     cluster = guarded("RayCluster", annotations={GUARD: GUARD_VALUE, SKIP: "true"}, finalizers=None)
     assert policy.review(resource="rayclusters", operation="CREATE", user=kuberay, new=cluster).allowed

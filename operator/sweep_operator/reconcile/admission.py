@@ -90,19 +90,24 @@ def decide_budget(
     if isinstance(budget, Reject):
         return Decision(_status(facts, Phase.INVALID, budget.reason, ("Admitted", False, "OverCap", budget.reason)))
     if isinstance(budget, Queue):
+        message = f"queued: {budget.reason}"
+        # a wait an administrator must end is said once as a Warning Event, where `kubectl describe` shows it
+        said = facts.status.get("message") == message
+        events = (Event("Warning", budget.cause, budget.reason),) if budget.cause and not said else ()
         return Decision(
             _status(
                 facts,
                 Phase.QUEUED,
-                f"queued: {budget.reason}",
-                ("Admitted", False, "Queued", budget.reason),
+                message,
+                ("Admitted", False, budget.cause or "Queued", budget.reason),
                 queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
                 replicas={
                     "workers": budget.demand.workers,
                     "gpus": budget.demand.gpus,
                     "namespaceBudget": namespace_budget,
                 },
-            )
+            ),
+            events=events,
         )
     sweep = facts.sweep
     assert sweep is not None

@@ -1,9 +1,11 @@
 """The namespace's GPU-hour ledger (pure): every GPU-second its sweeps used inside the rolling window, deleted sweeps
 included, and each admitted attempt's reservation; admission, release and usage records decided over it. The
-GPUHourLedger object that stores it is written only by the operator, one optimistic write per change."""
+GPUHourLedger object that stores it is written only by the operator, one optimistic write per change; one that
+vanished after the operator created it (its record below) is refused, never re-created."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -129,6 +131,9 @@ class HoursLedger:
     entries: tuple[LedgerEntry, ...] = ()
     resource_version: str | None = None
     updated_at: float | None = None  # when the stored totals (what kubectl shows) were computed
+    # Not stored, and the operator had created it (`vanished`): why, as the sweeps that need it say. Nothing is
+    # admitted against it and nothing writes it: a ledger made anew would lack the hours of deleted sweeps.
+    missing: str | None = None
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return next((e for e in self.entries if e.uid == uid), None)
@@ -153,10 +158,13 @@ class HoursLedger:
         return budget_frees_at(self.intervals(), self.budget, now, needed_gpu_hours, self.reserved(now))
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any] | None, budget: NamespaceBudget) -> HoursLedger:
-        """The stored object (None: none yet); entries it cannot read are dropped, never guessed at."""
+    def from_object(
+        cls, obj: Mapping[str, Any] | None, budget: NamespaceBudget, *, missing: str | None = None
+    ) -> HoursLedger:
+        """The stored object (None: none yet, or `missing`: gone); entries it cannot read are dropped, never guessed
+        at."""
         if obj is None:
-            return cls(budget)
+            return cls(budget, missing=missing)
         docs = ((obj.get("status") or {}).get("sweeps")) or []
         entries = tuple(e for e in (LedgerEntry.from_status(d) for d in docs if isinstance(d, Mapping)) if e)
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
@@ -264,6 +272,8 @@ def decide_reservation(
     and the sweep's own budget left) is reserved: the sweep is stopped when it is spent. The same attempt asked
     again (a retried pass, a restarted operator) finds its reservation: admitted, nothing written."""
     budget = ledger.budget
+    if ledger.missing is not None:
+        return Queue(reason=ledger.missing, cause=MISSING_REASON), None
     entry = ledger.entry(uid)
     if entry is not None and entry.reservation is not None and entry.reservation.attempt == attempt:
         return Admit(gpu_hours=entry.reservation.gpu_hours), None
@@ -324,6 +334,8 @@ def record_usage(
     ENTRY_INTERVALS merged; `ended`: its run is over, its reservation released. None: nothing to write. A copy,
     not a sum, so recording the same record twice changes nothing; but while a pod holds GPUs the stored totals
     (what `kubectl get gpuledger` shows) are rewritten every `refresh_seconds`."""
+    if ledger.missing is not None:
+        return None
     start = now - ledger.budget.window_seconds
     relevant = tuple(i for i in intervals if i.end is None or i.end > start)
     entry = ledger.entry(uid)
@@ -356,7 +368,7 @@ def release(ledger: HoursLedger, *, uid: str, deleted: bool, now: float) -> Hour
     until its hours leave the window; its pods still open are closed TERMINATION_GRACE_SECONDS from now (nobody
     measures them any more). None: nothing to change."""
     entry = ledger.entry(uid)
-    if entry is None or (entry.reservation is None and (not deleted or entry.deleted)):
+    if ledger.missing is not None or entry is None or (entry.reservation is None and (not deleted or entry.deleted)):
         return None
     intervals = entry.intervals
     if deleted:
@@ -391,3 +403,70 @@ def view(ledger: HoursLedger, now: float) -> dict[str, Any]:
         "leftGpuHours": round(max(ledger.left(now), 0.0), 4),
         "windowSeconds": int(ledger.budget.window_seconds),
     }
+
+
+# ------------------------------------------------------------------------------- the record of ledgers created
+# Which namespaces' ledgers the operator created, so that a ledger that vanished is refused rather than re-created
+# from the sweeps that still exist (which would give a namespace back the hours of its deleted sweeps).
+#
+# Why a record in the operator's own namespace: nothing a tenant may write (their namespace, their sweeps, the
+# ledger's absence itself) can say whether a ledger existed; the operator's namespace is the platform team's, so a
+# tenant can neither forge nor erase an entry. One ConfigMap, one key per namespace (a namespace name is a valid key),
+# each value the ledger's and the namespace's uids: a namespace deleted and created again (another uid) starts afresh.
+
+MISSING_REASON = "GpuHourLedgerMissing"  # the condition's reason and the Warning Event's
+
+
+@dataclass(frozen=True)
+class RecordedLedger:
+    """A ledger the operator created: its uid, its namespace's uid then ("" where the operator may not read
+    namespaces) and when it was first seen."""
+
+    ledger_uid: str
+    namespace_uid: str = ""
+    since: str = ""
+
+    def to_value(self) -> str:
+        return json.dumps({"ledgerUid": self.ledger_uid, "namespaceUid": self.namespace_uid, "since": self.since})
+
+    @classmethod
+    def from_value(cls, value: str | None) -> RecordedLedger | None:
+        """An entry as stored; one that does not parse still says a ledger existed (fail closed)."""
+        if value is None:
+            return None
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, Mapping):
+            return cls(ledger_uid="")
+        return cls(str(doc.get("ledgerUid") or ""), str(doc.get("namespaceUid") or ""), str(doc.get("since") or ""))
+
+
+def recorded(data: Mapping[str, str] | None, namespace: str) -> RecordedLedger | None:
+    return RecordedLedger.from_value((data or {}).get(namespace))
+
+
+def vanished(recorded_ledger: RecordedLedger | None, namespace_uid: str | None) -> bool:
+    """With no ledger in the namespace: True when the operator had created one there (refuse what needs it); False
+    when it never did, or did in an earlier namespace of the same name (a namespace uid that differs): create it."""
+    if recorded_ledger is None:
+        return False
+    earlier = recorded_ledger.namespace_uid
+    return not (earlier and namespace_uid and earlier != namespace_uid)
+
+
+def missing_message(namespace: str, recorded_ledger: RecordedLedger, record: tuple[str, str]) -> str:
+    """What the sweeps waiting on a vanished ledger say: what is gone, why it matters, what an admin does."""
+    since = f" on {recorded_ledger.since}" if recorded_ledger.since else ""
+    record_namespace, record_name = record
+    return (
+        f"the namespace's GPU-hour ledger {namespace}/{constants.LEDGER_NAME} is gone (the operator created it{since}); "
+        "it keeps the GPU-hours of the namespace's deleted sweeps, so GPU sweeps here wait instead of starting on a "
+        "new one: a platform administrator re-creates it on purpose by removing the key "
+        f"{namespace} from ConfigMap {record_namespace}/{record_name} (docs/budgets.md)"
+    )
+
+
+def with_entry(data: Mapping[str, str] | None, namespace: str, entry: RecordedLedger) -> dict[str, str]:
+    return {**(data or {}), namespace: entry.to_value()}

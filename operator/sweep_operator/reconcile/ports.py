@@ -1,6 +1,7 @@
 """The namespace's budgets as admission reads them, and what a pending resume reads. Reading only reads (the ledgers,
-the API, the caches); what changes the ledgers is carried out by the controller's `_act` (`Budgets.reserve` for a
-ReserveBudget, `record_hours`, `release_hours`). They sit beside reads, above the decisions."""
+the API, the caches), but for entering a ledger found in the operator's record of the ledgers it created; what
+changes the ledgers is carried out by the controller's `_act` (`Budgets.reserve` for a ReserveBudget,
+`record_hours`, `release_hours`). They sit beside reads, above the decisions."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from sweep_contracts import constants
 from sweep_contracts.api import Phase
 
 from ..gpu_time import NamespaceBudget, PodInterval
@@ -18,12 +20,22 @@ from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings
-from ..status import is_terminal
+from ..status import is_terminal, rfc3339
 from . import attempts, kueue, resume, run_phase, verdicts, workloads
 from .actions import ReserveBudget
 from .attempts import RunRootCheck
 from .facts import ObjectRef, SweepFacts, meta_of
-from .hours_ledger import HoursLedger, record_usage, release, seeded
+from .hours_ledger import (
+    HoursLedger,
+    RecordedLedger,
+    missing_message,
+    record_usage,
+    recorded,
+    release,
+    seeded,
+    vanished,
+    with_entry,
+)
 from .reads import Reads
 from .run_pass import BudgetReads, ResumeRead, reservation
 from .usage import GpuHourAsk, ReservationFacts, decide_gpu_hour_answer
@@ -36,21 +48,37 @@ WRITE_ATTEMPTS = 32  # a burst's writers each lose at most once per other writer
 class GpuHourLedgers:
     """The namespaces' GPUHourLedger objects (hours_ledger). A change is decided on the copy last read or written and
     written with that copy's resourceVersion; a write refused because another came first (a worker, an operator
-    restarted or newly elected) is read again and decided again: no lock, in this process or any other, is needed."""
+    restarted or newly elected) is read again and decided again: no lock, in this process or any other, is needed.
 
-    def __init__(self, kube: KubeApi, sweeps_of: Callable[[str], list[dict[str, Any]]]) -> None:
-        self.kube, self.sweeps_of = kube, sweeps_of
-        self._known: dict[str, dict[str, Any] | None] = {}
-        self._lock = threading.Lock()  # guards `_known` only
+    Every ledger it creates or finds is entered in its record (a ConfigMap in the operator's namespace, `record_at`):
+    a namespace whose ledger is missing although the record has it is answered with a ledger `missing`, which admits
+    nothing and is never written, until a platform administrator removes the namespace's entry (docs/budgets.md)."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        sweeps_of: Callable[[str], list[dict[str, Any]]],
+        record_at: Callable[[], tuple[str, str]] = lambda: (
+            constants.LEDGER_RECORD_FALLBACK_NAMESPACE,
+            constants.LEDGER_RECORD_NAME,
+        ),
+    ) -> None:
+        self.kube, self.sweeps_of, self.record_at = kube, sweeps_of, record_at
+        self._known: dict[str, tuple[dict[str, Any] | None, str | None]] = {}  # namespace -> (object, missing)
+        self._recorded: dict[str, str] = {}  # namespace -> the ledger uid known to be in the record
+        self._lock = threading.Lock()  # guards `_known` and `_recorded` only
 
     def read(self, namespace: str, budget: NamespaceBudget, now: float, *, fresh: bool = False) -> HoursLedger:
         with self._lock:
-            known, obj = namespace in self._known, self._known.get(namespace)
-        if fresh or not known:
+            known = self._known.get(namespace)
+        if fresh or known is None:
             obj = self.kube.get_ledger(namespace)
+            if obj is not None:
+                self._enter(namespace, obj, now)
+            known = (obj, None if obj is not None else self._missing(namespace))
             with self._lock:
-                self._known[namespace] = obj
-        return HoursLedger.from_object(obj, budget)
+                self._known[namespace] = known
+        return HoursLedger.from_object(known[0], budget, missing=known[1])
 
     def change(
         self,
@@ -66,6 +94,8 @@ class GpuHourLedgers:
         for attempt in range(WRITE_ATTEMPTS):
             ledger = self.read(namespace, budget, now, fresh=fresh or attempt > 0)
             result, new = decide(ledger)
+            if ledger.missing is not None:
+                return result  # nothing re-creates a ledger that vanished (hours_ledger answers it writes nothing)
             if new is not None and ledger.resource_version is None:
                 # none yet: the first write creates it, with what the sweeps recorded themselves (decided again)
                 result, new = decide(seeded(ledger, self.sweeps_of(namespace), now))
@@ -77,7 +107,8 @@ class GpuHourLedgers:
                 log.debug("GPUHourLedger %s changed since it was read; deciding again", namespace)
                 continue
             with self._lock:
-                self._known[namespace] = written
+                self._known[namespace] = (written, None)
+            self._enter(namespace, written, now)
             return result
         raise RuntimeError(f"GPUHourLedger {namespace}: {WRITE_ATTEMPTS} writes in a row were refused; retrying later")
 
@@ -85,12 +116,53 @@ class GpuHourLedgers:
         """A fresh read to decide an admission on; where no ledger exists yet, the one the first write would create
         (`change` seeds it the same way), so the decision and its record agree."""
         ledger = self.read(namespace, budget, now, fresh=True)
-        return seeded(ledger, self.sweeps_of(namespace), now) if ledger.resource_version is None else ledger
+        if ledger.resource_version is None and ledger.missing is None:
+            return seeded(ledger, self.sweeps_of(namespace), now)
+        return ledger
+
+    # ---- the record of the ledgers created (hours_ledger.RecordedLedger)
+    def _missing(self, namespace: str) -> str | None:
+        """Why the namespace's absent ledger is not to be created (None: create it), from the record read now (an
+        administrator's removal of the entry is seen at the next admission)."""
+        record = self.record_at()
+        stored = self.kube.get_config_map(*record)
+        entry = recorded((stored or {}).get("data"), namespace)
+        if entry is None or not vanished(entry, self.kube.namespace_uid(namespace)):
+            return None
+        log.warning("GPUHourLedger %s/%s is gone although the operator created it", namespace, constants.LEDGER_NAME)
+        return missing_message(namespace, entry, record)
+
+    def _enter(self, namespace: str, ledger: Mapping[str, Any], now: float) -> None:
+        """The ledger entered in the record, once per ledger and process (a write only where the record lacks it)."""
+        uid = str((ledger.get("metadata") or {}).get("uid") or "")
+        with self._lock:
+            if not uid or self._recorded.get(namespace) == uid:
+                return
+        record_namespace, record_name = self.record_at()
+        for _ in range(WRITE_ATTEMPTS):
+            stored = self.kube.get_config_map(record_namespace, record_name)
+            entry = recorded((stored or {}).get("data"), namespace)
+            if entry is None or entry.ledger_uid != uid:
+                entry = RecordedLedger(uid, self.kube.namespace_uid(namespace) or "", rfc3339(now))
+                metadata: dict[str, Any] = {"name": record_name, "namespace": record_namespace}
+                if stored is not None:
+                    metadata = {**metadata, "resourceVersion": stored["metadata"].get("resourceVersion")}
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}
+                try:
+                    self.kube.write_config_map(
+                        {**body, "data": with_entry((stored or {}).get("data"), namespace, entry)}
+                    )
+                except Conflict:
+                    continue
+            with self._lock:
+                self._recorded[namespace] = uid
+            return
+        raise RuntimeError(f"ConfigMap {record_namespace}/{record_name}: {WRITE_ATTEMPTS} writes in a row were refused")
 
     def all_cached(self, budget_of: Callable[[str], NamespaceBudget | None]) -> dict[str, HoursLedger]:
         """Every ledger last read or written, by namespace (the metrics' source)."""
         with self._lock:
-            known = {ns: obj for ns, obj in self._known.items() if obj is not None}
+            known = {ns: obj for ns, (obj, _) in self._known.items() if obj is not None}
         out = {}
         for namespace, obj in known.items():
             budget = budget_of(namespace)
@@ -101,7 +173,7 @@ class GpuHourLedgers:
     def cached(self, namespace: str, budget: NamespaceBudget) -> HoursLedger | None:
         """The copy last read or written (None: not read yet): for views and metrics, never for a reservation."""
         with self._lock:
-            obj = self._known.get(namespace)
+            obj = self._known.get(namespace, (None, None))[0]
         return HoursLedger.from_object(obj, budget) if obj is not None else None
 
 
@@ -110,11 +182,16 @@ class Budgets:
 
     def __init__(self, reads: Reads, ledger: AdmissionLedger, context: RenderContext) -> None:
         self.reads, self.ledger, self.context = reads, ledger, context
-        self.hours = GpuHourLedgers(reads.kube, reads.namespace_sweeps)
+        self.hours = GpuHourLedgers(reads.kube, reads.namespace_sweeps, self._ledger_record)
 
     @property
     def settings(self) -> Settings:
         return self.reads.settings  # the controller's (tests change them in flight)
+
+    def _ledger_record(self) -> tuple[str, str]:
+        """Where the record of the ledgers created is: the operator's own namespace, the platform team's."""
+        namespace = self.settings.operator_namespace or constants.LEDGER_RECORD_FALLBACK_NAMESPACE
+        return namespace, constants.LEDGER_RECORD_NAME
 
     def gpu_hour_budget(self, namespace: str) -> NamespaceBudget | None:
         hours = self.settings.namespace_gpu_hour_budget(namespace)

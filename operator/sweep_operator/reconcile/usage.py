@@ -311,7 +311,7 @@ def decide_gpu_hour_answer(
     if isinstance(decided, Reject):
         return decided
     if isinstance(decided, Queue):
-        return Queue(budget.demand, decided.reason, decided.frees_at)
+        return Queue(budget.demand, decided.reason, decided.frees_at, decided.cause)
     return None
 
 
