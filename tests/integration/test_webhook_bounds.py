@@ -170,7 +170,7 @@ def test_a_held_validation_blocks_neither_the_loop_nor_the_finalizer_webhook_and
     finally:
         release.set()
         holder.join(30)
-        controller.admission_problems = validate  # type: ignore[method-assign]
+        controller.admission_problems = validate  # type: ignore[method-assign]  # the real one back
         operator.wiring.validation_pool = pool
     assert webhook.ask(WEBHOOK_PATH, cpu_sweep("after", "team-a"))[0]["allowed"] is True
 
