@@ -108,6 +108,10 @@ def test_the_cli_extra_installs_sweepctl_without_torch_or_ray(tmp_path: Path) ->
     assert not names & {"torch", "ray", "matplotlib", "trainingsweep-train", "trainingsweep-sandbox"}, sorted(names)
     found = _run(python, "-c", "import importlib.util as u; print([u.find_spec(m) for m in ('torch', 'ray')])")
     assert found.stdout.strip() == "[None, None]"
+    # pip only warns about an extra a distribution does not declare: the metadata must name both.
+    extras = _run(python, "-c", "import importlib.metadata as m; print(m.metadata('trainingsweep-operator')"
+                  ".get_all('Provides-Extra'))").stdout  # fmt: skip
+    assert "'cli'" in extras and "'report'" in extras, extras
 
     version = _run(bin_dir / "sweepctl", "--version")
     assert version.stdout.strip() == "sweepctl 0.1.0"
