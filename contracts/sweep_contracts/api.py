@@ -75,15 +75,29 @@ TRAIN_LOOP_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-
 STORAGE_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+$"
 # A CEL rule, not a schema pattern: the API server answers a failed pattern with the regex itself; a rule's message
 # is what `kubectl apply` prints. The parser (_storage_uri) checks the same form and says what is wrong in detail.
+_STORAGE_URI_EXPECTED = (
+    "expected s3://bucket/prefix: a bucket name (3-63 lowercase letters, digits, '.' and '-'), then a prefix under "
+    "which each run writes <namespace>/<sweep>-<runId>/"
+)
+# The API server prints a failed rule as `Invalid value: "string": <message>` (the type, never the value), so the
+# message itself quotes what was given.
 STORAGE_URI_RULE: Final[JsonDict] = {
     "rule": f"self.matches('{STORAGE_URI_PATTERN}')",
-    "message": "expected s3://bucket/prefix: a bucket name (3-63 lowercase letters, digits, '.' and '-'), then a "
-    "prefix under which each run writes <namespace>/<sweep>-<runId>/",
+    "message": _STORAGE_URI_EXPECTED,
+    "messageExpression": f'"got \'" + self + "\'; {_STORAGE_URI_EXPECTED}"',
 }
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 REGION_PATTERN = r"^([a-z]{2}(-[a-z]+)+-[0-9]+)?$"
 ENDPOINT_PATTERN = r"^(https?://[^\s/]+(:[0-9]+)?/?)?$"
 NAME_MAX = 128  # metric and attribute names
+# The most trials any sweep may ask for (tune.numSamples, the CRD's maximum): Tune's driver keeps every trial in
+# memory and in its experiment state. The operator's maxTrialsPerSweep (default 10000) sets the bound in force, at
+# most this one.
+MAX_NUM_SAMPLES: Final = 1_000_000
+# A node label as Kubernetes bounds it: a key of an optional DNS-subdomain prefix (253) and '/' before a name of 63;
+# a value of 63 (apimachinery validation.IsQualifiedName, IsValidLabelValue).
+LABEL_KEY_MAX: Final = 317
+LABEL_VALUE_MAX: Final = 63
 
 
 def _train_loop(value: str) -> str:
@@ -184,7 +198,11 @@ class TuneSpec(ApiModel):
         None, description="Whether the best trial minimises or maximises tune.metric. Required with metric."
     )
     num_samples: int = Field(
-        1, ge=1, description="Samples drawn from paramSpace (with grid values: repetitions of the whole grid)."
+        1,
+        ge=1,
+        le=MAX_NUM_SAMPLES,
+        description="Samples drawn from paramSpace (with grid values: repetitions of the whole grid). The trials "
+        "this asks for (times the grid's points) must not exceed the operator's maxTrialsPerSweep (default 10000).",
     )
     max_concurrent_trials: int = Field(
         1,
@@ -228,7 +246,9 @@ class WorkerGroupSpec(ApiModel):
         description="EKS instance type of the GPU nodes (e.g. g5.2xlarge). Every worker must fit one node. "
         "Required when trial.resourcesPerWorker.gpu > 0.",
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[
+        Annotated[str, Field(max_length=LABEL_KEY_MAX)], Annotated[str, Field(max_length=LABEL_VALUE_MAX)]
+    ] = Field(
         default_factory=dict,
         max_length=32,
         description="Extra node labels for worker pods; node.kubernetes.io/instance-type is added from instanceType.",
@@ -491,6 +511,8 @@ CONDITION_TYPES: tuple[str, ...] = (
     "DeadlineExceeded",
     "Ready",
     "BudgetExhausted",
+    "Complete",
+    "Failed",
 )
 
 
@@ -548,7 +570,11 @@ class ReplicasStatus(StatusModel):
 
 class Condition(StatusModel):
     type: str = Field(
-        ..., description="Admitted, Running, CheckpointsCommitted, CheckpointsVerified, DeadlineExceeded or Ready."
+        ...,
+        description="Admitted, Running, CheckpointsCommitted, CheckpointsVerified, DeadlineExceeded, BudgetExhausted, "
+        "Complete (True once the sweep Succeeded), Failed (True once it ended Failed, DeadlineExceeded, "
+        "BudgetExhausted or Invalid; the reason and message say why) or Ready (True once it Succeeded with its "
+        "checkpoints verified).",
     )
     status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
     reason: str = Field(..., description="CamelCase reason.")
@@ -725,7 +751,14 @@ class SweepStatus(StatusModel):
         None, description="When the current RayJob attempt started (KubeRay status.startTime): the startup clock."
     )
     deadline_at: str | None = Field(None, description="startedAt + activeSeconds.")
-    finished_at: str | None = Field(None, description="When the sweep reached a terminal phase.")
+    active_deadline_at: str | None = Field(
+        None,
+        description="deadlineAt while the run has not ended (the DEADLINE column); unset once it has (deadlineAt "
+        "keeps the value).",
+    )
+    finished_at: str | None = Field(
+        None, description="When the sweep reached a terminal phase (the FINISHED column); unset while a run goes on."
+    )
     trials: TrialCounts | None = Field(None, description="Trial counts from the run's _sweep/status.json.")
     trials_summary: str | None = Field(
         None,
@@ -734,7 +767,9 @@ class SweepStatus(StatusModel):
     )
     best_trial: BestTrial | None = Field(None, description="Best trial so far.")
     best_summary: str | None = Field(
-        None, description="bestTrial.value to 4 significant digits (the BEST column); bestTrial.value is exact."
+        None,
+        description="The BEST column: bestTrial.metric and its value to 4 significant digits, e.g. val_loss=0.1235 "
+        "(the value alone when the metric is not named); bestTrial.value is exact.",
     )
     waiting_for: str | None = Field(
         None,

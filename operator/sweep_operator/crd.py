@@ -58,7 +58,9 @@ SPEC_RULES: list[dict[str, str]] = [
         "fieldPath": ".tune.scheduler.gracePeriod",
     },
     {
-        "rule": "self.trial.resourcesPerWorker.gpu == 0 || self.workerGroup.instanceType != ''",
+        # <= 0, not == 0: a negative count is the schema's minimum to refuse ("should be greater than or equal to
+        # 0"), not a missing instance type.
+        "rule": "self.trial.resourcesPerWorker.gpu <= 0 || self.workerGroup.instanceType != ''",
         "message": "workerGroup.instanceType is required when trial.resourcesPerWorker.gpu > 0 (bundle fit)",
         "fieldPath": ".workerGroup.instanceType",
     },
@@ -93,12 +95,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.trialsSummary",
         "description": "Trials finished out of tune.numSamples (times the grid's points), and how many run now",
     },
-    # A string rounded by the operator: a number column prints all 16-17 digits of a float.
+    # A string the operator writes: a column is one JSONPath (no concatenation) and a number column prints all
+    # 16-17 digits of a float.
     {
         "name": "Best",
         "type": "string",
         "jsonPath": ".status.bestSummary",
-        "description": "Best metric value (4 significant digits)",
+        "description": "The best trial's metric and value (4 significant digits), e.g. val_loss=0.1235",
     },
     {
         "name": "Verified",
@@ -113,8 +116,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.usage.gpuHours",
         "description": "GPU-hours used (its GPU pods, scheduled to gone; 0 for a CPU sweep)",
     },
-    # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages).
-    {"name": "Deadline", "type": "string", "jsonPath": ".status.deadlineAt", "description": "Sweep deadline (UTC)"},
+    # string, not date: kubectl renders a future date column as "<invalid>" (it prints ages). Empty once the run
+    # has ended, when FINISHED says since when (RayJob's END TIME).
+    {
+        "name": "Deadline",
+        "type": "string",
+        "jsonPath": ".status.activeDeadlineAt",
+        "description": "Sweep deadline (UTC) while the run has not ended",
+    },
+    {
+        "name": "Finished",
+        "type": "date",
+        "jsonPath": ".status.finishedAt",
+        "description": "How long ago the run ended (empty while it goes on)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide only (priority 1): what a platform team checks across sweeps.
     {
@@ -177,9 +192,20 @@ def _type_schema(annotation: Any, info: FieldInfo | None) -> dict[str, Any]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return model_schema(annotation)
     if origin is dict:
-        _, value_type = get_args(annotation)
-        if value_type is str:
-            return {"type": "object", "additionalProperties": {"type": "string"}}
+        key_type, value_type = get_args(annotation)
+        value, value_info = _annotated(value_type)
+        if value is str:
+            schema: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+            if value_info is not None:
+                schema["additionalProperties"].update(_constraints(value_info, "string"))
+            _, key_info = _annotated(key_type)
+            key_max = _constraints(key_info, "string").get("maxLength") if key_info is not None else None
+            if key_max:
+                # A structural schema has no propertyNames: a rule bounds the keys.
+                schema["x-kubernetes-validations"] = [
+                    {"rule": f"self.all(k, size(k) <= {key_max})", "message": f"keys are at most {key_max} characters"}
+                ]
+            return schema
         return {"type": "object", "additionalProperties": {"x-kubernetes-preserve-unknown-fields": True}}
     if origin is list:
         (item,) = get_args(annotation)
@@ -195,6 +221,15 @@ def _type_schema(annotation: Any, info: FieldInfo | None) -> dict[str, Any]:
     if annotation is typing.Any:
         return {"x-kubernetes-preserve-unknown-fields": True}
     raise TypeError(f"no CRD schema for {annotation!r}")
+
+
+def _annotated(annotation: Any) -> tuple[Any, FieldInfo | None]:
+    """`Annotated[T, Field(...)]` as (T, its constraints); anything else as (it, None)."""
+    if get_origin(annotation) is typing.Annotated:
+        base, *meta = get_args(annotation)
+        infos = [m for m in meta if isinstance(m, FieldInfo)]
+        return base, FieldInfo.merge_field_infos(*infos) if infos else None
+    return annotation, None
 
 
 # A pydantic max_length, by the JSON type it bounds.

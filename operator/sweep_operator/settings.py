@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from pydantic.alias_generators import to_camel
 
+from sweep_contracts.api import MAX_NUM_SAMPLES
+
 
 class SettingsError(ValueError):
     """A setting has a value the operator cannot use; the message names the variable or key."""
@@ -42,12 +44,20 @@ class OperatorLimits:
     # Longest spec.deletion.verificationTimeoutSeconds a sweep may ask for: one slow bucket holds a verification
     # thread at most this long.
     max_verification_timeout_seconds: int = field(default=1800, metadata=_env("SWEEP_MAX_VERIFICATION_TIMEOUT_SECONDS"))
+    # Most trials one sweep may ask for (tune.numSamples times the grid's points): Tune's driver holds every trial in
+    # memory and in its experiment state; at most the CRD's own maximum of tune.numSamples.
+    max_trials_per_sweep: int = field(default=10_000, metadata=_env("SWEEP_MAX_TRIALS_PER_SWEEP"))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"{to_camel(f.name)} ({f.metadata['env']}): got {value!r}; must be an integer >= 1")
+        if self.max_trials_per_sweep > MAX_NUM_SAMPLES:
+            raise SettingsError(
+                f"maxTrialsPerSweep (SWEEP_MAX_TRIALS_PER_SWEEP): got {self.max_trials_per_sweep}; must be at most "
+                f"{MAX_NUM_SAMPLES}, the CRD's maximum of tune.numSamples"
+            )
         if self.default_active_seconds > self.max_active_seconds:
             raise SettingsError(
                 f"defaultActiveSeconds ({self.default_active_seconds}) must not exceed "

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sweep_contracts.api import TERMINAL_PHASES, Phase
+from sweep_contracts.api import TERMINAL_PHASES, WAITING_PHASES, Phase
 from sweep_contracts.paramspace import grid_size
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
@@ -169,6 +170,98 @@ def is_terminal(phase: str | None) -> bool:
     return phase in TERMINAL_PHASES
 
 
+def awaiting_verification(status: Mapping[str, Any]) -> bool:
+    """Ended, and its end-of-run verification has not been recorded. A verification from before the end (the guard
+    verifying a retried or earlier attempt's RayCluster as KubeRay deletes it) is not the end-of-run one."""
+    if not is_terminal(status.get("phase")):
+        return False
+    recorded = (status.get("checkpoints") or {}).get("verifiedAt")
+    if not recorded:
+        return True
+    try:
+        verified_at, finished_at = parse_time(recorded), parse_time(status.get("finishedAt"))
+    except ValueError:  # an unreadable time: the record stands
+        return False
+    return verified_at is not None and finished_at is not None and verified_at < finished_at
+
+
+# The conditions a script waits on (`kubectl wait --for=condition=...`), as a Kubernetes Job has them: Complete and
+# Failed turn True only when the run has ended, one or the other (never both); Ready is True only for a sweep that
+# succeeded with its checkpoints verified. Every status write derives them here, from the phase and the facts
+# beside it, and nowhere else.
+NOT_FINISHED = "the sweep has not finished"
+# A sweep that ended in one of these failed; a failure's reason is the phase, except Failed which says why.
+FAILED_ENDS: frozenset[str] = TERMINAL_PHASES - {Phase.SUCCEEDED}
+_CAMEL_CASE = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
+# A Running condition still saying how the run went on, not why it ended.
+NOT_ENDED_REASONS: frozenset[str] = WAITING_PHASES | {Phase.RUNNING}
+
+
+def _failure_reason(status: Mapping[str, Any]) -> str:
+    """Why a Failed sweep failed, as a CamelCase reason: the Running condition's when a rule set one at the end
+    (StartupDeadlineExceeded, RayJobDeleted), else KubeRay's status.reason (AppFailed, SubmissionFailed), else
+    Failed."""
+    running = get_condition(status.get("conditions"), "Running") or {}
+    for reason in (running.get("reason"), status.get("reason")):
+        if isinstance(reason, str) and _CAMEL_CASE.match(reason) and reason not in NOT_ENDED_REASONS:
+            return reason
+    return str(Phase.FAILED)
+
+
+def lifecycle_conditions(status: Mapping[str, Any]) -> tuple[ConditionUpdate, ...]:
+    """Complete, Failed and Ready for `status` (pure: the phase, the message, the end-of-run verification and the
+    CheckpointsVerified condition). None while the sweep has no phase or is being deleted: a deletion does not undo
+    how the run ended."""
+    phase = status.get("phase")
+    if not phase or phase == Phase.DELETING:
+        return ()
+    message = str(status.get("message") or "")
+    if not is_terminal(phase):
+        return (
+            ("Complete", False, phase, NOT_FINISHED),
+            ("Failed", False, phase, NOT_FINISHED),
+            ("Ready", False, phase, NOT_FINISHED),
+        )
+    if phase in FAILED_ENDS:
+        reason = _failure_reason(status) if phase == Phase.FAILED else phase
+        why = message or f"the sweep ended {phase}"
+        return (
+            ("Complete", False, phase, f"the sweep ended {phase}"),
+            ("Failed", True, reason, why),
+            ("Ready", False, phase, why),
+        )
+    verified = get_condition(status.get("conditions"), "CheckpointsVerified") or {}
+    if awaiting_verification(status):
+        ready: ConditionUpdate = ("Ready", False, phase, "the sweep succeeded; its checkpoints are being verified")
+    elif verified.get("status") == "True":
+        ready = ("Ready", True, phase, "sweep succeeded and its checkpoints are verified")
+    else:
+        why = verified.get("message") or "no verification recorded"
+        ready = ("Ready", False, phase, f"the sweep succeeded, but its checkpoints are not verified: {why}")
+    return (
+        ("Complete", True, phase, message or "the sweep succeeded"),
+        ("Failed", False, phase, "the sweep succeeded"),
+        ready,
+    )
+
+
+def settled(status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
+    """`status` with what follows from its phase, as every status write stores it: the lifecycle conditions, and
+    `activeDeadlineAt` (the DEADLINE column: the deadline while the run has not ended; deadlineAt keeps it)."""
+    out = dict(status)
+    updates = lifecycle_conditions(status)
+    if updates:
+        out["conditions"] = conditions_with(status, generation, now, *updates)
+    phase = status.get("phase")
+    if phase != Phase.DELETING:
+        deadline = status.get("deadlineAt")
+        if deadline and not is_terminal(phase):
+            out["activeDeadlineAt"] = deadline
+        else:
+            out.pop("activeDeadlineAt", None)
+    return out
+
+
 TRIAL_STATES = ("pending", "running", "terminated", "errored")
 
 
@@ -279,5 +372,20 @@ def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
     if best:
         patch["bestTrial"] = best
         if "value" in best:
-            patch["bestSummary"] = f"{best['value']:.4g}"
+            patch["bestSummary"] = best_summary(best)
     return patch
+
+
+MAX_SUMMARY_METRIC_CHARS = 40  # the BEST column's metric name; bestTrial.metric keeps it whole
+
+
+def best_summary(best: Mapping[str, Any]) -> str:
+    """The BEST column: `val_loss=0.1235`, the metric's name and its value to 4 significant digits (the value alone
+    when the metric is not named)."""
+    value = f"{best['value']:.4g}"
+    metric = best.get("metric")
+    if not isinstance(metric, str) or not metric:
+        return value
+    if len(metric) > MAX_SUMMARY_METRIC_CHARS:
+        metric = metric[: MAX_SUMMARY_METRIC_CHARS - 3] + "..."
+    return f"{metric}={value}"

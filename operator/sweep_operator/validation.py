@@ -13,6 +13,7 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import RESUMABLE_PHASES, SweepSpec
+from sweep_contracts.paramspace import grid_size
 from sweep_contracts.problems import Problem, SpecError
 from sweep_contracts.spec_checks import brief, parse_spec
 
@@ -87,6 +88,7 @@ def parse_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: Tenancy
     if spec is not None:
         problems += bundle_fit_problems(spec)
         problems += cap_problems(spec, limits or OperatorLimits())
+        problems += trial_count_problems(spec, limits or OperatorLimits())
         problems += transition_problems(obj) + resume_problems(spec, limits or OperatorLimits())
         if tenancy is not None and isinstance(obj.get("metadata"), dict):
             problems += tenancy_problems(spec, obj["metadata"].get("namespace") or "default", tenancy)
@@ -104,6 +106,23 @@ def parse_sweep(obj: Any, limits: OperatorLimits | None = None, tenancy: Tenancy
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
     )
+
+
+def trial_count_problems(spec: SweepSpec, limits: OperatorLimits) -> list[Problem]:
+    """The trials a sweep asks for (tune.numSamples, times the grid's points) against the operator's
+    maxTrialsPerSweep: the CRD's maximum is the fixed ceiling, the setting the bound in force."""
+    samples, points = spec.tune.num_samples, grid_size(dict(spec.param_space))
+    trials = samples * points
+    if trials <= limits.max_trials_per_sweep:
+        return []
+    asked = f"{samples} trials" if points == 1 else f"{trials} trials ({samples} samples x {points} grid points)"
+    return [
+        Problem(
+            "spec.tune.numSamples",
+            f"{asked} exceed maxTrialsPerSweep {limits.max_trials_per_sweep}, the most one sweep may ask for on "
+            "this operator",
+        )
+    ]
 
 
 def validate_sweep(

@@ -209,7 +209,8 @@ def test_kubectl_get_tsw_prints_the_server_side_table(kubectl: Any, server: Emul
         G, V, ns, P, "t", {"status": {"phase": "Running", "trialsSummary": "1/8"}}
     )
     lines = kubectl("get", "tsw").stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "GPU-HOURS", "DEADLINE", "AGE"]
+    header = ["NAME", "PHASE", "TRIALS", "BEST", "VERIFIED", "RAYJOB", "GPU-HOURS", "DEADLINE", "FINISHED", "AGE"]
+    assert lines[0].split() == header
     assert lines[1].split()[:3] == ["t", "Running", "1/8"]
 
 

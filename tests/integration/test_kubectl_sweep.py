@@ -232,7 +232,8 @@ def test_get_tsw_columns_read_finished_of_num_samples_a_short_best_and_0_gpu_hou
         done = world.kubectl("get", "tsw", "wide-cpu")
         assert done.returncode == 0, done.stderr
         cells = row_cells(done.stdout)
-        assert (cells["TRIALS"], cells["BEST"], cells["GPU-HOURS"]) == ("2/100 (1 running)", "0.1235", "0"), done.stdout
+        best = "val_loss=0.1235"  # the metric's name and its value
+        assert (cells["TRIALS"], cells["BEST"], cells["GPU-HOURS"]) == ("2/100 (1 running)", best, "0"), done.stdout
     finally:
         custom.delete_namespaced_custom_object(*args, "wide-cpu")
 

@@ -558,6 +558,57 @@ def test_spec_change_refused_while_running_and_suspend_honoured(env: OperatorEnv
 # ----------------------------------------------------------------------------------------------- kubectl
 
 
+def test_kubectl_wait_returns_for_a_complete_sweep_and_for_a_failed_one(env: OperatorEnv, tmp_path: Path) -> None:
+    """Scripts wait on conditions, as on a Job's: `kubectl wait --for=condition=Complete` returns when a sweep
+    succeeds and `--for=condition=Failed` when one fails (before, Ready was the only condition to wait on, and it
+    never turned True on a failed sweep, so the wait hung); each wait starts before its sweep ends."""
+    namespace = "kubectl-wait"
+    kubeconfig = env.server.write_kubeconfig(tmp_path / "kubeconfig", namespace=namespace)
+    kubectl = str(Path(sys.executable).parent / "kubectl")
+    run_env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    ok, bad = env.new_sweep("ok", namespace), env.new_sweep("bad", namespace)
+    ok_name, bad_name = ok["metadata"]["name"], bad["metadata"]["name"]
+    env.runner.script(ok_name, Outcome.succeed(2.0, startup=0.3))
+    env.runner.script(bad_name, Outcome.fail(2.0, "Job entrypoint command failed with exit code 1", startup=0.3))
+    env.apply(ok)
+    env.apply(bad)
+    waits = {
+        name: subprocess.Popen(
+            [kubectl, "wait", f"--for=condition={condition}", f"tsw/{name}", "--timeout=90s"],
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, condition in ((ok_name, "Complete"), (bad_name, "Failed"))
+    }
+    bucket, prefix = env.run_root(ok_name, namespace)
+    write_sweep(env.s3_client, bucket, prefix, trials=2, checkpoints=1, files=1)
+    for name, wait in waits.items():
+        out, err = wait.communicate(timeout=120)
+        assert wait.returncode == 0, f"kubectl wait for {name}: {err}"
+        assert out.strip() == f"trainingsweep.sweeps.dev/{name} condition met"
+
+    def said(name: str) -> dict[str, tuple[str, str]]:
+        return {c["type"]: (c["status"], c["reason"]) for c in env.status(name, namespace)["conditions"]}
+
+    assert env.status(bad_name, namespace)["phase"] == "Failed"
+    assert said(bad_name)["Complete"] == ("False", "Failed") and said(bad_name)["Ready"] == ("False", "Failed")
+    failed = env.condition(bad_name, "Failed", namespace)
+    assert failed is not None and "exit code 1" in failed["message"]
+    assert said(ok_name)["Failed"] == ("False", "Succeeded")
+    # Ready waits for the end-of-run verification, then says the checkpoints are verified.
+    ready = subprocess.run(
+        [kubectl, "wait", "--for=condition=Ready", f"tsw/{ok_name}", "--timeout=90s"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ready.returncode == 0, ready.stderr
+    assert env.status(ok_name, namespace)["checkpoints"]["verified"] is True
+
+
 def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path) -> None:
     kubeconfig = env.server.write_kubeconfig(tmp_path / "kubeconfig")
     kubectl = str(Path(sys.executable).parent / "kubectl")
@@ -591,7 +642,10 @@ def test_kubectl_apply_and_get_printer_columns(env: OperatorEnv, tmp_path: Path)
     cells = row.split()
     # VERIFIED says how many checkpoints at which level: two trials' one checkpoint each, with our manifests
     assert cells[0] == "kubectl-scalar" and cells[1] == "Succeeded" and cells[4:6] == ["2", "full-state"], cells
-    assert cells[2] != "<none>" and cells[3] == "0.1", cells
+    assert cells[2] != "<none>" and cells[3] == "val_loss=0.1", cells  # BEST names its metric
+    # DEADLINE is empty once the run has ended; FINISHED says when it did (RayJob's END TIME)
+    status = env.status("kubectl-scalar")
+    assert cells[8] == "<none>" and cells[9] == status["finishedAt"] and status["deadlineAt"], cells
     shown = subprocess.run(
         [sys.executable, "-m", "sweep_operator.cli", "status", "kubectl-scalar", "--kubeconfig", str(kubeconfig)],
         capture_output=True,

@@ -20,7 +20,7 @@ from sweep_operator.reconcile.run_phase import (
     trials_started,
 )
 from sweep_operator.settings import OperatorLimits
-from sweep_operator.status import RayJobFacts, rfc3339
+from sweep_operator.status import RayJobFacts, rfc3339, settled
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 from tests.support.fakes import T0, FakeResult, Finding
@@ -263,7 +263,9 @@ def test_decide_finish(result: FakeResult, phase: str, verified: str, reason: st
     assert decision.status is not None
     conditions = {c["type"]: (c["status"], c["reason"]) for c in decision.status["conditions"]}
     assert conditions["CheckpointsVerified"] == (verified, reason)
-    assert conditions["Ready"][0] == ("True" if phase == "Succeeded" and verified == "True" else "False")
+    assert "Ready" not in conditions  # the status writer derives it (status.settled), as for every write
+    written = {c["type"]: (c["status"], c["reason"]) for c in settled(decision.status, 1, T0)["conditions"]}
+    assert written["Ready"][0] == ("True" if phase == "Succeeded" and verified == "True" else "False")
     assert [e.reason for e in decision.events] == (
         [] if verified == "True" else [reason if reason != "NotVerified" else "CheckpointsNotVerified"]
     )

@@ -87,7 +87,7 @@ def test_progress_from_status_file() -> None:
     }
     patch = progress_patch(doc)
     assert patch["trialsSummary"] == "4/8 (2 running)"
-    assert patch["bestSummary"] == "0.12"
+    assert patch["bestSummary"] == "val_loss=0.12"
     assert patch["trials"]["running"] == 2
     assert patch["bestTrial"] == {
         "id": "t3",
@@ -122,7 +122,7 @@ def test_trials_column_counts_finished_against_the_trials_asked_for() -> None:
 
 def test_best_column_is_rounded_and_the_exact_value_kept() -> None:
     patch = progress_patch({"bestTrial": {"id": "t1", "metric": "val_loss", "value": 0.123456789012345678}})
-    assert patch["bestSummary"] == "0.1235"
+    assert patch["bestSummary"] == "val_loss=0.1235"
     assert patch["bestTrial"]["value"] == 0.123456789012345678
     assert "bestSummary" not in progress_patch({"bestTrial": {"id": "t1", "value": float("nan")}})
 

@@ -49,7 +49,10 @@ def test_one_patch_of_what_changed_then_the_callbacks_and_the_events() -> None:
     assert body is not None
     new = updated(body["status"], {"phase": "Running", "message": "running", "waitingFor": None})
     written = writer.write(body, new, [Event("Normal", "Resume", "resumed")])
+    conditions = written["status"].pop("conditions")  # what follows from the phase (test_lifecycle_conditions.py)
     assert written["status"] == {"phase": "Running", "message": "running"}  # None removed the field
+    assert [c["type"] for c in conditions] == ["Complete", "Failed", "Ready"]
+    written["status"]["conditions"] = conditions
     assert patches(kube) == 1 and recorder.writes == [("Starting", "Running")]
     assert events == [("Normal", "Running", "running"), ("Normal", "Resume", "resumed")]
     assert cache.is_echo(written)  # its watch event starts no reconcile

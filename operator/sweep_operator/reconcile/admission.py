@@ -59,7 +59,6 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
                 Phase.INVALID,
                 message,
                 ("Admitted", False, "Invalid", message),
-                ("Ready", False, "Invalid", "the spec is invalid"),
             ),
             (ReleaseBudget(admit_next=False),),
         )
@@ -231,7 +230,6 @@ def _started(
         message,
         ("Admitted", True, "Admitted", message),
         ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
-        ("Ready", False, "Starting", "the sweep has not finished"),
         runId=create.run_id,
         rayJobName=name,
         guard={

@@ -97,7 +97,11 @@ class SweepController(DeletionGuard):
         )
         self.settings = settings
         self.status = StatusWriter(
-            kube, self.cache, events, [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)]
+            kube,
+            self.cache,
+            events,
+            [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)],
+            clock=lambda: self.clock(),  # a test may move the controller's clock after it is built
         )
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self.reads.unfinished_runs)

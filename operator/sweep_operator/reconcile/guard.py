@@ -14,7 +14,7 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
 
 from ..run_metadata import GuardTarget as GuardTarget
-from ..status import conditions_with, get_condition
+from ..status import conditions_with
 from .facts import DeletionFacts, meta_of, status_of
 
 # Hold, Release and backoff_seconds are re-exported: the controller's deletion pipeline and the cache name them here.
@@ -336,14 +336,11 @@ DELETING = {"phase": Phase.DELETING, "message": "verifying checkpoints before de
 def verification_status(
     status: Mapping[str, Any], generation: int | None, now: float, result: Any, decision: Release | Hold | None
 ) -> dict[str, Any]:
-    """Status changes recording a deletion's verification: checkpoints, CheckpointsVerified, and Ready once set."""
+    """Status changes recording a deletion's verification: checkpoints and CheckpointsVerified (Ready follows from
+    them when the status is written: status.lifecycle_conditions)."""
     said = verdict(result, decision)
-    verified, message = said.verified, said.message
-    updates: list[tuple[str, bool | str, str, str]] = [("CheckpointsVerified", verified, said.reason, message)]
-    if status.get("phase") == Phase.SUCCEEDED or get_condition(status.get("conditions"), "Ready"):
-        ready = status.get("phase") == Phase.SUCCEEDED and verified
-        updates.append(("Ready", ready, "Succeeded" if ready else "CheckpointsNotVerified", message))
-    return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, *updates)}
+    condition = ("CheckpointsVerified", said.verified, said.reason, said.message)
+    return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, condition)}
 
 
 def held_status(sweep: Mapping[str, Any], now: float, message: str) -> dict[str, Any]:

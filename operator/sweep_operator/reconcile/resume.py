@@ -426,7 +426,6 @@ def as_decision(
         updates: list[tuple[str, bool | str, str, str]] = [
             ("Admitted", True, "Resumed", decision.message),
             ("Running", False, "Starting", f"attempt {decision.attempt}: waiting for the RayCluster and the Ray job"),
-            ("Ready", False, "Starting", "the sweep has not finished"),
         ]
         if any(c.get("type") == "DeadlineExceeded" for c in status.get("conditions") or []):
             updates.append(("DeadlineExceeded", False, "Resumed", f"attempt {decision.attempt} has its own deadline"))

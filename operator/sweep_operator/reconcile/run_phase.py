@@ -28,6 +28,9 @@ from ..status import (
     rfc3339,
     updated,
 )
+from ..status import (
+    awaiting_verification as awaiting_verification,  # re-exported: the controller and ports ask the run phase
+)
 from .actions import Decision, DeleteRayJob, Diagnose, Event, Finish, ReleaseBudget, SetSuspend, SuspendWorkers
 from .attempts import end_patch
 from .attempts import pending as resume_pending
@@ -87,21 +90,6 @@ def startup_overdue(rayjob: RayJobFacts, status: Mapping[str, Any], now: float, 
         return False
     started = [t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(rayjob.start_time)) if t]
     return bool(started) and now - max(started) > startup_seconds
-
-
-def awaiting_verification(status: Mapping[str, Any]) -> bool:
-    """Ended, and its end-of-run verification has not been recorded. A verification from before the end (the guard
-    verifying a retried or earlier attempt's RayCluster as KubeRay deletes it) is not the end-of-run one."""
-    if not is_terminal(status.get("phase")):
-        return False
-    recorded = (status.get("checkpoints") or {}).get("verifiedAt")
-    if not recorded:
-        return True
-    try:
-        verified_at, finished_at = parse_time(recorded), parse_time(status.get("finishedAt"))
-    except ValueError:  # an unreadable time: the record stands
-        return False
-    return verified_at is not None and finished_at is not None and verified_at < finished_at
 
 
 def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) -> bool:
@@ -317,7 +305,6 @@ def _rayjob_gone(
                 facts.generation,
                 facts.now,
                 ("Running", False, "RayJobDeleted", message),
-                ("Ready", False, "Failed", message),
             ),
         }
     )
@@ -508,7 +495,6 @@ def decide_finish(
             checkpoints_verified=verification.checked if verified else None,
         )
     )
-    ready = status.get("phase") == Phase.SUCCEEDED and verified
     spec = facts.admitted_spec
     warn_after = spec.checkpoints.warn_after_reports if spec is not None else DEFAULT_WARN_AFTER_REPORTS
     coverage_conditions, coverage_events = coverage_changes(status, checkpoint_coverage(result or progress, warn_after))
@@ -518,12 +504,6 @@ def decide_finish(
         facts.now,
         *coverage_conditions,
         ("CheckpointsVerified", verified, reason, text),
-        (
-            "Ready",
-            ready,
-            "Succeeded" if ready else status.get("phase") or "NotReady",
-            "sweep succeeded and its checkpoints are verified" if ready else status.get("message") or "",
-        ),
     )
     events = (
         ()

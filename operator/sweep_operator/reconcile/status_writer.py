@@ -6,6 +6,7 @@ updateRayJobStatus(original, new); Ray Train V2's ControllerCallback).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -13,7 +14,7 @@ from sweep_contracts.api import WARNING_PHASES, Phase
 
 from ..kube import Conflict, KubeApi
 from ..metrics import OperatorMetrics
-from ..status import merge_patch
+from ..status import merge_patch, settled
 from .actions import Event
 from .cache import Cache
 from .facts import ObjectRef, meta_of, status_of
@@ -53,16 +54,27 @@ class PhaseCallback:
 
 
 class StatusWriter:
-    def __init__(self, kube: KubeApi, cache: Cache, emit: EventSink, callbacks: Iterable[StatusCallback]) -> None:
-        self.kube, self.cache, self.emit = kube, cache, emit
+    def __init__(
+        self,
+        kube: KubeApi,
+        cache: Cache,
+        emit: EventSink,
+        callbacks: Iterable[StatusCallback],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube, self.cache, self.emit, self.clock = kube, cache, emit, clock
         self.callbacks = list(callbacks)
 
     def write(
         self, body: Mapping[str, Any], new: Mapping[str, Any] | None, events: Iterable[Event] = ()
     ) -> Mapping[str, Any]:
         """Write `new` as the status of `body` (the copy it was computed from): only what changed, only onto that
-        resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed or it is gone)."""
+        resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed or it is gone).
+        Every write stores what follows from the phase (the lifecycle conditions, the DEADLINE column's field):
+        `status.settled`, so no decision sets them and none can forget them."""
         old = status_of(body)
+        if new is not None:
+            new = settled(new, meta_of(body).get("generation"), self.clock())
         patch = merge_patch(old, new) if new is not None else {}
         written: Mapping[str, Any] | None = None
         if patch:
