@@ -231,9 +231,18 @@ LEDGER_RECORD_GRANTS = {("", "configmaps"): {"get", "update", "create"}}
 RELEASE_NAMESPACE_ROLES = ("-webhook-certificate", "-gpu-ledger-record")
 
 
+def tenant_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRoles aggregated into Kubernetes' default user-facing roles (the namespaces' users' rights)."""
+    return [
+        r
+        for r in of_kind(docs, "ClusterRole")
+        if any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in r["metadata"].get("labels", {}))
+    ]
+
+
 def operator_cluster_roles(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ClusterRoles bound to the operator (the tenants' aggregated ledger viewer left out)."""
-    return [r for r in of_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-gpu-ledger-viewer")]
+    """The ClusterRoles bound to the operator (the tenants' aggregated roles left out)."""
+    return [r for r in of_kind(docs, "ClusterRole") if r not in tenant_roles(docs)]
 
 
 def test_tenants_may_read_their_gpu_hour_ledger_and_only_read_it() -> None:

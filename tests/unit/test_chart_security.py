@@ -149,7 +149,7 @@ def test_readiness_probe_beside_liveness() -> None:
 
 def test_network_policy_admits_only_the_webhook_and_metrics_ports() -> None:
     docs = render_values({})
-    policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray-dashboard")], "NetworkPolicy")
+    policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray")], "NetworkPolicy")
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -189,7 +189,7 @@ def test_the_webhook_ingress_is_open_by_default_narrows_to_the_given_peers_and_r
 
     def webhook_rule(values: dict[str, Any]) -> dict[str, Any]:
         docs = render_values(values)
-        policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray-dashboard")], "NetworkPolicy")
+        policy = one([d for d in docs if not d["metadata"]["name"].endswith("-ray")], "NetworkPolicy")
         (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "webhook"]
         kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
         return rule
@@ -219,25 +219,26 @@ def test_the_webhook_ingress_is_open_by_default_narrows_to_the_given_peers_and_r
 
 def test_the_operator_may_reach_the_ray_heads_dashboard_port_in_each_sweep_namespace() -> None:
     """The graceful stop (issue 26) asks each RayJob's head to stop its job on the dashboard port (8265), as KubeRay's
-    StopJob does: a policy in each sweep namespace admits the operator's pods there, and only them; the operator's own
-    egress stays open (its policy has no Egress type)."""
+    StopJob does: a policy in each sweep namespace admits the operator's pods there (beside KubeRay and the run's own
+    pods, tests/unit/test_chart_network_policies.py); the operator's own egress stays open (its policy has no Egress
+    type)."""
     docs = render_values({"watchNamespaces": ["team-a", "team-b"]})
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray-dashboard")]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray")]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     operator = next(d for d in docs if d["kind"] == "NetworkPolicy" and d not in policies)
     assert "Egress" not in operator["spec"]["policyTypes"]
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     for policy in policies:
-        assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
-        (rule,) = policy["spec"]["ingress"]
-        assert rule["ports"] == [{"port": 8265, "protocol": "TCP"}]
-        (peer,) = rule["from"]
+        assert {"key": "sweeps.dev/sweep", "operator": "Exists"} in policy["spec"]["podSelector"]["matchExpressions"]
+        (rule,) = [r for r in policy["spec"]["ingress"] if r.get("ports") == [{"port": 8265, "protocol": "TCP"}]]
+        (peer,) = [p for p in rule["from"] if "podSelector" in p]
         assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
         assert peer["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": operator["metadata"]["namespace"]
         }
+        kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
     off = render_values({"watchNamespaces": ["team-a"], "networkPolicy": {"rayDashboard": False}})
-    assert not [d for d in off if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray-dashboard")]
+    assert not [d for d in off if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-ray")]
 
 
 def test_image_digest_pins_the_image() -> None:
