@@ -61,8 +61,9 @@ test-integration: setup
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The demo keeps its run root and report.html under .demo/ (the sandbox's S3 lives in memory) and prints where.
 demo: setup
-	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete
+	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete --state-dir .demo
 
 bench: setup
 	$(PY) bench/verify_scale.py

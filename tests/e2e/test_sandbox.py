@@ -49,6 +49,19 @@ def test_sandbox_run_digits_succeeds_verifies_and_the_guard_releases(tmp_path: P
     assert "checkpoints: verified" in out
     assert "NAME" in out and "VERIFIED" in out and "digits-cpu" in out  # the kubectl get tsw table
     assert "CheckpointGuardReleased" in out and "guard: released the sweep" in out
+    # What README.md's capture shows, line for line in shape (tools/demo_capture.py); the README is regenerated
+    # from a run like this one.
+    from tools.demo_capture import check
+
+    assert check(out) == [], out
+    # It leaves something to look at once its servers are gone: the report and the run root, at the paths it prints.
+    # (paths as typed here: relative to the directory it ran in)
+    report = tmp_path / "state" / "report" / "report.html"
+    assert "report: state/report/report.html   (open it in a browser)" in out and report.stat().st_size > 0
+    (kept,) = (tmp_path / "state" / "run-root" / "default").iterdir()
+    assert f"verify state/run-root/default/{kept.name}" in out and (kept / "_sweep" / "result.json").is_file()
+    verified = subprocess.run([*SWEEPCTL, "verify", str(kept)], capture_output=True, text=True, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def _small_digits(name: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +299,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     sandbox = Sandbox(state_dir, kueue=getattr(args, "kueue", False), code_dirs=code_dirs)
     _quiet_logs(state_dir)
     started = time.monotonic()
+    kept: Kept | None = None
     try:
         print(
             "sandbox: starting S3 (moto), the Kubernetes API emulator, KubeRay stand-in and the operator ...",
@@ -319,6 +321,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         print()
         _print_table(sandbox, namespace)
         ok = _report(status)
+        if not stop.event.is_set():
+            kept = _keep(sandbox, api, namespace, name, state_dir)
+            ok = kept is not None and ok
         if args.then_delete and not stop.event.is_set():
             ok = _delete_and_report(api, sandbox, namespace, name, status, stop.event) and ok
         return EXIT_OK if ok else EXIT_FAILED
@@ -327,6 +332,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         sandbox.stop()
         stop.restore()
         print("sandbox: stopped.", flush=True)
+        if kept is not None:
+            print("\n".join(next_steps(kept, name)), flush=True)
 
 
 def _get(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
@@ -406,6 +413,96 @@ def _report(status: dict[str, Any]) -> bool:
     ok = status.get("phase") == Phase.SUCCEEDED and bool(checkpoints.get("verified"))
     print(f"result:      {status.get('phase')} — {status.get('message', '')}")
     return ok
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a sandbox run leaves behind once its servers stop: the run root copied out of S3 and the report."""
+
+    run_root: Path
+    report: Path
+
+
+def _shown_path(path: Path) -> str:
+    """A path as a user types it here: relative to the current directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _copy_run_root(client: Any, root: str, dest: Path) -> int:
+    """Every object under the run root `root` (s3://bucket/prefix) into `dest`, keyed as under the prefix; how many."""
+    from sweep_contracts.s3_layout import S3Uri
+
+    uri = S3Uri.parse(root)
+    prefix = uri.prefix
+    copied = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=uri.bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = item["Key"][len(prefix) :].lstrip("/")
+            if not relative:
+                continue
+            target = dest / relative
+            if relative.endswith("/"):  # a directory marker (pyarrow's create_dir): a folder here
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(client.get_object(Bucket=uri.bucket, Key=item["Key"])["Body"].read())
+            copied += 1
+    # The driver's own records name checkpoints by their S3 URIs; in the copy they name the copy, as a local run
+    # root's do (run-local --storage DIR), so `sweepctl verify` and `report --storage` read it as one.
+    from sweep_contracts.s3_layout import RESULT_KEY, STATUS_KEY
+
+    here = str(dest.resolve())
+    for record in (dest / STATUS_KEY, dest / RESULT_KEY):
+        if record.is_file():
+            text = record.read_text()
+            record.write_text(text.replace(str(uri), here).replace(uri.path, here))
+    return copied
+
+
+def _keep(sandbox: Any, api: Any, namespace: str, name: str, state_dir: Path) -> Kept | None:
+    """Before the sandbox's S3 (in memory) stops: the run root copied to state_dir/run-root/<namespace>/<run>, and
+    `sweepctl report` written to state_dir/report from the sweep and S3. None (said why) when either fails."""
+    from . import main as sweepctl
+    from .report import _run_root_of
+
+    sweep = _get(api, namespace, name) or {}
+    root, _endpoint, _region = _run_root_of(sweep)
+    if not root:
+        print(f"sandbox: TrainingSweep {namespace}/{name} has no run root: nothing to keep", flush=True)
+        return None
+    local = state_dir / "run-root" / namespace / root.rstrip("/").rsplit("/", 1)[-1]
+    out = state_dir / "report"
+    for folder in (local, out):
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        copied = _copy_run_root(sandbox.s3.client(), root, local)
+    except Exception as exc:  # S3 refused: the demo says so and fails
+        print(f"sandbox: could not copy {root}: {exc}", flush=True)
+        return None
+    print(f"sandbox: kept the run root: {copied} objects of {root} in {_shown_path(local)}", flush=True)
+    code = sweepctl(["report", name, "-n", namespace, "--kubeconfig", str(sandbox.kubeconfig), "--out", str(out)])
+    sys.stdout.flush()
+    if code != EXIT_OK or not (out / "report.html").is_file():
+        print(f"sandbox: sweepctl report failed (exit {code})", flush=True)
+        return None
+    return Kept(local, out / "report.html")
+
+
+def next_steps(kept: Kept, name: str) -> list[str]:
+    """What to look at and try once the demo is over (its servers are gone; the run root and report stay)."""
+    sweepctl = _shown_path(Path(sys.executable).with_name("sweepctl"))
+    root = _shown_path(kept.run_root)
+    return [
+        "",
+        f"report: {_shown_path(kept.report)}   (open it in a browser)",
+        "next:",
+        f"  {sweepctl} report --storage {root} --out report-{name}   # the report again, from the kept run root",
+        f"  {sweepctl} verify {root}   # the checkpoint guard's check, on the local copy",
+        f"  {sweepctl} sandbox up   # the sandbox in the foreground: kubectl apply, then kubectl sweep status|logs|report",
+    ]
 
 
 def _delete_and_report(
