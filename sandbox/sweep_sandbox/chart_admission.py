@@ -15,6 +15,7 @@ from typing import Any
 
 from sweep_operator.settings import Settings
 
+from . import rbac
 from .admission import UserInfo, service_account_user
 
 Obj = dict[str, Any]
@@ -130,10 +131,61 @@ def free_port() -> int:
     raise OSError(f"no free loopback port in {low}-{high} ({PORTS_ENV})")
 
 
-def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str, Identity]:
-    """Register the users, create the namespaces, KubeRay's ServiceAccount, the chart's certificate Secret and its
-    admission objects (as the emulator's administrator), and route the webhook Service to `webhook_port` on
-    127.0.0.1 (the Service's endpoints: the operator's webhook server). Returns the identities."""
+def rbac_objects(docs: list[Obj], tenant_namespaces: tuple[str, ...], tenant_role: str = "edit") -> list[Obj]:
+    """Who may do what, as on a cluster shared by teams: the chart's Roles, ClusterRoles and bindings (the operator
+    holds exactly what the chart grants it; its roles aggregated into the standard ones reach the tenants), KubeRay's
+    chart's roles for its operator and for the standard ones, the guard admins (the platform team) bound to
+    cluster-admin, and the tenant's group bound to `tenant_role` (the standard `edit`) in each of
+    `tenant_namespaces`. The sandbox's default user is in system:masters, which RBAC never stops."""
+    chart = [d for d in docs if d["apiVersion"].startswith(f"{rbac.RBAC_GROUP}/")]
+    tenant = identities(docs)["tenant"].user
+    (team,) = [g for g in tenant.groups if g != rbac.AUTHENTICATED]
+    people = [
+        rbac.binding("sweeps-guard-admins", "cluster-admin", [rbac.subject("Group", GUARD_ADMINS)]),
+        *(
+            rbac.binding(f"{team.replace(':', '-')}-{tenant_role}", tenant_role, [rbac.subject("Group", team)], ns)
+            for ns in tenant_namespaces
+        ),
+    ]
+    return [*chart, *rbac.kuberay_operator_rbac(KUBERAY_NAMESPACE, KUBERAY_SERVICE_ACCOUNT), *people]
+
+
+def create_rbac(server: Any, objects: list[Obj]) -> None:
+    """Create RBAC objects as the emulator's administrator, in the namespaces they name (made when missing)."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    core: Any = k8s.CoreV1Api(server.api_client())
+    for namespace in dict.fromkeys(d["metadata"]["namespace"] for d in objects if d["metadata"].get("namespace")):
+        try:
+            core.create_namespace({"metadata": {"name": namespace}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    api: Any = k8s.RbacAuthorizationV1Api(server.api_client())
+    creators = {
+        "ClusterRole": lambda d: api.create_cluster_role(d),
+        "ClusterRoleBinding": lambda d: api.create_cluster_role_binding(d),
+        "Role": lambda d: api.create_namespaced_role(d["metadata"]["namespace"], d),
+        "RoleBinding": lambda d: api.create_namespaced_role_binding(d["metadata"]["namespace"], d),
+    }
+    for kind in creators:
+        for doc in objects:
+            if doc["kind"] == kind:
+                creators[kind](doc)
+
+
+def install(
+    server: Any,
+    docs: list[Obj],
+    webhook_port: int | None,
+    tenant_namespaces: tuple[str, ...] = ("default",),
+    tenant_role: str = "edit",
+) -> dict[str, Identity]:
+    """Register the users, create the namespaces, KubeRay's ServiceAccount, the chart's certificate Secret, its
+    admission objects and who may do what (rbac_objects: the tenant has `tenant_role` in `tenant_namespaces`), all
+    as the emulator's administrator, and route the webhook Service to `webhook_port` on 127.0.0.1 (the Service's
+    endpoints: the operator's webhook server). Returns the identities."""
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
@@ -144,7 +196,7 @@ def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str,
     # Any: raw JSON documents in (the typed models would re-spell the chart's YAML)
     core: Any = k8s.CoreV1Api(api)
     admission: Any = k8s.AdmissionregistrationV1Api(api)
-    for namespace in (RELEASE_NAMESPACE, KUBERAY_NAMESPACE):
+    for namespace in dict.fromkeys((RELEASE_NAMESPACE, KUBERAY_NAMESPACE, *tenant_namespaces)):
         try:
             core.create_namespace({"metadata": {"name": namespace}})
         except ApiException as exc:
@@ -165,6 +217,7 @@ def install(server: Any, docs: list[Obj], webhook_port: int | None) -> dict[str,
     for doc in docs:
         if doc["kind"] in creators:
             creators[doc["kind"]](doc)
+    create_rbac(server, rbac_objects(docs, tenant_namespaces, tenant_role))
     return people
 
 

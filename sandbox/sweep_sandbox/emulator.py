@@ -77,6 +77,7 @@ from .emulator_tables import (
 )
 from .kuberay_crds import KUBERAY_CRDS, kuberay_crd_dir, kuberay_crds
 from .pod_logs import ContainerLogs
+from .rbac import RbacMixin
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ ObjectKey = tuple[kmock.resource, str | None, str]  # (resource, namespace, name
 
 
 @attrs.define(kw_only=True)
-class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
+class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.KubernetesEmulator):
     """kmock's in-memory Kubernetes API, made faithful enough for kopf, kubectl and the kubernetes client.
 
     It serves every resource request itself (kmock's reactions still answer other paths) and keeps objects in
@@ -176,6 +177,7 @@ class KubernetesApiEmulator(RoutesMixin, StoreMixin, kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         for resource_type in BUILTIN_RESOURCES:
             self.register(resource_type)
+        self.bootstrap_rbac()  # the API server's default roles and bindings (rbac.py)
 
     # ---- registration
 

@@ -17,7 +17,7 @@ import kmock
 import yaml
 from kmock._internal import rendering as kmock_rendering
 
-from . import openapi
+from . import openapi, protobuf
 from . import schema_apply as managed_fields
 from .admission import AdmissionDenied
 from .emulator_store import _foreground
@@ -250,6 +250,9 @@ class RoutesMixin:
             injected = self.errors.take(verb, raw.path, target, raw.headers.get("User-Agent", ""))
             if injected is not None:
                 raise injected
+            # the authorization filter (rbac.py), before the body is read as an object
+            user = self.admission.authenticate(raw.headers.get("Authorization"))
+            self.authorize_request(user, raw.method, raw.path, query)
             if target is not None:
                 return await self._serve_resource(raw, request, target, verb, query)
             return await self._serve_other(raw, request)
@@ -446,6 +449,8 @@ class RoutesMixin:
                 )
             return aiohttp.web.json_response(self._delete_collection(resource_type, target, query))
         data = request.data
+        if verb in ("create", "update") and protobuf.is_protobuf(raw.headers.get("Content-Type")):
+            data = protobuf.decode_body(request.body, resource_type.api_version, resource_type.kind)
         directive = _field_validation(query)
         dry_run = _dry_run(query)
         warnings: list[str] = []

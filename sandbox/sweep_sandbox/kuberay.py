@@ -1277,6 +1277,8 @@ class KubeRayStandIn:
     on one loopback port (`JobsApiServer`), which those names reach through `jobs_api.stop_job`/`job_status` (the
     sandbox's cluster DNS), so the operator's real client can stop a job the way KubeRay's StopJob does. `deletion_policy_gate` is KubeRay's
     RayJobDeletionPolicy feature gate (on by default in v1.7.0), which a suspended worker group needs.
+    `cluster_api_client`: the identity of the cluster's own controllers the stand-in also plays (the Job controller
+    and the kubelet for the submitter's pod), where the API authorizes KubeRay's by RBAC.
     """
 
     def __init__(
@@ -1292,8 +1294,12 @@ class KubeRayStandIn:
         dashboard: bool = False,
         deletion_policy_gate: bool = True,
         container_logs: ContainerLogs | None = None,
+        cluster_api_client: Any = None,
     ) -> None:
         self.api = RayApi(api_client)
+        # What the cluster's own controllers write (the Job controller and the kubelet: the submitter's pod and the
+        # Job's status) goes through their identity where one is given, not KubeRay's: RBAC grants KubeRay neither
+        self.cluster_api = RayApi(cluster_api_client) if cluster_api_client is not None else self.api
         self.jobs_api = JobsApiServer(self._job_by_id) if dashboard else None
         self.runner: JobRunner = runner if runner is not None else ScriptedRunner()
         self.namespace = namespace
@@ -1304,7 +1310,7 @@ class KubeRayStandIn:
         self.pod_lifetimes: PodLifetimes | None = None
         self.pods = ClusterPods(self.api)
         # The submitter Job's pod under `emulate_pods`; its log (the emulator's `container_logs`) is the driver's
-        self.submitter_pods = SubmitterPods(self.api.core, container_logs)
+        self.submitter_pods = SubmitterPods(self.cluster_api.core, container_logs)
         self._submitter_pods: set[tuple[str, str]] = set()  # (Job uid, step) done once each
         self._driver_runs: dict[Key, RunHandle] = {}  # the latest run of each RayJob, kept after its cluster goes
         self.queue = WorkQueue()
@@ -2125,7 +2131,7 @@ class KubeRayStandIn:
                 _condition("Complete", True, "CompletionsReached", "Reached expected number of succeeded pods"),
             ],
         }
-        self.api.core(
+        self.cluster_api.core(
             "PATCH",
             f"/apis/batch/v1/namespaces/{meta['namespace']}/jobs/{meta['name']}/status",
             {"status": status},

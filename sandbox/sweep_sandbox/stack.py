@@ -169,6 +169,7 @@ class Sandbox:
                 poll_interval=1.0,
                 dashboard=True,
                 container_logs=self.server.emulator.container_logs,
+                cluster_api_client=self.server.api_client(),  # the Job controller and kubelet: the administrator
             )
             self.standin.start()
             if self.kueue:

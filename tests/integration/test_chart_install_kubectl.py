@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from sweep_contracts import constants
+from sweep_sandbox import rbac
 from sweep_sandbox.admission import UserInfo, service_account_user
+from sweep_sandbox.chart_admission import create_rbac
 from sweep_sandbox.emulator import EmulatorServer
 from tests.unit.test_chart import render_values
 from tests.unit.test_chart_install import _commands, _set_values
@@ -90,6 +92,10 @@ def test_the_readmes_install_applies_with_kubectl_and_guards_only_our_rayjobs(tm
         }
         for token, user in tokens.items():
             server.emulator.admission.users[token] = user
+        # RBAC as on the cluster: the chart's roles (applied above) for the operator, KubeRay's chart's for KubeRay,
+        # and bob owns team-b (every verb there), so what refuses bob below is the guard policy, not RBAC
+        owner = rbac.binding("team-b-owner", "cluster-admin", [rbac.subject("Group", "team-b:developers")], "team-b")
+        create_rbac(server, [*rbac.kuberay_operator_rbac(KUBERAY_NAMESPACE, "kuberay-operator"), owner])
         kuberay, tenant = _as(server, "kuberay"), _as(server, "tenant")
         group, version, plural = constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYJOB_PLURAL
 

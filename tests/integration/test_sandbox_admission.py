@@ -27,7 +27,7 @@ import yaml
 
 from sweep_contracts import constants
 from sweep_operator.settings import Settings
-from sweep_sandbox import chart_admission
+from sweep_sandbox import chart_admission, rbac
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.support.factories import changed, cpu_sweep
@@ -39,6 +39,7 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 POLICY = f"{chart_admission.RELEASE}-trainingsweep-operator-checkpoint-guard"
 FORGED = "sweeps.dev/build_registry._locals_.rayjob_deleted"
 GUARD_VALUE = '{"runRoot": "s3://b/sweeps/team-a/digits-r1", "endpointUrl": "", "verify": true}'
+OWNER = "cluster-admin"  # bound in one namespace: every verb there
 
 
 @dataclass
@@ -72,14 +73,15 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """The emulator with the chart's admission objects and users, and the operator serving its webhooks (it watches
-    another namespace only: whatever happens to the test's objects is admission's doing)."""
+    another namespace only: whatever happens to the test's objects is admission's doing). The tenant owns its
+    namespace (a RoleBinding to cluster-admin there): RBAC lets it do anything there, so what stops it is admission."""
     state = tmp_path_factory.mktemp("admission")
     docs = chart_admission.render()
     port = chart_admission.free_port()
     with EmulatorServer(tls=True) as server:
-        people = chart_admission.install(server, docs, port)
-        server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
         namespace = f"team-{uuid.uuid4().hex[:6]}"
+        people = chart_admission.install(server, docs, port, (namespace,), tenant_role=OWNER)
+        server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
         kubeconfig = server.write_kubeconfig(
             state / "kubeconfig", namespace=namespace, users={c: i.token for c, i in people.items()}
         )
@@ -206,6 +208,8 @@ def test_a_gpu_hour_ledger_is_written_by_the_operator_alone_and_deleted_only_wit
     namespace = f"ledger-{uuid.uuid4().hex[:6]}"
     core = k8s.CoreV1Api(world.server.api_client())  # kubectl sends built-in kinds as protobuf
     core.create_namespace({"metadata": {"name": namespace}})
+    team = rbac.subject("Group", "team-a:developers")  # the tenant owns this namespace too: admission is what stops it
+    chart_admission.create_rbac(world.server, [rbac.binding("team-a-owner", OWNER, [team], namespace)])
     ledger = {
         "apiVersion": constants.API_VERSION,
         "kind": constants.LEDGER_KIND,
@@ -215,12 +219,18 @@ def test_a_gpu_hour_ledger_is_written_by_the_operator_alone_and_deleted_only_wit
     }
     scope = ("-n", namespace)
     world.ok("operator", "create", *scope, "-f", "-", stdin=ledger)
-    world.ok("operator", "annotate", *scope, "gpuledger", constants.LEDGER_NAME, "note=1")
+    # a replace with the resourceVersion precondition, as the operator writes it (the chart grants update, not patch)
+    stored = world.ok("operator", "get", *scope, "gpuledger", constants.LEDGER_NAME)
+    stored["metadata"]["annotations"] = {"note": "1"}
+    world.ok("operator", "replace", *scope, "-f", "-", stdin=stored)
     error = world.refused("tenant", "annotate", *scope, "gpuledger", constants.LEDGER_NAME, "note=2", "--overwrite")
     assert "is written by the operator only" in error and "alice@team-a" in error
-    for context in ("tenant", "guard-admin", "sandbox", "operator"):
+    for context in ("tenant", "guard-admin", "sandbox"):
         error = world.refused(context, "delete", *scope, "gpuledger", constants.LEDGER_NAME)
         assert f"GPU-hour ledger {namespace}/{constants.LEDGER_NAME} is never deleted" in error, context
+    # the chart grants the operator no delete on ledgers: RBAC refuses it before admission is asked
+    error = world.refused("operator", "delete", *scope, "gpuledger", constants.LEDGER_NAME)
+    assert f'cannot delete resource "gpuhourledgers" in API group "sweeps.dev" in the namespace "{namespace}"' in error
     assert "is never deleted" in world.refused("sandbox", "delete", *scope, constants.LEDGER_PLURAL, "--all")
     with pytest.raises(k8s.ApiException) as refused:  # a DeleteCollection: each object through admission
         k8s.CustomObjectsApi(world.server.api_client()).delete_collection_namespaced_custom_object(
@@ -360,7 +370,12 @@ def test_a_whole_run_passes_admission_as_each_actor_and_its_cluster_is_born_guar
         server.emulator.admission.default_user = chart_admission.SANDBOX_ADMIN
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig", users={c: i.token for c, i in people.items()})
         runner = ScriptedRunner(default=Outcome.succeed(1.0, startup=0.3))
-        standin = KubeRayStandIn(server.api_client(people["kuberay"].token), runner, poll_interval=0.2)
+        standin = KubeRayStandIn(
+            server.api_client(people["kuberay"].token),
+            runner,
+            poll_interval=0.2,
+            cluster_api_client=server.api_client(),
+        )
         standin.start()
         try:
             with OperatorThread(
