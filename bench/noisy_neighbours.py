@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.server
 import json
 import logging
@@ -91,16 +92,22 @@ def serve_s3() -> int:
                 write_sweep(writer, BUCKET, prefix, trials=1, checkpoints=1, files=1)
                 if "status" in command["kinds"]:
                     writer.put_object(Bucket=BUCKET, Key=f"{prefix}/{s3_layout.STATUS_KEY}", Body=oversized)
-                    _ = backend.get_object(BUCKET, f"{prefix}/{s3_layout.STATUS_KEY}").etag
+                    etag(backend, f"{prefix}/{s3_layout.STATUS_KEY}")
                 for i in range(EXPERIMENT_STATES if "states" in command["kinds"] else 0):
                     key = f"{prefix}/tune/experiment_state-2026-12-03_10-{i:02d}-00.json"
                     writer.put_object(Bucket=BUCKET, Key=key, Body=fat)
-                    _ = backend.get_object(BUCKET, key).etag  # an HTTP PUT computes it; the direct write defers it
+                    etag(backend, key)
             elif command["op"] == "clear":
                 for item in writer.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")["Contents"]:
                     writer.delete_object(Bucket=BUCKET, Key=item["Key"])
             print(json.dumps({"ok": command["op"]}), flush=True)
     return 0
+
+
+def etag(backend: Any, key: str) -> None:
+    """Compute an object's ETag now, as moto does for an HTTP PUT: the direct write leaves it to the first listing
+    (an MD5 of every byte listed, which made a listing of the flood take seconds)."""
+    _ = backend.get_object(BUCKET, key).etag
 
 
 class S3Child:
@@ -339,8 +346,8 @@ class Bench:
         import kubernetes
 
         api_client = server.api_client()
-        self.custom = kubernetes.client.CustomObjectsApi(api_client)
-        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom: Any = kubernetes.client.CustomObjectsApi(api_client)
+        self.core: Any = kubernetes.client.CoreV1Api(api_client)
         self.standin, self.s3, self.deletions = standin, s3, deletions
         self.hostile_namespaces, self.kinds, self.trace = hostile_namespaces, kinds, trace
         self.processes = processes  # whose CPU each round counts: the operator, the S3 server, this process
@@ -393,6 +400,12 @@ class Bench:
     def reasons(self, namespace: str, name: str) -> list[str]:
         return [e.reason for e in self.core.list_namespaced_event(namespace).items if e.involved_object.name == name]
 
+    def told(self, key: tuple[str, str], reason: str) -> bool:
+        return reason in self.reasons(*key)
+
+    def verification_problems(self, key: tuple[str, str]) -> list[dict[str, Any]]:
+        return list((((self.sweep(*key) or {}).get("status") or {}).get("checkpoints") or {}).get("problems") or [])
+
     def leftovers(self, namespace: str) -> int:
         """TrainingSweeps, RayJobs and RayClusters still in `namespace` (held by the guard or not yet gone)."""
         count = len(
@@ -419,14 +432,14 @@ class Bench:
             )
         jobs: dict[tuple[str, str], tuple[str, str]] = {}
         for key in (*noisy, quiet):
-            jobs[key] = wait_for(lambda key=key: self.running_job(*key), WAIT_S, 0.1, what=f"{key} Running")
+            jobs[key] = wait_for(functools.partial(self.running_job, *key), WAIT_S, 0.1, what=f"{key} Running")
         self.s3.call("sweep", jobs[quiet][0])
         for key in noisy:
             self.s3.call("hostile", jobs[key][0], kinds=sorted(self.kinds))
         # Each hostile sweep's progress polls have met its oversized status.json before anything is deleted.
         for key in noisy if "status" in self.kinds else ():
             wait_for(
-                lambda key=key: "RunDocumentTooLarge" in self.reasons(*key),
+                functools.partial(self.told, key, "RunDocumentTooLarge"),
                 WAIT_S,
                 0.2,
                 what=f"{key}: told its status.json is too large",
@@ -480,11 +493,11 @@ class Bench:
         from tests.support.waiting import wait_for
 
         for key in noisy if "heads" in self.kinds else ():
-            wait_for(lambda key=key: "GracefulStopFailed" in self.reasons(*key), WAIT_S, 0.2, what=f"{key}'s stop")
+            wait_for(functools.partial(self.told, key, "GracefulStopFailed"), WAIT_S, 0.2, what=f"{key}'s stop")
         problems: list[str] = []
         for key in noisy if "states" in self.kinds else ():
             found = wait_for(
-                lambda key=key: ((self.sweep(*key) or {}).get("status") or {}).get("checkpoints", {}).get("problems"),
+                functools.partial(self.verification_problems, key),
                 WAIT_S,
                 0.2,
                 what=f"{key}: its verification's finding",
@@ -540,7 +553,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         server = EmulatorServer(build_emulator(auto_create_namespaces=False, request_log_limit=0, changes=deletions))
         server.start()
         stack.callback(server.stop)
-        core = kubernetes.client.CoreV1Api(server.api_client())
+        core: Any = kubernetes.client.CoreV1Api(server.api_client())
         for namespace in (QUIET_NAMESPACE, *hostile_namespaces):
             core.create_namespace({"metadata": {"name": namespace}})
         s3 = S3Child()
