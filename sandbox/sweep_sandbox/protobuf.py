@@ -35,13 +35,15 @@ class Field:
     """One field of a message: its JSON name and how its value reads.
 
     kind: string, bytes (base64 in JSON), int, bool, time (meta/v1 Time: RFC 3339, absent when zero), raw-json
-    (FieldsV1's bytes hold JSON), map-string, map-bytes, or a message name. `keep_zero`: a pointer or a field
-    without `omitempty` in Go, whose zero value JSON carries too."""
+    (FieldsV1's bytes hold JSON), map-string, map-bytes, or a message name. `pointer`: a Go pointer, whose zero value
+    on the wire JSON carries too; `always`: a Go field without `omitempty`, which JSON carries even when absent (its
+    zero value; null for a list)."""
 
     name: str
     kind: str
     repeated: bool = False
-    keep_zero: bool = False
+    pointer: bool = False
+    always: bool = False
 
 
 def _f(name: str, kind: str = "string", **options: Any) -> Field:
@@ -60,7 +62,7 @@ MESSAGES: dict[str, dict[int, Field]] = {
         7: _f("generation", "int"),
         8: _f("creationTimestamp", "time"),
         9: _f("deletionTimestamp", "time"),
-        10: _f("deletionGracePeriodSeconds", "int", keep_zero=True),
+        10: _f("deletionGracePeriodSeconds", "int", pointer=True),
         11: _f("labels", "map-string"),
         12: _f("annotations", "map-string"),
         13: _f("ownerReferences", "OwnerReference", repeated=True),
@@ -72,8 +74,8 @@ MESSAGES: dict[str, dict[int, Field]] = {
         1: _f("kind"),
         3: _f("name"),
         4: _f("uid"),
-        6: _f("controller", "bool", keep_zero=True),
-        7: _f("blockOwnerDeletion", "bool", keep_zero=True),
+        6: _f("controller", "bool", pointer=True),
+        7: _f("blockOwnerDeletion", "bool", pointer=True),
     },
     "ManagedFieldsEntry": {
         1: _f("manager"),
@@ -105,7 +107,7 @@ MESSAGES: dict[str, dict[int, Field]] = {
         1: _f("metadata", "ObjectMeta"),
         2: _f("secrets", "ObjectReference", repeated=True),
         3: _f("imagePullSecrets", "LocalObjectReference", repeated=True),
-        4: _f("automountServiceAccountToken", "bool", keep_zero=True),
+        4: _f("automountServiceAccountToken", "bool", pointer=True),
     },
     "ObjectReference": {
         1: _f("kind"),
@@ -119,38 +121,34 @@ MESSAGES: dict[str, dict[int, Field]] = {
     "LocalObjectReference": {1: _f("name")},
     "Secret": {
         1: _f("metadata", "ObjectMeta"),
-        5: _f("immutable", "bool", keep_zero=True),
+        5: _f("immutable", "bool", pointer=True),
         2: _f("data", "map-bytes"),
         4: _f("stringData", "map-string"),
         3: _f("type"),
     },
     "ConfigMap": {
         1: _f("metadata", "ObjectMeta"),
-        4: _f("immutable", "bool", keep_zero=True),
+        4: _f("immutable", "bool", pointer=True),
         2: _f("data", "map-string"),
         3: _f("binaryData", "map-bytes"),
     },
     # rbac/v1
     "PolicyRule": {
-        1: _f("verbs", repeated=True),
+        1: _f("verbs", repeated=True, always=True),
         2: _f("apiGroups", repeated=True),
         3: _f("resources", repeated=True),
         4: _f("resourceNames", repeated=True),
         5: _f("nonResourceURLs", repeated=True),
     },
     "AggregationRule": {1: _f("clusterRoleSelectors", "LabelSelector", repeated=True)},
-    "Role": {1: _f("metadata", "ObjectMeta"), 2: _f("rules", "PolicyRule", repeated=True)},
+    "Role": {1: _f("metadata", "ObjectMeta"), 2: _f("rules", "PolicyRule", repeated=True, always=True)},
     "ClusterRole": {
         1: _f("metadata", "ObjectMeta"),
-        2: _f("rules", "PolicyRule", repeated=True),
+        2: _f("rules", "PolicyRule", repeated=True, always=True),
         3: _f("aggregationRule", "AggregationRule"),
     },
     "Subject": {1: _f("kind"), 2: _f("apiGroup"), 3: _f("name"), 4: _f("namespace")},
-    "RoleRef": {
-        1: _f("apiGroup", keep_zero=True),
-        2: _f("kind", keep_zero=True),
-        3: _f("name", keep_zero=True),
-    },
+    "RoleRef": {1: _f("apiGroup", always=True), 2: _f("kind", always=True), 3: _f("name", always=True)},
     "RoleBinding": {
         1: _f("metadata", "ObjectMeta"),
         2: _f("subjects", "Subject", repeated=True),
@@ -321,11 +319,17 @@ def decode_message(buf: bytes, message: str, where: str = "") -> Obj:
         item = _scalar(field, wire, value, path)
         if field.repeated:
             obj.setdefault(field.name, []).append(item)
-        elif item is not None and (field.keep_zero or not _empty(item) or isinstance(item, dict)):
+        elif item is not None and (field.pointer or field.always or not _empty(item) or isinstance(item, dict)):
             obj[field.name] = item
         else:
             obj.pop(field.name, None)  # a later zero value replaces an earlier one (the last field wins)
+    for field in schema.values():
+        if field.always and field.name not in obj:
+            obj[field.name] = None if field.repeated else _ZERO.get(field.kind)
     return obj
+
+
+_ZERO: dict[str, Any] = {"string": "", "int": 0, "bool": False}
 
 
 # ---------------------------------------------------------------------------------------------- a request body
