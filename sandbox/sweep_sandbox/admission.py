@@ -42,7 +42,8 @@ class UserInfo:
         return {"username": self.username, "groups": list(self.groups)}
 
 
-# Every request without a known token: the emulator's one user before it knew several (an administrator; no RBAC).
+# Every request without a known token: the emulator's one user before it knew several (an administrator: in
+# system:masters, which RBAC never stops; rbac.py).
 DEFAULT_USER = UserInfo("sandbox", ("system:masters", "system:authenticated"))
 
 
