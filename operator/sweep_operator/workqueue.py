@@ -17,7 +17,7 @@ the controller that way).
 
 Given a `flow` (the operator's is the key's namespace), the queue is fair between flows, as API Priority and
 Fairness bounds one flow's share of a priority level: each flow has its own queue, flows with work take turns, and
-no flow runs more keys at once than its share (`fair_share`). One namespace's slow passes (a Ray head that
+a flow runs more keys at once than its share (`fair_share`) only while two or more workers are idle. One namespace's slow passes (a Ray head that
 trickles its replies, a bucket at its deadline) then hold at most its share of the workers, each for at most its
 call's deadline, and another namespace's work starts on a worker kept free for it. `FairPool` is the same
 discipline for tasks that have no key of their own (the guard's verifications).
@@ -29,7 +29,6 @@ import contextvars
 import heapq
 import itertools
 import logging
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -46,13 +45,13 @@ ROUTINE = 1  # status mirroring, ticks, anything else
 
 
 def fair_share(workers: int, flows: int) -> int:
-    """The most workers one flow may hold while `flows` flows have work queued or running: an even split of all
-    workers but one. The one kept back is what a flow arriving while another has work finds free at once (a
-    split of all of them left the newcomer waiting for one of the busy flow's passes to end, up to a deadline);
-    with two flows or more every worker is in use again (the shares are rounded up)."""
+    """The workers one flow is sure of while `flows` flows have work queued or running: an even split of all
+    workers but one, rounded down (at least one). The one kept back is what a flow arriving while others have work
+    finds free at once; a flow at its share may still borrow a worker while more than one is idle
+    (`WorkQueue._next`), so no worker idles while another is left for a newcomer."""
     if workers <= 1:
         return 1
-    return max(1, math.ceil((workers - 1) / max(flows, 1)))
+    return max(1, (workers - 1) // max(flows, 1))
 
 
 class WorkQueue(Generic[K]):
@@ -78,6 +77,7 @@ class WorkQueue(Generic[K]):
         self._parked: set[Hashable] = set()  # flows with queued keys, holding their share of the workers
         self._flow_running: Counter[Hashable] = Counter()  # keys run by the workers, by flow
         self._flow_present: Counter[Hashable] = Counter()  # keys queued or run by the workers, by flow
+        self._busy = 0  # keys run by the workers
         self._queued: dict[K, int] = {}  # key -> the priority of its live heap entry
         self._running: set[K] = set()
         self._again: dict[K, int] = {}  # running keys asked for meanwhile -> best priority asked
@@ -248,9 +248,10 @@ class WorkQueue(Generic[K]):
         self._cv.notify()
 
     def _unpark(self) -> None:
-        """Flows back in turn once they hold less than their share (a pass of theirs ended, or a flow left)."""
-        share = self._share()
-        for flow in [f for f in self._parked if self._flow_running[f] < share]:
+        """Flows back in turn once they hold less than their share (a pass of theirs ended, or a flow left), or all
+        of them while a worker is spare to borrow."""
+        share, spare = self._share(), self._workers - self._busy > 1
+        for flow in [f for f in self._parked if spare or self._flow_running[f] < share]:
             self._parked.discard(flow)
             self._turns.append(flow)
             self._in_turns.add(flow)
@@ -269,7 +270,8 @@ class WorkQueue(Generic[K]):
             if not heap:
                 self._heaps.pop(flow, None)
                 continue
-            if self._flow_running[flow] >= share:
+            idle = self._workers - self._busy
+            if self._flow_running[flow] >= share and idle <= 1:  # at its share, and no spare worker to borrow
                 self._parked.add(flow)
                 continue
             _, _, key = heapq.heappop(heap)
@@ -299,6 +301,7 @@ class WorkQueue(Generic[K]):
                 del self._queued[key]
                 self._running.add(key)
                 self._flow_running[self._flow(key)] += 1
+                self._busy += 1
                 return key, self._contexts.pop(key, None) or contextvars.copy_context()
 
     def _run(self) -> None:
@@ -318,6 +321,7 @@ class WorkQueue(Generic[K]):
                     flow = self._flow(key)
                     self._less(self._flow_running, flow)
                     self._less(self._flow_present, flow)
+                    self._busy = max(0, self._busy - 1)
                     again = self._again.pop(key, None)
                     if again is not None and not self._stopped:
                         self._push(key, again)

@@ -298,9 +298,9 @@ def namespace(key: str) -> str:
 
 @pytest.mark.parametrize(
     ("workers", "flows", "share"),
-    [(1, 1, 1), (1, 5, 1), (2, 1, 1), (4, 1, 3), (8, 1, 7), (8, 2, 4), (8, 3, 3), (8, 9, 1)],
+    [(1, 1, 1), (1, 5, 1), (2, 1, 1), (4, 1, 3), (8, 1, 7), (8, 2, 3), (8, 3, 2), (8, 9, 1), (16, 8, 1)],
 )
-def test_a_flows_share_keeps_one_worker_for_a_newcomer_and_splits_the_rest(
+def test_a_flows_share_keeps_one_worker_for_a_newcomer_and_splits_the_rest_rounded_down(
     workers: int, flows: int, share: int
 ) -> None:
     assert fair_share(workers, flows) == share
@@ -426,3 +426,46 @@ def test_a_fair_pool_serves_flows_in_turn_returns_results_and_errors_and_cancels
     assert held.result(5) is True
     with pytest.raises(RuntimeError, match="after shutdown"):
         pool.submit(task, "late")
+
+
+def test_a_busy_flow_borrows_idle_workers_but_the_last_is_kept_for_a_newcomer() -> None:
+    """Team A's passes all hang (trickling heads) on six workers: alone, it is sure of five and the sixth stays
+    free, which team B takes on arriving. Once one of A's passes ends, the worker goes to team C, below its share,
+    not to A; once another ends, it stays free (A holds more than its share) for the quiet team, at once."""
+    release: dict[str, threading.Event] = {}
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def gate(key: str) -> threading.Event:
+        with lock:
+            return release.setdefault(key, threading.Event())
+
+    def work(key: str) -> None:
+        if not key.startswith("quiet"):
+            gate(key).wait(10)
+        done.append(key)
+
+    queue: WorkQueue[str] = WorkQueue(work, workers=6, flow=namespace)
+    try:
+        for i in range(8):
+            queue.add(f"a/{i}")
+        wait_until(lambda: queue._running == {f"a/{i}" for i in range(5)})
+        queue.add("b/0")
+        wait_until(lambda: "b/0" in queue._running)
+        queue.add("c/0")
+        gate("a/0").set()
+        wait_until(lambda: "c/0" in queue._running)
+        assert "a/5" not in queue._running
+        gate("a/1").set()
+        wait_until(lambda: "a/1" in done and queue._busy == 5)
+        assert not any(f"a/{i}" in queue._running for i in (5, 6, 7))  # over its share: the spare is kept
+        queue.add("quiet/stop")
+        wait_until(lambda: "quiet/stop" in done)
+        for key in list(release) + [f"a/{i}" for i in range(8)]:
+            gate(key).set()
+        wait_until(lambda: queue.pending() == 0)
+        assert len(done) == 11 and queue._busy == 0
+    finally:
+        for event in release.values():
+            event.set()
+        queue.stop()

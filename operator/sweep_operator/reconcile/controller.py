@@ -53,9 +53,10 @@ from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, St
 log = logging.getLogger(__name__)
 
 FINISH_VERIFICATION_WORKERS = 2
-# Graceful stops (a call to the run's Ray head each, up to its deadline): several, so that a namespace whose heads
-# answer slowly holds only its share of them.
-STOP_WORKERS = 4
+# Graceful stops (a call to the run's Ray head each, up to its deadline; threads that mostly wait): more than the
+# namespaces likely to stop sweeps at once, so that namespaces whose heads answer slowly each hold one and a
+# worker is still free for the next.
+STOP_WORKERS = 16
 
 
 def _namespace_of(key: Any) -> str:
