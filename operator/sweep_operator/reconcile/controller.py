@@ -8,6 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -23,7 +24,7 @@ from ..policy import Admit
 from ..rendering import RenderContext
 from ..settings import Settings
 from ..validation import transition_problems
-from ..workqueue import ROUTINE, URGENT, WorkQueue
+from ..workqueue import ROUTINE, URGENT, FairPool, WorkQueue
 from . import admission, attempts, guard, kueue, run_pass, run_phase, usage
 from .actions import (
     CreateRayJob,
@@ -57,6 +58,9 @@ FINISH_VERIFICATION_WORKERS = 2
 # namespaces likely to stop sweeps at once, so that namespaces whose heads answer slowly each hold one and a
 # worker is still free for the next.
 STOP_WORKERS = 16
+# Requests to Ray heads in flight at once (threads that wait on a head, each at most its deadline): more than the
+# stops many namespaces' deletions ask for at once.
+HEAD_CALL_WORKERS = 64
 
 
 def _namespace_of(key: Any) -> str:
@@ -130,6 +134,12 @@ class SweepController(DeletionGuard):
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
         self._stops_recorded = OrderedDict[tuple[str, int], None]()  # (RayJob, ask) stops whose GPU time is recorded
         self._stop_failures = dict[tuple[str, str, str], int]()
+        # Each graceful stop's request to a head runs here, not on the guard's or the stop queue's worker, which
+        # looks again shortly: a head at its deadline then holds a thread that only waits (fair between
+        # namespaces), and no worker another namespace's deletion needs.
+        threaded = bool(reconcile_workers or guard_workers)
+        self.head_calls: FairPool | None = FairPool(HEAD_CALL_WORKERS, name="head-call") if threaded else None
+        self._stop_calls: dict[str, Future[ray_jobs.StopOutcome]] = {}
         self._finished_suspended = OrderedDict[str, None]()  # ended jobs' RayJobs whose workers were seen to
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
 
@@ -177,6 +187,8 @@ class SweepController(DeletionGuard):
         self.guards.close(timeout=0)
         self.stopping.close(timeout=0)
         self.finishing.close(timeout=0)  # a verification waiting on a slow bucket does not hold the shutdown
+        if self.head_calls is not None:
+            self.head_calls.shutdown(wait=False)
 
     # ------------------------------------------------------------------------------ watch events and ticks
     def sweep_event(self, body: Mapping[str, Any]) -> None:

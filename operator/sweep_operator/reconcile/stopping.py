@@ -9,6 +9,8 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +24,7 @@ from ..kube import KubeApi
 from ..metrics import OperatorMetrics
 from ..settings import Settings
 from ..status import updated
-from ..workqueue import WorkQueue
+from ..workqueue import FairPool, WorkQueue
 from . import graceful_stop, guard, idle_gpus
 from . import workloads as kueue
 from .cache import Cache
@@ -32,6 +34,8 @@ from .status_writer import EventSink, StatusWriter
 log = logging.getLogger(__name__)
 MAX_REMEMBERED_STOPS = 4096  # stops whose GPU time is recorded, kept to record each once (oldest forgotten first)
 STOP_RETRY_S, MAX_STOP_RETRY_S = 1.0, 60.0  # a failed stop pass is tried again after 1, 2, 4 ... 60 s
+STOP_CALL_WAIT_S = 0.05  # how long a pass waits for a head's answer before it looks again later
+STOP_CALL_LOOK_S = 0.25  # when a pass looks again at a stop request still in flight
 
 
 def _stop_key(rayjob: Mapping[str, Any], asked: float | None) -> tuple[str, int]:
@@ -57,6 +61,8 @@ class StopBeforeDelete(ABC):
     _stop_failures: dict[tuple[str, str, str], int]  # failed passes in a row, per stop being carried out
     _finished_suspended: OrderedDict[str, None]
     _guard_lock: threading.Lock
+    head_calls: FairPool | None  # None: requests to heads run in the caller's thread (tests without workers)
+    _stop_calls: dict[str, Future[ray_jobs.StopOutcome]]  # RayJob -> its stop request in flight or answered
 
     @property
     @abstractmethod
@@ -317,7 +323,9 @@ class StopBeforeDelete(ABC):
             driver_stopped=ended,
         )
         if step.request and job is not None:
-            outcome = self.stop_job(*job)
+            outcome = self._stop_call(meta.get("namespace") or "default", key, job)
+            if outcome is None:  # in flight: the worker goes on with other work and looks again shortly
+                return STOP_CALL_LOOK_S
             asked_at = self.clock()
             delivered = outcome.asked and not outcome.already_ended
             # A request that reached no running job starts no window: a later look (after the suspend) must not wait.
@@ -340,6 +348,25 @@ class StopBeforeDelete(ABC):
                 step = replace(step, wait_s=None)
         return step.wait_s
 
+    def _stop_call(self, namespace: str, key: str, job: tuple[str, str]) -> ray_jobs.StopOutcome | None:
+        """The head's answer to the stop of `job`, asked once: None while the request is in flight on the head
+        calls' pool (a fast head's answer is waited for briefly, so a stop costs no extra look)."""
+        if self.head_calls is None:
+            return self.stop_job(*job)
+        with self._guard_lock:
+            call = self._stop_calls.get(key)
+            if call is None:
+                call = self._stop_calls[key] = self.head_calls.submit_to(namespace, self.stop_job, *job)
+        try:
+            outcome = call.result(timeout=STOP_CALL_WAIT_S)
+        except FutureTimeout:
+            return None
+        except Exception as exc:  # stop_job answers every failure as an outcome; anything else is the same to us
+            outcome = ray_jobs.StopOutcome(asked=False, error=f"the request failed ({type(exc).__name__})")
+        with self._guard_lock:
+            self._stop_calls.pop(key, None)
+        return outcome
+
     def _stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
         """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
         so a later stop of the same RayJob (readmitted by Kueue, then deleted) is asked afresh."""
@@ -349,6 +376,7 @@ class StopBeforeDelete(ABC):
             asked = self._stops.pop(key, None)
             self._stops.pop(f"suspend/{key}", None)
             self._stops.pop(f"unasked/{key}", None)
+            self._stop_calls.pop(key, None)  # a request still in flight ends on its own, at most its deadline
         if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
             return
         try:
