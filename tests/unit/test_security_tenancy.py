@@ -458,3 +458,44 @@ def test_every_queue_of_the_controller_is_fair_between_namespaces_and_the_stop_h
         assert made.stopping._workers == STOP_WORKERS > 1
     finally:
         made.close()
+
+
+def test_a_silent_heads_requests_run_on_their_own_pool_once_at_a_time_and_hold_no_worker() -> None:
+    """A stop or a job status asked of a head that does not answer returns at once (unknown, looked at again later)
+    instead of holding the guard's worker up to the request's deadline; one request per RayJob is in flight."""
+    import time
+
+    from sweep_operator import ray_jobs
+
+    answer = threading.Event()
+    calls: list[str] = []
+
+    def job_status(url: str, job_id: str) -> str | None:
+        calls.append(job_id)
+        answer.wait(10)
+        return "STOPPED"
+
+    def stop_job(url: str, job_id: str) -> ray_jobs.StopOutcome:
+        calls.append(f"stop {job_id}")
+        answer.wait(10)
+        return ray_jobs.StopOutcome(asked=True)
+
+    made = SweepController(
+        Settings(), FakeKube(), lambda *_: None, lambda *_: None, reconcile_workers=1, guard_workers=1,
+        stop_job=stop_job, job_status=job_status,
+    )  # fmt: skip
+    try:
+        job = ("http://head.team-a.svc:8265", "raysubmit_1")
+        started = time.monotonic()
+        assert made._status_call("team-a", "uid-1", job) is None
+        assert made._stop_call("team-a", "uid-1", job) is None
+        assert made._status_call("team-a", "uid-1", job) is None  # the one in flight, not a second request
+        assert time.monotonic() - started < 2.0
+        assert sorted(calls) == ["raysubmit_1", "stop raysubmit_1"]
+        answer.set()
+        wait_for(lambda: made._status_call("team-a", "uid-1", job) == "STOPPED", 5, what="the head's answer")
+        assert made._stop_call("team-a", "uid-1", job) == ray_jobs.StopOutcome(asked=True)
+        assert made._stop_calls == {}
+    finally:
+        answer.set()
+        made.close()
