@@ -96,8 +96,8 @@ NAME_MAX = 128  # metric and attribute names
 MAX_NUM_SAMPLES: Final = 1_000_000
 # A node label as Kubernetes bounds it: a key of an optional DNS-subdomain prefix (253) and '/' before a name of 63;
 # a value of 63 (apimachinery validation.IsQualifiedName, IsValidLabelValue).
-LABEL_KEY_MAX: Final = 317
-LABEL_VALUE_MAX: Final = 63
+SELECTOR_KEY_MAX: Final = 317
+SELECTOR_VALUE_MAX: Final = 63
 
 
 def _train_loop(value: str) -> str:
@@ -247,7 +247,7 @@ class WorkerGroupSpec(ApiModel):
         "Required when trial.resourcesPerWorker.gpu > 0.",
     )
     node_selector: dict[
-        Annotated[str, Field(max_length=LABEL_KEY_MAX)], Annotated[str, Field(max_length=LABEL_VALUE_MAX)]
+        Annotated[str, Field(max_length=SELECTOR_KEY_MAX)], Annotated[str, Field(max_length=SELECTOR_VALUE_MAX)]
     ] = Field(
         default_factory=dict,
         max_length=32,
