@@ -17,7 +17,8 @@ the controller that way).
 
 Given a `flow` (the operator's is the key's namespace), the queue is fair between flows, as API Priority and
 Fairness bounds one flow's share of a priority level: each flow has its own queue, flows with work take turns, and
-a flow runs more keys at once than its share (`fair_share`) only while two or more workers are idle. One namespace's slow passes (a Ray head that
+a flow runs more keys at once than its share (`fair_share`) only on workers that would idle otherwise, keeping one
+back while other flows have work. One namespace's slow passes (a Ray head that
 trickles its replies, a bucket at its deadline) then hold at most its share of the workers, each for at most its
 call's deadline, and another namespace's work starts on a worker kept free for it. `FairPool` is the same
 discipline for tasks that have no key of their own (the guard's verifications).
@@ -46,9 +47,9 @@ ROUTINE = 1  # status mirroring, ticks, anything else
 
 def fair_share(workers: int, flows: int) -> int:
     """The workers one flow is sure of while `flows` flows have work queued or running: an even split of all
-    workers but one, rounded down (at least one). The one kept back is what a flow arriving while others have work
-    finds free at once; a flow at its share may still borrow a worker while more than one is idle
-    (`WorkQueue._next`), so no worker idles while another is left for a newcomer."""
+    workers but one, rounded down (at least one). While several flows have work, the one kept back is what a flow
+    arriving finds free at once; a flow at its share may borrow any other idle worker (`WorkQueue._next`), and a
+    flow alone every worker."""
     if workers <= 1:
         return 1
     return max(1, (workers - 1) // max(flows, 1))
@@ -230,6 +231,12 @@ class WorkQueue(Generic[K]):
             return max(self._workers, 1)
         return fair_share(self._workers, len(self._flow_present))
 
+    def _reserve(self) -> int:
+        """Idle workers a flow at its share may not borrow: one while several flows have work (for a flow that
+        arrives), none for a flow alone (a single tenant's burst uses every worker; a newcomer then waits for one
+        pass, at most its deadline)."""
+        return 1 if self._flow_of is not None and len(self._flow_present) > 1 else 0
+
     @staticmethod
     def _less(counter: Counter[Hashable], flow: Hashable) -> None:
         counter[flow] -= 1
@@ -250,7 +257,7 @@ class WorkQueue(Generic[K]):
     def _unpark(self) -> None:
         """Flows back in turn once they hold less than their share (a pass of theirs ended, or a flow left), or all
         of them while a worker is spare to borrow."""
-        share, spare = self._share(), self._workers - self._busy > 1
+        share, spare = self._share(), self._workers - self._busy > self._reserve()
         for flow in [f for f in self._parked if spare or self._flow_running[f] < share]:
             self._parked.discard(flow)
             self._turns.append(flow)
@@ -270,9 +277,8 @@ class WorkQueue(Generic[K]):
             if not heap:
                 self._heaps.pop(flow, None)
                 continue
-            idle = self._workers - self._busy
-            if self._flow_running[flow] >= share and idle <= 1:  # at its share, and no spare worker to borrow
-                self._parked.add(flow)
+            if self._flow_running[flow] >= share and self._workers - self._busy <= self._reserve():
+                self._parked.add(flow)  # at its share, and no worker to borrow beyond the one kept back
                 continue
             _, _, key = heapq.heappop(heap)
             if heap:

@@ -306,39 +306,49 @@ def test_a_flows_share_keeps_one_worker_for_a_newcomer_and_splits_the_rest_round
     assert fair_share(workers, flows) == share
 
 
-def test_one_flows_slow_passes_hold_at_most_its_share_and_a_newcomer_runs_on_the_worker_kept_free() -> None:
-    release = threading.Event()
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
-    done: list[str] = []
-    lock = threading.Lock()
+class Gates:
+    """Passes that wait until their key is released (a Ray head trickling until the call's deadline)."""
 
-    def work(key: str) -> None:
-        with lock:
-            running[namespace(key)] = running.get(namespace(key), 0) + 1
-            most[namespace(key)] = max(most.get(namespace(key), 0), running[namespace(key)])
-        try:
-            if namespace(key) == "team-a":
-                release.wait(10)  # a Ray head trickling its reply until the call's deadline
-        finally:
-            with lock:
-                running[namespace(key)] -= 1
-                done.append(key)
+    def __init__(self) -> None:
+        self.events: dict[str, threading.Event] = {}
+        self.done: list[str] = []
+        self.lock = threading.Lock()
 
-    queue: WorkQueue[str] = WorkQueue(work, workers=4, flow=namespace)
+    def gate(self, key: str) -> threading.Event:
+        with self.lock:
+            return self.events.setdefault(key, threading.Event())
+
+    def work(self, key: str) -> None:
+        if not key.startswith("quiet"):
+            self.gate(key).wait(10)
+        self.done.append(key)
+
+    def release_all(self) -> None:
+        with self.lock:
+            events = list(self.events.values())
+        for event in events:
+            event.set()
+
+
+def test_a_flow_alone_uses_every_worker_and_a_flow_arriving_takes_the_first_one_freed() -> None:
+    gates = Gates()
+    queue: WorkQueue[str] = WorkQueue(gates.work, workers=4, flow=namespace)
     try:
         for i in range(10):
-            queue.add(f"team-a/sweep-{i}")
-        wait_until(lambda: running.get("team-a") == fair_share(4, 1))
-        queue.add("team-b/quiet")
-        wait_until(lambda: "team-b/quiet" in done)  # while every pass of team A still waits
-        assert not any(key.startswith("team-a") for key in done)
-        assert most["team-a"] == fair_share(4, 1)
-        release.set()
+            queue.add(f"a/{i}")
+        wait_until(lambda: queue._running == {f"a/{i}" for i in range(4)})
+        queue.add("b/0")
+        gates.gate("a/0").set()
+        wait_until(lambda: "b/0" in queue._running)
+        assert "a/4" not in queue._running
+        gates.release_all()
+        for i in range(10):
+            gates.gate(f"a/{i}").set()
+        gates.gate("b/0").set()
         wait_until(lambda: queue.pending() == 0)
-        assert len(done) == 11
+        assert len(gates.done) == 11 and queue._busy == 0
     finally:
-        release.set()
+        gates.release_all()
         queue.stop()
 
 
@@ -369,28 +379,24 @@ def test_flows_with_work_take_turns_and_each_keeps_its_own_order() -> None:
 
 
 def test_a_parked_flow_runs_again_once_a_pass_of_its_own_ends() -> None:
-    release = {f"a/{i}": threading.Event() for i in range(4)}
-    done: list[str] = []
-
-    def work(key: str) -> None:
-        release[key].wait(5)
-        done.append(key)
-
-    queue: WorkQueue[str] = WorkQueue(work, workers=3, flow=namespace)
+    gates = Gates()
+    queue: WorkQueue[str] = WorkQueue(gates.work, workers=3, flow=namespace)
     try:
-        for key in release:
-            queue.add(key)
-        wait_until(lambda: len(queue._running) == fair_share(3, 1))  # a/0 and a/1; a/2 and a/3 wait parked
-        release["a/0"].set()
-        wait_until(lambda: "a/2" in queue._running)
-        assert "a/3" not in queue._running
-        for event in release.values():
-            event.set()
+        queue.add("b/0")
+        wait_until(lambda: "b/0" in queue._running)
+        for i in range(4):
+            queue.add(f"a/{i}")
+        # Two flows: each is sure of one worker, and the third is kept back: a/1..a/3 wait parked.
+        wait_until(lambda: queue._running == {"b/0", "a/0"})
+        gates.gate("a/0").set()
+        wait_until(lambda: "a/1" in queue._running)
+        assert "a/2" not in queue._running
+        for key in ("b/0", "a/1", "a/2", "a/3"):
+            gates.gate(key).set()
         wait_until(lambda: queue.pending() == 0)
-        assert sorted(done) == sorted(release)
+        assert sorted(gates.done) == ["a/0", "a/1", "a/2", "a/3", "b/0"]
     finally:
-        for event in release.values():
-            event.set()
+        gates.release_all()
         queue.stop()
 
 
@@ -429,43 +435,32 @@ def test_a_fair_pool_serves_flows_in_turn_returns_results_and_errors_and_cancels
 
 
 def test_a_busy_flow_borrows_idle_workers_but_the_last_is_kept_for_a_newcomer() -> None:
-    """Team A's passes all hang (trickling heads) on six workers: alone, it is sure of five and the sixth stays
-    free, which team B takes on arriving. Once one of A's passes ends, the worker goes to team C, below its share,
-    not to A; once another ends, it stays free (A holds more than its share) for the quiet team, at once."""
-    release: dict[str, threading.Event] = {}
-    done: list[str] = []
-    lock = threading.Lock()
-
-    def gate(key: str) -> threading.Event:
-        with lock:
-            return release.setdefault(key, threading.Event())
-
-    def work(key: str) -> None:
-        if not key.startswith("quiet"):
-            gate(key).wait(10)
-        done.append(key)
-
-    queue: WorkQueue[str] = WorkQueue(work, workers=6, flow=namespace)
+    """Team A's passes all hang (trickling heads) on six workers: alone, it holds all six. Teams B and C arriving
+    take the workers A's ending passes free (below their share); once a third of A's passes ends, the worker stays
+    free (A holds more than its share, and one is kept back while several teams have work) for the quiet team."""
+    gates = Gates()
+    queue: WorkQueue[str] = WorkQueue(gates.work, workers=6, flow=namespace)
     try:
         for i in range(8):
             queue.add(f"a/{i}")
-        wait_until(lambda: queue._running == {f"a/{i}" for i in range(5)})
+        wait_until(lambda: queue._running == {f"a/{i}" for i in range(6)})
         queue.add("b/0")
+        gates.gate("a/0").set()
         wait_until(lambda: "b/0" in queue._running)
         queue.add("c/0")
-        gate("a/0").set()
+        gates.gate("a/1").set()
         wait_until(lambda: "c/0" in queue._running)
-        assert "a/5" not in queue._running
-        gate("a/1").set()
-        wait_until(lambda: "a/1" in done and queue._busy == 5)
-        assert not any(f"a/{i}" in queue._running for i in (5, 6, 7))  # over its share: the spare is kept
+        assert "a/6" not in queue._running
+        gates.gate("a/2").set()
+        wait_until(lambda: "a/2" in gates.done and queue._busy == 5)
+        assert not any(f"a/{i}" in queue._running for i in (6, 7))  # over its share: the spare is kept
         queue.add("quiet/stop")
-        wait_until(lambda: "quiet/stop" in done)
-        for key in list(release) + [f"a/{i}" for i in range(8)]:
-            gate(key).set()
+        wait_until(lambda: "quiet/stop" in gates.done)
+        gates.release_all()
+        for key in [f"a/{i}" for i in range(8)] + ["b/0", "c/0"]:
+            gates.gate(key).set()
         wait_until(lambda: queue.pending() == 0)
-        assert len(done) == 11 and queue._busy == 0
+        assert len(gates.done) == 11 and queue._busy == 0
     finally:
-        for event in release.values():
-            event.set()
+        gates.release_all()
         queue.stop()
