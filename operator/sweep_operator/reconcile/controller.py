@@ -139,7 +139,7 @@ class SweepController(DeletionGuard):
         # namespaces), and no worker another namespace's deletion needs.
         threaded = bool(reconcile_workers or guard_workers)
         self.head_calls: FairPool | None = FairPool(HEAD_CALL_WORKERS, name="head-call") if threaded else None
-        self._stop_calls: dict[str, Future[Any]] = {}
+        self._stop_calls: dict[str, Future[ray_jobs.StopOutcome]] = {}
         self._finished_suspended = OrderedDict[str, None]()  # ended jobs' RayJobs whose workers were seen to
         self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
 

@@ -62,7 +62,7 @@ class StopBeforeDelete(ABC):
     _finished_suspended: OrderedDict[str, None]
     _guard_lock: threading.Lock
     head_calls: FairPool | None  # None: requests to heads run in the caller's thread (tests without workers)
-    _stop_calls: dict[str, Future[Any]]  # "stop/<RayJob>", "status/<RayJob>": a head request in flight
+    _stop_calls: dict[str, Future[ray_jobs.StopOutcome]]  # RayJob -> its stop request in flight or answered
 
     @property
     @abstractmethod
@@ -313,11 +313,7 @@ class StopBeforeDelete(ABC):
         if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
             asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
         # Once asked, the head says when the job ended (KubeRay stops polling it while it suspends the RayJob).
-        ended = (
-            asked is not None
-            and job is not None
-            and self._status_call(meta.get("namespace") or "default", key, job) in ray_jobs.TERMINAL_JOB_STATUSES
-        )
+        ended = asked is not None and job is not None and self.job_status(*job) in ray_jobs.TERMINAL_JOB_STATUSES
         step = graceful_stop.decide_graceful_stop(
             rayjob,
             addressable=job is not None,
@@ -353,44 +349,23 @@ class StopBeforeDelete(ABC):
         return step.wait_s
 
     def _stop_call(self, namespace: str, key: str, job: tuple[str, str]) -> ray_jobs.StopOutcome | None:
-        """The head's answer to the stop of `job`, asked once: None while the request is in flight."""
+        """The head's answer to the stop of `job`, asked once: None while the request is in flight on the head
+        calls' pool (a fast head's answer is waited for briefly, so a stop costs no extra look)."""
+        if self.head_calls is None:
+            return self.stop_job(*job)
+        with self._guard_lock:
+            call = self._stop_calls.get(key)
+            if call is None:
+                call = self._stop_calls[key] = self.head_calls.submit_to(namespace, self.stop_job, *job)
         try:
-            outcome: ray_jobs.StopOutcome = self._head_call("stop", namespace, key, self.stop_job, job)
-            return outcome
+            outcome = call.result(timeout=STOP_CALL_WAIT_S)
         except FutureTimeout:
             return None
         except Exception as exc:  # stop_job answers every failure as an outcome; anything else is the same to us
-            return ray_jobs.StopOutcome(asked=False, error=f"the request failed ({type(exc).__name__})")
-
-    def _status_call(self, namespace: str, key: str, job: tuple[str, str]) -> str | None:
-        """The Ray job's status from its head; None while the request is in flight or the head is silent."""
-        try:
-            status: str | None = self._head_call("status", namespace, key, self.job_status, job)
-            return status
-        except Exception:  # in flight, or failed: unknown, as a silent head's
-            return None
-
-    def _head_call(self, kind: str, namespace: str, key: str, call: Callable[..., Any], job: tuple[str, str]) -> Any:
-        """A request to a head on the head calls' pool (fair between namespaces), one in flight per RayJob and kind;
-        a fast head's answer is waited for briefly, so it costs no extra look. FutureTimeout while in flight."""
-        if self.head_calls is None:
-            return call(*job)
+            outcome = ray_jobs.StopOutcome(asked=False, error=f"the request failed ({type(exc).__name__})")
         with self._guard_lock:
-            future = self._stop_calls.get(f"{kind}/{key}")
-            if future is None:
-                future = self._stop_calls[f"{kind}/{key}"] = self.head_calls.submit_to(namespace, call, *job)
-        try:
-            return future.result(timeout=STOP_CALL_WAIT_S)
-        except FutureTimeout:
-            raise
-        except BaseException:
-            with self._guard_lock:
-                self._stop_calls.pop(f"{kind}/{key}", None)
-            raise
-        finally:
-            if future.done():
-                with self._guard_lock:
-                    self._stop_calls.pop(f"{kind}/{key}", None)
+            self._stop_calls.pop(key, None)
+        return outcome
 
     def _stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
         """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
@@ -401,8 +376,7 @@ class StopBeforeDelete(ABC):
             asked = self._stops.pop(key, None)
             self._stops.pop(f"suspend/{key}", None)
             self._stops.pop(f"unasked/{key}", None)
-            for kind in ("stop", "status"):  # a request still in flight ends on its own, at most its deadline
-                self._stop_calls.pop(f"{kind}/{key}", None)
+            self._stop_calls.pop(key, None)  # a request still in flight ends on its own, at most its deadline
         if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
             return
         try:
@@ -454,10 +428,7 @@ class StopBeforeDelete(ABC):
             log.info(
                 "RayJob %s: its head is not asked for the job's status: %s", meta_of(rayjob or {}).get("name"), refused
             )
-        if job is None or rayjob is None:
-            return None
-        meta = meta_of(rayjob)
-        return self._status_call(meta.get("namespace") or "default", meta.get("uid") or meta.get("name", ""), job)
+        return self.job_status(*job) if job is not None else None
 
     def _head_job(self, rayjob: Mapping[str, Any]) -> tuple[tuple[str, str] | None, str]:
         """(dashboard URL, job id) of the RayJob's Ray job, once the URL is checked to be the dashboard port of the
