@@ -147,6 +147,13 @@ class Informer:
         with self._lock:
             return [copy.deepcopy(o) for o in self._cache.values()]
 
+    def find(self, matches: Callable[[Obj], bool]) -> Obj | None:
+        """A copy of the first cached object `matches` accepts. `matches` sees the cache's own objects (it must not
+        change them), so a lookup by one field copies one object, not the whole cache as `items()` does."""
+        with self._lock:
+            found = next((o for o in self._cache.values() if matches(o)), None)
+            return copy.deepcopy(found) if found is not None else None
+
     def remember(self, obj: Obj) -> None:
         """Write-through after our own writes, so the next reconcile does not act on a stale copy."""
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])

@@ -1380,18 +1380,16 @@ class KubeRayStandIn:
 
     def _job_by_id(self, job_id: str) -> tuple[RunHandle, str] | None:
         """The run whose RayJob's status.jobId is `job_id` (submission ids are unique) and that RayJob's jobStatus."""
-        for rayjob in self.rayjobs.items():
-            status = rayjob.get("status") or {}
-            if status.get("jobId") == job_id:
-                key = (rayjob["metadata"]["namespace"], rayjob["metadata"]["name"])
-                with self._lock:
-                    current = self._runs.get(key)
-                if current is None:
-                    return None
-                return _LookAgainAfterStop(current[1], lambda key=key: self.queue.add(key)), str(
-                    status.get("jobStatus") or ""
-                )
-        return None
+        rayjob = self.rayjobs.find(lambda o: (o.get("status") or {}).get("jobId") == job_id)
+        if rayjob is None:
+            return None
+        status = rayjob.get("status") or {}
+        key = (rayjob["metadata"]["namespace"], rayjob["metadata"]["name"])
+        with self._lock:
+            current = self._runs.get(key)
+        if current is None:
+            return None
+        return _LookAgainAfterStop(current[1], lambda key=key: self.queue.add(key)), str(status.get("jobStatus") or "")
 
     # ---- events into the queue (SetupWithManager: For RayJob, Owns RayCluster)
 
