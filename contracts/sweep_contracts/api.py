@@ -409,6 +409,92 @@ class BudgetSpec(ApiModel):
     )
 
 
+# An MLflow tracking server's base URL: http(s), a host, an optional port and path; no query, fragment or whitespace.
+TRACKING_URI_PATTERN = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+# A Secret's data key (apimachinery validation.IsConfigMapKey).
+SECRET_KEY_PATTERN = r"^([-._a-zA-Z0-9]+)?$"
+MLFLOW_EXPERIMENT_NAME_MAX = 256
+
+
+def _tracking_uri(value: str) -> str:
+    if not re.fullmatch(TRACKING_URI_PATTERN, value):
+        raise ValueError(
+            f"{value!r} is not an MLflow tracking server URL (expected http(s)://host[:port][/path], e.g. "
+            "https://mlflow.example.com; no query or fragment)"
+        )
+    return value
+
+
+class MlflowCredentialsSecret(ApiModel):
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=253,
+        json_schema_extra={"pattern": DNS_SUBDOMAIN_PATTERN},
+        description="A Secret in the sweep's namespace. The Ray head pod (where the Tune driver logs to MLflow) "
+        "gets its keys as MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD; the "
+        "kubelet reads it, the spec never carries a credential.",
+    )
+    token_key: str = Field(
+        "",
+        max_length=253,
+        json_schema_extra={"pattern": SECRET_KEY_PATTERN},
+        description="Key of the Secret holding a bearer token (MLFLOW_TRACKING_TOKEN). Set this, or usernameKey "
+        "and passwordKey.",
+    )
+    username_key: str = Field(
+        "",
+        max_length=253,
+        json_schema_extra={"pattern": SECRET_KEY_PATTERN},
+        description="Key of the Secret holding the basic-auth user name (MLFLOW_TRACKING_USERNAME); with passwordKey.",
+    )
+    password_key: str = Field(
+        "",
+        max_length=253,
+        json_schema_extra={"pattern": SECRET_KEY_PATTERN},
+        description="Key of the Secret holding the basic-auth password (MLFLOW_TRACKING_PASSWORD); with usernameKey.",
+    )
+
+
+# The API server's form of the credentials rule; spec_checks says the same with the field named.
+MLFLOW_CREDENTIALS_RULE: Final[JsonDict] = {
+    "rule": "(self.tokenKey != '') != (self.usernameKey != '' || self.passwordKey != '') && "
+    "(self.usernameKey != '') == (self.passwordKey != '')",
+    "message": "set tokenKey, or usernameKey and passwordKey together (not both kinds)",
+}
+
+
+class MlflowTrackingSpec(ApiModel):
+    tracking_uri: Annotated[str, AfterValidator(_tracking_uri)] = Field(
+        ...,
+        max_length=512,
+        json_schema_extra={"pattern": TRACKING_URI_PATTERN},
+        description="Base URL of the MLflow tracking server (http(s)://host[:port][/path]), as the Ray head pod "
+        "reaches it. status.tracking.url links to the sweep's parent run there.",
+    )
+    experiment_name: str = Field(
+        "",
+        max_length=MLFLOW_EXPERIMENT_NAME_MAX,
+        description="MLflow experiment the sweep's runs go to (created when missing). Empty: <namespace>/<sweep>.",
+    )
+    credentials_secret: MlflowCredentialsSecret | None = Field(
+        None,
+        json_schema_extra={"x-kubernetes-validations": [MLFLOW_CREDENTIALS_RULE]},
+        description="Where the server's credentials are (unset: the server needs none).",
+    )
+
+
+class TrackingSpec(ApiModel):
+    mlflow: MlflowTrackingSpec | None = Field(
+        None,
+        description="Track the sweep in MLflow: the sweep is a parent run and every trial a child run with its "
+        "hyper-parameters, its metrics per report and its committed checkpoint URIs as tags; a resume or a "
+        "restarted driver continues the same runs. A slow or unreachable server never fails or holds up "
+        "training: the sweep gets the condition TrackingAvailable=False and a Warning Event, and what could not "
+        "be logged is logged once the server answers (up to a bound, docs/tracking.md).",
+    )
+
+
 class SweepSpec(ApiModel):
     image: str = Field(
         ..., min_length=1, max_length=512, description="Training image with ray 2.58.0 and this package."
@@ -462,6 +548,9 @@ class SweepSpec(ApiModel):
         json_schema_extra={"pattern": KUEUE_NAME_PATTERN},
         description="Kueue mode: a Kueue WorkloadPriorityClass for the sweep's RayJob (label "
         "kueue.x-k8s.io/priority-class). Empty: Kueue's default priority.",
+    )
+    tracking: TrackingSpec | None = Field(
+        None, description="Experiment tracking outside the cluster (MLflow; docs/tracking.md)."
     )
     resume: ResumeSpec | None = Field(
         None,
@@ -730,6 +819,20 @@ class GracefulStopStatus(StatusModel):
     )
 
 
+class TrackingStatus(StatusModel):
+    url: str | None = Field(None, description="The sweep's parent run in the MLflow UI (spec.tracking.mlflow).")
+    experiment_id: str | None = Field(None, description="The MLflow experiment id of the sweep's runs.")
+    run_id: str | None = Field(None, description="The MLflow run id of the sweep's parent run.")
+    available: bool | None = Field(
+        None, description="Whether the driver's last call to the server succeeded (condition TrackingAvailable)."
+    )
+    pending: int | None = Field(None, description="Metric points, params and tags waiting to be logged.")
+    dropped: int | None = Field(
+        None, description="Metric points dropped because the server stayed unreachable past the driver's buffer."
+    )
+    last_error: str | None = Field(None, description="Why the last call to the server failed (while unavailable).")
+
+
 class SweepStatus(StatusModel):
     phase: Phase | None = Field(None, description="Lifecycle phase.")
     run_id: str | None = Field(None, description="Run id: the run's S3 prefix is <sweep>-<runId>.")
@@ -796,6 +899,9 @@ class SweepStatus(StatusModel):
     )
     idle_gpu_seconds: IdleGpuStatus | None = Field(
         None, description="GPU time held without training, by cause, as the operator saw it from the pods it freed."
+    )
+    tracking: TrackingStatus | None = Field(
+        None, description="Where the sweep is tracked (spec.tracking), as the driver last reported it."
     )
     graceful_stop: GracefulStopStatus | None = Field(
         None,

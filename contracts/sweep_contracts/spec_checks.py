@@ -185,6 +185,8 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
             Problem("spec.checkpoints.scoreAttribute", "required with scoreOrder when tune.metric is unset")
         )
 
+    problems.extend(_tracking_problems(spec))
+
     group = spec.worker_group
     max_workers = spec.trial.workers * tune.max_concurrent_trials
     if group.min_replicas > max_workers:
@@ -246,3 +248,23 @@ def parse_spec(data: Any) -> SweepSpec:
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def _tracking_problems(spec: SweepSpec) -> list[Problem]:
+    """spec.tracking.mlflow.credentialsSecret names a token key, or a user name and a password key (not both)."""
+    mlflow = spec.tracking.mlflow if spec.tracking is not None else None
+    secret = mlflow.credentials_secret if mlflow is not None else None
+    if secret is None:
+        return []
+    path = "spec.tracking.mlflow.credentialsSecret"
+    basic = (secret.username_key, secret.password_key)
+    if secret.token_key and any(basic):
+        return [Problem(path, "set tokenKey, or usernameKey and passwordKey, not both kinds")]
+    if not secret.token_key and not any(basic):
+        return [Problem(path, f"Secret {secret.name!r}: set tokenKey, or usernameKey and passwordKey")]
+    if not secret.token_key and not all(basic):
+        missing = "passwordKey" if secret.username_key else "usernameKey"
+        return [Problem(f"{path}.{missing}", "usernameKey and passwordKey go together")]
+    if secret.name and not _DNS_SUBDOMAIN_RE.match(secret.name):
+        return [Problem(f"{path}.name", f"got {brief(secret.name)}; must be a Secret name (lowercase DNS subdomain)")]
+    return []

@@ -111,6 +111,23 @@ def _s3_env(spec: SweepSpec, settings_region: str = "", settings_endpoint: str =
     return env
 
 
+def tracking_credentials_env(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The MLflow client's credentials for the head container (the Tune driver logs from there): references to the
+    keys of spec.tracking.mlflow.credentialsSecret, which the kubelet resolves; no credential is ever rendered."""
+    mlflow = spec.tracking.mlflow if spec.tracking is not None else None
+    secret = mlflow.credentials_secret if mlflow is not None else None
+    if secret is None:
+        return []
+    keys = (
+        ("MLFLOW_TRACKING_TOKEN", secret.token_key),
+        ("MLFLOW_TRACKING_USERNAME", secret.username_key),
+        ("MLFLOW_TRACKING_PASSWORD", secret.password_key),
+    )
+    return [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key}}} for name, key in keys if key
+    ]
+
+
 def _resources(cpu: str, memory: str, gpu: int = 0) -> dict[str, Any]:
     limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if gpu:
@@ -247,7 +264,7 @@ def _ray_cluster_spec(
         "name": HEAD_CONTAINER,
         "image": spec.image,
         "resources": _resources(spec.head.cpu, spec.head.memory),
-        "env": [*env, {"name": constants.ENV_RUN_ROOT, "value": run_root}],
+        "env": [*env, {"name": constants.ENV_RUN_ROOT, "value": run_root}, *tracking_credentials_env(spec)],
     }
     return {
         "rayVersion": spec.ray_version,

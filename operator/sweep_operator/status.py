@@ -19,6 +19,7 @@ from sweep_contracts.paramspace import grid_size
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
 from sweep_contracts.timestamps import rfc3339
+from sweep_contracts.tracking import tracking_state, tracking_uri_of
 
 # KubeRay v1.7 JobDeploymentStatus values.
 DEPLOYMENT_NEW = ""
@@ -373,6 +374,9 @@ def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
         patch["bestTrial"] = best
         if "value" in best:
             patch["bestSummary"] = best_summary(best)
+    tracked = tracking_state(doc, tracking_uri_of(spec))
+    if tracked is not None:
+        patch["tracking"] = tracked.status()
     return patch
 
 

@@ -30,6 +30,9 @@ UNSET_MEANS_SOMETHING = {
     "budget.gpuHours",  # unset: no sweep budget (the namespace's still applies)
     "resume",  # unset: no resume asked for (issue 16)
     "resume.activeSeconds",  # unset: the remainder of the last attempt's budget
+    "tracking",  # unset: the sweep is tracked nowhere outside the cluster
+    "tracking.mlflow",
+    "tracking.mlflow.credentialsSecret",  # unset: the tracking server needs no credentials
 }
 
 

@@ -14,6 +14,8 @@ from sweep_contracts import constants
 from sweep_contracts.api import DEFAULT_WARN_AFTER_REPORTS, WAITING_PHASES, Phase
 from sweep_contracts.checkpoint_coverage import CONDITION as COVERAGE_CONDITION
 from sweep_contracts.checkpoint_coverage import CheckpointCoverage, checkpoint_coverage
+from sweep_contracts.tracking import CONDITION as TRACKING_CONDITION
+from sweep_contracts.tracking import REASON_CAUGHT_UP, TrackingState, tracking_uri_of
 
 from ..policy import demand_of
 from ..run_metadata import GuardTarget, worker_cap
@@ -279,6 +281,9 @@ def decide_run(facts: SweepFacts) -> Decision:
     coverage_conditions, coverage_events = coverage_changes(status, facts.coverage)
     conditions.extend(coverage_conditions)
     events.extend(coverage_events)
+    tracking_conditions, tracking_events = tracking_changes(status, changes.get("tracking"), facts.admitted_spec)
+    conditions.extend(tracking_conditions)
+    events.extend(tracking_events)
     if is_terminal(new_phase):
         changes["finishedAt"] = rfc3339(now)
         actions.extend((ReleaseBudget(), Finish()))
@@ -450,6 +455,24 @@ def coverage_changes(
     return [condition], events
 
 
+def tracking_changes(
+    status: Mapping[str, Any], tracking: Mapping[str, Any] | None, spec: Any
+) -> tuple[list[Condition], list[Event]]:
+    """TrackingAvailable from what the driver last said about its tracking server (status.tracking): a Warning Event
+    when the server stops answering, a Normal one when it answers again; never a change of phase."""
+    state = TrackingState.from_status(tracking, tracking_uri_of(spec))
+    if state is None:
+        return [], []
+    condition: Condition = (TRACKING_CONDITION, state.available, state.reason, state.message)
+    previous = (get_condition(status.get("conditions"), TRACKING_CONDITION) or {}).get("status")
+    events: list[Event] = []
+    if not state.available and previous != "False":
+        events.append(Event("Warning", state.reason, state.message))
+    elif state.available and previous == "False":
+        events.append(Event("Normal", REASON_CAUGHT_UP, state.message))
+    return [condition], events
+
+
 def stop_actions(rayjob: str) -> tuple[DeleteRayJob, ReleaseBudget, Finish]:
     """What ends a run the operator stops: the RayJob deleted (gracefully), the budget freed, the end verified."""
     return DeleteRayJob(rayjob), ReleaseBudget(), Finish()
@@ -498,11 +521,14 @@ def decide_finish(
     spec = facts.admitted_spec
     warn_after = spec.checkpoints.warn_after_reports if spec is not None else DEFAULT_WARN_AFTER_REPORTS
     coverage_conditions, coverage_events = coverage_changes(status, checkpoint_coverage(result or progress, warn_after))
+    tracking_conditions, tracking_events = tracking_changes(status, changes.get("tracking"), spec)
+    coverage_events = [*coverage_events, *tracking_events]
     changes["conditions"] = conditions_with(
         status,
         generation,
         facts.now,
         *coverage_conditions,
+        *tracking_conditions,
         ("CheckpointsVerified", verified, reason, text),
     )
     events = (
