@@ -11,12 +11,13 @@ of threads and bytes; past that its reads are refused at once until one ends.
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+KiB = 1024
 DOCUMENT_DEADLINE_S = 10.0  # a status or result document is kilobytes: S3 answers one in well under a second
 MAX_LATE_PER_FLOW = 2
 
@@ -101,3 +102,52 @@ def _shut_down(body: Any) -> None:
             body.close()
     except Exception:  # best effort: the read still ends at botocore's own timeouts
         pass
+
+
+class UnchangedDocuments:
+    """The last body read of each run document with its ETag, so the next read asks S3 for it only if it changed
+    (`If-None-Match`): a progress document its driver did not rewrite is not downloaded again, whatever the poll
+    interval. Bounded by bytes (least recently read dropped first); a body over `max_entry_bytes` is not kept, so one
+    namespace's large documents cannot push out everyone else's."""
+
+    def __init__(self, max_bytes: int = 16 * KiB * KiB, max_entry_bytes: int = 256 * KiB) -> None:
+        if max_bytes < 1 or not 0 < max_entry_bytes <= max_bytes:
+            raise ValueError(f"need 0 < max_entry_bytes <= max_bytes, got {max_entry_bytes!r}, {max_bytes!r}")
+        self.max_bytes, self.max_entry_bytes = max_bytes, max_entry_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[str, bytes]] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def get(self, key: Hashable) -> tuple[str, bytes] | None:
+        """(ETag, body) last kept for `key`, now the most recently read."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def keep(self, key: Hashable, etag: str | None, body: bytes) -> None:
+        """Remember `body` under its ETag; without an ETag (an endpoint that sends none) or over the entry bound,
+        forget what was kept, so a stale body is never answered for a newer one."""
+        with self._lock:
+            self._drop(key)
+            if not etag or len(body) > self.max_entry_bytes:
+                return
+            self._entries[key] = (etag, body)
+            self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def forget(self, key: Hashable) -> None:
+        with self._lock:
+            self._drop(key)
+
+    def _drop(self, key: Hashable) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= len(entry[1])

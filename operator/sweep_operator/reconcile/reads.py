@@ -17,7 +17,7 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec
 from sweep_contracts.runtime_env import run_spec_intact, run_spec_of
 
-from ..bounded_reads import DeadlineReads
+from ..bounded_reads import DeadlineReads, UnchangedDocuments
 from ..diagnosis import diagnose_startup
 from ..gpu_time import still_holding
 from ..kube import KubeApi
@@ -78,6 +78,8 @@ class Reads:
         # Status and result documents: one deadline per read, a few abandoned reads per namespace at most. A read
         # abandoned once its body began is cut off at once; one still waiting for headers holds no document.
         self.deadline_reads = DeadlineReads()
+        # The progress documents read each poll, kept with their ETags: an unchanged one is not downloaded again.
+        self.unchanged = UnchangedDocuments()
 
     @property
     def budget(self) -> MemoryBudget:
@@ -183,19 +185,28 @@ class Reads:
 
     # ---- the run's records in S3
     def read_json(
-        self, target: GuardTarget, location: str, *, about: Mapping[str, Any] | None = None
+        self,
+        target: GuardTarget,
+        location: str,
+        *,
+        about: Mapping[str, Any] | None = None,
+        conditional: bool = False,
     ) -> dict[str, Any] | None:
         """A JSON document of the run, None when absent or unreadable (progress is best effort; the guard reads
         with `run_documents`, which tells the two apart). One over the memory budget's bounds is neither read past
-        them nor parsed: a Warning Event on `about` (the sweep) says so, once while it stays over."""
-        uri, bounds = s3_layout.S3Uri.parse(location), self.budget.run_records
+        them nor parsed: a Warning Event on `about` (the sweep) says so, once while it stays over. `conditional`:
+        asked with the ETag of the body last read, and that body parsed again when S3 answers Not Modified."""
+        bounds = self.budget.run_records
         try:
             client = self.s3_client_for(target.endpoint_url, target.region)
-            data = self.deadline_reads.read(
-                run_namespace(target.run_root),
-                lambda: client.get_object(Bucket=uri.bucket, Key=uri.key),
-                lambda response: read_document(response, location, bounds.max_bytes),
+            data = read_document_body(
+                client,
                 location,
+                bounds,
+                self.deadline_reads,
+                run_namespace(target.run_root),
+                unchanged=self.unchanged if conditional else None,
+                endpoint=target.endpoint_url or "",
             )
             doc = load_json(data, location, bounds)
         except DocumentTooLarge as exc:
@@ -241,7 +252,9 @@ class Reads:
             target = GuardTarget(
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
-        return self.read_json(target, s3_layout.RunLayout(target.run_root).status_path, about=facts.body)
+        return self.read_json(
+            target, s3_layout.RunLayout(target.run_root).status_path, about=facts.body, conditional=True
+        )
 
     def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""
@@ -421,6 +434,49 @@ def run_documents(
         docs[1] if isinstance(docs[1], dict) else None,
         readable,
     )
+
+
+def read_document_body(
+    client: Any,
+    location: str,
+    bounds: DocumentBounds,
+    deadline_reads: DeadlineReads,
+    flow: str,
+    *,
+    unchanged: UnchangedDocuments | None = None,
+    endpoint: str = "",
+) -> bytes:
+    """The body of the document at `location`, read within `deadline_reads`' deadline and `bounds`. With
+    `unchanged`: asked with the ETag of the body last read there (`If-None-Match`), and that body answered when S3
+    says Not Modified; any other failure forgets it."""
+    uri, key = s3_layout.S3Uri.parse(location), (endpoint, location)
+    known = unchanged.get(key) if unchanged is not None else None
+    etags: list[str] = []
+
+    def get() -> Any:
+        if known is None:
+            return client.get_object(Bucket=uri.bucket, Key=uri.key)
+        return client.get_object(Bucket=uri.bucket, Key=uri.key, IfNoneMatch=known[0])
+
+    def read_body(response: Mapping[str, Any]) -> bytes:
+        etags.append(str(response.get("ETag") or ""))
+        return read_document(response, location, bounds.max_bytes)
+
+    try:
+        data = deadline_reads.read(flow, get, read_body, location)
+    except Exception as exc:
+        if known is not None and error_code(exc) in NOT_MODIFIED:
+            return known[1]
+        if unchanged is not None:
+            unchanged.forget(key)
+        raise
+    if unchanged is not None:
+        unchanged.keep(key, etags[0] if etags else None, data)
+    return data
+
+
+# botocore's code for S3's 304 answer to a conditional GET (no body; the object did not change).
+NOT_MODIFIED = frozenset({"304", "NotModified"})
 
 
 class _Unbounded:
