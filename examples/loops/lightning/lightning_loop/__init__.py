@@ -1,0 +1,1 @@
+"""A Lightning loop for TrainingSweep (`lightning_loop.loop:train_loop`)."""
