@@ -352,6 +352,8 @@ class SweepProgressCallback(Callback):
         self._trial_pending_since: dict[str, float] = {}
         self._group_pending_since: dict[str, float] = {}  # touched by the one writer thread only
         self._checkpoints: dict[str, str] = {}  # trial id -> the last checkpoint path its results named
+        # More facts for each status document (the tracker's `tracking` block); set by the driver, never pickled.
+        self.extra_facts: Callable[[], Mapping[str, Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks with the experiment; live trials, threads and clocks stay behind.
@@ -362,10 +364,11 @@ class SweepProgressCallback(Callback):
             "_trial_pending_since": {},
             "_group_pending_since": {},
             "_checkpoints": {},
+            "extra_facts": None,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"_checkpoints": {}, **state})
+        self.__dict__.update({"_checkpoints": {}, "extra_facts": None, **state})
 
     def summaries(self) -> list[TrialSummary]:
         return [
@@ -410,6 +413,8 @@ class SweepProgressCallback(Callback):
             return
         now = self._last_write = self._clock()
         document = status_document(self.summaries(), self.metric, self.mode, attempt_facts=self.attempt_facts)
+        if self.extra_facts is not None:
+            document.update(self.extra_facts())
         pending = self.pending_trials(self.trials, now)
         self._writer = threading.Thread(
             target=self._write, args=(document, pending, now), name="sweep-status", daemon=True

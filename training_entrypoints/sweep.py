@@ -20,7 +20,7 @@ from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
-from . import commit_records, graceful_stop, preflight, resume, storage
+from . import commit_records, graceful_stop, preflight, resume, storage, tracking
 from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
 from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
@@ -213,6 +213,7 @@ def restore_tuner(
     progress: SweepProgressCallback,
     budget: float | None,
     stop: graceful_stop.GracefulStop | None = None,
+    tracker: tracking.MlflowTracker | None = None,
 ) -> tuple[Any, resume.ContinuePlan]:
     """Tuner.restore of the run's experiment, set up to continue rather than restart (training_entrypoints.resume).
 
@@ -249,6 +250,8 @@ def restore_tuner(
         # This attempt's stop, not the pickled one of an earlier attempt (whose signal state was not kept).
         internal._run_config.callbacks.append(graceful_stop.GracefulStopCallback(stop))
         internal._run_config.stop = graceful_stop.GracefulStopper(stop)
+    # This attempt's tracker: the pickled callback of an earlier attempt holds none.
+    internal._run_config.callbacks = tracking.install(internal._run_config.callbacks, tracker)
     return tuner, continued
 
 
@@ -283,10 +286,15 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
     # From here a SIGTERM (Ray's Jobs API stop: KubeRay's StopJob, the operator's graceful stop) stops Tune gracefully.
     stop = graceful_stop.from_env(spec.deadlines.graceful_stop_seconds)
     restore_signals = graceful_stop.install(stop)
+    # Off Tune's event loop: its thread talks to the MLflow server; the progress documents carry what it last saw.
+    tracker = tracking.start_tracker(run_spec)
+    progress.extra_facts = tracker.document_facts if tracker is not None else None
     try:
-        return _tune(plan, mode, ledger, trainable, progress, budget, stop, cluster, driver_resources)
+        return _tune(plan, mode, ledger, trainable, progress, budget, stop, cluster, driver_resources, tracker)
     finally:
         restore_signals()
+        if tracker is not None:
+            tracker.finish(tracking.RUN_FAILED, timeout_s=0)  # only where _tune raised: it finished it otherwise
 
 
 def _tune(
@@ -299,6 +307,7 @@ def _tune(
     stop: graceful_stop.GracefulStop,
     cluster: Mapping[str, float],
     driver_resources: Mapping[str, float],
+    tracker: tracking.MlflowTracker | None = None,
 ) -> int:
     from ray import tune
     from ray.tune.search import Searcher
@@ -311,7 +320,7 @@ def _tune(
             "recovering run %s from %s (attempt %d: %s, R16)", run_spec.run_id, layout.tune_dir, plan.attempt,
             "a resume of the ended run" if ledger.earlier else "a retry of this attempt",
         )  # fmt: skip
-        tuner, continued = restore_tuner(plan, trainable, progress, budget, stop)
+        tuner, continued = restore_tuner(plan, trainable, progress, budget, stop, tracker)
         known = continued.known
         ledger.record = {**ledger.record, "resumedTrials": sorted(continued.continued)}
         progress.attempt_facts = ledger.facts()
@@ -335,7 +344,7 @@ def _tune(
                 name=s3_layout.TUNE_EXPERIMENT_NAME,
                 storage_path=layout.tune_storage_path,
                 failure_config=tune.FailureConfig(max_failures=spec.failure_policy.trial_failures),
-                callbacks=[progress, graceful_stop.GracefulStopCallback(stop)],
+                callbacks=tracking.install([progress, graceful_stop.GracefulStopCallback(stop)], tracker),
                 stop=graceful_stop.GracefulStopper(stop),
             ),
         )
@@ -344,7 +353,7 @@ def _tune(
     # is proven before the final records name them.
     commit_records.backfill_run(layout.train_storage_path)
     if stop.triggered:
-        return _record_graceful_stop(plan, ledger, progress, stop, known)
+        return _record_graceful_stop(plan, ledger, progress, stop, known, tracker)
     deadline_reached = deadline_was_reached(plan.deadline_at, spec.deadlines.graceful_stop_seconds, time.time())
 
     # Every trial of every attempt: the restored experiment holds them all, so the best is chosen over all of them.
@@ -365,6 +374,11 @@ def _tune(
         attempt_facts=facts,
     )
     status = status_document(summaries, spec.tune.metric, spec.tune.mode, phase=phase, attempt_facts=facts)
+    if tracker is not None:
+        tracking.record_best_checkpoints(tracker, {s.id: s.checkpoint_uri for s in summaries if s.checkpoint_uri})
+        tracked = tracker.finish(tracking.end_status(phase))  # bounded: what the server did not take is counted
+        for doc in (status, document):
+            doc.update({} if tracked is None else {"tracking": tracked})
     storage.write_json(layout.status_path, status)
     storage.write_json(layout.result_path, document)
     _print_summary(document, layout.result_path)
@@ -386,6 +400,7 @@ def _record_graceful_stop(
     progress: SweepProgressCallback,
     stop: graceful_stop.GracefulStop,
     known: tuple[str, ...],
+    tracker: tracking.MlflowTracker | None = None,
 ) -> int:
     """The sweep was stopped by a signal: `_sweep/status.json` says so (phase Stopped, `stoppedBy`, what each trial
     last reported); no result file, so the run stays unfinished and a later attempt (a Kueue readmission, a resume)
@@ -404,6 +419,9 @@ def _record_graceful_stop(
         summaries, spec.tune.metric, spec.tune.mode, phase="Stopped", attempt_facts=ledger.facts()
     )
     document.update(stoppedBy=graceful_stop.STOPPED_BY_SIGNAL, stop=record)
+    tracked = tracker.finish(tracking.end_status("Stopped")) if tracker is not None else None
+    if tracked is not None:
+        document["tracking"] = tracked
     storage.write_json(layout.status_path, document)
     reported = [t["id"] for t in record["trials"] if t["reportedAfterStop"]]
     print(
