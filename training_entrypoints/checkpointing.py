@@ -4,10 +4,13 @@
 `_manifest.json` of sizes and hashes; `report_epoch` is the once-per-epoch call every rank makes (R8, R10).
 State sharded across ranks (FSDP-style) goes through `report_sharded_epoch` / `load_shard`: one shard and one manifest
 per rank in the same checkpoint, the world size recorded (R10).
+Both upload synchronously by default; `upload="async"` hands the upload and the manifest's hashing to Ray's upload
+thread (`async_upload`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -22,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from sweep_contracts import checkpoint_manifest, s3_layout
+
+from . import async_upload
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -217,7 +222,30 @@ def save_state(
     `epoch` is the last finished epoch and `step` the data position inside the next one (0 at epoch ends).
     `rng_states` is one state per rank (`gather_rng_states()`); default: this process's only.
     """
-    root = Path(directory)
+    _write_state_files(
+        Path(directory),
+        epoch=epoch,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        step=step,
+        rng_states=rng_states,
+        extra=extra,
+    )
+    return write_manifest(directory, epoch=epoch)
+
+
+def _write_state_files(
+    root: Path,
+    *,
+    epoch: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    lr_scheduler: Any | None,
+    step: int,
+    rng_states: list[dict[str, Any]] | None,
+    extra: Mapping[str, Any] | None,
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
     torch.save(_unwrap(model).state_dict(), root / MODEL_FILE)
     if optimizer is not None:
@@ -226,7 +254,6 @@ def save_state(
         torch.save(lr_scheduler.state_dict(), root / LR_SCHEDULER_FILE)
     torch.save({"ranks": rng_states or [capture_rng_state()]}, root / RNG_FILE)
     (root / TRAIN_STATE_FILE).write_text(json.dumps({"epoch": epoch, "step": step, "extra": dict(extra or {})}))
-    return write_manifest(root, epoch=epoch)
 
 
 def _load(path: Path) -> Any:
@@ -280,18 +307,45 @@ def report_epoch(
     lr_scheduler: Any | None = None,
     step: int = 0,
     extra: Mapping[str, Any] | None = None,
+    upload: str = async_upload.UPLOAD_SYNC,
+    max_pending: int | None = None,
 ) -> None:
     """Report `metrics` and a full-state checkpoint for `epoch`. Every rank calls this once per epoch (R8).
 
     Every rank's RNG state is gathered to rank 0, which alone writes the files and reports them under
-    `checkpoint_epoch-NNNNNN`; other ranks report `checkpoint=None`. The upload is synchronous (Ray's default),
-    so the temporary directory may be removed as soon as `report` returns (R10).
+    `checkpoint_epoch-NNNNNN`; other ranks report `checkpoint=None`. By default the upload is synchronous (Ray's
+    default), so the temporary directory may be removed as soon as `report` returns (R10).
+
+    `upload="async"`: the loop goes on once the files are on local disk; the manifest is hashed and the files
+    uploaded on Ray's upload thread, and the local directory is removed when that upload ended. At most
+    `max_pending` checkpoints (default `SWEEP_MAX_PENDING_UPLOADS`, else 2) wait locally: the next report waits for
+    the oldest. A failed upload fails the trial with its error (and is raised at the next report).
     """
     import ray.train
 
+    async_upload.check_upload_mode(upload)
     rng_states = gather_rng_states()
     if world_rank() != 0:
         ray.train.report(dict(metrics), checkpoint=None)
+        return
+    if upload == async_upload.UPLOAD_ASYNC:
+        world_size = world_size_now()
+        async_upload.report_async(
+            metrics,
+            name=s3_layout.checkpoint_dir_name(epoch),
+            write=functools.partial(
+                _write_state_files,
+                epoch=epoch,
+                model=model,
+                optimizer=optimizer,
+                lr_scheduler=lr_scheduler,
+                step=step,
+                rng_states=rng_states,
+                extra=extra,
+            ),
+            manifest=functools.partial(write_manifest, epoch=epoch, world_size=world_size),
+            max_pending=max_pending,
+        )
         return
     with tempfile.TemporaryDirectory(prefix="sweep-ckpt-") as tmp:
         save_state(
@@ -335,13 +389,20 @@ def save_shard(
     rank = world_rank() if rank is None else rank
     world_size = world_size_now() if world_size is None else world_size
     root = Path(directory)
+    files = _write_shard_files(root, epoch=epoch, state=state, rank=rank, step=step, extra=extra)
+    return write_manifest(root, epoch=epoch, rank=rank, world_size=world_size, files=files, sharded=True)
+
+
+def _write_shard_files(
+    root: Path, *, epoch: int, state: Mapping[str, Any], rank: int, step: int, extra: Mapping[str, Any] | None
+) -> list[str]:
+    """This rank's shard files under `shard-NNNN/`; their paths relative to `root`."""
     shard = root / s3_layout.rank_shard_dir(rank)
     shard.mkdir(parents=True, exist_ok=True)
     torch.save(dict(state), shard / SHARD_STATE_FILE)
     torch.save({"ranks": [capture_rng_state()]}, shard / RNG_FILE)
     (shard / TRAIN_STATE_FILE).write_text(json.dumps({"epoch": epoch, "step": step, "extra": dict(extra or {})}))
-    files = sorted(p.relative_to(root).as_posix() for p in shard.rglob("*") if p.is_file())
-    return write_manifest(root, epoch=epoch, rank=rank, world_size=world_size, files=files, sharded=True)
+    return sorted(p.relative_to(root).as_posix() for p in shard.rglob("*") if p.is_file())
 
 
 def _fetch_shard(checkpoint: Any, rank: int, into: Path) -> None:
@@ -414,12 +475,32 @@ def report_sharded_epoch(
     state: Mapping[str, Any],
     step: int = 0,
     extra: Mapping[str, Any] | None = None,
+    upload: str = async_upload.UPLOAD_SYNC,
+    max_pending: int | None = None,
 ) -> None:
     """Report `metrics` and this rank's shard for `epoch`; every rank calls it once per epoch (R8) and every rank
     reports a checkpoint: Ray Train V2 uploads each rank's directory into the same `checkpoint_epoch-NNNNNN`
-    (the name is synchronised across ranks) before the report barrier completes, synchronously (R10)."""
+    (the name is synchronised across ranks) before the report barrier completes, synchronously (R10).
+
+    `upload="async"`: as for `report_epoch`, per rank (each rank's shard is written locally, its manifest hashed and
+    the shard uploaded on that rank's upload thread); Ray commits the checkpoint once every rank's upload ended."""
     import ray.train
 
+    async_upload.check_upload_mode(upload)
+    if upload == async_upload.UPLOAD_ASYNC:
+        rank, world_size = world_rank(), world_size_now()
+
+        def write(root: Path) -> None:
+            files.extend(_write_shard_files(root, epoch=epoch, state=state, rank=rank, step=step, extra=extra))
+
+        def manifest(root: Path) -> None:
+            write_manifest(root, epoch=epoch, rank=rank, world_size=world_size, files=files, sharded=True)
+
+        files: list[str] = []
+        async_upload.report_async(
+            metrics, name=s3_layout.checkpoint_dir_name(epoch), write=write, manifest=manifest, max_pending=max_pending
+        )
+        return
     with tempfile.TemporaryDirectory(prefix="sweep-shard-") as tmp:
         save_shard(tmp, epoch=epoch, state=state, step=step, extra=extra)
         ray.train.report(

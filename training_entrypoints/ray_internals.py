@@ -5,7 +5,6 @@ there, by name, instead of leaking worker groups in a running sweep."""
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -76,28 +75,16 @@ UPLOAD_ARG_REPORT_INDEX = "report_call_index"
 POOL_WORK_QUEUE_ATTR = "_work_queue"
 
 
-# Ray's asynchronous checkpoint upload (`TrainContext.report` with CheckpointUploadMode.ASYNC): one thread per worker
-# process (`TrainContext.checkpoint_upload_threadpool`, MAX_CHECKPOINT_UPLOAD_THREADS = 1, so its tasks run in the
-# order submitted), and `TrainContext._upload_checkpoint`'s retry of an upload whose error names a transient S3 failure.
-CHECKPOINT_UPLOAD_POOL_ATTR = "checkpoint_upload_threadpool"
+# `TrainContext._upload_checkpoint` retries a whole upload, 3 attempts, when its error names a transient S3 failure;
+# `TrainContext.report` takes its count (CONTEXT_REPORT_CALLS) back when it skips a report (a worker failed while the
+# ranks agreed on the checkpoint's name), and then submits nothing.
 CHECKPOINT_UPLOAD_ATTEMPTS = 3
-# `TrainContext.report` counts a report here before submitting its upload, and takes the count back when it skips one
-# (a worker failed while the ranks agreed on the checkpoint's name).
-REPORT_CALL_INDEX_ATTR = "report_call_index"
-
-
-def _train_context() -> Any | None:
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    try:
-        return get_train_context()
-    except RuntimeError:  # not inside a Train worker
-        return None
 
 
 def report_call_index() -> int | None:
-    context = _train_context()
-    return getattr(context, REPORT_CALL_INDEX_ATTR) if context is not None else None
+    """How many reports this Train worker has made (None outside a Train worker)."""
+    context = train_context()
+    return getattr(context, CONTEXT_REPORT_CALLS) if context is not None else None
 
 
 def retry_checkpoint_upload(attempt: Callable[[], T]) -> T:
@@ -106,23 +93,6 @@ def retry_checkpoint_upload(attempt: Callable[[], T]) -> T:
     from ray.train.v2._internal.constants import AWS_RETRYABLE_TOKENS
 
     return call_with_retry(attempt, "upload checkpoint", AWS_RETRYABLE_TOKENS, CHECKPOINT_UPLOAD_ATTEMPTS)
-
-
-def drain_checkpoint_uploads(timeout_s: float) -> bool:
-    """Wait until this worker's upload thread has run everything submitted before now (a no-op queued behind it has
-    run); True when it has, or when there is no Train worker or its uploads were already flushed."""
-    context = _train_context()
-    if context is None:
-        return True
-    try:
-        marker = getattr(context, CHECKPOINT_UPLOAD_POOL_ATTR).submit(lambda: None)
-    except RuntimeError:  # shut down: the loop returned and Ray waited for its uploads
-        return True
-    try:
-        marker.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        return False
-    return True
 
 
 # Ray's GCS key-value store (what Ray's own libraries use for small shared records); reachable from every worker.

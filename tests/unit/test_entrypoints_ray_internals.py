@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import ray
 import ray.train
 from ray.runtime_context import RuntimeContext
@@ -105,3 +106,35 @@ def test_the_gcs_key_value_store_and_out_of_band_actor_handles() -> None:
     assert list(inspect.signature(internal_kv._internal_kv_get).parameters) == ["key", "namespace"]
     assert {"key", "namespace"} <= set(inspect.signature(internal_kv._internal_kv_del).parameters)
     assert "out-of-band" in inspect.getsource(ActorHandle.__reduce__)
+
+
+def test_async_checkpoint_uploads_retry_like_rays_and_a_skipped_report_takes_its_count_back() -> None:
+    """Ray's retry of an upload (3 attempts on its transient S3 errors), the report counter a skipped report takes
+    back, the upload's error put in the training thread's exception queue, and the pool flushed when the loop
+    returns."""
+    from ray.train.v2._internal.execution import context
+    from ray.train.v2._internal.execution.worker_group import worker
+
+    assert ray_internals.CONTEXT_REPORT_CALLS in context.TrainContext.__dataclass_fields__
+    attempts = ray_internals.CHECKPOINT_UPLOAD_ATTEMPTS
+    retry = f'@retry(description="upload checkpoint", max_attempts={attempts}, match=AWS_RETRYABLE_TOKENS)'
+    assert retry in inspect.getsource(context.TrainContext)
+    report = inspect.getsource(context.TrainContext.report)
+    index = ray_internals.CONTEXT_REPORT_CALLS
+    assert f"self.{index} += 1" in report and f"self.{index} -= 1" in report
+    assert f"self.{ray_internals.CONTEXT_UPLOAD_POOL}.submit(" in report
+    assert "get_exception_queue().put(" in report
+    flush = inspect.getsource(worker.RayTrainWorker.run_train_fn)
+    assert f"get_train_context().{ray_internals.CONTEXT_UPLOAD_POOL}.shutdown()" in flush
+
+
+def test_an_upload_error_ray_would_not_retry_is_raised_at_once() -> None:
+    calls = []
+
+    def denied() -> None:
+        calls.append(1)
+        raise OSError("AWS Error ACCESS_DENIED during PutObject operation")
+
+    with pytest.raises(OSError, match="ACCESS_DENIED"):
+        ray_internals.retry_checkpoint_upload(denied)
+    assert calls == [1]
