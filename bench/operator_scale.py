@@ -206,6 +206,8 @@ class OperatorProcess:
     COMMANDS = {
         "sweep": [sys.executable, "-m", "sweep_operator"],
         "bare": [sys.executable, str(REPO / "bench" / "bare_kopf_operator.py")],  # the yardstick (see its docstring)
+        # The requests the promises need and nothing else (see its docstring): the yardstick the operator is read against.
+        "same-writes": [sys.executable, str(REPO / "bench" / "same_writes_operator.py")],
     }
 
     def __init__(self, kubeconfig: Path, log_path: Path, env: dict[str, str], kind: str = "sweep") -> None:
@@ -694,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
         "--operator",
         choices=sorted(OperatorProcess.COMMANDS),
         default="sweep",
-        help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and nothing else",
+        help="sweep: the operator (default); bare: bench/bare_kopf_operator.py, kopf creating one RayJob per sweep and "
+        "nothing else; same-writes: bench/same_writes_operator.py, kopf making per sweep the requests the operator's "
+        "promises need, in its order, and nothing else",
     )
     parser.add_argument(
         "--profile",
@@ -744,8 +748,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("kubernetes", "aiohttp.access", "urllib3"):  # a line per request would slow the emulator down
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.webhooks and args.operator == "bare":
-        parser.error("--webhooks: the bare operator serves no webhook (its creates would be refused)")
+    if args.webhooks and args.operator != "sweep":
+        parser.error(f"--webhooks: the {args.operator} operator serves no webhook (its creates would be refused)")
     sizes = [50] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
     load_before = os.getloadavg()
     results = [measure_size(n, args) for n in sizes]
