@@ -71,7 +71,8 @@ CONTEXT_REPORT_METHOD = "report"
 ASYNC_UPLOAD_FUNCTION = "_upload_checkpoint_and_report"
 UPLOAD_ARG_DIR_NAME = "checkpoint_dir_name"
 UPLOAD_ARG_REPORT_INDEX = "report_call_index"
-# `ThreadPoolExecutor._work_queue`: submitted work items not started yet (`_WorkItem.args`, as submitted).
+# `ThreadPoolExecutor._work_queue` (a `queue.SimpleQueue`): submitted work items not started yet (`_WorkItem.args`, as
+# submitted).
 POOL_WORK_QUEUE_ATTR = "_work_queue"
 
 

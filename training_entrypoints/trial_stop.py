@@ -401,8 +401,7 @@ def _reports_in_flight(context: Any) -> dict[int, tuple[str | None, bool]]:
             found[index] = (name if isinstance(name, str) else None, checkpoint is not None)
 
     pool = getattr(context, ray_internals.CONTEXT_UPLOAD_POOL, None)
-    queue = getattr(pool, ray_internals.POOL_WORK_QUEUE_ATTR, None)
-    for item in list(getattr(queue, "queue", ())):
+    for item in _queued_work_items(getattr(pool, ray_internals.POOL_WORK_QUEUE_ATTR, None)):
         args = getattr(item, "args", None)
         if isinstance(args, tuple) and len(args) == 4:  # (checkpoint_dir_name, metrics, checkpoint, report_call_index)
             note(args[3], args[0], args[2])
@@ -421,6 +420,22 @@ def _reports_in_flight(context: Any) -> dict[int, tuple[str | None, bool]]:
                 )
             frame = frame.f_back
     return found
+
+
+def _queued_work_items(work_queue: Any) -> list[Any]:
+    """The items of a thread pool's work queue, without taking any: a `queue.SimpleQueue` (what ThreadPoolExecutor
+    uses) shows no contents, but the garbage collector's view of it holds its list of items."""
+    import gc
+
+    if work_queue is None:
+        return []
+    if hasattr(work_queue, "queue"):  # queue.Queue
+        return list(work_queue.queue)
+    items: list[Any] = []
+    for referent in gc.get_referents(work_queue):
+        if isinstance(referent, list):
+            items.extend(referent)
+    return items
 
 
 def _worker_actors(controller: Any) -> list[Any]:

@@ -4,7 +4,9 @@ A Ray upgrade that renames or reshapes one fails here, naming it, instead of a s
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
@@ -138,3 +140,40 @@ def test_an_upload_error_ray_would_not_retry_is_raised_at_once() -> None:
     with pytest.raises(OSError, match="ACCESS_DENIED"):
         ray_internals.retry_checkpoint_upload(denied)
     assert calls == [1]
+
+
+def test_what_a_graceful_stop_reads_to_wait_for_uploads_in_flight() -> None:
+    """The controller's worker group and its workers' actors, the worker's `execute`, `__ray_call__` on every actor,
+    TrainContext's report counters (a call counted before its upload, handed over after it, in order), the upload
+    pool and the async upload's arguments, and the snapshot's count of processed reports."""
+    from ray import actor
+    from ray.train.v2._internal.execution import context
+    from ray.train.v2._internal.execution.worker_group import worker, worker_group
+
+    assert callable(getattr(TrainController, ray_internals.CONTROLLER_WORKER_GROUP_METHOD))
+    assert "return self._worker_group" in inspect.getsource(TrainController.get_worker_group)
+    assert callable(getattr(worker_group.WorkerGroup, ray_internals.WORKER_GROUP_WORKERS_METHOD))
+    assert ray_internals.WORKER_ACTOR_ATTR in inspect.signature(worker.Worker).parameters
+    execute = getattr(worker.RayTrainWorker, ray_internals.WORKER_EXECUTE_METHOD)
+    assert "return fn(*fn_args, **fn_kwargs)" in inspect.getsource(execute)
+    assert f"def {ray_internals.ACTOR_CALL_METHOD}(" in inspect.getsource(actor)
+    assert "return fn(self, *args, **kwargs)" in inspect.getsource(actor)
+
+    fields = {f.name for f in dataclasses.fields(context.TrainContext)}
+    assert {ray_internals.CONTEXT_REPORT_CALLS, ray_internals.CONTEXT_REPORTS_HANDED} <= fields
+    assert ray_internals.CONTEXT_UPLOAD_POOL in fields and context.MAX_CHECKPOINT_UPLOAD_THREADS == 1
+    report = inspect.getsource(getattr(context.TrainContext, ray_internals.CONTEXT_REPORT_METHOD))
+    assert "self.report_call_index += 1" in report
+    assert f"def {ray_internals.ASYNC_UPLOAD_FUNCTION}(" in report
+    assert (
+        f"{ray_internals.UPLOAD_ARG_DIR_NAME}: str,\n                    metrics: Dict[str, Any],\n"
+        f'                    checkpoint: Optional["Checkpoint"],\n                    '
+        f"{ray_internals.UPLOAD_ARG_REPORT_INDEX}: int," in report
+    )
+    assert "self.checkpoint_upload_threadpool.submit(" in report
+    handover = inspect.getsource(context.TrainContext._wait_then_report)
+    assert "self.get_result_queue().put(training_report)\n            self.current_report_index += 1" in handover
+    assert ray_internals.POOL_WORK_QUEUE_ATTR in inspect.getsource(ThreadPoolExecutor.submit)
+    assert ray_internals.SNAPSHOT_REPORT_INDEX in checkpoint_manager._CheckpointManagerState.model_fields
+    register = inspect.getsource(checkpoint_manager.CheckpointManager.register_checkpoint)
+    assert register.index("self._current_report_index += 1") < register.index("self._save_state_and_delete_old")

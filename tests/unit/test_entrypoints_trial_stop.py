@@ -21,6 +21,7 @@ from ray.tune.trainable import function_trainable
 from sweep_contracts.runspec import build_run_spec
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import cpu_sweep
+from tests.support.waiting import wait_for
 from training_entrypoints import ray_internals, trainable, trial_stop
 from training_entrypoints.trial_stop import AbortOutcome, TrialTrainRun
 
@@ -67,7 +68,9 @@ class FakeSlot:
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    def get(ref: Ref, timeout: float | None = None) -> Any:
+    def get(ref: Ref | list[Ref], timeout: float | None = None) -> Any:
+        if isinstance(ref, list):
+            return [get(r) for r in ref]
         if ref.error:
             raise ref.error
         return ref.value
@@ -332,3 +335,145 @@ def test_without_a_snapshot_nothing_was_committed_and_an_unreadable_one_removes_
     (tmp_path / "damaged" / "checkpoint_manager_snapshot.json").write_text("{not json")
     assert trial_stop.remove_uncommitted_checkpoints(str(tmp_path / "damaged")) == trial_stop.RemovedCheckpoints()
     assert (tmp_path / "damaged" / "checkpoint_epoch-000000").exists()
+
+
+# ------------------------------------------------------------------------------- uploads in flight at a stop
+
+
+class Context:
+    """A Train worker's TrainContext as probe_worker_uploads reads it: its report counters and upload pool."""
+
+    def __init__(self, calls: int, handed: int, pool: Any):
+        self.report_call_index, self.current_report_index, self.checkpoint_upload_threadpool = calls, handed, pool
+
+
+def test_a_workers_probe_names_its_queued_uploads_and_leaves_out_reports_without_a_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reports 2 to 4 are called but not handed to the controller: 2 is uploading (its arguments unseen here), 3 is
+    queued with a checkpoint, 4 is queued without one (no upload to wait for). The probe never takes Train's
+    report_order_condition, which a report holds while it waits for the controller's next poll."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    release = threading.Event()
+    try:
+        pool.submit(release.wait, 10)
+        pool.submit(lambda *a: None, "checkpoint_epoch-000003", {}, object(), 3)
+        pool.submit(lambda *a: None, "checkpoint_epoch-000004", {}, None, 4)
+        monkeypatch.setattr(ray_internals, "train_context", lambda: Context(4, 1, pool))
+        probe = trial_stop.probe_worker_uploads()
+        assert probe == trial_stop.WorkerUploads(4, 1, {2: None, 3: "checkpoint_epoch-000003"})
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+    monkeypatch.setattr(ray_internals, "train_context", lambda: None)
+    assert trial_stop.probe_worker_uploads() is None
+    assert trial_stop.merge_in_flight(
+        [probe, None, trial_stop.WorkerUploads(4, 1, {2: "checkpoint_epoch-000002"})]
+    ) == {
+        2: "checkpoint_epoch-000002",
+        3: "checkpoint_epoch-000003",
+    }
+
+
+def test_an_upload_counts_as_committed_only_once_no_worker_holds_it_and_the_snapshot_counts_its_report() -> None:
+    """A half-uploaded folder is never committed: only Ray's snapshot (current_report_index) says a report was
+    processed; an upload still in flight when the time is over is one the stop could not wait for."""
+    trial = trial_stop.TrialUploads("t", waited={2: None, 3: "checkpoint_epoch-000003"})
+    assert not trial.settle({2: "checkpoint_epoch-000002", 3: "checkpoint_epoch-000003"}, 5, final=False)
+    assert trial.waited[2] == "checkpoint_epoch-000002" and trial.committed == set()
+    assert not trial.settle({3: "checkpoint_epoch-000003"}, 1, final=False)  # handed over, not yet in the snapshot
+    assert not trial.settle({3: "checkpoint_epoch-000003"}, 2, final=False) and trial.committed == {2}
+    assert not trial.settle({3: "checkpoint_epoch-000003", 4: None}, 2, final=True)
+    assert trial.not_waited == {3: "checkpoint_epoch-000003", 4: None}
+    assert trial.cut == ["checkpoint_epoch-000003", None]
+    assert trial_stop.committed_report_index({ray_internals.SNAPSHOT_REPORT_INDEX: 7}) == 7
+    assert trial_stop.committed_report_index(None) == trial_stop.committed_report_index({"current_report_index": "7"})
+
+
+class Worker:
+    """A RayTrainWorker handle: `execute.remote(fn)` answers the next of `probes` (repeating the last)."""
+
+    def __init__(self, probes: list[trial_stop.WorkerUploads]):
+        self.probes = probes
+        self.execute = Method(lambda fn: Ref(self.probes.pop(0) if len(self.probes) > 1 else self.probes[0]))
+
+
+def controller_of(worker: Worker) -> Any:
+    """A Train controller handle whose `__ray_call__` answers its worker group's actors."""
+    return type("Controller", (), {ray_internals.ACTOR_CALL_METHOD: Method(lambda fn: Ref([worker]))})()
+
+
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The GCS slots by key, holding (controller, train run dir, token) as sent (the fakes are not picklable)."""
+    slots: dict[str, Any] = {}
+    monkeypatch.setattr(trial_stop.ControllerSlot, "send", lambda self, c: slots.__setitem__(self.key, (c, self.train_run_dir, self.token)))  # fmt: skip
+    monkeypatch.setattr(trial_stop.ControllerSlot, "receive_published", lambda self: slots.get(self.key))
+    monkeypatch.setattr(trial_stop, "UPLOAD_POLL_S", 0.001)
+    return slots
+
+
+def test_the_drivers_wait_reaches_the_workers_through_the_trials_slot_and_ends_once_the_upload_is_committed(
+    fake_ray: None, published: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_flight = trial_stop.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
+    worker = Worker([in_flight, in_flight, trial_stop.WorkerUploads(2, 2, {})])
+    run = TrialTrainRun("t_00001", "/store/train/t_00001")
+    monkeypatch.setattr(ray_internals, "current_job_id", lambda: "03000000")
+    run.controller_callback()
+    assert run.slot is not None and run.slot.key == "train-controller/03000000/t_00001"
+    run.slot.send(controller_of(worker))
+    snapshots = iter([{"current_report_index": 1}, {"current_report_index": 2}])
+    monkeypatch.setattr(trial_stop.storage, "read_json", lambda path: next(snapshots))
+    collecting = [True]
+    wait = trial_stop.UploadWait(["t_00001"], deadline=10**9, collecting=lambda: collecting[0], job_id="03000000")
+    wait.start()
+    wait_for(lambda: wait.trials["t_00001"].waited, timeout=10, what="the upload seen in flight")
+    collecting[0] = False  # the reports are in: no new upload joins the wait
+    wait.join(10)
+    trial = wait.trials["t_00001"]
+    assert wait.done() and trial.waited == {2: "checkpoint_epoch-000001"} and trial.committed == {2}
+    assert trial.cut == [] and trial.error is None and trial.train_run_dir == "/store/train/t_00001"
+
+
+def test_a_wait_that_loses_the_workers_or_runs_out_of_time_records_what_it_could_not_wait_for(
+    fake_ray: None, published: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trial_stop.storage, "read_json", lambda path: {"current_report_index": 1})
+    in_flight = trial_stop.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
+    stuck = Worker([in_flight])
+    lost = Worker([in_flight])
+    answers = [Ref(in_flight), Ref(error=ray.exceptions.RayActorError())]
+    lost.execute = Method(lambda fn: answers.pop(0) if len(answers) > 1 else answers[0])
+    for trial_id, worker in (("stuck", stuck), ("lost", lost)):
+        trial_stop.ControllerSlot.for_trial("j", trial_id, f"/store/train/{trial_id}").send(controller_of(worker))
+    clock = [0.0]
+    wait = trial_stop.UploadWait(["stuck", "lost"], deadline=5.0, collecting=lambda: True, job_id="j",
+                                 clock=lambda: clock[0])  # fmt: skip
+    wait.start()
+    wait_for(lambda: wait.trials["lost"].done and wait.trials["stuck"].waited, timeout=10, what="both probed")
+    assert not wait.done()  # the stuck upload is still waited for
+    clock[0] = 5.0
+    wait.join(10)
+    assert wait.done()
+    assert wait.trials["stuck"].cut == ["checkpoint_epoch-000001"] and wait.trials["stuck"].error is None
+    assert wait.trials["lost"].cut == ["checkpoint_epoch-000001"] and "RayActorError" in (
+        wait.trials["lost"].error or ""
+    )
+
+
+def test_a_retried_trials_slot_is_not_cleared_by_the_run_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    store: dict[str, bytes] = {}
+    monkeypatch.setattr(ray_internals, "kv_put", store.__setitem__)
+    monkeypatch.setattr(ray_internals, "kv_get", store.get)
+    monkeypatch.setattr(ray_internals, "kv_del", lambda key: store.pop(key, None))
+    old = trial_stop.ControllerSlot.for_trial("j", "t", "/d")
+    new = trial_stop.ControllerSlot.for_trial("j", "t", "/d")
+    old.send("old controller")
+    new.send("new controller")
+    old.clear()
+    assert new.receive() == "new controller" and new.receive_published() == ("new controller", "/d", new.token)
+    new.clear()
+    assert store == {}
