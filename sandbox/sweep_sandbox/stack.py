@@ -94,6 +94,8 @@ class Sandbox:
     scripted_seconds: float | None = None
     # A user's own code (`--code DIR`): first on the PYTHONPATH of every job the KubeRay stand-in runs on local Ray
     code_dirs: tuple[Path, ...] = ()
+    # A real MLflow tracking server (sweep_sandbox.mlflow_server), started by the first sweep that asks for tracking
+    mlflow: Any = field(default=None, init=False)
 
     @property
     def kubeconfig(self) -> Path:
@@ -237,7 +239,7 @@ class Sandbox:
 
     def stop(self) -> None:
         """Stop everything started, newest first; never raises."""
-        for name in ("operator", "kueue_standin", "standin", "runner", "server", "s3"):
+        for name in ("operator", "kueue_standin", "standin", "runner", "mlflow", "server", "s3"):
             part = getattr(self, name)
             if part is None:
                 continue
@@ -273,6 +275,21 @@ class Sandbox:
         new = str(S3Uri(self.bucket, parsed.key))
         storage["uri"] = new
         return f"storage.uri {uri} -> {new} (the sandbox's bucket)"
+
+    def rewrite_tracking(self, manifest: dict[str, Any]) -> str | None:
+        """A sweep that asks for MLflow tracking is tracked in the sandbox's own MLflow server (started on the first
+        such sweep, SQLite under state_dir/mlflow); returns a note when its tracking URI changed."""
+        mlflow = ((manifest.get("spec") or {}).get("tracking") or {}).get("mlflow")
+        if not isinstance(mlflow, dict):
+            return None
+        if self.mlflow is None:
+            from .mlflow_server import MlflowServer
+
+            self.mlflow = MlflowServer(self.state_dir / "mlflow").start()
+        given = mlflow.get("trackingUri")
+        mlflow["trackingUri"] = self.mlflow.url
+        mlflow.pop("credentialsSecret", None)  # the sandbox's server asks for none
+        return f"tracking.mlflow.trackingUri {given} -> {self.mlflow.url} (the sandbox's MLflow server)"
 
     def label_selector(self, sweep: str) -> str:
         return f"{constants.LABEL_SWEEP}={sweep}"

@@ -316,3 +316,13 @@ def test_tracking_condition_warns_once_when_the_server_goes_and_says_when_it_is_
     assert conditions[0][1] is True and "2 metric points were dropped" in conditions[0][3]
     assert [(e.type, e.reason) for e in events] == [("Normal", contract.REASON_CAUGHT_UP)]
     assert tracking_changes({}, None, spec) == ([], [])
+
+
+def test_the_report_links_to_the_parent_run() -> None:
+    from sweep_operator.cli.report_html import _tracking_link
+    from sweep_operator.cli.report_records import RunRecords
+
+    url = "https://mlflow.example.com/#/experiments/7/runs/abc123"
+    assert f'href="{url}"' in _tracking_link(RunRecords(root="s3://b/p", sweep={"status": {"tracking": {"url": url}}}))
+    assert _tracking_link(RunRecords(root="s3://b/p", sweep={"status": {"tracking": {"url": "javascript:x"}}})) == ""
+    assert _tracking_link(RunRecords(root="s3://b/p")) == ""

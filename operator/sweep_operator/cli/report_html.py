@@ -110,6 +110,17 @@ def _interactive_link(page: str | None) -> str:
     )
 
 
+def _tracking_link(records: RunRecords) -> str:
+    """The sweep's parent run in MLflow (status.tracking.url, which the operator builds from the spec's server)."""
+    url = (records.status.get("tracking") or {}).get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return ""
+    link = html.escape(url)
+    return (
+        f'<p>Tracked in MLflow: <a href="{link}">{link}</a> (the sweep\'s parent run; each trial is a child run).</p>'
+    )
+
+
 def render_html(
     records: RunRecords,
     curves: Curves,
@@ -154,6 +165,7 @@ gap:.2em 1.2em}}dl.facts dt{{font-weight:600}}dl.facts dd{{margin:0}}</style>
 <h1>TrainingSweep {html.escape(title)}</h1>
 {_facts(facts)}
 {_interactive_link(interactive)}
+{_tracking_link(records)}
 {sections}
 <section><h2>Trials</h2>
 {_table(rows, header)}</section>

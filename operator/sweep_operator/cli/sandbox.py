@@ -313,6 +313,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         note = sandbox.rewrite_storage(manifest)
         if note:
             print(f"sandbox: {note}", flush=True)
+        tracking_note = sandbox.rewrite_tracking(manifest)
+        if tracking_note:
+            print(f"sandbox: {tracking_note}; MLflow tracking server at {sandbox.mlflow.url}", flush=True)
         api = kubernetes.client.CustomObjectsApi(sandbox.server.api_client())
         api.create_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, manifest)
         print(f"sandbox: applied TrainingSweep {namespace}/{name}", flush=True)
@@ -410,6 +413,9 @@ def _report(status: dict[str, Any]) -> bool:
     else:
         problems = "; ".join(f"{p.get('kind')} {p.get('key')}" for p in checkpoints.get("problems") or [])
         print(f"checkpoints: NOT verified {problems}".rstrip())
+    tracked = status.get("tracking") or {}
+    if tracked.get("url"):
+        print(f"tracking:    {tracked['url']} (MLflow parent run; the trials are its child runs)")
     ok = status.get("phase") == Phase.SUCCEEDED and bool(checkpoints.get("verified"))
     print(f"result:      {status.get('phase')} — {status.get('message', '')}")
     return ok
