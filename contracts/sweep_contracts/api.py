@@ -819,6 +819,38 @@ class GracefulStopStatus(StatusModel):
     )
 
 
+MAX_STOP_UPLOADS_LISTED = 20  # uploads a stop could not wait for that status.lastStop names (the count says the rest)
+
+
+class StopUploadStatus(StatusModel):
+    trial: str = Field(..., description="The trial whose upload it was.")
+    checkpoint: str | None = Field(
+        None, description="The checkpoint folder being uploaded (unset when the driver could not see its name)."
+    )
+
+
+class LastStopStatus(StatusModel):
+    ray_job_uid: str | None = Field(None, description="The RayJob whose driver recorded the stop.")
+    stopped_at: str | None = Field(None, description="When the driver recorded the stop (RFC 3339).")
+    waited_seconds: float | None = Field(None, description="Seconds from the stop's request to its record.")
+    uploads_waited_for: int | None = Field(
+        None, description="Checkpoint uploads in flight at the stop that the driver waited for."
+    )
+    uploads_committed: int | None = Field(
+        None, description="Of those, the ones Ray committed within the window (the guard, resume and report use them)."
+    )
+    uploads_not_waited_for: list[StopUploadStatus] | None = Field(
+        None,
+        max_length=MAX_STOP_UPLOADS_LISTED,
+        description="Uploads the stop could not wait for (still in flight when its time for uploads ran out, or "
+        "started after it): never committed, never used.",
+    )
+    uploads_not_waited_for_count: int | None = Field(
+        None, description="How many uploads the stop could not wait for (uploadsNotWaitedFor lists the first ones)."
+    )
+    message: str | None = Field(None, description="What the stop did with the uploads in flight, in words.")
+
+
 class TrackingStatus(StatusModel):
     url: str | None = Field(None, description="The sweep's parent run in the MLflow UI (spec.tracking.mlflow).")
     experiment_id: str | None = Field(None, description="The MLflow experiment id of the sweep's runs.")
@@ -907,6 +939,11 @@ class SweepStatus(StatusModel):
         None,
         description="The graceful stop the operator asked before deleting the RayJob: its window runs from "
         "requestedAt across operator restarts (only the operator writes status).",
+    )
+    last_stop: LastStopStatus | None = Field(
+        None,
+        description="The last graceful stop as the driver recorded it in the run's _sweep/status.json: the "
+        "checkpoint uploads in flight it waited for and those it could not.",
     )
 
 

@@ -183,3 +183,74 @@ def test_no_cluster_or_no_service_gets_no_request() -> None:
     job, cluster, service, url = _made_by_kuberay()
     assert "its RayCluster s-r1-x7k2p is not there" in gs.head_address_refusal(job, None, service, url)
     assert "its head Service s-r1-x7k2p-head-svc does not exist" in gs.head_address_refusal(job, cluster, None, url)
+
+
+def test_the_drivers_stop_record_becomes_status_last_stop_naming_what_it_could_not_wait_for() -> None:
+    """The driver's `stop` block (training_entrypoints.graceful_stop.GracefulStop.record) as status.lastStop: what
+    the stop waited for, what committed, each upload it could not wait for; valid against the CRD's schema."""
+    from sweep_contracts.api import SweepStatus
+
+    document = {
+        "phase": "Stopped",
+        "stop": {
+            "signal": "SIGTERM",
+            "requestedAt": "2026-12-07T12:15:38Z",
+            "stoppedAt": "2026-12-07T12:15:49Z",
+            "waitedSeconds": 10.7,
+            "uploads": {
+                "waitSeconds": 50.0,
+                "waitedFor": 2,
+                "committed": 1,
+                "notWaitedFor": [
+                    {"trial": "t1", "checkpoint": "checkpoint_epoch-000004"},
+                    {"trial": "t2", "checkpoint": None},
+                ],
+                "notWaitedForCount": 2,
+                "message": "could not wait for 2 checkpoint upload(s) in flight (trial t1 checkpoint "
+                "checkpoint_epoch-000004, trial t2 (unnamed)): ...",
+            },
+        },
+    }
+    last = gs.last_stop_status(document, "u1")
+    assert last == {
+        "rayJobUid": "u1",
+        "stoppedAt": "2026-12-07T12:15:49Z",
+        "waitedSeconds": 10.7,
+        "uploadsWaitedFor": 2,
+        "uploadsCommitted": 1,
+        "uploadsNotWaitedFor": [{"trial": "t1", "checkpoint": "checkpoint_epoch-000004"}, {"trial": "t2"}],
+        "uploadsNotWaitedForCount": 2,
+        "message": document["stop"]["uploads"]["message"],
+    }
+    SweepStatus.model_validate({"lastStop": last})
+    assert gs.last_stop_status({"phase": "Running"}, "u1") is None and gs.last_stop_status(None, "u1") is None
+
+
+def test_a_stop_record_of_the_wrong_shape_is_bounded_and_typed_never_copied_as_it_is() -> None:
+    """status.json is written by the tenant's image: a wrong type is left out, long texts are cut, lists bounded."""
+    from sweep_contracts.api import MAX_STOP_UPLOADS_LISTED, SweepStatus
+
+    document = {
+        "stop": {
+            "stoppedAt": 5,
+            "waitedSeconds": float("nan"),
+            "uploads": {
+                "waitedFor": True,
+                "committed": -1,
+                "notWaitedFor": [{"trial": "t" * 1000, "checkpoint": 7}, "junk", {"checkpoint": "c"}] * 30,
+                "message": "m" * 5000,
+            },
+        }
+    }
+    last = gs.last_stop_status(document, "")
+    assert last is not None
+    assert set(last) == {"uploadsNotWaitedFor", "message"}
+    assert len(last["uploadsNotWaitedFor"]) == MAX_STOP_UPLOADS_LISTED
+    assert all(set(u) == {"trial"} and len(u["trial"]) == gs.MAX_STOP_TEXT_CHARS for u in last["uploadsNotWaitedFor"])
+    assert len(last["message"]) == gs.MAX_STOP_MESSAGE_CHARS
+    SweepStatus.model_validate({"lastStop": last})
+    # A driver without the upload wait records no uploads: the status says when it stopped, nothing about uploads.
+    assert gs.last_stop_status({"stop": {"stoppedAt": "2026-12-07T12:15:49Z"}}, "u1") == {
+        "rayJobUid": "u1",
+        "stoppedAt": "2026-12-07T12:15:49Z",
+    }

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sweep_contracts.api import MAX_STOP_UPLOADS_LISTED
 from sweep_contracts.timestamps import epoch_seconds, rfc3339
 
 from . import workloads as kueue  # Kueue's Workload as read (shared with Kueue mode)
@@ -185,3 +187,53 @@ def head_address_refusal(
             f"{service_name}.{namespace}.svc"
         )
     return ""
+
+
+# A driver's record of a stop is this one's when it was asked no earlier than the operator's request, less this much
+# (the head's clock and the operator's differ).
+CLOCK_SKEW_S = 60.0
+MAX_STOP_TEXT_CHARS = 256  # a trial id or a checkpoint folder name in status.lastStop
+MAX_STOP_MESSAGE_CHARS = 1024
+
+
+def _text(value: Any, limit: int) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def last_stop_status(progress: Mapping[str, Any] | None, rayjob_uid: str) -> dict[str, Any] | None:
+    """status.lastStop from the driver's stop record (`stop` in the run's _sweep/status.json, written when its Ray job
+    stopped gracefully): the uploads in flight it waited for, how many committed, and each it could not wait for.
+    None when the document records no stop. Every part is bounded and of its schema type (the document is the
+    tenant's code's: a wrong type is left out, a long text cut)."""
+    stop = (progress or {}).get("stop")
+    if not isinstance(stop, Mapping):
+        return None
+    found = stop.get("uploads")
+    uploads: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    missed_raw = uploads.get("notWaitedFor")
+    missed = [
+        {k: v for k, v in {"trial": _text(m.get("trial"), MAX_STOP_TEXT_CHARS),
+                           "checkpoint": _text(m.get("checkpoint"), MAX_STOP_TEXT_CHARS)}.items() if v is not None}
+        for m in (missed_raw if isinstance(missed_raw, list) else [])
+        if isinstance(m, Mapping) and isinstance(m.get("trial"), str)
+    ][:MAX_STOP_UPLOADS_LISTED]  # fmt: skip
+    waited = stop.get("waitedSeconds")
+    record = {
+        "rayJobUid": rayjob_uid or None,
+        "stoppedAt": _text(stop.get("stoppedAt"), 64),
+        "waitedSeconds": float(waited)
+        if isinstance(waited, (int, float)) and not isinstance(waited, bool) and math.isfinite(waited)
+        else None,
+        "uploadsWaitedFor": _count(uploads.get("waitedFor")),
+        "uploadsCommitted": _count(uploads.get("committed")),
+        "uploadsNotWaitedFor": missed if uploads else None,
+        "uploadsNotWaitedForCount": _count(uploads.get("notWaitedForCount")),
+        "message": _text(uploads.get("message"), MAX_STOP_MESSAGE_CHARS),
+    }
+    return {k: v for k, v in record.items() if v is not None}

@@ -25,10 +25,11 @@ from ..metrics import OperatorMetrics
 from ..settings import Settings
 from ..status import updated
 from ..workqueue import FairPool, WorkQueue
-from . import graceful_stop, guard, idle_gpus
+from . import graceful_stop, guard, idle_gpus, verdicts
 from . import workloads as kueue
 from .cache import Cache
 from .facts import ObjectRef, meta_of, status_of
+from .reads import Reads
 from .status_writer import EventSink, StatusWriter
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class StopBeforeDelete(ABC):
     _guard_lock: threading.Lock
     head_calls: FairPool | None  # None: requests to heads run in the caller's thread (tests without workers)
     _stop_calls: dict[str, Future[ray_jobs.StopOutcome]]  # RayJob -> its stop request in flight or answered
+    reads: Reads
 
     @property
     @abstractmethod
@@ -377,12 +379,35 @@ class StopBeforeDelete(ABC):
             self._stops.pop(f"suspend/{key}", None)
             self._stops.pop(f"unasked/{key}", None)
             self._stop_calls.pop(key, None)  # a request still in flight ends on its own, at most its deadline
-        if sweep is None or (asked is None and graceful_stop.recorded_request(status_of(sweep), uid) is None):
+        if asked is None and sweep is not None:
+            asked = graceful_stop.recorded_request(status_of(sweep), uid)
+        if sweep is None or asked is None:
             return
+        last_stop = self._driver_stop_record(sweep, uid, asked)
+        change: dict[str, Any] = {"gracefulStop": None, **({"lastStop": last_stop} if last_stop else {})}
         try:
-            self.status.update(sweep, lambda s: updated(s, {"gracefulStop": None}))
+            self.status.update(sweep, lambda s: updated(s, change))
         except Exception as exc:  # a later stop of this RayJob would then wait out the old window's rest
             log.warning("sweep %s: cannot clear its graceful stop's record: %s", meta_of(sweep).get("name"), exc)
+        if last_stop and last_stop.get("uploadsNotWaitedForCount"):
+            self.emit(sweep, "Warning", "StopUploadsNotWaitedFor", f"RayJob {meta.get('name')}: {last_stop['message']}")
+
+    def _driver_stop_record(self, sweep: Mapping[str, Any], rayjob_uid: str, asked: float) -> dict[str, Any] | None:
+        """status.lastStop from the run's _sweep/status.json, when the driver recorded this stop there (asked no
+        earlier than this request, clocks allowing); None when it did not or the document cannot be read."""
+        target = verdicts.status_target(sweep)
+        if target is None:
+            return None
+        try:
+            progress, _, _ = self.reads.run_documents(target)
+        except Exception as exc:  # the stop is over either way; only its record is missing from the status
+            log.warning("sweep %s: cannot read its driver's stop record: %s", meta_of(sweep).get("name"), exc)
+            return None
+        stop = (progress or {}).get("stop")
+        requested = epoch_seconds(stop.get("requestedAt")) if isinstance(stop, Mapping) else None
+        if requested is None or requested < asked - graceful_stop.CLOCK_SKEW_S:
+            return None
+        return graceful_stop.last_stop_status(progress, rayjob_uid)
 
     def _until_workers_free(
         self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
