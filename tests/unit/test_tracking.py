@@ -160,7 +160,8 @@ def test_a_down_server_is_reported_and_the_buffered_metrics_arrive_when_it_is_ba
     wait_for(lambda: (f := t.fact()) and f["available"] and f["pending"] == 0, timeout=5, what="caught up")
     (parent,) = fake.role(contract.ROLE_SWEEP)
     (trial,) = fake.role(contract.ROLE_TRIAL)
-    assert trial["tags"]["mlflow.parentRunId"] == t.fact()["runId"]  # type: ignore[index]
+    caught_up = t.fact()
+    assert caught_up is not None and trial["tags"]["mlflow.parentRunId"] == caught_up["runId"]
     assert parent["tags"][contract.TAG_RUN_ID] == "r1" and trial["tags"][contract.TAG_TRIAL_ID] == "t1"
     assert trial["params"] == {"lr": "0.1", "model/hidden": "64"}
     assert [(k, s) for k, s, _ in trial["metrics"]] == [("score", 1), ("score", 2), ("score", 3)]
