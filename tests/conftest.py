@@ -140,6 +140,7 @@ RUN_FIRST = (
     "e2e/test_entrypoints_sweep.py",
     "e2e/test_entrypoints_resume.py",
     "e2e/test_sandbox_your_loop.py",
+    "e2e/test_sandbox_framework_loops.py",
     "e2e/test_entrypoints_ranks.py",
     "e2e/test_entrypoints_run_local.py",
     "e2e/test_entrypoints_trial_stop.py",
