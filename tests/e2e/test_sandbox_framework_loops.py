@@ -144,8 +144,10 @@ def test_transformers_and_lightning_loops_verify_resume_from_their_last_checkpoi
             # The resumed attempt's first epoch is the one after the last committed checkpoint: nothing trained again.
             assert epochs[HOLD_AFTER_REPORTS] == last_epoch[framework] + 1, (framework, epochs)
             assert epochs == sorted(set(epochs)), (framework, epochs)
-        two = status()
-        assert two["phase"] == "Running" and len(two["attempts"]) == 2, two
+        two = wait_for(
+            lambda: s if (s := status()).get("phase") == "Running" else None, 120, POLL_S, what="attempt 2 Running"
+        )
+        assert len(two["attempts"]) == 2 and two["rayJobName"].endswith("-a2"), two
 
         # A delete of the running sweep stops it gracefully: each trial reports once more, then the guard verifies.
         rayjob = two["rayJobName"]
