@@ -111,20 +111,22 @@ def build_registry(kube: KubeApi, template: dict[str, Any]) -> kopf.OperatorRegi
             meta.update(name=f"{name}-{run_id}", namespace=namespace)
             meta["labels"][constants.LABEL_SWEEP] = name
             kube.create_rayjob(rayjob)  # 2
-            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            kube.patch_sweep_status(namespace, name, admission_status(name, run_id, meta["name"], now))  # 3
-            kube.post_event(  # 4
-                sweep,
-                "Normal",
-                "Starting",
-                f"RayJob {meta['name']} created",
-                component=EVENT_COMPONENT,
-                instance=instance,
-            )
-        except ApiException:
+        except ApiException:  # nothing created: the sweep's next event tries again
             with lock:
                 admitted.discard((namespace, name))
             raise
+        # Once the RayJob exists the sweep is admitted whatever follows: a failed status write or Event is logged by
+        # kopf, never a second RayJob.
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        kube.patch_sweep_status(namespace, name, admission_status(name, run_id, meta["name"], now))  # 3
+        kube.post_event(  # 4
+            sweep,
+            "Normal",
+            "Starting",
+            f"RayJob {meta['name']} created",
+            component=EVENT_COMPONENT,
+            instance=instance,
+        )
 
     @kopf.on.event(
         constants.RAY_GROUP, constants.RAY_VERSION_API, constants.RAYCLUSTER_PLURAL, labels=OURS, registry=registry
