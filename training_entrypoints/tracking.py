@@ -235,12 +235,14 @@ class MlflowTracker:
         self._points: deque[MetricPoint] = deque()
         self._seq = 0
         self._trials: dict[str, _TrialWork] = {}
+        self._reports: dict[str, int] = {}  # trial id -> reports seen by this tracker
         self._sweep_end: str | None = None
         self._sweep_tags: dict[str, str] = {}
         self._facts = TrackingFacts()
         # The logging thread's own caches (touched by it alone): runs found or made, params already on each run.
         self._trial_runs: dict[str, str] = {}
         self._logged_params: dict[str, set[str]] = {}
+        self._step_base: dict[str, int] = {}  # run id -> the last step logged before this tracker
         self._parent_ready = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -259,8 +261,9 @@ class MlflowTracker:
             self._lock.notify()
 
     def trial_result(self, trial_id: str, result: Mapping[str, Any], checkpoint_uri: str | None = None) -> None:
-        step = result.get("training_iteration")
-        step = step if isinstance(step, int) and not isinstance(step, bool) else 0
+        # Steps count the trial's reports: this tracker's own count, after the last step its run already has (a
+        # restored trial's training_iteration starts again at 1, so it cannot number them).
+        step = self._reports[trial_id] = self._reports.get(trial_id, 0) + 1
         stamp = result.get("timestamp")
         timestamp_ms = int((stamp if isinstance(stamp, (int, float)) else self._clock()) * 1000)
         with self._lock:
@@ -437,7 +440,7 @@ class MlflowTracker:
             return bool(self._points) or any(_has_work(w) for w in self._trials.values())
 
     def _drain_points(self, client: TrackingClient) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         while True:
             with self._lock:
@@ -449,8 +452,10 @@ class MlflowTracker:
                 by_trial.setdefault(point.trial_id, []).append(point)
             for trial_id, points in by_trial.items():
                 run_id = self._trial_run(client, trial_id)
+                base = self._step_base.get(run_id, 0)
+                last = RunTag(contract.TAG_LAST_STEP, str(base + max(p.step for p in points)))
                 client.log_batch(
-                    run_id, metrics=[Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
+                    run_id, metrics=[Metric(p.key, p.value, p.timestamp_ms, base + p.step) for p in points], tags=[last]
                 )  # fmt: skip
                 sent = {p.seq for p in points}
                 with self._lock:
@@ -491,7 +496,10 @@ class MlflowTracker:
             )
             if found:
                 run_id = found[0].info.run_id
-                self._logged_params[run_id] = set(client.get_run(run_id).data.params)
+                data = client.get_run(run_id).data
+                self._logged_params[run_id] = set(data.params)
+                last = str(data.tags.get(contract.TAG_LAST_STEP, "0"))
+                self._step_base[run_id] = int(last) if last.isdigit() else 0
                 reopen = True
             else:
                 tags = {

@@ -25,6 +25,8 @@ TAG_TRIAL_ID: Final = "sweeps.dev/trial-id"
 TAG_ROLE: Final = "sweeps.dev/role"  # "sweep" on the parent run, "trial" on each child
 TAG_CHECKPOINT: Final = "sweeps.dev/checkpoint"  # the trial's last committed checkpoint (s3:// URI)
 TAG_BEST_CHECKPOINT: Final = "sweeps.dev/best-checkpoint"  # its best committed checkpoint, at the end of the run
+# The highest step logged on a trial's run: a continuing driver numbers the trial's next reports after it.
+TAG_LAST_STEP: Final = "sweeps.dev/last-step"
 ROLE_SWEEP: Final = "sweep"
 ROLE_TRIAL: Final = "trial"
 
