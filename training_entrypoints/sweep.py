@@ -159,8 +159,10 @@ def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
 
 
 def _one_line(error: BaseException, limit: int = 2000) -> str:
+    """The error on one line; a long one keeps its start and its end, where a traceback names the exception."""
     text = " ".join(str(error).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    half = (limit - 5) // 2
+    return text if len(text) <= limit else f"{text[:half]} ... {text[-half:]}"
 
 
 def _resource_text(resources: Mapping[str, float]) -> str:

@@ -387,3 +387,71 @@ def test_an_unsatisfiable_request_fails_in_bounded_time_naming_asked_and_availab
     assert "each trial asks for 4 train worker(s) x {CPU: 2}" in outcome.message
     assert "the cluster has {CPU: 6, sweep_trial_driver: 3}" in outcome.message
     assert outcome.result["trials"]["errored"] == 1
+
+
+# ---------------------------------------------------------------------------------- asynchronous upload
+
+
+@pytest.mark.timeout(600)
+def test_async_uploads_commit_what_the_verifier_proves_and_a_refused_upload_fails_its_trial(
+    local_ray: LocalRayCluster, s3_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asynchronous uploads through our helpers (`report_epoch(upload="async")`: manifest hashed on the upload thread)
+    and through a loop's own `CheckpointUploadMode.ASYNC` commit checkpoints the verifier proves, at the full-state and
+    the committed level; the same helpers against a bucket that refuses checkpoint writes fail their trial with S3's
+    AccessDenied. No local checkpoint directory is left behind either way."""
+    from sweep_operator.cli import main
+    from tests.support.s3_deny_proxy import DenyingS3Proxy
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    s3_server.client().create_bucket(Bucket="e2e-async")
+    local_ok, local_denied = tmp_path / "local-ok", tmp_path / "local-denied"
+    local_ok.mkdir()
+    local_denied.mkdir()
+    loop = {
+        "spec.trainLoop": "tests.e2e.async_report_loops:train_loop",
+        "spec.trial": {"workers": 1, "resourcesPerWorker": {"cpu": "1", "gpu": 0, "memory": "1Gi"}},
+    }
+    params = {"lr": 0.05, "hidden": 32, "epochs": EPOCHS}
+    uploaded = digits_sweep(
+        "digits-async",
+        {"uri": "s3://e2e-async/sweeps", "region": "us-east-1", "endpointUrl": s3_server.endpoint_url},
+        **loop,
+        **{"spec.paramSpace": {**params, "style": {"grid": ["helpers", "plain"]}, "local_dir": str(local_ok)}},
+    )
+    # A Deny on the checkpoint folders only, as a bucket policy would: Tune's and the driver's own writes go through.
+    with DenyingS3Proxy(s3_server.endpoint_url, deny={"s3:PutObject"}, deny_paths="/checkpoint_epoch-") as proxy:
+        refused = digits_sweep(
+            "digits-refused",
+            {"uri": "s3://e2e-async/sweeps", "region": "us-east-1", "endpointUrl": proxy.endpoint_url},
+            **loop,
+            **{
+                "spec.paramSpace": {**params, "style": "helpers", "local_dir": str(local_denied)},
+                "spec.tune": {"metric": "val_loss", "mode": "min", "numSamples": 1, "maxConcurrentTrials": 1},
+                "spec.failurePolicy": {"workerFailures": 0, "controllerFailures": 0, "preemptionFailures": 0},
+            },
+        )
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="async-runs") as pool:
+            ok_run = pool.submit(run, uploaded, local_ray, tmp_path / "ok")
+            refused_run = pool.submit(run, refused, local_ray, tmp_path / "refused")
+            ok, failed = ok_run.result(), refused_run.result()
+        assert proxy.denied, "no checkpoint write reached the proxy"
+
+    assert ok.ok, ok.message
+    capsys.readouterr()
+    code = main(["verify", ok.run_root, "--endpoint-url", s3_server.endpoint_url, "--min-retention-days", "0",
+                 "--deep", "--json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    verdict = json.loads(out)
+    assert verdict["checked"] == 2 * EPOCHS
+    assert verdict["summary"] == f"{2 * EPOCHS} committed ({EPOCHS} full-state)", verdict["summary"]
+
+    assert not failed.ok and failed.result["trials"]["errored"] == 1
+    ((error,),) = [[e["error"] for e in failed.result["errors"]]]
+    assert "ACCESS_DENIED" in error and "checkpoint_epoch-000000" in error, error
+    written = S3Run(failed, s3_server.client(), S3Uri.parse(failed.run_root)).keys("train")
+    assert not [k for k in written if "/checkpoint_epoch-" in k], written  # nothing of a checkpoint
+    # Our helpers' directories and the plain loop's `mkdtemp()` ones (torch keeps its own caches there too).
+    left = [p for folder in (local_ok, local_denied) for p in folder.iterdir() if p.name.startswith(("sweep-", "tmp"))]
+    assert left == []

@@ -3,6 +3,9 @@
     with DenyingS3Proxy(moto.endpoint_url, deny={"s3:DeleteObject"}) as proxy:
         ...  # point AWS_ENDPOINT_URL / endpoint_url at proxy.endpoint_url
 
+`deny_paths` (a regular expression) narrows the refusals to the request paths it matches, as a policy statement's
+`Resource` (`arn:aws:s3:::bucket/prefix*`) narrows a Deny.
+
 Every other request is forwarded unchanged. Requests are mapped to the action IAM evaluates for them as in
 https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html (HEAD and GET of an object:
 s3:GetObject; every multipart step: s3:PutObject; a bucket listing or HEAD: s3:ListBucket; a batch delete:
@@ -13,6 +16,7 @@ Path-style addressing only (what botocore and pyarrow use against a loopback end
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,10 +58,11 @@ def s3_action(method: str, path: str, query: dict[str, list[str]]) -> str:
 
 
 class DenyingS3Proxy:
-    def __init__(self, upstream: str, deny: set[str] | frozenset[str] = frozenset()):
+    def __init__(self, upstream: str, deny: set[str] | frozenset[str] = frozenset(), deny_paths: str = ""):
         parsed = urllib.parse.urlsplit(upstream)
         self._upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.deny = set(deny)
+        self.deny_paths = re.compile(deny_paths) if deny_paths else None
         self.denied: list[tuple[str, str]] = []  # (action, path) of every refused request
         self.forwarded: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -93,7 +98,9 @@ class DenyingS3Proxy:
                 body = self._body()
                 split = urllib.parse.urlsplit(self.path)
                 action = s3_action(self.command, split.path, urllib.parse.parse_qs(split.query, keep_blank_values=True))
-                if action in outer.deny:
+                if action in outer.deny and (
+                    outer.deny_paths is None or outer.deny_paths.search(urllib.parse.unquote(split.path))
+                ):
                     with outer._lock:
                         outer.denied.append((action, split.path))
                         n = len(outer.denied)
