@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from .emulator import now_rfc3339
+from .kube_values import now_rfc3339
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)

@@ -34,6 +34,7 @@ from sweep_contracts.timestamps import parse_time
 from . import schema as crd_schema
 from . import schema_apply as managed_fields
 from .admission import ADMISSION_GROUP, Admission, AdmissionDenied, AdmissionRequest, UserInfo, namespace_object
+from .container_logs import ContainerLogs
 from .emulator_routes import (
     _MERGE_PATCHES,
     SERVER_VERSION,
@@ -68,15 +69,12 @@ from .emulator_tables import (
     human_age,
     json_path_get,
     minimal_crd,
-    now_rfc3339,
     parse_field_selector,
     parse_label_selector,
-    parse_rfc3339,
-    random_suffix,
     resource_key,
 )
+from .kube_values import now_rfc3339, parse_rfc3339, random_suffix
 from .kuberay_crds import KUBERAY_CRDS, kuberay_crd_dir, kuberay_crds
-from .pod_logs import ContainerLogs
 from .rbac import RbacMixin
 
 log = logging.getLogger(__name__)

@@ -18,12 +18,11 @@ import kmock
 from .emulator_tables import (
     ApiError,
     ResourceType,
-    now_rfc3339,
     parse_field_selector,
     parse_label_selector,
-    random_suffix,
     render_table,
 )
+from .kube_values import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS, now_rfc3339, random_suffix
 
 if TYPE_CHECKING:
     from .emulator_routes import RequestTarget
@@ -537,11 +536,6 @@ def _strip_directives(patch: Any) -> Any:
     if isinstance(patch, dict):
         return {k: _strip_directives(v) for k, v in patch.items() if not str(k).startswith("$")}
     return patch
-
-
-# batch/v1 labels (k8s.io/api/batch/v1 types.go): the Job's name and uid on its pods, the uid in its selector
-JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
-JOB_CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
 
 
 def _job_with_generated_selector(job: Obj) -> Obj:

@@ -7,44 +7,23 @@ import datetime
 import functools
 import json
 import re
-import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kmock
 
-from sweep_contracts.timestamps import parse_time, rfc3339
-
 from . import schema as crd_schema
 from .admission import ADMISSION_GROUP
+from .kube_values import parse_rfc3339
 
 Obj = dict[str, Any]
-
-# kube's utilrand alphabet: no vowels (no words), no 0/1/3 (no confusion with o/l/e).
-_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
 @functools.lru_cache(maxsize=1024)
 def resource_key(group: str, version: str | None, plural: str | None) -> kmock.resource:
     """kmock's resource key, cached: building one runs a slow runtime Protocol isinstance check."""
     return kmock.resource(group=group, version=version, plural=plural)
-
-
-def random_suffix(length: int = 5) -> str:
-    """What Kubernetes appends to a generateName (and KubeRay to a RayCluster name)."""
-    return "".join(secrets.choice(_NAME_ALPHABET) for _ in range(length))
-
-
-def now_rfc3339() -> str:
-    return rfc3339()
-
-
-def parse_rfc3339(value: str) -> datetime.datetime:
-    parsed = parse_time(value)
-    if parsed is None:
-        raise ValueError("an empty time")
-    return parsed
 
 
 def human_age(timestamp: str | None) -> str:

@@ -9,32 +9,13 @@ instance. Whoever "runs" a container (the KubeRay stand-in for the submitter pod
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from .container_logs import ContainerLogs
 from .emulator_tables import ApiError
 
 Obj = dict[str, Any]
-LogSource = Callable[[], bytes]
-
-
-class ContainerLogs:
-    """What each container printed, by (namespace, pod, container): a callable read at each request (the output
-    grows while the container runs). A container nobody registered printed nothing. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sources: dict[tuple[str, str, str], LogSource] = {}
-
-    def register(self, namespace: str, pod: str, container: str, source: LogSource) -> None:
-        with self._lock:
-            self._sources[(namespace, pod, container)] = source
-
-    def read(self, namespace: str, pod: str, container: str) -> bytes:
-        with self._lock:
-            source = self._sources.get((namespace, pod, container))
-        return source() if source is not None else b""
 
 
 def _int_option(query: Mapping[str, str], name: str) -> int | None:

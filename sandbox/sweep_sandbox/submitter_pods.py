@@ -9,10 +9,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from .emulator import now_rfc3339
-from .emulator_store import JOB_CONTROLLER_UID_LABELS
-from .emulator_tables import random_suffix
-from .pod_logs import ContainerLogs
+from .container_logs import ContainerLogs
+from .kube_values import JOB_CONTROLLER_UID_LABELS, now_rfc3339, random_suffix
 
 Obj = dict[str, Any]
 NODE_NAME = "sandbox-node-0"
