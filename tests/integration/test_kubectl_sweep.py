@@ -362,7 +362,7 @@ def _submitter(world: World) -> dict[str, Any]:
     """The sweep's submitter Job as KubeRay creates it (K8sJobMode) and its pod as the Job controller, the scheduler
     and the kubelet leave it (the KubeRay stand-in's own code), printing DRIVER_OUTPUT."""
     from sweep_operator.rendering import SUBMITTER_CONTAINER
-    from sweep_sandbox.kuberay import RayApi
+    from sweep_sandbox.kuberay.ray_api import RayApi
     from sweep_sandbox.submitter_pods import SubmitterPods
 
     batch = kubernetes.client.BatchV1Api(world.server.api_client())

@@ -14,7 +14,7 @@ import pytest
 from sweep_contracts import constants
 from sweep_operator.rendering import build_rayjob
 from sweep_operator.validation import parse_sweep
-from sweep_sandbox.kuberay import DEFAULT_HEAD_PORTS, cluster_for, plan_pods, pod_body, submitter_job_for
+from sweep_sandbox.kuberay.builders import DEFAULT_HEAD_PORTS, cluster_for, plan_pods, pod_body, submitter_job_for
 from sweep_sandbox.submitter_pods import submitter_pod_body
 from tests.support.factories import gpu_sweep
 from tests.support.network_policy import NetworkPolicies, Pod, matches_selector

@@ -106,7 +106,7 @@ def _made_by_kuberay() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], 
     """A RayJob, the RayCluster KubeRay made for it, the head Service KubeRay made for that (the stand-in's model of
     common/service.go BuildServiceForHeadPod and createService's controller reference) and the dashboard URL
     utils.FetchHeadServiceURL writes from it."""
-    from sweep_sandbox.kuberay import head_service_body, head_service_url
+    from sweep_sandbox.kuberay.builders import head_service_body, head_service_url
 
     job = {
         "metadata": {"name": "s-r1", "namespace": "team-a", "uid": "job-uid"},
