@@ -21,7 +21,7 @@ import aiohttp
 import jsonpatch
 from celpy import celtypes
 
-from .schema import CelCompiler
+from .schema_rules import CelCompiler
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from kmock._internal import dicts as kmock_dicts
 
 from sweep_contracts.timestamps import parse_time
 
-from . import schema as crd_schema
 from . import schema_apply as managed_fields
 from .admission import ADMISSION_GROUP, Admission, AdmissionDenied, AdmissionRequest, UserInfo, namespace_object
 from .container_logs import ContainerLogs
@@ -75,7 +74,10 @@ from .emulator_tables import (
 )
 from .kube_values import now_rfc3339, parse_rfc3339, random_suffix
 from .kuberay_crds import KUBERAY_CRDS, kuberay_crd_dir, kuberay_crds
+from .object_meta import object_meta_errors
 from .rbac import RbacMixin
+from .schema_errors import FieldError, GoLiteral, invalid_status
+from .schema_validation import unknown_field_messages
 
 log = logging.getLogger(__name__)
 
@@ -320,14 +322,12 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
             self.unknown_fields.extend((resource_type.qualified, path) for path in pruned)
         if directive == "Ignore":
             return
-        messages = crd_schema.unknown_field_messages(pruned)
+        messages = unknown_field_messages(pruned)
         if directive == "Strict" and patched is not None:
             # handlers/patch.go jsonPatcher.applyPatchToCurrentObject: NewInvalid with no kind or name, one cause
             # on the field `patch` quoting the patched object
-            error = crd_schema.FieldError(
-                "FieldValueInvalid", "patch", patched, f"strict decoding error: {', '.join(messages)}"
-            )
-            raise _InvalidObject(crd_schema.invalid_status("", "", "", [error]))
+            error = FieldError("FieldValueInvalid", "patch", patched, f"strict decoding error: {', '.join(messages)}")
+            raise _InvalidObject(invalid_status("", "", "", [error]))
         if directive == "Strict":
             raise ApiError(
                 400,
@@ -344,7 +344,7 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
         errors = resource_type.schema.errors(obj, old, status_only=status_only)
         if errors:
             name = obj["metadata"].get("name", "")
-            raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
+            raise _InvalidObject(invalid_status(resource_type.kind, resource_type.group, name, errors))
         for webhook in () if status_only else list(self.validating_webhooks):
             hook, denials = webhook(f"{resource_type.group}/{resource_type.plural}", old, obj)
             if denials:  # field.ErrorList.ToAggregate(): one error as is, several as [a, b]
@@ -470,10 +470,10 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
 
     def _admit_meta(self, resource_type: ResourceType, obj: Obj) -> None:
         """The ObjectMeta checks every built-in kind's strategy runs (labels, annotations, finalizers)."""
-        errors = crd_schema.object_meta_errors(obj.get("metadata") or {})
+        errors = object_meta_errors(obj.get("metadata") or {})
         if errors:
             name = obj["metadata"].get("name", "")
-            raise _InvalidObject(crd_schema.invalid_status(resource_type.kind, resource_type.group, name, errors))
+            raise _InvalidObject(invalid_status(resource_type.kind, resource_type.group, name, errors))
 
     def _refuse_in_terminating_namespace(self, resource_type: ResourceType, namespace: str | None, name: str) -> None:
         """The NamespaceLifecycle admission plugin, first in the chain: no create in a namespace being deleted
@@ -700,16 +700,14 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
         if mode == "replace":
             if resource_type.custom and not (data.get("metadata") or {}).get("resourceVersion"):
                 # customresource/strategy.go AllowUnconditionalUpdate is false: registry/store.go Update refuses
-                error = crd_schema.FieldError(
+                error = FieldError(
                     "FieldValueInvalid",
                     "metadata.resourceVersion",
-                    crd_schema.GoLiteral("0x0"),
+                    GoLiteral("0x0"),
                     "must be specified for an update",
                 )
                 raise _InvalidObject(
-                    crd_schema.invalid_status(
-                        resource_type.plural, resource_type.group, old["metadata"]["name"], [error]
-                    )
+                    invalid_status(resource_type.plural, resource_type.group, old["metadata"]["name"], [error])
                 )
             return copy.deepcopy(data)  # server-owned metadata is restored by replace_object (managedFields kept)
         if mode == "application/strategic-merge-patch+json" and resource_type.custom:

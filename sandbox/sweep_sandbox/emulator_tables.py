@@ -13,9 +13,9 @@ from typing import Any
 
 import kmock
 
-from . import schema as crd_schema
 from .admission import ADMISSION_GROUP
 from .kube_values import parse_rfc3339
+from .schema import CrdSchema
 
 Obj = dict[str, Any]
 
@@ -158,7 +158,7 @@ class ResourceType:
     subresources: tuple[str, ...] = ()
     columns: tuple[PrinterColumn, ...] = ()
     custom: bool = False  # a custom resource: strategic-merge patches are refused, as the real server does
-    schema: crd_schema.CrdSchema | None = field(default=None, compare=False, repr=False)
+    schema: CrdSchema | None = field(default=None, compare=False, repr=False)
     openapi: Obj | None = field(default=None, compare=False, repr=False)  # the version's openAPIV3Schema
 
     @property
@@ -228,15 +228,15 @@ class ResourceType:
         return result
 
 
-_SCHEMAS: dict[str, crd_schema.CrdSchema] = {}
+_SCHEMAS: dict[str, CrdSchema] = {}
 
 
-def compiled_schema(kind: str, group: str, version: Mapping[str, Any]) -> crd_schema.CrdSchema:
+def compiled_schema(kind: str, group: str, version: Mapping[str, Any]) -> CrdSchema:
     """One compiled schema per distinct CRD version (KubeRay's take a second to compile; every test reuses it)."""
     raw = (version.get("schema") or {}).get("openAPIV3Schema")
     digest = json.dumps([kind, group, version.get("name"), raw], sort_keys=True)
     if digest not in _SCHEMAS:
-        _SCHEMAS[digest] = crd_schema.CrdSchema(kind, group, raw)
+        _SCHEMAS[digest] = CrdSchema(kind, group, raw)
     return _SCHEMAS[digest]
 
 

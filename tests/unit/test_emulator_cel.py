@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from sweep_sandbox import emulator
-from sweep_sandbox.schema import CelCompiler, _json_type
 from sweep_sandbox.schema_cel import CelError, compile_fast
+from sweep_sandbox.schema_rules import CelCompiler
+from sweep_sandbox.schema_validation import json_type
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 
 
@@ -146,7 +147,7 @@ def test_every_loaded_rule_in_the_fast_subset_agrees_with_cel_python(where: str,
         if where.startswith("trainingsweeps")
         else VALUES
     )
-    corpus = [v for v in corpus if _json_type(v) == node_type or (node_type == "number" and _json_type(v) == "integer")]
+    corpus = [v for v in corpus if json_type(v) == node_type or (node_type == "number" and json_type(v) == "integer")]
     assert corpus, (where, node_type)
     # A transition rule runs only with a correlated old value (cel/validation.go), so never without oldSelf.
     sample = corpus[::5][:6] if where == "trainingsweeps.sweeps.dev:" else corpus[:3]  # ran and not, resumed and not

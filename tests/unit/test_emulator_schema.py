@@ -12,15 +12,10 @@ import pytest
 
 from sweep_operator.crd import build_crd
 from sweep_sandbox import emulator, schema_apply
-from sweep_sandbox.schema import (
-    CelCompiler,
-    CrdSchema,
-    FieldError,
-    SchemaError,
-    compile_node,
-    every_rule,
-    invalid_status,
-)
+from sweep_sandbox.schema import CrdSchema
+from sweep_sandbox.schema_errors import FieldError, invalid_status
+from sweep_sandbox.schema_nodes import SchemaError, compile_node, every_rule
+from sweep_sandbox.schema_rules import CelCompiler
 from tests.support.factories import DELETE, changed, cpu_sweep, gpu_sweep
 from tests.support.schemas import require_kuberay_crds
 
@@ -139,7 +134,7 @@ def test_embedded_resource_keeps_type_meta_and_prunes_its_metadata() -> None:
             },
         }
     )
-    from sweep_sandbox.schema import prune
+    from sweep_sandbox.schema_validation import prune
 
     obj = {
         "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", "bad": 1}, "spec": {"a": "1", "b": 2}}
@@ -393,7 +388,7 @@ def test_with_kuberay_crds_rayjobs_are_pruned_by_the_v1_7_0_schema() -> None:
 def test_object_meta_is_validated_as_every_strategy_does(meta: dict[str, Any], message: str) -> None:
     """apimachinery/pkg/api/validation/objectmeta.go ValidateObjectMetaAccessor: labels (ValidateLabels),
     annotations (ValidateAnnotations: keys lower-cased, 256 KiB in all) and finalizers (qualified names)."""
-    from sweep_sandbox.schema import object_meta_errors
+    from sweep_sandbox.object_meta import object_meta_errors
 
     errors = [str(e) for e in object_meta_errors({"name": "a", **meta})]
     assert len(errors) == 1 and errors[0].startswith(message), errors
