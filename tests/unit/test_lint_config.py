@@ -148,3 +148,28 @@ def test_every_operator_module_has_its_layer() -> None:
     assert sorted(modules - layered) == [], "name the new module in the operator-layers contract of .importlinter"
     layers = [listed(line) for line in contract("operator-layers")["layers"].strip().splitlines()]
     assert layers[2] == ["sweep_operator.reconcile"] and layers[-1] == ["sweep_contracts"]
+
+
+def test_every_sandbox_module_is_the_emulator_a_stand_in_or_shared() -> None:
+    """The sandbox's three parties talk only through the API: each module is on the emulator's side, a stand-in's, or
+    named here as shared (what both sides write alike) or as the wiring above them, so a new one must pick a side."""
+    package = ROOT / "sandbox" / "sweep_sandbox"
+    modules = {f"sweep_sandbox.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"sweep_sandbox.{p.name}" for p in package.iterdir() if (p / "__init__.py").exists()}
+    emulator = set(listed(contract("sandbox-emulator-alone")["source_modules"]))
+    standins = set(listed(contract("sandbox-standins-through-the-api")["source_modules"]))
+    shared = {"sweep_sandbox.kube_values", "sweep_sandbox.container_logs"}
+    wiring = {
+        "sweep_sandbox.stack",
+        "sweep_sandbox.operator_thread",
+        "sweep_sandbox.chart_admission",
+        "sweep_sandbox.s3server",
+        "sweep_sandbox.mlflow_server",
+    }
+    assert emulator & standins == set()
+    assert sorted(modules - emulator - standins - shared - wiring) == [], "place the new module in .importlinter"
+    assert emulator | wiring <= set(listed(contract("sandbox-standins-through-the-api")["forbidden_modules"]))
+    assert standins | wiring <= set(listed(contract("sandbox-emulator-alone")["forbidden_modules"]))
+    independent = contract("sandbox-standins-independent")
+    assert independent["type"].strip() == "independence"
+    assert set(listed(independent["modules"])) == {"sweep_sandbox.kuberay", "sweep_sandbox.kueue"}
