@@ -1,390 +1,59 @@
-"""The API server's admission chain for the emulator: users by bearer token, ValidatingAdmissionPolicies with their
-bindings (CEL through schema.CelCompiler), and mutating and validating webhooks called over HTTPS with AdmissionReview
-v1, in the order and with the refusals k8s.io/apiserver gives them."""
+"""The API server's admission chain for the emulator: policies and mutating and validating webhooks called over
+HTTPS with AdmissionReview v1, in the order and with the refusals k8s.io/apiserver gives them."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import copy
 import json
 import logging
 import ssl
 import urllib.parse
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import jsonpatch
-from celpy import celtypes
 
-from .schema_rules import CelCompiler
+from .admission_policies import PolicyEvaluator, StrictPolicyEvaluator, cel_programs
+from .admission_requests import (
+    ADMISSION_GROUP,
+    DEFAULT_USER,
+    NAMESPACE_NAME_LABEL,
+    AdmissionRequest,
+    Obj,
+    UserInfo,
+    namespace_object,
+    namespace_selector_matches,
+    object_selector_matches,
+    rule_matches,
+    selector_matches,
+    service_account_user,
+)
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-ADMISSION_GROUP = "admissionregistration.k8s.io"
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
-
-
-# ------------------------------------------------------------------------------------------------------------ users
-
-
-@dataclass(frozen=True)
-class UserInfo:
-    username: str
-    groups: tuple[str, ...] = ()
-
-    def as_dict(self) -> Obj:
-        return {"username": self.username, "groups": list(self.groups)}
-
-
-# Every request without a known token: the emulator's one user before it knew several (an administrator: in
-# system:masters, which RBAC never stops; rbac.py).
-DEFAULT_USER = UserInfo("sandbox", ("system:masters", "system:authenticated"))
-
-
-def service_account_user(namespace: str, name: str) -> UserInfo:
-    """A ServiceAccount's identity as the API server authenticates its token (serviceaccount.UserInfo)."""
-    return UserInfo(
-        f"system:serviceaccount:{namespace}:{name}",
-        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
-    )
-
-
-# ------------------------------------------------------------------------------------------------------- a request
-
-
-@dataclass
-class AdmissionRequest:
-    """One create or update on its way through admission (k8s.io/apiserver/pkg/admission Attributes)."""
-
-    operation: str
-    group: str
-    version: str
-    resource: str
-    kind: str
-    namespace: str | None
-    name: str
-    user: UserInfo
-    object: Obj | None  # None on a DELETE: the object is `old_object`
-    old_object: Obj | None = None
-    subresource: str = ""
-    dry_run: bool = False
-    namespaced: bool = True
-    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
-    # The request's namespace as policies see it (`namespaceObject`); None for cluster-scoped objects
-    namespace_object: Obj | None = None
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.resource}.{self.group}" if self.group else self.resource
-
-    def review_request(self) -> Obj:
-        """admission/v1 AdmissionRequest (webhook/request/admissionreview.go CreateV1AdmissionReview)."""
-        gvk = {"group": self.group, "version": self.version, "kind": self.kind}
-        gvr = {"group": self.group, "version": self.version, "resource": self.resource}
-        request: Obj = {
-            "uid": self.uid,
-            "kind": gvk,
-            "resource": gvr,
-            "requestKind": gvk,
-            "requestResource": gvr,
-            "name": self.name,
-            "operation": self.operation,
-            "userInfo": self.user.as_dict(),
-            "object": self.object,
-            "oldObject": self.old_object,
-            "dryRun": self.dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{self.operation.title()}Options"},
-        }
-        if self.subresource:
-            request["subResource"] = self.subresource
-            request["requestSubResource"] = self.subresource
-        if self.namespace:
-            request["namespace"] = self.namespace
-        return request
-
-
-def rule_matches(rule: Mapping[str, Any], request: AdmissionRequest) -> bool:
-    """admissionregistration/v1 RuleWithOperations (admission/plugin/webhook/predicates/rules/rules.go Matcher)."""
-
-    def listed(values: Sequence[str] | None, value: str) -> bool:
-        return bool(values) and ("*" in values or value in values)  # type: ignore[operator]  # bool() guards None
-
-    if not (listed(rule.get("apiGroups"), request.group) and listed(rule.get("apiVersions"), request.version)):
-        return False
-    if not listed(rule.get("operations"), request.operation):
-        return False
-    scope = rule.get("scope") or "*"
-    if (scope == "Namespaced" and not request.namespaced) or (scope == "Cluster" and request.namespaced):
-        return False
-    for resource in rule.get("resources") or ():
-        name, _, sub = resource.partition("/")
-        if name not in ("*", request.resource):
-            continue
-        if (sub or "") == request.subresource or sub == "*":
-            return True
-    return False
-
-
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector: an absent or empty selector selects everything."""
-    if not selector:
-        return True
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or ():
-        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
-        present = key in labels
-        if operator == "In" and not (present and labels[key] in values):
-            return False
-        if operator == "NotIn" and present and labels[key] in values:
-            return False
-        if operator == "Exists" and not present:
-            return False
-        if operator == "DoesNotExist" and present:
-            return False
-    return True
-
-
-def _labels(obj: Mapping[str, Any] | None) -> dict[str, str]:
-    return dict(((obj or {}).get("metadata") or {}).get("labels") or {})
-
-
-def object_selector_matches(selector: Mapping[str, Any] | None, request: AdmissionRequest) -> bool:
-    """object/matcher.go MatchObjectSelector: the new or the old object's labels."""
-    return selector_matches(selector, _labels(request.object)) or (
-        request.old_object is not None and selector_matches(selector, _labels(request.old_object))
-    )
-
-
-def namespace_selector_matches(selector: Mapping[str, Any] | None, request: AdmissionRequest, labels: Any) -> bool:
-    """namespace/matcher.go MatchNamespaceSelector: cluster-scoped objects always match (the namespace object
-    itself excepted); `labels` are the namespace's, with the label every namespace carries."""
-    if not request.namespaced or not request.namespace:
-        return True
-    return selector_matches(selector, {**(labels or {}), NAMESPACE_NAME_LABEL: request.namespace})
-
-
-def namespace_object(namespace: Mapping[str, Any]) -> Obj:
-    """The Namespace as a policy's `namespaceObject` sees it (admission/plugin/cel/filter.go CreateNamespaceObject):
-    its spec and status, and the metadata fields copied there (no managedFields, ownerReferences or finalizers)."""
-    meta = namespace.get("metadata") or {}
-    kept = ("name", "generateName", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-            "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations")  # fmt: skip
-    return {
-        "metadata": {k: meta[k] for k in kept if k in meta},
-        "spec": dict(namespace.get("spec") or {}),
-        "status": dict(namespace.get("status") or {}),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------- CEL
-
-
-class CelError(Exception):
-    pass
-
-
-class _Cel:
-    """CEL programs over an admission request, compiled with the emulator's CRD-rule compiler."""
-
-    def __init__(self) -> None:
-        self.compiler = CelCompiler()
-        self._programs: dict[str, Any] = {}
-
-    def program(self, text: str, where: str) -> Any:
-        if text not in self._programs:  # webhooks' matchConditions are met on every request
-            self._programs[text] = self.compiler._program(text, where)
-        return self._programs[text]
-
-    def activation(self, request: AdmissionRequest) -> dict[str, Any]:
-        return {
-            "object": self.compiler.to_cel(request.object),
-            "oldObject": self.compiler.to_cel(request.old_object),
-            "namespaceObject": self.compiler.to_cel(request.namespace_object),
-            # the CEL `request` always has subResource (empty for the main resource), never the objects
-            "request": self.compiler.to_cel(
-                {"subResource": ""} | request.review_request() | {"object": None, "oldObject": None}
-            ),
-        }
-
-    @staticmethod
-    def evaluate(program: Any, activation: Mapping[str, Any], expression: str) -> Any:
-        try:
-            result = program.evaluate(activation)
-        except Exception as error:  # cel-python raises some errors (a missing key) and returns others
-            raise CelError(f"expression '{expression}' resulted in error: {error}") from error
-        if isinstance(result, Exception):
-            raise CelError(f"expression '{expression}' resulted in error: {result}")
-        return result
-
-    def boolean(self, program: Any, activation: Mapping[str, Any], expression: str) -> bool:
-        result = self.evaluate(program, activation, expression)
-        if not isinstance(result, celtypes.BoolType):
-            raise CelError(f"expression '{expression}' resulted in error: expected a bool, got {type(result).__name__}")
-        return bool(result)
-
-
-_CEL: _Cel | None = None
-
-
-def _cel() -> _Cel:
-    global _CEL
-    if _CEL is None:
-        _CEL = _Cel()
-    return _CEL
-
-
-# -------------------------------------------------------------------------------- ValidatingAdmissionPolicy
-
-
-@dataclass(frozen=True)
-class Decision:
-    matched: bool
-    denials: tuple[str, ...]
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def allowed(self) -> bool:
-        return not self.denials
-
-
-class PolicyEvaluator:
-    """The API server's evaluation of one ValidatingAdmissionPolicy (k8s.io/apiserver/pkg/admission/plugin/policy/
-    validating: dispatcher.go and validator.go): matchConstraints.resourceRules, then every matchCondition must be
-    true, then `variables` in order, then each validation; a false one denies with its messageExpression (else its
-    message, else "failed expression: ..."). An evaluation error denies under failurePolicy Fail (the default) and
-    is ignored under Ignore; `strict` raises it instead (the unit tests' mode)."""
-
-    def __init__(self, policy: Mapping[str, Any], strict: bool = False) -> None:
-        spec = policy["spec"]
-        self.name = policy["metadata"]["name"]
-        self.failure_policy = spec.get("failurePolicy") or "Fail"
-        self.strict = strict
-        cel = _cel()
-        self.cel = cel.compiler
-        constraints = spec.get("matchConstraints") or {}
-        self.rules = constraints.get("resourceRules") or []
-        self.exclude = constraints.get("excludeResourceRules") or []
-        self.namespace_selector = constraints.get("namespaceSelector")
-        self.object_selector = constraints.get("objectSelector")
-        name = self.name
-        self.conditions = [
-            (c["expression"], cel.program(c["expression"], f"{name} matchCondition {c['name']}"))
-            for c in spec.get("matchConditions") or ()
-        ]
-        self.variables = [
-            (v["name"], v["expression"], cel.program(v["expression"], f"{name} variable {v['name']}"))
-            for v in spec.get("variables") or ()
-        ]
-        self.validations = [
-            (
-                v["expression"],
-                cel.program(v["expression"], f"{name} validation"),
-                v.get("message") or "",
-                cel.program(v["messageExpression"], f"{name} message") if v.get("messageExpression") else None,
-                v.get("reason") or "",
-            )
-            for v in spec.get("validations") or ()
-        ]
-
-    def _matches(self, group: str, resource: str, operation: str) -> bool:
-        plural, _, sub = resource.partition("/")
-        probe = AdmissionRequest(operation, group, "v1", plural, "", "ns", "", DEFAULT_USER, {}, subresource=sub)
-        return self.matches_resource(probe)
-
-    def matches_resource(self, request: AdmissionRequest) -> bool:
-        # resourceRules pin no versions here (matchPolicy Equivalent): the version is not compared
-        probe = copy.copy(request)
-        probe.version = "*"
-
-        def any_rule(rules: Sequence[Mapping[str, Any]]) -> bool:
-            return any(rule_matches({**r, "apiVersions": ["*"]}, probe) for r in rules)
-
-        return any_rule(self.rules) and not any_rule(self.exclude)
-
-    def review(
-        self,
-        *,
-        resource: str,
-        operation: str,
-        user: tuple[str, list[str]],
-        new: dict[str, Any] | None,
-        old: dict[str, Any] | None = None,
-        subresource: str = "",
-        namespace: dict[str, Any] | None = None,
-    ) -> Decision:
-        """One request by resource name (the unit tests' shorthand): group from the resource, no namespace labels;
-        `new` None on a DELETE (of `old`); `namespace` the request's Namespace object (namespaceObject)."""
-        group = "sweeps.dev" if resource in ("trainingsweeps", "gpuhourledgers") else "ray.io"
-        username, groups = user
-        subject = new if new is not None else old or {}
-        request = AdmissionRequest(
-            operation,
-            group,
-            "v1alpha1" if group == "sweeps.dev" else "v1",
-            resource,
-            str(subject.get("kind") or ""),
-            (subject.get("metadata") or {}).get("namespace"),
-            (subject.get("metadata") or {}).get("name") or "",
-            UserInfo(username, tuple(groups)),
-            new,
-            old,
-            subresource=subresource,
-            namespace_object=namespace_object(namespace) if namespace is not None else None,
-        )
-        return self.evaluate(request)
-
-    def evaluate(self, request: AdmissionRequest, namespace_labels: Mapping[str, str] | None = None) -> Decision:
-        if not self.matches_resource(request):
-            return Decision(False, ())
-        if not namespace_selector_matches(self.namespace_selector, request, namespace_labels):
-            return Decision(False, ())
-        if not object_selector_matches(self.object_selector, request):
-            return Decision(False, ())
-        cel = _cel()
-        activation = cel.activation(request)
-        try:
-            for expression, condition in self.conditions:
-                if not cel.boolean(condition, activation, expression):
-                    return Decision(False, ())
-            variables = celtypes.MapType({})
-            activation["variables"] = variables
-            for name, expression, program in self.variables:
-                # cel-go evaluates a variable where it is first used; here at once, so an unused variable's
-                # error denies too (the chart's variables are all used)
-                variables[celtypes.StringType(name)] = cel.evaluate(program, activation, expression)
-            denials, reasons = [], []
-            for expression, rule, message, message_program, reason in self.validations:
-                if cel.boolean(rule, activation, expression):
-                    continue
-                text = message or f"failed expression: {expression.strip()}"
-                if message_program is not None:
-                    # validator.go: a failed messageExpression falls back to the message
-                    with contextlib.suppress(CelError):
-                        text = str(cel.evaluate(message_program, activation, "messageExpression"))
-                denials.append(text)
-                reasons.append(reason)
-            return Decision(True, tuple(denials), tuple(reasons))
-        except CelError as error:
-            if self.strict:
-                raise AssertionError(f"CEL evaluation error (failurePolicy Fail would deny): {error}") from error
-            if self.failure_policy == "Ignore":
-                return Decision(False, ())
-            return Decision(True, (str(error),), ("",))
-
-
-class StrictPolicyEvaluator(PolicyEvaluator):
-    """Raises on a CEL evaluation error (unit tests of the chart's policy: an error must never pass as a denial)."""
-
-    def __init__(self, policy: Mapping[str, Any]) -> None:
-        super().__init__(policy, strict=True)
+# What many importers take from here: the request types live in admission_requests, the policies in
+# admission_policies.
+__all__ = [
+    "ADMISSION_GROUP",
+    "DEFAULT_USER",
+    "NAMESPACE_NAME_LABEL",
+    "Admission",
+    "AdmissionDenied",
+    "AdmissionRequest",
+    "PolicyEvaluator",
+    "StrictPolicyEvaluator",
+    "UserInfo",
+    "WebhookCall",
+    "namespace_object",
+    "policy_denied",
+    "selector_matches",
+    "service_account_user",
+    "webhook_denied",
+    "webhook_unreachable",
+]
 
 
 # ---------------------------------------------------------------------------------------- errors to the client
@@ -558,7 +227,7 @@ class Admission:
         conditions = spec.get("matchConditions") or ()
         if not conditions:
             return True
-        cel = _cel()
+        cel = cel_programs()
         activation = cel.activation(request)
         for condition in conditions:
             expression = condition["expression"]
