@@ -63,7 +63,7 @@ test-e2e: setup
 
 # The demo keeps its run root and report.html under .demo/ (the sandbox's S3 lives in memory) and prints where.
 demo: setup
-	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete --state-dir .demo
+	$(VENV)/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --track --then-delete --state-dir .demo
 
 bench: setup
 	$(PY) bench/verify_scale.py

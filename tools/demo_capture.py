@@ -42,15 +42,16 @@ class Kind:
         return re.fullmatch(self.pattern, line) is not None
 
 
-# What `sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete` prints, in order (blank lines aside).
+# What `sweepctl sandbox run --sweep examples/digits-cpu.yaml --track --then-delete` prints, in order (blank lines aside).
 KINDS: tuple[Kind, ...] = (
     Kind(
         "starting",
         r"sandbox: starting S3 \(moto\), the Kubernetes API emulator, KubeRay stand-in and the operator \.\.\.",
     ),
-    Kind("code note", r"sandbox: (?!ready |applied |storage\.uri ).+", optional=True),
+    Kind("code note", r"sandbox: (?!ready |applied |storage\.uri |tracking).+", optional=True),
     Kind("ready", rf"sandbox: ready in {SECONDS} \(state: {PATH}; kubeconfig: {PATH}\)"),
     Kind("storage note", rf"sandbox: storage\.uri {PATH} -> {PATH} \(the sandbox's bucket\)", optional=True),
+    Kind("tracking note", r"sandbox: tracking.* http://127\.0\.0\.1:\d+.*"),
     Kind("applied", rf"sandbox: applied TrainingSweep {NAME}/{NAME}"),
     Kind(
         "progress",
@@ -65,6 +66,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("config", r"config:      \S+=\S+.*", optional=True),
     Kind("checkpoint", r"checkpoint:  s3://\S+"),
     Kind("checkpoints", r"checkpoints: (verified \d+ checkpoints.*|NOT verified.*)"),
+    Kind("tracking", r"tracking:    http://\S+ \(MLflow parent run; the trials are its child runs\)"),
     Kind("result", r"result:      [A-Z][a-zA-Z]+ — .*"),
     Kind("kept", rf"sandbox: kept the run root: \d+ objects of s3://\S+ in {PATH}"),
     Kind("report", r"sweepctl report: .+", repeats=True),

@@ -282,14 +282,18 @@ class Sandbox:
         mlflow = ((manifest.get("spec") or {}).get("tracking") or {}).get("mlflow")
         if not isinstance(mlflow, dict):
             return None
+        given = mlflow.get("trackingUri")
+        mlflow["trackingUri"] = self.tracking_url()
+        mlflow.pop("credentialsSecret", None)  # the sandbox's server asks for none
+        return f"tracking.mlflow.trackingUri {given} -> {self.mlflow.url} (the sandbox's MLflow server)"
+
+    def tracking_url(self) -> str:
+        """The sandbox's MLflow server (SQLite under state_dir/mlflow), started on the first call."""
         if self.mlflow is None:
             from .mlflow_server import MlflowServer
 
             self.mlflow = MlflowServer(self.state_dir / "mlflow").start()
-        given = mlflow.get("trackingUri")
-        mlflow["trackingUri"] = self.mlflow.url
-        mlflow.pop("credentialsSecret", None)  # the sandbox's server asks for none
-        return f"tracking.mlflow.trackingUri {given} -> {self.mlflow.url} (the sandbox's MLflow server)"
+        return str(self.mlflow.url)
 
     def label_selector(self, sweep: str) -> str:
         return f"{constants.LABEL_SWEEP}={sweep}"

@@ -4,9 +4,11 @@ and the checkpoint guard (R22) holding a real sweep whose committed checkpoint l
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ def test_sandbox_run_digits_succeeds_verifies_and_the_guard_releases(tmp_path: P
             "run",
             "--sweep",
             str(REPO / "examples" / "digits-cpu.yaml"),
+            "--track",
             "--then-delete",
             "--state-dir",
             str(tmp_path / "state"),
@@ -49,6 +52,12 @@ def test_sandbox_run_digits_succeeds_verifies_and_the_guard_releases(tmp_path: P
     assert "checkpoints: verified" in out
     assert "NAME" in out and "VERIFIED" in out and "digits-cpu" in out  # the kubectl get tsw table
     assert "CheckpointGuardReleased" in out and "guard: released the sweep" in out
+    # Tracked in the sandbox's own MLflow server: its URL said when the sweep starts, the parent run's at the end.
+    server = re.search(
+        r"sandbox: tracking the trials in MLflow at (http://127\.0\.0\.1:\d+) \(experiment digits-cpu\)", out
+    )
+    assert server is not None, out
+    assert re.search(rf"tracking:    {re.escape(server.group(1))}/\S+ \(MLflow parent run", out), out
     # What README.md's capture shows, line for line in shape (tools/demo_capture.py); the README is regenerated
     # from a run like this one.
     from tools.demo_capture import check
@@ -211,7 +220,7 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
     marker = f"SWEEP_TEST_MARKER={uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
     proc = subprocess.Popen(
-        [*SWEEPCTL, "sandbox", "up", "--state-dir", str(state)],
+        [*SWEEPCTL, "sandbox", "up", "--state-dir", str(state), "--mlflow"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -254,6 +263,16 @@ def test_sandbox_up_serves_kubectl_and_sigterm_leaves_nothing_running(tmp_path: 
             what="Suspended in kubectl get tsw",
         )
         assert "review-scalar" in kubectl_ok("get", "trainingsweeps", "-o", "name")
+        # --mlflow: the tracking server sweeps can name, up and answering (and stopped with the rest below).
+        printed: list[str] = []
+        while proc.stdout and len(printed) < 12 and printed[-1:] != [""]:  # its ready message, printed at once
+            printed.append(proc.stdout.readline())
+            if printed[-1].strip().startswith("MLflow "):
+                break
+        mlflow = printed[-1].split()[1] if printed and printed[-1].strip().startswith("MLflow ") else ""
+        assert mlflow.startswith("http://127.0.0.1:"), printed
+        with urllib.request.urlopen(f"{mlflow}/health", timeout=10) as reply:
+            assert reply.status == 200
         assert "Events" in kubectl_ok("describe", "tsw", "review-scalar")
         kubectl_ok("delete", "tsw", "review-scalar", "--timeout=60s")
         assert (

@@ -22,7 +22,10 @@ def test_the_capture_is_not_patched_with_prose_and_comes_from_the_makefiles_demo
     section = README.split("## What the demo shows", 1)[1].split("\n## ", 1)[0]
     assert "predates" not in section and "now reads" not in section
     command = demo_command((REPO / "Makefile").read_text())
-    assert command == ".venv/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --then-delete --state-dir .demo"
+    assert (
+        command
+        == ".venv/bin/sweepctl sandbox run --sweep examples/digits-cpu.yaml --track --then-delete --state-dir .demo"
+    )
     assert f"`make demo` runs `{command.removeprefix('.venv/bin/')}`" in section
 
 

@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="no local Ray: each RayJob's job succeeds after SECONDS, its GPU pods emulated (GPU sweeps and budgets "
         "on a laptop)",
     )
+    up.add_argument(
+        "--mlflow",
+        action="store_true",
+        help="also start an MLflow tracking server (SQLite under the state dir) for sweeps to name in "
+        "spec.tracking.mlflow.trackingUri (docs/tracking.md)",
+    )
     _code_argument(up)
     up.set_defaults(func=run_up)
     run = sub.add_parser(
@@ -68,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--kueue",
         action="store_true",
         help="also start a Kueue stand-in (ClusterQueue sandbox-cq, LocalQueue sandbox) and queue sweeps in it (docs/kueue.md)",
+    )
+    run.add_argument(
+        "--track",
+        action="store_true",
+        help="track the trials in the sandbox's MLflow server (spec.tracking.mlflow added, experiment named after the "
+        "sweep, when the manifest asks for no tracking; docs/tracking.md)",
     )
     _code_argument(run)
     run.set_defaults(func=run_sweep)
@@ -211,11 +223,17 @@ def run_up(args: argparse.Namespace) -> int:
         )
         sandbox.start()
         env = sandbox.environment()
+        tracking = (
+            f"  MLflow          {sandbox.tracking_url()}   (spec.tracking.mlflow.trackingUri)\n"
+            if getattr(args, "mlflow", False)
+            else ""
+        )
         print(
             f"sandbox: ready.\n"
             f"  Kubernetes API  {sandbox.server.url}   (kubeconfig: {sandbox.kubeconfig})\n"
             f"  S3              {sandbox.s3.endpoint_url}   (bucket: {sandbox.bucket})\n"
             f"  job logs        {sandbox.state_dir / 'runs'}   (operator log: {log_path})\n"
+            f"{tracking}"
             f"{_code_line(code)}"
             f"{_kueue_line(sandbox)}\n"
             f"{_admission_line(sandbox)}"
@@ -313,8 +331,14 @@ def run_sweep(args: argparse.Namespace) -> int:
         note = sandbox.rewrite_storage(manifest)
         if note:
             print(f"sandbox: {note}", flush=True)
+        spec = manifest.setdefault("spec", {})
+        added = bool(getattr(args, "track", False)) and not spec.get("tracking")
+        if added:  # the server's URI is the sandbox's, set just below
+            spec["tracking"] = {"mlflow": {"trackingUri": "http://127.0.0.1", "experimentName": name}}
         tracking_note = sandbox.rewrite_tracking(manifest)
-        if tracking_note:
+        if added:
+            print(f"sandbox: tracking the trials in MLflow at {sandbox.mlflow.url} (experiment {name})", flush=True)
+        elif tracking_note:
             print(f"sandbox: {tracking_note}; MLflow tracking server at {sandbox.mlflow.url}", flush=True)
         api = kubernetes.client.CustomObjectsApi(sandbox.server.api_client())
         api.create_namespaced_custom_object(constants.GROUP, constants.VERSION, namespace, constants.PLURAL, manifest)
