@@ -63,7 +63,7 @@ def run_root_identity(root: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class SweepFacts:
+class GaugedSweep:
     """What the state gauges need of one sweep."""
 
     namespace: str
@@ -77,7 +77,7 @@ class SweepFacts:
     gpu_hours_budget: float | None = None
 
     @classmethod
-    def of(cls, body: Mapping[str, Any]) -> SweepFacts:
+    def of(cls, body: Mapping[str, Any]) -> GaugedSweep:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         phase = status.get("phase") or Phase.PENDING
         deleting = epoch_seconds(meta.get("deletionTimestamp"))
@@ -116,7 +116,7 @@ class OperatorMetrics:
         self.registry = CollectorRegistry()
         self._clock = clock
         self._lock = threading.Lock()
-        self._sweeps: dict[str, SweepFacts] = {}  # uid (or name) -> facts
+        self._sweeps: dict[str, GaugedSweep] = {}  # uid (or name) -> facts
         self._holds: dict[tuple[str, str, str], _Hold] = {}  # (kind, namespace, name) -> hold
         self._source: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         self._gpu_budget: int | None = None
@@ -277,7 +277,7 @@ class OperatorMetrics:
         facts = {}
         for body in sweeps:
             meta = body.get("metadata") or {}
-            facts[meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"] = SweepFacts.of(body)
+            facts[meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"] = GaugedSweep.of(body)
         with self._lock:
             self._sweeps = facts
             known = {(f.namespace, f.name) for f in facts.values()}
@@ -297,9 +297,9 @@ class OperatorMetrics:
             if known is not None:
                 self._sweeps[uid] = replace(known, phase=phase)
             else:
-                self._sweeps[uid] = SweepFacts(namespace or "default", sweep or uid, phase)
+                self._sweeps[uid] = GaugedSweep(namespace or "default", sweep or uid, phase)
 
-    def _state(self) -> tuple[list[SweepFacts], dict[tuple[str, str, str], _Hold], list[str]]:
+    def _state(self) -> tuple[list[GaugedSweep], dict[tuple[str, str, str], _Hold], list[str]]:
         source = self._source
         if source is not None:
             self.recompute(list(source()))
@@ -369,7 +369,7 @@ class _StateCollector(Collector):
         yield from self._gpu_hours(sweeps, namespaces)
         yield from self._holds(sweeps, holds, namespaces)
 
-    def _phases(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+    def _phases(self, sweeps: list[GaugedSweep], namespaces: list[str]) -> Iterator[Metric]:
         """Sweeps per phase, each sweep's phase, the queued ones and since when."""
         by_phase = GaugeMetricFamily(
             "trainingsweep_sweeps", STATE_GAUGES["trainingsweep_sweeps"], labels=["namespace", "phase"]
@@ -406,7 +406,7 @@ class _StateCollector(Collector):
                 queued_at.add_metric([s.namespace, s.name], s.queued_at)
         yield queued_at
 
-    def _admitted(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+    def _admitted(self, sweeps: list[GaugedSweep], namespaces: list[str]) -> Iterator[Metric]:
         """GPUs admitted per namespace, and the namespace GPU budget."""
         gpus = GaugeMetricFamily(
             "trainingsweep_admitted_gpus", STATE_GAUGES["trainingsweep_admitted_gpus"], labels=["namespace"]
@@ -427,7 +427,7 @@ class _StateCollector(Collector):
         yield budget
 
     def _holds(
-        self, sweeps: list[SweepFacts], holds: dict[tuple[str, str, str], _Hold], namespaces: list[str]
+        self, sweeps: list[GaugedSweep], holds: dict[tuple[str, str, str], _Hold], namespaces: list[str]
     ) -> Iterator[Metric]:
         """What the guard holds, per kind, and since when."""
         # The sweep's own guard holds while its deletion is pending (the finalizer is the guard's); RayJob and
@@ -457,7 +457,7 @@ class _StateCollector(Collector):
             since.add_metric([namespace, hold.sweep, kind, name], hold.since)
         yield since
 
-    def _gpu_hours(self, sweeps: list[SweepFacts], namespaces: list[str]) -> Iterator[Metric]:
+    def _gpu_hours(self, sweeps: list[GaugedSweep], namespaces: list[str]) -> Iterator[Metric]:
         """GPU-hours recomputed from each sweep's recorded pod intervals up to the scrape (a running pod's hours grow
         between the operator's status writes)."""
         now = self.metrics._clock()

@@ -91,7 +91,7 @@ def workers_gone(env: OperatorEnv, cluster: str, count: int) -> list[PodLife] | 
     return lives if len(lives) >= count and all(w.gone is not None for w in lives) else None
 
 
-def run_of(env: OperatorEnv, rayjob: str) -> ScriptedRun:
+def scripted_run(env: OperatorEnv, rayjob: str) -> ScriptedRun:
     return wait_for(
         lambda: next(r for r in reversed(env.runner.runs) if r.rayjob_key[1] == rayjob), TIMEOUT, what="the run"
     )
@@ -268,7 +268,7 @@ def test_gpu_seconds_after_the_last_report_are_bounded(request: pytest.FixtureRe
     synthetic = write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
     if path.held:
         synthetic.delete_file()
-    run = run_of(env, rayjob)
+    run = scripted_run(env, rayjob)
     refused = None
     if path.kuberay_first:  # every suspend patch but the stand-in's own writes is a conflict, once the guard holds
         wait_for(
@@ -371,7 +371,7 @@ def test_an_operator_restarted_mid_stop_neither_asks_again_nor_forgets_the_stop(
     rayjob = env.wait_phase(name, "Running")["rayJobName"]
     bucket, prefix = env.run_root(name)
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=1, files=1)
-    run = run_of(env, rayjob)
+    run = scripted_run(env, rayjob)
     deleting: list[float] = []
 
     def watch() -> None:

@@ -34,7 +34,7 @@ def env(s3_server: Any) -> Iterator[OperatorEnv]:
         stop()
 
 
-def run_of(env: OperatorEnv, rayjob: str) -> ScriptedRun:
+def scripted_run(env: OperatorEnv, rayjob: str) -> ScriptedRun:
     return wait_for(
         lambda: next(r for r in reversed(env.runner.runs) if r.rayjob_key[1] == rayjob), TIMEOUT, what="the run"
     )
@@ -59,7 +59,7 @@ def test_the_jobs_api_stop_of_the_standin_answers_as_rays_and_the_job_stays_runn
     url = env.standin.jobs_api.route(url) or ""  # the loopback server the head Service's name reaches here
     assert url.startswith("127.0.0.1:")
     assert ray_jobs.stop_job(url, job_id) == ray_jobs.StopOutcome(asked=True)
-    assert run_of(env, rayjob_name).stop_requests
+    assert scripted_run(env, rayjob_name).stop_requests
     time.sleep(0.5)
     rayjob = env.get(constants.RAYJOB_PLURAL, rayjob_name) or {}
     assert rayjob["status"]["jobStatus"] == "RUNNING", "the job stopped before its driver's window"
@@ -89,7 +89,7 @@ def test_deleting_a_running_sweep_stops_its_job_gracefully_verifies_the_last_che
     bucket, prefix = env.run_root(name)
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=1)
     rayjob_name = env.wait_phase(name, "Running")["rayJobName"]
-    run = run_of(env, rayjob_name)
+    run = scripted_run(env, rayjob_name)
 
     def driver_commits_its_last_report_when_told() -> None:
         wait_for(lambda: run.stop_requests, TIMEOUT, what="the stop request")
@@ -215,7 +215,7 @@ def test_a_kueue_preemption_checkpoints_first_then_verifies_releases_and_readmit
     cluster, rayjob_name = running["rayClusterName"], running["rayJobName"]
     bucket, prefix = env.run_root(name)
     write_sweep(env.s3_client, bucket, prefix, trials=1, checkpoints=2, files=1)
-    run = run_of(env, rayjob_name)
+    run = scripted_run(env, rayjob_name)
 
     def driver_commits_its_last_report_when_told() -> None:
         wait_for(lambda: run.stop_requests, TIMEOUT, what="the stop request")

@@ -14,8 +14,8 @@ from sweep_operator.reconcile.actions import CreateRayJob, ReleaseBudget
 from sweep_operator.reconcile.admission import (
     CreateOutcome,
     after_create,
-    decide_admission,
-    decide_budget,
+    decide_after_budget,
+    decide_before_budget,
     spec_change_problems,
 )
 from sweep_operator.reconcile.drift import RunBounds, bounds_of, decide_drift, may_exceed_cap, worker_cap
@@ -69,8 +69,8 @@ BEFORE_BUDGET = [
 
 
 @pytest.mark.parametrize("case,given,expected", BEFORE_BUDGET, ids=[row[0] for row in BEFORE_BUDGET])
-def test_decide_admission(case: str, given: SweepFacts, expected: Any) -> None:
-    decision = decide_admission(given)
+def test_decide_before_budget(case: str, given: SweepFacts, expected: Any) -> None:
+    decision = decide_before_budget(given)
     if expected is None:
         assert decision is None, case
         return
@@ -88,18 +88,20 @@ def test_decide_admission(case: str, given: SweepFacts, expected: Any) -> None:
 
 
 def test_the_budget_decides_queued_rejected_or_a_create() -> None:
-    queued = decide_budget(facts(), Queue(Demand(4, 4), "namespace budget 8 GPUs: 6 in use"), "6/8", RENDER).status
+    queued = decide_after_budget(
+        facts(), Queue(Demand(4, 4), "namespace budget 8 GPUs: 6 in use"), "6/8", RENDER
+    ).status
     assert queued is not None and queued["phase"] == "Queued" and queued["queuedAt"] == rfc3339(T0)
     assert queued["replicas"] == {"workers": 4, "gpus": 4, "namespaceBudget": "6/8"}
-    rejected = decide_budget(facts(), Reject((Problem("spec.tune", "over the cap"),)), "0/8", RENDER).status
+    rejected = decide_after_budget(facts(), Reject((Problem("spec.tune", "over the cap"),)), "0/8", RENDER).status
     assert rejected is not None and rejected["phase"] == "Invalid" and "over the cap" in rejected["message"]
-    (create,) = decide_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
+    (create,) = decide_after_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
     assert isinstance(create, CreateRayJob) and create.deadline_at == int(T0 + 21600)
     assert create.rayjob["metadata"]["labels"][constants.LABEL_RUN_ID] == create.run_id
 
 
 def _created(**meta: Any) -> tuple[CreateRayJob, dict[str, Any]]:
-    (create,) = decide_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
+    (create,) = decide_after_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
     assert isinstance(create, CreateRayJob)
     rayjob = {**create.rayjob, "metadata": {**create.rayjob["metadata"], "creationTimestamp": rfc3339(T0 - 60), **meta}}
     return create, rayjob

@@ -288,7 +288,7 @@ def test_a_release_queues_the_oldest_waiting_sweeps_pass_instead_of_nesting_it(
 def test_the_budgets_answer_is_recorded_by_act_and_a_lost_race_decides_again(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 29: asking the namespace's budgets records nothing; `_act` records the answer (ReserveBudget), decided
+    """Issue 29: asking the namespace's budgets records nothing; `_execute` records the answer (ReserveBudget), decided
     again under the ledger's lock, so an admission that came first between the read and the record voids the pass's
     decision: the pass runs again and queues the sweep, and the namespace is never over-admitted."""
     add_sweep(world, "early", created="2026-12-02T12:00:00Z", spec__trial__workers=4)  # 8 GPUs: the whole budget

@@ -457,7 +457,7 @@ def owned(wl: dict[str, Any]) -> dict[str, Any]:
     return {**wl, "metadata": {**wl["metadata"], "ownerReferences": [{"uid": "rj-uid", "controller": True}]}}
 
 
-def run_of(
+def run_at(
     status: dict[str, Any],
     wl: dict[str, Any] | None,
     *,
@@ -483,7 +483,7 @@ def test_queued_pass_pauses_the_deadline_and_says_kueues_message() -> None:
     """A queued sweep: phase Queued with Kueue's message, no deadlineAt (no deadline can pass), and the RayJob's
     SWEEP_DEADLINE_AT kept at now + the whole budget (KubeRay starts the attempt from it at admission)."""
     previous = {"phase": "Starting", "deadlineAt": iso(T0 + 3600), "startedAt": iso(T0)}
-    run = run_of(previous, QUEUED, suspended=True, deployment="Suspended", now=T0 + 60)
+    run = run_at(previous, QUEUED, suspended=True, deployment="Suspended", now=T0 + 60)
     seen = status_for_run_phase(previous, run, T0 + 60)
     assert "deadlineAt" not in seen
     out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 60, rayjob_deadline_at=T0 + 3600)
@@ -497,7 +497,7 @@ def test_queued_pass_pauses_the_deadline_and_says_kueues_message() -> None:
 
 def test_admitted_pass_starts_the_deadline_and_the_startup_clock_at_admission() -> None:
     previous = {"phase": "Queued", "kueue": {"state": "Queued"}}
-    run = run_of(previous, ADMITTED, suspended=True, deployment="Suspended", now=T0 + 12)
+    run = run_at(previous, ADMITTED, suspended=True, deployment="Suspended", now=T0 + 12)
     seen = status_for_run_phase(previous, run, T0 + 12)
     assert seen["startedAt"] == iso(T0 + 10) and seen["deadlineAt"] == iso(T0 + 10 + 3600)
     out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 12)
@@ -509,7 +509,7 @@ def test_admitted_pass_starts_the_deadline_and_the_startup_clock_at_admission() 
 
 def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the_eviction() -> None:
     running = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
-    run = run_of(running, EVICTING, suspended=True, deployment="Suspending", now=T0 + 105)
+    run = run_at(running, EVICTING, suspended=True, deployment="Suspending", now=T0 + 105)
     out = kueue_outcome(running, {**running, "phase": "Suspended"}, run, T0 + 105, rayjob_deadline_at=T0 + 3000)
     assert out.status["phase"] == "Suspended" and out.status["message"].startswith("Preempted (Kueue: team-a): ")
     assert out.status["kueue"]["admittedSeconds"] == 90 and out.status["kueue"]["preemptions"] == 1
@@ -519,7 +519,7 @@ def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the
     again = kueue_outcome(
         out.status,
         out.status,
-        run_of(out.status, REQUEUED, suspended=True, deployment="Suspended", now=T0 + 300),
+        run_at(out.status, REQUEUED, suspended=True, deployment="Suspended", now=T0 + 300),
         T0 + 300,
     )
     assert again.events == ()  # once per preemption
@@ -536,7 +536,7 @@ def test_readmission_continues_with_what_is_left() -> None:
             "firstAdmittedAt": iso(T0 + 10),
         },
     }
-    run = run_of(preempted, READMITTED, suspended=True, deployment="Suspended", now=T0 + 501)
+    run = run_at(preempted, READMITTED, suspended=True, deployment="Suspended", now=T0 + 501)
     out = kueue_outcome(preempted, {**preempted}, run, T0 + 501)
     assert out.status["deadlineAt"] == iso(T0 + 500 + 3600 - 90)
     assert out.status["startedAt"] == iso(T0 + 10)  # the sweep's first admission stays its start
@@ -548,14 +548,14 @@ def test_a_terminal_phase_is_left_as_decided() -> None:
     previous = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
     decided = {**previous, "phase": "Succeeded", "deadlineAt": iso(T0 + 3610)}
     out = kueue_outcome(
-        previous, decided, run_of(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900), T0 + 900
+        previous, decided, run_at(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900), T0 + 900
     )
     assert out.status["phase"] == "Succeeded" and out.status["deadlineAt"] == iso(T0 + 3610)
     assert out.conditions == () and out.driver_deadline_at is None
     ended = kueue_outcome(
         {**previous, "deadlineAt": iso(T0 + 3610)},
         {"phase": "Succeeded"},
-        out_run := run_of(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900),
+        out_run := run_at(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900),
         T0 + 900,
     )
     assert ended.status["deadlineAt"] == iso(T0 + 3610) and out_run.view.phase is KueuePhase.FINISHED
@@ -611,7 +611,7 @@ def kueue_pass_facts(*, rayjob_deadline: float | None) -> Any:
 def test_a_plain_rayjob_is_no_kueue_run_and_its_workloads_are_not_read() -> None:
     from dataclasses import replace
 
-    from sweep_operator.reconcile.kueue import run_of as kueue_run_of
+    from sweep_operator.reconcile.kueue import kueue_run_of
 
     facts = kueue_pass_facts(rayjob_deadline=None)
     plain = {**facts.rayjob_body, "metadata": {**facts.rayjob_body["metadata"], "labels": {}}}
@@ -635,7 +635,7 @@ def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_dead
 ) -> None:
     from sweep_contracts.runtime_env import decode
     from sweep_operator.reconcile.actions import Decision, Event, ReleaseBudget, SetRuntimeEnv, SetSuspend
-    from sweep_operator.reconcile.kueue import run_of as kueue_run_of
+    from sweep_operator.reconcile.kueue import kueue_run_of
     from sweep_operator.reconcile.run_pass import in_kueue_mode
 
     facts = kueue_pass_facts(rayjob_deadline=rayjob_deadline)

@@ -1,6 +1,6 @@
 """A sweep's pass reads, decides once and acts once (issue 29), checked on the controller's source: `_admit` and
-`_run` hand one decision to `_act`, ask one combining decision of `run_pass`, and change nothing themselves; what
-changes the world is reached from `_act` only."""
+`_run` hand one decision to `_execute`, ask one combining decision of `run_pass`, and change nothing themselves; what
+changes the world is reached from `_execute` only."""
 
 from __future__ import annotations
 
@@ -21,8 +21,16 @@ CHANGES = {
     "write",
     "update",
 }
-# The controller's methods `_act` runs (directly or through each other).
-ACTING = {"_act", "_carry_out", "_created", "_create", "_record_hours", "_release_and_admit_next", "_admit_next"}
+# The controller's methods `_execute` runs (directly or through each other).
+ACTING = {
+    "_execute",
+    "_apply_and_write_status",
+    "_create_first_attempt",
+    "_create_rayjob",
+    "_record_hours",
+    "_release_and_admit_next",
+    "_admit_next",
+}
 
 
 def methods() -> dict[str, ast.FunctionDef]:
@@ -32,7 +40,7 @@ def methods() -> dict[str, ast.FunctionDef]:
 
 
 def called(function: ast.FunctionDef) -> list[str]:
-    """The attribute names called in `function` (`self._act(...)` -> `_act`), in order."""
+    """The attribute names called in `function` (`self._execute(...)` -> `_execute`), in order."""
     return [n.func.attr for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
 
 
@@ -45,7 +53,7 @@ def test_admit_and_run_act_once_on_one_run_pass_decision() -> None:
     found = methods()
     for name in ("_admit", "_run"):
         calls = called(found[name])
-        assert calls.count("_act") == 1, f"{name} acts once: {calls}"
+        assert calls.count("_execute") == 1, f"{name} acts once: {calls}"
         decisions = [c for c in referenced(found[name]) if c.startswith("decide_") or c == "resume_step"]
         assert decisions and set(decisions) <= {"decide_admit_pass", "decide_run_pass"}, (name, decisions)
         assert not set(calls) & CHANGES, f"{name} changes nothing itself: {sorted(set(calls) & CHANGES)}"
@@ -56,8 +64,8 @@ def test_what_changes_the_world_in_a_pass_is_reached_from_act_only() -> None:
     pass_methods = {"_pass", "_held_pass", "_reconcile", "_admit", "_run", "_pods_read"}
     for name in pass_methods:
         changing = set(called(found[name])) & CHANGES
-        assert not changing, f"{name} changes the world outside _act: {sorted(changing)}"
+        assert not changing, f"{name} changes the world outside _execute: {sorted(changing)}"
     for name in ACTING:
         assert name in found, f"{name} is gone: update ACTING"
-    reached = {c for name in ("_act", "_carry_out") for c in called(found[name])}
-    assert {"_created", "_carry_out", "_release_and_admit_next"} <= reached, sorted(reached)
+    reached = {c for name in ("_execute", "_apply_and_write_status") for c in called(found[name])}
+    assert {"_create_first_attempt", "_apply_and_write_status", "_release_and_admit_next"} <= reached, sorted(reached)

@@ -689,7 +689,7 @@ def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() 
     ports = Ports()
     decision = step(doc, sweep, ports)
     assert ports.verified == [doc["status"]["guard"]["runRoot"]]
-    (create,) = creates(decision)  # an action for the controller's _act: the step itself creates nothing
+    (create,) = creates(decision)  # an action for the controller's _execute: the step itself creates nothing
     assert create.rayjob["metadata"]["name"] == "digits-abc123-a2" and create.attempt == 2 and create.owner_uid == "u1"
     assert decision.status["phase"] == "Starting" and decision.status["resumedGeneration"] == 1
     assert [row["attempt"] for row in decision.status["attempts"]] == [1, 2]
@@ -721,7 +721,7 @@ def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
     owned_by_other = {"metadata": {**ours["metadata"], "ownerReferences": [{"uid": "other"}]}}
     assert not attempts.adoptable(foreign, create.run_id, create.owner_uid) and attempts.adoptable(ours, "abc123", "u1")
     assert not attempts.adoptable(owned_by_other, "abc123", "u1")
-    taken = create.taken  # what _act writes instead when the name is held by an object that is not this run's
+    taken = create.taken  # what _execute writes instead when the name is held by an object that is not this run's
     assert taken.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in taken.status["message"]
 
 

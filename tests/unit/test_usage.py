@@ -27,7 +27,7 @@ from sweep_operator.gpu_time import (
     worst_case_gpu_hours,
 )
 from sweep_operator.policy import Admit, Queue, Reject
-from sweep_operator.reconcile.usage import decide_budget, decide_budget_admission, needs_write, with_thresholds
+from sweep_operator.reconcile.usage import decide_budget_admission, decide_budget_stop, needs_write, with_thresholds
 from sweep_operator.status import rfc3339
 
 T0 = epoch("2026-12-03T10:00:00Z")
@@ -441,25 +441,25 @@ def test_worst_case_and_reservation() -> None:
 
 def test_thresholds_are_reported_once_each() -> None:
     ledger = UsageLedger((PodInterval("p", "c", 1.0, T0, None),))
-    first = decide_budget(ledger, 1.0, T0 + 0.85 * HOUR)
+    first = decide_budget_stop(ledger, 1.0, T0 + 0.85 * HOUR)
     assert first.crossed == (80,) and not first.stop
     ledger = with_thresholds(ledger, first.crossed)
-    assert decide_budget(ledger, 1.0, T0 + 0.9 * HOUR).crossed == ()
-    spent = decide_budget(ledger, 1.0, T0 + 1.0 * HOUR)
+    assert decide_budget_stop(ledger, 1.0, T0 + 0.9 * HOUR).crossed == ()
+    spent = decide_budget_stop(ledger, 1.0, T0 + 1.0 * HOUR)
     assert spent.crossed == (100,) and spent.stop and "spent" in spent.stop_reason
     # read back from status, a restarted operator does not report them again
     restarted = UsageLedger.from_status(with_thresholds(ledger, spent.crossed).to_status(T0 + HOUR))
-    assert decide_budget(restarted, 1.0, T0 + 1.1 * HOUR).crossed == ()
+    assert decide_budget_stop(restarted, 1.0, T0 + 1.1 * HOUR).crossed == ()
 
 
 def test_the_stop_begins_a_graceful_window_before_the_budget_runs_out() -> None:
     """The guard keeps the pods while it verifies; the stop starts early enough for that time to fit the budget."""
     ledger = UsageLedger((PodInterval("p", "c", 4.0, T0, None),))  # 4 GPU-h per hour
-    assert not decide_budget(ledger, 2.0, T0 + 1490, graceful_stop_seconds=300).stop  # 1.656 + 0.333 < 2
-    early = decide_budget(ledger, 2.0, T0 + 1500.1, graceful_stop_seconds=300)
+    assert not decide_budget_stop(ledger, 2.0, T0 + 1490, graceful_stop_seconds=300).stop  # 1.656 + 0.333 < 2
+    early = decide_budget_stop(ledger, 2.0, T0 + 1500.1, graceful_stop_seconds=300)
     assert early.stop and "nearly spent" in early.stop_reason
     assert early.exhausts_at == pytest.approx(T0 + 1800)
-    assert not decide_budget(ledger, None, T0 + 10 * HOUR).stop  # no budget: never
+    assert not decide_budget_stop(ledger, None, T0 + 10 * HOUR).stop  # no budget: never
 
 
 # ------------------------------------------------------------------------------------------ configuration

@@ -3,7 +3,7 @@
 The controller executes the actions before the status write (ReserveBudget first, then CreateRayJob, DeleteRayJob,
 SetSuspend, SetRuntimeEnv, RecordGpuHours, RecordIdleGpus, RecordDeadlineStop) or after it (ReleaseBudget, Finish);
 Events are posted after the write. A new action is a dataclass here and one branch in
-`controller.SweepController._act`.
+`controller.SweepController._apply_and_write_status`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Event:
 class CreateRayJob:
     """Create the run's RayJob (or find the one an earlier attempt created). A first admission's create is carried
     out by the controller before `admission.after_create` decides on its outcome; a resumed attempt's (`attempt` > 1)
-    is carried out by `_act`: its decision's status is written when the RayJob was created or is this run's
+    is carried out by `_execute`: its decision's status is written when the RayJob was created or is this run's
     (`attempts.adoptable`), else `taken`, decided beside it."""
 
     rayjob: Mapping[str, Any]

@@ -47,8 +47,8 @@ def _status(
     )
 
 
-def decide_admission(facts: SweepFacts) -> Decision | None:
-    """The decision before the budget is asked; None: ask the ledger, then `decide_budget`."""
+def decide_before_budget(facts: SweepFacts) -> Decision | None:
+    """The decision before the budget is asked; None: ask the ledger, then `decide_after_budget`."""
     if spec_is_settled(facts):
         return Decision()
     if facts.sweep is None:
@@ -79,10 +79,10 @@ def decide_admission(facts: SweepFacts) -> Decision | None:
 
 def asks_budgets(facts: SweepFacts) -> bool:
     """Whether the admission is decided on the namespace's budgets' answer (read before deciding)."""
-    return decide_admission(facts) is None
+    return decide_before_budget(facts) is None
 
 
-def decide_budget(
+def decide_after_budget(
     facts: SweepFacts, budget: AdmissionDecision, namespace_budget: str, render: RenderContext
 ) -> Decision:
     """The ledger's answer: Reject and Queue are a status; Admit creates the run's RayJob."""
@@ -142,7 +142,7 @@ def api_error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+def unowned_or_owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
     owners = meta_of(obj).get("ownerReferences") or []
     return not owners or any(o.get("uid") == uid for o in owners)
 
@@ -176,7 +176,7 @@ def after_create(
     started_at, deadline_at, how = facts.now, create.deadline_at, "created"
     if not outcome.created:
         if (
-            not owned_by(rayjob, sweep.uid)
+            not unowned_or_owned_by(rayjob, sweep.uid)
             or (meta_of(rayjob).get("labels") or {}).get(constants.LABEL_RUN_ID) != create.run_id
         ):
             return _name_taken(facts, name)

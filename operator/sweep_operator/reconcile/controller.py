@@ -277,7 +277,7 @@ class SweepController(DeletionGuard):
             self.queue.add_after(facts.ref, next_in)
         refresh = self.settings.usage_refresh_seconds
         decision = run_pass.decide_held_pass(facts, self._pods_read(facts), refresh_seconds=refresh)
-        self._act(body, decision)  # the stops go gracefully, then deleted (DeleteRayJob)
+        self._execute(body, decision)  # the stops go gracefully, then deleted (DeleteRayJob)
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         facts = self.reads.sweep_facts(body, self.clock())
@@ -288,22 +288,22 @@ class SweepController(DeletionGuard):
 
     def _admit(self, facts: SweepFacts) -> None:
         """A sweep without a run: read (the budgets only where the admission asks them), decide once, act (a status,
-        or its RayJob to create, which `_act` carries out)."""
+        or its RayJob to create, which `_execute` carries out)."""
         asks = facts.sweep is not None and admission.asks_budgets(facts)  # a sweep that did not parse asks none
         budgets = self.budgets.read(facts, facts.sweep.spec) if asks and facts.sweep is not None else None
-        self._act(facts.body, run_pass.decide_admit_pass(facts, budgets, self.render_context), facts)
+        self._execute(facts.body, run_pass.decide_admit_pass(facts, budgets, self.render_context), facts)
 
-    def _created(self, facts: SweepFacts, create: CreateRayJob) -> tuple[Decision, bool]:
+    def _create_first_attempt(self, facts: SweepFacts, create: CreateRayJob) -> tuple[Decision, bool]:
         """A first admission's create carried out, and the decision on its outcome (`admission.after_create`; in
         Kueue mode the created run waits Queued); True: the create failed."""
         assert facts.sweep is not None and create.demand is not None
-        decision, failed = self._create(facts, create, Admit(create.demand))
+        decision, failed = self._create_rayjob(facts, create, Admit(create.demand))
         queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
         if queue and not failed and decision.status and decision.status.get("runId"):
             decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
         return decision, failed
 
-    def _create(self, facts: SweepFacts, create: CreateRayJob, budget: Admit) -> tuple[Decision, bool]:
+    def _create_rayjob(self, facts: SweepFacts, create: CreateRayJob, budget: Admit) -> tuple[Decision, bool]:
         ref, render = facts.ref, self.render_context
         try:
             rayjob, created = self.kube.create_rayjob(dict(create.rayjob))
@@ -333,7 +333,7 @@ class SweepController(DeletionGuard):
         settings = self.settings
         resumed = resume_read(facts, self.budgets, settings.limits.max_active_seconds)
         facts = self.reads.run_facts(facts)
-        run = kueue.run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
+        run = kueue.kueue_run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
             facts = replace(facts, clock=kueue.run_clock(run, facts.now))
         queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace) if facts.sweep else None
@@ -350,9 +350,9 @@ class SweepController(DeletionGuard):
         wanted = decision.wants(Diagnose)
         if wanted is not None:  # the decision needs the startup diagnosis: read it, decide again
             decision = decide(replace(facts, diagnosis=self.reads.diagnosis(facts.ref.namespace, wanted)))
-        self._act(facts.body, decision, facts)
+        self._execute(facts.body, decision, facts)
 
-    def _act(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
+    def _execute(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
         """The decision's actions on the world, then its status (written once), then what follows the write. A
         `CreateRayJob` goes first: the status to write follows from its outcome; before it, a `ReserveBudget`,
         which voids the decision when the budgets no longer answer as read (the pass runs again)."""
@@ -369,9 +369,9 @@ class SweepController(DeletionGuard):
             if not fresh and not attempts.adoptable(made, create.run_id, create.owner_uid):
                 decision = create.taken
         elif create is not None and facts is not None:  # a first admission's
-            decision, failed = self._created(facts, create)
+            decision, failed = self._create_first_attempt(facts, create)
         try:
-            self._carry_out(body, decision)
+            self._apply_and_write_status(body, decision)
         except Exception as exc:
             if not failed:
                 raise
@@ -381,7 +381,7 @@ class SweepController(DeletionGuard):
             ref = ObjectRef.of(body)  # admitted: the next queued sweep may fit as well (strict FIFO, oldest first)
             self._admit_next(ref.namespace, self.ledger.queued_in(ref.namespace))
 
-    def _carry_out(self, body: Mapping[str, Any], decision: Decision) -> None:
+    def _apply_and_write_status(self, body: Mapping[str, Any], decision: Decision) -> None:
         ref = ObjectRef.of(body)
         for action in decision.actions:
             if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
@@ -464,7 +464,7 @@ class SweepController(DeletionGuard):
 
     def _admit_next(self, namespace: str, queue: list[str]) -> None:
         """Hand the oldest queued sweep still there to the work queue, before routine work: its pass decides, and
-        an admission hands on the next one (`_act`). The queue is tried oldest first and stops at the first sweep
+        an admission hands on the next one (`_execute`). The queue is tried oldest first and stops at the first sweep
         that does not fit, one pass at a time, never a pass nested in another's actions."""
         for queued in queue:
             if self.kube.get_sweep(namespace, queued) is None:

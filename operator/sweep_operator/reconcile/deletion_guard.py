@@ -20,7 +20,7 @@ from ..status import conditions_with, updated
 from ..workqueue import WorkQueue
 from . import guard
 from .facts import DeletionFacts, ObjectRef, meta_of, status_of
-from .reads import Reads, run_of, sweep_run_id
+from .reads import Reads, run_id_of, sweep_run_id
 from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,9 @@ class DeletionGuard(StopBeforeDelete):
         with self._guard_lock:  # released: the suspend's start is no longer needed
             self._stops.pop(f"suspend/{meta_of(body).get('uid') or meta_of(body).get('name')}", None)
         if facts.skip:
-            self._propagate_skip(ObjectRef.of(body).namespace, guard.sweep_name_of(body), run_of(body), rayjobs=False)
+            self._propagate_skip(
+                ObjectRef.of(body).namespace, guard.sweep_name_of(body), run_id_of(body), rayjobs=False
+            )
         return decision.reason
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
@@ -270,17 +272,17 @@ class DeletionGuard(StopBeforeDelete):
 
     def _propagate_skip(self, namespace: str, sweep: str, run: str, *, rayjobs: bool = True) -> None:
         """The escape hatch on a sweep (or RayJob) covers the objects of its run deleted after it, which outlive
-        it; not an older run's under the same sweep name (`run_of`: what only the operator writes)."""
+        it; not an older run's under the same sweep name (`run_id_of`: what only the operator writes)."""
         if not sweep:
             return
         selector = f"{constants.LABEL_SWEEP}={sweep}"
         patch = {"metadata": {"annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}}
         if rayjobs:
             for rayjob in self.kube.list_rayjobs(namespace, selector):
-                if run_of(rayjob) == run:
+                if run_id_of(rayjob) == run:
                     self.kube.patch_rayjob(namespace, meta_of(rayjob)["name"], patch)
         for cluster in self.kube.list_rayclusters(namespace, selector):
-            if run_of(cluster) == run:
+            if run_id_of(cluster) == run:
                 self.kube.patch_raycluster(namespace, meta_of(cluster)["name"], patch)
 
     def check_guard_label(self, body: Mapping[str, Any], kind: str) -> None:

@@ -114,7 +114,7 @@ def _live_workers(cluster: Mapping[str, Any], pods: Sequence[Mapping[str, Any]])
     ]
 
 
-def owned_by(cluster: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
+def controlled_by_rayjob(cluster: Mapping[str, Any], rayjob: Mapping[str, Any]) -> bool:
     """The cluster is the one KubeRay made for this RayJob: its controller ownerReference names the RayJob's uid
     (set by KubeRay at creation and immutable in effect; a name alone is a tenant's to choose)."""
     uid = meta_of(rayjob).get("uid")
@@ -153,7 +153,7 @@ def decide_suspend_workers(
     """Where the operator starts a deletion (a sweep's delete, its deadline, a spent budget), the GPU workers go
     first, while KubeRay still reconciles the cluster: once the RayJob is deleted, its cluster is deleted too and,
     held by the guard, no longer reconciled. `suspended_at`: when this operator saw the groups suspended."""
-    if cluster is None or meta_of(cluster).get("deletionTimestamp") or not owned_by(cluster, rayjob):
+    if cluster is None or meta_of(cluster).get("deletionTimestamp") or not controlled_by_rayjob(cluster, rayjob):
         return SuspendStep(None, None, "no running cluster of this RayJob to suspend")
     left = (suspended_at if suspended_at is not None else now) + wait_s - now
     if left <= 0:

@@ -345,7 +345,7 @@ def kueue_run(
     )
 
 
-def run_of(facts: SweepFacts, workloads: Callable[[str], Sequence[Mapping[str, Any]]]) -> KueueRun | None:
+def kueue_run_of(facts: SweepFacts, workloads: Callable[[str], Sequence[Mapping[str, Any]]]) -> KueueRun | None:
     """Where Kueue has the run's RayJob (None: not Kueue's); `workloads` lists a namespace's Workloads, called
     only for a Kueue RayJob."""
     rayjob, spec = facts.rayjob_body, facts.admitted_spec

@@ -343,7 +343,7 @@ class Reads:
         run_id = sweep_run_id(body)
         # By what only the operator writes (the run in its guard record, the run-id label), never ownerReferences,
         # which anyone who may edit the RayJob may point elsewhere (a detached run) or leave empty (a decoy).
-        if rayjob is None or not run_id or run_of(rayjob) != run_id:
+        if rayjob is None or not run_id or run_id_of(rayjob) != run_id:
             return None
         return rayjob
 
@@ -358,8 +358,8 @@ class Reads:
             (meta.get("labels") or {}).get(constants.RAY_LABEL_ORIGINATED_FROM_CR_NAME),
         )
         rayjob = self.kube.get_rayjob(namespace, name) if name else None
-        run_id = run_of(cluster)
-        return rayjob if rayjob is not None and run_id and run_of(rayjob) == run_id else None
+        run_id = run_id_of(cluster)
+        return rayjob if rayjob is not None and run_id and run_id_of(rayjob) == run_id else None
 
     def unfinished_runs(self, namespace: str) -> list[tuple[str, Any]]:
         """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
@@ -394,11 +394,11 @@ class Reads:
 
     def sweep_of(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """The sweep a RayJob or RayCluster belongs to, read fresh: the sweep of its name whose run is the object's
-        (`run_of`). A sweep deleted and created again under that name is another run (R16): an older run's held
+        (`run_id_of`). A sweep deleted and created again under that name is another run (R16): an older run's held
         objects neither write their verification into its status nor take its escape hatch."""
         name = sweep_name_of(obj)
         sweep = self.kube.get_sweep(meta_of(obj).get("namespace") or "default", name) if name else None
-        run = run_of(obj)
+        run = run_id_of(obj)
         return sweep if sweep is not None and (not run or run == sweep_run_id(sweep)) else None
 
 
@@ -504,7 +504,7 @@ def sweep_run_id(sweep: Mapping[str, Any]) -> str:
     return str(status_of(sweep).get("runId") or (run_id_for(uid) if uid else ""))
 
 
-def run_of(obj: Mapping[str, Any]) -> str:
+def run_id_of(obj: Mapping[str, Any]) -> str:
     """The run an object of ours belongs to, from what only the operator writes: its guard record's run, else the
     run-id label (both protected by the chart's policy); "" when neither says."""
     target = GuardTarget.from_annotation((meta_of(obj).get("annotations") or {}).get(constants.ANNOTATION_GUARD))

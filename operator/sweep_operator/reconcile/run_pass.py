@@ -86,12 +86,12 @@ _ENDING = (DeleteRayJob, ReleaseBudget, Finish)
 def decide_admit_pass(facts: SweepFacts, budgets: BudgetReads | None, context: RenderContext) -> Decision:
     """A sweep without a run: decided before the budgets (`budgets` None: not read, `admission.asks_budgets`), or
     on their answer: a status, or the run's RayJob to create, after the record of the answer (a ReserveBudget)."""
-    decision = admission.decide_admission(facts)
+    decision = admission.decide_before_budget(facts)
     if decision is not None:
         return decision
     assert facts.sweep is not None and budgets is not None, "admission.asks_budgets: the budgets are read"
     spec = facts.sweep.spec
-    decision = admission.decide_budget(facts, budgets.caps, budgets.in_use, context)
+    decision = admission.decide_after_budget(facts, budgets.caps, budgets.in_use, context)
     admitted = decision.wants(CreateRayJob) is not None
     hours = hours_decision(facts, budgets, spec, INITIAL_ATTEMPT, context) if admitted else None
     if hours is not None:  # GPU-hours: refused, or queued until the namespace's window frees up
@@ -114,7 +114,7 @@ def hours_decision(
     answer = usage.decide_gpu_hour_answer(
         facts, budgets.caps, budgets.limits, reserve if ledger is not None and uid else None, spec=spec
     )
-    return None if answer is None else admission.decide_budget(facts, answer, budgets.in_use, context)
+    return None if answer is None else admission.decide_after_budget(facts, answer, budgets.in_use, context)
 
 
 def reservation(

@@ -191,7 +191,7 @@ class StopBeforeDelete(ABC):
         if (
             cluster is not None
             and not meta_of(cluster).get("deletionTimestamp")
-            and idle_gpus.owned_by(cluster, rayjob or {})
+            and idle_gpus.controlled_by_rayjob(cluster, rayjob or {})
         ):
             patch = idle_gpus.suspend_patch(cluster)
         if patch is not None:
@@ -230,7 +230,7 @@ class StopBeforeDelete(ABC):
         """KubeRay deleted the cluster of a job the operator was stopping before the operator suspended its worker
         groups (the stopped job's shutdownAfterJobFinishes, or suspends refused): the stop held the workers until
         the deletion began. Called from the stop's pass and from the guard, which every such deletion passes."""
-        if rayjob is None or not idle_gpus.owned_by(cluster, rayjob):
+        if rayjob is None or not idle_gpus.controlled_by_rayjob(cluster, rayjob):
             return
         asked = self._asked(rayjob, sweep)
         if not idle_gpus.stop_outran_suspend(cluster, asked) or self._stopping_recorded(rayjob, asked):

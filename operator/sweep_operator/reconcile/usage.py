@@ -111,7 +111,7 @@ def decide_reservation_stop(
     )
 
 
-def decide_budget(
+def decide_budget_stop(
     ledger: UsageLedger,
     budget_gpu_hours: float | None,
     now: float,
@@ -207,7 +207,7 @@ def measure(
         now,
         listed_clusters=listed_clusters,
     )
-    facts = decide_budget(
+    facts = decide_budget_stop(
         ledger, budget_gpu_hours, now, graceful_stop_seconds=graceful_stop_seconds, reservation=reservation
     )
     ledger = with_thresholds(ledger, facts.crossed)
