@@ -549,31 +549,7 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
                 resource_type, old, data, manager, force, target.subresource, directive, warnings
             )
         else:
-            new = self._apply_change(resource_type, old, data, mode)
-            if resource_type.schema is not None:
-                status_only = target.subresource == "status"
-                touched = None
-                if mode in _MERGE_PATCHES and isinstance(data, dict) and None not in data.values():
-                    # the stored object is decoded already: only what the patch reaches needs it again
-                    touched = {"status"} if status_only else set(data) - {"apiVersion", "kind"}
-                elif mode != "replace":
-                    touched = {"status"} if status_only else None
-                if mode != "replace":  # a merged object shares parts with the stored one: decode a copy
-                    new = (
-                        {**new, **{k: _json_copy(new[k]) for k in touched if k in new}}
-                        if touched is not None
-                        else _json_copy(new)
-                    )
-                patched = None
-                if mode != "replace" and directive == "Strict":  # what a strict refusal of a patch quotes
-                    patched = json.dumps(
-                        {**new, "metadata": {k: v for k, v in new["metadata"].items() if k != "managedFields"}},
-                        sort_keys=True,
-                        separators=(",", ":"),
-                    )
-                self._decode(
-                    resource_type, new, directive, warnings, status_only=status_only, keys=touched, patched=patched
-                )
+            new = self._changed(resource_type, old, data, mode, target, directive, warnings)
         if target.subresource is None and "status" in resource_type.subresources:
             new = (
                 {**new, "status": old["status"]} if "status" in old else {k: v for k, v in new.items() if k != "status"}
@@ -609,6 +585,43 @@ class KubernetesApiEmulator(RoutesMixin, RbacMixin, StoreMixin, kmock.Kubernetes
             if current is None or current["metadata"].get("resourceVersion") != old["metadata"].get("resourceVersion"):
                 return None  # changed (or gone) while the webhooks answered: start over from what is stored
         return self.replace_object(resource_type, old, new, dry_run=dry_run)
+
+    def _changed(
+        self,
+        resource_type: ResourceType,
+        old: Obj,
+        data: Any,
+        mode: str,
+        target: RequestTarget,
+        directive: str,
+        warnings: list[str] | None,
+    ) -> Obj:
+        """A replace or patch applied to the stored object, decoded (pruned, defaulted) as the request body is."""
+        new = self._apply_change(resource_type, old, data, mode)
+        if resource_type.schema is None:
+            return new
+        status_only = target.subresource == "status"
+        touched = None
+        if mode in _MERGE_PATCHES and isinstance(data, dict) and None not in data.values():
+            # the stored object is decoded already: only what the patch reaches needs it again
+            touched = {"status"} if status_only else set(data) - {"apiVersion", "kind"}
+        elif mode != "replace":
+            touched = {"status"} if status_only else None
+        if mode != "replace":  # a merged object shares parts with the stored one: decode a copy
+            new = (
+                {**new, **{k: _json_copy(new[k]) for k in touched if k in new}}
+                if touched is not None
+                else _json_copy(new)
+            )
+        patched = None
+        if mode != "replace" and directive == "Strict":  # what a strict refusal of a patch quotes
+            patched = json.dumps(
+                {**new, "metadata": {k: v for k, v in new["metadata"].items() if k != "managedFields"}},
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+        self._decode(resource_type, new, directive, warnings, status_only=status_only, keys=touched, patched=patched)
+        return new
 
     async def _apply_create(
         self,

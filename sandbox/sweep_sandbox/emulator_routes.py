@@ -425,6 +425,19 @@ class RoutesMixin:
 
     # ---- resource requests
 
+    def _serve_get(
+        self, resource_type: ResourceType, target: RequestTarget, query: dict[str, str], table: bool
+    ) -> aiohttp.web.Response:
+        """One object, its status, or a pod's log (the only other subresource the emulator serves)."""
+        if target.subresource == "log" and resource_type.kind == "Pod" and resource_type.group == "":
+            pod = self.get_object(resource_type, target.namespace, target.name or "")
+            body = pod_log(self.container_logs, pod, query)
+            return aiohttp.web.Response(body=body, content_type="text/plain")
+        if target.subresource not in (None, "status"):
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({target.subresource})")
+        obj = self.get_object(resource_type, target.namespace, target.name or "")
+        return aiohttp.web.json_response(render_table([obj], resource_type, query, self.changes.rv) if table else obj)
+
     async def _serve_resource(
         self,
         raw: aiohttp.web.BaseRequest,
@@ -455,18 +468,7 @@ class RoutesMixin:
         dry_run = _dry_run(query)
         warnings: list[str] = []
         if verb == "get":
-            if target.subresource == "log" and resource_type.kind == "Pod" and resource_type.group == "":
-                pod = self.get_object(resource_type, target.namespace, target.name or "")
-                body = pod_log(self.container_logs, pod, query)
-                return aiohttp.web.Response(body=body, content_type="text/plain")
-            if target.subresource not in (None, "status"):
-                raise ApiError(
-                    404, "NotFound", f"the server could not find the requested resource ({target.subresource})"
-                )
-            obj = self.get_object(resource_type, target.namespace, target.name or "")
-            return aiohttp.web.json_response(
-                render_table([obj], resource_type, query, self.changes.rv) if table else obj
-            )
+            return self._serve_get(resource_type, target, query, table)
         if verb == "create":
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")

@@ -231,15 +231,7 @@ class StoreMixin:
             for obj in initial:
                 await response.write(render("ADDED", obj))
             if query.get("sendInitialEvents") == "true":
-                bookmark = {
-                    "kind": resource_type.kind,
-                    "apiVersion": resource_type.api_version,
-                    "metadata": {
-                        "resourceVersion": str(position),
-                        "annotations": {"k8s.io/initial-events-end": "true"},
-                    },
-                }
-                await response.write(render("BOOKMARK", bookmark))
+                await response.write(render("BOOKMARK", _initial_events_end(resource_type, position)))
             while not self._closing:
                 try:
                     changes = self.changes.since(position)
@@ -476,6 +468,15 @@ class StoreMixin:
             self._gc_wakeup.clear()
             while self.collect_garbage():
                 await asyncio.sleep(0)  # let requests in between cascade steps, as the real collector does
+
+
+def _initial_events_end(resource_type: ResourceType, position: int) -> Obj:
+    """The BOOKMARK that ends a watch's initial events (sendInitialEvents=true), at the list's resourceVersion."""
+    return {
+        "kind": resource_type.kind,
+        "apiVersion": resource_type.api_version,
+        "metadata": {"resourceVersion": str(position), "annotations": {"k8s.io/initial-events-end": "true"}},
+    }
 
 
 def _foreground(options: Mapping[str, Any]) -> bool:

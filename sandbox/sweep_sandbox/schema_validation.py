@@ -335,3 +335,4 @@ def validate_list_types(value: Any, node: Node | None, path: str, errors: list[F
 
 def unknown_field_messages(paths: Iterable[str]) -> list[str]:
     """What strict decoding reports per pruned field (`unknown field "spec.foo"`)."""
+    return [f"unknown field {json.dumps(p)}" for p in paths]

@@ -20,23 +20,15 @@ MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = MAX_MODULE_LINES
 
 # KNOWN EXCEPTIONS: offenders with their size when listed, paths relative to the repository. Only the operator's
-# reconcile/ may appear here (the sandbox has none). An entry that is no longer an offender must be deleted (the test
+# reconcile/ and the API emulator may appear here. An entry that is no longer an offender must be deleted (the test
 # says so); any offender not listed fails. The controller is built from the deletion guard and the graceful stop as
 # mixins; the redesign that makes them collaborators of their own removes this entry.
 KNOWN_EXCEPTIONS: dict[str, int] = {
-    "operator/sweep_operator/reconcile/controller.py::SweepController (whole)": 1144,
-    # The sandbox's, while they are being split (this block goes when the last is):
-    "sandbox/sweep_sandbox/admission.py": 687,
-    "sandbox/sweep_sandbox/emulator.py": 1084,
-    "sandbox/sweep_sandbox/emulator.py::KubernetesApiEmulator._update_once": 92,
-    "sandbox/sweep_sandbox/emulator_routes.py::RoutesMixin._serve_resource": 86,
-    "sandbox/sweep_sandbox/emulator_store.py::StoreMixin._serve_watch": 81,
-    "sandbox/sweep_sandbox/emulator_tables.py": 613,
-    "sandbox/sweep_sandbox/kuberay.py": 2305,
-    "sandbox/sweep_sandbox/kueue.py": 1411,
-    "sandbox/sweep_sandbox/schema.py": 1306,
-    "sandbox/sweep_sandbox/schema.py::_k8s_functions": 82,
-    "sandbox/sweep_sandbox/emulator.py::KubernetesApiEmulator (whole)": 1419,
+    "operator/sweep_operator/reconcile/controller.py::SweepController (whole)": 1148,
+    # The API emulator, still one class built from mixins (routes, store, RBAC) over kmock's: it is next to become
+    # collaborators of its own, and this block goes with it.
+    "sandbox/sweep_sandbox/emulator.py": 1093,
+    "sandbox/sweep_sandbox/emulator.py::KubernetesApiEmulator (whole)": 1422,
 }
 
 
@@ -220,7 +212,7 @@ def test_no_module_function_or_class_of_the_operator_or_the_sandbox_is_too_long(
 
 def test_the_known_exceptions_are_in_reconcile_and_still_offend() -> None:
     """The table only shrinks: an entry fixed since must be deleted, so it cannot hide a later regression."""
-    allowed = ("operator/sweep_operator/reconcile/", "sandbox/")  # sandbox/: until its split is done
+    allowed = ("operator/sweep_operator/reconcile/", "sandbox/sweep_sandbox/emulator.py")  # the emulator: until split
     assert all(where.startswith(allowed) for where in KNOWN_EXCEPTIONS)
     offending = {o.where for o in package_offenders()}
     fixed = sorted(where for where in KNOWN_EXCEPTIONS if where not in offending)

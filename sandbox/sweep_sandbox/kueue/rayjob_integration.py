@@ -174,7 +174,3 @@ def rayjob_finished(rayjob: Mapping[str, Any]) -> tuple[str, bool, bool]:
         status.get("jobStatus") == "SUCCEEDED",
         status.get("jobDeploymentStatus") in ("Failed", "Complete"),
     )
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The stand-in

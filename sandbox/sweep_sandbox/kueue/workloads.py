@@ -171,6 +171,3 @@ def assign_flavors(
     if problems:
         return None, reason or "WaitingForQuota", "; ".join(problems)
     return assignments, "", ""
-
-
-# --------------------------------------------------------------------------------------------------------------------
