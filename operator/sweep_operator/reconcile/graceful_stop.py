@@ -11,7 +11,7 @@ from typing import Any
 from sweep_contracts.api import MAX_STOP_UPLOADS_LISTED
 from sweep_contracts.timestamps import epoch_seconds, rfc3339
 
-from . import workloads as kueue  # Kueue's Workload as read (shared with Kueue mode)
+from .workloads import KueueError, WorkloadFacts, kueue_managed, workload_of
 
 # KubeRay's JobStatus values that are final (rayv1.IsJobTerminal); "" and PENDING/RUNNING are not.
 TERMINAL_JOB_STATUSES = frozenset({"STOPPED", "SUCCEEDED", "FAILED"})
@@ -113,12 +113,12 @@ def evicted_by_kueue(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str,
     """Kueue evicted the RayJob's Workload (Evicted=True on the Workload it controls): a preemption, whose suspend
     makes KubeRay delete the cluster without stopping the job. Read from Kueue's own condition, never from the
     RayJob's spec.suspend, which a tenant may edit."""
-    workload = kueue.workload_of(rayjob, workloads) if kueue.kueue_managed(rayjob) else None
+    workload = workload_of(rayjob, workloads) if kueue_managed(rayjob) else None
     if workload is None:
         return False
     try:
-        return kueue.WorkloadFacts.from_object(workload).evicted
-    except kueue.KueueError:
+        return WorkloadFacts.from_object(workload).evicted
+    except KueueError:
         return False
 
 

@@ -26,11 +26,11 @@ from ..settings import Settings
 from ..status import updated
 from ..workqueue import FairPool, WorkQueue
 from . import graceful_stop, guard, idle_gpus, verdicts
-from . import workloads as kueue
 from .cache import Cache
 from .facts import ObjectRef, meta_of, status_of
 from .reads import Reads
 from .status_writer import EventSink, StatusWriter
+from .workloads import kueue_managed
 
 log = logging.getLogger(__name__)
 MAX_REMEMBERED_STOPS = 4096  # stops whose GPU time is recorded, kept to record each once (oldest forgotten first)
@@ -82,7 +82,7 @@ class StopBeforeDelete(ABC):
         return min(asked, self.settings.max_graceful_stop_seconds)
 
     def _evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
-        if not kueue.kueue_managed(rayjob):
+        if not kueue_managed(rayjob):
             return False
         try:
             workloads = self.kube.list_workloads(meta_of(rayjob).get("namespace") or "default")
