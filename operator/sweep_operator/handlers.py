@@ -27,12 +27,6 @@ import kopf
 
 from sweep_contracts import constants
 
-from .guard_finalizer import (
-    MUTATING_WEBHOOK_ID,
-    SWEEP_MUTATING_WEBHOOK_ID,
-    finalizers_at_create,
-    sweep_finalizers_at_create,
-)
 from .install_checks import run_startup_checks
 from .kopf_tuning import (
     WatchRouter,
@@ -63,6 +57,12 @@ from .watch_events import (
     sweep_event,
 )
 from .webhook_bounds import BUSY_MESSAGE, ValidationBusy, ValidationPool, refusal_message, review_bounds
+from .webhook_finalizers import (
+    MUTATING_WEBHOOK_ID,
+    SWEEP_MUTATING_WEBHOOK_ID,
+    finalizers_at_create,
+    sweep_finalizers_at_create,
+)
 from .workqueue import FairPool, WorkQueue
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from sweep_operator.guard_finalizer import SWEEP_MUTATING_WEBHOOK_PATH
 from sweep_operator.settings import WEBHOOK_PATH, Settings
 from sweep_operator.webhook_bounds import ValidationPool
+from sweep_operator.webhook_finalizers import SWEEP_MUTATING_WEBHOOK_PATH
 from sweep_sandbox.emulator import EmulatorServer
 from sweep_sandbox.operator_thread import OperatorThread
 from tests.integration.test_webhook_certificate_rotation import Ca

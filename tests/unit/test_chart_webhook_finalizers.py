@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from sweep_contracts import constants
-from sweep_operator.guard_finalizer import (
+from sweep_operator.settings import Settings
+from sweep_operator.webhook_finalizers import (
     MUTATING_WEBHOOK_PATH,
     SWEEP_MUTATING_WEBHOOK_PATH,
     finalizers_at_create,
     sweep_finalizers_at_create,
 )
-from sweep_operator.settings import Settings
 from sweep_sandbox.admission import Admission, AdmissionRequest, UserInfo, WebhookCall
 from tests.unit.test_chart import NAMESPACE, RELEASE, of_kind, render_values, settings_env
 

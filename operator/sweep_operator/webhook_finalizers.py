@@ -1,7 +1,5 @@
-"""The mutating webhook's decisions: the guard's finalizer at creation. A RayCluster created with the guard annotation
-gets it (issue 25, defect 5: a cluster made and deleted while the operator is down is still verified); every
-TrainingSweep gets it (issue 30: the operator's own patch, its echo and the pass that waited for it are gone, and no
-sweep exists unguarded, even for a moment)."""
+"""The mutating webhook's decisions: the guard's finalizer at creation, on every TrainingSweep and on a RayCluster
+created with the guard annotation, so neither exists unguarded, even while the operator is down."""
 
 from __future__ import annotations
 
