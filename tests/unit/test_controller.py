@@ -595,7 +595,7 @@ def test_rayjob_guard_reads_its_own_run_spec(world: World) -> None:
 def test_an_older_runs_held_rayjob_is_not_the_business_of_a_sweep_created_again_under_its_name(world: World) -> None:
     """A sweep deleted (an admin took its finalizer off) and created again under its name is another run (R16):
     the older run's held RayJob writes nothing into the new sweep's status, and the escape hatch set on the new
-    sweep reaches only the new run's objects (reads.sweep_of, deletion_guard._propagate_skip)."""
+    sweep reaches only the new run's objects (reads.sweep_of, guard_pipeline._propagate_skip)."""
     old = ran(world)
     rayjob = world.kube.get_rayjob("ml", old["rayJobName"])
     assert rayjob is not None

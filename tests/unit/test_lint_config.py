@@ -21,7 +21,7 @@ RECONCILE_EDGES = {
     "ports",
     "status_writer",
     "stopping",
-    "deletion_guard",
+    "guard_pipeline",
     "pod_snapshots",
 }  # the I/O edges
 

@@ -42,10 +42,10 @@ from .actions import (
     SuspendWorkers,
 )
 from .cache import Cache, run_ref
-from .deletion_guard import DeletionGuard, GuardKey
-from .deletion_guard import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
+from .guard_pipeline import GuardKey, GuardPipeline
+from .guard_pipeline import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .ports import Budgets, resume_read
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
@@ -69,7 +69,7 @@ def _namespace_of(key: Any) -> str:
     return str(namespace if namespace is not None else key[0])
 
 
-class SweepController(DeletionGuard):
+class SweepController(GuardPipeline):
     s3_client_for = delegated("reads", "s3_client_for")  # (endpoint, region) -> S3 client
     verify = delegated("reads", "verifier")
 

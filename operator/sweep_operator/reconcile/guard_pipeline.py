@@ -45,7 +45,7 @@ class RetryLater(Exception):
         self.counted = counted  # False: a wait that is no failed check (a graceful stop): the backoff does not grow
 
 
-class DeletionGuard(StopBeforeDelete):
+class GuardPipeline(StopBeforeDelete):
     """`SweepController`'s share that guards deletions: an object of ours being deleted keeps the guard's finalizer
     until a verification in this process releases it. The attributes are the controller's (set in its __init__)."""
 
