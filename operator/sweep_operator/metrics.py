@@ -81,7 +81,7 @@ class GaugedSweep:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         phase = status.get("phase") or Phase.PENDING
         deleting = epoch_seconds(meta.get("deletionTimestamp"))
-        # The ledger's own rule for what holds budget (ledger.AdmissionLedger._ensure_loaded).
+        # The ledger's own rule for what holds budget (admission_ledger.AdmissionLedger._ensure_loaded).
         admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
         gpus = (status.get("replicas") or {}).get("gpus")
         budget = ((body.get("spec") or {}).get("budget") or {}).get("gpuHours")

@@ -570,7 +570,7 @@ def test_the_status_right_after_the_create_is_queued_without_a_deadline() -> Non
 def test_a_kueue_sweep_holds_none_of_the_namespace_budget_after_a_ledger_rebuild() -> None:
     """An operator restart rebuilds the namespace ledger from the sweeps' statuses: a Kueue sweep (status.kueue)
     is held by Kueue's quota and is not counted, so it never queues the namespace's other sweeps."""
-    from sweep_operator.ledger import AdmissionLedger
+    from sweep_operator.admission_ledger import AdmissionLedger
 
     running = {
         "metadata": {"name": "kq", "namespace": "ml"},

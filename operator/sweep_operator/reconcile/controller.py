@@ -17,8 +17,8 @@ from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
 
 from .. import gpu_time, ray_jobs
+from ..admission_ledger import AdmissionLedger
 from ..kube import KubeApi
-from ..ledger import AdmissionLedger
 from ..metrics import OperatorMetrics
 from ..policy import Admit
 from ..rendering import RenderContext

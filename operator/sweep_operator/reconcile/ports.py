@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 from sweep_contracts import constants
 from sweep_contracts.api import Phase
 
+from ..admission_ledger import AdmissionLedger
 from ..gpu_time import NamespaceBudget, PodInterval
 from ..kube import Conflict, KubeApi
-from ..ledger import AdmissionLedger
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
 from ..settings import Settings

@@ -1,9 +1,9 @@
-"""The namespace GPU ledger (ledger.AdmissionLedger) keeps its in-use demand as a running total: admissions, a
+"""The namespace GPU ledger (admission_ledger.AdmissionLedger) keeps its in-use demand as a running total: admissions, a
 repeated admission, releases and a rebuild from the API leave it equal to the sum of what is admitted."""
 
 from __future__ import annotations
 
-from sweep_operator.ledger import AdmissionLedger
+from sweep_operator.admission_ledger import AdmissionLedger
 from sweep_operator.policy import Admit, Demand, Queue
 from sweep_operator.settings import OperatorLimits
 from sweep_operator.validation import parse_sweep
