@@ -53,7 +53,7 @@ COLUMNS = (
     "s3-unreachable",
     "forged-progress",
 )
-# What the verifier must report in each broken column (a problem kind of verification.py).
+# What the verifier must report in each broken column (a problem kind of sweep_operator.verification).
 EXPECTED_KIND = {
     "file-missing": "missing-file",
     "file-truncated": "size-mismatch",

@@ -18,7 +18,7 @@ from sweep_operator.memory_budget import RUN_RECORD_BOUNDS
 from sweep_operator.reconcile.guard import GuardTarget
 from sweep_operator.reconcile.reads import run_documents
 from sweep_operator.s3 import S3ClientConfig, make_s3_client
-from sweep_operator.verification_listing import read_document
+from sweep_operator.verification.listing import read_document
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -316,7 +316,7 @@ def test_list_trials_groups_by_trial_and_repeats_a_trial_seen_again() -> None:
 def test_an_outsized_record_holds_naming_it_without_being_read_whole(s3: FakeS3, sweep: SyntheticSweep) -> None:
     """The run's records are the tenant's to write: one over MAX_DOCUMENT_BYTES (a manifest here) is an S3 error
     naming it, the guard holds, and at most the limit's worth of it is read."""
-    from sweep_operator.verification_listing import MAX_DOCUMENT_BYTES
+    from sweep_operator.verification.listing import MAX_DOCUMENT_BYTES
 
     key = sweep.manifest_keys(sweep.trials[0], sweep.checkpoints[sweep.trials[0]][0])[0]
     s3.put_object(Bucket=BUCKET, Key=key, Body=b"[" + b"0," * (MAX_DOCUMENT_BYTES // 2) + b"0]")
@@ -327,7 +327,7 @@ def test_an_outsized_record_holds_naming_it_without_being_read_whole(s3: FakeS3,
 
 
 def test_a_record_is_read_up_to_the_limit_only() -> None:
-    from sweep_operator.verification_listing import DocumentTooLarge, read_document
+    from sweep_operator.verification.listing import DocumentTooLarge, read_document
 
     class Body:
         def __init__(self, size: int) -> None:
@@ -378,10 +378,10 @@ def test_a_listing_past_the_bound_is_not_verified_naming_the_bound(
     MAX_LISTED_OBJECTS the run is not verified (too-many-objects, naming the bound) instead of listed on."""
     from functools import partial
 
-    from sweep_operator import verification_listing
+    from sweep_operator.verification import listing
 
-    assert verification_listing.MAX_LISTED_OBJECTS == 1_000_000
-    monkeypatch.setattr(v, "list_trials", partial(verification_listing.list_trials, limit=3_000))
+    assert listing.MAX_LISTED_OBJECTS == 1_000_000
+    monkeypatch.setattr(v, "list_trials", partial(listing.list_trials, limit=3_000))
     endless = _EndlessListing(s3, delay=0)
     result = verify_sweep_checkpoints(endless, sweep.root_uri)
     assert not result.verified

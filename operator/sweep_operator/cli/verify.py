@@ -120,7 +120,7 @@ def _local_run_root(value: str) -> Any:
 
 def _report(args: argparse.Namespace, client: Any, root: S3Uri, where: Callable[[str], str]) -> int:
     from ..verification import verify_sweep_checkpoints
-    from ..verification_findings import (
+    from ..verification.findings import (
         LIFECYCLE_EXPIRATION,
         LIFECYCLE_NONCURRENT_EXPIRATION,
         LIFECYCLE_TRANSITION,

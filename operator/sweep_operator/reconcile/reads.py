@@ -27,7 +27,7 @@ from ..policy import Demand
 from ..rendering import rayjob_name, run_id_for
 from ..settings import Settings
 from ..status import RayJobFacts, is_terminal, progress_patch
-from ..verification_listing import read_document
+from ..verification.listing import read_document
 from ..workqueue import FairPool
 from .actions import Diagnose
 from .cache import Cache, run_ref

@@ -10,7 +10,7 @@ from sweep_contracts import api, constants
 
 from ..run_metadata import GuardTarget
 
-# Verification problem kinds the guard reads (verification.py defines them).
+# Verification problem kinds the guard reads (the verifier's findings define them).
 EMPTY_RUN_ROOT = "empty-run-root"
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from sweep_contracts.s3_layout import S3Uri
 
-from .status import parse_time
-from .verification_findings import (
+from ..status import parse_time
+from .findings import (
     LIFECYCLE_EXPIRATION,
     LIFECYCLE_NONCURRENT_EXPIRATION,
     LIFECYCLE_TRANSITION,

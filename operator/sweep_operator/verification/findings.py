@@ -22,7 +22,7 @@ BEST_CHECKPOINT_UNVERIFIED: Final = "best-checkpoint-unverified"
 S3_ERROR: Final = "s3-error"
 TIMEOUT: Final = "timeout"
 VERIFIER_ERROR: Final = "verifier-error"
-# More objects under the run's train/ than the verifier lists (verification_listing.MAX_LISTED_OBJECTS), or keys
+# More objects under the run's train/ than the verifier lists (listing.MAX_LISTED_OBJECTS), or keys
 # taking more than a verification's share of the operator's memory.
 TOO_MANY_OBJECTS: Final = "too-many-objects"
 # A run's status or result document, or its Tune experiment states, over what the operator reads of them (bytes,

@@ -22,9 +22,9 @@ from sweep_contracts.checkpoint_manifest import FormatError, Manifest, parse_man
 from sweep_contracts.s3_layout import S3Uri
 from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX, TUNE_CHECKPOINT_PATH_KEY
 
-from .memory_budget import STANDALONE_BUDGET, VerificationBudget
-from .status import rfc3339
-from .verification_assessment import (
+from ..memory_budget import STANDALONE_BUDGET, VerificationBudget
+from ..status import rfc3339
+from .assessment import (
     CheckpointAssessment,
     FileToHash,
     TrialFacts,
@@ -37,7 +37,7 @@ from .verification_assessment import (
     missing_trial_findings,
     recorded_checkpoint_findings,
 )
-from .verification_findings import (
+from .findings import (
     BEST_CHECKPOINT_UNVERIFIED,
     CHECKSUM_MISMATCH,
     EMPTY_RUN_ROOT,
@@ -76,7 +76,7 @@ from .verification_findings import (
     Finding,
     VerificationResult,
 )
-from .verification_listing import (
+from .listing import (
     HASH_CHUNK_BYTES,
     OverBudget,
     S3AccessError,
@@ -94,16 +94,16 @@ from .verification_listing import (
     read_record,
     read_retention,
 )
-from .verification_records import (
+from .records import (
     Snapshot,
     best_checkpoint_uri,
     experiment_state_checkpoints,
     parse_snapshot,
     recorded_checkpoints,
 )
-from .verification_retention import retention_findings
+from .retention import retention_findings
 
-# The verifier's public names, wherever they live (verification_findings, _records, _assessment, _listing, _retention).
+# The verifier's public names, wherever they live (findings, records, assessment, listing, retention).
 __all__ = [
     "BEST_CHECKPOINT_UNVERIFIED",
     "CHECKSUM_MISMATCH",

@@ -17,7 +17,7 @@ from sweep_contracts.commit_record import FINGERPRINT_S3_ETAG, FINGERPRINT_SHA25
 from sweep_contracts.constants import SUPPORTED_RAY_VERSION
 from sweep_contracts.s3_layout import S3Uri
 
-from .verification_findings import (
+from .findings import (
     BEST_CHECKPOINT_UNVERIFIED,
     FINGERPRINT_MISMATCH,
     INVALID_COMMIT_RECORD,
@@ -41,7 +41,7 @@ from .verification_findings import (
     CheckpointReport,
     Finding,
 )
-from .verification_records import Snapshot, best_checkpoint_uri, recorded_checkpoints
+from .records import Snapshot, best_checkpoint_uri, recorded_checkpoints
 
 
 @dataclass(frozen=True)
@@ -394,7 +394,7 @@ def expected_trials(
 ) -> tuple[dict[str, str], list[Finding]]:
     """({trial: which record says it checkpointed}, problems), from every record that survives; an unreadable status
     or experiment state is a problem (which trials must have checkpoints is then unknown). `states`: each experiment
-    state's {trial: checkpoint path} as the reader took it (verification_listing.read_experiment_states), or why it
+    state's {trial: checkpoint path} as the reader took it (listing.read_experiment_states), or why it
     is unreadable."""
     expected: dict[str, str] = {}
     problems: list[Finding] = []

@@ -15,7 +15,7 @@ from sweep_contracts.checkpoint_manifest import (
 )
 from sweep_contracts.tune_state import iter_trial_records
 
-from .memory_budget import DocumentBounds, load_json
+from ..memory_budget import DocumentBounds, load_json
 
 
 @dataclass(frozen=True)

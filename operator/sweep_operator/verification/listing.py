@@ -19,7 +19,7 @@ from sweep_contracts.commit_record import CommitRecord, normalize_etag, parse_re
 from sweep_contracts.s3_layout import S3Uri
 from sweep_contracts.tune_state import EXPERIMENT_STATE_PREFIX
 
-from .memory_budget import (
+from ..memory_budget import (
     LISTED_KEY_OVERHEAD_BYTES,
     MAX_DOCUMENT_BYTES,
     DocumentBounds,
@@ -28,8 +28,8 @@ from .memory_budget import (
     bytes_over,
     check_json_shape,
 )
-from .verification_assessment import TrialFacts, TrialObjects, manifest_names
-from .verification_records import experiment_state_checkpoints, parse_snapshot
+from .assessment import TrialFacts, TrialObjects, manifest_names
+from .records import experiment_state_checkpoints, parse_snapshot
 
 HASH_CHUNK_BYTES: Final = 1 << 20  # deep mode holds at most concurrency x 1 MiB of object data
 _READ_CHUNK_BYTES: Final = 1 << 20  # a document is read in pieces, so a verification that ended stops reading it
