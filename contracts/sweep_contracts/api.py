@@ -68,7 +68,7 @@ def _quantity(value: Any) -> str:
 # A positive Kubernetes quantity, kept as the user wrote it (ints become strings).
 Quantity = Annotated[str, BeforeValidator(_quantity), Field(max_length=64, json_schema_extra={"x-quantity": True})]
 
-# Size limits on every spec string, list and map (issue 15): the API server refuses an oversized object before
+# Size limits on every spec string, list and map: the API server refuses an oversized object before
 # any controller or CEL rule spends time on it. Patterns here go to the CRD only; the validators below check
 # the same forms in the parser with messages that name what is allowed.
 TRAIN_LOOP_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"

@@ -1,5 +1,5 @@
 """Every use of the checkpoint guard's escape hatch, recorded: a metric, a log line naming who set it (as far as
-the API says), and the sweep's CheckpointsVerified condition (issue 15)."""
+the API says), and the sweep's CheckpointsVerified condition."""
 
 from __future__ import annotations
 

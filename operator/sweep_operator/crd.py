@@ -319,7 +319,7 @@ def build_crd() -> dict[str, Any]:
             "spec": spec_schema,
             "status": status_schema,
         },
-        # At the root, beside spec: these rules read status.runId and status.phase (resume, issue 16).
+        # At the root, beside spec: these rules read status.runId and status.phase (resume).
         "x-kubernetes-validations": [rule.cel() for rule in RESUME_RULES],
     }
     return {

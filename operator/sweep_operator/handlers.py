@@ -279,7 +279,7 @@ def _register_startup(registry: kopf.OperatorRegistry, wiring: OperatorWiring) -
         configure_kopf(settings, wiring.settings)
         set_watch_router(settings, wiring.watch_router)
 
-    # Issue 28: the webhook's own certificate (kopf starts its admission server after this) and KubeRay's identity.
+    # Before kopf starts its admission server: the webhook's own certificate, and KubeRay's identity for the guard.
     @kopf.on.startup(registry=registry)
     def install_checks(**_: Any) -> None:
         kube_client = getattr(controller.kube, "api_client", None)
@@ -337,10 +337,9 @@ def _register_sweeps(registry: kopf.OperatorRegistry, wiring: OperatorWiring) ->
         def stop_validations(**_: Any) -> None:
             wiring.validation_pool.shutdown()
 
-        # The guard's finalizer at creation: on a guarded RayCluster (issue 25 defect 5: whether or not the
-        # operator's watch ever sees it; the chart sends only objects with the guard annotation, failurePolicy Fail)
-        # and on every sweep (issue 30: the first pass patches nothing before it creates the RayJob, and no sweep
-        # exists unguarded).
+        # The guard's finalizer at creation: on a guarded RayCluster (whether or not the operator's watch ever sees
+        # it; the chart sends only objects with the guard annotation, failurePolicy Fail) and on every sweep (the
+        # first pass patches nothing before it creates the RayJob, and no sweep exists unguarded).
         for resource, hook_id, decide in (
             (RAYCLUSTERS, MUTATING_WEBHOOK_ID, finalizers_at_create),
             (SWEEPS, SWEEP_MUTATING_WEBHOOK_ID, sweep_finalizers_at_create),

@@ -1,4 +1,4 @@
-"""What the operator checks and sets up about its install at startup (issue 28): KubeRay's identity, which the guard
+"""What the operator checks and sets up about its install at startup: KubeRay's identity, which the guard
 policy trusts, exists; the webhook's own certificate is in place before kopf's admission server starts."""
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ STATE_GAUGES: dict[str, str] = {
     "trainingsweep_guard_holding_objects": "Objects whose deletion the checkpoint guard holds, by namespace and kind",
     "trainingsweep_guard_holding_since_timestamp_seconds": "When the deletion the guard holds was asked for (deletionTimestamp), Unix time",
 }
-# GPU-hour budget series (issue 18), also built at scrape; present only where a sweep or namespace has a record or a
+# GPU-hour budget series, also built at scrape; present only where a sweep or namespace has a record or a
 # budget (a budget of "none" is no series, not 0).
 BUDGET_GAUGES: dict[str, str] = {
     "trainingsweep_sweep_gpu_hours": "GPU-hours the sweep's GPU pods have held, scheduled to gone (status.usage)",
@@ -169,7 +169,7 @@ class OperatorMetrics:
         )
         self.guard_bypasses = Counter(
             "trainingsweep_guard_bypasses",
-            "Deletions released through the escape hatch, unverified (issue 15)",
+            "Deletions released through the escape hatch, unverified",
             ["namespace", "sweep", "kind"],
             registry=self.registry,
         )

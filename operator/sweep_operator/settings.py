@@ -81,7 +81,7 @@ _HOST_ENTRY = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(:\d{1,5}
 
 @dataclass(frozen=True)
 class TenancyPolicy:
-    """Who may aim a sweep where (issue 15): the service accounts its pods may run as, the S3 endpoints the
+    """Who may aim a sweep where: the service accounts its pods may run as, the S3 endpoints the
     operator may call for it with its own credentials. Empty lists allow anything (the single-team default)."""
 
     # `namespace/name` or `*/name` entries: spec.storage.serviceAccountName must match one for the sweep's namespace.
@@ -180,7 +180,7 @@ class Settings:
     webhook_cert_check_seconds: float = field(default=10.0, metadata=_env("SWEEP_WEBHOOK_CERT_CHECK_SECONDS"))
     # The largest admission request the webhook reads (413 past it, before parsing); webhook_bounds.py says why 256 KiB.
     webhook_max_request_bytes: int = field(default=256 * 1024, metadata=_env("SWEEP_WEBHOOK_MAX_REQUEST_BYTES"))
-    # GPU-hour budgets (issue 18), measured from the GPU pods of each namespace's sweeps over a rolling window:
+    # GPU-hour budgets, measured from the GPU pods of each namespace's sweeps over a rolling window:
     # the default for every namespace (0: none), `namespace=hours` entries overriding it (0: none there), the window.
     namespace_gpu_hours: float = field(default=0.0, metadata=_env("SWEEP_NAMESPACE_GPU_HOURS"))
     namespace_gpu_hour_budgets: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_NAMESPACE_GPU_HOUR_BUDGETS"))
@@ -193,7 +193,7 @@ class Settings:
     kueue_namespace_queues: tuple[str, ...] = field(default=(), metadata=_env("SWEEP_KUEUE_NAMESPACE_QUEUES"))
     # The operator's own namespace (the chart's release namespace): where its webhook certificate Secret lives.
     operator_namespace: str = field(default="", metadata=_env("SWEEP_OPERATOR_NAMESPACE"))
-    # webhook.certProvider=operator (issue 28): the Secret the replicas share the CA and serving pair in; the operator
+    # webhook.certProvider=operator: the Secret the replicas share the CA and serving pair in; the operator
     # renews it, writes the pair into webhook_cert_dir and injects the CA into webhook_configurations
     # (`ValidatingWebhookConfiguration/<name>` entries). Empty: the files are mounted (cert-manager or your own).
     webhook_cert_secret: str = field(default="", metadata=_env("SWEEP_WEBHOOK_CERT_SECRET"))

@@ -136,7 +136,7 @@ def validate_sweep(
     return []
 
 
-# ------------------------------------------------------------------------------------- resume (issue 16)
+# ------------------------------------------------------------------------------------- resume
 # A sweep that has run keeps its run root, and a resume continues the Tune experiment in it: what defines that
 # experiment cannot change, and numSamples (the total over all attempts) only goes up. Each rule below is enforced
 # twice with the same message: by the API server as a CEL rule on the object's root (crd.py puts RESUME_RULES there:

@@ -189,7 +189,7 @@ def _code_line(code: Path | None) -> str:
 
 
 def _admission_line(sandbox: Any) -> str:
-    """What the API server enforces here as on EKS (issue 25): the chart's guard policy and the operator's webhooks,
+    """What the API server enforces here as on EKS: the chart's guard policy and the operator's webhooks,
     per user (one kubeconfig context each)."""
     identities = getattr(sandbox, "identities", None) or {}
     if not identities:

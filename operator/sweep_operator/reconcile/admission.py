@@ -250,7 +250,7 @@ def _started(
         trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
         trialsSummary=trials_summary({}, planned_trials(sweep.spec)),
         usage={"gpuHours": 0},  # the GPU-HOURS column reads 0, not blank, until (unless) a GPU pod is measured
-        # Created with spec.resume set: that generation is its baseline, nothing to resume yet (issue 16).
+        # Created with spec.resume set: that generation is its baseline, nothing to resume yet.
         resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
     )
 

@@ -130,7 +130,7 @@ class SweepController(GuardPipeline):
         self._guard_lock = threading.Lock()
         self._guard_attempts: dict[GuardKey, int] = {}
         self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
-        # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window (issue 26).
+        # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window.
         self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
         self._stops_recorded = OrderedDict[tuple[str, int], None]()  # (RayJob, ask) stops whose GPU time is recorded
         self._stop_failures = dict[tuple[str, str, str], int]()
@@ -384,7 +384,7 @@ class SweepController(GuardPipeline):
     def _apply_and_write_status(self, body: Mapping[str, Any], decision: Decision) -> None:
         ref = ObjectRef.of(body)
         for action in decision.actions:
-            if isinstance(action, DeleteRayJob):  # the job stopped gracefully first (issue 26), then deleted
+            if isinstance(action, DeleteRayJob):  # the job stopped gracefully first, then deleted
                 self.stopping.add((ref.namespace, action.name, ref.name))
             elif isinstance(action, SuspendWorkers):
                 self._suspend_finished(ref.namespace, action.rayjob, action.cluster)
@@ -424,7 +424,7 @@ class SweepController(GuardPipeline):
             except Stale:
                 continue
 
-    # ------------------------------------------------------------ budgets: GPU-hours (issue 18), the FIFO, Kueue
+    # ------------------------------------------------------------ budgets: GPU-hours, the FIFO, Kueue
     def _pods_read(self, facts: SweepFacts) -> PodsRead | None:
         """The run's GPU pods, when a pass measures them (docs/budgets.md), and the namespace's window."""
         budget = self.budgets.gpu_hour_budget(facts.ref.namespace)

@@ -1,4 +1,4 @@
-"""The graceful stop before the operator deletes a RayJob whose Ray job runs (issue 26): ask the head to stop the job
+"""The graceful stop before the operator deletes a RayJob whose Ray job runs: ask the head to stop the job
 (Ray's Jobs API, which SIGTERMs the driver), wait by state at most the window, then delete. Pure; no I/O."""
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ class GuardPipeline(StopBeforeDelete):
                 raise RetryLater(message, wait, counted=False)
             self._stop_done(rayjob, sweep)
         self._record_stop_outran_suspend(body, rayjob, sweep)  # before a release lets the cluster and its pods go
-        # The data stays held; the GPUs need not (issue 26), nor wait for the verification, which may take minutes.
+        # The data stays held; the GPUs need not, nor wait for the verification, which may take minutes.
         self._free_held_workers(body, rayjob, sweep)
         try:
             _, decision = self._guard(

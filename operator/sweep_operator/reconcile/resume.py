@@ -1,4 +1,4 @@
-"""Resuming an ended sweep (issue 16), as pure decisions: facts in, one decision out, no I/O.
+"""Resuming an ended sweep, as pure decisions: facts in, one decision out, no I/O.
 
 A resume is asked for in the spec (`spec.resume.generation` above `status.resumedGeneration`: what
 `kubectl apply` of an edited manifest and `sweepctl resume` both do) or, opted in with

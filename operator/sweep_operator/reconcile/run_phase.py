@@ -508,7 +508,7 @@ def decide_finish(
     said = verdict(verification, judged)  # the guard's rule, so the status says what a deletion would do
     verified, reason, text = said.verified, said.reason, said.message
     changes["checkpoints"] = verification.to_status()
-    # The attempt's row in status.attempts (resume, issue 16): when it ended, how, what it left verified.
+    # The attempt's row in status.attempts (resume): when it ended, how, what it left verified.
     changes.update(
         end_patch(
             status,

@@ -1,4 +1,4 @@
-"""The stop before a delete, as the controller carries it out (issue 26): the graceful stop through the head's Jobs
+"""The stop before a delete, as the controller carries it out: the graceful stop through the head's Jobs
 API, the worker groups suspended while KubeRay still reconciles the cluster, a held cluster's workers freed, and the
 GPU time held without training recorded. I/O at the edge; every decision is in graceful_stop.py and idle_gpus.py."""
 
@@ -129,7 +129,7 @@ class StopBeforeDelete(ABC):
 
     def _suspend_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Suspend the RayJob's cluster's worker groups and wait (bounded) until KubeRay deleted their pods: once the
-        RayJob goes, its cluster is deleted and, held by the guard, no longer reconciled (issue 26 section 2)."""
+        RayJob goes, its cluster is deleted and, held by the guard, no longer reconciled."""
         meta = meta_of(rayjob)
         namespace, key = meta.get("namespace") or "default", f"suspend/{meta.get('uid') or meta.get('name')}"
         name = str((rayjob.get("status") or {}).get("rayClusterName") or "")
@@ -293,7 +293,7 @@ class StopBeforeDelete(ABC):
             self.metrics.idle_gpus(namespace, name, idle_gpus.STOPPING, held)
 
     def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
-        """Before deleting `rayjob` (issue 26): ask its head to stop a running job (Ray's Jobs API: the driver gets
+        """Before deleting `rayjob`: ask its head to stop a running job (Ray's Jobs API: the driver gets
         SIGTERM and RAY_JOB_STOP_WAIT_TIME_S), then hold the delete until the job ended or the window passed.
         Seconds to wait, or None: delete now. KubeRay's own deletion path would stop the job at once."""
         meta = meta_of(rayjob)
