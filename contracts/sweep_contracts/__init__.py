@@ -1,2 +1,2 @@
-"""The contracts the operator and the training image share: the API models, the run spec, the runtime env codec,
-the S3 layout and the checkpoint manifest. Pure: they import neither kopf, the Kubernetes client nor boto3."""
+"""The contracts the operator and the training image share: API models, run spec, runtime env codec, S3 layout,
+checkpoint manifest. No kopf, Kubernetes client or boto3."""

@@ -1,5 +1,8 @@
-"""Which trials have reported, or ended, without a committed checkpoint: judged from the run's progress or result
-document (`trialResults`), for the operator's condition and Event and for run-local's closing lines alike."""
+"""Which trials have reported, or ended, without a committed checkpoint, judged from the run's progress or result
+document (`trialResults`).
+
+For the operator's condition and Event and for run-local's closing lines alike.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The checkpoint manifest, in one place: the document the entrypoints write into every checkpoint and the verifier
-reads back (R10, R22). Standard library only, so the training image and the operator import the same code.
+"""The checkpoint manifest, in one place: what the entrypoints write into every checkpoint and the verifier reads back
+(R10, R22). Standard library only, for both sides.
 
     _manifest.json              {"files": [{"path", "size", "sha256"}], "rank": 0, "epoch": 3, "worldSize": 2}
     _manifest.rank-0001.json    the same for one rank of a sharded save: its own files; worldSize required

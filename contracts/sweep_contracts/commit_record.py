@@ -1,5 +1,8 @@
-"""The commit record, in one place: what Ray committed in one checkpoint, written by our Train callback after Ray's
-checkpoint manager registered it, read back by the verifier. Standard library only (training image and operator).
+"""The commit record, in one place: what Ray committed in one checkpoint, written by our Train callback and read back by
+the verifier. Standard library only.
+
+The callback writes it after Ray's checkpoint manager registered the checkpoint; the training image and the operator
+import this same code.
 
     _commit_record.json   {"version": 1, "checkpoint": "checkpoint_...", "fingerprint": "s3-etag",
                            "files": [{"path", "size", "fingerprint"}], "recordedAt": ..., "backfilled": false}

@@ -1,5 +1,5 @@
-"""The spec's own rules (pure): pydantic problems named by field path, and the cross-field rules the schema cannot
-express. Both sides run them: the operator's validator before a run, the entrypoint on the spec it is handed."""
+"""The spec's own rules (pure): pydantic problems named by field path and the cross-field rules the schema cannot
+express, run by the operator and the entrypoint alike."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Experiment tracking as the driver reports it and the operator mirrors it: the `tracking` block of the run's
-progress documents (written by training_entrypoints.tracking), the status.tracking fields and the
-TrackingAvailable condition judged from it. One module, so both ends read the block the same way."""
+"""Experiment tracking as the driver reports it and the operator mirrors it: the run's `tracking` block, status.tracking
+and the TrackingAvailable condition.
+
+The block is written by training_entrypoints.tracking into the run's progress documents; one module, so both ends read
+it the same way.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""GPU time (pure): what a sweep's GPU pods held, as intervals folded into the `status.usage` record, and the sums
-over a namespace's window the budgets are judged by (reconcile.usage decides over them; metrics and the CLI read them).
+"""GPU time (pure): what a sweep's GPU pods held, as intervals folded into `status.usage`, and the sums over a
+namespace's window that the budgets are judged by.
 
 A pod holds its GPUs from the moment kube-scheduler binds it (its `PodScheduled` condition turns True: the
 scheduler's binding sets it, `pkg/scheduler/schedule_one.go` `bind` -> `podutil.UpdatePodCondition`) until it is

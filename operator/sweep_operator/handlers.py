@@ -1,5 +1,7 @@
-"""The only kopf-aware module: wires kopf's watch events and the admission webhook to the controller; each sweep's
-periodic check (SweepTicks) runs from a work queue of our own, so kopf puts no finalizer of its own on anything.
+"""The only kopf-aware module: wires kopf's watch events and the admission webhook to the controller.
+
+Each sweep's periodic check (SweepTicks) runs from a work queue of our own, so kopf puts no finalizer of its own on
+anything.
 
     python -m sweep_operator            # settings from SWEEP_* environment variables (the chart's ConfigMap)
 

@@ -1,5 +1,5 @@
-"""What the operator checks and sets up about its install at startup: KubeRay's identity, which the guard
-policy trusts, exists; the webhook's own certificate is in place before kopf's admission server starts."""
+"""What the operator checks and sets up about its install at startup: KubeRay's identity, which the guard policy trusts,
+and the webhook's own certificate."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The operator's memory budget for what tenants write (a run's JSON documents, its listing, Tune's experiment
-states), sized from the pod's memory limit so an outsized run fails for its own sweep and never takes the operator
-down; and the bounded reading of one JSON document (bytes, nesting depth and element count, checked before parsing)."""
+"""The operator's memory budget for what tenants write, sized from the pod's memory limit, and the bounded reading of
+one JSON document.
+
+An outsized run (its JSON documents, its listing, Tune's experiment states) fails for its own sweep and never takes the
+operator down; a document's bytes, nesting depth and element count are checked before parsing.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""What Ray is waiting for, as one status line (R20): the `pending` block the driver writes into `_sweep/status.json`
-(pending trials, unmet placement groups and task/actor demand, node launches) -> `status.waitingFor`. Pure.
+"""What Ray is waiting for, as one status line (R20): the `pending` block the driver writes into `_sweep/status.json` ->
+`status.waitingFor`. Pure.
+
+The block names pending trials, unmet placement groups, task and actor demand, and node launches.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""What the operator writes on a run's objects and reads back, below the decisions that read it: the guard's target
-(the guard annotation), the run's bounds (the bounds annotation: worker cap, GPUs per worker) and the Kueue labels.
-rendering.py writes them; reconcile/ (guard, drift, kueue) reads them. Pure."""
+"""What the operator writes on a run's objects and reads back (pure): the guard's target, the run's bounds (worker cap,
+GPUs per worker) and the Kueue labels.
+
+rendering.py writes them (the guard and bounds annotations, the labels); reconcile/ (guard, drift, kueue) reads them,
+below the decisions that read it.
+"""
 
 from __future__ import annotations
 

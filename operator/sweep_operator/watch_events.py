@@ -1,6 +1,9 @@
-"""What the operator does with a watch event of a sweep, a RayJob or a RayCluster (no kopf here: kopf's handlers and
-the watch router in handlers.py both call these), and its Events. Each notes, checks and enqueues; a deleting object of
-ours goes to the guard's pipeline."""
+"""What the operator does with a watch event of a sweep, a RayJob or a RayCluster, and its Events: each notes, checks
+and enqueues (no kopf here).
+
+kopf's handlers and the watch router in handlers.py both call these; a deleting object of ours goes to the guard's
+pipeline.
+"""
 
 from __future__ import annotations
 

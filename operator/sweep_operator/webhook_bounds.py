@@ -1,6 +1,9 @@
-"""The admission webhook's bounds: how much of a request is read and parsed, how many validations run or wait at
-once and for how long, and how long a refusal's message may be. Any pod the NetworkPolicy admits can send the
-webhook a forged review, so none of it may cost the operator more than these (docs/security.md)."""
+"""The admission webhook's bounds: how much of a request is read and parsed, how many validations run or wait and for
+how long, how long a refusal's message may be.
+
+Any pod the NetworkPolicy admits can send the webhook a forged review, so none of it may cost the operator more than
+these (docs/security.md).
+"""
 
 from __future__ import annotations
 

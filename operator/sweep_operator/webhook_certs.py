@@ -1,6 +1,9 @@
-"""The webhook's serving certificate when the operator manages it (Kueue's way, no cert-manager): a CA and a serving
-pair in one Secret all replicas share, renewed before expiry, the CA injected into the webhook configurations.
-Decisions are pure (`decide_renewal`, `issue`); `WebhookCertificates` and `KubeCertStore` are the thin I/O."""
+"""The webhook's serving certificate when the operator manages it (Kueue's way, no cert-manager): a CA and serving pair
+in one shared Secret, renewed before expiry.
+
+The CA is injected into the webhook configurations. Decisions are pure (`decide_renewal`, `issue`);
+`WebhookCertificates` and `KubeCertStore` are the thin I/O.
+"""
 
 from __future__ import annotations
 

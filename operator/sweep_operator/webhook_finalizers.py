@@ -1,5 +1,5 @@
-"""The mutating webhook's decisions: the guard's finalizer at creation, on every TrainingSweep and on a RayCluster
-created with the guard annotation, so neither exists unguarded, even while the operator is down."""
+"""The mutating webhook's decisions: the guard's finalizer on every TrainingSweep and on a RayCluster created with the
+guard annotation, so neither exists unguarded."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`sweepctl init NAME [--dir DIR]`: a directory to start from with your own training code: a train loop package as
-Ray Train's docs teach it, a TrainingSweep that runs it on two CPUs, a Dockerfile over the training image, a README."""
+"""`sweepctl init NAME [--dir DIR]`: a directory to start from with your own training code: a train loop package, a
+TrainingSweep that runs it, a Dockerfile, a README."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
-"""The files `sweepctl init` writes: a train loop as Ray Train's docs teach it (nothing of this project imported), a
-TrainingSweep that runs it on two CPUs, a Dockerfile over the training image and a README with the next commands."""
+"""The files `sweepctl init` writes: a train loop as Ray Train's docs teach it, a TrainingSweep that runs it on two
+CPUs, a Dockerfile and a README.
+
+The loop imports nothing of this project; the Dockerfile builds over the training image, and the README gives the next
+commands.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`sweepctl release NAME --reason TEXT [--force]` and `sweepctl guarded`: the way out of a stuck guard finalizer
-when no operator can release it (its Role deleted with the namespace, the chart uninstalled); docs/runbook.md.
+"""`sweepctl release NAME --reason TEXT [--force]` and `sweepctl guarded`: the way out of a stuck guard finalizer when
+no operator can release it (docs/runbook.md).
+
+No operator can when its Role went with the namespace or the chart was uninstalled.
 
 `release` runs the guard's own decision (guard.decide_*) with the caller's S3 credentials and removes the finalizer
 only from objects already being deleted; `--force` skips verification and records who and why (Event, annotation).

@@ -1,7 +1,9 @@
-"""`sweepctl report NAME [-n NS] [--out DIR]`: a sweep's learning curves, metrics, hyper-parameters and timeline as
-a self-contained report.html (figures embedded) plus PNGs, from its status and its run root in S3 (or a local dir);
-`--storage RUN_ROOT` reads S3 alone; interactive.html beside it has hover, zoom, a log scale and a metric picker.
-Reading: report_records; figure data: report_data; drawing: report_figures, report_interactive; page: report_html."""
+"""`sweepctl report NAME [-n NS] [--out DIR]`: a sweep's learning curves, metrics, hyper-parameters and timeline as a
+self-contained report.html, PNGs and an interactive.html.
+
+Read from its status and its run root in S3 (or a local dir); `--storage RUN_ROOT` reads S3 alone. Reading:
+report_records; figure data: report_data; drawing: report_figures, report_interactive; page: report_html.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The data behind each figure of `sweepctl report`, as pure functions over `RunRecords`: learning curves of every
-metric the loop reports, the hyper-parameters, the parallel-coordinates view and the timeline."""
+"""The data behind each figure of `sweepctl report`, as pure functions over `RunRecords`: learning curves,
+hyper-parameters, parallel coordinates and the timeline."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The figures of `sweepctl report`, drawn with matplotlib (headless) from the data of `report_data`: one colour
-per trial across every figure, the best trial in red, legends naming trials by their hyper-parameters."""
+"""The figures of `sweepctl report`, drawn with matplotlib (headless) from the data of `report_data`: one colour per
+trial throughout, the best trial in red.
+
+Legends name trials by their hyper-parameters.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""report.html of `sweepctl report`: the sweep's facts, each figure inlined with a caption, the trials and the
-checkpoints as tables whose every column is headed. Values are formatted for people, never a Python repr."""
+"""report.html of `sweepctl report`: the sweep's facts, each figure with a caption, the trials and checkpoints as headed
+tables. Values are formatted for people, never a Python repr."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""interactive.html of `sweepctl report`: every metric per epoch of every trial and each hyper-parameter against the
-picked metric's final value, with hover, zoom, a log scale and a metric picker. Drawn with plotly, its library
-inlined in the page: it opens offline and fetches nothing."""
+"""interactive.html of `sweepctl report`: every metric per epoch of every trial, each hyper-parameter against the picked
+metric, with hover, zoom and a log scale.
+
+Drawn with plotly, its library inlined in the page: it opens offline and fetches nothing.
+"""
 
 from __future__ import annotations
 

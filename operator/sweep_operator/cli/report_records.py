@@ -1,5 +1,5 @@
-"""What `sweepctl report` reads: the run root's records (a local directory or S3) and the sweep, as `RunRecords`;
-the sweep's name and the phase its run ended in, from the cluster or, after a delete, from the run root alone."""
+"""What `sweepctl report` reads, as `RunRecords`: the run root's records (a local directory or S3), and the sweep's name
+and final phase from the cluster or the run root."""
 
 from __future__ import annotations
 

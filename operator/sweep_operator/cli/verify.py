@@ -1,5 +1,5 @@
-"""`sweepctl verify URI`: are a run's checkpoints safely in S3? Exit 0 verified, 1 not verified, 2 usage error.
-A URI that is not a run root (a storage.uri, a namespace) is a usage error listing the run roots under it.
+"""`sweepctl verify URI`: are a run's checkpoints safely in S3? Exit 0 verified, 1 not verified, 2 usage error (a URI
+that is not a run root lists the run roots under it).
 
 Prints a table (trial, checkpoint, files, bytes, status) or, with --json, the result with a top-level `verified`.
 """

@@ -1,5 +1,5 @@
 """Admission (pure): a sweep without a run is Invalid, Suspended, Queued for its namespace's GPU budget, or admitted
-with a CreateRayJob; after the create, its outcome decides the status. The budget itself is the ledger's."""
+with a CreateRayJob whose outcome decides the status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""A run's attempts (pure): the status.attempts rows, how an attempt's RayJob ended (a lost cluster or the application), what a verification of the run root found, the last resume answered, and the status patches that record an attempt's end. Shared by resume (which decides on them) and the run phase (which records an end)."""
+"""A run's attempts (pure): the status.attempts rows, how an attempt's RayJob ended and what a verification of its run
+root found.
+
+Also the last resume answered and the status patches that record an attempt's end; shared by resume (which decides on
+them) and the run phase (which records an end).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The controller's memory between passes, as an informer's: the newest copy of each sweep and RayJob, the
-resourceVersions of our own writes, parsed specs, per-run caps. None of it is needed for correctness: every
-status write carries the resourceVersion it was computed from, and the guard reads fresh. Deduplicating
-reconcile requests is the work queue's job, not the cache's.
+"""The controller's memory between passes, as an informer's: the newest copy of each sweep and RayJob, our own writes'
+resourceVersions, parsed specs, per-run caps.
+
+None of it is needed for correctness: every status write carries the resourceVersion it was computed from, and the guard
+reads fresh. Deduplicating reconcile requests is the work queue's job, not the cache's.
 """
 
 from __future__ import annotations

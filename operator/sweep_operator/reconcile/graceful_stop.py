@@ -1,5 +1,5 @@
-"""The graceful stop before the operator deletes a RayJob whose Ray job runs: ask the head to stop the job
-(Ray's Jobs API, which SIGTERMs the driver), wait by state at most the window, then delete. Pure; no I/O."""
+"""The graceful stop before the operator deletes a running RayJob (pure): ask the head to stop the job (Ray's Jobs API
+SIGTERMs the driver), wait at most the window, delete."""
 
 from __future__ import annotations
 

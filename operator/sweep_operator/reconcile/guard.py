@@ -1,5 +1,7 @@
-"""The checkpoint guard (pure, R22): its facts from the objects read, and the decision to release a finalizer
-or hold it and re-check with backoff. docs/guard.md states the rules as one table; each rule names its test.
+"""The checkpoint guard (pure, R22): its facts from the objects read, and the decision to release a finalizer or hold it
+and re-check with backoff.
+
+docs/guard.md states the rules as one table; each rule names its test.
 """
 
 from __future__ import annotations

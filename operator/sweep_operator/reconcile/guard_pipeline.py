@@ -1,6 +1,9 @@
-"""The checkpoint guard as the controller carries it out: its deletion pipeline (our own finalizer, our own
-retries), the finalizer added to our RayJobs and RayClusters, the escape hatch's audit and its propagation, and the
-lost-label warning. I/O at the edge; every decision is in guard.py."""
+"""The checkpoint guard as the controller carries it out (I/O): the deletion pipeline and the finalizer on our RayJobs
+and RayClusters. Every decision is in guard.py.
+
+The pipeline keeps our own finalizer and our own retries; the escape hatch's audit and its propagation, and the
+lost-label warning, are here too.
+"""
 
 from __future__ import annotations
 

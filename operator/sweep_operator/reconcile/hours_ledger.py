@@ -1,7 +1,10 @@
-"""The namespace's GPU-hour ledger (pure): every GPU-second its sweeps used inside the rolling window, deleted sweeps
-included, and each admitted attempt's reservation; admission, release and usage records decided over it. The
-GPUHourLedger object that stores it is written only by the operator, one optimistic write per change; one that
-vanished after the operator created it (its record below) is refused, never re-created."""
+"""The namespace's GPU-hour ledger (pure): every GPU-second its sweeps used in the rolling window, deleted sweeps
+included, and each admitted attempt's reservation.
+
+Admission, release and usage records are decided over it. The GPUHourLedger object that stores it is written only by the
+operator, one optimistic write per change; one that vanished after the operator created it (its record below) is
+refused, never re-created.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Kueue mode, decided from facts (pure): where Kueue has a sweep's RayJob (queued, admitted, preempted), the text
-the sweep's status shows for it, and the sweep's admitted time (its deadline counts only while Kueue admits it).
+"""Kueue mode, decided from facts (pure): where Kueue has a sweep's RayJob, the text its status shows for it, and its
+admitted time (its deadline counts only while admitted).
 
 Kueue sources (kubernetes-sigs/kueue): pkg/controller/jobframework/reconciler.go `ReconcileGenericJob` (eviction ->
 stopJob suspends the RayJob; admission -> startJob unsuspends it), pkg/workload/workload.go `SetQuotaReservation`,

@@ -1,7 +1,10 @@
-"""The namespace's budgets as admission reads them, and what a pending resume reads. Reading only reads (the ledgers,
-the API, the caches), but for entering a ledger found in the operator's record of the ledgers it created; what
-changes the ledgers is carried out by the controller's `_execute` (`Budgets.reserve` for a ReserveBudget,
-`record_hours`, `release_hours`). They sit beside reads, above the decisions."""
+"""The namespace's budgets as admission reads them, and what a pending resume reads: I/O beside reads, above the
+decisions.
+
+Reading only reads (the ledgers, the API, the caches), but for entering a ledger found in the operator's record of the
+ledgers it created; what changes the ledgers is carried out by the controller's `_execute` (`Budgets.reserve` for a
+ReserveBudget, `record_hours`, `release_hours`).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The reads that fill the facts: the run's records in S3, the checkpoint verification, the pods and Events of a
-cluster that does not start, the objects a deletion belongs to. I/O only; no decision is taken here."""
+"""The reads that fill the facts: the run's records in S3, the checkpoint verification, a stuck cluster's pods and
+Events, the objects a deletion belongs to. No decisions."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""A pass's one decision (pure), over facts read before deciding. An admission: the admission rules, then the
-namespace's budgets. An admitted sweep: a pending resume first, then the run-phase rules, the GPU-hour measurement and
-Kueue mode, in this order. Each rule returns data (a status, a measurement, a Kueue outcome); this module alone
-combines them into the pass's one `Decision`, and states which rule wins where two meet."""
+"""A pass's one decision (pure), over facts read before deciding: this module alone combines the rules' answers into one
+`Decision`, and says which wins where two meet.
+
+An admission: the admission rules, then the namespace's budgets. An admitted sweep: a pending resume first, then the
+run-phase rules, the GPU-hour measurement and Kueue mode, in this order; each rule returns data (a status, a
+measurement, a Kueue outcome).
+"""
 
 from __future__ import annotations
 

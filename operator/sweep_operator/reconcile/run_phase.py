@@ -1,5 +1,5 @@
-"""A run's phase (pure): one pass over the RayJob's state and the sweep's deadlines -> the new status and the
-actions (KubeRay's rayjob_controller.go: one switch on the deployment status, status changed in memory).
+"""A run's phase (pure): one pass over the RayJob's state and the sweep's deadlines -> the new status and the actions,
+as KubeRay's one switch on the deployment status.
 
 A new run-phase rule is a named predicate here and one branch in `decide_run`; a new status field is set in the
 `changes` dict it builds (and added to the CRD's status schema).

@@ -1,6 +1,7 @@
-"""The only writer of a sweep's status: the new status is computed in memory, written once as a merge patch onto
-the version it was computed from, then the callbacks post Events and observe metrics (KubeRay's
-updateRayJobStatus(original, new); Ray Train V2's ControllerCallback).
+"""The only writer of a sweep's status: computed in memory, written once as a merge patch onto the version it was
+computed from, then callbacks post Events and metrics.
+
+As KubeRay's updateRayJobStatus(original, new) and Ray Train V2's ControllerCallback.
 """
 
 from __future__ import annotations

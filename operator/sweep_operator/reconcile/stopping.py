@@ -1,6 +1,9 @@
-"""The stop before a delete, as the controller carries it out: the graceful stop through the head's Jobs
-API, the worker groups suspended while KubeRay still reconciles the cluster, a held cluster's workers freed, and the
-GPU time held without training recorded. I/O at the edge; every decision is in graceful_stop.py and idle_gpus.py."""
+"""The stop before a delete, as the controller carries it out (I/O): the graceful stop through the head, the worker
+groups suspended, a held cluster's workers freed.
+
+The worker groups are suspended while KubeRay still reconciles the cluster, and the GPU time held without training is
+recorded. Every decision is in graceful_stop.py and idle_gpus.py.
+"""
 
 from __future__ import annotations
 

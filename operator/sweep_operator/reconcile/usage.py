@@ -1,6 +1,9 @@
-"""GPU-hour budgets (pure): the decisions over the GPU time of a sweep's pods (`gpu_time`): its budget spent, the
-80%/100% thresholds, the namespace's rolling window, the admission worst case, and which clusters a pass measures.
-Data in, data out: no kopf, no Kubernetes client, no clock of its own."""
+"""GPU-hour budgets (pure): a sweep's budget spent, the 80%/100% thresholds, the namespace's rolling window, the
+admission worst case, and which clusters a pass measures.
+
+Decided over the GPU time of a sweep's pods (`gpu_time`); data in, data out: no kopf, no Kubernetes client, no clock of
+its own.
+"""
 
 from __future__ import annotations
 

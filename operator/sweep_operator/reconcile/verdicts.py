@@ -1,4 +1,8 @@
-"""What a verification of a run root says (pure), shared by the checkpoint guard, the end of a run and resume: the guard's target as recorded, the rule that releases or holds after a verification, and the Verified / NothingToProtect / NotVerified verdict the sweep's status records."""
+"""What a verification of a run root says (pure), shared by the guard, the end of a run and resume: the guard's target,
+the rule that releases or holds, the verdict.
+
+The verdict is Verified, NothingToProtect or NotVerified, as the sweep's status records it.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Kueue's Workload as the operator reads it (pure): its conditions and admission, which Workload is a RayJob's, and whether a RayJob is Kueue's at all. Shared by Kueue mode (kueue) and the graceful stop of an evicted run (graceful_stop)."""
+"""Kueue's Workload as the operator reads it (pure): its conditions and admission, which Workload is a RayJob's, and
+whether a RayJob is Kueue's at all.
+
+Shared by Kueue mode (kueue) and the graceful stop of an evicted run (graceful_stop).
+"""
 
 from __future__ import annotations
 

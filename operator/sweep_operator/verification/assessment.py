@@ -1,5 +1,8 @@
-"""The pure comparison: one trial's listing, snapshot and manifests against each other, the best and recorded
-checkpoints against the verified ones, and the trials the records say checkpointed against what S3 holds."""
+"""The pure comparison: one trial's listing, snapshot and manifests against each other, and the best and recorded
+checkpoints against the verified ones.
+
+Also the trials the records say checkpointed against what S3 holds.
+"""
 
 from __future__ import annotations
 

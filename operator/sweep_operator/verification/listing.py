@@ -1,6 +1,8 @@
-"""The verifier's S3 access: one paginated listing of a run's `train/` handed out trial by trial as it passes
-(so reads overlap the listing), whole small objects, streamed hashes, the bucket's retention settings; every failure
-an S3AccessError naming the key."""
+"""The verifier's S3 access: one paginated listing of a run's `train/` handed out trial by trial as it passes, whole
+small objects, streamed hashes, bucket retention.
+
+Reads overlap the listing; every failure is an S3AccessError naming the key.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The records a verification reads: Ray 2.58's checkpoint-manager snapshot, our `_sweep/result.json` and
-`status.json`, and Tune's experiment states (parsed by sweep_contracts.tune_state, shared with the training image)."""
+"""The records a verification reads: Ray's checkpoint-manager snapshot, our `_sweep/result.json` and `status.json`, and
+Tune's experiment states.
+
+The snapshot is Ray 2.58's; Tune's states are parsed by sweep_contracts.tune_state, shared with the training image.
+"""
 
 from __future__ import annotations
 
