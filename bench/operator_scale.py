@@ -467,11 +467,29 @@ def measure_steady(
         items = custom.list_namespaced_custom_object(
             constants.RAY_GROUP, constants.RAY_VERSION_API, NAMESPACE, constants.RAYJOB_PLURAL
         )
-        return sum(1 for o in items["items"] if (o.get("status") or {}).get("jobDeploymentStatus") == "Running")
+        return sum(
+            1
+            for o in items["items"]
+            if (o.get("status") or {}).get("jobDeploymentStatus") == "Running"
+            and (o.get("status") or {}).get("jobStatus") == "RUNNING"  # the job's own first transition is in too
+        )
+
+    def sweep_changes() -> int:
+        return server.call(lambda: changes.mutations[f"{constants.PLURAL}:MODIFIED"])
 
     deadline = time.monotonic() + max(120.0, n * 0.2)
     while (count := running()) < n and time.monotonic() < deadline and operator.alive():
         time.sleep(1.0)
+    # Then until the operator has mirrored those transitions: no sweep written for two seconds (bounded), so the
+    # window measures a steady state, not the tail of the burst.
+    quiet_by = time.monotonic() + 60.0
+    last = sweep_changes()
+    while time.monotonic() < quiet_by and operator.alive():
+        time.sleep(2.0)
+        now = sweep_changes()
+        if now == last:
+            break
+        last = now
     log.info("steady state: %d of %d RayJobs Running; measuring %.0f s", count, n, args.steady)
     cpu_before = proc_cpu_seconds(operator.pid)
     requests_before = server.call(lambda: Counter(emulator.requests))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from . import constants, s3_layout
@@ -36,6 +37,12 @@ class RunSpec:
         return s3_layout.RunLayout(self.run_root)
 
     def to_json(self) -> str:
+        return self._json
+
+    @cached_property
+    def _json(self) -> str:
+        # Encoded once per run spec (its fields and the frozen API models never change): the operator compares every
+        # RayJob's run spec with the digest it recorded on each pass, and the encoding is most of that comparison.
         body = {
             "version": RUN_SPEC_VERSION,
             "apiVersion": constants.API_VERSION,
