@@ -5,7 +5,6 @@ Both write their local checkpoints under `local_dir`, so the test can see that n
 
 from __future__ import annotations
 
-import functools
 import os
 import tempfile
 from typing import Any
@@ -14,7 +13,7 @@ import ray.train
 import torch
 from ray.train import Checkpoint, CheckpointUploadMode
 
-from training_entrypoints import checkpointing
+from training_entrypoints import async_upload, checkpointing
 from training_entrypoints.loops import digits_mlp
 
 
@@ -24,7 +23,13 @@ def train_loop(config: dict[str, Any]) -> None:
         plain_loop(config)
         return
     report = digits_mlp.report_epoch
-    digits_mlp.report_epoch = functools.partial(checkpointing.report_epoch, upload="async")
+
+    def report_async(metrics: dict[str, Any], **kwargs: Any) -> None:
+        # What this worker's earlier reports left: they went through the asynchronous path.
+        uploaded_async = async_upload._worker_uploads is not None
+        checkpointing.report_epoch({**metrics, "uploaded_async": uploaded_async}, upload="async", **kwargs)
+
+    digits_mlp.report_epoch = report_async
     try:
         digits_mlp.train_loop(config)
     finally:

@@ -446,6 +446,9 @@ def test_async_uploads_commit_what_the_verifier_proves_and_a_refused_upload_fail
     verdict = json.loads(out)
     assert verdict["checked"] == 2 * EPOCHS
     assert verdict["summary"] == f"{2 * EPOCHS} committed ({EPOCHS} full-state)", verdict["summary"]
+    ok_s3 = S3Run(ok, s3_server.client(), S3Uri.parse(ok.run_root))
+    (helpers,) = [t["id"] for t in ok.result["trialResults"] if t["config"]["style"] == "helpers"]
+    assert [r["uploaded_async"] for r in ok_s3.tune_results(helpers)] == [False] + [True] * (EPOCHS - 1)
 
     assert not failed.ok and failed.result["trials"]["errored"] == 1
     ((error,),) = [[e["error"] for e in failed.result["errors"]]]
