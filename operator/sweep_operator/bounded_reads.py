@@ -10,6 +10,8 @@ of threads and bytes; past that its reads are refused at once until one ends.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Mapping
@@ -35,6 +37,7 @@ class DeadlineReads:
         self.deadline_s, self.max_late = deadline_s, max_late
         self._lock = threading.Lock()
         self._late: Counter[Hashable] = Counter()
+        self._threads = ReusedThreads("s3-read")
 
     def late(self, flow: Hashable) -> int:
         """Reads of `flow` abandoned at their deadline and not yet ended."""
@@ -72,7 +75,7 @@ class DeadlineReads:
                     if state["abandoned"]:
                         self._less(flow)
 
-        threading.Thread(target=run, name="s3-read", daemon=True).start()
+        self._threads.run(run)
         try:
             return future.result(timeout=self.deadline_s)
         except FutureTimeout:
@@ -88,6 +91,49 @@ class DeadlineReads:
         self._late[flow] -= 1
         if self._late[flow] <= 0:
             del self._late[flow]
+
+
+class ReusedThreads:
+    """Daemon threads that run one function each and wait a while for the next: a read per sweep and poll would
+    otherwise start a thread each (a tenth of the operator's CPU with every sweep running). A thread still busy, an
+    abandoned read's included, is never waited for: a call with no idle thread gets a new one, so nothing queues
+    behind a slow endpoint, and daemon threads never hold the process's exit."""
+
+    def __init__(self, name: str, idle_s: float = 60.0) -> None:
+        self.name, self.idle_s = name, idle_s
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+
+    @property
+    def idle(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def run(self, function: Callable[[], None]) -> None:
+        """`function()` on an idle thread, else on a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(function)
+            return
+        inbox = queue.SimpleQueue()
+        inbox.put(function)
+        threading.Thread(target=self._serve, args=(inbox,), name=self.name, daemon=True).start()
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            try:
+                function = inbox.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # no call took it meanwhile: end
+                        self._idle.remove(inbox)
+                        return
+                continue  # a call took this thread just now: its function is on the way
+            with contextlib.suppress(Exception):  # the function reports its own outcome; this thread only serves
+                function()
+            with self._lock:
+                self._idle.append(inbox)
 
 
 def _shut_down(body: Any) -> None:

@@ -43,3 +43,46 @@ def test_forget_and_bad_bounds() -> None:
     assert docs.get("a") is None and docs.size_bytes == 0
     with pytest.raises(ValueError, match="max_entry_bytes"):
         UnchangedDocuments(max_bytes=10, max_entry_bytes=11)
+
+
+def test_reused_threads_serve_calls_in_turn_and_never_queue_behind_a_busy_one() -> None:
+    """bounded_reads.ReusedThreads: a finished thread takes the next call; a call while every thread is busy (an
+    abandoned read's thread still waiting on its endpoint) gets a new thread at once instead of waiting."""
+    import threading
+
+    from sweep_operator.bounded_reads import ReusedThreads
+    from tests.support.waiting import wait_for
+
+    threads = ReusedThreads("test", idle_s=30.0)
+    names: list[int] = []
+    done = threading.Event()
+    threads.run(lambda: (names.append(threading.get_ident()), done.set()))
+    assert done.wait(5)
+    wait_for(lambda: threads.idle == 1, 5, what="the thread back to idle")
+    again = threading.Event()
+    threads.run(lambda: (names.append(threading.get_ident()), again.set()))
+    assert again.wait(5) and names[0] == names[1]  # the same thread served both
+
+    wait_for(lambda: threads.idle == 1, 5, what="the thread back to idle")
+    release, started, other = threading.Event(), threading.Event(), threading.Event()
+    threads.run(lambda: (started.set(), release.wait(10)))
+    assert started.wait(5) and threads.idle == 0
+    threads.run(other.set)  # no idle thread: a new one, not a queue behind the held one
+    assert other.wait(5)
+    release.set()
+    wait_for(lambda: threads.idle == 2, 5, what="both threads idle")
+
+
+def test_an_idle_thread_ends_after_its_wait() -> None:
+    import threading
+
+    from sweep_operator.bounded_reads import ReusedThreads
+    from tests.support.waiting import wait_for
+
+    threads = ReusedThreads("test-idle-end", idle_s=0.2)
+    ran = threading.Event()
+    threads.run(ran.set)
+    assert ran.wait(5)
+    wait_for(
+        lambda: threads.idle == 0 and not any(t.name == "test-idle-end" for t in threading.enumerate()), 5, what="ended"
+    )
