@@ -6,6 +6,7 @@ the status at most every few seconds. The operator copies both into the Training
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -352,6 +353,7 @@ class SweepProgressCallback(Callback):
         self._trial_pending_since: dict[str, float] = {}
         self._group_pending_since: dict[str, float] = {}  # touched by the one writer thread only
         self._checkpoints: dict[str, str] = {}  # trial id -> the last checkpoint path its results named
+        self._last_written: str | None = None  # the last document written, its time aside (the writer's own)
         # More facts for each status document (the tracker's `tracking` block); set by the driver, never pickled.
         self.extra_facts: Callable[[], Mapping[str, Any]] | None = None
 
@@ -365,10 +367,11 @@ class SweepProgressCallback(Callback):
             "_group_pending_since": {},
             "_checkpoints": {},
             "extra_facts": None,
+            "_last_written": None,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"_checkpoints": {}, "extra_facts": None, **state})
+        self.__dict__.update({"_checkpoints": {}, "extra_facts": None, "_last_written": None, **state})
 
     def summaries(self) -> list[TrialSummary]:
         return [
@@ -394,10 +397,18 @@ class SweepProgressCallback(Callback):
                 )  # fmt: skip
             except Exception as exc:  # what Ray waits for is a diagnosis: never worth failing a status write
                 logger.warning("could not read Ray's resource demand: %s", exc)
+        # A document that says nothing new (its time aside) is not written again: the operator asks for it with the
+        # ETag of the copy it read and downloads it again only when it changed, and a running sweep's trials may
+        # report every few minutes while this writes every few seconds.
+        content = json.dumps({k: v for k, v in document.items() if k != "updatedAt"}, sort_keys=True, default=str)
+        if content == self._last_written:
+            return
         try:
             storage.write_json(self.layout.status_path, document)
         except OSError as exc:  # progress is best effort; the sweep itself must not fail on it
             logger.warning("could not write %s: %s", self.layout.status_path, exc)
+            return
+        self._last_written = content
 
     def flush(self) -> None:
         """Wait for a status write in flight."""

@@ -122,6 +122,50 @@ def test_progress_callback_writes_status_at_most_every_interval(tmp_path: Path) 
     assert latest["bestTrial"]["checkpointUri"] == "/root/train/b/checkpoint_epoch-000000"
 
 
+def test_a_status_that_says_nothing_new_is_not_written_again(tmp_path: Path) -> None:
+    """Only the time changed: no write (the operator downloads status.json again only when its ETag changes); a new
+    report is written; a failed write is tried again on the next due write."""
+    now = [100.0]
+    layout = RunLayout(str(tmp_path / "run"))
+    callback = SweepProgressCallback(
+        layout, "val_loss", "min", interval_s=5.0, clock=lambda: now[0], demand_reader=None
+    )
+    status_path = Path(layout.status_path)
+    writes: list[str] = []
+    real_write = storage.write_json
+
+    def counting(path: str, document: dict) -> None:
+        writes.append(document["updatedAt"])
+        real_write(path, document)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(storage, "write_json", counting)
+        callback.on_trial_start(1, [fake_trial("a", "RUNNING", None)], None)
+        callback.flush()
+        for _ in range(3):  # nothing new: due by time, not written
+            now[0] += 6
+            callback.on_step_end(2, [fake_trial("a", "RUNNING", None)])
+            callback.flush()
+        assert len(writes) == 1
+        now[0] += 6
+        callback.on_trial_result(3, [fake_trial("a", "RUNNING", 0.4)], None, {})  # a new best: written
+        callback.flush()
+        assert len(writes) == 2 and json.loads(status_path.read_text())["bestTrial"]["id"] == "a"
+
+        def failing(path: str, document: dict) -> None:
+            raise OSError("S3 unavailable")
+
+        patch.setattr(storage, "write_json", failing)
+        now[0] += 6
+        callback.on_step_end(4, [fake_trial("a", "TERMINATED", 0.4)])
+        callback.flush()
+        patch.setattr(storage, "write_json", counting)
+        now[0] += 6
+        callback.on_step_end(5, [fake_trial("a", "TERMINATED", 0.4)])  # the same state: written now
+        callback.flush()
+        assert len(writes) == 3 and json.loads(status_path.read_text())["trials"]["terminated"] == 1
+
+
 def test_progress_callback_pickles_without_its_trials_or_writer_thread(tmp_path: Path) -> None:
     """Tune pickles callbacks with the experiment (tuner.pkl)."""
     import pickle
