@@ -96,7 +96,9 @@ class ThrottledLocalFS(pafs.FileSystemHandler):
         return {"rate": self.rate}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["rate"])  # type: ignore[misc]
+        self.rate = state["rate"]
+        self._fs = pafs.LocalFileSystem()
+        self._bucket = _TokenBucket(self.rate)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ThrottledLocalFS) and other.rate == self.rate
@@ -171,7 +173,7 @@ def train_loop(config: dict[str, Any]) -> None:
         write_files(*args, **kwargs)
         writes.append(time.monotonic() - started)
 
-    checkpointing._write_state_files = timed_write  # type: ignore[assignment]
+    checkpointing._write_state_files = timed_write  # type: ignore[assignment]  # timed in this worker only
     for epoch in range(config["checkpoints"]):
         ends = time.monotonic() + config["interval_s"]
         steps = 0
