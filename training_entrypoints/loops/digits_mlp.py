@@ -10,8 +10,6 @@ from typing import Any
 import ray.train
 import ray.train.torch
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -28,6 +26,11 @@ VAL_KEYS = ("loss", "correct", "samples")
 
 def load_datasets() -> tuple[TensorDataset, TensorDataset]:
     """(train, validation): the same stratified split on every rank and every run."""
+    # Imported here, where the data is built: Ray imports this module in processes that never build it (the sweep
+    # driver checks the loop exists, each trial's driver passes it to Train), and scikit-learn costs each a CPU second.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x_train, x_val, y_train, y_val = train_test_split(
         digits.data / 16.0, digits.target, test_size=VAL_SIZE, random_state=0, stratify=digits.target

@@ -46,8 +46,6 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
@@ -59,6 +57,11 @@ VALIDATION_SAMPLES = 357
 
 def load_data() -> tuple[TensorDataset, TensorDataset]:
     """(train, validation): the same split on every worker and every run."""
+    # Imported where the data is built: Ray also imports this module where no data is loaded (the sweep's driver, each
+    # trial's driver), and scikit-learn takes each of those processes about a second of CPU.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x_train, x_val, y_train, y_val = train_test_split(
         digits.data / 16.0, digits.target, test_size=VALIDATION_SAMPLES, random_state=0, stratify=digits.target
