@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from contextlib import ExitStack
@@ -297,6 +298,13 @@ class S3Child:
         assert self.proc.stdout is not None
         self.endpoint = json.loads(self.proc.stdout.readline())["endpoint"]
 
+    def counts(self) -> Counter[str]:
+        """Requests answered so far, by method and status ("GET 200", "GET 304", "PUT 200", ...)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        return Counter(json.loads(self.proc.stdout.readline()))
+
     def stop(self) -> None:
         stop_child(self.proc)
 
@@ -348,16 +356,37 @@ def serve_standin(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
+class CountingS3:
+    """moto's WSGI app, counting requests by method and answer (GET 200: downloaded; GET 304: not modified)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.counts = app, Counter[str]()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        method = environ.get("REQUEST_METHOD", "?")
+
+        def counted(status: str, headers: Any, *rest: Any) -> Any:
+            self.counts[f"{method} {status.split()[0]}"] += 1
+            return start_response(status, headers, *rest)
+
+        return self.app(environ, counted)
+
+
 def serve_s3() -> int:
     from sweep_sandbox.s3server import SANDBOX_CREDENTIALS, S3Server
 
     for key, value in SANDBOX_CREDENTIALS.items():
         os.environ.setdefault(key, value)
     server = S3Server().start()
+    wsgi = server._server._server  # ThreadedMotoServer's werkzeug server: count what it answers
+    counting = CountingS3(wsgi.app)
+    wsgi.app = counting
     try:
         server.client().create_bucket(Bucket=BUCKET)
         print(json.dumps({"endpoint": server.endpoint_url}), flush=True)
-        sys.stdin.read()  # until the parent closes our stdin
+        for line in sys.stdin:  # "counts": what was answered so far; the parent closing stdin stops the server
+            if line.strip() == "counts":
+                print(json.dumps(dict(counting.counts)), flush=True)
     finally:
         server.stop()
     return 0
@@ -451,6 +480,72 @@ def wait_rayjobs(
 STEADY_BUDGET = {"requestsPerSweepMinute": 4.0, "cpuMsPerSweepMinute": 20.0}
 
 
+class ProgressWriter:
+    """Writes each running sweep's `_sweep/status.json` as its driver does: a document that changes when a trial
+    reports (every `every_s` seconds per sweep, the sweeps spread over that interval), never rewritten unchanged."""
+
+    def __init__(self, endpoint: str, roots: list[str], every_s: float) -> None:
+        import boto3
+
+        from sweep_contracts.s3_layout import RunLayout, S3Uri
+        from sweep_sandbox.s3server import SANDBOX_CREDENTIALS
+
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=SANDBOX_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=SANDBOX_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
+        self.targets = [S3Uri.parse(RunLayout(root).status_path) for root in roots]
+        self.every_s, self.writes = every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-writer", daemon=True)
+
+    def document(self, index: int, reports: int) -> bytes:
+        from training_entrypoints.progress import TrialSummary, status_document
+
+        trials = [
+            TrialSummary(
+                f"t{index:05d}_{k}", "running", {"lr": 0.01 * (k + 1)}, 1.0 / (reports + 1), None, None, reports
+            )
+            for k in range(2)
+        ]
+        return json.dumps(status_document(trials, "val_loss", "min")).encode()
+
+    def write_all(self, reports: int) -> None:
+        for index, uri in enumerate(self.targets):
+            self.client.put_object(Bucket=uri.bucket, Key=uri.key, Body=self.document(index, reports))
+            self.writes += 1
+
+    def start(self) -> ProgressWriter:
+        self.write_all(0)  # every run has reported once before the window
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        reports, gap = 1, self.every_s / max(1, len(self.targets))
+        while not self._stop.is_set():
+            for index, uri in enumerate(self.targets):
+                if self._stop.wait(gap):
+                    return
+                self.client.put_object(Bucket=uri.bucket, Key=uri.key, Body=self.document(index, reports))
+                self.writes += 1
+            reports += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def run_roots(server: emu.EmulatorServer) -> list[str]:
+    """Each sweep's run root as the operator recorded it (status.guard.runRoot)."""
+    items = bench_client(server).list_namespaced_custom_object(
+        constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL
+    )["items"]
+    return [r for o in items if (r := ((o.get("status") or {}).get("guard") or {}).get("runRoot"))]
+
+
 def measure_steady(
     server: emu.EmulatorServer,
     emulator: CountingEmulator,
@@ -458,6 +553,7 @@ def measure_steady(
     operator: OperatorProcess,
     n: int,
     args: argparse.Namespace,
+    s3: S3Child | None = None,
 ) -> dict[str, Any]:
     """The operator's cost with N running sweeps: CPU and requests over `args.steady` seconds once every sweep's
     RayJob is Running (the stand-in keeps their jobs running for --run-seconds)."""
@@ -490,7 +586,12 @@ def measure_steady(
         if now == last:
             break
         last = now
+    writer = None
+    if args.progress_every and s3 is not None and (roots := run_roots(server)):
+        writer = ProgressWriter(s3.endpoint, roots, args.progress_every).start()
+        time.sleep(min(args.progress_every, 30.0))  # every operator poll has read the first documents
     log.info("steady state: %d of %d RayJobs Running; measuring %.0f s", count, n, args.steady)
+    s3_before = s3.counts() if s3 is not None else Counter()
     cpu_before = proc_cpu_seconds(operator.pid)
     requests_before = server.call(lambda: Counter(emulator.requests))
     mutations_before = server.call(lambda: Counter(changes.mutations))
@@ -499,6 +600,9 @@ def measure_steady(
     time.sleep(args.steady)
     seconds = time.monotonic() - started
     cpu = proc_cpu_seconds(operator.pid) - cpu_before
+    s3_requests = (s3.counts() if s3 is not None else Counter()) - s3_before
+    if writer is not None:
+        writer.stop()
     if profiler is not None:
         profiler.stop()
     requests = server.call(lambda: Counter(emulator.requests)) - requests_before
@@ -509,6 +613,16 @@ def measure_steady(
         "requestsPerSweepMinute": round(sum(ours.values()) / n / minutes, 3),
         "cpuMsPerSweepMinute": round(cpu * 1000 / n / minutes, 3),
     }
+    gets = sum(v for k, v in s3_requests.items() if k.startswith("GET "))
+    s3_figures = {
+        "s3Requests": dict(s3_requests.most_common()),
+        "progressDocumentsWritten": writer is not None,
+        "s3GetsPerSweepMinute": round(gets / n / minutes, 3),
+        "s3DownloadsPerSweepMinute": round(s3_requests.get("GET 200", 0) / n / minutes, 3),
+        "progressWritesPerSweepMinute": round(
+            sum(v for k, v in s3_requests.items() if k.startswith("PUT ")) / n / minutes, 3
+        ),
+    }
     return {
         "rayJobsRunning": count,
         "seconds": round(seconds, 1),
@@ -517,6 +631,7 @@ def measure_steady(
         "operatorRequests": dict(ours.most_common()),
         "changesPerMinute": {k: round(v / minutes, 1) for k, v in mutations.most_common()},
         **per_sweep_minute,
+        **s3_figures,
         "budget": STEADY_BUDGET,
         "withinBudget": all(per_sweep_minute[k] <= STEADY_BUDGET[k] for k in STEADY_BUDGET),
         "reconcileSeconds": args.reconcile_seconds,
@@ -601,7 +716,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             args.settle,
         )
         time.sleep(args.settle)  # a duplicate would come from a later event or timer, so give them time
-        steady = measure_steady(server, emulator, changes, operator, n, args) if args.steady else None
+        steady = measure_steady(server, emulator, changes, operator, n, args, s3) if args.steady else None
 
         rss = proc_status(operator.pid)
         cpu_total = proc_cpu_seconds(operator.pid)
@@ -708,6 +823,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="after the burst, seconds of steady state to measure with every sweep Running (CPU and requests per "
         "minute, against STEADY_BUDGET); 0: none",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=60.0,
+        help="with --steady: each running sweep's status.json changes every this many seconds, written as a driver "
+        "does (a trial's report); 0: no progress documents (the operator's reads find none)",
     )
     parser.add_argument("--operator-log", default="", help="copy the (last size's) operator log here")
     parser.add_argument(
