@@ -95,7 +95,7 @@ def start_emulator() -> tuple[emu.EmulatorServer, CountingEmulator, TimedChangeL
     for crd in (emu.sweep_crd(), *emu.KUBERAY_CRDS, *emu.KOPF_PEERING_CRDS):
         emulator.install_crd(crd)
     for namespace in ("default", "kube-system"):
-        emulator._ensure_namespace(namespace)
+        emulator.ensure_namespace(namespace)
     server = emu.EmulatorServer(emulator)
     server.start()
     return server, emulator, changes

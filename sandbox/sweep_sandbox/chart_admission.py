@@ -236,8 +236,8 @@ def wait_for_webhook(server: Any, timeout: float = 20.0) -> None:
         def stored() -> list[Obj]:
             emulator = server.emulator
             return [
-                *emulator._admission_objects("validatingwebhookconfigurations"),
-                *emulator._admission_objects("mutatingwebhookconfigurations"),
+                *emulator.admission_chain.objects("validatingwebhookconfigurations"),
+                *emulator.admission_chain.objects("mutatingwebhookconfigurations"),
             ]
 
         hooks = [w for c in server.call(stored) for w in c.get("webhooks") or ()]

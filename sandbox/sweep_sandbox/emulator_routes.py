@@ -1,6 +1,6 @@
 """The emulator's routing: one HTTP entry point that serves discovery, OpenAPI, /version and every resource request
-(the verbs, dry runs, field validation and managers, injected errors) and passes the rest to kmock (a mixin of
-KubernetesApiEmulator)."""
+(the verbs, dry runs, field validation and managers, injected errors) and passes the rest to kmock (the routes that
+KubernetesApiEmulator holds)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp.web
 import kmock
@@ -20,9 +20,12 @@ from kmock._internal import rendering as kmock_rendering
 from . import openapi, protobuf
 from . import schema_apply as managed_fields
 from .admission import AdmissionDenied
-from .emulator_store import _foreground
+from .emulator_store import ObjectStore, _foreground
 from .emulator_tables import STATUS_REASONS, ApiError, ResourceType, _InvalidObject, render_table, resource_key
 from .pod_logs import pod_log
+
+if TYPE_CHECKING:
+    from .emulator import KubernetesApiEmulator
 
 Obj = dict[str, Any]
 
@@ -233,26 +236,29 @@ def _verb(method: str, target: RequestTarget | None, query: Mapping[str, str]) -
     }.get((method, named), method.lower())
 
 
-class RoutesMixin:
+class Routes:
     """The HTTP side of KubernetesApiEmulator: parse a request, check it, dispatch to the store and the write verbs."""
 
-    __slots__ = ()
+    def __init__(self, api: KubernetesApiEmulator, store: ObjectStore) -> None:
+        self.api = api
+        self.store = store
+        self._openapi_cache: tuple[Any, dict[str, tuple[str, bytes]], bytes] | None = None
 
     # ---- HTTP entry point
 
-    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+    async def serve(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         body = await raw.read()
         target = parse_resource_path(raw.path)
         query = dict(raw.query)
         verb = _verb(raw.method, target, query)
-        request = self._remember(raw, body, target, verb)
+        request = self.api._remember(raw, body, target, verb)
         try:
-            injected = self.errors.take(verb, raw.path, target, raw.headers.get("User-Agent", ""))
+            injected = self.api.errors.take(verb, raw.path, target, raw.headers.get("User-Agent", ""))
             if injected is not None:
                 raise injected
             # the authorization filter (rbac.py), before the body is read as an object
-            user = self.admission.authenticate(raw.headers.get("Authorization"))
-            self.authorize_request(user, raw.method, raw.path, query)
+            user = self.api.admission.authenticate(raw.headers.get("Authorization"))
+            self.api.rbac.authorize_request(user, raw.method, raw.path, query)
             if target is not None:
                 return await self._serve_resource(raw, request, target, verb, query)
             return await self._serve_other(raw, request)
@@ -272,7 +278,7 @@ class RoutesMixin:
             error = ApiError(500, "InternalError", f"emulator error: {e!r}")
             return aiohttp.web.json_response(error.body(), status=500)
 
-    def _remember(
+    def remember(
         self, raw: aiohttp.web.BaseRequest, body: bytes, target: RequestTarget | None, verb: str
     ) -> kmock_rendering.Request:
         try:
@@ -288,7 +294,7 @@ class RoutesMixin:
             "delete": kmock.action.DELETE,
         }
         request = kmock_rendering.Request(
-            id=len(self._requests),
+            id=len(self.api._requests),
             raw_request=raw,
             url=raw.url,
             method=raw.method,
@@ -303,10 +309,10 @@ class RoutesMixin:
             name=target.name if target else None,
             subresource=target.subresource if target else None,
         )
-        if self.request_log_limit > 0:
-            self._requests.append(request)
-            if len(self._requests) > self.request_log_limit:
-                del self._requests[: self.request_log_limit // 2]
+        if self.api.request_log_limit > 0:
+            self.api._requests.append(request)
+            if len(self.api._requests) > self.api.request_log_limit:
+                del self.api._requests[: self.api.request_log_limit // 2]
         return request
 
     async def _serve_other(
@@ -316,7 +322,7 @@ class RoutesMixin:
         path = "/" + raw.path.strip("/")
         if raw.method == "GET":
             if path == "/":
-                return aiohttp.web.json_response(await self._serve_root(request))
+                return aiohttp.web.json_response(await self.api._serve_root(request))
             if path == "/version":
                 return aiohttp.web.json_response(SERVER_VERSION)
             if path == "/api":
@@ -332,22 +338,22 @@ class RoutesMixin:
             if path.startswith("/openapi"):
                 return self._serve_openapi(raw, path)
         try:
-            return await kmock.RawHandler._handle(self, request)
+            return await kmock.RawHandler._handle(self.api, request)
         except NotImplementedError as e:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})") from e
 
     def _openapi_documents(self) -> dict[str, tuple[str, bytes]]:
         """Group-version path -> (hash, JSON), rebuilt only when the registered kinds change."""
-        key = tuple((t.key, id(t.openapi)) for t in self._types.values())
+        key = tuple((t.key, id(t.openapi)) for t in self.store.types.values())
         if self._openapi_cache is None or self._openapi_cache[0] != key:
             by_gv: dict[str, list[ResourceType]] = {}
-            for t in self._types.values():
+            for t in self.store.types.values():
                 by_gv.setdefault(openapi.group_version_path(t.group, t.version), []).append(t)
             documents = {}
             for gv, types in by_gv.items():
                 document = openapi.group_version_document(types)
                 documents[gv] = (openapi.digest(document), json.dumps(document).encode())
-            swagger = json.dumps(openapi.swagger_document(list(self._types.values()))).encode()
+            swagger = json.dumps(openapi.swagger_document(list(self.store.types.values()))).encode()
             self._openapi_cache = (key, documents, swagger)
         return self._openapi_cache[1]
 
@@ -372,7 +378,7 @@ class RoutesMixin:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
 
     def _group(self, group: str) -> Obj:
-        versions = list(dict.fromkeys(t.version for t in self._types.values() if t.group == group))
+        versions = list(dict.fromkeys(t.version for t in self.store.types.values() if t.group == group))
         if not group or not versions:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({group})")
         entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
@@ -385,11 +391,11 @@ class RoutesMixin:
         }
 
     def _group_list(self) -> Obj:
-        groups = dict.fromkeys(t.group for t in self._types.values() if t.group)
+        groups = dict.fromkeys(t.group for t in self.store.types.values() if t.group)
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [self._group(g) for g in groups]}
 
     def _resource_list(self, group: str, version: str) -> Obj:
-        types = [t for t in self._types.values() if t.group == group and t.version == version]
+        types = [t for t in self.store.types.values() if t.group == group and t.version == version]
         if not types:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({group}/{version})")
         resources = []
@@ -430,13 +436,15 @@ class RoutesMixin:
     ) -> aiohttp.web.Response:
         """One object, its status, or a pod's log (the only other subresource the emulator serves)."""
         if target.subresource == "log" and resource_type.kind == "Pod" and resource_type.group == "":
-            pod = self.get_object(resource_type, target.namespace, target.name or "")
-            body = pod_log(self.container_logs, pod, query)
+            pod = self.store.get_object(resource_type, target.namespace, target.name or "")
+            body = pod_log(self.api.container_logs, pod, query)
             return aiohttp.web.Response(body=body, content_type="text/plain")
         if target.subresource not in (None, "status"):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({target.subresource})")
-        obj = self.get_object(resource_type, target.namespace, target.name or "")
-        return aiohttp.web.json_response(render_table([obj], resource_type, query, self.changes.rv) if table else obj)
+        obj = self.store.get_object(resource_type, target.namespace, target.name or "")
+        return aiohttp.web.json_response(
+            render_table([obj], resource_type, query, self.api.changes.rv) if table else obj
+        )
 
     async def _serve_resource(
         self,
@@ -446,21 +454,21 @@ class RoutesMixin:
         verb: str,
         query: dict[str, str],
     ) -> aiohttp.web.StreamResponse:
-        resource_type = self._type_for(target.group, target.version, target.plural)
+        resource_type = self.store.type_for(target.group, target.version, target.plural)
         table = "as=Table" in raw.headers.get("Accept", "")
         if verb == "watch":
-            return await self._serve_watch(raw, resource_type, target, query, table)
+            return await self.store.serve_watch(raw, resource_type, target, query, table)
         if verb == "list":
-            return aiohttp.web.json_response(self.list_objects(resource_type, target.namespace, query, table))
-        user = self.admission.authenticate(raw.headers.get("Authorization"))
+            return aiohttp.web.json_response(self.store.list_objects(resource_type, target.namespace, query, table))
+        user = self.api.admission.authenticate(raw.headers.get("Authorization"))
         if verb == "deletecollection":
             # handlers/delete.go DeleteCollection: each object through validating admission, as its own delete
-            listed = self.list_objects(resource_type, target.namespace, query)
+            listed = self.store.list_objects(resource_type, target.namespace, query)
             for item in listed["items"]:
-                await self.admit_delete(
+                await self.api.admission_chain.admit_delete(
                     resource_type, item["metadata"].get("namespace"), item["metadata"]["name"], user, False
                 )
-            return aiohttp.web.json_response(self._delete_collection(resource_type, target, query))
+            return aiohttp.web.json_response(self.api.writes.delete_collection(resource_type, target, query))
         data = request.data
         if verb in ("create", "update") and protobuf.is_protobuf(raw.headers.get("Content-Type")):
             data = protobuf.decode_body(request.body, resource_type.api_version, resource_type.kind)
@@ -472,7 +480,7 @@ class RoutesMixin:
         if verb == "create":
             if not isinstance(data, dict):
                 raise ApiError(400, "BadRequest", "the request body must be a JSON object")
-            created = await self.create_object(
+            created = await self.api.writes.create_object(
                 resource_type,
                 target.namespace,
                 data,
@@ -487,7 +495,7 @@ class RoutesMixin:
             content_type = raw.headers.get("Content-Type", "application/json").split(";")[0].strip()
             if content_type == "application/apply-patch+yaml":
                 data = _yaml_body(request.body)
-            obj = await self._update(
+            obj = await self.api.writes.update(
                 resource_type,
                 target,
                 data,
@@ -506,10 +514,14 @@ class RoutesMixin:
                 if key in query:
                     options.setdefault(key, query[key])
             dry_run = dry_run or "All" in (options.get("dryRun") or [])  # DeleteOptions carry it in the body
-            await self.admit_delete(resource_type, target.namespace, target.name or "", user, dry_run)
+            await self.api.admission_chain.admit_delete(
+                resource_type, target.namespace, target.name or "", user, dry_run
+            )
             if dry_run:
-                return aiohttp.web.json_response(self.get_object(resource_type, target.namespace, target.name or ""))
-            obj, gone = self.delete_object(resource_type, target.namespace, target.name or "", options)
+                return aiohttp.web.json_response(
+                    self.store.get_object(resource_type, target.namespace, target.name or "")
+                )
+            obj, gone = self.api.writes.delete_object(resource_type, target.namespace, target.name or "", options)
             waits_for_dependents = not gone and _foreground(options)
             return aiohttp.web.json_response(obj, status=202 if waits_for_dependents else 200)
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")

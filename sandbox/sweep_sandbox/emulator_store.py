@@ -1,5 +1,5 @@
-"""The emulator's storage: the change log behind resourceVersions and watches, reads and lists, the watch stream,
-the committed-write bookkeeping and garbage collection (a mixin of KubernetesApiEmulator, which owns the state)."""
+"""The emulator's storage: the change log behind resourceVersions and watches, and the object store that
+KubernetesApiEmulator holds (reads, lists, the watch stream, committed writes and their indexes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp.web
@@ -21,10 +21,12 @@ from .emulator_tables import (
     parse_field_selector,
     parse_label_selector,
     render_table,
+    resource_key,
 )
 from .kube_values import JOB_CONTROLLER_UID_LABELS, JOB_NAME_LABELS, now_rfc3339, random_suffix
 
 if TYPE_CHECKING:
+    from .emulator import KubernetesApiEmulator
     from .emulator_routes import RequestTarget
 
 Obj = dict[str, Any]
@@ -110,14 +112,49 @@ class ChangeLog:
         self._wakeup.set()
 
 
-class StoreMixin:
-    """Reading, watching, committing and collecting garbage over KubernetesApiEmulator's state."""
+@dataclass
+class GcQueue:
+    """What the garbage collector must look at after the changes committed since its last pass."""
 
-    __slots__ = ()
+    candidates: set[ObjectKey] = field(default_factory=set)  # dependents to look at
+    owners: set[str] = field(default_factory=set)  # foreground owners to look at
+    terminating: set[str] = field(default_factory=set)  # namespaces being drained
+    wakeup: asyncio.Event | None = None  # bound to the server's loop while it runs
+
+    def wake(self) -> None:
+        if self.wakeup is not None and (self.candidates or self.owners or self.terminating):
+            self.wakeup.set()
+
+
+class ObjectStore:
+    """The emulator's storage: the served kinds, the objects (kmock's ObjectsArray) with their indexes, reads, lists
+    and watches, and each committed write recorded in the change log and queued for the garbage collector."""
+
+    def __init__(self, api: KubernetesApiEmulator) -> None:
+        self.api = api
+        self.objects = api.objects  # kmock's ObjectsArray, made with the emulator and never replaced
+        self.types: dict[kmock.resource, ResourceType] = {}
+        self.uids: dict[str, ObjectKey] = {}  # live objects by uid
+        self.live_keys: dict[kmock.resource, set[ObjectKey]] = {}
+        self.dependents_of: dict[str, set[ObjectKey]] = {}  # owner uid -> dependents
+        self.pending = GcQueue()
+        # called after each commit with (resource type, new state or None), e.g. the RBAC aggregation controller
+        self.committed: list[Callable[[ResourceType, Obj | None], None]] = []
+
+    # ---- the served kinds
+
+    def resource_type(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return self.types.get(resource_key(group, version, plural))
+
+    def type_for(self, group: str, version: str, plural: str) -> ResourceType:
+        resource_type = self.resource_type(group, version, plural)
+        if resource_type is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return resource_type
 
     # ---- reading
 
-    def _current(self, resource_type: ResourceType, namespace: str | None, name: str) -> Obj | None:
+    def current(self, resource_type: ResourceType, namespace: str | None, name: str) -> Obj | None:
         key = (resource_type.key, namespace if resource_type.namespaced else None, name)
         if key not in self.objects:
             return None
@@ -125,29 +162,30 @@ class StoreMixin:
         return None if stored.deleted else stored.raw
 
     def get_object(self, resource_type: ResourceType, namespace: str | None, name: str) -> Obj:
-        obj = self._current(resource_type, namespace, name)
+        obj = self.current(resource_type, namespace, name)
         if obj is None:
-            raise self._not_found(resource_type, name)
+            raise self.not_found(resource_type, name)
         return obj
 
-    def _not_found(self, resource_type: ResourceType, name: str) -> ApiError:
+    @staticmethod
+    def not_found(resource_type: ResourceType, name: str) -> ApiError:
         details = {"name": name, "group": resource_type.group, "kind": resource_type.plural}
         return ApiError(404, "NotFound", f'{resource_type.qualified} "{name}" not found', details)
 
-    def _live(self, resource_type: ResourceType, namespace: str | None) -> list[Obj]:
+    def live(self, resource_type: ResourceType, namespace: str | None) -> list[Obj]:
         keys = sorted(
-            (k for k in self._live_keys.get(resource_type.key, ()) if namespace is None or k[1] == namespace),
+            (k for k in self.live_keys.get(resource_type.key, ()) if namespace is None or k[1] == namespace),
             key=lambda k: (k[1] or "", k[2]),
         )
         return [self.objects[k].raw for k in keys]
 
-    def _live_object(self, key: ObjectKey) -> tuple[ResourceType, Obj] | None:
-        if key not in self.objects or self.objects[key].deleted or key[0] not in self._types:
+    def live_object(self, key: ObjectKey) -> tuple[ResourceType, Obj] | None:
+        if key not in self.objects or self.objects[key].deleted or key[0] not in self.types:
             return None
-        return self._types[key[0]], self.objects[key].raw
+        return self.types[key[0]], self.objects[key].raw
 
     @staticmethod
-    def _selects(query: Mapping[str, str]) -> Callable[[Obj], bool]:
+    def selects(query: Mapping[str, str]) -> Callable[[Obj], bool]:
         labels = parse_label_selector(query.get("labelSelector", ""))
         fields = parse_field_selector(query.get("fieldSelector", ""))
         return lambda obj: labels(obj.get("metadata", {}).get("labels") or {}) and fields(obj)
@@ -155,9 +193,9 @@ class StoreMixin:
     def list_objects(
         self, resource_type: ResourceType, namespace: str | None, query: Mapping[str, str], table: bool = False
     ) -> Obj:
-        selects = self._selects(query)
-        items = [o for o in self._live(resource_type, namespace) if selects(o)]
-        metadata: Obj = {"resourceVersion": str(self.changes.rv)}
+        selects = self.selects(query)
+        items = [o for o in self.live(resource_type, namespace) if selects(o)]
+        metadata: Obj = {"resourceVersion": str(self.api.changes.rv)}
         if token := query.get("continue"):
             after = tuple(json.loads(base64.urlsafe_b64decode(token.encode())))
             items = [o for o in items if (o["metadata"].get("namespace") or "", o["metadata"]["name"]) > after]
@@ -169,7 +207,7 @@ class StoreMixin:
             metadata["remainingItemCount"] = len(items) - limit
             items = items[:limit]
         if table:
-            result = render_table(items, resource_type, query, self.changes.rv)
+            result = render_table(items, resource_type, query, self.api.changes.rv)
             result["metadata"].update(metadata)
             return result
         return {
@@ -181,7 +219,7 @@ class StoreMixin:
 
     # ---- watching
 
-    async def _serve_watch(
+    async def serve_watch(
         self,
         raw: aiohttp.web.BaseRequest,
         resource_type: ResourceType,
@@ -189,7 +227,8 @@ class StoreMixin:
         query: Mapping[str, str],
         table: bool,
     ) -> aiohttp.web.StreamResponse:
-        selects = self._selects(query)
+        changes = self.api.changes
+        selects = self.selects(query)
         name = target.name
         namespace = target.namespace if resource_type.namespaced else None
 
@@ -205,17 +244,15 @@ class StoreMixin:
 
         def render(event_type: str, obj: Obj) -> bytes:
             payload = (
-                render_table([obj], resource_type, query, self.changes.rv)
-                if table and event_type != "BOOKMARK"
-                else obj
+                render_table([obj], resource_type, query, changes.rv) if table and event_type != "BOOKMARK" else obj
             )
             return json.dumps({"type": event_type, "object": payload}).encode() + b"\n"
 
         since = query.get("resourceVersion", "")
         initial: list[Obj] = []
         if since in ("", "0") or query.get("sendInitialEvents") == "true":
-            initial = [o for o in self._live(resource_type, namespace) if visible(o)]
-            position = self.changes.rv
+            initial = [o for o in self.live(resource_type, namespace) if visible(o)]
+            position = changes.rv
         else:
             try:
                 position = int(since)
@@ -232,31 +269,31 @@ class StoreMixin:
                 await response.write(render("ADDED", obj))
             if query.get("sendInitialEvents") == "true":
                 await response.write(render("BOOKMARK", _initial_events_end(resource_type, position)))
-            while not self._closing:
+            while not self.api.closing:
                 try:
-                    changes = self.changes.since(position)
+                    since_position = changes.since(position)
                 except ResourceVersionExpired:
-                    gone = ApiError(410, "Expired", f"too old resource version: {position} ({self.changes.rv})")
+                    gone = ApiError(410, "Expired", f"too old resource version: {position} ({changes.rv})")
                     await response.write(json.dumps({"type": "ERROR", "object": gone.body()}).encode() + b"\n")
                     break
-                for change in changes:
+                for change in since_position:
                     position = change.rv
                     if change.resource != resource_type.key:
                         continue
-                    event_type = self._watch_event_type(change, visible)
+                    event_type = self.watch_event_type(change, visible)
                     if event_type is not None:
                         await response.write(render(event_type, change.obj))
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     break
-                await self.changes.wait(min(remaining, 5.0) if remaining is not None else 5.0)
+                await changes.wait(min(remaining, 5.0) if remaining is not None else 5.0)
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away
         return response
 
     @staticmethod
-    def _watch_event_type(change: Change, visible: Callable[[Obj | None], bool]) -> str | None:
+    def watch_event_type(change: Change, visible: Callable[[Obj | None], bool]) -> str | None:
         """Selectors apply to both states: leaving the selection reads as DELETED, entering it as ADDED."""
         now, before = visible(change.obj), visible(change.old)
         if change.type == "MODIFIED":
@@ -267,17 +304,18 @@ class StoreMixin:
 
     # ---- writing
 
-    def _commit(self, resource_type: ResourceType, namespace: str | None, new: Obj | None, old: Obj | None) -> None:
+    def commit(self, resource_type: ResourceType, namespace: str | None, new: Obj | None, old: Obj | None) -> None:
         """Store `new` (None: remove `old`) and record the change for watchers and the garbage collector."""
+        changes = self.api.changes
         name = (new or old or {})["metadata"]["name"]
         key = (resource_type.key, namespace, name)
-        rv = str(self.changes.next_rv())  # exactly one resourceVersion per recorded change (watches rely on it)
+        rv = str(changes.next_rv())  # exactly one resourceVersion per recorded change (watches rely on it)
         self._track(key, new, old)
         if new is None:
             assert old is not None
             gone = {**old, "metadata": {**old["metadata"], "resourceVersion": rv}}
             self.objects[key].delete()
-            self.changes.append(Change(self.changes.rv, resource_type.key, namespace, "DELETED", gone, old))
+            changes.append(Change(changes.rv, resource_type.key, namespace, "DELETED", gone, old))
         else:
             new["metadata"]["resourceVersion"] = rv
             if key not in self.objects:
@@ -287,45 +325,49 @@ class StoreMixin:
             else:
                 self.objects[key].history.append(new)
             history = self.objects[key].history
-            if self.history_limit and len(history) > self.history_limit:
-                del history[: len(history) - self.history_limit]
+            limit = self.api.history_limit
+            if limit and len(history) > limit:
+                del history[: len(history) - limit]
             change_type = "ADDED" if old is None else "MODIFIED"
-            self.changes.append(Change(self.changes.rv, resource_type.key, namespace, change_type, new, old))
+            changes.append(Change(changes.rv, resource_type.key, namespace, change_type, new, old))
             if resource_type.kind == "CustomResourceDefinition" and resource_type.group == "apiextensions.k8s.io":
                 for served in ResourceType.from_crd(new):  # `kubectl apply -f crd.yaml` serves the kind at once
-                    self.register(served)
-        if self._gc_wakeup is not None and (self._gc_candidates or self._gc_owners or self._terminating):
-            self._gc_wakeup.set()
+                    self.api.register(served)
+        self.pending.wake()
+        for observer in self.committed:
+            observer(resource_type, new)
 
     def _track(self, key: ObjectKey, new: Obj | None, old: Obj | None) -> None:
         """Keep the indexes current and queue what the garbage collector must look at after this change."""
+        pending = self.pending
         old_refs = _owner_uids(old) if old is not None else set()
         new_refs = _owner_uids(new) if new is not None else set()
         for uid in old_refs - new_refs:
-            self._dependents_of.get(uid, set()).discard(key)
+            self.dependents_of.get(uid, set()).discard(key)
         for uid in new_refs - old_refs:
-            self._dependents_of.setdefault(uid, set()).add(key)
+            self.dependents_of.setdefault(uid, set()).add(key)
         if new is None:
             assert old is not None
             uid = old["metadata"].get("uid", "")
-            self._uids.pop(uid, None)
-            self._live_keys.get(key[0], set()).discard(key)
-            self._gc_candidates.update(self._dependents_of.get(uid, ()))  # now without this owner
-            self._gc_owners.update(old_refs)  # a foreground owner may have waited for this one
+            self.uids.pop(uid, None)
+            self.live_keys.get(key[0], set()).discard(key)
+            pending.candidates.update(self.dependents_of.get(uid, ()))  # now without this owner
+            pending.owners.update(old_refs)  # a foreground owner may have waited for this one
             return
         meta = new["metadata"]
-        self._uids[meta["uid"]] = key
-        self._live_keys.setdefault(key[0], set()).add(key)
+        self.uids[meta["uid"]] = key
+        self.live_keys.setdefault(key[0], set()).add(key)
         if new_refs - old_refs:
-            self._gc_candidates.add(key)  # an owner that does not exist is collected
+            pending.candidates.add(key)  # an owner that does not exist is collected
         if meta.get("deletionTimestamp"):
             if FOREGROUND_FINALIZER in meta.get("finalizers", []):
-                self._gc_candidates.update(self._dependents_of.get(meta["uid"], ()))
-                self._gc_owners.add(meta["uid"])
+                pending.candidates.update(self.dependents_of.get(meta["uid"], ()))
+                pending.owners.add(meta["uid"])
             if _namespace_terminating(new):
-                self._terminating.add(meta["name"])
+                pending.terminating.add(meta["name"])
 
-    def _stamp_new(self, resource_type: ResourceType, namespace: str | None, data: Obj) -> Obj:
+    def stamp_new(self, resource_type: ResourceType, namespace: str | None, data: Obj) -> Obj:
+        """`data` as a new object of its kind: named, namespaced, server-owned metadata set, as PrepareForCreate."""
         obj = dict(data)
         meta = dict(obj.get("metadata") or {})
         obj["apiVersion"] = resource_type.api_version
@@ -360,114 +402,14 @@ class StoreMixin:
             obj = _job_with_generated_selector(obj)
         return obj
 
-    def _store_new(self, resource_type: ResourceType, namespace: str | None, obj: Obj) -> Obj:
-        self._commit(resource_type, namespace, obj, None)
+    def store_new(self, resource_type: ResourceType, namespace: str | None, obj: Obj) -> Obj:
+        self.commit(resource_type, namespace, obj, None)
         return obj
 
-    def _dependents(self, owner_uid: str) -> list[tuple[ResourceType, Obj]]:
-        found = (self._live_object(key) for key in sorted(self._dependents_of.get(owner_uid, ()), key=str))
-        return [live for live in found if live is not None]
-
-    def _orphan_dependents(self, owner_uid: str) -> None:
-        for resource_type, dependent in self._dependents(owner_uid):
-            refs = [r for r in dependent["metadata"]["ownerReferences"] if r.get("uid") != owner_uid]
-            meta = {**dependent["metadata"], "ownerReferences": refs}
-            if not refs:
-                del meta["ownerReferences"]
-            self.replace_object(resource_type, dependent, {**dependent, "metadata": meta})
-
-    def collect_garbage(self, full: bool = False) -> int:
-        """One pass of the garbage collector (background cascade); returns how many objects it changed.
-
-        A dependent whose owners (by uid) are all gone is deleted, respecting its finalizers; dangling references
-        next to a live owner are dropped. Foreground deletions wait for their dependents; a terminating Namespace
-        deletes its contents, then itself. Only what changes queued is looked at, unless `full`.
-        """
-        candidates, self._gc_candidates = self._gc_candidates, set()
-        owners, self._gc_owners = self._gc_owners, set()
-        if full:
-            candidates = {k for keys in self._dependents_of.values() for k in keys}
-            owners = set(self._uids)
-        changed = 0
-        for key in sorted(candidates, key=str):
-            live = self._live_object(key)
-            if live is not None:
-                changed += self._collect_dependent(*live)
-        for uid in owners:
-            live = self._live_object(self._uids[uid]) if uid in self._uids else None
-            if live is not None:
-                changed += self._finish_foreground(*live)
-        for namespace in sorted(self._terminating):
-            changed += self._drain_namespace(namespace)
-        return changed
-
-    def _collect_dependent(self, resource_type: ResourceType, obj: Obj) -> int:
-        meta = obj["metadata"]
-        refs = meta.get("ownerReferences") or []
-        if not refs or meta.get("deletionTimestamp"):
-            return 0
-        dangling = [r for r in refs if r.get("uid") not in self._uids]
-        if len(dangling) == len(refs) or any(self._owner_deleting_in_foreground(r.get("uid", "")) for r in refs):
-            if not self.controller_may_delete(resource_type, obj, GARBAGE_COLLECTOR):
-                return 0
-            self.delete_object(resource_type, meta.get("namespace"), meta["name"])
-            return 1
-        if dangling:
-            kept = [r for r in refs if r.get("uid") in self._uids]
-            self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "ownerReferences": kept}})
-            return 1
-        return 0
-
-    def _finish_foreground(self, resource_type: ResourceType, obj: Obj) -> int:
-        meta = obj["metadata"]
-        if not meta.get("deletionTimestamp") or FOREGROUND_FINALIZER not in meta.get("finalizers", []):
-            return 0
-        if self._dependents(meta["uid"]):
-            return 0
-        remaining = [f for f in meta["finalizers"] if f != FOREGROUND_FINALIZER]
-        self.replace_object(resource_type, obj, {**obj, "metadata": {**meta, "finalizers": remaining}})
-        return 1
-
-    def _owner_deleting_in_foreground(self, uid: str) -> bool:
-        live = self._live_object(self._uids[uid]) if uid in self._uids else None
-        if live is None:
-            return False
-        meta = live[1]["metadata"]
-        return bool(meta.get("deletionTimestamp")) and FOREGROUND_FINALIZER in meta.get("finalizers", [])
-
-    def _drain_namespace(self, namespace: str) -> int:
-        ns_type = self._type_for("", "v1", "namespaces")
-        ns_obj = self._current(ns_type, None, namespace)
-        if ns_obj is None or not _namespace_terminating(ns_obj):
-            self._terminating.discard(namespace)
-            return 0
-        contents = [
-            live
-            for keys in self._live_keys.values()
-            for key in keys
-            if key[1] == namespace and (live := self._live_object(key)) is not None
-        ]
-        if not contents:
-            self._terminating.discard(namespace)
-            self._commit(ns_type, None, None, ns_obj)
-            return 1
-        deleting = [
-            (t, o)
-            for t, o in contents
-            if not o["metadata"].get("deletionTimestamp") and self.controller_may_delete(t, o, NAMESPACE_CONTROLLER)
-        ]
-        for resource_type, obj in deleting:
-            self.delete_object(resource_type, namespace, obj["metadata"]["name"])
-        # objects held by finalizers or refused by a policy keep the namespace Terminating, without spinning
-        return len(deleting)
-
-    async def _collect_garbage_forever(self) -> None:
-        assert self._gc_wakeup is not None
-        while True:
-            await self._gc_wakeup.wait()
-            self._gc_wakeup.clear()
-            while self.collect_garbage():
-                await asyncio.sleep(0)  # let requests in between cascade steps, as the real collector does
+    def ensure(self, resource_type: ResourceType, obj: Obj) -> None:
+        """Store a cluster-scoped object unless one of its name is there (bootstrap objects, namespaces)."""
+        if self.current(resource_type, None, obj["metadata"]["name"]) is None:
+            self.store_new(resource_type, None, self.stamp_new(resource_type, None, obj))
 
 
 def _initial_events_end(resource_type: ResourceType, position: int) -> Obj:

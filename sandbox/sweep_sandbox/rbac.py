@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 from .admission import UserInfo, selector_matches
 from .emulator_tables import ApiError
 
+if TYPE_CHECKING:
+    from .emulator_store import ObjectStore
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -425,28 +428,22 @@ def bootstrap_cluster_role_bindings() -> list[Obj]:
 # ------------------------------------------------------------------------------------- the emulator's side
 
 
-class RbacMixin:
-    """Authorization and the aggregation controller for KubernetesApiEmulator (a mixin before StoreMixin)."""
+class Rbac:
+    """The emulator's authorizer and its clusterrole-aggregation controller, over the RBAC objects in its store."""
 
-    __slots__ = ()
-
-    if TYPE_CHECKING:  # the emulator's store (StoreMixin, KubernetesApiEmulator), which this mixin reads and writes
-
-        def _type_for(self, group: str, version: str, plural: str) -> Any: ...
-        def _live(self, resource_type: Any, namespace: str | None) -> list[Obj]: ...
-        def _current(self, resource_type: Any, namespace: str | None, name: str) -> Obj | None: ...
-        def _stamp_new(self, resource_type: Any, namespace: str | None, data: Obj) -> Obj: ...
-        def _store_new(self, resource_type: Any, namespace: str | None, obj: Obj) -> Obj: ...
-        def replace_object(self, resource_type: Any, old: Obj, new: Obj, dry_run: bool = False) -> Obj: ...
+    def __init__(self, store: ObjectStore, replace_object: Callable[[Any, Obj, Obj], Obj]) -> None:
+        self.store = store
+        self.replace_object = replace_object  # the emulator's writes, as the controller updates through the API
 
     def rbac_objects(self) -> RbacObjects:
-        types = {plural: self._type_for(RBAC_GROUP, "v1", plural) for plural in
+        store = self.store
+        types = {plural: store.type_for(RBAC_GROUP, "v1", plural) for plural in
                  ("roles", "rolebindings", "clusterroles", "clusterrolebindings")}  # fmt: skip
         return RbacObjects(
-            cluster_role_bindings=lambda: self._live(types["clusterrolebindings"], None),
-            role_bindings=lambda namespace: self._live(types["rolebindings"], namespace),
-            cluster_role=lambda name: self._current(types["clusterroles"], None, name),
-            role=lambda namespace, name: self._current(types["roles"], namespace, name),
+            cluster_role_bindings=lambda: store.live(types["clusterrolebindings"], None),
+            role_bindings=lambda namespace: store.live(types["rolebindings"], namespace),
+            cluster_role=lambda name: store.current(types["clusterroles"], None, name),
+            role=lambda namespace, name: store.current(types["roles"], namespace, name),
         )
 
     def authorize_request(self, user: UserInfo, method: str, path: str, query: Mapping[str, str]) -> None:
@@ -460,19 +457,18 @@ class RbacMixin:
             log.info("emulator: RBAC refused %s %s: %s", method, path, refusal.message)  # as the authorizer's V(5) line
             raise refusal
 
-    def bootstrap_rbac(self) -> None:
+    def bootstrap(self) -> None:
         """Store the bootstrap roles and bindings, as kube-apiserver's rbac/bootstrap-roles post-start hook does."""
         for plural, objects in (
             ("clusterroles", bootstrap_cluster_roles()),
             ("clusterrolebindings", bootstrap_cluster_role_bindings()),
         ):
-            resource_type = self._type_for(RBAC_GROUP, "v1", plural)
+            resource_type = self.store.type_for(RBAC_GROUP, "v1", plural)
             for obj in objects:
-                if self._current(resource_type, None, obj["metadata"]["name"]) is None:
-                    self._store_new(resource_type, None, self._stamp_new(resource_type, None, obj))
+                self.store.ensure(resource_type, obj)
 
-    def _commit(self, resource_type: Any, namespace: str | None, new: Obj | None, old: Obj | None) -> None:
-        super()._commit(resource_type, namespace, new, old)  # type: ignore[misc]  # StoreMixin's, after this mixin
+    def committed(self, resource_type: Any, new: Obj | None) -> None:
+        """After each commit (the store's observer): a changed ClusterRole may change the aggregated ones."""
         if resource_type.group == RBAC_GROUP and resource_type.plural == "clusterroles":
             self._aggregate_cluster_roles(resource_type)
 
@@ -481,7 +477,7 @@ class RbacMixin:
         its selectors gather (its own are replaced); a changed one may feed another, until nothing changes."""
         for _ in range(10):  # admin <- edit <- view is the longest chain the bootstrap policy has
             changed = False
-            roles = self._live(resource_type, None)
+            roles = self.store.live(resource_type, None)
             for role in roles:
                 rules = aggregated_rules(role, roles)
                 if rules is None or rules == (role.get("rules") or []):

@@ -151,7 +151,7 @@ def test_kubectl_apply_of_invalid_sweeps_prints_the_servers_refusal_naming_the_f
         assert f"{field_path}: " in done.stderr and text in done.stderr, (changes, done.stderr)
     stored = server.call(
         lambda: [
-            k for k in server.emulator._live_keys.get(server.emulator.resource_type(G, V, P).key, ()) if k[1] == ns
+            k for k in server.emulator.store.live_keys.get(server.emulator.resource_type(G, V, P).key, ()) if k[1] == ns
         ]
     )
     assert stored == []  # nothing invalid was stored

@@ -184,7 +184,7 @@ def test_aggregation_fills_admin_edit_and_view_from_labelled_cluster_roles_and_f
     assert clusterroles is not None
 
     def rules(name: str) -> list[dict[str, Any]]:
-        role = emulator._current(clusterroles, None, name)
+        role = emulator.store.current(clusterroles, None, name)
         assert role is not None
         return list(role.get("rules") or ())
 
@@ -209,7 +209,7 @@ def test_aggregation_fills_admin_edit_and_view_from_labelled_cluster_roles_and_f
     assert not any(rbac.rule_allows(attributes("POST", roles_path), r) for r in rules("edit"))
     assert any(rbac.rule_allows(attributes("POST", roles_path), r) for r in rules("admin"))
     # a role no longer labelled leaves the aggregate (the controller rewrites it from what it selects now)
-    old = emulator._current(clusterroles, None, "sweeps-edit")
+    old = emulator.store.current(clusterroles, None, "sweeps-edit")
     assert old is not None
     emulator.replace_object(clusterroles, old, {**old, "metadata": {**old["metadata"], "labels": {}}})
     assert sweeps_edit not in rules("edit") and sweeps_edit not in rules("admin")
