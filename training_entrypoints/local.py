@@ -47,6 +47,14 @@ _COMPONENT_PORT_FLAGS = (
 )
 # A port chosen free can be taken before Ray binds it (another test, another cluster): that many fresh sets are tried.
 PORT_CLASH_ATTEMPTS = 3
+# What a local node spends on nobody's work, on a machine of a few cores (values given in the env win):
+# - the raylet prestarts a worker per logical CPU (up to its startup concurrency) when the first driver connects, in the
+#   default runtime env; every driver here has a job runtime env (the RayJob's env_vars), so none of its tasks or actors
+#   can use them, and each idles on Ray's 10 ms signal-check loop for as long as the node lives;
+# - the log monitor globs the logs folder for new files every 0.1 s while it forwards lines; above this many files it
+#   globs every 0.5 s (LOG_NAME_UPDATE_INTERVAL_S) instead. Lines are read from where each file was left either way,
+#   so what reaches the driver is the same, a new worker's first lines at most 0.5 s later.
+IDLE_CPU_SETTINGS = {"RAY_prestart_worker_first_driver": "0", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
 
 
 class LocalRunError(RuntimeError):
@@ -196,6 +204,8 @@ class LocalRayCluster:
         # On SIGTERM a node drains first (up to 30 s, reported as a preemption); a throwaway local node has nothing to
         # hand over, so it stops at once.
         self.env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+        for name, value in IDLE_CPU_SETTINGS.items():
+            self.env.setdefault(name, value)
         self._choose_ports()
         self.temp_dir = tempfile.mkdtemp(prefix="sray-")
         self._log_in_temp_dir = not log_path
