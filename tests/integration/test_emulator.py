@@ -689,3 +689,29 @@ def test_server_stops_cleanly_ending_watches() -> None:
     assert watch.read() == b""  # the open watch ended with the server
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(url + "/version", timeout=2)
+
+
+def test_a_subclass_sees_every_request_through_remember_and_kmocks_log_still_records_them() -> None:
+    """`_remember` is the emulator's hook for observing traffic (bench/operator_scale.py counts requests by client
+    with it): every request passes through the subclass's override, whose super() call keeps kmock's request log."""
+    import attrs
+    import kubernetes.client
+
+    from sweep_sandbox.emulator import KubernetesApiEmulator
+
+    @attrs.define(kw_only=True)
+    class Observing(KubernetesApiEmulator):
+        seen: list[tuple[str, str]] = attrs.field(factory=list)
+
+        def _remember(self, raw: Any, body: bytes, target: Any, verb: str) -> Any:
+            self.seen.append((verb, target.plural if target else raw.path))
+            return super()._remember(raw, body, target, verb)
+
+    observing = Observing()
+    with EmulatorServer(observing) as running:
+        core = kubernetes.client.CoreV1Api(running.api_client())
+        core.create_namespaced_config_map("default", {"metadata": {"name": "seen"}})
+        core.list_namespaced_config_map("default")
+        assert ("create", "configmaps") in observing.seen and ("list", "configmaps") in observing.seen
+        logged = running.call(lambda: [(r.method, r.resource.plural if r.resource else "") for r in observing])
+        assert ("POST", "configmaps") in logged and ("GET", "configmaps") in logged
