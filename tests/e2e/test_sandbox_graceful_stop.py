@@ -24,6 +24,7 @@ from training_entrypoints.trial_stop import committed_checkpoint_names
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
+POLL_S = 0.5  # real Ray changes state in seconds: a faster poll only takes CPU from it (2 cores)
 
 
 @pytest.mark.timeout(600)
@@ -60,6 +61,7 @@ def test_deleting_a_running_sandbox_sweep_stops_it_gracefully_and_verifies_its_l
                 and get(constants.PLURAL, name, constants.GROUP)["status"]
             ),  # type: ignore[index]  # checked just before
             300,
+            POLL_S,
             what="admitted",
         )
         prefix = f"sweeps/default/{name}-{status['runId']}"
@@ -82,7 +84,9 @@ def test_deleting_a_running_sandbox_sweep_stops_it_gracefully_and_verifies_its_l
             results = json.loads(body).get("trialResults") or []
             return {t["id"]: t["checkpointUri"].rstrip("/").split("/")[-1] for t in results if t.get("checkpointUri")}
 
-        before = wait_for(lambda: (lambda s: s if len(s) == 2 else None)(driver_saw()), 400, what="two trials reported")
+        before = wait_for(
+            lambda: (lambda s: s if len(s) == 2 else None)(driver_saw()), 400, POLL_S, what="two trials reported"
+        )
         rayjob = get(constants.PLURAL, name, constants.GROUP)["status"]["rayJobName"]  # type: ignore[index]  # exists
         asked_at = time.time()
         api.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
