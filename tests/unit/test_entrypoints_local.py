@@ -260,3 +260,24 @@ def test_run_local_rejects_an_invalid_manifest_with_exit_2(tmp_path: Path, capsy
     manifest.write_text(yaml.safe_dump(changed(cpu_sweep(), {"spec.tune.mode": "sideways"})))
     assert main(["run-local", "-f", str(manifest)]) == 2
     assert "spec.tune.mode" in capsys.readouterr().err
+
+
+def test_local_ray_prestarts_no_workers_and_globs_its_logs_less_often_unless_the_env_says_otherwise() -> None:
+    import ray._private.log_monitor as log_monitor
+
+    cluster = LocalRayCluster(LocalRaySize(num_cpus=2, num_gpus=0, resources={}), env={})
+    given = LocalRayCluster(
+        LocalRaySize(num_cpus=2, num_gpus=0, resources={}), env={"RAY_prestart_worker_first_driver": "1"}
+    )
+    try:
+        assert cluster.env["RAY_prestart_worker_first_driver"] == "0"
+        assert cluster.env["RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == "0"
+        assert given.env["RAY_prestart_worker_first_driver"] == "1"
+    finally:
+        cluster.stop()
+        given.stop()
+    # The names Ray 2.58 reads: the raylet's config (RAY_<name>) and the log monitor's module constants.
+    raylet = Path(log_monitor.__file__).parents[1] / "core/src/ray/raylet/raylet"
+    assert b"prestart_worker_first_driver" in raylet.read_bytes()
+    assert "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD" in Path(log_monitor.__file__).read_text()
+    assert log_monitor.LOG_NAME_UPDATE_INTERVAL_S == 0.5
