@@ -52,6 +52,8 @@ def ray_local(s3_server: Any) -> Iterator[None]:
         include_dashboard=False,
         object_store_memory=100 * 1024 * 1024,
         runtime_env={"env_vars": env},
+        # As local.IDLE_CPU_SETTINGS: workers prestarted in the default runtime env would serve nothing of this job's.
+        _system_config={"prestart_worker_first_driver": False},
     )
     try:
         yield
