@@ -328,36 +328,29 @@ def report_epoch(
     if world_rank() != 0:
         ray.train.report(dict(metrics), checkpoint=None)
         return
+    write = functools.partial(
+        _write_state_files,
+        epoch=epoch,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        step=step,
+        rng_states=rng_states,
+        extra=extra,
+    )
     if upload == async_upload.UPLOAD_ASYNC:
         world_size = world_size_now()
         async_upload.report_async(
             metrics,
             name=s3_layout.checkpoint_dir_name(epoch),
-            write=functools.partial(
-                _write_state_files,
-                epoch=epoch,
-                model=model,
-                optimizer=optimizer,
-                lr_scheduler=lr_scheduler,
-                step=step,
-                rng_states=rng_states,
-                extra=extra,
-            ),
+            write=write,
             manifest=functools.partial(write_manifest, epoch=epoch, world_size=world_size),
             max_pending=max_pending,
         )
         return
     with tempfile.TemporaryDirectory(prefix="sweep-ckpt-") as tmp:
-        save_state(
-            tmp,
-            epoch=epoch,
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            step=step,
-            rng_states=rng_states,
-            extra=extra,
-        )
+        write(Path(tmp))
+        write_manifest(tmp, epoch=epoch)
         ray.train.report(
             dict(metrics),
             checkpoint=ray.train.Checkpoint.from_directory(tmp),

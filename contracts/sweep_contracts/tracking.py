@@ -93,15 +93,7 @@ class TrackingState:
         if not tracking_uri or not isinstance(block, Mapping) or "available" not in block:
             return None
         error = block.get("lastError")
-        return cls(
-            tracking_uri=tracking_uri,
-            experiment_id=_id(block.get("experimentId")),
-            run_id=_id(block.get("runId")),
-            available=block.get("available") is True,
-            pending=_count(block.get("pending")),
-            dropped=_count(block.get("dropped")),
-            error=error if isinstance(error, str) else "",
-        )
+        return _state(block, tracking_uri, error if isinstance(error, str) else "")
 
     @property
     def reason(self) -> str:
@@ -131,6 +123,11 @@ def tracking_state(doc: Mapping[str, Any] | None, tracking_uri: str | None) -> T
     if not tracking_uri or not isinstance(block, Mapping) or block.get("backend") != BACKEND_MLFLOW:
         return None
     error = block.get("error")
+    return _state(block, tracking_uri, " ".join(error.split())[:_ERROR_CHARS] if isinstance(error, str) else "")
+
+
+def _state(block: Mapping[str, Any], tracking_uri: str, error: str) -> TrackingState:
+    """The fields a driver's block and the status's block share (each names and bounds its error itself)."""
     return TrackingState(
         tracking_uri=tracking_uri,
         experiment_id=_id(block.get("experimentId")),
@@ -138,7 +135,7 @@ def tracking_state(doc: Mapping[str, Any] | None, tracking_uri: str | None) -> T
         available=block.get("available") is True,
         pending=_count(block.get("pending")),
         dropped=_count(block.get("dropped")),
-        error=" ".join(error.split())[:_ERROR_CHARS] if isinstance(error, str) else "",
+        error=error,
     )
 
 
