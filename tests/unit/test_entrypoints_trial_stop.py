@@ -425,8 +425,12 @@ def test_the_drivers_wait_reaches_the_workers_through_the_trials_slot_and_ends_o
     run.controller_callback()
     assert run.slot is not None and run.slot.key == "train-controller/03000000/t_00001"
     run.slot.send(controller_of(worker))
-    snapshots = iter([{"current_report_index": 1}, {"current_report_index": 2}])
-    monkeypatch.setattr(trial_stop.storage, "read_json", lambda path: next(snapshots))
+    # Ray's snapshot before and after the upload's report, the last repeated (as the worker's probes are): how
+    # often the wait reads it depends on the machine's speed, not on what it decides.
+    snapshots = [{"current_report_index": 1}, {"current_report_index": 2}]
+    monkeypatch.setattr(
+        trial_stop.storage, "read_json", lambda path: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0]
+    )
     collecting = [True]
     wait = trial_stop.UploadWait(["t_00001"], deadline=10**9, collecting=lambda: collecting[0], job_id="03000000")
     wait.start()
