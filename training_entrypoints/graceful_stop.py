@@ -64,7 +64,7 @@ UploadWaiter = Callable[[list[str], float, Callable[[], bool]], Any]
 
 
 def uploads_record(trials: Mapping[str, Any], wait_s: float) -> dict[str, Any]:
-    """The stop record's `uploads` block (pure) from each trial's `trial_stop.TrialUploads`: how many uploads in flight
+    """The stop record's `uploads` block (pure) from each trial's `stop_uploads.TrialUploads`: how many uploads in flight
     the stop waited for, how many of them Ray committed, and each it could not wait for (trial, checkpoint folder)."""
     waited = sum(len(t.waited) for t in trials.values())
     committed = sum(len(t.committed) for t in trials.values())
@@ -121,7 +121,7 @@ class GracefulStop:
     clock: Callable[[], float] = time.monotonic
     upload_wait_s: float | None = None  # from the request; None: as report_wait_s
     start_upload_wait: UploadWaiter | None = None
-    uploads: Any = None  # the started wait (trial_stop.UploadWait), once the stop knows its trials
+    uploads: Any = None  # the started wait (stop_uploads.UploadWait), once the stop knows its trials
     reports_over: bool = False  # every trial reported once more, or the report wait ran out
     requested_at: float | None = None  # monotonic
     requested_utc: str | None = None
@@ -295,8 +295,8 @@ def install(stop: GracefulStop, signals: tuple[signal.Signals, ...] = (signal.SI
 
 
 def wait_for_uploads(trial_ids: list[str], deadline: float, collecting: Callable[[], bool]) -> Any:
-    """The driver's wait for the trials' uploads in flight (trial_stop.UploadWait), started."""
-    from .trial_stop import UploadWait
+    """The driver's wait for the trials' uploads in flight (stop_uploads.UploadWait), started."""
+    from .stop_uploads import UploadWait
 
     return UploadWait(trial_ids, deadline, collecting).start()
 

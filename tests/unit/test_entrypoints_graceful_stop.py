@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from training_entrypoints import graceful_stop, trial_stop
+from training_entrypoints import graceful_stop, stop_uploads
 from training_entrypoints.graceful_stop import GracefulStop, GracefulStopper
 
 
@@ -99,9 +99,9 @@ def test_the_local_runner_gives_the_driver_the_jobs_stop_wait_time(env: dict[str
 
 
 class FakeUploads:
-    """A started upload wait: `done` when the test says; `trials` as trial_stop.TrialUploads."""
+    """A started upload wait: `done` when the test says; `trials` as stop_uploads.TrialUploads."""
 
-    def __init__(self, trials: dict[str, trial_stop.TrialUploads]):
+    def __init__(self, trials: dict[str, stop_uploads.TrialUploads]):
         self.trials = trials
         self.finished = False
 
@@ -180,7 +180,7 @@ def test_without_an_upload_wait_the_stop_is_as_before_and_a_wait_that_cannot_sta
 
 
 def uploads_of(trial_id: str, waited: dict[int, str | None], committed: set[int], cut: dict[int, str | None]) -> Any:
-    return trial_stop.TrialUploads(trial_id, waited=waited, committed=committed, not_waited=cut)
+    return stop_uploads.TrialUploads(trial_id, waited=waited, committed=committed, not_waited=cut)
 
 
 def test_the_stop_record_says_how_many_uploads_it_waited_for_and_names_each_it_could_not() -> None:

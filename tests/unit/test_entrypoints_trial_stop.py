@@ -22,7 +22,7 @@ from sweep_contracts.runspec import build_run_spec
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import cpu_sweep
 from tests.support.waiting import wait_for
-from training_entrypoints import ray_internals, trainable, trial_stop
+from training_entrypoints import ray_internals, stop_uploads, trainable, trial_stop
 from training_entrypoints.trial_stop import AbortOutcome, TrialTrainRun
 
 
@@ -362,15 +362,15 @@ def test_a_workers_probe_names_its_queued_uploads_and_leaves_out_reports_without
         pool.submit(lambda *a: None, "checkpoint_epoch-000003", {}, object(), 3)
         pool.submit(lambda *a: None, "checkpoint_epoch-000004", {}, None, 4)
         monkeypatch.setattr(ray_internals, "train_context", lambda: Context(4, 1, pool))
-        probe = trial_stop.probe_worker_uploads()
-        assert probe == trial_stop.WorkerUploads(4, 1, {2: None, 3: "checkpoint_epoch-000003"})
+        probe = stop_uploads.probe_worker_uploads()
+        assert probe == stop_uploads.WorkerUploads(4, 1, {2: None, 3: "checkpoint_epoch-000003"})
     finally:
         release.set()
         pool.shutdown(wait=True)
     monkeypatch.setattr(ray_internals, "train_context", lambda: None)
-    assert trial_stop.probe_worker_uploads() is None
-    assert trial_stop.merge_in_flight(
-        [probe, None, trial_stop.WorkerUploads(4, 1, {2: "checkpoint_epoch-000002"})]
+    assert stop_uploads.probe_worker_uploads() is None
+    assert stop_uploads.merge_in_flight(
+        [probe, None, stop_uploads.WorkerUploads(4, 1, {2: "checkpoint_epoch-000002"})]
     ) == {
         2: "checkpoint_epoch-000002",
         3: "checkpoint_epoch-000003",
@@ -380,7 +380,7 @@ def test_a_workers_probe_names_its_queued_uploads_and_leaves_out_reports_without
 def test_an_upload_counts_as_committed_only_once_no_worker_holds_it_and_the_snapshot_counts_its_report() -> None:
     """A half-uploaded folder is never committed: only Ray's snapshot (current_report_index) says a report was
     processed; an upload still in flight when the time is over is one the stop could not wait for."""
-    trial = trial_stop.TrialUploads("t", waited={2: None, 3: "checkpoint_epoch-000003"})
+    trial = stop_uploads.TrialUploads("t", waited={2: None, 3: "checkpoint_epoch-000003"})
     assert not trial.settle({2: "checkpoint_epoch-000002", 3: "checkpoint_epoch-000003"}, 5, final=False)
     assert trial.waited[2] == "checkpoint_epoch-000002" and trial.committed == set()
     assert not trial.settle({3: "checkpoint_epoch-000003"}, 1, final=False)  # handed over, not yet in the snapshot
@@ -388,14 +388,16 @@ def test_an_upload_counts_as_committed_only_once_no_worker_holds_it_and_the_snap
     assert not trial.settle({3: "checkpoint_epoch-000003", 4: None}, 2, final=True)
     assert trial.not_waited == {3: "checkpoint_epoch-000003", 4: None}
     assert trial.cut == ["checkpoint_epoch-000003", None]
-    assert trial_stop.committed_report_index({ray_internals.SNAPSHOT_REPORT_INDEX: 7}) == 7
-    assert trial_stop.committed_report_index(None) == trial_stop.committed_report_index({"current_report_index": "7"})
+    assert stop_uploads.committed_report_index({ray_internals.SNAPSHOT_REPORT_INDEX: 7}) == 7
+    assert stop_uploads.committed_report_index(None) == stop_uploads.committed_report_index(
+        {"current_report_index": "7"}
+    )
 
 
 class Worker:
     """A RayTrainWorker handle: `execute.remote(fn)` answers the next of `probes` (repeating the last)."""
 
-    def __init__(self, probes: list[trial_stop.WorkerUploads]):
+    def __init__(self, probes: list[stop_uploads.WorkerUploads]):
         self.probes = probes
         self.execute = Method(lambda fn: Ref(self.probes.pop(0) if len(self.probes) > 1 else self.probes[0]))
 
@@ -411,15 +413,15 @@ def published(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     slots: dict[str, Any] = {}
     monkeypatch.setattr(trial_stop.ControllerSlot, "send", lambda self, c: slots.__setitem__(self.key, (c, self.train_run_dir, self.token)))  # fmt: skip
     monkeypatch.setattr(trial_stop.ControllerSlot, "receive_published", lambda self: slots.get(self.key))
-    monkeypatch.setattr(trial_stop, "UPLOAD_POLL_S", 0.001)
+    monkeypatch.setattr(stop_uploads, "UPLOAD_POLL_S", 0.001)
     return slots
 
 
 def test_the_drivers_wait_reaches_the_workers_through_the_trials_slot_and_ends_once_the_upload_is_committed(
     fake_ray: None, published: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    in_flight = trial_stop.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
-    worker = Worker([in_flight, in_flight, trial_stop.WorkerUploads(2, 2, {})])
+    in_flight = stop_uploads.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
+    worker = Worker([in_flight, in_flight, stop_uploads.WorkerUploads(2, 2, {})])
     run = TrialTrainRun("t_00001", "/store/train/t_00001")
     monkeypatch.setattr(ray_internals, "current_job_id", lambda: "03000000")
     run.controller_callback()
@@ -432,7 +434,7 @@ def test_the_drivers_wait_reaches_the_workers_through_the_trials_slot_and_ends_o
         trial_stop.storage, "read_json", lambda path: snapshots.pop(0) if len(snapshots) > 1 else snapshots[0]
     )
     collecting = [True]
-    wait = trial_stop.UploadWait(["t_00001"], deadline=10**9, collecting=lambda: collecting[0], job_id="03000000")
+    wait = stop_uploads.UploadWait(["t_00001"], deadline=10**9, collecting=lambda: collecting[0], job_id="03000000")
     wait.start()
     wait_for(lambda: wait.trials["t_00001"].waited, timeout=10, what="the upload seen in flight")
     collecting[0] = False  # the reports are in: no new upload joins the wait
@@ -446,7 +448,7 @@ def test_a_wait_that_loses_the_workers_or_runs_out_of_time_records_what_it_could
     fake_ray: None, published: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(trial_stop.storage, "read_json", lambda path: {"current_report_index": 1})
-    in_flight = trial_stop.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
+    in_flight = stop_uploads.WorkerUploads(2, 1, {2: "checkpoint_epoch-000001"})
     stuck = Worker([in_flight])
     lost = Worker([in_flight])
     answers = [Ref(in_flight), Ref(error=ray.exceptions.RayActorError())]
@@ -454,7 +456,7 @@ def test_a_wait_that_loses_the_workers_or_runs_out_of_time_records_what_it_could
     for trial_id, worker in (("stuck", stuck), ("lost", lost)):
         trial_stop.ControllerSlot.for_trial("j", trial_id, f"/store/train/{trial_id}").send(controller_of(worker))
     clock = [0.0]
-    wait = trial_stop.UploadWait(["stuck", "lost"], deadline=5.0, collecting=lambda: True, job_id="j",
+    wait = stop_uploads.UploadWait(["stuck", "lost"], deadline=5.0, collecting=lambda: True, job_id="j",
                                  clock=lambda: clock[0])  # fmt: skip
     wait.start()
     wait_for(lambda: wait.trials["lost"].done and wait.trials["stuck"].waited, timeout=10, what="both probed")
