@@ -21,14 +21,8 @@ from sweep_operator.status import progress_patch
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from tests.support.waiting import wait_for
-from training_entrypoints.tracking import (
-    MlflowTracker,
-    TrackingCallback,
-    TrackingTarget,
-    install,
-    metric_values,
-    param_values,
-)
+from training_entrypoints.tracking import MlflowTracker, TrackingCallback, install
+from training_entrypoints.tracking_values import TrackingTarget, metric_values, param_values
 
 TARGET = TrackingTarget("http://mlflow.test:5000", "team/sweep", "team", "sweep", "r1", "s3://bucket/p/team/sweep-r1")
 
