@@ -374,6 +374,53 @@ def _poll_progress(
             on_progress(doc)
 
 
+def _base_env(rayjob: Mapping[str, Any], workdir: Path, code_dirs: Sequence[str | Path]) -> dict[str, str]:
+    """This process's env with the container's, the user's code and `workdir` first on PYTHONPATH (no RAY_ADDRESS)."""
+    base_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    base_env.update(container_env(rayjob))
+    code_path = [str(Path(d).resolve()) for d in code_dirs]
+    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (*code_path, str(workdir), base_env.get("PYTHONPATH", "")) if p)
+    return base_env
+
+
+def _driver_env(
+    rayjob: Mapping[str, Any], base_env: Mapping[str, str], env_vars: Mapping[str, str], address: str
+) -> dict[str, str]:
+    # The job's runtime env also carries the container env, so workers on a shared cluster see it as pods would.
+    job_env = {**container_env(rayjob), "PYTHONPATH": base_env["PYTHONPATH"], **env_vars}
+    return {
+        **base_env,
+        **env_vars,
+        "RAY_ADDRESS": address,
+        RAY_JOB_CONFIG_ENV: json.dumps({"runtime_env": {"env_vars": job_env}, "metadata": {}}),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _run_driver(
+    argv: list[str],
+    driver_env: Mapping[str, str],
+    workdir: Path,
+    log_path: Path,
+    limit: float | None,
+    stop_event: threading.Event | None,
+    grace_s: float,
+) -> int:
+    """The driver's exit code; EXIT_TIMED_OUT once it ran past `limit` (its process group then stopped)."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            argv, env=driver_env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return _wait(process, limit, stop_event, grace_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(process, STOP_GRACE_S)
+            return EXIT_TIMED_OUT
+        except BaseException:
+            _stop_group(process, grace_s)  # run-local's own SIGTERM or Ctrl-C: the driver stops gracefully too
+            raise
+
+
 def run_rayjob(
     rayjob: Mapping[str, Any],
     *,
@@ -403,10 +450,7 @@ def run_rayjob(
     run_spec = RunSpec.from_json(env_vars[constants.ENV_RUN_SPEC])
     spec = run_spec.spec
 
-    base_env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    base_env.update(container_env(rayjob))
-    code_path = [str(Path(d).resolve()) for d in code_dirs]
-    base_env["PYTHONPATH"] = os.pathsep.join(p for p in (*code_path, str(workdir), base_env.get("PYTHONPATH", "")) if p)
+    base_env = _base_env(rayjob, workdir, code_dirs)
     size = cluster.size if cluster else plan_local_ray(spec, max_workers=max_workers(rayjob))
     problem = fit_problem(spec, size) if check_fit else None
     if problem:
@@ -417,15 +461,7 @@ def run_rayjob(
     owned = cluster is None
     if cluster is None:
         cluster = LocalRayCluster(size, env=base_env, log_path=log_dir / "ray.log").start()
-    # The job's runtime env also carries the container env, so workers on a shared cluster see it as pods would.
-    job_env = {**container_env(rayjob), "PYTHONPATH": base_env["PYTHONPATH"], **env_vars}
-    driver_env = {
-        **base_env,
-        **env_vars,
-        "RAY_ADDRESS": cluster.address,
-        RAY_JOB_CONFIG_ENV: json.dumps({"runtime_env": {"env_vars": job_env}, "metadata": {}}),
-        "PYTHONUNBUFFERED": "1",
-    }
+    driver_env = _driver_env(rayjob, base_env, env_vars, cluster.address)
     argv = shlex.split(rayjob["spec"]["entrypoint"])
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
@@ -443,18 +479,7 @@ def run_rayjob(
                 daemon=True,
                 name="sweep-progress",
             ).start()
-        with log_path.open("w") as log:
-            process = subprocess.Popen(
-                argv, env=driver_env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            try:
-                returncode = _wait(process, limit, stop_event, grace_s)
-            except subprocess.TimeoutExpired:
-                _stop_group(process, STOP_GRACE_S)
-                returncode = EXIT_TIMED_OUT
-            except BaseException:
-                _stop_group(process, grace_s)  # run-local's own SIGTERM or Ctrl-C: the driver stops gracefully too
-                raise
+        returncode = _run_driver(argv, driver_env, workdir, log_path, limit, stop_event, grace_s)
     finally:
         stop_polling.set()
         if owned:
