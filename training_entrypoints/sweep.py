@@ -299,6 +299,43 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
             tracker.finish(tracking.RUN_FAILED, timeout_s=0)  # only where _tune raised: it finished it otherwise
 
 
+def _new_tuner(
+    plan: SweepPlan,
+    trainable: Any,
+    progress: SweepProgressCallback,
+    budget: float | None,
+    stop: graceful_stop.GracefulStop,
+    tracker: tracking.MlflowTracker | None,
+) -> Any:
+    """The Tuner of a new run (a resumed one is restored: `restore_tuner`)."""
+    from ray import tune
+    from ray.tune.search import Searcher
+
+    spec, layout = plan.run_spec.spec, plan.run_spec.layout
+    return tune.Tuner(
+        trainable,
+        param_space=plan.param_space,
+        tune_config=tune.TuneConfig(
+            metric=spec.tune.metric,
+            mode=spec.tune.mode,
+            search_alg=plan.searcher,
+            scheduler=plan.scheduler,
+            num_samples=spec.tune.num_samples,
+            max_concurrent_trials=spec.tune.max_concurrent_trials if isinstance(plan.searcher, Searcher) else None,
+            time_budget_s=budget,
+            trial_dirname_creator=trial_dirname,
+        ),
+        # Tune's own RunConfig and FailureConfig, not Train's (R19): trial retries only.
+        run_config=tune.RunConfig(
+            name=s3_layout.TUNE_EXPERIMENT_NAME,
+            storage_path=layout.tune_storage_path,
+            failure_config=tune.FailureConfig(max_failures=spec.failure_policy.trial_failures),
+            callbacks=tracking.install([progress, graceful_stop.GracefulStopCallback(stop)], tracker),
+            stop=graceful_stop.GracefulStopper(stop),
+        ),
+    )
+
+
 def _tune(
     plan: SweepPlan,
     mode: RunMode,
@@ -311,9 +348,6 @@ def _tune(
     driver_resources: Mapping[str, float],
     tracker: tracking.MlflowTracker | None = None,
 ) -> int:
-    from ray import tune
-    from ray.tune.search import Searcher
-
     run_spec = plan.run_spec
     spec, layout = run_spec.spec, run_spec.layout
     known: tuple[str, ...] = ()
@@ -328,28 +362,7 @@ def _tune(
         progress.attempt_facts = ledger.facts()
     else:
         logger.info("new run %s under %s", run_spec.run_id, layout.root)
-        tuner = tune.Tuner(
-            trainable,
-            param_space=plan.param_space,
-            tune_config=tune.TuneConfig(
-                metric=spec.tune.metric,
-                mode=spec.tune.mode,
-                search_alg=plan.searcher,
-                scheduler=plan.scheduler,
-                num_samples=spec.tune.num_samples,
-                max_concurrent_trials=spec.tune.max_concurrent_trials if isinstance(plan.searcher, Searcher) else None,
-                time_budget_s=budget,
-                trial_dirname_creator=trial_dirname,
-            ),
-            # Tune's own RunConfig and FailureConfig, not Train's (R19): trial retries only.
-            run_config=tune.RunConfig(
-                name=s3_layout.TUNE_EXPERIMENT_NAME,
-                storage_path=layout.tune_storage_path,
-                failure_config=tune.FailureConfig(max_failures=spec.failure_policy.trial_failures),
-                callbacks=tracking.install([progress, graceful_stop.GracefulStopCallback(stop)], tracker),
-                stop=graceful_stop.GracefulStopper(stop),
-            ),
-        )
+        tuner = _new_tuner(plan, trainable, progress, budget, stop, tracker)
     results = tuner.fit()
     # A trial's last records may have been cut short (its controller aborted by a stop): every committed checkpoint
     # is proven before the final records name them.
