@@ -11,9 +11,12 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.reconcile.guard import (
+    Backoff,
     GuardFacts,
     GuardTarget,
+    RunRecords,
     Verify,
+    after_verification,
     backoff_seconds,
     decide_before_verification,
     skip_requested,
@@ -165,9 +168,25 @@ def test_guard_after_verification(
 ) -> None:
     decision = decide_after_verification(result, progress=progress, final=final, progress_readable=readable, **BACKOFF)
     assert isinstance(decision, kind), case
+    assert after_verification(RunRecords(result, progress, final, readable), Backoff(0, 30, 600)) == decision
     assert words in decision.reason
     if isinstance(decision, Release):
         assert decision.audit is audited
+
+
+def test_a_deletions_holds_are_spaced_by_its_attempt_and_its_sweeps_backoff_settings() -> None:
+    """The pure decisions take the backoff as a fact: the deletion's attempt and its sweep's retry settings (the
+    defaults when the sweep is gone or its spec cannot be read)."""
+    from sweep_operator.reconcile.facts import DeletionFacts
+    from tests.support.factories import changed, cpu_sweep
+
+    sweep = changed(cpu_sweep(), {"spec.deletion.retryBackoffSeconds": 5, "spec.deletion.maxRetryBackoffSeconds": 60})
+    assert Backoff.of(DeletionFacts("RayJob", {}, attempt=3, sweep=sweep)) == Backoff(3, 5, 60)
+    assert Backoff.of(DeletionFacts("RayJob", {}, attempt=1)) == Backoff(1, 30.0, 600.0)
+    assert Backoff.of(DeletionFacts("RayJob", {}, attempt=1, sweep={"spec": {"image": 7}})) == Backoff(1, 30.0, 600.0)
+    failed = FakeResult(False, (Finding("missing-file"),), checked=1)
+    held = after_verification(RunRecords(failed), Backoff(3, 5, 60))
+    assert isinstance(held, Hold) and held.retry_after == 40
 
 
 def test_guard_holds_with_capped_exponential_backoff() -> None:
@@ -228,7 +247,8 @@ def test_a_deletion_verifies_only_when_asked_and_tells_the_sweep_of_a_hold_or_a_
     facts: GuardFacts, result: FakeResult | None, decided: type, verified: bool, event: str, on_sweep_too: bool
 ) -> None:
     from sweep_operator.reconcile.facts import DeletionFacts
-    from sweep_operator.reconcile.guard import decide_deletion, deletion_notice
+    from sweep_operator.reconcile.guard import Backoff, deletion_notice
+    from sweep_operator.reconcile.guard_pipeline import verify_and_decide
 
     deletion = DeletionFacts("RayJob", RAYJOB, attempt=0, sweep=SWEEP)
     asked: list[str] = []
@@ -242,7 +262,7 @@ def test_a_deletion_verifies_only_when_asked_and_tells_the_sweep_of_a_hold_or_a_
         asked.append("documents")
         return None, None, True
 
-    decision, ran = decide_deletion(deletion, facts, verify, documents)
+    decision, ran = verify_and_decide(facts, Backoff.of(deletion), verify, documents)
     assert isinstance(decision, decided) and ran is (result if verified else None)
     assert asked == ([TARGET.run_root, "documents"] if verified else [])
     notice = deletion_notice(deletion, facts, decision)

@@ -283,11 +283,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _decide(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
-    """The guard's own decision (guard.decide_with_verification) over the run root, read with the caller's
+    """The guard's own decision (guard_pipeline.verify_and_decide) over the run root, read with the caller's
     credentials; (the decision, a line saying why)."""
     from dataclasses import replace
 
-    from ..reconcile.guard import GuardFacts, decide_with_verification
+    from ..reconcile.guard import Backoff, GuardFacts
+    from ..reconcile.guard_pipeline import verify_and_decide
     from ..reconcile.reads import run_documents
     from ..reconcile.verdicts import problems_message
     from ..s3 import S3ClientConfig, make_s3_client
@@ -297,13 +298,11 @@ def _decide(target: Any, endpoint_override: str | None) -> tuple[Any, str]:
         target = replace(target, endpoint_url=endpoint_override)
     client = make_s3_client(S3ClientConfig(endpoint_url=target.endpoint_url, region=target.region))
     facts = GuardFacts("TrainingSweep", target.sweep, target=target)
-    decision, result = decide_with_verification(
+    decision, result = verify_and_decide(
         facts,
+        Backoff(attempt=0, base=0, most=0),
         lambda t: verify_sweep_checkpoints(client, t.run_root, timeout_seconds=t.timeout_seconds),
         lambda t: run_documents(client, t),
-        attempt=0,
-        base_backoff=0,
-        max_backoff=0,
     )
     return decision, decision.reason or (problems_message(result.problems) if result is not None else "")
 

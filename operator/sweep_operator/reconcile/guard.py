@@ -6,7 +6,7 @@ docs/guard.md states the rules as one table; each rule names its test.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,50 +258,54 @@ def label_lost(body: Mapping[str, Any]) -> bool:
     )
 
 
-# --------------------------------------------------------------------------------- one deletion, verification lent
-Documents = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, bool]  # status.json, result.json, readable
+# --------------------------------------------------------------------------------- one deletion, before and after
+# A deletion is decided twice around what the edge reads: `before_verification` says whether a verification (and
+# the run's records) must be read; `after_verification` decides on what was read (guard_pipeline.verify_and_decide).
 
 
-def decide_deletion(
-    deletion: DeletionFacts,
-    facts: GuardFacts,
-    verify: Callable[[GuardTarget], Any],
-    documents: Callable[[GuardTarget], Documents],
-) -> tuple[Release | Hold, Any]:
-    """The decision for one deletion and the verification it took (None: it needed none). `verify` checks a target
-    afresh and `documents` reads the run's records (the controller lends reads.Reads.verify and run_documents)."""
-    base, most = backoff_settings(deletion.sweep)
-    return decide_with_verification(
-        facts, verify, documents, attempt=deletion.attempt, base_backoff=base, max_backoff=most
+@dataclass(frozen=True)
+class RunRecords:
+    """What a verification read for a deletion's second decision: the verifier's result, the run's status.json and
+    result.json, and whether status.json could be read at all."""
+
+    result: Any
+    progress: Mapping[str, Any] | None = None
+    final: Mapping[str, Any] | None = None
+    readable: bool = True
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a deletion's holds are spaced: its attempt and the sweep's backoff settings."""
+
+    attempt: int
+    base: float
+    most: float
+
+    @classmethod
+    def of(cls, deletion: DeletionFacts) -> Backoff:
+        base, most = backoff_settings(deletion.sweep)
+        return cls(deletion.attempt, base, most)
+
+
+def before_verification(facts: GuardFacts, backoff: Backoff) -> Release | Hold | Verify:
+    """The decision before anything is read from S3: release, hold, or verify `Verify.target` first."""
+    return decide_before_verification(
+        facts, attempt=backoff.attempt, base_backoff=backoff.base, max_backoff=backoff.most
     )
 
 
-def decide_with_verification(
-    facts: GuardFacts,
-    verify: Callable[[GuardTarget], Any],
-    documents: Callable[[GuardTarget], Documents],
-    *,
-    attempt: int,
-    base_backoff: float,
-    max_backoff: float,
-) -> tuple[Release | Hold, Any]:
-    """Decide, verify when the decision needs it, decide again: the one decision every deletion path takes (the
-    operator's kinds and `sweepctl release`, each with its own reads)."""
-    decision = decide_before_verification(facts, attempt=attempt, base_backoff=base_backoff, max_backoff=max_backoff)
-    if not isinstance(decision, Verify):
-        return decision, None
-    result = verify(decision.target)
-    progress, final, readable = documents(decision.target)
-    after = decide_after_verification(
-        result,
-        progress=progress,
-        final=final,
-        progress_readable=readable,
-        attempt=attempt,
-        base_backoff=base_backoff,
-        max_backoff=max_backoff,
+def after_verification(records: RunRecords, backoff: Backoff) -> Release | Hold:
+    """The decision on what the verification read."""
+    return decide_after_verification(
+        records.result,
+        progress=records.progress,
+        final=records.final,
+        progress_readable=records.readable,
+        attempt=backoff.attempt,
+        base_backoff=backoff.base,
+        max_backoff=backoff.most,
     )
-    return after, result
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,26 @@ from .stopping import StopBeforeDelete
 log = logging.getLogger(__name__)
 
 
+Documents = tuple[Mapping[str, Any] | None, Mapping[str, Any] | None, bool]  # status.json, result.json, readable
+
+
+def verify_and_decide(
+    facts: guard.GuardFacts,
+    backoff: guard.Backoff,
+    verify: Callable[[guard.GuardTarget], Any],
+    documents: Callable[[guard.GuardTarget], Documents],
+) -> tuple[guard.Release | guard.Hold, Any]:
+    """The one decision every deletion path takes (the operator's kinds and `sweepctl release`, each with its own
+    reads): decide, read the verification and the run's records when the decision asks for them, decide on what was
+    read. Returns the decision and the verification it took (None: it needed none)."""
+    decision = guard.before_verification(facts, backoff)
+    if not isinstance(decision, guard.Verify):
+        return decision, None
+    result = verify(decision.target)
+    progress, final, readable = documents(decision.target)
+    return guard.after_verification(guard.RunRecords(result, progress, final, readable), backoff), result
+
+
 @dataclass(frozen=True)
 class GuardKey:
     """One object in the guard's deletion pipeline; the uid tells a re-created object of the same name apart."""
@@ -237,7 +257,7 @@ class GuardPipeline(StopBeforeDelete):
         facts, body, sweep = guard.guard_facts(deletion, self.reads.defaults), deletion.body, deletion.sweep
         # The verification runs in the deleted object's namespace's share of the verification pool.
         verify = partial(self.reads.verify, flow=meta_of(body).get("namespace") or "default")
-        decision, result = guard.decide_deletion(deletion, facts, verify, self.reads.run_documents)
+        decision, result = verify_and_decide(facts, guard.Backoff.of(deletion), verify, self.reads.run_documents)
         if sweep is not None and result is not None:
             found, generation = status_of(sweep), meta_of(sweep).get("generation")
             changes = guard.verification_status(found, generation, self.clock(), result, decision)
