@@ -611,16 +611,14 @@ def kueue_pass_facts(*, rayjob_deadline: float | None) -> Any:
 def test_a_plain_rayjob_is_no_kueue_run_and_its_workloads_are_not_read() -> None:
     from dataclasses import replace
 
-    from sweep_operator.reconcile.kueue import kueue_run_of
+    from sweep_operator.reconcile.kueue import kueue_run_of, workloads_wanted
 
     facts = kueue_pass_facts(rayjob_deadline=None)
     plain = {**facts.rayjob_body, "metadata": {**facts.rayjob_body["metadata"], "labels": {}}}
-
-    def no_listing(namespace: str) -> list[dict[str, Any]]:
-        raise AssertionError("the Workloads are read only for a Kueue RayJob")
-
-    assert kueue_run_of(replace(facts, rayjob_body=plain), no_listing) is None
-    assert kueue_run_of(replace(facts, rayjob_body=None), no_listing) is None
+    assert workloads_wanted(facts) == "ml"  # a Kueue RayJob: its namespace's Workloads are read
+    for other in (replace(facts, rayjob_body=plain), replace(facts, rayjob_body=None)):
+        assert workloads_wanted(other) is None
+        assert kueue_run_of(other, [owned(QUEUED)]) is None
 
 
 @pytest.mark.parametrize(
@@ -639,14 +637,8 @@ def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_dead
     from sweep_operator.reconcile.run_pass import in_kueue_mode
 
     facts = kueue_pass_facts(rayjob_deadline=rayjob_deadline)
-    listed: list[str] = []
-
-    def workloads(namespace: str) -> list[dict[str, Any]]:
-        listed.append(namespace)
-        return [owned(QUEUED)]
-
-    run = kueue_run_of(facts, workloads)
-    assert run is not None and listed == ["ml"]
+    run = kueue_run_of(facts, [owned(QUEUED)])
+    assert run is not None
     assert run.active_seconds == 21600  # gpu_sweep's deadlines.activeSeconds
     asked = Decision(
         {**facts.status, "phase": "Suspended"},

@@ -340,7 +340,7 @@ def test_tick_due(status: dict[str, Any], deleting: bool, poll_due: bool, due: b
         "metadata": {"name": "digits", **({"deletionTimestamp": rfc3339(T0)} if deleting else {})},
         "status": status,
     }
-    assert tick_due(body, T0, lambda: poll_due) is due
+    assert tick_due(body, T0, poll_due) is due
 
 
 @pytest.mark.parametrize(
@@ -388,4 +388,4 @@ def test_a_pending_resume_keeps_the_tick_due(asked: int, acted: int, due: bool) 
             "checkpoints": {"verifiedAt": rfc3339(T0)},
         },
     }
-    assert tick_due(body, T0, lambda: False) is due
+    assert tick_due(body, T0, False) is due

@@ -231,9 +231,8 @@ class SweepController(GuardPipeline):
         """Whether a timer tick has work (run_phase.tick_due); ticks for steady sweeps cost no API call."""
         if usage.usage_open(body):
             return True  # an ended run's GPU pods are measured until they are gone (docs/budgets.md)
-        return run_phase.tick_due(
-            body, self.clock(), lambda: self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
-        )
+        poll_due = self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
+        return run_phase.tick_due(body, self.clock(), poll_due)
 
     # ------------------------------------------------------------------------------ the reconcile pass
     def _pass(self, ref: ObjectRef) -> None:
@@ -333,7 +332,8 @@ class SweepController(GuardPipeline):
         settings = self.settings
         resumed = resume_read(facts, self.budgets, settings.limits.max_active_seconds)
         facts = self.reads.run_facts(facts)
-        run = kueue.kueue_run_of(facts, lambda namespace: self.kube.list_workloads(namespace))
+        namespace = kueue.workloads_wanted(facts)
+        run = kueue.kueue_run_of(facts, self.kube.list_workloads(namespace)) if namespace else None
         if run is not None:  # Kueue mode: the deadline counts admitted time only, startup from the admission
             facts = replace(facts, clock=kueue.run_clock(run, facts.now))
         queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace) if facts.sweep else None

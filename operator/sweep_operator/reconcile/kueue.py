@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -345,14 +345,22 @@ def kueue_run(
     )
 
 
-def kueue_run_of(facts: SweepFacts, workloads: Callable[[str], Sequence[Mapping[str, Any]]]) -> KueueRun | None:
-    """Where Kueue has the run's RayJob (None: not Kueue's); `workloads` lists a namespace's Workloads, called
-    only for a Kueue RayJob."""
+def workloads_wanted(facts: SweepFacts) -> str | None:
+    """The namespace whose Workloads a pass must read: a Kueue RayJob's (None: not Kueue's, nothing to read)."""
     rayjob, spec = facts.rayjob_body, facts.admitted_spec
     if rayjob is None or spec is None or not kueue_managed(rayjob):
         return None
+    return facts.ref.namespace
+
+
+def kueue_run_of(facts: SweepFacts, workloads: Sequence[Mapping[str, Any]]) -> KueueRun | None:
+    """Where Kueue has the run's RayJob (None: not Kueue's), from its namespace's Workloads as read at the edge
+    (where `workloads_wanted` asked for them)."""
+    rayjob, spec = facts.rayjob_body, facts.admitted_spec
+    if rayjob is None or spec is None or workloads_wanted(facts) is None:
+        return None
     active = float(effective_active_seconds(spec, facts.limits))
-    return kueue_run(facts.status, rayjob, workloads(facts.ref.namespace), facts.now, active)
+    return kueue_run(facts.status, rayjob, workloads, facts.now, active)
 
 
 def run_clock(run: KueueRun, now: float) -> dict[str, Any]:

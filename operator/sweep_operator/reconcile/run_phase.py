@@ -7,7 +7,7 @@ A new run-phase rule is a named predicate here and one branch in `decide_run`; a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sweep_contracts import constants
@@ -94,9 +94,10 @@ def startup_overdue(rayjob: RayJobFacts, status: Mapping[str, Any], now: float, 
     return bool(started) and now - max(started) > startup_seconds
 
 
-def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) -> bool:
-    """Whether a timer tick has work: a deadline that may have passed, progress to poll (`poll_due`), a queue or a
-    failed create to retry, an end-of-run verification to finish. Events drive everything else."""
+def tick_due(body: Mapping[str, Any], now: float, poll_due: bool) -> bool:
+    """Whether a timer tick has work: a deadline that may have passed, progress to poll (`poll_due`: the cache's
+    answer, read by the caller), a queue or a failed create to retry, an end-of-run verification to finish. Events
+    drive everything else."""
     status = body.get("status") or {}
     phase = status.get("phase")
     if (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -110,7 +111,7 @@ def tick_due(body: Mapping[str, Any], now: float, poll_due: Callable[[], bool]) 
     deadline = parse_time(status.get("deadlineAt"))
     if deadline is not None and now >= deadline.timestamp():
         return True
-    return poll_due()
+    return poll_due
 
 
 def progress_wanted(facts: SweepFacts) -> bool:
