@@ -24,6 +24,11 @@ RECONCILE_EDGES = {
     "guard_pipeline",
     "pod_snapshots",
 }  # the I/O edges
+# The controller's memory between passes: written by the edges, read by them for the facts; it decides nothing.
+RECONCILE_MEMORY = {"cache"}
+# Beside reconcile, the pure modules the decisions are built from: the admission rules, the status and phase helpers,
+# GPU time, what the RayJob carries, its rendering, the spec's parsing and the diagnosis of pending pods.
+DECISIONS_BESIDE = {"policy", "status", "gpu_time", "run_metadata", "rendering", "validation", "diagnosis"}
 
 
 def importlinter() -> configparser.ConfigParser:
@@ -173,3 +178,21 @@ def test_every_sandbox_module_is_the_emulator_a_stand_in_or_shared() -> None:
     independent = contract("sandbox-standins-independent")
     assert independent["type"].strip() == "independence"
     assert set(listed(independent["modules"])) == {"sweep_sandbox.kuberay", "sweep_sandbox.kueue"}
+
+
+def test_every_reconcile_module_is_an_edge_or_a_decision_that_reads_nothing() -> None:
+    """The decisions take facts read at the edge: the decisions-without-io contract lists exactly the reconcile modules
+    that are neither an edge nor the controller's memory, and the pure modules beside reconcile they are built from,
+    so a new module must pick a side; it forbids the clients, what wraps them, the verifier's listing and sockets."""
+    no_io = contract("decisions-without-io")
+    assert no_io["type"].strip() == "forbidden"
+    reconcile = {p.stem for p in RECONCILE.glob("*.py") if p.stem != "__init__"}
+    decisions = {f"sweep_operator.reconcile.{m}" for m in reconcile - RECONCILE_EDGES - RECONCILE_MEMORY}
+    decisions |= {f"sweep_operator.{m}" for m in DECISIONS_BESIDE}
+    assert sorted(set(listed(no_io["source_modules"])) ^ decisions) == [], (
+        "a reconcile module that reads goes in RECONCILE_EDGES; one that decides goes in decisions-without-io"
+    )
+    forbidden = set(listed(no_io["forbidden_modules"]))
+    clients = {"kubernetes", "boto3", "botocore", "urllib3", "requests", "aiohttp", "http", "socket"}
+    wrappers = {"sweep_operator.kube", "sweep_operator.s3_clients", "sweep_operator.ray_jobs"}
+    assert clients | wrappers | {"sweep_operator.verification.listing"} <= forbidden
