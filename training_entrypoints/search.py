@@ -20,8 +20,10 @@ from ray.tune.schedulers import (
 from ray.tune.search import BasicVariantGenerator, SearchAlgorithm, Searcher
 
 from sweep_contracts.api import SweepSpec
-from sweep_contracts.paramspace import Distribution, parse_distribution
-from sweep_contracts.spec_checks import PBT_REFUSED
+from sweep_contracts.paramspace import Distribution, distributions, parse_distribution
+from sweep_contracts.spec_checks import pbt_problems
+
+from .pbt import ClampToParamSpace, LineagePBT
 
 
 class EntrypointError(ValueError):
@@ -100,6 +102,35 @@ def build_scheduler(spec: SweepSpec) -> TrialScheduler:
         return MedianStoppingRule(
             time_attr=s.time_attr, grace_period=s.grace_period, min_samples_required=s.min_samples_required
         )
-    if s.type == "pbt":  # the validator refuses it first; a hand-made run spec must not get a PBT that never exploits
-        raise EntrypointError(f"spec.tune.scheduler.type: {PBT_REFUSED}")
-    raise EntrypointError(f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median")
+    if s.type == "pbt":
+        return build_pbt(spec)
+    raise EntrypointError(f"spec.tune.scheduler.type: got {s.type!r}; allowed: fifo, asha, hyperband, median, pbt")
+
+
+def build_pbt(spec: SweepSpec) -> LineagePBT:
+    """Tune's PBT (recording its exploits) mutating the named paramSpace parameters: a choice steps to a neighbour
+    or is resampled; a continuous or integer one is scaled by 0.8 or 1.2 or resampled, and kept within its bounds."""
+    problems = pbt_problems(spec)  # the validator's own rules: a hand-made run spec gets the same messages
+    if problems:
+        raise EntrypointError("\n".join(str(p) for p in problems))
+    s = spec.tune.scheduler
+    dists = distributions(spec.param_space)
+    mutations: dict[str, Any] = {}
+    bounds: dict[str, tuple[float, float]] = {}
+    for name in s.hyperparam_mutations:
+        dist = dists[name]
+        if dist.kind == "choice":
+            mutations[name] = list(dist.args)
+        else:
+            mutations[name] = to_tune_domain(dist)
+            low, high = float(dist.args[0]), float(dist.args[1])
+            bounds[name] = (low, high - 1 if dist.kind == "randint" else high)
+    return LineagePBT(
+        time_attr=s.time_attr,
+        perturbation_interval=s.perturbation_interval,
+        hyperparam_mutations=mutations,
+        quantile_fraction=s.quantile_fraction,
+        resample_probability=s.resample_probability,
+        custom_explore_fn=ClampToParamSpace(bounds) if bounds else None,
+        synch=s.synch,
+    )

@@ -14,11 +14,11 @@ import ray.train
 from ray import tune
 from ray.train.v2.api.callback import UserCallback  # also importable when V1 is selected, so R2 can be checked
 
-from sweep_contracts import constants
+from sweep_contracts import constants, s3_layout
 from sweep_contracts.api import SweepSpec, parse_quantity
 from sweep_contracts.runspec import RunSpec
 
-from . import ray_internals, trial_stop
+from . import pbt, ray_internals, storage, trial_stop
 from .commit_records import CommitRecordCallback, backfill_trial
 from .search import EntrypointError
 
@@ -74,13 +74,18 @@ def train_failure_config(spec: SweepSpec) -> ray.train.FailureConfig:
 
 
 def checkpoint_config(spec: SweepSpec) -> ray.train.CheckpointConfig:
-    """Retention: numToKeep ranked by scoreAttribute (default tune.metric); Ray always keeps the latest too."""
+    """Retention: numToKeep ranked by scoreAttribute (default tune.metric); Ray always keeps the latest too.
+
+    Under pbt nothing is deleted: Ray's retention cannot be vetoed and would delete a donor's checkpoint at the
+    donor's next commit, before the trial that exploits it has copied it (checkpoint_manager.py,
+    `_save_state_and_delete_old_checkpoints`)."""
     ckpt = spec.checkpoints
     attribute = ckpt.score_attribute or spec.tune.metric
+    num_to_keep = None if is_pbt(spec) else ckpt.num_to_keep
     if attribute is None:
-        return ray.train.CheckpointConfig(num_to_keep=ckpt.num_to_keep)
+        return ray.train.CheckpointConfig(num_to_keep=num_to_keep)
     return ray.train.CheckpointConfig(
-        num_to_keep=ckpt.num_to_keep,
+        num_to_keep=num_to_keep,
         checkpoint_score_attribute=attribute,
         checkpoint_score_order=ckpt.score_order or spec.tune.mode or "max",
     )
@@ -116,15 +121,29 @@ class RankReportCallback(UserCallback):
         metrics[0] = {**metrics[0], **extra}
 
 
-def train_run_config(run_spec: RunSpec, trial_id: str, extra_callbacks: Sequence[Any] = ()) -> ray.train.RunConfig:
+def is_pbt(spec: SweepSpec) -> bool:
+    return spec.tune.scheduler.type == "pbt"
+
+
+def train_run_config(
+    run_spec: RunSpec,
+    trial_id: str,
+    extra_callbacks: Sequence[Any] = (),
+    *,
+    run_name: str | None = None,
+    tune_reporter: Any | None = None,
+) -> ray.train.RunConfig:
     """The Trainer's `ray.train.RunConfig` for one trial. Must be called inside a Tune trial (R18).
 
-    `extra_callbacks` are controller callbacks (the one that lets a Tune stop abort the run: trial_stop)."""
+    `extra_callbacks` are controller callbacks (the one that lets a Tune stop abort the run: trial_stop). Under pbt
+    the run may be named otherwise (`run_name`: a trial's later runs) and `tune_reporter` (pbt.PointerReporter's
+    callback) takes TuneReportCallback's place."""
     from ray.tune.integration.ray_train import TuneReportCallback
 
     spec = run_spec.spec
+    name = run_name or trial_id
     return ray.train.RunConfig(
-        name=trial_id,
+        name=name,
         storage_path=run_spec.layout.train_storage_path,
         failure_config=train_failure_config(spec),
         checkpoint_config=checkpoint_config(spec),
@@ -132,8 +151,8 @@ def train_run_config(run_spec: RunSpec, trial_id: str, extra_callbacks: Sequence
         # record of a checkpoint starts before it: Tune's report may wait on the trial to take it.
         callbacks=[
             RankReportCallback(spec.tune.metric),
-            CommitRecordCallback(run_spec.layout.trial_dir(trial_id)),
-            TuneReportCallback(),
+            CommitRecordCallback(run_spec.layout.trial_dir(name)),
+            tune_reporter if tune_reporter is not None else TuneReportCallback(),
             *extra_callbacks,
         ],
     )
@@ -168,25 +187,64 @@ def make_trial_driver(run_spec: RunSpec) -> Callable[[dict[str, Any]], None]:
 
         trial_id = tune.get_context().get_trial_id()
         trial_stop.log_in_trial_actor()
-        run = trial_stop.begin_trial_run(trial_id, run_spec.layout.trial_dir(trial_id))
+        start = pbt.TrainRunStart(trial_id)
+        if is_pbt(run_spec.spec):
+            start = pbt_train_run(run_spec, trial_id)
+        run_dir = run_spec.layout.trial_dir(start.name)
+        run = trial_stop.begin_trial_run(trial_id, run_dir)
         # A retried or resumed trial reports the same folder names again: an orphan left by an earlier stop or a
         # killed driver must not be merged into.
         trial_stop.remove_uncommitted_checkpoints(run.train_run_dir)
         # A controller of this trial that died between Ray's snapshot and our record left a checkpoint unproven.
         backfill_trial_records(run.train_run_dir)
+        reporter = None
+        if is_pbt(run_spec.spec):
+            reporter = pbt.PointerReporter(
+                trial_id, start.name, dict(config), pbt.new_report_queue(trial_id), run_dir,
+                committed=pbt.latest_committed(storage.read_json(s3_layout.join(run_dir, ray_internals.SNAPSHOT_FILENAME))),
+                iteration=start.iteration,
+            )  # fmt: skip
         trainer = TorchTrainer(
             load_train_loop(run_spec.spec.train_loop),
             train_loop_config={**config, CONTEXT_KEY: trial_context(run_spec, trial_id)},
             scaling_config=scaling_config(run_spec.spec),
-            run_config=train_run_config(run_spec, trial_id, [run.controller_callback()]),
+            run_config=train_run_config(
+                run_spec,
+                trial_id,
+                [run.controller_callback()],
+                run_name=start.name,
+                tune_reporter=reporter.callback() if reporter is not None else None,
+            ),
         )
-        # A retried or resumed trial has the same id, so Train continues from its own snapshot in storage.
-        run.fit(trainer)
+        if reporter is None:
+            # A retried or resumed trial has the same id, so Train continues from its own snapshot in storage.
+            run.fit(trainer)
+        else:
+            reporter.run(lambda: run.fit(trainer))
 
     trial_driver.__name__ = trial_driver.__qualname__ = "trial_driver"
-    # Tune's stop of the trial aborts its Train run (trial_stop.AbortTrainRunOnStop.cleanup).
-    setattr(trial_driver, ray_internals.TRAINABLE_MIXINS_ATTR, (trial_stop.AbortTrainRunOnStop,))
+    # Tune's stop of the trial aborts its Train run (trial_stop.AbortTrainRunOnStop.cleanup); under pbt the report
+    # queue is drained first, so an abort never waits behind a report nobody takes.
+    mixins: tuple[type, ...] = (trial_stop.AbortTrainRunOnStop,)
+    if is_pbt(run_spec.spec):
+        mixins = (pbt.DrainReportsOnStop, *mixins)
+    setattr(trial_driver, ray_internals.TRAINABLE_MIXINS_ATTR, mixins)
     return trial_driver
+
+
+def pbt_train_run(run_spec: RunSpec, trial_id: str) -> pbt.TrainRunStart:
+    """The Train run a PBT trial starts (pbt.choose_train_run); a run started from a pointer at another trial's
+    checkpoint, or at one its own run has moved past, is seeded with a copy of it first."""
+    layout = run_spec.layout
+    pointer = pbt.read_pointer(tune.get_checkpoint())
+
+    def own_snapshot(name: str) -> Any:
+        return storage.read_json(s3_layout.join(layout.trial_dir(name), ray_internals.SNAPSHOT_FILENAME))
+
+    start = pbt.choose_train_run(trial_id, pointer, own_snapshot)
+    if start.seeded_from is not None:
+        pbt.seed_train_run(layout.train_storage_path, start.name, start.seeded_from)
+    return start
 
 
 def trial_driver_resources(cluster_resources: dict[str, float]) -> dict[str, float]:

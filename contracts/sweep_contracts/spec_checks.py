@@ -4,6 +4,7 @@ express, run by the operator and the entrypoint alike."""
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from typing import Any
 
@@ -22,11 +23,9 @@ _LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _RESERVED_PARAM_PREFIX = "_sweep"
 METRIC_SCHEDULERS = ("asha", "hyperband", "median", "pbt")
-PBT_REFUSED = (
-    "got 'pbt'; refused: under Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a "
-    "checkpoint it can clone, so PBT could never exploit a better trial and every trial would train as under "
-    "fifo; use asha, hyperband or median to stop poor trials early"
-)
+# Distributions PBT can resample or perturb (Tune's `_explore`: a list steps to a neighbour, a Domain is perturbed by
+# a factor or resampled); a grid is enumerated by the searcher, never mutated.
+PBT_MUTABLE = ("choice", "uniform", "loguniform", "randint", "quniform")
 
 
 def brief(value: Any) -> str:
@@ -170,7 +169,7 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
             )
         )
     if tune.scheduler.type == "pbt":
-        problems.append(Problem("spec.tune.scheduler.type", PBT_REFUSED))
+        problems.extend(pbt_problems(spec))
 
     ckpt = spec.checkpoints
     if ckpt.score_attribute and not (ckpt.score_order or tune.mode):
@@ -233,6 +232,58 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
             Problem(
                 "spec.deletion.maxRetryBackoffSeconds",
                 f"got {deletion.max_retry_backoff_seconds}; must be >= retryBackoffSeconds ({deletion.retry_backoff_seconds})",
+            )
+        )
+    return problems
+
+
+def pbt_problems(spec: SweepSpec) -> list[Problem]:
+    """Population-based training: what it mutates comes from the paramSpace, and a population that can exploit."""
+    tune, scheduler = spec.tune, spec.tune.scheduler
+    path = "spec.tune.scheduler"
+    problems: list[Problem] = []
+    dists = distributions(spec.param_space)
+    if not scheduler.hyperparam_mutations:
+        mutable = [n for n, d in dists.items() if d.kind in PBT_MUTABLE]
+        hint = f" (sampled here: {', '.join(mutable)})" if mutable else ""
+        problems.append(
+            Problem(f"{path}.hyperparamMutations", f"required by pbt: name the paramSpace parameters to mutate{hint}")
+        )
+    seen: set[str] = set()
+    for i, name in enumerate(scheduler.hyperparam_mutations):
+        where = f"{path}.hyperparamMutations[{i}]"
+        if name in seen:
+            problems.append(Problem(where, f"{name!r} is named twice"))
+            continue
+        seen.add(name)
+        if name not in spec.param_space:
+            close = difflib.get_close_matches(name, list(spec.param_space), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(
+                Problem(where, f"{name!r} is not in spec.paramSpace{hint}; mutations are drawn from the paramSpace")
+            )
+        elif name not in dists:
+            problems.append(
+                Problem(where, f"{name!r} is a constant in spec.paramSpace; pbt mutates sampled parameters only")
+            )
+        elif dists[name].kind not in PBT_MUTABLE:
+            problems.append(
+                Problem(
+                    where,
+                    f"{name!r} is a {{{dists[name].kind}: [..]}} parameter; pbt mutates "
+                    f"{', '.join(PBT_MUTABLE)}: use {{choice: [..]}}",
+                )
+            )
+    population = tune.num_samples * math.prod(len(d.args) for d in dists.values() if d.kind == "grid")
+    if population < 2:
+        problems.append(
+            Problem("spec.tune.numSamples", f"got {tune.num_samples}; pbt needs a population of at least 2 trials")
+        )
+    if tune.searcher.type == "optuna":
+        problems.append(
+            Problem(
+                "spec.tune.searcher.type",
+                "'optuna' cannot be used with pbt (Tune refuses a searcher beside it); use 'random' or 'grid'",
             )
         )
     return problems

@@ -62,15 +62,18 @@ class SearcherSpec(ApiModel):
 # Scheduler parameters are defaulted by the parser, not by the API server: a sweep then shows (`kubectl describe`,
 # `-o yaml`) the parameters its scheduler uses, never another scheduler's defaults. The CRD states each default.
 PARSER_DEFAULT: Final[JsonDict] = {"parserDefault": True}
+# pbt mutates a few named parameters; the bound keeps the list within what a spec sensibly names.
+MAX_PBT_MUTATIONS: Final = 32
 
 
 class SchedulerSpec(ApiModel):
     type: Literal["fifo", "asha", "hyperband", "median", "pbt"] = Field(
         "fifo",
         description="Trial scheduler: fifo runs every trial to the end; asha, hyperband and median stop "
-        "poor trials early. All but fifo need tune.metric and tune.mode. pbt is refused with the reason: under "
-        "Tune over Ray Train V2 (ray 2.58) Tune receives each checkpoint's path, not a checkpoint it can clone, "
-        "so PBT could never exploit and every trial would train as under fifo.",
+        "poor trials early; pbt (population-based training) replaces the worst trials' weights and parameters by "
+        "mutated copies of the best ones' every perturbationInterval. All but fifo need tune.metric and tune.mode. "
+        "Under pbt every perturbation restarts each paused trial's Train run (worker group start, checkpoint "
+        "reload) and every committed checkpoint is kept (checkpoints.numToKeep is not applied).",
     )
     time_attr: str = Field(
         "training_iteration",
@@ -95,7 +98,36 @@ class SchedulerSpec(ApiModel):
         2.0,
         gt=0,
         json_schema_extra=PARSER_DEFAULT,
-        description="pbt (refused, see type): time units between perturbations.",
+        description="pbt: time units (timeAttr) between perturbations; each one pauses and restarts trials.",
+    )
+    hyperparam_mutations: list[Annotated[str, Field(max_length=NAME_MAX)]] = Field(
+        [],
+        max_length=MAX_PBT_MUTATIONS,
+        json_schema_extra=PARSER_DEFAULT,
+        description="pbt: paramSpace names that an exploiting trial mutates (required, at least one); each is "
+        "resampled from or perturbed within its paramSpace distribution (choice, uniform, loguniform, randint or "
+        "quniform; not grid).",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=0.5,
+        json_schema_extra=PARSER_DEFAULT,
+        description="pbt: the fraction of trials (ranked by tune.metric) whose bottom copies the top (0 < q <= 0.5).",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        json_schema_extra=PARSER_DEFAULT,
+        description="pbt: the probability that a mutated parameter is resampled from its distribution rather than "
+        "perturbed from the copied value.",
+    )
+    synch: bool = Field(
+        False,
+        json_schema_extra=PARSER_DEFAULT,
+        description="pbt: perturb all trials at once, each waiting (paused, holding no workers) until every "
+        "trial reached the perturbation point; false perturbs each trial as it gets there.",
     )
 
 

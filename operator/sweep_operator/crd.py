@@ -50,6 +50,12 @@ SPEC_RULES: list[dict[str, str]] = [
         "fieldPath": ".tune.metric",
     },
     {
+        "rule": "self.tune.scheduler.type != 'pbt' || (has(self.tune.scheduler.hyperparamMutations) && "
+        "size(self.tune.scheduler.hyperparamMutations) > 0)",
+        "message": "tune.scheduler.hyperparamMutations (paramSpace names to mutate) is required by pbt",
+        "fieldPath": ".tune.scheduler.hyperparamMutations",
+    },
+    {
         # Neither has an API-server default (api.PARSER_DEFAULT): an unset one is the parser's default.
         "rule": "self.tune.scheduler.type != 'asha' || "
         f"(has(self.tune.scheduler.gracePeriod) ? self.tune.scheduler.gracePeriod : {_SCHEDULER.grace_period}) <= "

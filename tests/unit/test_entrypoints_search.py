@@ -94,12 +94,39 @@ def test_asha_receives_the_spec_values_R13() -> None:
     assert next(b._rungs for b in asha._brackets)[-1][0] == 2  # the lowest rung is the grace period
 
 
-def test_pbt_is_refused_before_any_trial_even_from_a_hand_made_run_spec_R13_R18() -> None:
-    """Tune over Train V2 gives Tune checkpoint paths only (R18): a PBT scheduler could never exploit."""
+def test_pbt_mutates_the_named_param_space_parameters_within_their_bounds_R13() -> None:
+    """pbt: a choice steps to a neighbour (Tune's list form), a continuous parameter is scaled or resampled from its
+    domain and clamped back into its paramSpace bounds; every field reaches Tune's PopulationBasedTraining."""
+    spec = spec_with(
+        {
+            "spec.paramSpace.seed": {"randint": [0, 10]},
+            "spec.tune.numSamples": 4,
+            "spec.tune.scheduler": {
+                "type": "pbt",
+                "perturbationInterval": 2,
+                "hyperparamMutations": ["lr", "hidden", "seed"],
+                "quantileFraction": 0.5,
+                "resampleProbability": 0.1,
+                "synch": True,
+            },
+        }
+    )
+    pbt = build_scheduler(spec)
+    assert type(pbt).__name__ == "LineagePBT"
+    assert pbt._perturbation_interval == 2 and pbt._quantile_fraction == 0.5 and pbt._resample_probability == 0.1
+    assert pbt._synch is True and pbt._time_attr == "training_iteration"
+    assert pbt._hyperparam_mutations["hidden"] == [64, 128]
+    assert isinstance(pbt._hyperparam_mutations["lr"], Float) and isinstance(pbt._hyperparam_mutations["seed"], Integer)
+    clamped = pbt._custom_explore_fn({"lr": 0.5, "seed": 12, "hidden": 64})
+    assert clamped == {"lr": 1.0e-1, "seed": 9, "hidden": 64}  # randint's high is exclusive
+    assert pbt._custom_explore_fn({"lr": 1.0e-5, "seed": -1, "hidden": 64}) == {"lr": 1.0e-4, "seed": 0, "hidden": 64}
+
+
+def test_pbt_from_a_hand_made_run_spec_gets_the_validators_messages_R13() -> None:
     spec = spec_with({"spec.tune.scheduler": {"type": "median"}})
     scheduler = spec.tune.scheduler.model_copy(update={"type": "pbt"})
     spec = spec.model_copy(update={"tune": spec.tune.model_copy(update={"scheduler": scheduler})})
-    with pytest.raises(EntrypointError, match=r"spec\.tune\.scheduler\.type: got 'pbt'; refused: .*never exploit"):
+    with pytest.raises(EntrypointError, match=r"spec\.tune\.scheduler\.hyperparamMutations: required by pbt"):
         build_scheduler(spec)
 
 
