@@ -110,6 +110,65 @@ def _pydantic_problem(err: ErrorDetails) -> Problem:
     return Problem(path, f"got {brief(given)}; {err['msg']}")
 
 
+def _worker_group_problems(spec: SweepSpec) -> list[Problem]:
+    """The worker group's own rules: its minimum within the trials' workers, valid labels and tolerations."""
+    problems: list[Problem] = []
+    group = spec.worker_group
+    max_workers = spec.trial.workers * spec.tune.max_concurrent_trials
+    if group.min_replicas > max_workers:
+        problems.append(
+            Problem(
+                "spec.workerGroup.minReplicas",
+                f"got {group.min_replicas}; must be <= trial.workers x tune.maxConcurrentTrials ({max_workers})",
+            )
+        )
+    for key, value in group.node_selector.items():
+        if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
+            problems.append(
+                Problem(f"spec.workerGroup.nodeSelector.{key}", f"{key}={value!r} is not a valid label key/value")
+            )
+    for i, tol in enumerate(group.tolerations):
+        if tol.operator == "Exists" and tol.value:
+            problems.append(
+                Problem(f"spec.workerGroup.tolerations[{i}].value", "must be empty when operator is Exists")
+            )
+        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
+            problems.append(
+                Problem(f"spec.workerGroup.tolerations[{i}].tolerationSeconds", "only valid with effect NoExecute")
+            )
+    return problems
+
+
+def _storage_and_deletion_problems(spec: SweepSpec) -> list[Problem]:
+    """Where the run writes (region, endpoint, service account), the image reference and the guard's backoff."""
+    problems: list[Problem] = []
+    storage = spec.storage
+    if storage.region and not _REGION_RE.match(storage.region):
+        problems.append(
+            Problem("spec.storage.region", f"got {storage.region!r}; expected an AWS region like us-west-2")
+        )
+    if storage.endpoint_url and not _ENDPOINT_RE.match(storage.endpoint_url):
+        problems.append(
+            Problem("spec.storage.endpointUrl", f"got {storage.endpoint_url!r}; expected http(s)://host[:port]")
+        )
+    if not _DNS_SUBDOMAIN_RE.match(storage.service_account_name):
+        problems.append(
+            Problem("spec.storage.serviceAccountName", f"got {storage.service_account_name!r}; must be a DNS-1123 name")
+        )
+    if any(ch.isspace() for ch in spec.image):
+        problems.append(Problem("spec.image", f"got {spec.image!r}; an image reference has no whitespace"))
+
+    deletion = spec.deletion
+    if deletion.max_retry_backoff_seconds < deletion.retry_backoff_seconds:
+        problems.append(
+            Problem(
+                "spec.deletion.maxRetryBackoffSeconds",
+                f"got {deletion.max_retry_backoff_seconds}; must be >= retryBackoffSeconds ({deletion.retry_backoff_seconds})",
+            )
+        )
+    return problems
+
+
 def semantic_problems(spec: SweepSpec) -> list[Problem]:
     """Rules across fields that the schema cannot express (a parsed spec; no operator limits)."""
     problems: list[Problem] = []
@@ -186,54 +245,8 @@ def semantic_problems(spec: SweepSpec) -> list[Problem]:
 
     problems.extend(_tracking_problems(spec))
 
-    group = spec.worker_group
-    max_workers = spec.trial.workers * tune.max_concurrent_trials
-    if group.min_replicas > max_workers:
-        problems.append(
-            Problem(
-                "spec.workerGroup.minReplicas",
-                f"got {group.min_replicas}; must be <= trial.workers x tune.maxConcurrentTrials ({max_workers})",
-            )
-        )
-    for key, value in group.node_selector.items():
-        if not _LABEL_KEY_RE.match(key) or not _LABEL_VALUE_RE.match(value):
-            problems.append(
-                Problem(f"spec.workerGroup.nodeSelector.{key}", f"{key}={value!r} is not a valid label key/value")
-            )
-    for i, tol in enumerate(group.tolerations):
-        if tol.operator == "Exists" and tol.value:
-            problems.append(
-                Problem(f"spec.workerGroup.tolerations[{i}].value", "must be empty when operator is Exists")
-            )
-        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
-            problems.append(
-                Problem(f"spec.workerGroup.tolerations[{i}].tolerationSeconds", "only valid with effect NoExecute")
-            )
-
-    storage = spec.storage
-    if storage.region and not _REGION_RE.match(storage.region):
-        problems.append(
-            Problem("spec.storage.region", f"got {storage.region!r}; expected an AWS region like us-west-2")
-        )
-    if storage.endpoint_url and not _ENDPOINT_RE.match(storage.endpoint_url):
-        problems.append(
-            Problem("spec.storage.endpointUrl", f"got {storage.endpoint_url!r}; expected http(s)://host[:port]")
-        )
-    if not _DNS_SUBDOMAIN_RE.match(storage.service_account_name):
-        problems.append(
-            Problem("spec.storage.serviceAccountName", f"got {storage.service_account_name!r}; must be a DNS-1123 name")
-        )
-    if any(ch.isspace() for ch in spec.image):
-        problems.append(Problem("spec.image", f"got {spec.image!r}; an image reference has no whitespace"))
-
-    deletion = spec.deletion
-    if deletion.max_retry_backoff_seconds < deletion.retry_backoff_seconds:
-        problems.append(
-            Problem(
-                "spec.deletion.maxRetryBackoffSeconds",
-                f"got {deletion.max_retry_backoff_seconds}; must be >= retryBackoffSeconds ({deletion.retry_backoff_seconds})",
-            )
-        )
+    problems.extend(_worker_group_problems(spec))
+    problems.extend(_storage_and_deletion_problems(spec))
     return problems
 
 
