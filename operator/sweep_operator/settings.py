@@ -148,6 +148,12 @@ class Settings:
     s3_endpoint_url: str = field(default="", metadata=_env("SWEEP_S3_ENDPOINT_URL"))
     # How often a Running sweep's _sweep/status.json is read.
     status_poll_seconds: float = field(default=15.0, metadata=_env("SWEEP_STATUS_POLL_SECONDS"))
+    # The longest wait between reads of a status.json that has not changed: the poll doubles from
+    # status_poll_seconds after each read that found it unchanged, up to this; a change or a RayJob event resets it.
+    status_poll_max_seconds: float = field(default=120.0, metadata=_env("SWEEP_STATUS_POLL_MAX_SECONDS"))
+    # A change of a running sweep's progress alone (trial counts, best trial) is written into its status at most this
+    # often; a phase, condition or stop is written at once, with the latest progress.
+    progress_mirror_seconds: float = field(default=120.0, metadata=_env("SWEEP_PROGRESS_MIRROR_SECONDS"))
     # How often RayJob state, deadlines and drift are re-checked.
     reconcile_seconds: float = field(default=10.0, metadata=_env("SWEEP_RECONCILE_SECONDS"))
     # The longest the operator waits for a graceful stop (Ray's Jobs API stop, the driver's last reports) before it
@@ -225,6 +231,11 @@ class Settings:
                 f"webhookMaxRequestBytes (SWEEP_WEBHOOK_MAX_REQUEST_BYTES): got {self.webhook_max_request_bytes!r}; "
                 "must be an integer from 16384 (16 KiB) to 3145728 (3 MiB: two copies of the largest object etcd stores)"
             )
+        for name in ("status_poll_max_seconds", "progress_mirror_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                env = next(f.metadata["env"] for f in dataclasses.fields(self) if f.name == name)
+                raise SettingsError(f"{to_camel(name)} ({env}): got {value!r}; must be a number of seconds >= 0")
         for name in ("verification_workers", "s3_client_cache_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

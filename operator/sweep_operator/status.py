@@ -21,6 +21,8 @@ from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, 
 from sweep_contracts.timestamps import rfc3339
 from sweep_contracts.tracking import tracking_state, tracking_uri_of
 
+from .phases import Fact, to
+
 # KubeRay v1.7 JobDeploymentStatus values.
 DEPLOYMENT_NEW = ""
 DEPLOYMENT_STARTING = frozenset({"", "Initializing", "Waiting", "Scheduling", "Scheduled", "Retrying"})
@@ -76,17 +78,22 @@ class RayJobFacts:
         return self.deployment_status in (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
 
 
-def phase_for(facts: RayJobFacts) -> Phase:
-    """The sweep phase a RayJob's state implies."""
+def kuberay_fact(facts: RayJobFacts) -> Fact:
+    """What a RayJob's state says of the run (KubeRay's one switch on its deployment status)."""
     if facts.deployment_status == DEPLOYMENT_COMPLETE:
-        return Phase.SUCCEEDED if facts.job_status == JOB_SUCCEEDED else Phase.FAILED
+        return Fact.RAYJOB_SUCCEEDED if facts.job_status == JOB_SUCCEEDED else Fact.RAYJOB_FAILED
     if facts.deployment_status == DEPLOYMENT_FAILED:
-        return Phase.DEADLINE_EXCEEDED if facts.reason == REASON_DEADLINE_EXCEEDED else Phase.FAILED
+        return Fact.RAYJOB_DEADLINE if facts.reason == REASON_DEADLINE_EXCEEDED else Fact.RAYJOB_FAILED
     if facts.deployment_status in DEPLOYMENT_SUSPENDED:
-        return Phase.SUSPENDED
+        return Fact.RAYJOB_SUSPENDED
     if facts.running:
-        return Phase.RUNNING
-    return Phase.STARTING
+        return Fact.RAYJOB_RUNNING
+    return Fact.RAYJOB_STARTING
+
+
+def phase_for(facts: RayJobFacts) -> Phase:
+    """The sweep phase a RayJob's state implies (the phase table's answer to `kuberay_fact`)."""
+    return to(kuberay_fact(facts))
 
 
 def rayjob_summary(facts: RayJobFacts) -> str:
@@ -355,6 +362,11 @@ def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
         "checkpointUri": _bounded_text(best.get("checkpointUri"), MAX_BEST_URI_CHARS),
     }
     return {k: v for k, v in out.items() if v is not None}
+
+
+# The status fields progress_patch writes: the driver's progress, mirrored on the sweep's own rhythm
+# (reconcile.progress_rhythm), never ahead of a phase or condition change.
+PROGRESS_FIELDS = frozenset({"trials", "trialsSummary", "waitingFor", "bestTrial", "bestSummary", "tracking"})
 
 
 def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:

@@ -142,6 +142,9 @@ class Sandbox:
                 s3_region=SANDBOX_CREDENTIALS["AWS_REGION"],
                 reconcile_seconds=2.0,
                 status_poll_seconds=2.0,
+                # A laptop's sandbox shows progress within seconds; a cluster's defaults trade that for requests.
+                status_poll_max_seconds=4.0,
+                progress_mirror_seconds=2.0,
                 ttl_seconds_after_finished=SANDBOX_TTL_SECONDS,
                 metrics_port=0,
                 liveness_port=0,

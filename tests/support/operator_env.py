@@ -256,6 +256,9 @@ def start_operator_env(
         limits=limits or OperatorLimits(),
         reconcile_seconds=1.0,
         status_poll_seconds=0.5,
+        # The production rhythm, scaled down: unchanged documents read up to 2 s apart, progress mirrored each 0.5 s.
+        status_poll_max_seconds=2.0,
+        progress_mirror_seconds=0.5,
         ttl_seconds_after_finished=ttl_seconds_after_finished,
         s3_endpoint_url=s3_server.endpoint_url,
         s3_region="us-east-1",

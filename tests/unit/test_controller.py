@@ -71,6 +71,7 @@ def world() -> World:
     settings = Settings(
         limits=OperatorLimits(max_gpus_per_namespace=8),
         status_poll_seconds=0,
+        progress_mirror_seconds=0,  # each pass's progress written at once (the rhythm has tests of its own)
         s3_endpoint_url="https://operator-default.example",
         s3_region="eu-west-1",
     )
@@ -1349,3 +1350,27 @@ def test_the_running_sweeps_of_a_namespace_share_one_pod_listing(world: World) -
     assert [c for c in world.kube.calls if c[0] == "list_pods"] == [("list_pods", "ml", constants.RAY_LABEL_CLUSTER)]
     for name in ("a", "b"):
         assert [i["name"] for i in usage[name]["podIntervals"]] == [f"{name}-x7k2p-worker"], usage[name]
+
+
+def test_progress_alone_waits_for_its_mirror_slot_and_the_next_write_carries_the_latest(world: World) -> None:
+    """A change of progress alone is written at most once per progressMirrorSeconds; a change that cannot wait (here
+    a refused spec edit) is written at once, with the latest progress read, so no progress is lost."""
+    status = ran(world)
+    progress = f"bucket/sweeps/ml/digits-{status['runId']}/_sweep/status.json"
+    world.put(progress, json.dumps({"trials": {"total": 8, "running": 2}}).encode())
+    assert world.reconcile("digits")["trialsSummary"] == "0/8 (2 running)", "the first progress: at once"
+    world.controller.settings = replace(world.controller.settings, progress_mirror_seconds=3600)
+    writes = world.kube.calls.count(("patch_sweep_status", "digits"))
+    world.put(progress, json.dumps({"trials": {"total": 8, "running": 1, "terminated": 1}}).encode())
+    assert world.reconcile("digits")["trialsSummary"] == "0/8 (2 running)", "progress alone waits"
+    world.put(progress, json.dumps({"trials": {"total": 8, "running": 1, "terminated": 2}}).encode())
+    assert world.reconcile("digits")["trialsSummary"] == "0/8 (2 running)"
+    assert world.kube.calls.count(("patch_sweep_status", "digits")) == writes
+    obj = world.kube.objects[("TrainingSweep", "ml", "digits")]
+    obj["spec"]["tune"]["numSamples"] = 99
+    obj["metadata"]["generation"] = 2
+    world.kube._bump(obj)
+    status = world.reconcile("digits")
+    assert "spec change refused" in status["message"], "written at once"
+    assert status["trialsSummary"] == "2/8 (1 running)", "with the latest progress read"
+    assert world.kube.calls.count(("patch_sweep_status", "digits")) == writes + 1

@@ -75,7 +75,12 @@ def world() -> World:
     kube, s3, events = FakeKube(), FakeS3(), list[tuple[str, str, str, str]]()
     s3.create_bucket(Bucket=BUCKET)
     controller = SweepController(
-        Settings(status_poll_seconds=0, s3_endpoint_url="https://s3.example", s3_region="eu-west-1"),
+        Settings(
+            status_poll_seconds=0,
+            progress_mirror_seconds=0,
+            s3_endpoint_url="https://s3.example",
+            s3_region="eu-west-1",
+        ),
         kube,  # type: ignore[arg-type]  # FakeKube is KubeApi's duck-typed double
         lambda endpoint, region: s3,
         lambda body, type_, reason, message: events.append((body["metadata"]["name"], type_, reason, message)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from ..settings import Settings
 from ..validation import Sweep, parse_sweep
 from .facts import ObjectRef, RunRef, meta_of
 from .guard import backoff_seconds
+from .progress_rhythm import next_poll_seconds
 
 # What a reconcile reads from a RayJob's spec; the rest (the cluster spec with its pod templates) is most of
 # its size, so the watch-fed copies keep only these (as an informer's transform would).
@@ -122,7 +124,10 @@ class Cache:
         self._rayjob_echoes: dict[ObjectRef, str] = {}  # -> resourceVersion our create answered
         self._rayjob_news: dict[str, tuple[Any, ...]] = {}  # RayJob uid -> the fields its sweep's status mirrors
         self._caps: dict[RunRef, int] = {}
-        self._polled: dict[ObjectRef, float] = {}  # -> monotonic time of the last progress poll
+        # -> (monotonic time of the last progress poll, the wait after it (0: status_poll_seconds), a time the next
+        # poll is due by at the latest (a progress write waiting for its slot))
+        self._polls: dict[ObjectRef, tuple[float, float, float]] = {}
+        self._mirrored: dict[ObjectRef, float] = {}  # -> monotonic time progress was last written into the status
         self._pods_read: dict[ObjectRef, float] = {}  # -> monotonic time of the last GPU-pod read (GPU-hours)
         self._create_failures: dict[ObjectRef, tuple[int, float]] = {}  # -> (failed creates in a row, retry at)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
@@ -195,6 +200,11 @@ class Cache:
         with self._lock:
             self._sweeps.pop(ref, None)
             self._echoes.pop(ref, None)
+            # Per-sweep rhythms go with the sweep (a long-lived operator sees many sweeps come and go).
+            self._polls.pop(ref, None)
+            self._mirrored.pop(ref, None)
+            self._pods_read.pop(ref, None)
+            self._create_failures.pop(ref, None)
 
     def parse(self, body: Mapping[str, Any], *, remember: bool = True) -> Sweep:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;
@@ -254,6 +264,11 @@ class Cache:
             if self._rayjob_news.get(uid) == news:
                 return False
             self._rayjob_news[uid] = news
+            # The run moved: its progress is read at the base rhythm again.
+            sweep = run_ref(rayjob).sweep
+            known = self._polls.get(sweep)
+            if known is not None:
+                self._polls[sweep] = (known[0], 0.0, known[2])
         return True
 
     def forget_rayjob(self, rayjob: Mapping[str, Any]) -> None:
@@ -275,13 +290,48 @@ class Cache:
                 self._caps[run] = cap
 
     def poll_due(self, ref: ObjectRef, now: float, *, take: bool) -> bool:
-        """Whether the run's progress may be polled again (status_poll_seconds apart); `take` records a poll."""
+        """Whether the run's progress may be polled again; `take` records a poll (`polled` then says what it found)."""
         with self._lock:
-            last = self._polled.get(ref)
-            due = last is None or now - last >= self.settings.status_poll_seconds
+            known = self._polls.get(ref)
+            due = known is None or now >= self._next_poll(known)
             if due and take:
-                self._polled[ref] = now
+                self._polls[ref] = (now, known[1] if known else 0.0, math.inf)
             return due
+
+    def _next_poll(self, known: tuple[float, float, float]) -> float:
+        last, wait, by = known
+        return min(last + (wait if wait > 0 else self.settings.status_poll_seconds), by)
+
+    def polled(self, ref: ObjectRef, *, changed: bool) -> None:
+        """A poll's outcome: the next one waits `progress_rhythm.next_poll_seconds` from the poll (longer while the
+        document does not change; 0 stands for status_poll_seconds as it is then)."""
+        settings = self.settings
+        with self._lock:
+            known = self._polls.get(ref)
+            if known is None:
+                return
+            last, previous, by = known
+            wait = 0.0
+            if not changed:
+                base, cap = settings.status_poll_seconds, settings.status_poll_max_seconds
+                wait = next_poll_seconds(previous or base, changed, base=base, cap=cap)
+            self._polls[ref] = (last, wait, by)
+
+    def poll_by(self, ref: ObjectRef, at: float) -> None:
+        """The next poll is due at `at` at the latest (a progress write waits for it: it carries the latest read)."""
+        with self._lock:
+            known = self._polls.get(ref)
+            if known is not None:
+                self._polls[ref] = (known[0], known[1], min(known[2], at))
+
+    def last_mirrored(self, ref: ObjectRef) -> float | None:
+        """When progress was last written into the sweep's status (monotonic); None: never by this process."""
+        with self._lock:
+            return self._mirrored.get(ref)
+
+    def mirrored(self, ref: ObjectRef, now: float) -> None:
+        with self._lock:
+            self._mirrored[ref] = now
 
     def pods_due(self, ref: ObjectRef, now: float) -> bool:
         """Whether the run's GPU pods may be read again, and if so records the read: status_poll_seconds apart,

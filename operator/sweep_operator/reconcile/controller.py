@@ -107,6 +107,7 @@ class SweepController(GuardPipeline):
             events,
             [PhaseCallback(events, self.metrics), BudgetThresholdCallback(self.metrics)],
             clock=lambda: self.clock(),  # a test may move the controller's clock after it is built
+            mirror_seconds=lambda: self.settings.progress_mirror_seconds,
         )
         self.render_context = RenderContext.from_settings(settings)
         self.ledger = AdmissionLedger(kube.list_sweeps, self.reads.unfinished_runs)
@@ -213,7 +214,10 @@ class SweepController(GuardPipeline):
         self.cache.observe_sweep(body)
 
     def forget_sweep(self, body: Mapping[str, Any]) -> None:
-        self.cache.forget_sweep(ObjectRef.of(body))
+        ref = ObjectRef.of(body)
+        self.cache.forget_sweep(ref)
+        with self._guard_lock:
+            self._pod_looks.pop(ref, None)
 
     def observe_rayjob(self, rayjob: Mapping[str, Any]) -> None:
         """Reconciles read RayJobs from the watch's copies, as a controller reads its informer cache (a GET per
@@ -401,7 +405,7 @@ class SweepController(GuardPipeline):
             elif isinstance(action, ReleaseBudget) and not action.admit_next:
                 self.ledger.release(ref.namespace, ref.name)
                 self.budgets.release_hours(body, deleted=False, now=self.clock())
-        self.status.write(body, decision.status, decision.events)
+        self.status.write(body, decision.status, decision.events, progress_may_wait=True)
         for action in decision.actions:
             if isinstance(action, ReleaseBudget) and action.admit_next:
                 self._release_and_admit_next(ref)

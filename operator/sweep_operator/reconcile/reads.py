@@ -232,17 +232,20 @@ class Reads:
             self.emit(about, "Warning", "RunDocumentTooLarge", message)
 
     def with_progress(self, facts: SweepFacts) -> SweepFacts:
-        """The facts with the run's `_sweep/status.json` read: its status fields and its checkpoint coverage."""
-        doc = self.progress_document(facts)
+        """The facts with the run's `_sweep/status.json` read: its status fields and its checkpoint coverage. The
+        next read waits longer while the document does not change (`Cache.polled`)."""
+        doc, changed = self.progress_document(facts)
+        self.cache.polled(facts.ref, changed=changed)
         if not doc:
             return replace(facts, progress={})
         spec = facts.admitted_spec
         warn_after = spec.checkpoints.warn_after_reports if spec is not None else DEFAULT_WARN_AFTER_REPORTS
         return replace(facts, progress=progress_patch(doc, spec), coverage=checkpoint_coverage(doc, warn_after))
 
-    def progress_document(self, facts: SweepFacts) -> dict[str, Any] | None:
+    def progress_document(self, facts: SweepFacts) -> tuple[dict[str, Any] | None, bool]:
         """The run's `_sweep/status.json`, read from the run's recorded storage (status.guard) as the guard reads
-        it; today's spec only for runs admitted before it was recorded."""
+        it (today's spec only for runs admitted before it was recorded), and whether it changed since the last read
+        (its ETag; absent both times is no change)."""
         sweep = facts.sweep
         assert sweep is not None
         target = status_target({"metadata": {"name": sweep.name}, "status": facts.status})
@@ -252,9 +255,14 @@ class Reads:
             target = GuardTarget(
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
-        return self.read_json(
-            target, s3_layout.RunLayout(target.run_root).status_path, about=facts.body, conditional=True
-        )
+        location = s3_layout.RunLayout(target.run_root).status_path
+        key = (target.endpoint_url or "", location)
+        before = self.unchanged.get(key)
+        doc = self.read_json(target, location, about=facts.body, conditional=True)
+        after = self.unchanged.get(key)
+        changed = (before[0] if before else None) != (after[0] if after else None)
+        # An endpoint that sends no ETag keeps nothing: every read is a change there (never a longer poll).
+        return doc, changed or (doc is not None and after is None)
 
     def stopped_at_deadline(self, body: Mapping[str, Any]) -> bool:
         """Whether the run's `_sweep/result.json` says Tune's budget ended it (`deadlineReached`)."""

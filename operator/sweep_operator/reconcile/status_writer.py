@@ -19,6 +19,7 @@ from ..status import merge_patch, settled
 from .actions import Event
 from .cache import Cache
 from .facts import ObjectRef, meta_of, status_of
+from .progress_rhythm import mirror_wait, routine_fields
 
 log = logging.getLogger(__name__)
 
@@ -62,28 +63,50 @@ class StatusWriter:
         emit: EventSink,
         callbacks: Iterable[StatusCallback],
         clock: Callable[[], float] = time.time,
+        mirror_seconds: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.kube, self.cache, self.emit, self.clock = kube, cache, emit, clock
         self.callbacks = list(callbacks)
+        self.mirror_seconds = mirror_seconds  # settings.progress_mirror_seconds (tests change settings in flight)
 
     def write(
-        self, body: Mapping[str, Any], new: Mapping[str, Any] | None, events: Iterable[Event] = ()
+        self,
+        body: Mapping[str, Any],
+        new: Mapping[str, Any] | None,
+        events: Iterable[Event] = (),
+        *,
+        progress_may_wait: bool = False,
     ) -> Mapping[str, Any]:
         """Write `new` as the status of `body` (the copy it was computed from): only what changed, only onto that
-        resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed or it is gone).
-        Every write stores what follows from the phase (the lifecycle conditions, the DEADLINE column's field):
-        `status.settled`, so no decision sets them and none can forget them."""
+        resourceVersion, else Stale. Returns the sweep as written (`body` when nothing changed, it is gone, or the
+        change waits). Every write stores what follows from the phase (the lifecycle conditions, the DEADLINE
+        column's field): `status.settled`, so no decision sets them and none can forget them.
+        `progress_may_wait`: a change of progress alone waits for the sweep's mirror slot
+        (`progress_rhythm.mirror_wait`); the progress poll is then due by that slot, so the write that follows
+        carries the latest progress read."""
         old = status_of(body)
+        events = tuple(events)
         if new is not None:
             new = settled(new, meta_of(body).get("generation"), self.clock())
         patch = merge_patch(old, new) if new is not None else {}
         written: Mapping[str, Any] | None = None
-        if patch:
+        if patch and new is not None:
             ref, rv = ObjectRef.of(body), meta_of(body).get("resourceVersion")
+            now = time.monotonic()
+            if progress_may_wait:
+                wait = mirror_wait(
+                    old, new, last_mirrored=self.cache.last_mirrored(ref), now=now, every=self.mirror_seconds(),
+                    events=len(events),
+                )  # fmt: skip
+                if wait > 0:
+                    self.cache.poll_by(ref, now + wait)
+                    return body
             try:
                 written = self.kube.patch_sweep_status(ref.namespace, ref.name, patch, resource_version=rv)
             except Conflict as exc:
                 raise Stale(str(exc)) from None
+            if routine_fields(old, new)[0]:
+                self.cache.mirrored(ref, now)
             if written is not None:
                 self.cache.remember_write(written)
             for callback in self.callbacks:

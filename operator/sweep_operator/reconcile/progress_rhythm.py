@@ -1,0 +1,61 @@
+"""When a running sweep's progress is read and mirrored (pure): the poll of `_sweep/status.json` backs off while it
+does not change, and a status change that is only progress waits for the sweep's next mirror slot.
+
+What may wait is the driver's progress (`status.PROGRESS_FIELDS`) and a refresh of `status.usage`'s totals (readers
+recompute the hours from the intervals). Everything else (phase, conditions, messages, the guard's record, a stop, an
+interval opened or closed) is written in the pass that decided it, together with whatever progress is pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..status import PROGRESS_FIELDS, merge_patch
+
+# status.usage keys whose change is a fact (a pod's GPUs taken or freed, a threshold said, the budget): written at once.
+USAGE_RECORD_FIELDS = ("podIntervals", "thresholdsReported", "budgetGpuHours")
+
+
+def usage_totals_only(old: Any, new: Any) -> bool:
+    """Whether status.usage changed only in its totals (hours so far, when measured, the namespace's window view)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return False
+    return all(old.get(key) == new.get(key) for key in USAGE_RECORD_FIELDS)
+
+
+def routine_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """The status fields `new` changes against `old`, split into (those that may wait, those written at once)."""
+    routine, urgent = set[str](), set[str]()
+    for key in merge_patch(old, new):
+        if key in PROGRESS_FIELDS or (key == "usage" and usage_totals_only(old.get("usage"), new.get("usage"))):
+            routine.add(key)
+        else:
+            urgent.add(key)
+    return routine, urgent
+
+
+def mirror_wait(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    last_mirrored: float | None,
+    now: float,
+    every: float,
+    events: int = 0,
+) -> float:
+    """Seconds the write of `new` over `old` waits: 0 writes now. Only a change made of routine fields alone, with no
+    Event to go with it, waits, until `every` seconds after the sweep's last write of such fields (the first one, and
+    any after `every`, is written at once). The write then carries the latest progress read, so nothing is lost."""
+    routine, urgent = routine_fields(old, new)
+    if not routine or urgent or events or last_mirrored is None or every <= 0:
+        return 0.0
+    return max(0.0, last_mirrored + every - now)
+
+
+def next_poll_seconds(previous: float | None, changed: bool, *, base: float, cap: float) -> float:
+    """The wait before the next read of a run's progress document: `base` after a change (or the first read), doubled
+    after each read that found it unchanged, at most `cap` (never below `base`)."""
+    if changed or previous is None or base <= 0:
+        return max(base, 0.0)
+    return min(max(previous * 2, base), max(cap, base))
