@@ -26,9 +26,9 @@ RECONCILE_EDGES = {
 }  # the I/O edges
 # The controller's memory between passes: written by the edges, read by them for the facts; it decides nothing.
 RECONCILE_MEMORY = {"cache"}
-# Beside reconcile, the pure modules the decisions are built from: the admission rules, the status and phase helpers,
+# Beside reconcile, the pure modules the decisions are built from: the phase table, the admission rules, the status helpers,
 # GPU time, what the RayJob carries, its rendering, the spec's parsing and the diagnosis of pending pods.
-DECISIONS_BESIDE = {"policy", "status", "gpu_time", "run_metadata", "rendering", "validation", "diagnosis"}
+DECISIONS_BESIDE = {"phases", "policy", "status", "gpu_time", "run_metadata", "rendering", "validation", "diagnosis"}
 
 
 def importlinter() -> configparser.ConfigParser:

@@ -12,6 +12,7 @@ from sweep_contracts import constants, s3_layout
 from sweep_contracts.api import Phase
 from sweep_contracts.runtime_env import deadline_of
 
+from ..phases import Fact, to, transition
 from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
 from ..rendering import RenderContext, build_rayjob, guard_target, new_run_id, run_id_for
 from ..run_metadata import GuardTarget, worker_cap
@@ -47,6 +48,17 @@ def _status(
     )
 
 
+def _condition(fact: Fact, message: str, holds: bool = False) -> tuple[str, bool, str, str]:
+    """The condition the phase table names for `fact`, with its reason."""
+    row = transition(fact)
+    return (row.condition or "", holds, row.reason, message)
+
+
+def _took(fact: Fact, message: str) -> tuple[Phase, str, tuple[str, bool, str, str]]:
+    """The phase table's answer to `fact`: its phase, the message, its condition (not holding)."""
+    return to(fact), message, _condition(fact, message)
+
+
 def decide_before_budget(facts: SweepFacts) -> Decision | None:
     """The decision before the budget is asked; None: ask the ledger, then `decide_after_budget`."""
     if spec_is_settled(facts):
@@ -54,21 +66,16 @@ def decide_before_budget(facts: SweepFacts) -> Decision | None:
     if facts.sweep is None:
         message = "; ".join(facts.problems)
         return Decision(
-            _status(
-                facts,
-                Phase.INVALID,
-                message,
-                ("Admitted", False, "Invalid", message),
-            ),
+            _status(facts, *_took(Fact.SPEC_INVALID, message)),
             (ReleaseBudget(admit_next=False),),
         )
     if facts.sweep.spec.suspend:
         return Decision(
             _status(
                 facts,
-                Phase.SUSPENDED,
+                to(Fact.SUSPEND_ASKED),
                 "spec.suspend is true: the sweep waits and holds no budget",
-                ("Admitted", False, "Suspended", "spec.suspend is true"),
+                _condition(Fact.SUSPEND_ASKED, "spec.suspend is true"),
             ),
             (ReleaseBudget(admit_next=False),),
         )
@@ -87,7 +94,7 @@ def decide_after_budget(
 ) -> Decision:
     """The ledger's answer: Reject and Queue are a status; Admit creates the run's RayJob."""
     if isinstance(budget, Reject):
-        return Decision(_status(facts, Phase.INVALID, budget.reason, ("Admitted", False, "OverCap", budget.reason)))
+        return Decision(_status(facts, *_took(Fact.OVER_CAP, budget.reason)))
     if isinstance(budget, Queue):
         message = f"queued: {budget.reason}"
         # a wait an administrator must end is said once as a Warning Event, where `kubectl describe` shows it
@@ -96,9 +103,9 @@ def decide_after_budget(
         return Decision(
             _status(
                 facts,
-                Phase.QUEUED,
+                to(Fact.NO_ROOM),
                 message,
-                ("Admitted", False, budget.cause or "Queued", budget.reason),
+                ("Admitted", False, budget.cause or transition(Fact.NO_ROOM).reason, budget.reason),
                 queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
                 replicas={
                     "workers": budget.demand.workers,
@@ -166,7 +173,7 @@ def after_create(
             f"retrying in {outcome.retry_in:g}s"
         )
         return Decision(
-            _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobCreateFailed", message)),
+            _status(facts, *_took(Fact.CREATE_FAILED, message)),
             (ReleaseBudget(admit_next=False),),
             (Event("Warning", "RayJobCreateFailed", message),),
         )
@@ -204,7 +211,7 @@ def _name_taken(facts: SweepFacts, name: str) -> Decision:
     )
     events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
     return Decision(
-        _status(facts, Phase.PENDING, message, ("Admitted", False, "RayJobNameTaken", message)),
+        _status(facts, *_took(Fact.NAME_TAKEN, message)),
         (ReleaseBudget(admit_next=False),),
         events,
     )
@@ -226,9 +233,9 @@ def _started(
     assert sweep is not None
     return _status(
         facts,
-        Phase.STARTING,
+        to(Fact.RAYJOB_CREATED),
         message,
-        ("Admitted", True, "Admitted", message),
+        _condition(Fact.RAYJOB_CREATED, message, True),
         ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
         runId=create.run_id,
         rayJobName=name,

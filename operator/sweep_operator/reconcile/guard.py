@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts import constants, s3_layout
-from sweep_contracts.api import Phase
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
 
+from ..phases import Fact, to
 from ..run_metadata import GuardTarget as GuardTarget
 from ..status import conditions_with
 from .facts import DeletionFacts, meta_of, status_of
@@ -336,7 +336,7 @@ def deletion_notice(deletion: DeletionFacts, facts: GuardFacts, decision: Releas
 # --------------------------------------------------------------------------------- what the sweep's status says
 
 
-DELETING = {"phase": Phase.DELETING, "message": "verifying checkpoints before deletion"}
+DELETING = {"phase": to(Fact.DELETION_STARTED), "message": "verifying checkpoints before deletion"}
 
 
 def verification_status(

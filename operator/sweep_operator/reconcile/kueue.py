@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sweep_contracts.api import TERMINAL_PHASES, Phase
+from sweep_contracts.api import TERMINAL_PHASES
 from sweep_contracts.runtime_env import deadline_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
 
+from ..phases import Fact, allowed, to, transition
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
 from ..run_metadata import PRIORITY_CLASS_LABEL as PRIORITY_CLASS_LABEL
 from ..run_metadata import QUEUE_LABEL as QUEUE_LABEL
@@ -434,14 +435,16 @@ def kueue_outcome(
         else:
             status.pop("startedAt", None)
         if view.phase in (KueuePhase.WAITING_FOR_WORKLOAD, KueuePhase.QUEUED):
-            status.update(phase=Phase.QUEUED, message=view.message)
+            queued = transition(Fact.KUEUE_QUEUED)
+            status.update(phase=queued.to, message=view.message)
             conditions += [
-                ("Admitted", False, "QueuedByKueue", view.message),
-                ("Running", False, "QueuedByKueue", view.summary),
+                (queued.condition or "", False, queued.reason, view.message),
+                ("Running", False, queued.reason, view.summary),
             ]
         elif view.phase is KueuePhase.PREEMPTED:
-            status.update(phase=Phase.SUSPENDED, message=view.message)
-            conditions.append(("Running", False, "PreemptedByKueue", view.message))
+            preempted = transition(Fact.KUEUE_PREEMPTED)
+            status.update(phase=preempted.to, message=view.message)
+            conditions.append((preempted.condition or "", False, preempted.reason, view.message))
             if was != KueuePhase.PREEMPTED.value:
                 events.append(("Warning", "PreemptedByKueue", view.message))
         elif view.phase is KueuePhase.ADMITTED:
@@ -449,8 +452,8 @@ def kueue_outcome(
             conditions.append(("Admitted", True, "AdmittedByKueue", text))
             if was != KueuePhase.ADMITTED.value:
                 events.append(("Normal", "AdmittedByKueue", text))
-            if status.get("phase") == Phase.SUSPENDED:  # Kueue has admitted it; KubeRay has not unsuspended yet
-                status.update(phase=Phase.STARTING, message=f"{text}; KubeRay is starting the RayCluster")
+            if allowed(status.get("phase"), Fact.KUEUE_ADMITTED):  # KubeRay has not unsuspended it yet
+                status.update(phase=to(Fact.KUEUE_ADMITTED), message=f"{text}; KubeRay is starting the RayCluster")
     elif previous.get("deadlineAt") and "deadlineAt" not in status:
         status["deadlineAt"] = previous["deadlineAt"]  # the deadline it ran under (the run-phase pass saw none)
     refresh: float | None = None
@@ -491,7 +494,7 @@ def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[st
     text = f"{queued_text(local_queue)}: waiting for Kueue to create the Workload for the suspended RayJob"
     new = {k: v for k, v in status.items() if k not in ("deadlineAt", "startedAt")}
     new.update(
-        phase=Phase.QUEUED,
+        phase=to(Fact.KUEUE_QUEUED),
         message=text,
         kueue={
             "localQueue": local_queue,

@@ -17,6 +17,7 @@ from typing import Any
 
 from sweep_contracts.api import RESUMABLE_PHASES, Phase
 
+from ..phases import Fact, to
 from ..status import rfc3339
 from .attempts import (
     MAX_MISSING_NAMED,
@@ -343,7 +344,7 @@ def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_sample
         )
     )
     patch: dict[str, Any] = {
-        "phase": Phase.STARTING,
+        "phase": to(Fact.RESUME_STARTED),
         "rayJobName": decision.rayjob_name,
         "rayClusterName": None,
         "jobDeploymentStatus": None,

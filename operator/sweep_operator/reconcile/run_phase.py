@@ -17,6 +17,7 @@ from sweep_contracts.checkpoint_coverage import CheckpointCoverage, checkpoint_c
 from sweep_contracts.tracking import CONDITION as TRACKING_CONDITION
 from sweep_contracts.tracking import REASON_CAUGHT_UP, TrackingState, tracking_uri_of
 
+from ..phases import Fact, to, transition
 from ..policy import demand_of
 from ..run_metadata import GuardTarget, worker_cap
 from ..status import (
@@ -301,16 +302,17 @@ def _rayjob_gone(
 ) -> Decision:
     """The run's RayJob was deleted outside the operator: the run failed."""
     message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
+    gone = transition(Fact.RAYJOB_GONE)
     changes.update(
         {
-            "phase": Phase.FAILED,
+            "phase": gone.to,
             "message": message,
             "finishedAt": rfc3339(facts.now),
             "conditions": conditions_with(
                 status,
                 facts.generation,
                 facts.now,
-                ("Running", False, "RayJobDeleted", message),
+                (gone.condition or "", False, gone.reason, message),
             ),
         }
     )
@@ -348,16 +350,18 @@ def _judge_phase(
     if new_phase == Phase.SUCCEEDED and facts.stopped_at_deadline:
         # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
         # not a finished sweep (the checkpoints so far are verified as for any end).
-        new_phase = Phase.DEADLINE_EXCEEDED
+        row = transition(Fact.STOPPED_AT_DEADLINE)
+        new_phase = row.to
         message = f"the driver stopped the trials gracefully at the sweep deadline {status.get('deadlineAt')}"
-        conditions.append(("DeadlineExceeded", True, "GracefulStop", message))
+        conditions.append((row.condition or "", True, row.reason, message))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), graceful):
-        new_phase = Phase.DEADLINE_EXCEEDED
+        row = transition(Fact.SWEEP_DEADLINE_PASSED)
+        new_phase = row.to
         message = (
             f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
             f"RayJob {rayjob.name} through the checkpoint guard"
         )
-        conditions.append(("DeadlineExceeded", True, "SweepDeadline", message))
+        conditions.append((row.condition or "", True, row.reason, message))
         stops.append(DeleteRayJob(rayjob.name))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), 0):
         # The driver stops its trials gracefully at the deadline; deleting the RayJob now would stop the Ray job at
@@ -381,9 +385,10 @@ def _judge_phase(
         # still Pending: the attempt has started only when a trial runs.
         if facts.diagnosis is None:
             return None
-        new_phase = Phase.FAILED
+        row = transition(Fact.STARTUP_OVERDUE)
+        new_phase = row.to
         message = f"not Running within startupSeconds={admitted.deadlines.startup_seconds}: {facts.diagnosis}"
-        conditions.append(("Running", False, "StartupDeadlineExceeded", message))
+        conditions.append((row.condition or "", False, row.reason, message))
         stops.append(DeleteRayJob(rayjob.name))
     if (
         new_phase == Phase.FAILED
@@ -397,13 +402,14 @@ def _judge_phase(
             return None
         message = f"{phase_message(new_phase, rayjob)}; never reached Running: {facts.diagnosis}"
         conditions.append(("Running", False, "StartupFailed", message))
+    kuberay = transition(Fact.RAYJOB_DEADLINE)
     if (
-        new_phase == Phase.DEADLINE_EXCEEDED
+        new_phase == kuberay.to
         and rayjob.reason == "DeadlineExceeded"
-        and not any(c[0] == "DeadlineExceeded" for c in conditions)
+        and not any(c[0] == kuberay.condition for c in conditions)
     ):
         message = f"KubeRay stopped RayJob {rayjob.name}: activeDeadlineSeconds exceeded"
-        conditions.append(("DeadlineExceeded", True, "ActiveDeadlineSeconds", message))
+        conditions.append((kuberay.condition or "", True, kuberay.reason, message))
     return new_phase, message, conditions, stops
 
 
@@ -429,7 +435,7 @@ def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) 
     now = facts.now
     message = f"{reason}; stopping RayJob {facts.rayjob.name} through the checkpoint guard"
     return {
-        "phase": Phase.BUDGET_EXHAUSTED,
+        "phase": to(Fact.BUDGET_SPENT),
         "message": message,
         "finishedAt": rfc3339(now),
         "conditions": conditions_with(
