@@ -4,7 +4,7 @@
 command), so this samples /proc every 0.5 s and keeps each descendant's last user + system time; a process that lives
 less than a sample is missed, one that ends loses at most its last half second.
 
-    .venv/bin/python tools/cpu_tree.py -- .venv/bin/python -m pytest tests/e2e/test_sandbox_graceful_stop.py -q
+    .venv/bin/python tools/cpu_tree.py -- .venv/bin/python -m pytest tests/e2e/test_entrypoints_graceful_stop.py -q
 """
 
 from __future__ import annotations

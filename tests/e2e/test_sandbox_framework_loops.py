@@ -1,8 +1,9 @@
 """The Transformers `Trainer` loop and the Lightning loop of examples/loops, side by side in one sandbox sweep on real
 Ray (one local Ray per attempt, one trial each): their checkpoints are committed by Ray's own callbacks and proven at
 the committed level (`sweepctl verify` exits 0); `sweepctl resume` continues each from its last committed checkpoint
-(the resumed trial's first epoch is the next one); deleting the running sweep stops it gracefully (each trial reports
-once more), the guard verifies and releases it, and `sweepctl report` reads the run."""
+(the resumed trial's first epoch is the next one); deleting the running sweep stops it gracefully through the head's
+Jobs API (each trial reports once more, the RayJob goes only after its job stopped), the guard verifies and releases
+it, and `sweepctl report` reads the run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from sweep_contracts import constants
+from sweep_operator import ray_jobs
 from tests.e2e.framework_loops import HOLD_AFTER_REPORTS
 from tests.support.waiting import GiveUp, wait_for
 from training_entrypoints import ray_internals
@@ -43,6 +45,18 @@ def _manifest(name: str, hold: Path) -> dict[str, Any]:
     spec["deadlines"] = {"activeSeconds": 900, "startupSeconds": 300, "gracefulStopSeconds": GRACE_S}
     spec["failurePolicy"].update({"workerFailures": 0, "controllerFailures": 1, "trialFailures": 0})
     return doc
+
+
+def driver_saw(s3: Any, bucket: str, prefix: str) -> dict[str, str]:
+    """Each trial's latest checkpoint as the driver's Tune has taken it (`_sweep/status.json` trialResults). Not the
+    snapshots in S3: Train commits a checkpoint before Tune takes its report, so a report in flight at the stop's
+    signal is the trial's "next report" and carries a checkpoint already in S3."""
+    try:
+        body = s3.get_object(Bucket=bucket, Key=f"{prefix}/_sweep/status.json")["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return {}
+    results = json.loads(body).get("trialResults") or []
+    return {t["id"]: t["checkpointUri"].rstrip("/").split("/")[-1] for t in results if t.get("checkpointUri")}
 
 
 @pytest.mark.timeout(900)
@@ -149,17 +163,39 @@ def test_transformers_and_lightning_loops_verify_resume_from_their_last_checkpoi
         )
         assert len(two["attempts"]) == 2 and two["rayJobName"].endswith("-a2"), two
 
-        # A delete of the running sweep stops it gracefully: each trial reports once more, then the guard verifies.
+        # A delete of the running sweep (what `kubectl delete tsw` sends) stops it gracefully: the operator asks the
+        # head's Jobs API (the KubeRay stand-in's) to stop the job, each trial reports once more, the RayJob goes only
+        # after its job stopped, and the guard verifies the checkpoints those last reports committed.
         rayjob = two["rayJobName"]
+        before = wait_for(
+            lambda: (lambda saw: saw if len(saw) == len(FRAMEWORKS) else None)(driver_saw(s3, sandbox.bucket, prefix)),
+            120,
+            POLL_S,
+            what="both trials' checkpoints as the driver took them",
+        )
         api.delete_namespaced_custom_object(constants.GROUP, constants.VERSION, "default", constants.PLURAL, name)
+        deleting: dict[str, Any] = {}
 
         def released() -> bool:
             jobs = api.list_namespaced_custom_object(
                 constants.RAY_GROUP, constants.RAY_VERSION_API, "default", constants.RAYJOB_PLURAL
             )["items"]
-            return sweep() is None and not [j for j in jobs if j["metadata"]["name"] == rayjob]
+            job = next((j for j in jobs if j["metadata"]["name"] == rayjob), None)
+            if job is not None and job["metadata"].get("deletionTimestamp") and not deleting:
+                # The head's own view too: the RayJob's jobStatus trails it by KubeRay's next look.
+                found, jobs_api = ray_jobs.job_of(job), sandbox.standin.jobs_api
+                head = jobs_api.job_status(*found) if found and jobs_api is not None else None
+                deleting.update(at=time.time(), jobStatus=(job.get("status") or {}).get("jobStatus"), head=head)
+            return job is None and sweep() is None
 
-        wait_for(released, GRACE_S + 180, POLL_S, what="the sweep and its RayJob released after the stop")
+        # A short poll while the held RayJob is being deleted: the guard's verification is all that keeps it there.
+        wait_for(released, GRACE_S + 180, 0.1, what="the sweep and its RayJob released after the stop")
+        assert "STOPPED" in (deleting.get("jobStatus"), deleting.get("head")), (
+            f"the RayJob was deleted while its job still ran: {deleting}"
+        )
+        assert sandbox.standin.jobs_api is not None
+        stops = [r for r in sandbox.standin.jobs_api.requests if r[0] == "POST" and r[1].endswith("/stop")]
+        assert stops and stops[0][2] < deleting["at"], (stops, deleting)
         said = {
             e.involved_object.name
             for e in core.list_namespaced_event("default").items
@@ -177,9 +213,9 @@ def test_transformers_and_lightning_loops_verify_resume_from_their_last_checkpoi
         assert len(driver["stop"]["trials"]) == len(FRAMEWORKS), driver["stop"]
         for trial in driver["stop"]["trials"]:
             assert trial["reportedAfterStop"], trial
-            assert trial["checkpointUri"].rstrip("/").split("/")[-1] in committed_checkpoint_names(
-                snapshots[trial["id"]]
-            )
+            last = trial["checkpointUri"].rstrip("/").split("/")[-1]
+            assert last in committed_checkpoint_names(snapshots[trial["id"]])
+            assert last > before[trial["id"]], "the stop's last report is not newer than the driver's before it"
         for framework in FRAMEWORKS:
             assert len(after[framework]) > len(second[framework]), (framework, after[framework])
 
