@@ -1,5 +1,7 @@
-"""A sweep's phase transitions in one table: from which phases an observed fact moves the sweep, to which phase, with
-which reason and condition. The decisions propose the fact they observed and take the table's answer."""
+"""A sweep's phase transitions in one table (from phases, an observed fact -> phase, reason, condition).
+
+The decisions propose the fact they observed and take the table's answer.
+"""
 
 from __future__ import annotations
 
