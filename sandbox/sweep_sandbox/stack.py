@@ -137,28 +137,7 @@ class Sandbox:
             self.server.write_kubeconfig(
                 self.kubeconfig, users={name: identity.token for name, identity in self.identities.items()}
             )
-            settings = self.settings or Settings(
-                s3_endpoint_url=self.s3.endpoint_url,
-                s3_region=SANDBOX_CREDENTIALS["AWS_REGION"],
-                reconcile_seconds=2.0,
-                status_poll_seconds=2.0,
-                # A laptop's sandbox shows progress within seconds; a cluster's defaults trade that for requests.
-                status_poll_max_seconds=4.0,
-                progress_mirror_seconds=2.0,
-                ttl_seconds_after_finished=SANDBOX_TTL_SECONDS,
-                metrics_port=0,
-                liveness_port=0,
-            )
-            if self.overrides:
-                settings = dataclasses.replace(settings, **self.overrides)
-            if self.kueue and not settings.kueue_default_queue:
-                settings = dataclasses.replace(settings, kueue_default_queue=SANDBOX_LOCAL_QUEUE)
-            if chart_docs:
-                from . import chart_admission
-
-                settings = chart_admission.operator_settings(
-                    chart_docs, settings, chart_admission.free_port(), self.state_dir / "webhook-tls"
-                )
+            settings = self._operator_settings(chart_docs)
             self.settings = settings
             if self.scripted_seconds is not None:
                 from .kuberay import Outcome, ScriptedRunner
@@ -200,6 +179,33 @@ class Sandbox:
             raise
         write_env_file(self.env_file, self.environment())
         return self
+
+    def _operator_settings(self, chart_docs: list[dict[str, Any]]) -> Settings:
+        """The sandbox operator's settings: loopback S3, a laptop's rhythm, Kueue's default queue, the chart's webhook."""
+        assert self.s3 is not None
+        settings = self.settings or Settings(
+            s3_endpoint_url=self.s3.endpoint_url,
+            s3_region=SANDBOX_CREDENTIALS["AWS_REGION"],
+            reconcile_seconds=2.0,
+            status_poll_seconds=2.0,
+            # A laptop's sandbox shows progress within seconds; a cluster's defaults trade that for requests.
+            status_poll_max_seconds=4.0,
+            progress_mirror_seconds=2.0,
+            ttl_seconds_after_finished=SANDBOX_TTL_SECONDS,
+            metrics_port=0,
+            liveness_port=0,
+        )
+        if self.overrides:
+            settings = dataclasses.replace(settings, **self.overrides)
+        if self.kueue and not settings.kueue_default_queue:
+            settings = dataclasses.replace(settings, kueue_default_queue=SANDBOX_LOCAL_QUEUE)
+        if chart_docs:
+            from . import chart_admission
+
+            settings = chart_admission.operator_settings(
+                chart_docs, settings, chart_admission.free_port(), self.state_dir / "webhook-tls"
+            )
+        return settings
 
     def _token(self, context: str) -> str | None:
         identity = self.identities.get(context)
