@@ -68,7 +68,11 @@ def build_searcher(spec: SweepSpec) -> Searcher | SearchAlgorithm:
     """
     searcher = spec.tune.searcher
     if searcher.type in ("random", "grid"):
-        return BasicVariantGenerator(max_concurrent=spec.tune.max_concurrent_trials, random_state=searcher.seed)
+        # pbt: the whole population exists from the start (PBT ranks and synchronises the trials Tune knows; a
+        # generator that adds trials two at a time would make populations of two); the trial-driver slots keep
+        # maxConcurrentTrials running.
+        limit = 0 if spec.tune.scheduler.type == "pbt" else spec.tune.max_concurrent_trials
+        return BasicVariantGenerator(max_concurrent=limit, random_state=searcher.seed)
     if searcher.type == "optuna":
         if importlib.util.find_spec("optuna") is None:
             raise EntrypointError(

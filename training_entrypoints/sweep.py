@@ -21,6 +21,7 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
 from . import commit_records, graceful_stop, preflight, resume, storage, tracking
+from .pbt import RESULT_TRAIN_RUN_KEY, LineagePBT
 from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
 from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
@@ -127,6 +128,13 @@ def _best_committed_checkpoint(trial_dir: str, attribute: str | None, order: str
     return result.checkpoint.path if result.checkpoint else None
 
 
+def _last_train_run(result: Any, trial_id: str) -> str:
+    """The Train run a trial ended in: `train/<trialId>`, or under pbt the run its last result names (a trial that
+    continued from another trial's checkpoint trains on in a run of its own, seeded from that checkpoint)."""
+    last = (result.metrics or {}).get(RESULT_TRAIN_RUN_KEY)
+    return last if isinstance(last, str) and last and "/" not in last else trial_id
+
+
 def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
     """One summary per trial from Tune's ResultGrid; checkpoint URIs come from each trial's committed snapshot."""
     spec = run_spec.spec
@@ -142,7 +150,9 @@ def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
             if frame is not None and metric in frame:
                 series = frame[metric].dropna()
                 value = float(series.min() if mode == "min" else series.max()) if len(series) else None
-        path = _best_committed_checkpoint(run_spec.layout.trial_dir(trial_id), attribute, order)
+        path = _best_committed_checkpoint(
+            run_spec.layout.trial_dir(_last_train_run(result, trial_id)), attribute, order
+        )
         iteration = (result.metrics or {}).get("training_iteration")
         summaries.append(
             TrialSummary(
@@ -290,7 +300,7 @@ def run_sweep(plan: SweepPlan, mode: RunMode, ledger: AttemptLedger | None = Non
     restore_signals = graceful_stop.install(stop)
     # Off Tune's event loop: its thread talks to the MLflow server; the progress documents carry what it last saw.
     tracker = tracking.start_tracker(run_spec)
-    progress.extra_facts = tracker.document_facts if tracker is not None else None
+    progress.extra_facts = _extra_facts(tracker, plan.scheduler)
     try:
         return _tune(plan, mode, ledger, trainable, progress, budget, stop, cluster, driver_resources, tracker)
     finally:
@@ -358,6 +368,10 @@ def _tune(
         )  # fmt: skip
         tuner, continued = restore_tuner(plan, trainable, progress, budget, stop, tracker)
         known = continued.known
+        plan.scheduler = tuner._local_tuner._tune_config.scheduler  # the restored experiment's own
+        if isinstance(plan.scheduler, LineagePBT):  # an ended run's exploits stay in its lineage
+            plan.scheduler.restore_lineage((storage.read_json(layout.status_path) or {}).get("lineage"))
+        progress.extra_facts = _extra_facts(tracker, plan.scheduler)
         ledger.record = {**ledger.record, "resumedTrials": sorted(continued.continued)}
         progress.attempt_facts = ledger.facts()
     else:
@@ -389,6 +403,8 @@ def _tune(
         attempt_facts=facts,
     )
     status = status_document(summaries, spec.tune.metric, spec.tune.mode, phase=phase, attempt_facts=facts)
+    if isinstance(plan.scheduler, LineagePBT):
+        status["lineage"] = plan.scheduler.document()
     if tracker is not None:
         tracking.record_best_checkpoints(tracker, {s.id: s.checkpoint_uri for s in summaries if s.checkpoint_uri})
         tracked = tracker.finish(tracking.end_status(phase))  # bounded: what the server did not take is counted
@@ -407,6 +423,20 @@ def _tune(
             f"sweep: stopped {spec.deadlines.graceful_stop_seconds} s before the deadline; checkpoints so far are kept"
         )
     return EXIT_OK
+
+
+def _extra_facts(tracker: tracking.MlflowTracker | None, scheduler: Any) -> Any:
+    """What each status document adds: the tracker's block, and a PBT sweep's lineage (bounded)."""
+    if tracker is None and not isinstance(scheduler, LineagePBT):
+        return None
+
+    def facts() -> dict[str, Any]:
+        found = dict(tracker.document_facts()) if tracker is not None else {}
+        if isinstance(scheduler, LineagePBT):
+            found["lineage"] = scheduler.document()
+        return found
+
+    return facts
 
 
 def _record_graceful_stop(

@@ -298,6 +298,34 @@ class LastStopStatus(StatusModel):
     message: str | None = Field(None, description="What the stop did with the uploads in flight, in words.")
 
 
+MAX_LINEAGE_ENTRIES = 20  # the newest exploits status.lineage lists (the run's status.json keeps 50, the count all)
+MAX_LINEAGE_CHANGES = 8  # mutated parameters one exploit lists
+MAX_LINEAGE_VALUE_CHARS = 64
+
+
+class LineageChange(StatusModel):
+    param: str | None = Field(None, description="The mutated parameter (spec.tune.scheduler.hyperparamMutations).")
+    before: str | None = Field(None, description="The donor's value, as text.")
+    after: str | None = Field(None, description="The value the trial continued with, as text.")
+
+
+class LineageEntry(StatusModel):
+    trial: str | None = Field(None, description="The trial that continued from the donor's checkpoint.")
+    donor: str | None = Field(None, description="The trial whose committed checkpoint it continued from.")
+    step: int | None = Field(None, description="The donor's step (tune.scheduler.timeAttr) at the exploit.")
+    changes: list[LineageChange] | None = Field(
+        None, max_length=MAX_LINEAGE_CHANGES, description="The config change from the donor's config."
+    )
+    at: str | None = Field(None, description="When the scheduler decided the exploit (RFC 3339).")
+
+
+class LineageStatus(StatusModel):
+    exploits: int | None = Field(None, description="Exploits so far, over every attempt of the run.")
+    entries: list[LineageEntry] | None = Field(
+        None, max_length=MAX_LINEAGE_ENTRIES, description="The newest exploits, oldest first."
+    )
+
+
 class TrackingStatus(StatusModel):
     url: str | None = Field(None, description="The sweep's parent run in the MLflow UI (spec.tracking.mlflow).")
     experiment_id: str | None = Field(None, description="The MLflow experiment id of the sweep's runs.")
@@ -381,6 +409,11 @@ class SweepStatus(StatusModel):
     )
     tracking: TrackingStatus | None = Field(
         None, description="Where the sweep is tracked (spec.tracking), as the driver last reported it."
+    )
+    lineage: LineageStatus | None = Field(
+        None,
+        description="pbt: which trial continued from which trial's committed checkpoint, at which step, with which "
+        "config change (the newest exploits), from the run's _sweep/status.json.",
     )
     graceful_stop: GracefulStopStatus | None = Field(
         None,

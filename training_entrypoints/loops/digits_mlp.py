@@ -75,6 +75,22 @@ def run_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optim
     return {"loss": loss_sum, "correct": correct, "samples": samples}
 
 
+def weights_checksum(model: nn.Module) -> float:
+    """The sum of every weight in float64: equal on both sides of a save and load of the same state."""
+    return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def follow_config_lr(optimizer: torch.optim.Optimizer, lr_scheduler: Any, lr: float) -> None:
+    """The optimizer state came from a checkpoint trained with another lr (population-based training hands a trial
+    another trial's state with a mutated lr): the schedule goes on from the new base lr. A resume with the same lr
+    keeps the restored state exactly."""
+    if all(group.get("initial_lr") == lr for group in optimizer.param_groups):
+        return
+    lr_scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    for group, value in zip(optimizer.param_groups, lr_scheduler._get_closed_form_lr(), strict=True):
+        group["initial_lr"], group["lr"] = lr, value
+
+
 def train_loop(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank = context.get_world_rank()
@@ -92,6 +108,9 @@ def train_loop(config: dict[str, Any]) -> None:
     val_loader = ray.train.torch.prepare_data_loader(evaluation_loader(val_set, batch_size=256), add_dist_sampler=False)
 
     state = load_state(model, optimizer, lr_scheduler)  # None on a fresh start (R7)
+    loaded = weights_checksum(model) if state else None
+    if state is not None:
+        follow_config_lr(optimizer, lr_scheduler, config["lr"])
     for epoch in range(state.epoch + 1 if state else 0, config["epochs"]):
         if isinstance(train_loader.sampler, DistributedSampler):
             train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank (R3)
@@ -116,6 +135,9 @@ def train_loop(config: dict[str, Any]) -> None:
             "val_accuracy": totals["val_correct"] / totals["val_samples"],
             "val_samples": int(totals["val_samples"]),
             "lr": lr_scheduler.get_last_lr()[0],
+            "weights_checksum": weights_checksum(model),
         }
+        if loaded is not None:  # the first epoch after a restore: what was loaded (PBT's exploit, a resume)
+            metrics["loaded_weights_checksum"], loaded = loaded, None
         # Every rank, once per epoch; rank 0 alone writes the checkpoint (R8, R10).
         report_epoch(metrics, epoch=epoch, model=model, optimizer=optimizer, lr_scheduler=lr_scheduler)

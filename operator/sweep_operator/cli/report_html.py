@@ -121,6 +121,54 @@ def _tracking_link(records: RunRecords) -> str:
     )
 
 
+def lineage_of(records: RunRecords) -> tuple[int, list[Mapping[str, Any]]]:
+    """A PBT sweep's exploits: (how many, the newest entries) from the sweep's status or the run's status.json."""
+    for source in (records.status, records.progress or {}):
+        lineage = source.get("lineage")
+        if isinstance(lineage, Mapping) and isinstance(lineage.get("entries"), list):
+            entries = [e for e in lineage["entries"] if isinstance(e, Mapping)]
+            total = lineage.get("exploits")
+            return (total if isinstance(total, int) else len(entries)), entries
+    return 0, []
+
+
+def _change_text(changes: Any) -> str:
+    if isinstance(changes, Mapping):
+        pairs = [(k, v[0], v[1]) for k, v in changes.items() if isinstance(v, (list, tuple)) and len(v) == 2]
+    elif isinstance(changes, list):  # the sweep's status: [{param, before, after}]
+        pairs = [(c.get("param"), c.get("before"), c.get("after")) for c in changes if isinstance(c, Mapping)]
+    else:
+        pairs = []
+    return ", ".join(f"{k}: {format_value(a)} \u2192 {format_value(b)}" for k, a, b in pairs) or "same config"
+
+
+def _lineage_section(records: RunRecords) -> str:
+    """Each trial's line: every point where it continued from another trial's checkpoint, as Tune's PBT log says."""
+    total, entries = lineage_of(records)
+    if not entries:
+        return ""
+    by_trial: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in entries:
+        by_trial.setdefault(str(entry.get("trial")), []).append(entry)
+    lines = []
+    for trial, steps in sorted(by_trial.items()):
+        path = "".join(
+            f" \u2500 step {e.get('step')}: from {e.get('donor')} ({_change_text(e.get('changes'))}) \u2500\u25b6"
+            for e in steps
+        )
+        lines.append(f"{trial}{path} {trial}")
+    rows = [
+        (e.get("trial"), e.get("donor"), e.get("step"), _change_text(e.get("changes")), e.get("at")) for e in entries
+    ]
+    shown = f" (the newest {len(entries)} of {total})" if total > len(entries) else ""
+    return (
+        f"<section><h2>Lineage</h2><p>{total} exploit(s){shown}: a trial continued from a donor's committed "
+        "checkpoint at the donor's step, with the donor's config changed as shown.</p>"
+        f"<pre>{html.escape(chr(10).join(lines))}</pre>"
+        f"{_table(rows, ('trial', 'donor', 'step', 'config change', 'at'))}</section>"
+    )
+
+
 def render_html(
     records: RunRecords,
     curves: Curves,
@@ -169,6 +217,7 @@ gap:.2em 1.2em}}dl.facts dt{{font-weight:600}}dl.facts dd{{margin:0}}</style>
 {sections}
 <section><h2>Trials</h2>
 {_table(rows, header)}</section>
+{_lineage_section(records)}
 <section><h2>Checkpoints</h2>
 <p>{html.escape(_verdict(records))}</p>
 {_table(checkpoints, ("trial", "checkpoint", "files", "bytes", "status", "level")) if checkpoints else ""}
