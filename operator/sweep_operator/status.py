@@ -16,6 +16,7 @@ from typing import Any
 
 from sweep_contracts.api import TERMINAL_PHASES, WAITING_PHASES, Phase
 from sweep_contracts.paramspace import grid_size
+from sweep_contracts.status_models import MAX_LINEAGE_CHANGES, MAX_LINEAGE_ENTRIES, MAX_LINEAGE_VALUE_CHARS
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
 from sweep_contracts.timestamps import rfc3339
@@ -366,7 +367,40 @@ def best_trial(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 # The status fields progress_patch writes: the driver's progress, mirrored on the sweep's own rhythm
 # (reconcile.progress_rhythm), never ahead of a phase or condition change.
-PROGRESS_FIELDS = frozenset({"trials", "trialsSummary", "waitingFor", "bestTrial", "bestSummary", "tracking"})
+PROGRESS_FIELDS = frozenset(
+    {"trials", "trialsSummary", "waitingFor", "bestTrial", "bestSummary", "tracking", "lineage"}
+)
+
+
+def lineage_status(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`lineage` for the status from a PBT run's `_sweep/status.json` (its newest exploits and their count): bounded
+    like bestTrial, every value in its schema type; None when the document has none."""
+    lineage = doc.get("lineage")
+    if not isinstance(lineage, Mapping) or not isinstance(lineage.get("entries"), list):
+        return None
+    entries = []
+    for raw in [e for e in lineage["entries"] if isinstance(e, Mapping)][-MAX_LINEAGE_ENTRIES:]:
+        step = raw.get("step")
+        changes = raw.get("changes") if isinstance(raw.get("changes"), Mapping) else {}
+        entry = {
+            "trial": _bounded_text(raw.get("trial"), MAX_BEST_ID_CHARS),
+            "donor": _bounded_text(raw.get("donor"), MAX_BEST_ID_CHARS),
+            "step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "changes": [
+                {
+                    "param": _bounded_text(str(name), MAX_BEST_METRIC_CHARS),
+                    "before": _bounded_text(json.dumps(pair[0], default=str), MAX_LINEAGE_VALUE_CHARS),
+                    "after": _bounded_text(json.dumps(pair[1], default=str), MAX_LINEAGE_VALUE_CHARS),
+                }
+                for name, pair in list(changes.items())[:MAX_LINEAGE_CHANGES]
+                if isinstance(pair, (list, tuple)) and len(pair) == 2
+            ],
+            "at": _bounded_text(raw.get("at"), 64),
+        }
+        entries.append({k: v for k, v in entry.items() if v is not None})
+    total = lineage.get("exploits")
+    count = total if isinstance(total, int) and not isinstance(total, bool) and total >= len(entries) else len(entries)
+    return {"exploits": count, "entries": entries}
 
 
 def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
@@ -386,6 +420,9 @@ def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
         patch["bestTrial"] = best
         if "value" in best:
             patch["bestSummary"] = best_summary(best)
+    lineage = lineage_status(doc)
+    if lineage is not None:
+        patch["lineage"] = lineage
     tracked = tracking_state(doc, tracking_uri_of(spec))
     if tracked is not None:
         patch["tracking"] = tracked.status()

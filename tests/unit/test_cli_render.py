@@ -36,3 +36,22 @@ def test_render_shows_the_run_spec_one_field_a_line_and_it_reads_as_the_operator
     shown["spec"].pop("runtimeEnvYAML")
     operators["spec"].pop("runtimeEnvYAML")
     assert shown == operators
+
+
+def test_render_of_a_pbt_sweep_says_what_pbt_costs_above_a_rayjob_that_still_applies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["tune"]["numSamples"] = 4
+    doc["spec"]["tune"]["scheduler"] = {"type": "pbt", "hyperparamMutations": ["lr"], "perturbationInterval": 3}
+    manifest = tmp_path / "pbt.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    assert sweepctl(["render", "-f", str(manifest), "--run-id", "abc123", "--deadline-at", "1800000000"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("# ")]
+    assert any("training_iteration every 3" in n and "Train run is stopped" in n for n in notes), notes
+    assert any("new worker group" in n and "reload of its checkpoint" in n for n in notes)
+    assert any("numToKeep is not applied" in n for n in notes)
+    assert yaml.safe_load(out)["kind"] == "RayJob"
+    assert sweepctl(["render", "-f", str(EXAMPLE), "--run-id", "abc123", "--deadline-at", "1800000000"]) == 0
+    assert not capsys.readouterr().out.startswith("#")

@@ -191,3 +191,48 @@ def test_pbt_creates_the_whole_population_at_once_R13() -> None:
         )
     ).spec
     assert build_searcher(spec).max_concurrent == 0
+
+
+def test_the_operator_mirrors_the_lineage_into_the_sweep_status_bounded_and_typed() -> None:
+    """The driver's `lineage` (tenant-written) becomes `status.lineage`: the newest entries, each value of its schema
+    type, the changes as text; the whole status validates against the CRD's model."""
+    from sweep_contracts.api import SweepStatus
+    from sweep_contracts.status_models import MAX_LINEAGE_ENTRIES
+    from sweep_operator.status import progress_patch
+
+    entries = [
+        {
+            "trial": f"t_{i:05d}",
+            "donor": "t_00000",
+            "step": 2 * i,
+            "changes": {"lr": [0.5, 0.4], "x": "bad"},
+            "at": "now",
+        }
+        for i in range(MAX_LINEAGE_ENTRIES + 3)
+    ]
+    entries.append({"trial": ["not text"], "step": True})
+    patch = progress_patch({"trials": {}, "lineage": {"exploits": 99, "entries": entries}})
+    lineage = patch["lineage"]
+    assert lineage["exploits"] == 99 and len(lineage["entries"]) == MAX_LINEAGE_ENTRIES
+    assert lineage["entries"][-1] == {"changes": []}
+    assert lineage["entries"][0]["changes"] == [{"param": "lr", "before": "0.5", "after": "0.4"}]
+    SweepStatus.model_validate({"lineage": lineage})
+    assert "lineage" not in progress_patch({"trials": {}})
+
+
+def test_the_report_draws_each_trials_line_from_the_run_or_the_sweep_status() -> None:
+    """From the run's status.json ({param: [before, after]}) or the sweep's status ([{param, before, after}])."""
+    from sweep_operator.cli.report_html import _lineage_section
+    from sweep_operator.cli.report_records import RunRecords
+
+    run_doc = {
+        "lineage": {"exploits": 3, "entries": [{"trial": "t_1", "donor": "t_0", "step": 2, "changes": {"x": [8, 4]}}]}
+    }
+    section = _lineage_section(RunRecords(root="r", progress=run_doc))
+    assert "<h2>Lineage</h2>" in section and "the newest 1 of 3" in section
+    assert "t_1 \u2500 step 2: from t_0 (x: 8 \u2192 4) \u2500\u25b6 t_1" in section
+    sweep = {"status": {"lineage": {"exploits": 1, "entries": [
+        {"trial": "t_2", "donor": "t_3", "step": 4, "changes": [{"param": "lr", "before": "0.5", "after": "0.4"}]}
+    ]}}}  # fmt: skip
+    assert "from t_3 (lr: 0.5 \u2192 0.4)" in _lineage_section(RunRecords(root="r", sweep=sweep))
+    assert _lineage_section(RunRecords(root="r", progress={})) == ""

@@ -37,8 +37,27 @@ def run(args: argparse.Namespace) -> int:
     sweep = load_sweep(args.filename, limits)
     run_id = run_id_from(args.run_id)
     deadline = args.deadline_at or int(time.time()) + effective_active_seconds(sweep.spec, limits)
+    sys.stdout.write(cost_notes(sweep.spec))
     sys.stdout.write(to_yaml(readable(build_rayjob(sweep, run_id, limits, deadline_at=deadline))))
     return EXIT_OK
+
+
+def cost_notes(spec: Any) -> str:
+    """What the sweep's scheduler costs beyond its trials' epochs, as YAML comments above the RayJob (so the output
+    still applies as it is)."""
+    scheduler = spec.tune.scheduler
+    if scheduler.type != "pbt":
+        return ""
+    lines = [
+        f"scheduler pbt: every perturbation ({scheduler.time_attr} every {scheduler.perturbation_interval:g}) pauses "
+        "trials, and a paused trial's Train run is stopped (its workers freed) and started again:",
+        f"a new worker group of {spec.trial.workers} worker(s) (placement group, processes, framework init) and a "
+        "reload of its checkpoint each time;",
+        "an exploited trial's restart also copies the donor's committed checkpoint in S3 first.",
+        "Under pbt every committed checkpoint is kept (checkpoints.numToKeep is not applied): plan the bucket's space.",
+        "See docs/schedulers.md.",
+    ]
+    return "".join(f"# {line}\n" for line in lines)
 
 
 def readable(rayjob: dict[str, Any]) -> dict[str, Any]:
