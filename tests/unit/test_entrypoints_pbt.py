@@ -236,3 +236,12 @@ def test_the_report_draws_each_trials_line_from_the_run_or_the_sweep_status() ->
     ]}}}  # fmt: skip
     assert "from t_3 (lr: 0.5 \u2192 0.4)" in _lineage_section(RunRecords(root="r", sweep=sweep))
     assert _lineage_section(RunRecords(root="r", progress={})) == ""
+
+
+def test_the_report_draws_no_curve_of_a_weights_checksum() -> None:
+    """The digits loop reports checksums of its weights (what a restart loaded): fingerprints, not model measures."""
+    from sweep_operator.cli.report_data import reported_metrics
+    from sweep_operator.cli.report_records import RunRecords
+
+    rows = [{"epoch": 1, "val_loss": 0.5, "weights_checksum": 12.5, "loaded_weights_checksum": 11.0}]
+    assert reported_metrics(RunRecords(root="r", trial_results={"t_0": rows})) == ["val_loss"]

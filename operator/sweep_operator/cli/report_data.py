@@ -244,8 +244,12 @@ class MetricPanel:
     points: dict[str, dict[str, tuple[list[float], list[float]]]]  # metric -> trial -> (x, values)
 
 
+NOT_MEASURES = ("_rank_spread", "_checksum")  # name endings of values a loop reports that measure no model
+
+
 def reported_metrics(records: RunRecords) -> list[str]:
-    """Every numeric value the train loop reported, counters included (Tune's and our own bookkeeping left out)."""
+    """Every numeric value the train loop reported, counters included (Tune's and our own bookkeeping left out, and
+    checksums: a fingerprint of the weights, not a measure of the model)."""
     x = x_key(records)
     names: set[str] = set()
     for rows in records.trial_results.values():
@@ -253,7 +257,7 @@ def reported_metrics(records: RunRecords) -> list[str]:
             names.update(
                 k
                 for k, v in row.items()
-                if _finite(v) is not None and k not in TUNE_KEYS and k != x and not k.endswith("_rank_spread")
+                if _finite(v) is not None and k not in TUNE_KEYS and k != x and not k.endswith(NOT_MEASURES)
             )
     return sorted(names)
 
