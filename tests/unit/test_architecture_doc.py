@@ -49,6 +49,8 @@ def test_what_the_doc_cites_of_a_reconcile_module_exists() -> None:
 
 def test_the_controller_names_the_doc_gives_exist() -> None:
     from sweep_operator.reconcile.controller import SweepController
+    from sweep_operator.reconcile.guard_pipeline import GuardPipeline
 
-    for name in ("_execute", "_deletion_kinds", "_pass", "_finish", "deletion_seen", "admission_problems"):
+    for name in ("_execute", "_pass", "_finish", "deletion_seen", "admission_problems"):
         assert hasattr(SweepController, name), name
+    assert hasattr(GuardPipeline, "_deletion_kinds")

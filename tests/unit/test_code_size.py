@@ -28,11 +28,8 @@ MAX_CLASS_LINES = MAX_MODULE_LINES
 
 # KNOWN EXCEPTIONS: offenders with their size when listed, paths relative to the repository. Only the operator's
 # reconcile/ may appear here. An entry that is no longer an offender must be deleted (the test says so); any offender
-# not listed fails. The controller is built from the deletion guard and the graceful stop as mixins; the redesign that
-# makes them collaborators of their own removes this entry.
-KNOWN_EXCEPTIONS: dict[str, int] = {
-    "operator/sweep_operator/reconcile/controller.py::SweepController (whole)": 1148,
-}
+# not listed fails.
+KNOWN_EXCEPTIONS: dict[str, int] = {}
 
 
 @dataclass(frozen=True)

@@ -1277,8 +1277,8 @@ def test_a_held_objects_check_that_comes_early_stays_armed(world: World) -> None
     from sweep_operator.reconcile.controller import GuardKey
 
     key = GuardKey(constants.RAYJOB_KIND, "ml", "digits-r1", "u1")
-    world.controller._guard_due[key] = time.monotonic() + 30
-    world.controller._guard_pass(key)
+    world.controller.shared.guard_due[key] = time.monotonic() + 30
+    world.controller.guarding._guard_pass(key)
     assert world.kube.calls == [], "an early check reads nothing"
     timers = world.controller.guards._timers
     try:
@@ -1306,8 +1306,8 @@ def test_a_guard_pass_whose_read_or_release_fails_is_armed_again_not_dropped(wor
 
     setattr(world.kube, fails, unavailable)
     try:
-        world.controller._guard_pass(key)
-        assert key in world.controller._guard_due, "the check was dropped"
+        world.controller.guarding._guard_pass(key)
+        assert key in world.controller.shared.guard_due, "the check was dropped"
         assert key in world.controller.guards._timers, "no re-check armed"
         assert world.kube.get_rayjob("ml", name) is not None, "held: nothing released"
     finally:
@@ -1321,9 +1321,9 @@ def test_a_raised_graceful_window_on_a_deleting_sweep_is_capped_by_the_operator(
 
     sweep = add_sweep(world, "digits", spec__deadlines__gracefulStopSeconds=3600)
     world.controller.settings = replace_settings(world.controller.settings, max_graceful_stop_seconds=120.0)
-    assert world.controller._graceful_seconds(sweep) == 120.0
+    assert world.controller.stopper.graceful_seconds(sweep) == 120.0
     world.controller.settings = replace_settings(world.controller.settings, max_graceful_stop_seconds=1e9)
-    assert world.controller._graceful_seconds(sweep) == 3600.0
+    assert world.controller.stopper.graceful_seconds(sweep) == 3600.0
 
 
 def test_the_running_sweeps_of_a_namespace_share_one_pod_listing(world: World) -> None:

@@ -197,7 +197,7 @@ def test_a_restarted_operator_suspends_an_ended_jobs_workers_and_leaves_others_a
     world.kube.set_rayjob_status(
         name, "ml", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName=cluster
     )
-    world.controller._suspend_finished = lambda *args: None  # type: ignore[method-assign]  # the process goes first
+    world.controller.stopper.suspend_finished = lambda *args: None  # type: ignore[method-assign]  # the process goes first
     assert world.reconcile("digits")["phase"] == "Succeeded"
     cluster_with_workers(world, world.kube.get_rayjob("ml", name) or {}, cluster)
     restarted = make_world()

@@ -24,8 +24,9 @@ RECONCILE_EDGES = {
     "guard_pipeline",
     "pod_snapshots",
 }  # the I/O edges
-# The controller's memory between passes: written by the edges, read by them for the facts; it decides nothing.
-RECONCILE_MEMORY = {"cache"}
+# The controller's memory between passes (and the deletions' in progress): written by the edges, read by them for
+# the facts; it decides nothing.
+RECONCILE_MEMORY = {"cache", "deletion_state"}
 # Beside reconcile, the pure modules the decisions are built from: the phase table, the admission rules, the status helpers,
 # GPU time, what the RayJob carries, its rendering, the spec's parsing and the diagnosis of pending pods.
 DECISIONS_BESIDE = {"phases", "policy", "status", "gpu_time", "run_metadata", "rendering", "validation", "diagnosis"}

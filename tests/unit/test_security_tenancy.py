@@ -439,8 +439,8 @@ def test_a_dashboard_url_with_more_than_host_and_port_is_refused_and_nothing_is_
 def test_every_queue_of_the_controller_is_fair_between_namespaces_and_the_stop_has_several_workers() -> None:
     """Polls, guard checks, end-of-run verifications and graceful stops: each queue's flow is the key's namespace."""
     from sweep_operator.reconcile.controller import STOP_WORKERS
+    from sweep_operator.reconcile.deletion_state import GuardKey
     from sweep_operator.reconcile.facts import ObjectRef
-    from sweep_operator.reconcile.guard_pipeline import GuardKey
 
     made = SweepController(
         Settings(), FakeKube(), lambda *_: None, lambda *_: None, reconcile_workers=2, guard_workers=2,

@@ -90,7 +90,7 @@ def kube() -> FakeKube:
 
 def guard_sees_the_deletion(made: SweepController, kube: FakeKube) -> None:
     """What the guard's RayCluster deletion handler does before it verifies (stopping.py)."""
-    made._record_stop_outran_suspend(
+    made.stopper.record_stop_outran_suspend(
         kube.get("RayCluster", "ml", "digits-r1-abcde") or {},
         kube.get_rayjob("ml", "digits-r1"),
         kube.get_sweep("ml", "digits"),

@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -42,14 +40,17 @@ from .actions import (
     SuspendWorkers,
 )
 from .cache import Cache, run_ref
+from .deletion_state import DeletionState, namespace_of
+from .deletion_state import GuardKey as GuardKey  # re-exported: tests name the guard's queue keys here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
 from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
-from .guard_pipeline import GuardKey, GuardPipeline
+from .guard_pipeline import GuardPipeline
 from .guard_pipeline import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
 from .ports import Budgets, resume_read
 from .reads import Reads, S3ClientFactory, Verifier, delegated
 from .run_pass import PodsRead, RunReads
 from .status_writer import BudgetThresholdCallback, EventSink, PhaseCallback, Stale, StatusWriter
+from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +64,19 @@ STOP_WORKERS = 16
 HEAD_CALL_WORKERS = 64
 
 
-def _namespace_of(key: Any) -> str:
-    """A queue key's flow: its namespace (ObjectRef and GuardKey name it; a stop is (namespace, RayJob, sweep))."""
-    namespace = getattr(key, "namespace", None)
-    return str(namespace if namespace is not None else key[0])
+class SweepController:
+    """The operator's controller: the run pass (admit, run, finish) here; the deletion guard (`guarding`) and the stop
+    before a delete (`stopper`) are its collaborators."""
 
-
-class SweepController(GuardPipeline):
     s3_client_for = delegated("reads", "s3_client_for")  # (endpoint, region) -> S3 client
     verify = delegated("reads", "verifier")
+    # The guard's entry points, as handlers.py wires them (kopf's deletion and resume events).
+    deletion_seen = delegated("guarding", "deletion_seen")
+    guard_object = delegated("guarding", "guard_object")
+    check_guard_label = delegated("guarding", "check_guard_label")
+    guard_sweep_deletion = delegated("guarding", "guard_sweep_deletion")
+    guard_rayjob_deletion = delegated("guarding", "guard_rayjob_deletion")
+    guard_raycluster_deletion = delegated("guarding", "guard_raycluster_deletion")
 
     def __init__(
         self,
@@ -119,7 +124,7 @@ class SweepController(GuardPipeline):
             gpu_hour_ledgers=lambda: self.budgets.hours.all_cached(self.budgets.gpu_hour_budget),
         )
         self.verification_pool = verification_pool
-        self._build_queues(reconcile_workers, guard_workers, verification_pool is not None)
+        self._build_queues(reconcile_workers, verification_pool is not None)
         # The memory budget is shared by what may run at once: the guard's and the finishing sweeps' verifications,
         # and every worker that may read a run's status or result document (reconcile, guard, finishing).
         finishing = FINISH_VERIFICATION_WORKERS if verification_pool is not None else 0
@@ -128,29 +133,38 @@ class SweepController(GuardPipeline):
             reconcile_workers + guard_workers + finishing,
         )
         log.info("%s", self.reads.budget.describe())
-        self._guard_lock = threading.Lock()
-        self._guard_attempts: dict[GuardKey, int] = {}
-        self._guard_due: dict[GuardKey, float] = {}  # a held object's next check (monotonic)
-        # Graceful stops asked (RayJob uid -> when), so a delete waits for the job at most its window.
-        self.stop_job, self.job_status, self._stops = stop_job, job_status, dict[str, float]()
-        self._stops_recorded = OrderedDict[tuple[str, int], None]()  # (RayJob, ask) stops whose GPU time is recorded
-        self._stop_failures = dict[tuple[str, str, str], int]()
         # Each graceful stop's request to a head runs here, not on the guard's or the stop queue's worker, which
         # looks again shortly: a head at its deadline then holds a thread that only waits (fair between
         # namespaces), and no worker another namespace's deletion needs.
         threaded = bool(reconcile_workers or guard_workers)
         self.head_calls: FairPool | None = FairPool(HEAD_CALL_WORKERS, name="head-call") if threaded else None
-        self._stop_calls: dict[str, Future[ray_jobs.StopOutcome]] = {}
-        self._finished_suspended = OrderedDict[str, None]()  # ended jobs' RayJobs whose workers were seen to
-        self._pod_looks: dict[ObjectRef, float] = {}  # each sweep's last look at its pods (unscheduled-trials)
+        self.stop_job, self.job_status = stop_job, job_status
+        # The guard's pipeline and the stop before a delete are collaborators sharing one explicit state object with
+        # the run pass (its pod looks); what they read of the controller (clock, settings, Events, the head calls
+        # tests swap) is read at each use.
+        self.shared = DeletionState()
+        emit, clock = (lambda *event: self.emit(*event)), (lambda: self.clock())
+        self.stopper = StopBeforeDelete(
+            kube=kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
+            shared=self.shared, emit=emit, clock=clock, settings=lambda: self.settings,
+            stop_job=lambda url, job: self.stop_job(url, job), job_status=lambda url, job: self.job_status(url, job),
+            head_calls=self.head_calls, workers=STOP_WORKERS if threaded else 0,
+        )  # fmt: skip
+        self.guarding = GuardPipeline(
+            kube=kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
+            shared=self.shared, emit=emit, clock=clock, stopper=self.stopper,
+            release_and_admit_next=lambda ref: self._release_and_admit_next(ref), workers=guard_workers,
+        )  # fmt: skip
+        # RayJobs to delete once their job stopped gracefully, and the guard's deletion pipeline: their queues.
+        self.stopping, self.guards = self.stopper.stopping, self.guarding.guards
 
-    def _build_queues(self, reconcile_workers: int, guard_workers: int, pooled: bool) -> None:
-        """The reconcile, end-of-run verification, guard and graceful-stop queues (`pooled`: verifications run
-        on their own threads)."""
+    def _build_queues(self, reconcile_workers: int, pooled: bool) -> None:
+        """The reconcile and end-of-run verification queues (`pooled`: verifications run on their own threads); the
+        guard's and the stop's are their own."""
         # Every queue is fair between namespaces (workqueue.fair_share): what one namespace's objects cause (its
         # polls, stops, guard checks, verifications) holds at most its share of a queue's workers.
         self.queue: WorkQueue[ObjectRef] = WorkQueue(
-            lambda ref: self._pass(ref), workers=reconcile_workers, flow=_namespace_of
+            lambda ref: self._pass(ref), workers=reconcile_workers, flow=namespace_of
         )
         # End-of-run verifications get their own small pool beside the guard's: neither waits behind the other,
         # and neither holds a reconcile worker while a bucket is slow.
@@ -158,20 +172,7 @@ class SweepController(GuardPipeline):
             self._finish,
             workers=FINISH_VERIFICATION_WORKERS if pooled else 0,
             name="finish-verify",
-            flow=_namespace_of,
-        )
-        # The guard's deletion pipeline: our own finalizer, our own retries. kopf's on.delete kept its progress
-        # ("handler done", retry counts) in annotations a tenant can write; nothing stored stands in for a
-        # verification here: a release is decided by verifying, in this process, every time.
-        self.guards: WorkQueue[GuardKey] = WorkQueue(
-            self._guard_pass, workers=guard_workers, name="guard", flow=_namespace_of
-        )
-        # RayJobs to delete once their job stopped gracefully: (namespace, RayJob, sweep), re-checked until then.
-        self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
-            self._stopping_pass,
-            workers=STOP_WORKERS if reconcile_workers or guard_workers else 0,
-            name="graceful-stop",
-            flow=_namespace_of,
+            flow=namespace_of,
         )
 
     @property
@@ -216,8 +217,8 @@ class SweepController(GuardPipeline):
     def forget_sweep(self, body: Mapping[str, Any]) -> None:
         ref = ObjectRef.of(body)
         self.cache.forget_sweep(ref)
-        with self._guard_lock:
-            self._pod_looks.pop(ref, None)
+        with self.shared.lock:
+            self.shared.pod_looks.pop(ref, None)
 
     def observe_rayjob(self, rayjob: Mapping[str, Any]) -> None:
         """Reconciles read RayJobs from the watch's copies, as a controller reads its informer cache (a GET per
@@ -391,7 +392,7 @@ class SweepController(GuardPipeline):
             if isinstance(action, DeleteRayJob):  # the job stopped gracefully first, then deleted
                 self.stopping.add((ref.namespace, action.name, ref.name))
             elif isinstance(action, SuspendWorkers):
-                self._suspend_finished(ref.namespace, action.rayjob, action.cluster)
+                self.stopper.suspend_finished(ref.namespace, action.rayjob, action.cluster)
             elif isinstance(action, SetSuspend):
                 self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
             elif isinstance(action, SetRuntimeEnv):
@@ -443,8 +444,8 @@ class SweepController(GuardPipeline):
         if pods is None:
             return None
         window, reservation = self.budgets.namespace_hours(facts)
-        with self._guard_lock:  # this look's time, for the next pass's unscheduled-trials count
-            previous, self._pod_looks[facts.ref] = self._pod_looks.get(facts.ref), facts.now
+        with self.shared.lock:  # this look's time, for the next pass's unscheduled-trials count
+            previous, self.shared.pod_looks[facts.ref] = self.shared.pod_looks.get(facts.ref), facts.now
         return PodsRead(tuple(pods), frozenset(clusters), window, reservation, budget is not None, previous)
 
     def _record_hours(self, body: Mapping[str, Any], record: RecordGpuHours) -> None:

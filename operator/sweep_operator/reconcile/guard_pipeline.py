@@ -8,22 +8,24 @@ lost-label warning, are here too.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
 
 from .. import audit
+from ..kube import KubeApi
+from ..metrics import OperatorMetrics
 from ..status import conditions_with, updated
 from ..workqueue import WorkQueue
 from . import guard
+from .cache import Cache
+from .deletion_state import DeletionState, GuardKey, namespace_of
 from .facts import DeletionFacts, ObjectRef, meta_of, status_of
 from .reads import Reads, run_id_of, sweep_run_id
+from .status_writer import EventSink, StatusWriter
 from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
@@ -49,16 +51,6 @@ def verify_and_decide(
     return guard.after_verification(guard.RunRecords(result, progress, final, readable), backoff), result
 
 
-@dataclass(frozen=True)
-class GuardKey:
-    """One object in the guard's deletion pipeline; the uid tells a re-created object of the same name apart."""
-
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-
-
 class RetryLater(Exception):
     """Keep the finalizer (or the handler) and come back after `delay` seconds."""
 
@@ -68,20 +60,34 @@ class RetryLater(Exception):
         self.counted = counted  # False: a wait that is no failed check (a graceful stop): the backoff does not grow
 
 
-class GuardPipeline(StopBeforeDelete):
-    """`SweepController`'s share that guards deletions: an object of ours being deleted keeps the guard's finalizer
-    until a verification in this process releases it. The attributes are the controller's (set in its __init__)."""
+class GuardPipeline:
+    """Guards deletions: an object of ours being deleted keeps the guard's finalizer until a verification in this
+    process releases it. `guards` is its queue; a sweep's deletion stops its run first through `stopper`."""
 
-    reads: Reads
-    guards: WorkQueue[GuardKey]
-    _guard_lock: threading.Lock
-    _guard_attempts: dict[GuardKey, int]
-    _guard_due: dict[GuardKey, float]
-    _pod_looks: dict[ObjectRef, float]
-
-    @abstractmethod
-    def _release_and_admit_next(self, ref: ObjectRef) -> None:
-        """The controller's: a deleted sweep frees its share of the budget."""
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        cache: Cache,
+        reads: Reads,
+        status: StatusWriter,
+        metrics: OperatorMetrics,
+        shared: DeletionState,
+        stopper: StopBeforeDelete,
+        emit: EventSink,
+        clock: Callable[[], float],
+        release_and_admit_next: Callable[[ObjectRef], None],
+        workers: int,
+    ) -> None:
+        """`clock` and `emit` are read at each use (tests swap the controller's in flight); `release_and_admit_next`
+        is the controller's: a deleted sweep frees its share of the budget."""
+        self.kube, self.cache, self.reads, self.status, self.metrics = kube, cache, reads, status, metrics
+        self.shared, self.stopper, self.emit, self.clock = shared, stopper, emit, clock
+        self._release_and_admit_next = release_and_admit_next
+        # Our own finalizer, our own retries. kopf's on.delete kept its progress ("handler done", retry counts) in
+        # annotations a tenant can write; nothing stored stands in for a verification here: a release is decided by
+        # verifying, in this process, every time.
+        self.guards: WorkQueue[GuardKey] = WorkQueue(self._guard_pass, workers=workers, name="guard", flow=namespace_of)
 
     def deletion_seen(self, kind: str, body: Mapping[str, Any]) -> None:
         """An object of ours is being deleted and carries the guard's finalizer: the pipeline takes it. Events that
@@ -91,22 +97,22 @@ class GuardPipeline(StopBeforeDelete):
         if not meta.get("deletionTimestamp") or constants.FINALIZER not in (meta.get("finalizers") or []):
             return
         key = GuardKey(kind, meta.get("namespace") or "default", meta.get("name", ""), meta.get("uid") or "")
-        with self._guard_lock:
-            if key in self._guard_due:
+        with self.shared.lock:
+            if key in self.shared.guard_due:
                 return
         self.guards.add(key)
 
     def _guard_pass(self, key: GuardKey) -> None:
         """Read the object afresh, decide (verifying), and take the finalizer off only on a release."""
-        with self._guard_lock:
-            due = self._guard_due.get(key)
+        with self.shared.lock:
+            due = self.shared.guard_due.get(key)
             early = due - time.monotonic() if due is not None else 0.0
             if early <= 0:
-                self._guard_due.pop(key, None)
+                self.shared.guard_due.pop(key, None)
         if early > 0:  # a timer may fire a hair early; the check stays armed for its time
             self.guards.add_after(key, early)
             return
-        attempt = self._guard_attempts.get(key, 0)
+        attempt = self.shared.guard_attempts.get(key, 0)
         try:  # a failed read or release is tried again after a backoff, not left to a watch event that may not come
             fresh = self.kube.get_object(key.kind, key.namespace, key.name)
         except Exception as exc:
@@ -157,15 +163,15 @@ class GuardPipeline(StopBeforeDelete):
         self._guard_retry(key, attempt, delay)
 
     def _guard_retry(self, key: GuardKey, attempt: int, delay: float) -> None:
-        with self._guard_lock:
-            self._guard_attempts[key] = attempt + 1
-            self._guard_due[key] = time.monotonic() + delay
+        with self.shared.lock:
+            self.shared.guard_attempts[key] = attempt + 1
+            self.shared.guard_due[key] = time.monotonic() + delay
         self.guards.add_after(key, delay)
 
     def _guard_done(self, key: GuardKey) -> None:
-        with self._guard_lock:
-            self._guard_attempts.pop(key, None)
-            self._guard_due.pop(key, None)
+        with self.shared.lock:
+            self.shared.guard_attempts.pop(key, None)
+            self.shared.guard_due.pop(key, None)
 
     @property
     def _deletion_kinds(self) -> dict[str, Callable[[Mapping[str, Any], int], str]]:
@@ -191,7 +197,7 @@ class GuardPipeline(StopBeforeDelete):
             newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
         rayjob = self.reads.rayjob_of_sweep(body)
         if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too;
-            wait = self._before_delete(rayjob, body)  # then its GPU workers go, whatever the verification finds
+            wait = self.stopper.before_delete(rayjob, body)  # then its GPU workers go, whatever the verification finds
             if wait is not None:
                 message = f"RayJob {meta_of(rayjob)['name']}: waiting for its Ray job to stop and its workers to go"
                 raise RetryLater(message, wait, counted=False)
@@ -203,8 +209,8 @@ class GuardPipeline(StopBeforeDelete):
         self._release_and_admit_next(ref)
         self.metrics.observe_phase(meta.get("uid") or ref.name, None, ref.namespace, ref.name)
         self.metrics.sweep_gone(ref.namespace, ref.name)  # its series go later; its pods' last look now
-        with self._guard_lock:
-            self._pod_looks.pop(ref, None)
+        with self.shared.lock:
+            self.shared.pod_looks.pop(ref, None)
         return decision.reason
 
     def guard_rayjob_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
@@ -213,14 +219,14 @@ class GuardPipeline(StopBeforeDelete):
         # stays while the guard holds its owner, at full size: its worker groups are suspended first, as where the
         # operator deletes a RayJob (a no-op there: they are suspended already), so the GPUs do not wait for the
         # verification.
-        wait = self._suspend_before_delete(body, sweep)
+        wait = self.stopper.suspend_before_delete(body, sweep)
         if wait is not None:
             message = f"RayJob {meta_of(body).get('name')}: waiting for its cluster's worker groups to go"
             raise RetryLater(message, wait, counted=False)
         deletion = DeletionFacts(constants.RAYJOB_KIND, body, attempt, sweep=sweep)
         facts, decision = self._guard(deletion)
-        with self._guard_lock:  # released: the suspend's start is no longer needed
-            self._stops.pop(f"suspend/{meta_of(body).get('uid') or meta_of(body).get('name')}", None)
+        with self.shared.lock:  # released: the suspend's start is no longer needed
+            self.shared.stops.pop(f"suspend/{meta_of(body).get('uid') or meta_of(body).get('name')}", None)
         if facts.skip:
             self._propagate_skip(
                 ObjectRef.of(body).namespace, guard.sweep_name_of(body), run_id_of(body), rayjobs=False
@@ -229,22 +235,26 @@ class GuardPipeline(StopBeforeDelete):
 
     def guard_raycluster_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         rayjob, sweep = self.reads.rayjob_of_cluster(body), self.reads.sweep_of(body)
-        if rayjob is not None and self._evicted_by_kueue(rayjob):  # a preemption: KubeRay deletes the cluster of the
+        if rayjob is not None and self.stopper.evicted_by_kueue(
+            rayjob
+        ):  # a preemption: KubeRay deletes the cluster of the
             # suspended RayJob without stopping its job, which stops gracefully first; then the guard verifies
-            wait = self._stop_before_delete(rayjob, sweep)
+            wait = self.stopper.stop_before_delete(rayjob, sweep)
             if wait is not None:
                 message = f"RayCluster {meta_of(body).get('name')}: waiting for its Ray job to stop gracefully"
                 raise RetryLater(message, wait, counted=False)
-            self._stop_done(rayjob, sweep)
-        self._record_stop_outran_suspend(body, rayjob, sweep)  # before a release lets the cluster and its pods go
+            self.stopper.stop_done(rayjob, sweep)
+        self.stopper.record_stop_outran_suspend(
+            body, rayjob, sweep
+        )  # before a release lets the cluster and its pods go
         # The data stays held; the GPUs need not, nor wait for the verification, which may take minutes.
-        self._free_held_workers(body, rayjob, sweep)
+        self.stopper.free_held_workers(body, rayjob, sweep)
         try:
             _, decision = self._guard(
                 DeletionFacts(constants.RAYCLUSTER_KIND, body, attempt, rayjob=rayjob, sweep=sweep)
             )
         except RetryLater as hold:
-            hold.delay = min(hold.delay, self._until_workers_free(body, rayjob, sweep))
+            hold.delay = min(hold.delay, self.stopper.until_workers_free(body, rayjob, sweep))
             raise
         return decision.reason
 

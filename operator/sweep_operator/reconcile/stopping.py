@@ -8,11 +8,7 @@ recorded. Every decision is in graceful_stop.py and idle_gpus.py.
 from __future__ import annotations
 
 import logging
-import threading
-from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
@@ -30,13 +26,13 @@ from ..status import updated
 from ..workqueue import FairPool, WorkQueue
 from . import graceful_stop, guard, idle_gpus, verdicts
 from .cache import Cache
+from .deletion_state import DeletionState, namespace_of
 from .facts import ObjectRef, meta_of, status_of
 from .reads import Reads
 from .status_writer import EventSink, StatusWriter
 from .workloads import kueue_managed
 
 log = logging.getLogger(__name__)
-MAX_REMEMBERED_STOPS = 4096  # stops whose GPU time is recorded, kept to record each once (oldest forgotten first)
 STOP_RETRY_S, MAX_STOP_RETRY_S = 1.0, 60.0  # a failed stop pass is tried again after 1, 2, 4 ... 60 s
 STOP_CALL_WAIT_S = 0.05  # how long a pass waits for a head's answer before it looks again later
 STOP_CALL_LOOK_S = 0.25  # when a pass looks again at a stop request still in flight
@@ -47,34 +43,43 @@ def _stop_key(rayjob: Mapping[str, Any], asked: float | None) -> tuple[str, int]
     return (meta_of(rayjob).get("uid") or meta_of(rayjob).get("name", ""), int(asked or 0))
 
 
-class StopBeforeDelete(ABC):
-    """`SweepController`'s share that stops a run before the operator deletes its RayJob, and frees the GPUs of a
-    cluster the guard holds. The attributes are the controller's (set in its __init__)."""
+class StopBeforeDelete:
+    """Stops a run before the operator deletes its RayJob, and frees the GPUs of a cluster the guard holds. The
+    controller builds it; the guard's pipeline and the run pass call it. `stopping` is its queue of RayJobs to delete
+    once their job stopped: (namespace, RayJob, sweep), looked at again until then."""
 
-    kube: KubeApi
-    cache: Cache
-    status: StatusWriter
-    metrics: OperatorMetrics
-    emit: EventSink
-    clock: Callable[[], float]
-    stopping: WorkQueue[tuple[str, str, str]]
-    stop_job: Callable[[str, str], ray_jobs.StopOutcome]
-    job_status: Callable[[str, str], str | None]
-    _stops: dict[str, float]
-    _stops_recorded: OrderedDict[tuple[str, int], None]
-    _stop_failures: dict[tuple[str, str, str], int]  # failed passes in a row, per stop being carried out
-    _finished_suspended: OrderedDict[str, None]
-    _guard_lock: threading.Lock
-    head_calls: FairPool | None  # None: requests to heads run in the caller's thread (tests without workers)
-    _stop_calls: dict[str, Future[ray_jobs.StopOutcome]]  # RayJob -> its stop request in flight or answered
-    reads: Reads
+    def __init__(
+        self,
+        *,
+        kube: KubeApi,
+        cache: Cache,
+        reads: Reads,
+        status: StatusWriter,
+        metrics: OperatorMetrics,
+        shared: DeletionState,
+        emit: EventSink,
+        clock: Callable[[], float],
+        settings: Callable[[], Settings],
+        stop_job: Callable[[str, str], ray_jobs.StopOutcome],
+        job_status: Callable[[str, str], str | None],
+        head_calls: FairPool | None,
+        workers: int,
+    ) -> None:
+        """`clock`, `settings`, `emit`, `stop_job` and `job_status` are read at each use (tests swap the
+        controller's in flight). `head_calls`: None runs requests to heads in the caller's thread (tests without
+        workers)."""
+        self.kube, self.cache, self.reads, self.status, self.metrics = kube, cache, reads, status, metrics
+        self.shared, self.emit, self.clock, self._settings = shared, emit, clock, settings
+        self.stop_job, self.job_status, self.head_calls = stop_job, job_status, head_calls
+        self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
+            self.stopping_pass, workers=workers, name="graceful-stop", flow=namespace_of
+        )
 
     @property
-    @abstractmethod
     def settings(self) -> Settings:
-        """The controller's (tests change them in flight)."""
+        return self._settings()
 
-    def _graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
+    def graceful_seconds(self, sweep: Mapping[str, Any] | None) -> float:
         """The sweep's gracefulStopSeconds, at most the operator's cap: the webhook refuses no edit of a sweep being
         deleted, so a raised value must not keep a held cluster's GPUs longer than the platform allows."""
         try:
@@ -84,7 +89,7 @@ class StopBeforeDelete(ABC):
         asked = float(spec.deadlines.graceful_stop_seconds if spec is not None else DEFAULT_GRACEFUL_STOP_SECONDS)
         return min(asked, self.settings.max_graceful_stop_seconds)
 
-    def _evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
+    def evicted_by_kueue(self, rayjob: Mapping[str, Any]) -> bool:
         if not kueue_managed(rayjob):
             return False
         try:
@@ -94,43 +99,43 @@ class StopBeforeDelete(ABC):
             return False
         return graceful_stop.evicted_by_kueue(rayjob, workloads)
 
-    def _stopping_pass(self, key: tuple[str, str, str]) -> None:
+    def stopping_pass(self, key: tuple[str, str, str]) -> None:
         """Delete a RayJob once its job stopped gracefully or its window passed; until then look again. A pass that
         fails (the API server, the head) is tried again after a backoff: the stop exists nowhere else once the
         sweep's phase has ended, and a live job keeps its GPUs."""
         try:
             self._stop_step(key)
         except Exception as exc:
-            with self._guard_lock:
-                failures = self._stop_failures[key] = self._stop_failures.get(key, 0) + 1
+            with self.shared.lock:
+                failures = self.shared.stop_failures[key] = self.shared.stop_failures.get(key, 0) + 1
             delay = min(STOP_RETRY_S * 2 ** (failures - 1), MAX_STOP_RETRY_S)
             log.warning("RayJob %s/%s: its stop failed (%s); trying again in %.0f s", key[0], key[1], exc, delay)
             self.stopping.add_after(key, delay)
             return
-        with self._guard_lock:
-            self._stop_failures.pop(key, None)
+        with self.shared.lock:
+            self.shared.stop_failures.pop(key, None)
 
     def _stop_step(self, key: tuple[str, str, str]) -> None:
         namespace, name, sweep_name = key
         rayjob = self.kube.get_rayjob(namespace, name)
         if rayjob is None:
             return
-        wait = self._before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
+        wait = self.before_delete(rayjob, self.kube.get_sweep(namespace, sweep_name))
         if wait is not None:
             self.stopping.add_after(key, wait)
             return
         self.kube.delete_rayjob(namespace, name)
 
-    def _before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+    def before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Where the operator deletes a RayJob: its job stops gracefully, then its worker groups are suspended while
         KubeRay still reconciles the cluster. Seconds to wait, or None: delete now."""
-        wait = self._stop_before_delete(rayjob, sweep)
-        wait = wait if wait is not None else self._suspend_before_delete(rayjob, sweep)
+        wait = self.stop_before_delete(rayjob, sweep)
+        wait = wait if wait is not None else self.suspend_before_delete(rayjob, sweep)
         if wait is None:
-            self._stop_done(rayjob, sweep)
+            self.stop_done(rayjob, sweep)
         return wait
 
-    def _suspend_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+    def suspend_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Suspend the RayJob's cluster's worker groups and wait (bounded) until KubeRay deleted their pods: once the
         RayJob goes, its cluster is deleted and, held by the guard, no longer reconciled."""
         meta = meta_of(rayjob)
@@ -142,15 +147,15 @@ class StopBeforeDelete(ABC):
         except Exception as exc:  # the delete goes ahead; a held cluster's workers are freed by the guard
             log.warning("RayJob %s: cannot read its cluster to suspend its workers: %s", meta.get("name"), exc)
             return None
-        with self._guard_lock:
-            since = self._stops.get(key)
+        with self.shared.lock:
+            since = self.shared.stops.get(key)
         step = idle_gpus.decide_suspend_workers(cluster, rayjob, pods, self.clock(), since)
         if step.wait_s is None:
             if cluster is not None:  # KubeRay may have deleted the stopped job's cluster before any suspend
-                self._record_stop_outran_suspend(cluster, rayjob, sweep, pods)
+                self.record_stop_outran_suspend(cluster, rayjob, sweep, pods)
             return None
-        with self._guard_lock:
-            self._stops.setdefault(key, self.clock())
+        with self.shared.lock:
+            self.shared.stops.setdefault(key, self.clock())
         if step.patch is not None and cluster is not None:
             try:  # the patch's resourceVersion is a precondition: a conflict is decided again on a fresh read
                 patched = self.kube.patch_raycluster(namespace, name, step.patch, retry_conflict=False)
@@ -174,7 +179,7 @@ class StopBeforeDelete(ABC):
                 self.emit(target, "Normal", "WorkerGroupsSuspended", text)
         return step.wait_s
 
-    def _suspend_finished(self, namespace: str, rayjob_name: str, cluster_name: str) -> None:
+    def suspend_finished(self, namespace: str, rayjob_name: str, cluster_name: str) -> None:
         """An ended job's cluster keeps its worker groups until KubeRay deletes it (ttlSecondsAfterFinished): suspend
         them, once per RayJob, on the cluster KubeRay made for it (its controller ownerReference), while KubeRay
         still reconciles it (not deleting). A failed patch is tried again by the next pass."""
@@ -183,8 +188,8 @@ class StopBeforeDelete(ABC):
                 namespace, rayjob_name
             )
             uid = meta_of(rayjob or {}).get("uid") or ""
-            with self._guard_lock:
-                if not uid or uid in self._finished_suspended:
+            with self.shared.lock:
+                if not uid or uid in self.shared.finished_suspended:
                     return
             cluster = self.kube.get_raycluster(namespace, cluster_name)
         except Exception as exc:
@@ -211,19 +216,17 @@ class StopBeforeDelete(ABC):
             )
             log.info("%s", text)
             self.emit(rayjob or {}, "Normal", "WorkerGroupsSuspended", text)
-        with self._guard_lock:
-            self._finished_suspended[uid] = None
-            while len(self._finished_suspended) > MAX_REMEMBERED_STOPS:
-                self._finished_suspended.popitem(last=False)
+        with self.shared.lock:
+            self.shared.remember(self.shared.finished_suspended, uid)
 
     def _asked(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """When the operator asked the RayJob's head to stop (this process's memory, else status.gracefulStop)."""
         uid = meta_of(rayjob).get("uid") or ""
-        with self._guard_lock:
-            asked = self._stops.get(uid or meta_of(rayjob).get("name", ""))
+        with self.shared.lock:
+            asked = self.shared.stops.get(uid or meta_of(rayjob).get("name", ""))
         return asked if asked is not None else graceful_stop.recorded_request(status_of(sweep or {}), uid)
 
-    def _record_stop_outran_suspend(
+    def record_stop_outran_suspend(
         self,
         cluster: Mapping[str, Any],
         rayjob: Mapping[str, Any] | None,
@@ -248,8 +251,8 @@ class StopBeforeDelete(ABC):
         self._record_stopping(rayjob, sweep, cluster, pods, asked)
 
     def _stopping_recorded(self, rayjob: Mapping[str, Any], asked: float | None) -> bool:
-        with self._guard_lock:
-            return _stop_key(rayjob, asked) in self._stops_recorded
+        with self.shared.lock:
+            return _stop_key(rayjob, asked) in self.shared.stops_recorded
 
     def _record_stopping(
         self,
@@ -265,12 +268,10 @@ class StopBeforeDelete(ABC):
         if asked is None:
             return
         stop, uid = _stop_key(rayjob, asked), meta_of(rayjob).get("uid") or ""
-        with self._guard_lock:
-            if stop in self._stops_recorded:
+        with self.shared.lock:
+            if stop in self.shared.stops_recorded:
                 return
-            self._stops_recorded[stop] = None
-            while len(self._stops_recorded) > MAX_REMEMBERED_STOPS:
-                self._stops_recorded.popitem(last=False)
+            self.shared.remember(self.shared.stops_recorded, stop)
         if sweep is not None and graceful_stop.idle_recorded(status_of(sweep), uid):
             return
         held = idle_gpus.stopping_gpu_seconds(cluster, pods, asked, self.clock())
@@ -295,21 +296,21 @@ class StopBeforeDelete(ABC):
         if counted:
             self.metrics.idle_gpus(namespace, name, idle_gpus.STOPPING, held)
 
-    def _stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
+    def stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Before deleting `rayjob`: ask its head to stop a running job (Ray's Jobs API: the driver gets
         SIGTERM and RAY_JOB_STOP_WAIT_TIME_S), then hold the delete until the job ended or the window passed.
         Seconds to wait, or None: delete now. KubeRay's own deletion path would stop the job at once."""
         meta = meta_of(rayjob)
         key = meta.get("uid") or meta.get("name", "")
-        window = graceful_stop.window_s(self._graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
-        with self._guard_lock:
-            asked, unasked = self._stops.get(key), f"unasked/{key}" in self._stops
+        window = graceful_stop.window_s(self.graceful_seconds(sweep), self.settings.max_graceful_stop_seconds)
+        with self.shared.lock:
+            asked, unasked = self.shared.stops.get(key), f"unasked/{key}" in self.shared.stops
         if unasked:  # the head could not be told (or its job had ended): no window to wait out, KubeRay stops it
             return None
         job, refused = self._head_job(rayjob) if graceful_stop.job_live(rayjob) else (None, "")
         if refused:  # the head's address is not KubeRay's: nothing is sent, the delete (KubeRay's StopJob) goes ahead
-            with self._guard_lock:
-                self._stops[f"unasked/{key}"] = self.clock()
+            with self.shared.lock:
+                self.shared.stops[f"unasked/{key}"] = self.clock()
             text = f"RayJob {meta.get('name')}: the operator sends nothing to its head: {refused}"
             log.warning("%s", text)
             for target in (rayjob, sweep) if sweep is not None else (rayjob,):
@@ -334,8 +335,8 @@ class StopBeforeDelete(ABC):
             asked_at = self.clock()
             delivered = outcome.asked and not outcome.already_ended
             # A request that reached no running job starts no window: a later look (after the suspend) must not wait.
-            with self._guard_lock:
-                self._stops[key if delivered else f"unasked/{key}"] = asked_at
+            with self.shared.lock:
+                self.shared.stops[key if delivered else f"unasked/{key}"] = asked_at
             if sweep is not None and delivered:
                 self._record_stop_request(sweep, meta.get("uid") or "", asked_at)
             text = (
@@ -358,30 +359,30 @@ class StopBeforeDelete(ABC):
         calls' pool (a fast head's answer is waited for briefly, so a stop costs no extra look)."""
         if self.head_calls is None:
             return self.stop_job(*job)
-        with self._guard_lock:
-            call = self._stop_calls.get(key)
+        with self.shared.lock:
+            call = self.shared.stop_calls.get(key)
             if call is None:
-                call = self._stop_calls[key] = self.head_calls.submit_to(namespace, self.stop_job, *job)
+                call = self.shared.stop_calls[key] = self.head_calls.submit_to(namespace, self.stop_job, *job)
         try:
-            outcome = call.result(timeout=STOP_CALL_WAIT_S)
+            outcome: ray_jobs.StopOutcome = call.result(timeout=STOP_CALL_WAIT_S)
         except FutureTimeout:
             return None
         except Exception as exc:  # stop_job answers every failure as an outcome; anything else is the same to us
             outcome = ray_jobs.StopOutcome(asked=False, error=f"the request failed ({type(exc).__name__})")
-        with self._guard_lock:
-            self._stop_calls.pop(key, None)
+        with self.shared.lock:
+            self.shared.stop_calls.pop(key, None)
         return outcome
 
-    def _stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
+    def stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
         """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
         so a later stop of the same RayJob (readmitted by Kueue, then deleted) is asked afresh."""
         meta = meta_of(rayjob)
         key, uid = meta.get("uid") or meta.get("name", ""), meta.get("uid") or ""
-        with self._guard_lock:
-            asked = self._stops.pop(key, None)
-            self._stops.pop(f"suspend/{key}", None)
-            self._stops.pop(f"unasked/{key}", None)
-            self._stop_calls.pop(key, None)  # a request still in flight ends on its own, at most its deadline
+        with self.shared.lock:
+            asked = self.shared.stops.pop(key, None)
+            self.shared.stops.pop(f"suspend/{key}", None)
+            self.shared.stops.pop(f"unasked/{key}", None)
+            self.shared.stop_calls.pop(key, None)  # a request still in flight ends on its own, at most its deadline
         if asked is None and sweep is not None:
             asked = graceful_stop.recorded_request(status_of(sweep), uid)
         if sweep is None or asked is None:
@@ -412,16 +413,16 @@ class StopBeforeDelete(ABC):
             return None
         return graceful_stop.last_stop_status(progress, rayjob_uid)
 
-    def _until_workers_free(
+    def until_workers_free(
         self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
     ) -> float:
         """Seconds until a held cluster's graceful window ends (its next check frees the workers then)."""
         deleting = epoch_seconds(meta_of(body).get("deletionTimestamp"))
         if deleting is None or idle_gpus.driver_stopped(rayjob, self._head_job_status(rayjob)):
             return float("inf")
-        return max(1.0, deleting + self._graceful_seconds(sweep) - self.clock())
+        return max(1.0, deleting + self.graceful_seconds(sweep) - self.clock())
 
-    def _free_held_workers(
+    def free_held_workers(
         self, body: Mapping[str, Any], rayjob: Mapping[str, Any] | None, sweep: Mapping[str, Any] | None
     ) -> None:
         """Delete the worker pods of a cluster the guard holds once its driver stopped or its graceful window
@@ -433,7 +434,7 @@ class StopBeforeDelete(ABC):
             log.warning("RayCluster %s: cannot read its pods to free held GPUs: %s", ref, exc)
             return
         head = self._head_job_status(rayjob)
-        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self._graceful_seconds(sweep), head)
+        free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self.graceful_seconds(sweep), head)
         if free is None:
             return
         for pod in free.pods:
