@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from ray.train.v2.api.callback import UserCallback
+from ray.tune import Trainable
 from ray.tune.schedulers import PopulationBasedTraining
 
 from sweep_contracts import s3_layout
@@ -173,7 +174,8 @@ def seed_train_run(train_root: str, run_name: str, pointer: CheckpointPointer) -
         destination = f"{target_path.rstrip('/')}/{rel}"
         fs.create_dir(posixpath.dirname(destination), recursive=True)
         fs.copy_file(info.path, destination)  # S3: CopyObject, no download
-    metrics = entry.get("metrics") if isinstance(entry.get("metrics"), dict) else {}
+    found = entry.get("metrics")
+    metrics: dict[str, Any] = found if isinstance(found, dict) else {}
     storage.write_json(
         s3_layout.join(target_run, ray_internals.SNAPSHOT_FILENAME),
         seeded_snapshot(pointer.checkpoint, metrics, ray.__version__),
@@ -246,12 +248,13 @@ class PointerReporter:
 
         while True:
             try:
-                item = self.report_queue.get(block=True, timeout=_QUEUE_POLL_S)
-                return item  # type: ignore[no-any-return]
+                item: tuple[dict[str, Any], str | None] = self.report_queue.get(block=True, timeout=_QUEUE_POLL_S)
+                return item
             except (Empty, queue.Empty):
                 if not thread.is_alive():
                     try:
-                        return self.report_queue.get_nowait()  # type: ignore[no-any-return]
+                        last: tuple[dict[str, Any], str | None] = self.report_queue.get_nowait()
+                        return last
                     except (Empty, queue.Empty):
                         return None
 
@@ -278,16 +281,16 @@ class PointerReporter:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-class DrainReportsOnStop:
+class DrainReportsOnStop(Trainable):
     """Mixed into a PBT trial's function trainable before the abort mixin: when Tune pauses or stops the trial, its
     Train controller may be blocked handing a report to the one-slot queue nobody reads any more; a thread empties
     the queue until the trial actor goes, so the abort behind it runs."""
 
     def cleanup(self) -> None:
-        report_queue = _QUEUES.get(getattr(self, "trial_id", ""))
+        report_queue = _QUEUES.get(self.trial_id)
         if report_queue is not None:
             threading.Thread(target=_drain_forever, args=(report_queue,), name="pbt-drain", daemon=True).start()
-        super().cleanup()  # type: ignore[misc]
+        super().cleanup()
 
 
 _QUEUES: dict[str, Any] = {}

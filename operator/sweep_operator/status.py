@@ -381,7 +381,8 @@ def lineage_status(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     entries = []
     for raw in [e for e in lineage["entries"] if isinstance(e, Mapping)][-MAX_LINEAGE_ENTRIES:]:
         step = raw.get("step")
-        changes = raw.get("changes") if isinstance(raw.get("changes"), Mapping) else {}
+        found = raw.get("changes")
+        changes: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         entry = {
             "trial": _bounded_text(raw.get("trial"), MAX_BEST_ID_CHARS),
             "donor": _bounded_text(raw.get("donor"), MAX_BEST_ID_CHARS),
