@@ -113,7 +113,18 @@ def bench_client(server: emu.EmulatorServer) -> Any:
 # Objects
 
 
-def sweep_doc(name: str, namespace: str, s3_endpoint: str) -> dict[str, Any]:
+# --gpu: each sweep one trial at a time on one GPU worker that stays up (minReplicas 1), so the stand-in's pods are
+# GPU pods and the operator measures their GPU-hours as on EKS: a head pod and a g5.xlarge worker per sweep.
+GPU_SWEEP = {
+    "spec.trial.workers": 1,
+    "spec.trial.resourcesPerWorker": {"cpu": "2", "gpu": 1, "memory": "8Gi"},
+    "spec.tune.maxConcurrentTrials": 1,
+    "spec.workerGroup.instanceType": "g5.xlarge",
+    "spec.workerGroup.minReplicas": 1,
+}
+
+
+def sweep_doc(name: str, namespace: str, s3_endpoint: str, *, gpu: bool = False) -> dict[str, Any]:
     from tests.support.factories import changed, cpu_sweep
 
     return changed(
@@ -123,6 +134,7 @@ def sweep_doc(name: str, namespace: str, s3_endpoint: str) -> dict[str, Any]:
             "spec.storage.endpointUrl": s3_endpoint,
             "spec.storage.region": "us-east-1",
             "spec.tune.numSamples": 2,
+            **(GPU_SWEEP if gpu else {}),
         },
     )
 
@@ -324,6 +336,7 @@ class StandInChild:
                 str(args.run_seconds),
                 "--startup-seconds",
                 str(args.startup_seconds),
+                *(["--gpu"] if args.gpu else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -347,7 +360,7 @@ def serve_standin(url: str, args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
-    standin = KubeRayStandIn(make_api_client(url), runner, poll_interval=0.5).start()
+    standin = KubeRayStandIn(make_api_client(url), runner, poll_interval=0.5, emulate_pods=args.gpu).start()
     try:
         print("ready", flush=True)
         sys.stdin.read()  # until the parent closes our stdin
@@ -419,6 +432,8 @@ def operator_env(s3_endpoint: str, args: argparse.Namespace) -> dict[str, str]:
         env["SWEEP_KOPF_UNTUNED"] = "1"
     if args.gc_untuned:
         env["SWEEP_GC_UNTUNED"] = "1"
+    if getattr(args, "gpu", False):  # every sweep admitted at once: the namespace's GPU cap is not what is measured
+        env["SWEEP_MAX_GPUS_PER_NAMESPACE"] = str(1_000_000)
     return env
 
 
@@ -480,6 +495,9 @@ def wait_rayjobs(
 STEADY_BUDGET = {"requestsPerSweepMinute": 4.0, "cpuMsPerSweepMinute": 20.0}
 
 
+REPORTS_BEFORE_WINDOW = 3
+
+
 class ProgressWriter:
     """Writes each running sweep's `_sweep/status.json` as its driver does: a document that changes when a trial
     reports (every `every_s` seconds per sweep, the sweeps spread over that interval), never rewritten unchanged."""
@@ -512,7 +530,7 @@ class ProgressWriter:
         names = [f"t{index:05d}_{k}" for k in range(2)]
         trials = [
             TrialSummary(
-                name, "running", {"lr": 0.01 * (k + 1)}, 1.0 / (reports + 1), checkpoint(name), None, reports + 1
+                name, "RUNNING", {"lr": 0.01 * (k + 1)}, 1.0 / (reports + 1), checkpoint(name), None, reports + 1
             )
             for k, name in enumerate(names)
         ]
@@ -524,12 +542,14 @@ class ProgressWriter:
             self.writes += 1
 
     def start(self) -> ProgressWriter:
-        self.write_all(0)  # every run has reported once before the window
+        # Every run has reported a few times before the window (past the checkpoint-coverage threshold, whose
+        # condition is set once): the window sees a steady run's documents, not its first reports.
+        self.write_all(REPORTS_BEFORE_WINDOW)
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        reports, gap = 1, self.every_s / max(1, len(self.targets))
+        reports, gap = REPORTS_BEFORE_WINDOW + 1, self.every_s / max(1, len(self.targets))
         while not self._stop.is_set():
             for index, uri in enumerate(self.targets):
                 if self._stop.wait(gap):
@@ -549,6 +569,12 @@ def run_roots(server: emu.EmulatorServer) -> list[str]:
         constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL
     )["items"]
     return [r for o in items if (r := ((o.get("status") or {}).get("guard") or {}).get("runRoot"))]
+
+
+def mirrored(custom: Any) -> int:
+    """Sweeps whose status shows a best trial (their progress document was read and mirrored)."""
+    items = custom.list_namespaced_custom_object(constants.GROUP, constants.VERSION, NAMESPACE, constants.PLURAL)
+    return sum(1 for o in items["items"] if (o.get("status") or {}).get("bestTrial"))
 
 
 def measure_steady(
@@ -594,7 +620,13 @@ def measure_steady(
     writer = None
     if args.progress_every and s3 is not None and (roots := run_roots(server)):
         writer = ProgressWriter(s3.endpoint, roots, args.progress_every).start()
-        time.sleep(min(args.progress_every, 30.0))  # every operator poll has read the first documents
+        # Every sweep's first document mirrored (its best trial shows) before the window: the window measures the
+        # rhythm of the documents' changes, not the first reads of documents that did not exist before.
+        mirrored_by = time.monotonic() + max(120.0, n * 0.2)
+        while (seen := mirrored(custom)) < n and time.monotonic() < mirrored_by and operator.alive():
+            time.sleep(2.0)
+        log.info("steady state: the first progress of %d of %d sweeps mirrored", seen, n)
+        time.sleep(min(args.progress_every, 30.0))
     log.info("steady state: %d of %d RayJobs Running; measuring %.0f s", count, n, args.steady)
     s3_before = s3.counts() if s3 is not None else Counter()
     cpu_before = proc_cpu_seconds(operator.pid)
@@ -660,7 +692,8 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             stack.callback(standin.stop)
         elif args.standin == "thread":
             runner = ScriptedRunner(default=Outcome.succeed(args.run_seconds, startup=args.startup_seconds))
-            stack.callback(KubeRayStandIn(server.api_client(), runner, poll_interval=0.5).start().stop)
+            standin_thread = KubeRayStandIn(server.api_client(), runner, poll_interval=0.5, emulate_pods=args.gpu)
+            stack.callback(standin_thread.start().stop)
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=NAMESPACE)
         env = operator_env(s3.endpoint, args)
         if args.webhooks:
@@ -681,7 +714,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             constants.VERSION,
             WARMUP_NAMESPACE,
             constants.PLURAL,
-            sweep_doc("warmup", WARMUP_NAMESPACE, s3.endpoint),
+            sweep_doc("warmup", WARMUP_NAMESPACE, s3.endpoint, gpu=args.gpu),
         )
         if wait_rayjobs(changes, WARMUP_NAMESPACE, {"warmup"}, 120, operator) is None:
             raise RuntimeError(f"the operator did not create the warm-up RayJob; log: {operator.log_summary()}")
@@ -693,7 +726,7 @@ def measure_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         mutations_before = server.call(lambda: Counter(changes.mutations))
         profiler = Profiler(operator.pid, args.profile) if args.profile else None
 
-        docs = [sweep_doc(f"s{i:05d}", NAMESPACE, s3.endpoint) for i in range(n)]
+        docs = [sweep_doc(f"s{i:05d}", NAMESPACE, s3.endpoint, gpu=args.gpu) for i in range(n)]
         applied: dict[str, float] = {}
         log.info("size %d: applying %d sweeps", n, n)
         started = time.monotonic()
@@ -818,6 +851,12 @@ def main(argv: list[str] | None = None) -> int:
         help="how long each scripted Ray job runs (default: longer than the benchmark, as real sweeps)",
     )
     parser.add_argument("--startup-seconds", type=float, default=0.5, help="scripted cluster startup time")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="GPU sweeps (one g5.xlarge worker each, kept up) and the stand-in creating every cluster's pods: the "
+        "operator reads them for GPU-hours as on a cluster",
+    )
     parser.add_argument("--settle", type=float, default=12.0, help="seconds to keep watching for duplicates afterwards")
     parser.add_argument(
         "--timeout", type=float, default=0.0, help="seconds to wait for every RayJob (default max(120, N/2))"
@@ -918,6 +957,7 @@ def main(argv: list[str] | None = None) -> int:
             "reconcileSeconds": args.reconcile_seconds,
             "runSeconds": args.run_seconds,
             "startupSeconds": args.startup_seconds,
+            "gpuWorkers": args.gpu,
             "settleSeconds": args.settle,
             "floor": "sequential creates of rendered RayJobs, one kubernetes client, fresh emulator",
         },
