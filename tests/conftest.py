@@ -135,6 +135,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
 # xdist keeps it with --no-loadscope-reorder (by default it sorts files by their number of tests).
 RUN_FIRST = (
     "e2e/test_sandbox_resume.py",
+    "e2e/test_pbt.py",
     "e2e/test_sandbox.py",
     "e2e/test_sandbox_framework_loops.py",
     "e2e/test_your_training_loop.py",
