@@ -23,6 +23,7 @@ RECONCILE_EDGES = {
     "stopping",
     "guard_pipeline",
     "pod_snapshots",
+    "executor",
 }  # the I/O edges
 # The controller's memory between passes (and the deletions' in progress): written by the edges, read by them for
 # the facts; it decides nothing.

@@ -1,14 +1,12 @@
 """What decisions return: the new status and the actions to take, as data (Ray Train V2's ScalingDecision).
 
-The controller executes the actions before the status write (ReserveBudget first, then CreateRayJob, DeleteRayJob,
-SetSuspend, SetRuntimeEnv, RecordGpuHours, RecordIdleGpus, RecordDeadlineStop) or after it (ReleaseBudget, Finish);
-Events are posted after the write. A new action is a dataclass here and one branch in
-`controller.SweepController._apply_and_write_status`.
+`executor.Executor` carries out every action, the run pass's, the guard's and the stop's alike. A new action is a
+dataclass here and one branch in the executor's table (`Executor._branches`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +40,12 @@ class CreateRayJob:
 
 @dataclass(frozen=True)
 class DeleteRayJob:
+    """Delete a RayJob. `after_stop` (the run pass's): its job is stopped gracefully and its workers suspended first,
+    on the stop queue; False (the stop's own, once that is done, and the guard's): delete it now."""
+
     name: str
+    namespace: str = ""  # "": the namespace of the sweep whose pass decided it
+    after_stop: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,13 @@ class RecordGpuHours:
 
 @dataclass(frozen=True)
 class RecordIdleGpus:
-    """Add GPU-seconds held without training to the idle-GPU metric, by cause (the status carries them already)."""
+    """Add GPU-seconds held without training to the idle-GPU metric, by cause (the status carries them already, or a
+    ChangeStatus beside it adds them)."""
 
     cause: str
     gpu_seconds: float
+    namespace: str = ""  # "": the sweep whose pass decided it
+    sweep: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,89 @@ class ReserveBudget:
     admitted: bool  # the decision admits (its RayJob is created); False: it waits or is refused
 
 
+@dataclass(frozen=True)
+class AddFinalizer:
+    """Put the guard's finalizer on an object (the executor answers with the object as it carries it, or None)."""
+
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    """Take the guard's finalizer off a released object (the executor answers True once it is off)."""
+
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AskJobStop:
+    """Ask a Ray head to stop its job (the Jobs API), once per stop `key`: the executor answers with the head's
+    StopOutcome, or None while the request is still in flight."""
+
+    namespace: str
+    key: str
+    url: str
+    job: str
+
+
+@dataclass(frozen=True)
+class SuspendWorkerGroups:
+    """Patch a RayCluster's worker groups to suspended; the patch carries the cluster's resourceVersion as a
+    precondition (the executor answers with the patched cluster, None when it is gone; a conflict raises)."""
+
+    namespace: str
+    cluster: str
+    patch: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    """Delete a held cluster's worker pods (KubeRay no longer reconciles a cluster being deleted)."""
+
+    namespace: str
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CapWorkers:
+    """Set a worker group edited above its run's cap back (a RayJob's or a RayCluster's patch)."""
+
+    kind: str
+    namespace: str
+    name: str
+    patch: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SkipVerification:
+    """The escape hatch's annotation, spread to an object of the same run (a RayJob or a RayCluster)."""
+
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ChangeStatus:
+    """Change a sweep's status outside a pass (the guard, the stop), retried on a conflict onto the newer status:
+    `change` maps the status read to the new one. `failure`: what is logged when it cannot be written, and the
+    write is then given up (the record is best effort); empty: the failure is raised to the caller."""
+
+    sweep: Mapping[str, Any]
+    change: Callable[[dict[str, Any]], dict[str, Any]]
+    failure: str = ""
+
+
+@dataclass(frozen=True)
+class PostEvent:
+    """A Kubernetes Event on each of `targets` (objects as read)."""
+
+    targets: tuple[Mapping[str, Any], ...]
+    type: str
+    reason: str
+    message: str
+
+
 Action = (
     CreateRayJob
     | DeleteRayJob
@@ -139,6 +228,15 @@ Action = (
     | RecordIdleGpus
     | RecordDeadlineStop
     | ReserveBudget
+    | AddFinalizer
+    | RemoveFinalizer
+    | AskJobStop
+    | SuspendWorkerGroups
+    | DeletePods
+    | CapWorkers
+    | SkipVerification
+    | ChangeStatus
+    | PostEvent
 )
 
 

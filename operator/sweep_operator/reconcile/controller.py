@@ -11,7 +11,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
 
 from .. import gpu_time, ray_jobs
@@ -24,25 +23,12 @@ from ..settings import Settings
 from ..validation import transition_problems
 from ..workqueue import ROUTINE, URGENT, FairPool, WorkQueue
 from . import admission, attempts, guard, kueue, run_pass, run_phase, usage
-from .actions import (
-    CreateRayJob,
-    Decision,
-    DeleteRayJob,
-    Diagnose,
-    Finish,
-    RecordDeadlineStop,
-    RecordGpuHours,
-    RecordIdleGpus,
-    ReleaseBudget,
-    ReserveBudget,
-    SetRuntimeEnv,
-    SetSuspend,
-    SuspendWorkers,
-)
+from .actions import AddFinalizer, CapWorkers, CreateRayJob, Decision, Diagnose, PostEvent, ReserveBudget
 from .cache import Cache, run_ref
 from .deletion_state import DeletionState, namespace_of
 from .deletion_state import GuardKey as GuardKey  # re-exported: tests name the guard's queue keys here
 from .drift import RunBounds, bounds_of, decide_drift, guarded_run_object, may_exceed_cap, worker_cap
+from .executor import Executor, Followers
 from .facts import ObjectRef, RunRef, SweepFacts, meta_of, status_of
 from .guard_pipeline import GuardPipeline
 from .guard_pipeline import RetryLater as RetryLater  # re-exported: the guard's callers catch it here
@@ -139,19 +125,34 @@ class SweepController:
         threaded = bool(reconcile_workers or guard_workers)
         self.head_calls: FairPool | None = FairPool(HEAD_CALL_WORKERS, name="head-call") if threaded else None
         self.stop_job, self.job_status = stop_job, job_status
-        # The guard's pipeline and the stop before a delete are collaborators sharing one explicit state object with
-        # the run pass (its pod looks); what they read of the controller (clock, settings, Events, the head calls
-        # tests swap) is read at each use.
+        self._build_collaborators(guard_workers, threaded)
+
+    def _build_collaborators(self, guard_workers: int, threaded: bool) -> None:
+        """The executor of every action, and the guard's pipeline and the stop before a delete: collaborators
+        sharing one explicit state object with the run pass (its pod looks); what they read of the controller
+        (clock, settings, Events, the head calls tests swap) is read at each use."""
         self.shared = DeletionState()
         emit, clock = (lambda *event: self.emit(*event)), (lambda: self.clock())
+        followers = Followers(
+            stop_then_delete=lambda key: self.stopping.add(key),
+            suspend_finished=lambda *names: self.stopper.suspend_finished(*names),
+            release_and_admit_next=lambda ref: self._release_and_admit_next(ref),
+            finish=lambda ref: self.finishing.add(ref),
+        )
+        # The one executor of every action: the run pass's, the guard's and the stop's.
+        self.executor = Executor(
+            kube=self.kube, status=self.status, metrics=self.metrics, shared=self.shared, budgets=self.budgets,
+            ledger=self.ledger, emit=emit, clock=clock, stop_job=lambda url, job: self.stop_job(url, job),
+            head_calls=self.head_calls, followers=followers,
+        )  # fmt: skip
         self.stopper = StopBeforeDelete(
-            kube=kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
+            kube=self.kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
             shared=self.shared, emit=emit, clock=clock, settings=lambda: self.settings,
             stop_job=lambda url, job: self.stop_job(url, job), job_status=lambda url, job: self.job_status(url, job),
             head_calls=self.head_calls, workers=STOP_WORKERS if threaded else 0,
         )  # fmt: skip
         self.guarding = GuardPipeline(
-            kube=kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
+            kube=self.kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
             shared=self.shared, emit=emit, clock=clock, stopper=self.stopper,
             release_and_admit_next=lambda ref: self._release_and_admit_next(ref), workers=guard_workers,
         )  # fmt: skip
@@ -253,7 +254,7 @@ class SweepController:
                     self._held_pass(fresh)  # the guard's pipeline decides the deletion itself
                     return
                 if guard.missing_finalizer(fresh):
-                    fresh = self.kube.add_finalizer(fresh)
+                    fresh = self.executor.carry_out(AddFinalizer(fresh))
                     if fresh is None:
                         return
                     self.cache.remember_write(fresh)
@@ -310,7 +311,7 @@ class SweepController:
     def _create_rayjob(self, facts: SweepFacts, create: CreateRayJob, budget: Admit) -> tuple[Decision, bool]:
         ref, render = facts.ref, self.render_context
         try:
-            rayjob, created = self.kube.create_rayjob(dict(create.rayjob))
+            rayjob, created = self.executor.carry_out(create)
         except Exception as exc:
             failures, delay = self.cache.create_failed(ref, self.clock())
             outcome = admission.CreateOutcome(error=admission.api_error_text(exc), failures=failures, retry_in=delay)
@@ -358,25 +359,25 @@ class SweepController:
         self._execute(facts.body, decision, facts)
 
     def _execute(self, body: Mapping[str, Any], decision: Decision, facts: SweepFacts | None = None) -> None:
-        """The decision's actions on the world, then its status (written once), then what follows the write. A
-        `CreateRayJob` goes first: the status to write follows from its outcome; before it, a `ReserveBudget`,
-        which voids the decision when the budgets no longer answer as read (the pass runs again)."""
+        """The decision carried out by the executor: a `CreateRayJob` first (the status to write follows from its
+        outcome); before it, a `ReserveBudget`, which voids the decision when the budgets no longer answer as read
+        (the pass runs again); then the other actions, the status (written once) and what follows the write."""
         reserve = decision.wants(ReserveBudget)
-        if reserve is not None and facts is not None and not self.budgets.reserve(facts, reserve):
+        if reserve is not None and facts is not None and not self.executor.carry_out(reserve, facts):
             ref = ObjectRef.of(body)
             log.debug("sweep %s: the namespace's budgets changed since this pass read them; deciding again", ref)
             self.request_reconcile(ref.namespace, ref.name, priority=URGENT)
             return
         create, failed = decision.wants(CreateRayJob), False
         if create is not None and create.taken is not None:  # a resumed attempt's RayJob
-            made, fresh = self.kube.create_rayjob(dict(create.rayjob))
+            made, fresh = self.executor.carry_out(create)
             self.cache.observe_rayjob(made)
             if not fresh and not attempts.adoptable(made, create.run_id, create.owner_uid):
                 decision = create.taken
         elif create is not None and facts is not None:  # a first admission's
             decision, failed = self._create_first_attempt(facts, create)
         try:
-            self._apply_and_write_status(body, decision)
+            self.executor.apply(body, decision)
         except Exception as exc:
             if not failed:
                 raise
@@ -385,33 +386,6 @@ class SweepController:
         if create is not None and create.taken is None and not failed and (decision.status or {}).get("runId"):
             ref = ObjectRef.of(body)  # admitted: the next queued sweep may fit as well (strict FIFO, oldest first)
             self._admit_next(ref.namespace, self.ledger.queued_in(ref.namespace))
-
-    def _apply_and_write_status(self, body: Mapping[str, Any], decision: Decision) -> None:
-        ref = ObjectRef.of(body)
-        for action in decision.actions:
-            if isinstance(action, DeleteRayJob):  # the job stopped gracefully first, then deleted
-                self.stopping.add((ref.namespace, action.name, ref.name))
-            elif isinstance(action, SuspendWorkers):
-                self.stopper.suspend_finished(ref.namespace, action.rayjob, action.cluster)
-            elif isinstance(action, SetSuspend):
-                self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"suspend": action.suspend}})
-            elif isinstance(action, SetRuntimeEnv):
-                self.kube.patch_rayjob(ref.namespace, action.rayjob, {"spec": {"runtimeEnvYAML": action.runtime_env}})
-            elif isinstance(action, RecordGpuHours):
-                self._record_hours(body, action)
-            elif isinstance(action, RecordIdleGpus):
-                self.metrics.idle_gpus(ref.namespace, ref.name, action.cause, action.gpu_seconds)
-            elif isinstance(action, RecordDeadlineStop):
-                self.metrics.deadline_stopped(ref.namespace, ref.name)
-            elif isinstance(action, ReleaseBudget) and not action.admit_next:
-                self.ledger.release(ref.namespace, ref.name)
-                self.budgets.release_hours(body, deleted=False, now=self.clock())
-        self.status.write(body, decision.status, decision.events, progress_may_wait=True)
-        for action in decision.actions:
-            if isinstance(action, ReleaseBudget) and action.admit_next:
-                self._release_and_admit_next(ref)
-            elif isinstance(action, Finish):
-                self.finishing.add(ref)
 
     def _finish(self, ref: ObjectRef) -> None:
         """The end-of-run verification on the newest copy, while the sweep is still ended and unverified."""
@@ -424,7 +398,7 @@ class SweepController:
                 return
             decision = run_phase.decide_finish(self.reads.sweep_facts(fresh, self.clock()), *ended)
             try:
-                self.status.write(fresh, decision.status, decision.events)
+                self.executor.apply(fresh, decision, progress_may_wait=False)
                 return
             except Stale:
                 continue
@@ -447,12 +421,6 @@ class SweepController:
         with self.shared.lock:  # this look's time, for the next pass's unscheduled-trials count
             previous, self.shared.pod_looks[facts.ref] = self.shared.pod_looks.get(facts.ref), facts.now
         return PodsRead(tuple(pods), frozenset(clusters), window, reservation, budget is not None, previous)
-
-    def _record_hours(self, body: Mapping[str, Any], record: RecordGpuHours) -> None:
-        try:
-            self.budgets.record_hours(body, record.usage, record.terminal, self.clock())
-        except Exception as exc:  # the next measurement records it (the ledger copies the sweep's record)
-            log.warning("sweep %s: cannot record its GPU-hours in the namespace ledger: %s", ObjectRef.of(body), exc)
 
     def _release_and_admit_next(self, ref: ObjectRef) -> None:
         """A sweep ended or left: free its budget and give the queue, oldest first, a chance. Its GPU-hour
@@ -501,12 +469,16 @@ class SweepController:
         if correction is None:
             return
         ref = ObjectRef.of(body)
-        patch = self.kube.patch_rayjob if kind == constants.RAYJOB_KIND else self.kube.patch_raycluster
-        patch(ref.namespace, ref.name, correction.patch)
-        self.emit(body, "Warning", "CapEnforced", correction.message)
+        self.executor.carry_out_all(
+            (
+                CapWorkers(kind, ref.namespace, ref.name, correction.patch),
+                PostEvent((body,), "Warning", "CapEnforced", correction.message),
+            )
+        )
         sweep = self.reads.sweep(run_ref(body).sweep)
         if sweep is not None:
-            self.emit(sweep, "Warning", "CapEnforced", f"{kind} {ref.name}: {correction.message}")
+            message = f"{kind} {ref.name}: {correction.message}"
+            self.executor.carry_out(PostEvent((sweep,), "Warning", "CapEnforced", message))
 
     # --------------------------------------------------------------------------------- the webhook
     def admission_problems(self, body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
