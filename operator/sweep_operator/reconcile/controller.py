@@ -146,14 +146,13 @@ class SweepController:
             head_calls=self.head_calls, followers=followers,
         )  # fmt: skip
         self.stopper = StopBeforeDelete(
-            kube=self.kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
-            shared=self.shared, emit=emit, clock=clock, settings=lambda: self.settings,
-            stop_job=lambda url, job: self.stop_job(url, job), job_status=lambda url, job: self.job_status(url, job),
-            head_calls=self.head_calls, workers=STOP_WORKERS if threaded else 0,
+            kube=self.kube, cache=self.cache, reads=self.reads, executor=self.executor,
+            shared=self.shared, clock=clock, settings=lambda: self.settings,
+            job_status=lambda url, job: self.job_status(url, job), workers=STOP_WORKERS if threaded else 0,
         )  # fmt: skip
         self.guarding = GuardPipeline(
-            kube=self.kube, cache=self.cache, reads=self.reads, status=self.status, metrics=self.metrics,
-            shared=self.shared, emit=emit, clock=clock, stopper=self.stopper,
+            kube=self.kube, cache=self.cache, reads=self.reads, executor=self.executor, metrics=self.metrics,
+            shared=self.shared, clock=clock, stopper=self.stopper,
             release_and_admit_next=lambda ref: self._release_and_admit_next(ref), workers=guard_workers,
         )  # fmt: skip
         # RayJobs to delete once their job stopped gracefully, and the guard's deletion pipeline: their queues.

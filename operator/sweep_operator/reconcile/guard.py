@@ -16,7 +16,8 @@ from sweep_contracts.spec_checks import parse_spec
 
 from ..phases import Fact, to
 from ..run_metadata import GuardTarget as GuardTarget
-from ..status import conditions_with
+from ..status import conditions_with, updated
+from .actions import Action, ChangeStatus, PostEvent
 from .facts import DeletionFacts, meta_of, status_of
 
 # Hold, Release and backoff_seconds are re-exported: the controller's deletion pipeline and the cache name them here.
@@ -353,6 +354,30 @@ def held_status(sweep: Mapping[str, Any], now: float, message: str) -> dict[str,
     """A hold without a verification (nothing to record but why): CheckpointsVerified false with the hold's message."""
     condition = ("CheckpointsVerified", False, "NotVerified", message)
     return {"conditions": conditions_with(status_of(sweep), meta_of(sweep).get("generation"), now, condition)}
+
+
+def recorded(
+    deletion: DeletionFacts,
+    facts: GuardFacts,
+    decision: Release | Hold,
+    result: Any,
+    now: float,
+    onto: Mapping[str, Any] | None = None,
+) -> tuple[Action, ...]:
+    """What a guard decision records, in this order: the verification on the sweep (`result`; None: none was taken),
+    the notice's Events, and a hold without a verification's reason on the sweep. The status changes are computed
+    from the sweep as the deletion found it and written onto `onto` (a newer copy: our own write just before), and
+    all come before the finalizer comes off, so the sweep says why it went."""
+    sweep, actions = deletion.sweep, list[Action]()
+    if sweep is not None and result is not None:
+        changes = verification_status(status_of(sweep), meta_of(sweep).get("generation"), now, result, decision)
+        actions.append(ChangeStatus(onto or sweep, lambda s: updated(s, changes)))
+    notice = deletion_notice(deletion, facts, decision)
+    actions.append(PostEvent(notice.objects, notice.type, notice.reason, notice.message))
+    if isinstance(decision, Hold) and sweep is not None and result is None:
+        held = held_status(sweep, now, notice.message)
+        actions.append(ChangeStatus(onto or sweep, lambda s: updated(s, held)))
+    return tuple(actions)
 
 
 def hold_message(kind: str, name: str, reason: str, delay: float) -> str:

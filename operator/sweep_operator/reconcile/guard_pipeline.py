@@ -1,5 +1,5 @@
-"""The checkpoint guard as the controller carries it out (I/O): the deletion pipeline and the finalizer on our RayJobs
-and RayClusters. Every decision is in guard.py.
+"""The checkpoint guard's pipeline (reads, and the order of its steps): the deletion pipeline and the finalizer on our
+RayJobs and RayClusters. Every decision is in guard.py; every write is an action the executor carries out.
 
 The pipeline keeps our own finalizer and our own retries; the escape hatch's audit and its propagation, and the
 lost-label warning, are here too.
@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from sweep_contracts import constants
+from sweep_contracts.api import Phase
 
 from .. import audit
 from ..kube import KubeApi
@@ -21,11 +22,12 @@ from ..metrics import OperatorMetrics
 from ..status import conditions_with, updated
 from ..workqueue import WorkQueue
 from . import guard
+from .actions import AddFinalizer, ChangeStatus, DeleteRayJob, PostEvent, RemoveFinalizer, SkipVerification
 from .cache import Cache
 from .deletion_state import DeletionState, GuardKey, namespace_of
+from .executor import Executor
 from .facts import DeletionFacts, ObjectRef, meta_of, status_of
 from .reads import Reads, run_id_of, sweep_run_id
-from .status_writer import EventSink, StatusWriter
 from .stopping import StopBeforeDelete
 
 log = logging.getLogger(__name__)
@@ -70,19 +72,18 @@ class GuardPipeline:
         kube: KubeApi,
         cache: Cache,
         reads: Reads,
-        status: StatusWriter,
+        executor: Executor,
         metrics: OperatorMetrics,
         shared: DeletionState,
         stopper: StopBeforeDelete,
-        emit: EventSink,
         clock: Callable[[], float],
         release_and_admit_next: Callable[[ObjectRef], None],
         workers: int,
     ) -> None:
-        """`clock` and `emit` are read at each use (tests swap the controller's in flight); `release_and_admit_next`
-        is the controller's: a deleted sweep frees its share of the budget."""
-        self.kube, self.cache, self.reads, self.status, self.metrics = kube, cache, reads, status, metrics
-        self.shared, self.stopper, self.emit, self.clock = shared, stopper, emit, clock
+        """`clock` is read at each use (tests swap the controller's in flight); `release_and_admit_next` is the
+        controller's: a deleted sweep frees its share of the budget. Its writes are the executor's."""
+        self.kube, self.cache, self.reads, self.executor, self.metrics = kube, cache, reads, executor, metrics
+        self.shared, self.stopper, self.clock = shared, stopper, clock
         self._release_and_admit_next = release_and_admit_next
         # Our own finalizer, our own retries. kopf's on.delete kept its progress ("handler done", retry counts) in
         # annotations a tenant can write; nothing stored stands in for a verification here: a release is decided by
@@ -144,7 +145,7 @@ class GuardPipeline:
             self._guard_retry(key, attempt, delay)
             return
         try:
-            removed = self.kube.remove_finalizer(fresh)
+            removed = self.executor.carry_out(RemoveFinalizer(fresh))
         except Exception as exc:
             self._guard_io_failed(key, attempt, "release", exc)
             return
@@ -188,13 +189,13 @@ class GuardPipeline:
         meta = meta_of(body)
         if meta.get("deletionTimestamp") or constants.FINALIZER in (meta.get("finalizers") or []):
             return
-        self.kube.add_finalizer(dict(body))
+        self.executor.carry_out(AddFinalizer(body))
 
     def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         ref, meta, newest = ObjectRef.of(body), meta_of(body), None
-        if status_of(body).get("phase") != "Deleting":
-            newest = self.status.update(body, lambda s: updated(s, guard.DELETING))
+        if status_of(body).get("phase") != Phase.DELETING:
+            newest = self.executor.carry_out(ChangeStatus(body, lambda s: updated(s, guard.DELETING)))
         rayjob = self.reads.rayjob_of_sweep(body)
         if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too;
             wait = self.stopper.before_delete(rayjob, body)  # then its GPU workers go, whatever the verification finds
@@ -204,8 +205,8 @@ class GuardPipeline:
         facts, decision = self._guard(DeletionFacts(constants.KIND, body, attempt, sweep=body, rayjob=rayjob), newest)
         if facts.skip:
             self._propagate_skip(ref.namespace, ref.name, sweep_run_id(body))
-        if rayjob is not None:
-            self.kube.delete_rayjob(ref.namespace, meta_of(rayjob)["name"])
+        if rayjob is not None:  # its job stopped and its workers were suspended above
+            self.executor.carry_out(DeleteRayJob(meta_of(rayjob)["name"], ref.namespace, after_stop=False))
         self._release_and_admit_next(ref)
         self.metrics.observe_phase(meta.get("uid") or ref.name, None, ref.namespace, ref.name)
         self.metrics.sweep_gone(ref.namespace, ref.name)  # its series go later; its pods' last look now
@@ -268,22 +269,13 @@ class GuardPipeline:
         # The verification runs in the deleted object's namespace's share of the verification pool.
         verify = partial(self.reads.verify, flow=meta_of(body).get("namespace") or "default")
         decision, result = verify_and_decide(facts, guard.Backoff.of(deletion), verify, self.reads.run_documents)
-        if sweep is not None and result is not None:
-            found, generation = status_of(sweep), meta_of(sweep).get("generation")
-            changes = guard.verification_status(found, generation, self.clock(), result, decision)
-            self.status.update(newest or sweep, lambda s: updated(s, changes))
+        self.executor.carry_out_all(guard.recorded(deletion, facts, decision, result, self.clock(), newest))
         if isinstance(decision, guard.Hold):
             self.metrics.guard_held(facts.kind, body, meta_of(sweep or {}).get("name"))
         else:
             self.metrics.guard_released(facts.kind, body)
-        notice = guard.deletion_notice(deletion, facts, decision)
-        for target in notice.objects:
-            self.emit(target, notice.type, notice.reason, notice.message)
         if isinstance(decision, guard.Hold):
-            if sweep is not None and result is None:
-                held = guard.held_status(sweep, self.clock(), notice.message)
-                self.status.update(newest or sweep, lambda s: updated(s, held))
-            raise RetryLater(notice.message, decision.retry_after)
+            raise RetryLater(guard.deletion_notice(deletion, facts, decision).message, decision.retry_after)
         if decision.audit and facts.skip:  # the escape hatch: a metric, a log naming its setter, a condition
             self._record_bypass(audit.bypass_audit(facts.kind, body, sweep), sweep)
         return facts, decision
@@ -295,13 +287,13 @@ class GuardPipeline:
         if sweep is None:
             return
         condition = ("CheckpointsVerified", False, audit.BYPASS_REASON, record.condition_message)
-        generation = meta_of(sweep).get("generation")
-        try:
-            self.status.update(
-                sweep, lambda s: updated(s, {"conditions": conditions_with(s, generation, self.clock(), condition)})
-            )
-        except Exception as exc:  # the release goes ahead either way; the Event and the metric already say it
-            log.warning("cannot record the bypass on sweep %s/%s: %s", record.namespace, record.sweep, exc)
+        generation, now = meta_of(sweep).get("generation"), self.clock()
+
+        def change(status: dict[str, Any]) -> dict[str, Any]:
+            return updated(status, {"conditions": conditions_with(status, generation, now, condition)})
+
+        # The release goes ahead either way; the Event and the metric already say it.
+        self.executor.carry_out(ChangeStatus(sweep, change, failure="record the bypass"))
 
     def _propagate_skip(self, namespace: str, sweep: str, run: str, *, rayjobs: bool = True) -> None:
         """The escape hatch on a sweep (or RayJob) covers the objects of its run deleted after it, which outlive
@@ -309,14 +301,11 @@ class GuardPipeline:
         if not sweep:
             return
         selector = f"{constants.LABEL_SWEEP}={sweep}"
-        patch = {"metadata": {"annotations": {constants.ANNOTATION_SKIP_VERIFICATION: "true"}}}
-        if rayjobs:
-            for rayjob in self.kube.list_rayjobs(namespace, selector):
-                if run_id_of(rayjob) == run:
-                    self.kube.patch_rayjob(namespace, meta_of(rayjob)["name"], patch)
-        for cluster in self.kube.list_rayclusters(namespace, selector):
-            if run_id_of(cluster) == run:
-                self.kube.patch_raycluster(namespace, meta_of(cluster)["name"], patch)
+        found = [(constants.RAYJOB_KIND, o) for o in (self.kube.list_rayjobs(namespace, selector) if rayjobs else [])]
+        found += [(constants.RAYCLUSTER_KIND, o) for o in self.kube.list_rayclusters(namespace, selector)]
+        self.executor.carry_out_all(
+            SkipVerification(kind, namespace, meta_of(obj)["name"]) for kind, obj in found if run_id_of(obj) == run
+        )
 
     def check_guard_label(self, body: Mapping[str, Any], kind: str) -> None:
         """A guarded RayJob/RayCluster that lost its sweep label stays guarded (the finalizer goes only through
@@ -325,7 +314,7 @@ class GuardPipeline:
         if not guard.label_lost(body) or not self.cache.first_label_warning(meta.get("uid") or meta.get("name", "")):
             return
         message = guard.label_removed_message(kind, body)
-        self.emit(body, "Warning", "GuardLabelRemoved", message)
+        self.executor.carry_out(PostEvent((body,), "Warning", "GuardLabelRemoved", message))
         sweep = self.reads.sweep_of(body)
         if sweep is not None:
-            self.emit(sweep, "Warning", "GuardLabelRemoved", message)
+            self.executor.carry_out(PostEvent((sweep,), "Warning", "GuardLabelRemoved", message))

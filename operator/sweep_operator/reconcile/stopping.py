@@ -1,15 +1,14 @@
-"""The stop before a delete, as the controller carries it out (I/O): the graceful stop through the head, the worker
-groups suspended, a held cluster's workers freed.
+"""The stop before a delete (reads and the order of its steps): the graceful stop through the head, the worker groups
+suspended, a held cluster's workers freed.
 
 The worker groups are suspended while KubeRay still reconciles the cluster, and the GPU time held without training is
-recorded. Every decision is in graceful_stop.py and idle_gpus.py.
+recorded. Every decision is in graceful_stop.py and idle_gpus.py; every write is an action the executor carries out.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
@@ -20,21 +19,28 @@ from sweep_contracts.timestamps import epoch_seconds
 
 from .. import ray_jobs
 from ..kube import KubeApi
-from ..metrics import OperatorMetrics
 from ..settings import Settings
 from ..status import updated
-from ..workqueue import FairPool, WorkQueue
+from ..workqueue import WorkQueue
 from . import graceful_stop, guard, idle_gpus, verdicts
+from .actions import (
+    AskJobStop,
+    ChangeStatus,
+    DeletePods,
+    DeleteRayJob,
+    PostEvent,
+    RecordIdleGpus,
+    SuspendWorkerGroups,
+)
 from .cache import Cache
 from .deletion_state import DeletionState, namespace_of
+from .executor import Executor
 from .facts import ObjectRef, meta_of, status_of
 from .reads import Reads
-from .status_writer import EventSink, StatusWriter
 from .workloads import kueue_managed
 
 log = logging.getLogger(__name__)
 STOP_RETRY_S, MAX_STOP_RETRY_S = 1.0, 60.0  # a failed stop pass is tried again after 1, 2, 4 ... 60 s
-STOP_CALL_WAIT_S = 0.05  # how long a pass waits for a head's answer before it looks again later
 STOP_CALL_LOOK_S = 0.25  # when a pass looks again at a stop request still in flight
 
 
@@ -54,23 +60,17 @@ class StopBeforeDelete:
         kube: KubeApi,
         cache: Cache,
         reads: Reads,
-        status: StatusWriter,
-        metrics: OperatorMetrics,
+        executor: Executor,
         shared: DeletionState,
-        emit: EventSink,
         clock: Callable[[], float],
         settings: Callable[[], Settings],
-        stop_job: Callable[[str, str], ray_jobs.StopOutcome],
         job_status: Callable[[str, str], str | None],
-        head_calls: FairPool | None,
         workers: int,
     ) -> None:
-        """`clock`, `settings`, `emit`, `stop_job` and `job_status` are read at each use (tests swap the
-        controller's in flight). `head_calls`: None runs requests to heads in the caller's thread (tests without
-        workers)."""
-        self.kube, self.cache, self.reads, self.status, self.metrics = kube, cache, reads, status, metrics
-        self.shared, self.emit, self.clock, self._settings = shared, emit, clock, settings
-        self.stop_job, self.job_status, self.head_calls = stop_job, job_status, head_calls
+        """`clock`, `settings` and `job_status` are read at each use (tests swap the controller's in flight). Its
+        writes (the deletes, the suspends, the stop requests, the status records, the Events) are the executor's."""
+        self.kube, self.cache, self.reads, self.executor = kube, cache, reads, executor
+        self.shared, self.clock, self._settings, self.job_status = shared, clock, settings, job_status
         self.stopping: WorkQueue[tuple[str, str, str]] = WorkQueue(
             self.stopping_pass, workers=workers, name="graceful-stop", flow=namespace_of
         )
@@ -124,7 +124,7 @@ class StopBeforeDelete:
         if wait is not None:
             self.stopping.add_after(key, wait)
             return
-        self.kube.delete_rayjob(namespace, name)
+        self.executor.carry_out(DeleteRayJob(name, namespace, after_stop=False))  # stopped, its workers suspended
 
     def before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Where the operator deletes a RayJob: its job stops gracefully, then its worker groups are suspended while
@@ -158,7 +158,7 @@ class StopBeforeDelete:
             self.shared.stops.setdefault(key, self.clock())
         if step.patch is not None and cluster is not None:
             try:  # the patch's resourceVersion is a precondition: a conflict is decided again on a fresh read
-                patched = self.kube.patch_raycluster(namespace, name, step.patch, retry_conflict=False)
+                patched = self.executor.carry_out(SuspendWorkerGroups(namespace, name, step.patch))
             except Exception as exc:
                 log.info(
                     "RayCluster %s/%s: suspending its worker groups failed (%s); trying again", namespace, name, exc
@@ -175,8 +175,8 @@ class StopBeforeDelete:
                 self._record_idle(namespace, sweep_name, sweep, idle_gpus.HELD_DELETION, held)
             text = f"RayCluster {name}: worker groups suspended before its RayJob is deleted (KubeRay deletes them)"
             log.info("%s", text)
-            for target in (rayjob, sweep) if sweep is not None else (rayjob,):
-                self.emit(target, "Normal", "WorkerGroupsSuspended", text)
+            targets = (rayjob, sweep) if sweep is not None else (rayjob,)
+            self.executor.carry_out(PostEvent(targets, "Normal", "WorkerGroupsSuspended", text))
         return step.wait_s
 
     def suspend_finished(self, namespace: str, rayjob_name: str, cluster_name: str) -> None:
@@ -204,7 +204,7 @@ class StopBeforeDelete:
             patch = idle_gpus.suspend_patch(cluster)
         if patch is not None:
             try:  # the cluster's resourceVersion is a precondition: a conflict is decided again by the next pass
-                if self.kube.patch_raycluster(namespace, cluster_name, patch, retry_conflict=False) is None:
+                if self.executor.carry_out(SuspendWorkerGroups(namespace, cluster_name, patch)) is None:
                     return
             except Exception as exc:
                 log.info(
@@ -215,7 +215,7 @@ class StopBeforeDelete:
                 f"RayCluster {cluster_name}: its job ended; worker groups suspended (KubeRay deletes the cluster later)"
             )
             log.info("%s", text)
-            self.emit(rayjob or {}, "Normal", "WorkerGroupsSuspended", text)
+            self.executor.carry_out(PostEvent((rayjob or {},), "Normal", "WorkerGroupsSuspended", text))
         with self.shared.lock:
             self.shared.remember(self.shared.finished_suspended, uid)
 
@@ -288,13 +288,11 @@ class StopBeforeDelete:
             idle = idle_gpus.idle_status(status, idle_gpus.STOPPING, held)
             return updated(status, {**idle, **graceful_stop.with_idle_recorded(status, uid)})
 
-        if sweep is not None:
-            try:
-                self.status.update(sweep, change)
-            except Exception as exc:  # the metric says it; the status misses this stop
-                log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", name, idle_gpus.STOPPING, exc)
+        if sweep is not None:  # the metric says it when the status cannot: the status then misses this stop
+            failure = f"record idle GPU-seconds ({idle_gpus.STOPPING})"
+            self.executor.carry_out(ChangeStatus(sweep, change, failure=failure))
         if counted:
-            self.metrics.idle_gpus(namespace, name, idle_gpus.STOPPING, held)
+            self.executor.carry_out(RecordIdleGpus(idle_gpus.STOPPING, held, namespace, name))
 
     def stop_before_delete(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> float | None:
         """Before deleting `rayjob`: ask its head to stop a running job (Ray's Jobs API: the driver gets
@@ -313,8 +311,9 @@ class StopBeforeDelete:
                 self.shared.stops[f"unasked/{key}"] = self.clock()
             text = f"RayJob {meta.get('name')}: the operator sends nothing to its head: {refused}"
             log.warning("%s", text)
-            for target in (rayjob, sweep) if sweep is not None else (rayjob,):
-                self.emit(target, "Warning", "GracefulStopRefused", f"{text}; it is deleted without a graceful stop")
+            targets = (rayjob, sweep) if sweep is not None else (rayjob,)
+            message = f"{text}; it is deleted without a graceful stop"
+            self.executor.carry_out(PostEvent(targets, "Warning", "GracefulStopRefused", message))
             return None
         if asked is None and sweep is not None:  # asked before a restart: the window goes on from then
             asked = graceful_stop.recorded_request(status_of(sweep), meta.get("uid") or "")
@@ -329,7 +328,7 @@ class StopBeforeDelete:
             driver_stopped=ended,
         )
         if step.request and job is not None:
-            outcome = self._stop_call(meta.get("namespace") or "default", key, job)
+            outcome = self.executor.carry_out(AskJobStop(meta.get("namespace") or "default", key, *job))
             if outcome is None:  # in flight: the worker goes on with other work and looks again shortly
                 return STOP_CALL_LOOK_S
             asked_at = self.clock()
@@ -345,33 +344,17 @@ class StopBeforeDelete:
             if outcome.asked:
                 log.info("%s", text)
                 if sweep is not None:
-                    self.emit(sweep, "Normal", "GracefulStopRequested", f"{text} before deleting it")
+                    self.executor.carry_out(
+                        PostEvent((sweep,), "Normal", "GracefulStopRequested", f"{text} before deleting it")
+                    )
             else:  # nothing was told to stop: waiting saves nothing, the delete (KubeRay's StopJob) goes ahead
                 log.warning("%s, which failed: %s", text, outcome.error)
                 if sweep is not None:
-                    self.emit(sweep, "Warning", "GracefulStopFailed", f"{text}, which failed: {outcome.error}")
+                    failed = f"{text}, which failed: {outcome.error}"
+                    self.executor.carry_out(PostEvent((sweep,), "Warning", "GracefulStopFailed", failed))
             if not outcome.asked or outcome.already_ended:
                 step = replace(step, wait_s=None)
         return step.wait_s
-
-    def _stop_call(self, namespace: str, key: str, job: tuple[str, str]) -> ray_jobs.StopOutcome | None:
-        """The head's answer to the stop of `job`, asked once: None while the request is in flight on the head
-        calls' pool (a fast head's answer is waited for briefly, so a stop costs no extra look)."""
-        if self.head_calls is None:
-            return self.stop_job(*job)
-        with self.shared.lock:
-            call = self.shared.stop_calls.get(key)
-            if call is None:
-                call = self.shared.stop_calls[key] = self.head_calls.submit_to(namespace, self.stop_job, *job)
-        try:
-            outcome: ray_jobs.StopOutcome = call.result(timeout=STOP_CALL_WAIT_S)
-        except FutureTimeout:
-            return None
-        except Exception as exc:  # stop_job answers every failure as an outcome; anything else is the same to us
-            outcome = ray_jobs.StopOutcome(asked=False, error=f"the request failed ({type(exc).__name__})")
-        with self.shared.lock:
-            self.shared.stop_calls.pop(key, None)
-        return outcome
 
     def stop_done(self, rayjob: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> None:
         """The stop (and the suspend) before a delete ended: forget its request, here and in status.gracefulStop,
@@ -389,12 +372,13 @@ class StopBeforeDelete:
             return
         last_stop = self._driver_stop_record(sweep, uid, asked)
         change: dict[str, Any] = {"gracefulStop": None, **({"lastStop": last_stop} if last_stop else {})}
-        try:
-            self.status.update(sweep, lambda s: updated(s, change))
-        except Exception as exc:  # a later stop of this RayJob would then wait out the old window's rest
-            log.warning("sweep %s: cannot clear its graceful stop's record: %s", meta_of(sweep).get("name"), exc)
+        # Not cleared, a later stop of this RayJob would wait out the old window's rest.
+        self.executor.carry_out(
+            ChangeStatus(sweep, lambda s: updated(s, change), failure="clear its graceful stop's record")
+        )
         if last_stop and last_stop.get("uploadsNotWaitedForCount"):
-            self.emit(sweep, "Warning", "StopUploadsNotWaitedFor", f"RayJob {meta.get('name')}: {last_stop['message']}")
+            text = f"RayJob {meta.get('name')}: {last_stop['message']}"
+            self.executor.carry_out(PostEvent((sweep,), "Warning", "StopUploadsNotWaitedFor", text))
 
     def _driver_stop_record(self, sweep: Mapping[str, Any], rayjob_uid: str, asked: float) -> dict[str, Any] | None:
         """status.lastStop from the run's _sweep/status.json, when the driver recorded this stop there (asked no
@@ -437,8 +421,7 @@ class StopBeforeDelete:
         free = idle_gpus.decide_free_workers(body, rayjob, pods, self.clock(), self.graceful_seconds(sweep), head)
         if free is None:
             return
-        for pod in free.pods:
-            self.kube.delete_pod(ref.namespace, pod)
+        self.executor.carry_out(DeletePods(ref.namespace, tuple(free.pods)))
         cause = idle_gpus.cause_of(free, status_of(sweep or {}))
         self._record_idle(ref.namespace, guard.sweep_name_of(body), sweep, cause, free.gpu_seconds)
         message = (
@@ -446,8 +429,8 @@ class StopBeforeDelete:
             f"worker pod(s) were deleted (they had held {free.gpu_seconds / 3600:.3g} GPU-hours since the deletion "
             "began); the cluster, its head and the finalizer stay"
         )
-        for target in (body, sweep) if sweep is not None else (body,):
-            self.emit(target, "Normal", "HeldClusterWorkersReleased", message)
+        targets = (body, sweep) if sweep is not None else (body,)
+        self.executor.carry_out(PostEvent(targets, "Normal", "HeldClusterWorkersReleased", message))
 
     def _head_job_status(self, rayjob: Mapping[str, Any] | None) -> str | None:
         """The Ray job's status from its head (the Jobs API), None when the RayJob names none, its address is not
@@ -481,11 +464,11 @@ class StopBeforeDelete:
         return (None, refused) if refused else (job, "")
 
     def _record_stop_request(self, sweep: Mapping[str, Any], rayjob_uid: str, asked_at: float) -> None:
-        """status.gracefulStop: the window survives an operator restart (read back by graceful_stop.recorded_request)."""
-        try:
-            self.status.update(sweep, lambda s: updated(s, graceful_stop.request_status(rayjob_uid, asked_at)))
-        except Exception as exc:  # this process still remembers it; only a restart would ask again
-            log.warning("sweep %s: cannot record the graceful stop's request: %s", meta_of(sweep).get("name"), exc)
+        """status.gracefulStop: the window survives an operator restart (read back by graceful_stop.recorded_request).
+        Not written, this process still remembers it; only a restart would ask again."""
+        change = graceful_stop.request_status(rayjob_uid, asked_at)
+        failure = "record the graceful stop's request"
+        self.executor.carry_out(ChangeStatus(sweep, lambda s: updated(s, change), failure=failure))
 
     def _record_idle(
         self, namespace: str, sweep_name: str, sweep: Mapping[str, Any] | None, cause: str, gpu_seconds: float
@@ -493,9 +476,11 @@ class StopBeforeDelete:
         """GPU-seconds held without training: the metric, and status.idleGpuSeconds by cause."""
         if gpu_seconds <= 0:
             return
-        self.metrics.idle_gpus(namespace, sweep_name, cause, gpu_seconds)
-        if sweep is not None:
-            try:
-                self.status.update(sweep, lambda s: updated(s, idle_gpus.idle_status(s, cause, gpu_seconds)))
-            except Exception as exc:  # the metric says it; the next record adds to the status
-                log.warning("sweep %s: cannot record idle GPU-seconds (%s): %s", sweep_name, cause, exc)
+        actions: list[Any] = [RecordIdleGpus(cause, gpu_seconds, namespace, sweep_name)]
+        if sweep is not None:  # the metric says it; the next record adds to the status
+
+            def change(status: dict[str, Any]) -> dict[str, Any]:
+                return updated(status, idle_gpus.idle_status(status, cause, gpu_seconds))
+
+            actions.append(ChangeStatus(sweep, change, failure=f"record idle GPU-seconds ({cause})"))
+        self.executor.carry_out_all(actions)
