@@ -604,8 +604,13 @@ def measure_steady(
     def sweep_changes() -> int:
         return server.call(lambda: changes.mutations[f"{constants.PLURAL}:MODIFIED"])
 
-    deadline = time.monotonic() + max(120.0, n * 0.2)
+    # The stand-in makes each cluster's pods too with --gpu (a head and a worker each): it needs longer.
+    deadline = time.monotonic() + max(120.0, n * (0.6 if args.gpu else 0.2))
+    said = time.monotonic()
     while (count := running()) < n and time.monotonic() < deadline and operator.alive():
+        if time.monotonic() - said >= 30:
+            log.info("steady state: %d of %d RayJobs Running", count, n)
+            said = time.monotonic()
         time.sleep(1.0)
     # Then until the operator has mirrored those transitions: no sweep written for two seconds (bounded), so the
     # window measures a steady state, not the tail of the burst.
