@@ -1,5 +1,6 @@
-"""The one executor: every action a reconcile decision returns (the run pass's, the guard's, the stop's) is carried out
-here, the only reconcile module that writes to the cluster (the status writer writes the sweep's status for it)."""
+"""The one executor: every action the run pass, the guard and the stop decide is carried out here.
+
+It is the only reconcile module that writes to the cluster; the status writer writes the sweep's status for it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The checkpoint guard's pipeline (reads, and the order of its steps): the deletion pipeline and the finalizer on our
-RayJobs and RayClusters. Every decision is in guard.py; every write is an action the executor carries out.
+"""The checkpoint guard's pipeline: the deletion pipeline and the finalizer on our RayJobs and RayClusters.
+
+It reads and orders the steps; every decision is in guard.py, every write an action the executor carries out.
 
 The pipeline keeps our own finalizer and our own retries; the escape hatch's audit and its propagation, and the
 lost-label warning, are here too.
