@@ -21,11 +21,12 @@ from sweep_contracts.problems import SpecError
 from sweep_contracts.runspec import RunSpec, deadline_from_env
 
 from . import commit_records, graceful_stop, preflight, resume, storage, tracking
-from .pbt import RESULT_TRAIN_RUN_KEY, LineagePBT
-from .progress import SweepProgressCallback, TrialSummary, public_config, result_document, status_document, utc_now
+from .pbt import LineagePBT
+from .progress import SweepProgressCallback, result_document, status_document, utc_now
 from .resume import RunMode
 from .search import EntrypointError, build_param_space, build_scheduler, build_searcher
 from .trainable import load_train_loop, make_trial_driver, trial_driver_resources, worker_resources
+from .trial_results import final_summaries, trial_dirname
 
 logger = logging.getLogger("training_entrypoints.sweep")
 
@@ -106,73 +107,6 @@ def deadline_was_reached(deadline_at: float | None, graceful_stop_s: float, now:
     `fit()` took: the setup before `fit()` already counts against the budget (a busy machine once made a sweep
     stopped by its deadline read as finished)."""
     return deadline_at is not None and now >= deadline_at - graceful_stop_s
-
-
-def trial_dirname(trial: Any) -> str:
-    """`tune/<trialId>` mirrors `train/<trialId>`."""
-    return str(trial.trial_id)
-
-
-def _best_committed_checkpoint(trial_dir: str, attribute: str | None, order: str | None) -> str | None:
-    """The trial's best checkpoint among those Ray's snapshot commits (the latest without a score)."""
-    import ray.train
-
-    try:
-        result = ray.train.Result.from_path(trial_dir)
-    except (RuntimeError, OSError, FileNotFoundError):
-        return None
-    candidates = [(ckpt, m) for ckpt, m in (result.best_checkpoints or []) if attribute and attribute in m]
-    if candidates:
-        pick = min if order == "min" else max
-        return pick(candidates, key=lambda c: c[1][attribute])[0].path
-    return result.checkpoint.path if result.checkpoint else None
-
-
-def _last_train_run(result: Any, trial_id: str) -> str:
-    """The Train run a trial ended in: `train/<trialId>`, or under pbt the run its last result names (a trial that
-    continued from another trial's checkpoint trains on in a run of its own, seeded from that checkpoint)."""
-    last = (result.metrics or {}).get(RESULT_TRAIN_RUN_KEY)
-    return last if isinstance(last, str) and last and "/" not in last else trial_id
-
-
-def final_summaries(results: Any, run_spec: RunSpec) -> list[TrialSummary]:
-    """One summary per trial from Tune's ResultGrid; checkpoint URIs come from each trial's committed snapshot."""
-    spec = run_spec.spec
-    metric, mode = spec.tune.metric, spec.tune.mode
-    attribute = spec.checkpoints.score_attribute or metric
-    order = spec.checkpoints.score_order or mode
-    summaries = []
-    for result in results:
-        trial_id = os.path.basename(result.path.rstrip("/"))
-        value = None
-        if metric and mode:
-            frame = result.metrics_dataframe
-            if frame is not None and metric in frame:
-                series = frame[metric].dropna()
-                value = float(series.min() if mode == "min" else series.max()) if len(series) else None
-        path = _best_committed_checkpoint(
-            run_spec.layout.trial_dir(_last_train_run(result, trial_id)), attribute, order
-        )
-        iteration = (result.metrics or {}).get("training_iteration")
-        summaries.append(
-            TrialSummary(
-                id=trial_id,
-                status="ERROR" if result.error else "TERMINATED",
-                config=public_config(dict(result.config or {})),
-                value=value,
-                checkpoint_uri=storage.to_uri(path, run_spec.run_root) if path else None,
-                error=_one_line(result.error) if result.error else None,
-                reports=iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else 0,
-            )
-        )
-    return summaries
-
-
-def _one_line(error: BaseException, limit: int = 2000) -> str:
-    """The error on one line; a long one keeps its start and its end, where a traceback names the exception."""
-    text = " ".join(str(error).split())
-    half = (limit - 5) // 2
-    return text if len(text) <= limit else f"{text[:half]} ... {text[-half:]}"
 
 
 def _resource_text(resources: Mapping[str, float]) -> str:

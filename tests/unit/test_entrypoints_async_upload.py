@@ -358,7 +358,7 @@ def test_directories_left_by_a_process_that_is_gone_are_removed_on_the_next_use(
 def test_a_trials_error_keeps_the_uploads_own_line_at_the_end_of_a_long_traceback() -> None:
     """The driver's one-line trial error (result.json, the driver's log) keeps the start and the end of a long error:
     Ray's error for a failed worker is a traceback whose last line is the upload's own error."""
-    from training_entrypoints.sweep import _one_line
+    from training_entrypoints.trial_results import one_line as _one_line
 
     traceback = "ray::ImplicitFunc.train() " + 'File "x.py", line 1, in f\n' * 200
     error = RuntimeError(traceback + "OSError: When creating key 'k/checkpoint_epoch-000000/': AWS Error ACCESS_DENIED")
