@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
+from . import sizing
+
 KiB: Final = 1 << 10
 MiB: Final = 1 << 20
 
-# The chart's default resources.limits.memory: assumed when the operator is not told its limit (no limit set, or a
-# run outside Kubernetes), so the defaults are those of a default install.
-DEFAULT_MEMORY_LIMIT_BYTES: Final = 512 * MiB
-# The operator's own working set (interpreter, kopf, the Kubernetes and S3 clients, its caches of every sweep; about
-# 115 MiB idle, measured) keeps half of the limit and at least this much; the rest is what tenants' data may use.
-OWN_BYTES_AT_LEAST: Final = 192 * MiB
+# The chart's default resources.limits.memory (the sizing rule at the sweeps the chart is sized for): assumed when the
+# operator is not told its limit (no limit set, or a run outside Kubernetes), so the defaults are a default install's.
+DEFAULT_MEMORY_LIMIT_BYTES: Final = sizing.memory_limit_mib(sizing.SIZED_FOR_SWEEPS) * MiB
+# The operator's own working set (interpreter, kopf, the Kubernetes and S3 clients, its caches of every sweep: the
+# sizing rule's) keeps half of the limit and at least the rule's at that size; the rest is what tenants' data may use.
+OWN_BYTES_AT_LEAST: Final = sizing.own_mib(sizing.SIZED_FOR_SWEEPS) * MiB
 TENANT_BYTES_AT_LEAST: Final = 32 * MiB
 # What one parsed JSON element costs at most, counted generously: an empty dict is 64 bytes, an empty list 56, a
 # short string about 50, and its slot in the container holding it 8 (measured with tracemalloc).
