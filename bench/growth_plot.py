@@ -1,8 +1,9 @@
 """The operator's growth curves from `operator_scale.py --gpu --steady S` reports: per-sweep figures against sweeps.
 
-    .venv/bin/python bench/growth_plot.py OUT.png REPORT.json [REPORT.json ...]
+    .venv/bin/python bench/growth_plot.py OUT.png BURST.json [STEADY.json ...]
 
-Prints one JSON line per size (the figures docs/benchmarks.md tabulates) and draws them, small, into OUT.png
+The first report of a size gives its burst figures, a later one with a steady state adds that. Prints one JSON line
+per size (the figures docs/benchmarks.md tabulates) and draws them, small, into OUT.png
 (matplotlib, pinned in the `report` extra).
 """
 
@@ -65,7 +66,7 @@ def draw(rows: list[dict[str, Any]], out: Path) -> None:
         ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
-    fig.suptitle("trainingsweep-operator: growth with GPU sweeps (2-core machine, shared)", fontsize=10)
+    fig.suptitle("trainingsweep-operator: per-sweep cost against sweeps (2-core machine, shared)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out)
 
@@ -74,11 +75,16 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    rows = []
-    for path in argv[1:]:
+    by_size: dict[int, dict[str, Any]] = {}
+    for path in argv[1:]:  # the first report of a size gives its burst figures; a later one adds its steady state
         report = json.loads(Path(path).read_text())
-        rows.extend(growth_row(report, size) for size in report["sizes"])
-    rows.sort(key=lambda r: r["sweeps"])
+        for size in report["sizes"]:
+            row = growth_row(report, size)
+            known = by_size.setdefault(row["sweeps"], row)
+            if known is not row and row["steadyCpuMsPerSweepMinute"] is not None:
+                known.update({k: v for k, v in row.items() if k.startswith("steady")})
+                known["steadyLoadavg"] = [row["loadavgBefore"], row["loadavgAfter"]]
+    rows = [by_size[n] for n in sorted(by_size)]
     for row in rows:
         print(json.dumps(row))
     draw(rows, Path(argv[0]))

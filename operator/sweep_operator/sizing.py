@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from typing import Final
 
-# Measured with bench/operator_scale.py --gpu (GPU sweeps, their pods read for GPU-hours, progress written every
-# minute), rounded up: the idle operator's RSS (started, watching, one sweep) and its peak RSS per 1,000 sweeps above
-# it (a burst of every sweep applied at once, then the steady state); its CPU per 1,000 running sweeps in the steady
-# state (ms per sweep-minute x 1,000 / 60,000 ms per core-minute) above the idle process's.
+# From bench/operator_scale.py (docs/benchmarks.md, "Growth"), rounded up with headroom: the idle operator's RSS
+# (124 MiB: started, watching, one sweep) and its peak RSS per 1,000 sweeps above it (at most 76 MiB measured: every
+# sweep applied at once, then all running with progress written every minute; 96 is a quarter more); its CPU idle
+# (0.25m measured) and per 1,000 running sweeps in the steady state (6.0 ms per sweep-minute at 1,000 sweeps, 100m:
+# ms per sweep-minute x 1,000 / 60,000 ms per core-minute; 150m leaves room for GPU sweeps' pod reads).
 IDLE_MIB: Final = 128
 MIB_PER_1000_SWEEPS: Final = 96
-IDLE_MILLICORES: Final = 20
+IDLE_MILLICORES: Final = 5
 MILLICORES_PER_1000_SWEEPS: Final = 150
 # What tenants' data may hold at once beside the operator's own working set (the memory budget: the verifications
 # and the status and result documents read at once, docs/guard.md).
