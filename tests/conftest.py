@@ -140,7 +140,6 @@ RUN_FIRST = (
     "e2e/test_sandbox_framework_loops.py",
     "e2e/test_your_training_loop.py",
     "e2e/test_entrypoints_sweep.py",
-    "e2e/test_entrypoints_resume.py",
     "e2e/test_tracking_mlflow.py",
     "e2e/test_sandbox_your_loop.py",
     "e2e/test_entrypoints_ranks.py",

@@ -1,5 +1,6 @@
 """A sweep tracked in a real MLflow server (spec.tracking.mlflow): its trials are child runs of its parent run with
-their params and a metric point per report; a restarted driver adds to the same runs; a server that goes down makes
+their params and a metric point per report; a restarted driver (a retry of the same run) recovers the run on purpose
+and adds to the same runs; a server that goes down makes
 the driver say so in its progress document (which the operator mirrors: tests/integration/test_tracking_mirroring.py)
 while training goes on, and what it could not log arrives when the server is back."""
 
@@ -78,7 +79,7 @@ def read_json(path: str) -> dict[str, Any] | None:
 
 
 @pytest.mark.timeout(600)
-def test_trials_are_child_runs_a_restarted_driver_continues_them_and_a_down_server_only_delays_them(
+def test_trials_are_child_runs_a_restarted_driver_continues_them_and_a_down_server_only_delays_them_R16(
     tmp_path: Path, server: MlflowServer
 ) -> None:
     gate = tmp_path / "gate"
@@ -161,6 +162,13 @@ def test_trials_are_child_runs_a_restarted_driver_continues_them_and_a_down_serv
         server.start()
         result = second.result(timeout=300)
     assert result.ok, result.message
+    # The restarted driver is a retry of the same run (R16): it found the run's own prefix in use and recovered it on
+    # purpose, each trial continued after its last committed checkpoint (no step trained twice), and nothing landed
+    # outside the run's prefix.
+    assert "recovering run mlf1" in Path(result.log_path).read_text()
+    steps = [[row["step"] for row in tune_results(p)] for p in Path(layout.tune_dir).glob("*/result.json")]
+    assert steps == [list(range(STEPS))] * 2, steps
+    assert sorted(p.name for p in Path(layout.root).parent.iterdir()) == ["tracked-mlf1"]
 
     final = read_json(layout.result_path) or {}
     assert final["tracking"]["available"] is True and final["tracking"]["pending"] == 0, final["tracking"]
