@@ -297,7 +297,7 @@ def _tune(
     known: tuple[str, ...] = ()
     if mode is RunMode.RESUME:
         logger.warning(
-            "recovering run %s from %s (attempt %d: %s, R16)", run_spec.run_id, layout.tune_dir, plan.attempt,
+            "recovering run %s from %s (attempt %d: %s)", run_spec.run_id, layout.tune_dir, plan.attempt,
             "a resume of the ended run" if ledger.earlier else "a retry of this attempt",
         )  # fmt: skip
         tuner, continued = restore_tuner(plan, trainable, progress, budget, stop, tracker)
@@ -465,7 +465,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     if mode is RunMode.FINISHED:
         print(
             f"sweep: run {plan.run_spec.run_id} attempt {plan.attempt} already finished "
-            f"({plan.run_spec.layout.result_path} exists); a new run needs a new run id, a resume a higher attempt (R16)",
+            f"({plan.run_spec.layout.result_path} exists); a new run needs a new run id, a resume a higher attempt",
             file=sys.stderr,
         )
         return EXIT_INPUT
@@ -483,7 +483,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     if mode is RunMode.NOTHING_TO_RESUME:
         message = (
             f"attempt {plan.attempt} resumes run {plan.run_spec.run_id}, but {plan.run_spec.layout.tune_dir} holds no "
-            "Tune experiment to continue (R16)"
+            "Tune experiment to continue"
         )
         print(f"sweep: {message}", file=sys.stderr)
         if wrote_start:

@@ -113,7 +113,7 @@ class RankReportCallback(UserCallback):
                 self._warned = True
                 logger.warning(
                     "%s differs across ranks (spread %g): Ray Train keeps rank 0's value only; aggregate it across "
-                    "ranks before ray.train.report (R9)",
+                    "ranks before ray.train.report",
                     self._metric,
                     spread,
                 )
