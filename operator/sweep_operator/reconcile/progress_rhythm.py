@@ -1,5 +1,5 @@
-"""When a running sweep's progress is read and mirrored (pure): the poll of `_sweep/status.json` backs off while it
-does not change, and a status change that is only progress waits for the sweep's next mirror slot.
+"""When a running sweep's progress is read and mirrored (pure): the poll of an unchanged status.json backs off, and
+a status change that is only progress waits for the sweep's next mirror slot.
 
 What may wait is the driver's progress (`status.PROGRESS_FIELDS`) and a refresh of `status.usage`'s totals (readers
 recompute the hours from the intervals). Everything else (phase, conditions, messages, the guard's record, a stop, an
