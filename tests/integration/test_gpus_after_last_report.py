@@ -143,8 +143,13 @@ def test_the_standin_deletes_a_suspended_worker_groups_pods_as_kuberay_v1_7_0(en
         {"spec": {"enableInTreeAutoscaling": False}},
     )
     wait_for(lambda: not live_workers(env, cluster_name), TIMEOUT, what="the suspended group's pods deleted")
-    deleted = [e for e in env.events(cluster_name) if e.reason == "DeletedWorkerPod"]
-    assert deleted and deleted[0].message.startswith("Deleted all pods for suspended worker group")
+    # The stand-in posts its Event after the deletes, as KubeRay does: it is read with a wait.
+    deleted = wait_for(
+        lambda: [e for e in env.events(cluster_name) if e.reason == "DeletedWorkerPod"],
+        TIMEOUT,
+        what="the stand-in's DeletedWorkerPod Event",
+    )
+    assert deleted[0].message.startswith("Deleted all pods for suspended worker group")
     pods = env.core.list_namespaced_pod("default", label_selector=f"ray.io/cluster={cluster_name}").items
     assert [p.metadata.labels["ray.io/node-type"] for p in pods] == ["head"]
     stored = env.get(constants.RAYCLUSTER_PLURAL, cluster_name) or {}
