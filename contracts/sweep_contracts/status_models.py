@@ -53,7 +53,10 @@ CONDITION_TYPES: tuple[str, ...] = (
 
 
 class StatusModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    """Frozen: the operator parses a stored status once per resourceVersion and every pass shares that copy; a
+    decision returns a changed copy (`model_copy`, `sweep_operator.status.updated`), never edits the one read."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
 class TrialCounts(StatusModel):

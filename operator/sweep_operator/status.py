@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from sweep_contracts.api import TERMINAL_PHASES, WAITING_PHASES, Phase
 from sweep_contracts.paramspace import grid_size
-from sweep_contracts.status_models import MAX_LINEAGE_CHANGES, MAX_LINEAGE_ENTRIES, MAX_LINEAGE_VALUE_CHARS
+from sweep_contracts.status_models import (
+    MAX_LINEAGE_CHANGES,
+    MAX_LINEAGE_ENTRIES,
+    MAX_LINEAGE_VALUE_CHARS,
+    Condition,
+    SweepStatus,
+)
 from sweep_contracts.timestamps import epoch_seconds as epoch_seconds  # re-exported: the operator reads times here
 from sweep_contracts.timestamps import parse_time as parse_time  # re-exported, as epoch_seconds
 from sweep_contracts.timestamps import rfc3339
@@ -109,86 +117,115 @@ def rayjob_summary(facts: RayJobFacts) -> str:
 
 
 def set_condition(
-    conditions: Sequence[Mapping[str, Any]] | None,
+    conditions: Sequence[Condition] | None,
     type_: str,
     status: bool | str,
     reason: str,
     message: str,
     now: datetime,
     generation: int | None,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """`conditions` with `type_` set; lastTransitionTime moves only when the status value changes."""
     value = status if isinstance(status, str) else ("True" if status else "False")
-    out = [dict(c) for c in conditions or [] if c.get("type") != type_]
-    previous = next((c for c in conditions or [] if c.get("type") == type_), None)
+    previous = get_condition(conditions, type_)
     transition = (
-        previous["lastTransitionTime"]
-        if previous and previous.get("status") == value and previous.get("lastTransitionTime")
+        previous.last_transition_time
+        if previous is not None and previous.status == value and previous.last_transition_time
         else rfc3339(now)
     )
-    condition: dict[str, Any] = {
-        "type": type_,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": transition,
-    }
-    if generation is not None:
-        condition["observedGeneration"] = generation
+    condition = Condition.model_validate(
+        {
+            "type": type_,
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": generation,
+        }
+    )
+    out = [c for c in conditions or [] if c.type != type_]
     out.append(condition)
-    return sorted(out, key=lambda c: c["type"])
+    return sorted(out, key=lambda c: c.type)
 
 
 ConditionUpdate = tuple[str, bool | str, str, str]  # (type, status, reason, message)
 
 
 def conditions_with(
-    status: Mapping[str, Any], generation: int | None, now: float, *updates: ConditionUpdate
-) -> list[dict[str, Any]]:
+    status: SweepStatus, generation: int | None, now: float, *updates: ConditionUpdate
+) -> list[Condition]:
     """`status.conditions` with each update applied at time `now` (Unix seconds)."""
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    conditions: list[Condition] = list(status.conditions or [])
     moment = datetime.fromtimestamp(now, tz=UTC)
     for type_, value, reason, message in updates:
         conditions = set_condition(conditions, type_, value, reason, message, moment, generation)
     return conditions
 
 
-def updated(status: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
-    """`status` with `changes` applied in memory; a None value removes the field (as the merge patch will)."""
-    new = dict(status)
-    for key, value in changes.items():
-        if value is None:
-            new.pop(key, None)
-        else:
-            new[key] = value
-    return new
+# A status field by the name it is stored under (camelCase) or its attribute's name.
+_FIELD_NAMES: dict[str, str] = {
+    **{name: name for name in SweepStatus.model_fields},
+    **{field.alias: name for name, field in SweepStatus.model_fields.items() if field.alias},
+}
+
+
+def read_status(raw: Mapping[str, Any] | None) -> SweepStatus:
+    """A stored status as the contracts' model, the only form decisions read. A field that does not parse (written
+    by an older operator, or edited by hand) is left out: no decision reads it, and no write touches it, since the
+    writer patches only what differs between the two parsed statuses."""
+    data = dict(raw or {}) if isinstance(raw, Mapping) else {}
+    try:
+        return SweepStatus.model_validate(data)
+    except ValidationError as exc:
+        unreadable = {error["loc"][0] for error in exc.errors() if error["loc"]}
+    try:
+        return SweepStatus.model_validate({k: v for k, v in data.items() if k not in unreadable})
+    except ValidationError:
+        return SweepStatus()
+
+
+def status_document(status: SweepStatus) -> dict[str, Any]:
+    """The status as the API stores it: camelCase, JSON values, unset fields left out."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def updated(status: SweepStatus, changes: Mapping[str, Any] | None = None, /, **fields: Any) -> SweepStatus:
+    """`status` with `changes` (by stored camelCase name) and `fields` (by attribute name) applied, as a new,
+    validated model; None removes a field (as the merge patch will). A name outside the schema is a KeyError, a
+    value outside it a ValidationError: the API server would refuse the write."""
+    if not changes and not fields:
+        return status
+    data = dict(status)
+    for key, value in {**(changes or {}), **fields}.items():
+        data[_FIELD_NAMES[key]] = value
+    return SweepStatus.model_validate(data)
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level JSON merge patch that takes status `old` to `new` (a removed field is None)."""
+    """The top-level JSON merge patch that takes status document `old` to `new` (a removed field is None)."""
     patch = {key: value for key, value in new.items() if old.get(key) != value}
     patch.update({key: None for key in old if key not in new})
     return patch
 
 
-def get_condition(conditions: list[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions or [] if c.get("type") == type_), None)
+def get_condition(conditions: Sequence[Condition] | None, type_: str) -> Condition | None:
+    return next((c for c in conditions or [] if c.type == type_), None)
 
 
 def is_terminal(phase: str | None) -> bool:
     return phase in TERMINAL_PHASES
 
 
-def awaiting_verification(status: Mapping[str, Any]) -> bool:
+def awaiting_verification(status: SweepStatus) -> bool:
     """Ended, and its end-of-run verification has not been recorded. A verification from before the end (the guard
     verifying a retried or earlier attempt's RayCluster as KubeRay deletes it) is not the end-of-run one."""
-    if not is_terminal(status.get("phase")):
+    if not is_terminal(status.phase):
         return False
-    recorded = (status.get("checkpoints") or {}).get("verifiedAt")
+    recorded = status.checkpoints.verified_at if status.checkpoints else None
     if not recorded:
         return True
     try:
-        verified_at, finished_at = parse_time(recorded), parse_time(status.get("finishedAt"))
+        verified_at, finished_at = parse_time(recorded), parse_time(status.finished_at)
     except ValueError:  # an unreadable time: the record stands
         return False
     return verified_at is not None and finished_at is not None and verified_at < finished_at
@@ -206,25 +243,25 @@ _CAMEL_CASE = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 NOT_ENDED_REASONS: frozenset[str] = WAITING_PHASES | {Phase.RUNNING}
 
 
-def _failure_reason(status: Mapping[str, Any]) -> str:
+def _failure_reason(status: SweepStatus) -> str:
     """Why a Failed sweep failed, as a CamelCase reason: the Running condition's when a rule set one at the end
     (StartupDeadlineExceeded, RayJobDeleted), else KubeRay's status.reason (AppFailed, SubmissionFailed), else
     Failed."""
-    running = get_condition(status.get("conditions"), "Running") or {}
-    for reason in (running.get("reason"), status.get("reason")):
+    running = get_condition(status.conditions, "Running")
+    for reason in (running.reason if running else None, status.reason):
         if isinstance(reason, str) and _CAMEL_CASE.match(reason) and reason not in NOT_ENDED_REASONS:
             return reason
     return str(Phase.FAILED)
 
 
-def lifecycle_conditions(status: Mapping[str, Any]) -> tuple[ConditionUpdate, ...]:
+def lifecycle_conditions(status: SweepStatus) -> tuple[ConditionUpdate, ...]:
     """Complete, Failed and Ready for `status` (pure: the phase, the message, the end-of-run verification and the
     CheckpointsVerified condition). None while the sweep has no phase or is being deleted: a deletion does not undo
     how the run ended."""
-    phase = status.get("phase")
+    phase = status.phase
     if not phase or phase == Phase.DELETING:
         return ()
-    message = str(status.get("message") or "")
+    message = status.message or ""
     if not is_terminal(phase):
         return (
             ("Complete", False, phase, NOT_FINISHED),
@@ -239,13 +276,13 @@ def lifecycle_conditions(status: Mapping[str, Any]) -> tuple[ConditionUpdate, ..
             ("Failed", True, reason, why),
             ("Ready", False, phase, why),
         )
-    verified = get_condition(status.get("conditions"), "CheckpointsVerified") or {}
+    verified = get_condition(status.conditions, "CheckpointsVerified")
     if awaiting_verification(status):
         ready: ConditionUpdate = ("Ready", False, phase, "the sweep succeeded; its checkpoints are being verified")
-    elif verified.get("status") == "True":
+    elif verified is not None and verified.status == "True":
         ready = ("Ready", True, phase, "sweep succeeded and its checkpoints are verified")
     else:
-        why = verified.get("message") or "no verification recorded"
+        why = (verified.message if verified is not None else "") or "no verification recorded"
         ready = ("Ready", False, phase, f"the sweep succeeded, but its checkpoints are not verified: {why}")
     return (
         ("Complete", True, phase, message or "the sweep succeeded"),
@@ -254,21 +291,18 @@ def lifecycle_conditions(status: Mapping[str, Any]) -> tuple[ConditionUpdate, ..
     )
 
 
-def settled(status: Mapping[str, Any], generation: int | None, now: float) -> dict[str, Any]:
+def settled(status: SweepStatus, generation: int | None, now: float) -> SweepStatus:
     """`status` with what follows from its phase, as every status write stores it: the lifecycle conditions, and
     `activeDeadlineAt` (the DEADLINE column: the deadline while the run has not ended; deadlineAt keeps it)."""
-    out = dict(status)
+    changes: dict[str, Any] = {}
     updates = lifecycle_conditions(status)
     if updates:
-        out["conditions"] = conditions_with(status, generation, now, *updates)
-    phase = status.get("phase")
+        changes["conditions"] = conditions_with(status, generation, now, *updates)
+    phase = status.phase
     if phase != Phase.DELETING:
-        deadline = status.get("deadlineAt")
-        if deadline and not is_terminal(phase):
-            out["activeDeadlineAt"] = deadline
-        else:
-            out.pop("activeDeadlineAt", None)
-    return out
+        deadline = status.deadline_at
+        changes["activeDeadlineAt"] = deadline if deadline and not is_terminal(phase) else None
+    return updated(status, changes)
 
 
 TRIAL_STATES = ("pending", "running", "terminated", "errored")

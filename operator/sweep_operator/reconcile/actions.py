@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweep_contracts.status_models import SweepStatus
+
 from ..policy import Demand
 
 
@@ -201,7 +203,7 @@ class ChangeStatus:
     write is then given up (the record is best effort); empty: the failure is raised to the caller."""
 
     sweep: Mapping[str, Any]
-    change: Callable[[dict[str, Any]], dict[str, Any]]
+    change: Callable[[SweepStatus], SweepStatus]
     failure: str = ""
 
 
@@ -244,7 +246,7 @@ Action = (
 class Decision:
     """`status`: the sweep's whole new status (None: leave it); written once, then `events` are posted."""
 
-    status: dict[str, Any] | None = None
+    status: SweepStatus | None = None
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = field(default=())
 

@@ -19,10 +19,11 @@ import orjson
 
 from sweep_contracts import constants
 from sweep_contracts.problems import SpecError
+from sweep_contracts.status_models import SweepStatus
 
 from ..settings import Settings
 from ..validation import Sweep, parse_sweep
-from .facts import ObjectRef, RunRef, meta_of
+from .facts import ObjectRef, RunRef, meta_of, status_of
 from .guard import backoff_seconds
 from .progress_rhythm import next_poll_seconds
 
@@ -132,6 +133,7 @@ class Cache:
         self._create_failures: dict[ObjectRef, tuple[int, float]] = {}  # -> (failed creates in a row, retry at)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
         self.parsed = Lru(PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
+        self.statuses = Lru(PARSE_CACHE_SIZE)  # uid/resourceVersion -> the status parsed (frozen, shared)
 
     # ---- sweeps
     def observe_sweep(self, body: Mapping[str, Any]) -> None:
@@ -205,6 +207,20 @@ class Cache:
             self._mirrored.pop(ref, None)
             self._pods_read.pop(ref, None)
             self._create_failures.pop(ref, None)
+
+    def status(self, body: Mapping[str, Any]) -> SweepStatus:
+        """The sweep's status as the contracts' model, parsed once per resourceVersion (a resourceVersion names one
+        stored content; every pass over an unchanged sweep shares the frozen copy)."""
+        meta = meta_of(body)
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not uid or not version:
+            return status_of(body)
+        key = f"{uid}/{version}".encode()
+        found = self.statuses.get(key)
+        if found is _MISSING:
+            found = status_of(body)
+            self.statuses.put(key, found)
+        return found  # type: ignore[no-any-return]  # Lru holds Any; only SweepStatus is put under these keys
 
     def parse(self, body: Mapping[str, Any], *, remember: bool = True) -> Sweep:
         """parse_sweep, remembered for the same spec and identity (every event and tick re-reads the sweep;

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sweep_contracts.api import SweepSpec
 from sweep_contracts.checkpoint_coverage import CheckpointCoverage
 from sweep_contracts.runspec import RunSpec
+from sweep_contracts.status_models import SweepStatus
 
 from ..settings import OperatorLimits
-from ..status import RayJobFacts, updated
+from ..status import RayJobFacts, read_status, updated
 from ..validation import Sweep
 
 
@@ -19,8 +21,9 @@ def meta_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
     return body.get("metadata") or {}
 
 
-def status_of(body: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(body.get("status") or {})
+def status_of(body: Mapping[str, Any]) -> SweepStatus:
+    """The sweep's status as the contracts' model (`status.read_status`: a field that does not parse is left out)."""
+    return read_status(body.get("status"))
 
 
 @dataclass(frozen=True, order=True)
@@ -76,12 +79,15 @@ class SweepFacts:
     def ref(self) -> ObjectRef:
         return ObjectRef.of(self.body)
 
-    @property
-    def status(self) -> dict[str, Any]:
-        return status_of(self.body)
+    # The status as read, parsed once per resourceVersion by the cache (reads.Reads); None: parsed here, once.
+    read_status: SweepStatus | None = None
+
+    @cached_property
+    def status(self) -> SweepStatus:
+        return self.read_status if self.read_status is not None else status_of(self.body)
 
     @property
-    def judged_status(self) -> dict[str, Any]:
+    def judged_status(self) -> SweepStatus:
         """The status the run-phase rules judge: the status as read, on `clock` when another clock applies."""
         return updated(self.status, self.clock) if self.clock else self.status
 

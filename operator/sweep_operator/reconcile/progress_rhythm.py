@@ -8,27 +8,28 @@ interval opened or closed) is written in the pass that decided it, together with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from sweep_contracts.status_models import SweepStatus, UsageStatus
 
-from ..status import PROGRESS_FIELDS, merge_patch
+from ..status import PROGRESS_FIELDS, merge_patch, status_document
 
-# status.usage keys whose change is a fact (a pod's GPUs taken or freed, a threshold said, the budget): written at once.
-USAGE_RECORD_FIELDS = ("podIntervals", "thresholdsReported", "budgetGpuHours")
+# status.usage fields whose change is a fact (a pod's GPUs taken or freed, a threshold said, the budget): written at
+# once.
+USAGE_RECORD_FIELDS = ("pod_intervals", "thresholds_reported", "budget_gpu_hours")
 
 
-def usage_totals_only(old: Any, new: Any) -> bool:
+def usage_totals_only(old: UsageStatus | None, new: UsageStatus | None) -> bool:
     """Whether status.usage changed only in its totals (hours so far, when measured, the namespace's window view)."""
-    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+    if old is None or new is None:
         return False
-    return all(old.get(key) == new.get(key) for key in USAGE_RECORD_FIELDS)
+    return all(getattr(old, name) == getattr(new, name) for name in USAGE_RECORD_FIELDS)
 
 
-def routine_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[set[str], set[str]]:
-    """The status fields `new` changes against `old`, split into (those that may wait, those written at once)."""
+def routine_fields(old: SweepStatus, new: SweepStatus) -> tuple[set[str], set[str]]:
+    """The status fields (stored names) `new` changes against `old`, split into (those that may wait, those written
+    at once)."""
     routine, urgent = set[str](), set[str]()
-    for key in merge_patch(old, new):
-        if key in PROGRESS_FIELDS or (key == "usage" and usage_totals_only(old.get("usage"), new.get("usage"))):
+    for key in merge_patch(status_document(old), status_document(new)):
+        if key in PROGRESS_FIELDS or (key == "usage" and usage_totals_only(old.usage, new.usage)):
             routine.add(key)
         else:
             urgent.add(key)
@@ -36,8 +37,8 @@ def routine_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[set[
 
 
 def mirror_wait(
-    old: Mapping[str, Any],
-    new: Mapping[str, Any],
+    old: SweepStatus,
+    new: SweepStatus,
     *,
     last_mirrored: float | None,
     now: float,

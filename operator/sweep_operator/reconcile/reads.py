@@ -112,7 +112,15 @@ class Reads:
         except SpecError as exc:
             problems = tuple(str(p) for p in exc.problems)
         retry_at = self.cache.create_retry_at(ObjectRef.of(body))
-        return SweepFacts(body, now, self.settings.limits, sweep, problems, create_retry_at=retry_at)
+        return SweepFacts(
+            body,
+            now,
+            self.settings.limits,
+            sweep,
+            problems,
+            create_retry_at=retry_at,
+            read_status=self.cache.status(body),
+        )
 
     def run_facts(self, facts: SweepFacts) -> SweepFacts:
         """An admitted sweep's facts: its RayJob, and the run's progress or result when the decision reads them."""

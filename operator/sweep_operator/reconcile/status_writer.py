@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from sweep_contracts.api import WARNING_PHASES, Phase
+from sweep_contracts.status_models import SweepStatus
 
 from ..kube import Conflict, KubeApi
 from ..metrics import OperatorMetrics
-from ..status import merge_patch, settled
+from ..status import merge_patch, settled, status_document
 from .actions import Event
 from .cache import Cache
 from .facts import ObjectRef, meta_of, status_of
@@ -32,7 +33,7 @@ class Stale(Exception):
 
 
 class StatusCallback(Protocol):
-    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None: ...
+    def after_write(self, body: Mapping[str, Any], old: SweepStatus, new: SweepStatus) -> None: ...
 
 
 class PhaseCallback:
@@ -41,18 +42,16 @@ class PhaseCallback:
     def __init__(self, emit: EventSink, metrics: OperatorMetrics) -> None:
         self.emit, self.metrics = emit, metrics
 
-    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        phase = new.get("phase")
-        if not phase or phase == old.get("phase"):
+    def after_write(self, body: Mapping[str, Any], old: SweepStatus, new: SweepStatus) -> None:
+        phase = new.phase
+        if not phase or phase == old.phase:
             return
         meta = meta_of(body)
         self.metrics.observe_phase(meta.get("uid") or meta["name"], phase, meta.get("namespace"), meta["name"])
         if phase == Phase.DEADLINE_EXCEEDED:
             self.metrics.deadline_stopped(meta.get("namespace") or "default", meta["name"])
         if phase != Phase.DELETING:  # the guard announces a deletion with its own Events
-            self.emit(
-                body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.get("message") or f"phase {phase}"
-            )
+            self.emit(body, "Warning" if phase in WARNING_PHASES else "Normal", phase, new.message or f"phase {phase}")
 
 
 class StatusWriter:
@@ -72,7 +71,7 @@ class StatusWriter:
     def write(
         self,
         body: Mapping[str, Any],
-        new: Mapping[str, Any] | None,
+        new: SweepStatus | None,
         events: Iterable[Event] = (),
         *,
         progress_may_wait: bool = False,
@@ -88,7 +87,9 @@ class StatusWriter:
         events = tuple(events)
         if new is not None:
             new = settled(new, meta_of(body).get("generation"), self.clock())
-        patch = merge_patch(old, new) if new is not None else {}
+        # Both parsed and serialised alike: a stored field that does not parse is in neither, so never patched.
+        document = status_document(new) if new is not None else {}
+        patch = merge_patch(status_document(old), document) if new is not None else {}
         written: Mapping[str, Any] | None = None
         if patch and new is not None:
             ref, rv = ObjectRef.of(body), meta_of(body).get("resourceVersion")
@@ -110,13 +111,13 @@ class StatusWriter:
             if written is not None:
                 self.cache.remember_write(written)
             for callback in self.callbacks:
-                callback.after_write(body, old, {**old, **{k: v for k, v in patch.items() if v is not None}})
+                callback.after_write(body, old, new)
         for event in events:
             self.emit(body, event.type, event.reason, event.message)
-        return written if written is not None else ({**body, "status": dict(new)} if new is not None else body)
+        return written if written is not None else ({**body, "status": document} if new is not None else body)
 
     def update(
-        self, body: Mapping[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]], attempts: int = 3
+        self, body: Mapping[str, Any], change: Callable[[SweepStatus], SweepStatus], attempts: int = 3
     ) -> Mapping[str, Any] | None:
         """Apply `change` (old status -> new status) and write it; on a conflict re-read the sweep and apply it to
         the newer status (client-go's RetryOnConflict). For the guard, which writes while others may."""
@@ -140,9 +141,9 @@ class BudgetThresholdCallback:
     def __init__(self, metrics: Any) -> None:
         self.metrics = metrics
 
-    def after_write(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        before = set((old.get("usage") or {}).get("thresholdsReported") or [])
-        after = set((new.get("usage") or {}).get("thresholdsReported") or [])
+    def after_write(self, body: Mapping[str, Any], old: SweepStatus, new: SweepStatus) -> None:
+        before = set(old.usage.thresholds_reported or []) if old.usage else set[int]()
+        after = set(new.usage.thresholds_reported or []) if new.usage else set[int]()
         meta = body.get("metadata") or {}
         for threshold in sorted(after - before):
             self.metrics.budget_threshold_crossed(meta.get("namespace") or "default", meta.get("name") or "", threshold)
