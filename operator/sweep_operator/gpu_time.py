@@ -21,8 +21,9 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import TERMINAL_PHASES, Phase
+from sweep_contracts.status_models import SweepStatus, UsageStatus
 
-from .status import epoch_seconds, rfc3339
+from .status import epoch_seconds, read_status, rfc3339
 
 GPU_RESOURCE = constants.GPU_RESOURCE
 
@@ -217,7 +218,10 @@ class UsageLedger:
     thresholds_reported: tuple[int, ...] = ()
 
     @classmethod
-    def from_status(cls, usage: Mapping[str, Any] | None) -> UsageLedger:
+    def from_status(cls, usage: UsageStatus | Mapping[str, Any] | None) -> UsageLedger:
+        """The record in status.usage, the model as parsed or the stored document (the CLI reads documents)."""
+        if isinstance(usage, UsageStatus):
+            usage = usage.model_dump(by_alias=True, exclude_none=True)
         usage = usage or {}
         intervals = tuple(i for i in (PodInterval.from_status(d) for d in usage.get("podIntervals") or []) if i)
         reported = tuple(
@@ -425,18 +429,23 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def clusters_to_read(status: Mapping[str, Any]) -> set[str]:
+def _parsed(status: SweepStatus | Mapping[str, Any]) -> SweepStatus:
+    return status if isinstance(status, SweepStatus) else read_status(status)
+
+
+def clusters_to_read(status: SweepStatus | Mapping[str, Any]) -> set[str]:
     """The RayClusters whose pods a pass lists: the current attempt's, and any with a pod still open in the record
     (a retried attempt's cluster may still be going while the next one starts)."""
-    ledger = UsageLedger.from_status(status.get("usage"))
+    status = _parsed(status)
+    ledger = UsageLedger.from_status(status.usage)
     clusters = {i.cluster for i in ledger.intervals if i.end is None and i.cluster}
-    if status.get("rayClusterName"):
-        clusters.add(str(status["rayClusterName"]))
+    if status.ray_cluster_name:
+        clusters.add(status.ray_cluster_name)
     return clusters
 
 
 def unlisted_open_pods(
-    status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], listed_clusters: Iterable[str]
+    status: SweepStatus | Mapping[str, Any], pods: Iterable[Mapping[str, Any]], listed_clusters: Iterable[str]
 ) -> list[tuple[str, str]]:
     """(name, uid) of each pod the record has open in a listed cluster that this listing did not show. The listing
     selects by the pod's `ray.io/cluster` label, which anyone who may edit the pod can change: such a pod is looked
@@ -444,7 +453,7 @@ def unlisted_open_pods(
     listed, seen = set(listed_clusters), {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
     return [
         (i.name or i.pod, i.pod)
-        for i in UsageLedger.from_status(status.get("usage")).intervals
+        for i in UsageLedger.from_status(_parsed(status).usage).intervals
         if i.end is None and i.cluster in listed and i.pod not in seen
     ]
 
@@ -454,9 +463,9 @@ def still_holding(pod: Mapping[str, Any] | None, uid: str) -> bool:
     return pod is not None and (pod.get("metadata") or {}).get("uid") == uid
 
 
-def holding_gpus(status: Mapping[str, Any]) -> bool:
+def holding_gpus(status: SweepStatus | Mapping[str, Any]) -> bool:
     """The record has a pod still holding GPUs: an ended sweep keeps being measured (and ticked) until it is gone."""
-    return any(i.end is None for i in UsageLedger.from_status(status.get("usage")).intervals)
+    return any(i.end is None for i in UsageLedger.from_status(_parsed(status).usage).intervals)
 
 
 def _number(value: Any) -> float | None:
