@@ -8,17 +8,33 @@ from typing import Any
 
 import pytest
 
+from sweep_operator import status as status_rules
 from sweep_operator.crd import PRINTER_COLUMNS
 from sweep_operator.metrics import OperatorMetrics
 from sweep_operator.reconcile.cache import Cache
 from sweep_operator.reconcile.status_writer import PhaseCallback, StatusWriter
 from sweep_operator.settings import Settings
-from sweep_operator.status import best_summary, lifecycle_conditions, rfc3339, settled, updated
+from sweep_operator.status import best_summary, read_status, rfc3339, status_document
 from tests.support.factories import gpu_sweep
 from tests.support.fake_kube import FakeKube
 from tests.support.fakes import T0
 
 DEADLINE = rfc3339(T0 + 3600)
+
+
+# The rules take and return the parsed status; these tests read and write stored documents, as kubectl shows them.
+def settled(status: dict[str, Any], generation: int, now: float) -> dict[str, Any]:
+    return status_document(status_rules.settled(read_status(status), generation, now))
+
+
+def updated(status: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    return status_document(status_rules.updated(read_status(status), changes))
+
+
+def lifecycle_conditions(status: dict[str, Any]) -> tuple[Any, ...]:
+    return status_rules.lifecycle_conditions(read_status(status))
+
+
 VERIFIED = {
     "type": "CheckpointsVerified",
     "status": "True",
@@ -170,7 +186,8 @@ def test_every_status_write_stores_the_lifecycle_conditions() -> None:
     body = kube.get_sweep("ml", "digits")
     assert body is not None
     now[0] = T0 + 5
-    written = writer.write(body, updated(body["status"], {"phase": "Failed", "message": "the driver exited 1"}))
+    failed = status_rules.updated(read_status(body["status"]), {"phase": "Failed", "message": "the driver exited 1"})
+    written = writer.write(body, failed)
     by_type = {c["type"]: c for c in written["status"]["conditions"]}
     assert (by_type["Failed"]["status"], by_type["Failed"]["lastTransitionTime"]) == ("True", rfc3339(T0 + 5))
     assert by_type["Failed"]["observedGeneration"] == body["metadata"]["generation"]

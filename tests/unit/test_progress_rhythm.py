@@ -12,22 +12,30 @@ from sweep_operator.reconcile.cache import Cache
 from sweep_operator.reconcile.facts import ObjectRef
 from sweep_operator.reconcile.progress_rhythm import mirror_wait, next_poll_seconds, routine_fields
 from sweep_operator.settings import Settings, SettingsError
-from sweep_operator.status import PROGRESS_FIELDS, progress_patch
+from sweep_operator.status import PROGRESS_FIELDS, progress_patch, read_status, status_document, updated
 
+INTERVAL = {"pod": "w1", "gpus": 1, "start": "2026-12-07T09:00:00Z"}
+RUNNING_CONDITION = {
+    "type": "Running",
+    "status": "True",
+    "reason": "Running",
+    "lastTransitionTime": "2026-12-07T09:00:00Z",
+}
 RUNNING = {
     "phase": "Running",
     "trials": {"total": 2, "running": 2},
     "trialsSummary": "0/2 (2 running)",
-    "usage": {"gpuHours": 1.0, "lastMeasuredAt": "2026-12-07T10:00:00Z", "podIntervals": [{"pod": "w1"}]},
-    "conditions": [{"type": "Running", "status": "True"}],
+    "usage": {"gpuHours": 1.0, "lastMeasuredAt": "2026-12-07T10:00:00Z", "podIntervals": [INTERVAL]},
+    "conditions": [RUNNING_CONDITION],
 }
 PROGRESSED = {**RUNNING, "trials": {"total": 2, "running": 1, "terminated": 1}, "trialsSummary": "1/2 (1 running)"}
 TOTALS = {**RUNNING, "usage": {**RUNNING["usage"], "gpuHours": 1.5, "lastMeasuredAt": "2026-12-07T10:01:00Z"}}
-POD_ENDED = {**RUNNING, "usage": {**RUNNING["usage"], "podIntervals": [{"pod": "w1", "end": "x"}]}}
+POD_ENDED = {**RUNNING, "usage": {**RUNNING["usage"], "podIntervals": [{**INTERVAL, "end": "2026-12-07T10:00:30Z"}]}}
 ENDED = {**PROGRESSED, "phase": "Succeeded"}
-CONDITION = {**PROGRESSED, "conditions": [{"type": "Running", "status": "True"}, {"type": "CheckpointsCommitted"}]}
+COMMITTED = {**RUNNING_CONDITION, "type": "CheckpointsCommitted", "reason": "Committed"}
+CONDITION = {**PROGRESSED, "conditions": [RUNNING_CONDITION, COMMITTED]}
 GUARD = {**PROGRESSED, "guard": {"runRoot": "s3://b/ml/x"}}
-STOP = {**PROGRESSED, "gracefulStop": {"rayJobUid": "u"}}
+STOP = {**PROGRESSED, "gracefulStop": {"rayJobUid": "u", "requestedAt": "2026-12-07T10:00:00Z"}}
 
 
 @pytest.mark.parametrize(
@@ -50,11 +58,13 @@ STOP = {**PROGRESSED, "gracefulStop": {"rayJobUid": "u"}}
 def test_only_progress_alone_waits_for_the_mirror_slot(
     new: dict[str, Any], last: float | None, events: int, wait: float
 ) -> None:
-    assert mirror_wait(RUNNING, new, last_mirrored=last, now=130.0, every=120.0, events=events) == wait
+    old, changed = read_status(RUNNING), read_status(new)
+    assert set(status_document(changed)) == set(new), "every case parses whole"
+    assert mirror_wait(old, changed, last_mirrored=last, now=130.0, every=120.0, events=events) == wait
 
 
 def test_a_mirror_interval_of_zero_writes_every_change_at_once() -> None:
-    assert mirror_wait(RUNNING, PROGRESSED, last_mirrored=129.0, now=130.0, every=0.0) == 0.0
+    assert mirror_wait(read_status(RUNNING), read_status(PROGRESSED), last_mirrored=129.0, now=130.0, every=0.0) == 0.0
 
 
 def test_progress_fields_are_every_field_a_progress_document_writes() -> None:
@@ -66,7 +76,10 @@ def test_progress_fields_are_every_field_a_progress_document_writes() -> None:
     }
     patch = progress_patch(doc)
     assert set(patch) <= PROGRESS_FIELDS
-    assert routine_fields({}, patch) == ({k for k, v in patch.items() if v is not None}, set())
+    assert routine_fields(read_status({}), updated(read_status({}), patch)) == (
+        {k for k, v in patch.items() if v is not None},
+        set(),
+    )
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from sweep_operator.reconcile.actions import Event
 from sweep_operator.reconcile.cache import Cache
 from sweep_operator.reconcile.status_writer import PhaseCallback, Stale, StatusWriter
 from sweep_operator.settings import Settings
-from sweep_operator.status import updated
+from sweep_operator.status import merge_patch, read_status, status_document, updated
 from tests.support.factories import gpu_sweep
 from tests.support.fake_kube import FakeKube
 
@@ -22,7 +22,7 @@ class Recorder:
         self.writes: list[tuple[Any, Any]] = []
 
     def after_write(self, body: Any, old: Any, new: Any) -> None:
-        self.writes.append((old.get("phase"), new.get("phase")))
+        self.writes.append((old.phase, new.phase))
 
 
 def setup() -> tuple[FakeKube, Cache, StatusWriter, list[tuple[str, str, str]], Recorder, OperatorMetrics]:
@@ -47,7 +47,7 @@ def test_one_patch_of_what_changed_then_the_callbacks_and_the_events() -> None:
     kube, cache, writer, events, recorder, _ = setup()
     body = kube.get_sweep("ml", "digits")
     assert body is not None
-    new = updated(body["status"], {"phase": "Running", "message": "running", "waitingFor": None})
+    new = updated(read_status(body["status"]), {"phase": "Running", "message": "running", "waitingFor": None})
     written = writer.write(body, new, [Event("Normal", "Resume", "resumed")])
     conditions = written["status"].pop("conditions")  # what follows from the phase (test_lifecycle_conditions.py)
     assert written["status"] == {"phase": "Running", "message": "running"}  # None removed the field
@@ -56,7 +56,7 @@ def test_one_patch_of_what_changed_then_the_callbacks_and_the_events() -> None:
     assert patches(kube) == 1 and recorder.writes == [("Starting", "Running")]
     assert events == [("Normal", "Running", "running"), ("Normal", "Resume", "resumed")]
     assert cache.is_echo(written)  # its watch event starts no reconcile
-    writer.write(written, dict(written["status"]))  # nothing changed: no request, no callback
+    writer.write(written, read_status(written["status"]))  # nothing changed: no request, no callback
     assert patches(kube) == 1 and len(recorder.writes) == 1
 
 
@@ -66,7 +66,7 @@ def test_a_write_computed_from_an_older_copy_is_refused() -> None:
     assert stale is not None
     kube._bump(kube.objects[("TrainingSweep", "ml", "digits")])  # someone else wrote meanwhile
     with pytest.raises(Stale):
-        writer.write(stale, updated(stale["status"], {"phase": "Failed", "message": "x"}))
+        writer.write(stale, updated(read_status(stale["status"]), {"phase": "Failed", "message": "x"}))
     assert kube.get_sweep("ml", "digits")["status"]["phase"] == "Starting"  # type: ignore[index]  # the fake has it
     assert events == [] and recorder.writes == []  # nothing is announced that was not written
 
@@ -83,11 +83,26 @@ def test_update_applies_the_change_to_the_newest_status_on_a_conflict() -> None:
     assert written["status"]["trials"] == {"total": 3}  # the other writer's field survives
 
 
+def test_a_stored_field_that_does_not_parse_is_left_out_of_decisions_and_never_patched() -> None:
+    """A hand-edited or older field: `read_status` leaves it out, and the writer patches only what differs between
+    the two parsed documents, so the stored value is neither read nor removed (the API server, whose schema the
+    fake checks, keeps or refuses it as it stands)."""
+    raw = {"phase": "Starting", "trials": {"total": "many"}, "fromAnOlderOperator": {"x": 1}, "runId": "abc"}
+    status = read_status(raw)
+    assert status.trials is None and status.phase == "Starting" and status.run_id == "abc"
+    patch = merge_patch(status_document(status), status_document(updated(status, phase="Running")))
+    assert patch == {"phase": "Running"}
+    assert read_status({"phase": "NoSuchPhase", "runId": 7}) == read_status({})  # wrong types: nothing guessed
+    assert read_status(["not", "a", "mapping"]) == read_status(None)  # type: ignore[arg-type]  # what a tenant may store
+
+
 def test_phase_events_warn_on_failures_and_deleting_is_left_to_the_guard() -> None:
     kube, _, writer, events, _, metrics = setup()
     body = kube.get_sweep("ml", "digits")
     assert body is not None
-    body = writer.write(body, updated(body["status"], {"phase": "DeadlineExceeded", "message": "deadline"}))
-    writer.write(body, updated(body["status"], {"phase": "Deleting", "message": "verifying"}))
+    body = writer.write(
+        body, updated(read_status(body["status"]), {"phase": "DeadlineExceeded", "message": "deadline"})
+    )
+    writer.write(body, updated(read_status(body["status"]), {"phase": "Deleting", "message": "verifying"}))
     assert events == [("Warning", "DeadlineExceeded", "deadline")]
     assert metrics.total("trainingsweep_deadline_stops_total") == 1

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweep_contracts.status_models import SweepStatus
+from sweep_contracts.status_models import SweepStatus, UsageStatus
 
 from ..policy import Demand
 
@@ -101,7 +101,7 @@ class RecordGpuHours:
     """Copy the sweep's usage record into its namespace's GPU-hour ledger (before the write): the ledger outlives the
     sweep. `terminal`: the run has ended (its reservation no longer counts)."""
 
-    usage: Mapping[str, Any] | None
+    usage: UsageStatus | None
     terminal: bool
 
 

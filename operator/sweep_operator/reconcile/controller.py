@@ -198,7 +198,7 @@ class SweepController:
         status write carries the resourceVersion it was computed from, so its result is what the pass wanted)."""
         self.cache.observe_sweep(body)
         if not self.cache.is_echo(body):
-            waiting = not status_of(body).get("runId") and not meta_of(body).get("deletionTimestamp")
+            waiting = not self.cache.status(body).run_id and not meta_of(body).get("deletionTimestamp")
             self.queue.add(ObjectRef.of(body), URGENT if waiting else ROUTINE)
 
     def request_reconcile(self, namespace: str, name: str, *, priority: int = ROUTINE) -> None:
@@ -270,7 +270,7 @@ class SweepController:
         """A sweep being deleted keeps its deadline, its GPU-hour budget and its measuring while the guard holds it
         (its RayJob runs until the guard releases the sweep): a deadline or a spent budget still stops the RayJob,
         and status.usage keeps counting. Nothing else of the run phase applies (no admission, no resume)."""
-        if not status_of(body).get("runId"):
+        if not self.cache.status(body).run_id:
             return
         facts = self.reads.run_facts(self.reads.sweep_facts(body, self.clock()))
         if facts.rayjob is None or facts.rayjob.deleting:
@@ -285,7 +285,7 @@ class SweepController:
 
     def _reconcile(self, body: Mapping[str, Any]) -> None:
         facts = self.reads.sweep_facts(body, self.clock())
-        if facts.status.get("runId"):
+        if facts.status.run_id:
             self._run(facts)
         else:
             self._admit(facts)
@@ -303,7 +303,7 @@ class SweepController:
         assert facts.sweep is not None and create.demand is not None
         decision, failed = self._create_rayjob(facts, create, Admit(create.demand))
         queue = self.render_context.queue_name(facts.sweep.spec, facts.ref.namespace)
-        if queue and not failed and decision.status and decision.status.get("runId"):
+        if queue and not failed and decision.status and decision.status.run_id:
             decision = replace(decision, status=kueue.kueue_created_status(decision.status, queue))
         return decision, failed
 
@@ -323,7 +323,7 @@ class SweepController:
         self.cache.create_succeeded(ref)
         outcome = admission.CreateOutcome(rayjob, created)
         decision = admission.after_create(facts, create, budget, outcome, self.budgets.in_use(ref.namespace), render)
-        if facts.sweep is not None and decision.status and decision.status.get("runId"):
+        if facts.sweep is not None and decision.status and decision.status.run_id:
             self.cache.observe_rayjob(rayjob)  # the next pass reads it from memory, not with a GET
             self.cache.rayjob_has_news(rayjob)  # its ADDED event mirrors nothing this pass's status lacks
             if created:
@@ -382,7 +382,7 @@ class SweepController:
                 raise
             # the API may be down for the status too; the create's retry still comes
             log.warning("sweep %s: cannot record the failed create: %s", ObjectRef.of(body), exc)
-        if create is not None and create.taken is None and not failed and (decision.status or {}).get("runId"):
+        if create is not None and create.taken is None and not failed and decision.status and decision.status.run_id:
             ref = ObjectRef.of(body)  # admitted: the next queued sweep may fit as well (strict FIFO, oldest first)
             self._admit_next(ref.namespace, self.ledger.queued_in(ref.namespace))
 

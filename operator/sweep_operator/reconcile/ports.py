@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 
 from sweep_contracts import constants
 from sweep_contracts.api import Phase
+from sweep_contracts.status_models import UsageStatus
 
 from ..admission_ledger import AdmissionLedger
-from ..gpu_time import NamespaceBudget, PodInterval
+from ..gpu_time import NamespaceBudget, UsageLedger
 from ..kube import Conflict, KubeApi
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
@@ -269,13 +270,13 @@ class Budgets:
         reservation = ReservationFacts(r.gpu_hours, r.since, r.run_until_exhausted) if r is not None else None
         return view(ledger, facts.now), reservation
 
-    def record_hours(self, body: Mapping[str, Any], usage: Mapping[str, Any] | None, ended: bool, now: float) -> None:
+    def record_hours(self, body: Mapping[str, Any], usage: UsageStatus | None, ended: bool, now: float) -> None:
         """The sweep's own record (status.usage) into its namespace's ledger; `ended`: its reservation goes."""
         meta = meta_of(body)
         namespace = self.gpu_hour_budget(meta.get("namespace") or "default")
         if namespace is None or not meta.get("uid"):
             return
-        intervals = [i for i in (PodInterval.from_status(d) for d in (usage or {}).get("podIntervals") or []) if i]
+        intervals = UsageLedger.from_status(usage).intervals
         self.hours.change(
             meta.get("namespace") or "default",
             namespace,
@@ -313,14 +314,14 @@ def resume_read(facts: SweepFacts, budgets: Budgets, max_active_seconds: int | N
     the driver's phase; the run root's fresh verification and records when the decision asks for them
     (resume.planned); the namespace's budgets for the attempt it would start."""
     status, sweep, reads = facts.status, facts.sweep, budgets.reads
-    if sweep is None or not is_terminal(status.get("phase")) or run_phase.awaiting_verification(status):
+    if sweep is None or not is_terminal(status.phase) or run_phase.awaiting_verification(status):
         return None
     if not resume.may_resume(status, sweep.spec):
         return None
-    name, target = status.get("rayJobName"), verdicts.status_target(facts.body)
+    name, target = status.ray_job_name, verdicts.status_target(facts.body)
     rayjob = reads.rayjob(ObjectRef(facts.ref.namespace, name)) if name else None
     driver = None
-    if target is not None and status.get("phase") == Phase.FAILED:
+    if target is not None and status.phase == Phase.FAILED:
         progress, _, _ = reads.run_documents(target)
         driver = (progress or {}).get("phase") if isinstance((progress or {}).get("phase"), str) else None
     records = resume.ResumeReads(rayjob, driver)

@@ -124,11 +124,11 @@ class Reads:
 
     def run_facts(self, facts: SweepFacts) -> SweepFacts:
         """An admitted sweep's facts: its RayJob, and the run's progress or result when the decision reads them."""
-        if is_terminal(facts.status.get("phase")):
-            name = facts.status.get("rayJobName") or ""
+        if is_terminal(facts.status.phase):
+            name = facts.status.ray_job_name or ""
             ended = self.cache.rayjob(ObjectRef(facts.ref.namespace, name)) if name else None
             return replace(facts, ended_rayjob=ended) if ended is not None else facts
-        rayjob = self.rayjob(ObjectRef(facts.ref.namespace, facts.status.get("rayJobName") or ""))
+        rayjob = self.rayjob(ObjectRef(facts.ref.namespace, facts.status.ray_job_name or ""))
         facts = replace(facts, rayjob=RayJobFacts.from_object(rayjob) if rayjob else None, rayjob_body=rayjob,
                         run_spec=self.run_spec(rayjob) if rayjob else None)  # fmt: skip
         if progress_wanted(facts) and self.cache.poll_due(facts.ref, time.monotonic(), take=True):
@@ -173,8 +173,8 @@ class Reads:
             run = run_ref(body)
             cap = self.cache.cap(run)
             if cap is None:
-                recorded = (status_of(self.sweep(run.sweep) or {}).get("replicas") or {}).get("cap")
-                cap = recorded if isinstance(recorded, int) else None
+                replicas = status_of(self.sweep(run.sweep) or {}).replicas
+                cap = replicas.cap if replicas is not None else None
             if cap is not None:
                 self.cache.remember_cap(run, cap)
                 bounds = RunBounds(cap)
@@ -256,10 +256,10 @@ class Reads:
         (its ETag; absent both times is no change)."""
         sweep = facts.sweep
         assert sweep is not None
-        target = status_target({"metadata": {"name": sweep.name}, "status": facts.status})
+        target = status_target(facts.body)
         if target is None:
             storage = sweep.spec.storage
-            root = s3_layout.run_root(storage.uri, sweep.namespace, sweep.name, facts.status["runId"])
+            root = s3_layout.run_root(storage.uri, sweep.namespace, sweep.name, facts.status.run_id or "")
             target = GuardTarget(
                 root, storage.endpoint_url or self.settings.s3_endpoint_url, storage.region or self.settings.s3_region
             )
@@ -350,7 +350,7 @@ class Reads:
         """The sweep's RayJob, read fresh: by status.rayJobName, else by the name its uid implies (an operator
         that crashed between the create and the status write left exactly that one). Never a foreign one."""
         meta, status = meta_of(body), status_of(body)
-        name = status.get("rayJobName")
+        name = status.ray_job_name
         if not name and meta.get("uid"):
             name = rayjob_name(meta["name"], run_id_for(meta["uid"]))
         if not name:
@@ -381,9 +381,9 @@ class Reads:
         """(sweep, demand) of each of our RayJobs in `namespace` that has not finished (the ledger's rebuild)."""
         runs = []
         recorded = {  # RayJobs rendered before the bounds annotation: what their sweep's admission recorded
-            meta_of(b).get("name", ""): Demand(int(r.get("workers") or 0), int(r.get("gpus") or 0))
+            meta_of(b).get("name", ""): Demand(int(r.workers or 0), int(r.gpus or 0))
             for b in self.cache.sweeps()
-            if meta_of(b).get("namespace") == namespace and isinstance(r := status_of(b).get("replicas"), dict)
+            if meta_of(b).get("namespace") == namespace and (r := self.cache.status(b).replicas) is not None
         }
         for rayjob in self.kube.list_rayjobs(namespace, constants.LABEL_SWEEP):
             facts, bounds, target = RayJobFacts.from_object(rayjob), bounds_of(rayjob), target_of(rayjob)
@@ -517,7 +517,7 @@ def sweep_run_id(sweep: Mapping[str, Any]) -> str:
     """The sweep's run (every attempt's): status.runId, else the id its uid implies (only the operator writes the
     status; the uid is the API server's)."""
     uid = meta_of(sweep).get("uid")
-    return str(status_of(sweep).get("runId") or (run_id_for(uid) if uid else ""))
+    return str(status_of(sweep).run_id or (run_id_for(uid) if uid else ""))
 
 
 def run_id_of(obj: Mapping[str, Any]) -> str:

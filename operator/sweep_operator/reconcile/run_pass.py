@@ -196,7 +196,7 @@ def decide_resume(
         context=context,
         max_active_seconds=max_active_seconds,
     )
-    if resumed is not None and queue and resumed.status and resumed.status.get("phase") == Phase.STARTING:
+    if resumed is not None and queue and resumed.status and resumed.status.phase == Phase.STARTING:
         resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
     return resumed, tuple(asked[-1:])
 
@@ -215,14 +215,14 @@ def decide_measured(
     )
     changes: dict[str, Any] = {} if measured.usage is None else {"usage": measured.usage}
     actions: list[Action] = list(decision.actions)
-    if measured.facts.stop and not is_terminal(status.get("phase")) and facts.rayjob is not None:
+    if measured.facts.stop and not is_terminal(status.phase) and facts.rayjob is not None:
         changes.update(run_phase.budget_exhausted(facts, status, measured.facts.stop_reason))
         actions = [a for a in actions if not isinstance(a, _ENDING)]
         actions.extend(run_phase.stop_actions(facts.rayjob.name))
     new = updated(status, changes) if changes or measured.events else decision.status
     if pods.record:  # every GPU-second into the namespace's ledger, which outlives the sweep
         recorded = new if new is not None else status
-        actions.insert(0, RecordGpuHours(recorded.get("usage"), is_terminal(recorded.get("phase"))))
+        actions.insert(0, RecordGpuHours(recorded.usage, is_terminal(recorded.phase)))
     return Decision(new, tuple(actions), (*decision.events, *(Event(*e) for e in measured.events)))
 
 
@@ -231,9 +231,9 @@ def in_kueue_mode(facts: SweepFacts, decision: Decision, run: kueue.KueueRun, *,
     no SetSuspend (a Warning says so); a SetRuntimeEnv first keeps the waiting RayJob's SWEEP_DEADLINE_AT current."""
     decided = decision.status if decision.status is not None else facts.status
     outcome = kueue.outcome_of(facts, decided, run, reconcile_seconds=reconcile_seconds)
-    status = dict(outcome.status)
+    status = outcome.status
     if outcome.conditions:
-        status["conditions"] = conditions_with(status, facts.generation, facts.now, *outcome.conditions)
+        status = updated(status, conditions=conditions_with(status, facts.generation, facts.now, *outcome.conditions))
     events = [*decision.events, *(Event(*e) for e in outcome.events)]
     actions: list[Action] = [a for a in decision.actions if not isinstance(a, SetSuspend)]
     if len(actions) != len(decision.actions):
@@ -273,15 +273,13 @@ def decide_held_pass(facts: SweepFacts, pods: PodsRead | None, *, refresh_second
     why = "its GPU-hour budget is spent" if stops else ""
     counted: tuple[Action, ...] = ()
     if not stops and facts.rayjob is not None and run_phase.deadline_stop_while_held(facts):
-        stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.get('deadlineAt')} passed"
+        stops, why = [DeleteRayJob(facts.rayjob.name)], f"its deadline {facts.status.deadline_at} passed"
         counted = (RecordDeadlineStop(),)
     events = tuple(
         Event("Warning", "StoppedWhileHeld", f"RayJob {stop.name} stopped while the sweep's deletion is held: {why}")
         for stop in stops
     )
     records = [a for a in measured.actions if isinstance(a, RecordGpuHours)]
-    usage_now = (measured.status or {}).get("usage")
-    changed = usage_now is not None and usage_now != facts.status.get("usage")
-    return Decision(
-        updated(facts.status, {"usage": usage_now}) if changed else None, (*records, *stops, *counted), events
-    )
+    usage_now = measured.status.usage if measured.status is not None else None
+    changed = usage_now is not None and usage_now != facts.status.usage
+    return Decision(updated(facts.status, usage=usage_now) if changed else None, (*records, *stops, *counted), events)
