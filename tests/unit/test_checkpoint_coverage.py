@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from sweep_contracts.checkpoint_coverage import checkpoint_coverage
+from sweep_contracts.status_models import SweepStatus
 from sweep_operator.reconcile.run_phase import coverage_changes, decide_finish, decide_run
-from tests.support.fakes import FakeResult
+from sweep_operator.status import read_status, rfc3339
+from tests.support.fakes import T0, FakeResult
 from tests.unit.test_run_phase import RUNNING, facts, job
 
 CKPT = "s3://b/sweeps/ns/s-r1/train/t1/checkpoint_1"
@@ -53,10 +55,12 @@ def test_a_sweep_with_nothing_to_protect_says_so_and_how_to_fix_it() -> None:
 
 def test_the_warning_is_an_event_once_per_change_and_a_condition_always() -> None:
     first = checkpoint_coverage({"trialResults": [row("t1", reports=3)]}, 3)
-    conditions, events = coverage_changes({"conditions": []}, first)
+    conditions, events = coverage_changes(SweepStatus(conditions=[]), first)
     assert [(c[0], c[1], c[2]) for c in conditions] == [("CheckpointsCommitted", False, "NoCommittedCheckpoint")]
     assert [(e.type, e.reason) for e in events] == [("Warning", "NoCommittedCheckpoint")]
-    said = {"conditions": [{"type": "CheckpointsCommitted", "status": "False", "message": conditions[0][3]}]}
+    stored = {"type": "CheckpointsCommitted", "status": "False", "reason": "NoCommittedCheckpoint"}
+    said = read_status({"conditions": [{**stored, "message": conditions[0][3], "lastTransitionTime": rfc3339(T0)}]})
+    assert said.conditions, "a stored condition, as the API keeps it"
     later = checkpoint_coverage({"trialResults": [row("t1", reports=9)]}, 3)  # more reports, the same fact
     assert coverage_changes(said, later)[1] == []
     ended = checkpoint_coverage({"trialResults": [row("t1", "TERMINATED", reports=9)]}, 3)
@@ -70,8 +74,8 @@ def test_a_running_sweep_gets_the_condition_and_event_within_the_pass_that_polle
     coverage = checkpoint_coverage({"trialResults": [row("t1", reports=3)]}, 3)
     decision = decide_run(facts(RUNNING, job(), coverage=coverage))
     assert decision.status is not None
-    condition = next(c for c in decision.status["conditions"] if c["type"] == "CheckpointsCommitted")
-    assert (condition["status"], condition["reason"]) == ("False", "NoCommittedCheckpoint")
+    condition = next(c for c in decision.status.conditions or [] if c.type == "CheckpointsCommitted")
+    assert (condition.status, condition.reason) == ("False", "NoCommittedCheckpoint")
     assert [e.reason for e in decision.events] == ["NoCommittedCheckpoint"]
 
 
@@ -79,8 +83,8 @@ def test_the_spec_sets_the_threshold_and_the_finish_judges_the_result() -> None:
     result = {"trialResults": [row("t1", "TERMINATED", reports=2)]}
     decision = decide_finish(facts({**RUNNING, "phase": "Succeeded"}, None), FakeResult(True), None, result)
     assert decision.status is not None
-    condition = next(c for c in decision.status["conditions"] if c["type"] == "CheckpointsCommitted")
-    assert condition["status"] == "False"
+    condition = next(c for c in decision.status.conditions or [] if c.type == "CheckpointsCommitted")
+    assert condition.status == "False"
     assert "NoCommittedCheckpoint" in [e.reason for e in decision.events]
     running = checkpoint_coverage({"trialResults": [row("t1", reports=4)]}, 5)
     assert running is None  # a loop that checkpoints every 5 reports sets warnAfterReports: 5

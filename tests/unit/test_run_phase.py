@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sweep_contracts.status_models import SweepStatus, TrialCounts
 from sweep_operator.reconcile.actions import DeleteRayJob, Diagnose, Finish, ReleaseBudget, SetSuspend, SuspendWorkers
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.reconcile.run_phase import (
@@ -20,7 +21,7 @@ from sweep_operator.reconcile.run_phase import (
     trials_started,
 )
 from sweep_operator.settings import OperatorLimits
-from sweep_operator.status import RayJobFacts, rfc3339, settled
+from sweep_operator.status import RayJobFacts, read_status, rfc3339, settled, status_document
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 from tests.support.fakes import T0, FakeResult, Finding
@@ -211,10 +212,10 @@ def test_decide_run(
     if phase is None:
         assert decision.status is None
         return
-    assert decision.status is not None and decision.status["phase"] == phase
-    assert condition in [(c["type"], c["status"], c["reason"]) for c in decision.status.get("conditions") or []]
+    assert decision.status is not None and decision.status.phase == phase
+    assert condition in [(c.type, c.status, c.reason) for c in decision.status.conditions or []]
     if phase in ("Succeeded", "Failed", "DeadlineExceeded"):
-        assert decision.status["finishedAt"] == rfc3339(given.now)
+        assert decision.status.finished_at == rfc3339(given.now)
 
 
 def test_a_diagnosis_request_names_the_cluster_and_the_cap() -> None:
@@ -225,8 +226,8 @@ def test_a_diagnosis_request_names_the_cluster_and_the_cap() -> None:
 def test_the_first_running_pass_records_training_start_and_the_attempt() -> None:
     status = decide_run(facts(STARTING, job(start_time=rfc3339(T0 - 60)))).status
     assert status is not None
-    assert status["trainingStartedAt"] == rfc3339(T0) and status["attemptStartedAt"] == rfc3339(T0 - 60)
-    assert status["jobDeploymentStatus"] == "Running" and status["rayClusterName"] == "digits-r1-raycluster"
+    assert status.training_started_at == rfc3339(T0) and status.attempt_started_at == rfc3339(T0 - 60)
+    assert status.job_deployment_status == "Running" and status.ray_cluster_name == "digits-r1-raycluster"
 
 
 def test_polled_progress_lands_in_the_status() -> None:
@@ -236,7 +237,8 @@ def test_polled_progress_lands_in_the_status() -> None:
         "waitingFor": None,
     }
     status = decide_run(facts({**RUNNING, "waitingFor": "2 worker pods Pending"}, job(), progress=progress)).status
-    assert status is not None and status["trials"]["running"] == 3 and "waitingFor" not in status
+    assert status is not None and status.trials is not None and status.trials.running == 3
+    assert "waitingFor" not in status_document(status)
 
 
 def test_a_spec_change_is_refused_but_suspend_is_carried_to_the_rayjob() -> None:
@@ -244,7 +246,7 @@ def test_a_spec_change_is_refused_but_suspend_is_carried_to_the_rayjob() -> None
     decision = decide_run(given)
     assert SetSuspend(JOB, True) in decision.actions
     assert [e.reason for e in decision.events] == ["Suspend"]
-    assert decision.status is not None and decision.status["observedGeneration"] == 1
+    assert decision.status is not None and decision.status.observed_generation == 1
 
 
 @pytest.mark.parametrize(
@@ -261,10 +263,10 @@ def test_decide_finish(result: FakeResult, phase: str, verified: str, reason: st
         facts({**RUNNING, "phase": phase}, None), result, {"trials": {"total": 8, "errored": 8}}, None
     )
     assert decision.status is not None
-    conditions = {c["type"]: (c["status"], c["reason"]) for c in decision.status["conditions"]}
+    conditions = {c.type: (c.status, c.reason) for c in decision.status.conditions or []}
     assert conditions["CheckpointsVerified"] == (verified, reason)
     assert "Ready" not in conditions  # the status writer derives it (status.settled), as for every write
-    written = {c["type"]: (c["status"], c["reason"]) for c in settled(decision.status, 1, T0)["conditions"]}
+    written = {c.type: (c.status, c.reason) for c in settled(decision.status, 1, T0).conditions or []}
     assert written["Ready"][0] == ("True" if phase == "Succeeded" and verified == "True" else "False")
     assert [e.reason for e in decision.events] == (
         [] if verified == "True" else [reason if reason != "NotVerified" else "CheckpointsNotVerified"]
@@ -299,13 +301,15 @@ def test_deadline_passed(now: float, deadline: float, grace: float, passed: bool
     ids=["overdue", "on time", "the sweep's start is later", "retrying", "new after a retry", "not started"],
 )
 def test_startup_overdue(rayjob: RayJobFacts, status: dict[str, Any], now: float, overdue: bool) -> None:
-    assert startup_overdue(rayjob, status, now, 600) is overdue
+    assert startup_overdue(rayjob, read_status(status), now, 600) is overdue
 
 
 def test_ever_ran_and_trials_started() -> None:
-    assert ever_ran({"trainingStartedAt": rfc3339(T0)}, job("Failed", "FAILED")) and ever_ran({}, job())
-    assert not ever_ran({}, job("Failed", "FAILED"))
-    assert trials_started({"errored": 1}) and not trials_started({"pending": 4, "total": 4})
+    assert ever_ran(read_status({"trainingStartedAt": rfc3339(T0)}), job("Failed", "FAILED"))
+    assert ever_ran(SweepStatus(), job())
+    assert not ever_ran(SweepStatus(), job("Failed", "FAILED"))
+    assert trials_started(TrialCounts(errored=1)) and not trials_started(TrialCounts(pending=4, total=4))
+    assert not trials_started(None)
 
 
 @pytest.mark.parametrize(
@@ -341,6 +345,7 @@ def test_tick_due(status: dict[str, Any], deleting: bool, poll_due: bool, due: b
         "status": status,
     }
     assert tick_due(body, T0, poll_due) is due
+    assert tick_due(body, T0, poll_due, read_status(status)) is due, "the status parsed once, by the cache"
 
 
 @pytest.mark.parametrize(
@@ -365,7 +370,7 @@ def test_a_resumed_attempt_is_compared_without_its_own_deadline(edit: dict[str, 
     given = facts({**RUNNING, "observedGeneration": 0}, job(), spec={**resumed, **edit}, run_spec=run_spec)
     decision = decide_run(given)
     assert decision.status is not None
-    message = decision.status.get("message") or ""
+    message = decision.status.message or ""
     if refused is None:
         assert "spec change refused" not in message and "SpecChangeRefused" not in [e.reason for e in decision.events]
     else:

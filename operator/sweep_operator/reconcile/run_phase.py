@@ -14,6 +14,7 @@ from sweep_contracts import constants
 from sweep_contracts.api import DEFAULT_WARN_AFTER_REPORTS, WAITING_PHASES, Phase
 from sweep_contracts.checkpoint_coverage import CONDITION as COVERAGE_CONDITION
 from sweep_contracts.checkpoint_coverage import CheckpointCoverage, checkpoint_coverage
+from sweep_contracts.status_models import SweepStatus, TrackingStatus, TrialCounts
 from sweep_contracts.tracking import CONDITION as TRACKING_CONDITION
 from sweep_contracts.tracking import REASON_CAUGHT_UP, TrackingState, tracking_uri_of
 
@@ -28,6 +29,7 @@ from ..status import (
     parse_time,
     phase_for,
     progress_patch,
+    read_status,
     rfc3339,
     updated,
 )
@@ -54,7 +56,7 @@ def deadline_stop_while_held(facts: SweepFacts) -> bool:
     """A sweep whose deletion the guard holds keeps its clock: its RayJob still runs until the guard releases the
     sweep, so the operator's deadline stop (the deadline and its graceful window passed) still applies."""
     status, spec = facts.status, facts.admitted_spec
-    deadline = parse_time(status.get("deadlineAt"))
+    deadline = parse_time(status.deadline_at)
     if deadline is None or facts.rayjob is None or facts.rayjob.deleting or facts.rayjob.finished:
         return False
     grace = spec.deadlines.graceful_stop_seconds if spec is not None else 0
@@ -66,7 +68,7 @@ def held_pass_due_in(facts: SweepFacts, interval: float, measuring: bool) -> flo
     (every `interval`); None when nothing is left to watch (the RayJob has ended)."""
     if facts.rayjob is None or facts.rayjob.deleting or facts.rayjob.finished:
         return interval if measuring else None
-    deadline = parse_time(facts.status.get("deadlineAt"))
+    deadline = parse_time(facts.status.deadline_at)
     spec = facts.admitted_spec
     grace = spec.deadlines.graceful_stop_seconds if spec is not None else 0
     waits = [interval] if measuring else []
@@ -75,41 +77,43 @@ def held_pass_due_in(facts: SweepFacts, interval: float, measuring: bool) -> flo
     return min(waits) if waits else None
 
 
-def trials_started(trials: Mapping[str, Any]) -> bool:
-    return any(int(trials.get(state) or 0) > 0 for state in ("running", "terminated", "errored"))
+def trials_started(trials: TrialCounts | None) -> bool:
+    return trials is not None and (trials.running > 0 or trials.terminated > 0 or trials.errored > 0)
 
 
-def ever_ran(status: Mapping[str, Any], rayjob: RayJobFacts) -> bool:
+def ever_ran(status: SweepStatus, rayjob: RayJobFacts) -> bool:
     """The Ray job reached Running once in this run (status.trainingStartedAt records it)."""
-    return bool(status.get("trainingStartedAt")) or rayjob.running
+    return bool(status.training_started_at) or rayjob.running
 
 
-def startup_overdue(rayjob: RayJobFacts, status: Mapping[str, Any], now: float, startup_seconds: float) -> bool:
+def startup_overdue(rayjob: RayJobFacts, status: SweepStatus, now: float, startup_seconds: float) -> bool:
     """Per attempt: timed from the attempt's start (KubeRay's status.startTime, set at New -> Initializing). While
     KubeRay is Retrying, and in the New state after it, startTime still holds the failed attempt's value and the
     next attempt has not begun (rayjob_controller.go: the Retrying branch), so no startup clock runs then; the
     sweep-wide deadline still does."""
     if rayjob.deployment_status in ("Retrying", "") and rayjob.failed > 0:
         return False
-    started = [t.timestamp() for t in (parse_time(status.get("startedAt")), parse_time(rayjob.start_time)) if t]
+    started = [t.timestamp() for t in (parse_time(status.started_at), parse_time(rayjob.start_time)) if t]
     return bool(started) and now - max(started) > startup_seconds
 
 
-def tick_due(body: Mapping[str, Any], now: float, poll_due: bool) -> bool:
+def tick_due(body: Mapping[str, Any], now: float, poll_due: bool, status: SweepStatus | None = None) -> bool:
     """Whether a timer tick has work: a deadline that may have passed, progress to poll (`poll_due`: the cache's
     answer, read by the caller), a queue or a failed create to retry, an end-of-run verification to finish. Events
-    drive everything else."""
-    status = body.get("status") or {}
-    phase = status.get("phase")
+    drive everything else. `status`: the body's status already parsed (`Cache.status`, once per resourceVersion:
+    ticks come often); None: parsed here."""
+    if status is None:
+        status = read_status(body.get("status"))
+    phase = status.phase
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         # Held by the guard, a run's RayJob still runs: its deadline still stops it (controller._held_pass).
-        deadline = parse_time(status.get("deadlineAt"))
-        return bool(status.get("runId")) and deadline is not None and now >= deadline.timestamp()
+        deadline = parse_time(status.deadline_at)
+        return bool(status.run_id) and deadline is not None and now >= deadline.timestamp()
     if is_terminal(phase):
-        return awaiting_verification(status) or resume_pending(body)
+        return awaiting_verification(status) or resume_pending(body, status)
     if phase is None or phase in WAITING_PHASES:
         return True
-    deadline = parse_time(status.get("deadlineAt"))
+    deadline = parse_time(status.deadline_at)
     if deadline is not None and now >= deadline.timestamp():
         return True
     return poll_due
@@ -118,9 +122,9 @@ def tick_due(body: Mapping[str, Any], now: float, poll_due: bool) -> bool:
 def progress_wanted(facts: SweepFacts) -> bool:
     """Whether this pass reads the run's progress: while it runs and no deadline has passed (the poll's
     status_poll_seconds spacing is the controller's)."""
-    if facts.rayjob is None or facts.sweep is None or is_terminal(facts.status.get("phase")):
+    if facts.rayjob is None or facts.sweep is None or is_terminal(facts.status.phase):
         return False
-    deadline = parse_time(facts.status.get("deadlineAt"))
+    deadline = parse_time(facts.status.deadline_at)
     passed = deadline is not None and deadline_passed(facts.now, deadline.timestamp(), 0)
     return phase_for(facts.rayjob) == Phase.RUNNING and not passed
 
@@ -128,9 +132,7 @@ def progress_wanted(facts: SweepFacts) -> bool:
 def result_wanted(facts: SweepFacts) -> bool:
     """Whether this pass reads `_sweep/result.json`: a success may be Tune's budget stopping at the deadline."""
     return (
-        facts.rayjob is not None
-        and not is_terminal(facts.status.get("phase"))
-        and phase_for(facts.rayjob) == Phase.SUCCEEDED
+        facts.rayjob is not None and not is_terminal(facts.status.phase) and phase_for(facts.rayjob) == Phase.SUCCEEDED
     )
 
 
@@ -189,7 +191,7 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
     if changed:
         message = (
             f"spec change refused: {', '.join('spec.' + k for k in changed)} changed after run "
-            f"{facts.status.get('runId')} was admitted; only spec.suspend may change while a run exists. "
+            f"{facts.status.run_id} was admitted; only spec.suspend may change while a run exists. "
             "The run continues with its admitted spec; delete and re-create the sweep to start a new run."
         )
         changes["message"] = message
@@ -201,41 +203,41 @@ def _spec_change(facts: SweepFacts, changes: dict[str, Any], actions: list[Any],
 STOPPED_BY_OPERATOR = frozenset({Phase.FAILED, Phase.DEADLINE_EXCEEDED, Phase.BUDGET_EXHAUSTED})
 
 
-def unstopped_rayjob(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> str | None:
+def unstopped_rayjob(status: SweepStatus, rayjob: Mapping[str, Any] | None) -> str | None:
     """The RayJob to stop again: an ended sweep's own RayJob (status.rayJobName, carrying the guard record only the
     operator may write, of this run) still running, neither deleting nor finished. The stop's delete never went out
     (its pass failed for good, or the operator restarted before it ran), and a live job would hold its GPUs until
     KubeRay's active deadline. A finished job is KubeRay's to clean up; a deleting one is the guard's."""
-    if rayjob is None or status.get("phase") not in STOPPED_BY_OPERATOR:
+    if rayjob is None or status.phase not in STOPPED_BY_OPERATOR:
         return None
     meta = rayjob.get("metadata") or {}
-    if not meta.get("name") or meta.get("name") != status.get("rayJobName") or meta.get("deletionTimestamp"):
+    if not meta.get("name") or meta.get("name") != status.ray_job_name or meta.get("deletionTimestamp"):
         return None
     target = GuardTarget.from_annotation((meta.get("annotations") or {}).get(constants.ANNOTATION_GUARD))
-    if target is None or not target.run_id or target.run_id != status.get("runId"):
+    if target is None or not target.run_id or target.run_id != status.run_id:
         return None
     return None if RayJobFacts.from_object(rayjob).finished else str(meta["name"])
 
 
-def _stopping(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> bool:
+def _stopping(status: SweepStatus, rayjob: Mapping[str, Any] | None) -> bool:
     """The operator is stopping this RayJob (status.gracefulStop names it): its stop suspends the workers and
     records the GPU time the stop held, so nothing else suspends them first."""
-    stop, uid = status.get("gracefulStop"), ((rayjob or {}).get("metadata") or {}).get("uid")
-    return isinstance(stop, Mapping) and bool(uid) and stop.get("rayJobUid") == uid
+    stop, uid = status.graceful_stop, ((rayjob or {}).get("metadata") or {}).get("uid")
+    return stop is not None and bool(uid) and stop.ray_job_uid == uid
 
 
-def finished_workers(status: Mapping[str, Any], rayjob: Mapping[str, Any] | None) -> SuspendWorkers | None:
+def finished_workers(status: SweepStatus, rayjob: Mapping[str, Any] | None) -> SuspendWorkers | None:
     """An ended sweep's own RayJob (as in unstopped_rayjob) whose job finished: its cluster's worker groups go now,
     not when KubeRay deletes the cluster ttlSecondsAfterFinished later (the head stays until then)."""
-    if rayjob is None or not is_terminal(status.get("phase")):
+    if rayjob is None or not is_terminal(status.phase):
         return None
     meta, facts = rayjob.get("metadata") or {}, RayJobFacts.from_object(rayjob)
-    if meta.get("name") != status.get("rayJobName") or facts.deleting or not facts.finished or not facts.cluster_name:
+    if meta.get("name") != status.ray_job_name or facts.deleting or not facts.finished or not facts.cluster_name:
         return None
     if _stopping(status, rayjob):
         return None
     target = GuardTarget.from_annotation((meta.get("annotations") or {}).get(constants.ANNOTATION_GUARD))
-    if target is None or not target.run_id or target.run_id != status.get("runId"):
+    if target is None or not target.run_id or target.run_id != status.run_id:
         return None
     return SuspendWorkers(facts.name, facts.cluster_name)
 
@@ -245,7 +247,7 @@ def decide_run(facts: SweepFacts) -> Decision:
     startup diagnosis: the controller reads it into `facts.diagnosis` and decides again. The status judged is the
     one on the run's clock (`facts.judged_status`: Kueue mode counts admitted time only)."""
     status, generation, now = facts.judged_status, facts.generation, facts.now
-    phase = status.get("phase")
+    phase = status.phase
     if is_terminal(phase):
         ending = (ReleaseBudget(), Finish()) if awaiting_verification(status) else (ReleaseBudget(),)
         unstopped = unstopped_rayjob(facts.status, facts.ended_rayjob)
@@ -256,13 +258,13 @@ def decide_run(facts: SweepFacts) -> Decision:
     changes: dict[str, Any] = {}
     actions: list[Any] = []
     events: list[Event] = []
-    if generation != status.get("observedGeneration"):
+    if generation != status.observed_generation:
         _spec_change(facts, changes, actions, events)
     rayjob = facts.rayjob
     if rayjob is None:
         return _rayjob_gone(facts, status, changes, actions, events)
     _attempt_changes(facts, status, rayjob, changes)
-    judged = _judge_phase(facts, status, rayjob, changes.get("message") or status.get("message") or "", changes)
+    judged = _judge_phase(facts, status, rayjob, changes.get("message") or status.message or "", changes)
     if judged is None:
         return _diagnose(facts)
     new_phase, message, conditions, stops = judged
@@ -273,7 +275,7 @@ def decide_run(facts: SweepFacts) -> Decision:
         {
             "phase": new_phase,
             "message": message,
-            "rayClusterName": rayjob.cluster_name or status.get("rayClusterName"),
+            "rayClusterName": rayjob.cluster_name or status.ray_cluster_name,
             "jobDeploymentStatus": rayjob.deployment_status or None,
             "jobStatus": rayjob.job_status or None,
             "reason": rayjob.reason or None,
@@ -298,10 +300,10 @@ def decide_run(facts: SweepFacts) -> Decision:
 
 
 def _rayjob_gone(
-    facts: SweepFacts, status: Mapping[str, Any], changes: dict[str, Any], actions: list[Any], events: list[Event]
+    facts: SweepFacts, status: SweepStatus, changes: dict[str, Any], actions: list[Any], events: list[Event]
 ) -> Decision:
     """The run's RayJob was deleted outside the operator: the run failed."""
-    message = f"RayJob {status.get('rayJobName')} no longer exists (deleted outside the operator)"
+    message = f"RayJob {status.ray_job_name} no longer exists (deleted outside the operator)"
     gone = transition(Fact.RAYJOB_GONE)
     changes.update(
         {
@@ -319,16 +321,14 @@ def _rayjob_gone(
     return Decision(updated(status, changes), (*actions, ReleaseBudget()), tuple(events))
 
 
-def _attempt_changes(
-    facts: SweepFacts, status: Mapping[str, Any], rayjob: RayJobFacts, changes: dict[str, Any]
-) -> None:
+def _attempt_changes(facts: SweepFacts, status: SweepStatus, rayjob: RayJobFacts, changes: dict[str, Any]) -> None:
     """When training and this attempt started, and the progress polled this pass."""
-    if rayjob.running and not status.get("trainingStartedAt"):
+    if rayjob.running and not status.training_started_at:
         changes["trainingStartedAt"] = rfc3339(facts.now)
     if (
         rayjob.start_time
         and rayjob.deployment_status not in ("Retrying", "")
-        and rayjob.start_time != status.get("attemptStartedAt")
+        and rayjob.start_time != status.attempt_started_at
     ):
         changes["attemptStartedAt"] = rayjob.start_time
     if facts.progress:
@@ -336,29 +336,29 @@ def _attempt_changes(
 
 
 def _judge_phase(
-    facts: SweepFacts, status: Mapping[str, Any], rayjob: RayJobFacts, message: str, changes: Mapping[str, Any]
+    facts: SweepFacts, status: SweepStatus, rayjob: RayJobFacts, message: str, changes: Mapping[str, Any]
 ) -> tuple[str, str, list[Condition], list[Any]] | None:
     """The phase KubeRay's state implies, overruled by the deadline and startup rules: (phase, message, conditions,
     the RayJob's stop if one is due). None: the startup diagnosis is needed first."""
-    now, admitted, phase = facts.now, facts.admitted_spec, status.get("phase")
+    now, admitted, phase = facts.now, facts.admitted_spec, status.phase
     conditions: list[Condition] = []
     stops: list[Any] = []
     new_phase: str = phase_for(rayjob)
-    deadline = parse_time(status.get("deadlineAt"))
+    deadline = parse_time(status.deadline_at)
     graceful = admitted.deadlines.graceful_stop_seconds if admitted is not None else 0
-    trials = changes.get("trials") or status.get("trials") or {}
+    trials = _polled_trials(changes.get("trials")) or status.trials
     if new_phase == Phase.SUCCEEDED and facts.stopped_at_deadline:
         # Tune's time budget stopped the trials before the deadline and the driver exited 0: a deadline stop,
         # not a finished sweep (the checkpoints so far are verified as for any end).
         row = transition(Fact.STOPPED_AT_DEADLINE)
         new_phase = row.to
-        message = f"the driver stopped the trials gracefully at the sweep deadline {status.get('deadlineAt')}"
+        message = f"the driver stopped the trials gracefully at the sweep deadline {status.deadline_at}"
         conditions.append((row.condition or "", True, row.reason, message))
     elif deadline and not is_terminal(new_phase) and deadline_passed(now, deadline.timestamp(), graceful):
         row = transition(Fact.SWEEP_DEADLINE_PASSED)
         new_phase = row.to
         message = (
-            f"sweep deadline {status.get('deadlineAt')} and its {graceful}s graceful window passed; stopping "
+            f"sweep deadline {status.deadline_at} and its {graceful}s graceful window passed; stopping "
             f"RayJob {rayjob.name} through the checkpoint guard"
         )
         conditions.append((row.condition or "", True, row.reason, message))
@@ -371,7 +371,7 @@ def _judge_phase(
                 "DeadlineExceeded",
                 True,
                 "GracefulStop",
-                f"sweep deadline {status.get('deadlineAt')} passed; the driver is stopping its trials; "
+                f"sweep deadline {status.deadline_at} passed; the driver is stopping its trials; "
                 f"the operator stops RayJob {rayjob.name} if it still runs {graceful}s after it",
             )
         )
@@ -413,6 +413,13 @@ def _judge_phase(
     return new_phase, message, conditions, stops
 
 
+def _polled_trials(polled: TrialCounts | Mapping[str, Any] | None) -> TrialCounts | None:
+    """The trial counts polled this pass (`progress_patch`'s document, or the model); None when none were."""
+    if polled is None or isinstance(polled, TrialCounts):
+        return polled
+    return TrialCounts.model_validate(polled) if polled else None
+
+
 def _phase_conditions(new_phase: str, rayjob: RayJobFacts, message: str, judged: list[Condition]) -> list[Condition]:
     """The Running condition the phase implies (unless a rule set it already)."""
     if new_phase == Phase.RUNNING:
@@ -426,7 +433,7 @@ def _phase_conditions(new_phase: str, rayjob: RayJobFacts, message: str, judged:
     return []
 
 
-def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) -> dict[str, Any]:
+def budget_exhausted(facts: SweepFacts, status: SweepStatus, reason: str) -> dict[str, Any]:
     """The status changes of a run stopped because a GPU budget (the sweep's, or its namespace reservation) is spent:
     stopped through the checkpoint guard like a deadline stop (the RayJob deleted, the guard verifies before
     releasing the cluster, phase BudgetExhausted, checkpoints verified at the end); the one place a graceful stop
@@ -448,30 +455,32 @@ def budget_exhausted(facts: SweepFacts, status: Mapping[str, Any], reason: str) 
     }
 
 
-def coverage_changes(
-    status: Mapping[str, Any], coverage: CheckpointCoverage | None
-) -> tuple[list[Condition], list[Event]]:
+def coverage_changes(status: SweepStatus, coverage: CheckpointCoverage | None) -> tuple[list[Condition], list[Event]]:
     """CheckpointsCommitted from the trials' coverage, and a Warning Event when trials without a committed
     checkpoint are first seen or change: said while the sweep runs, not at its deletion."""
     if coverage is None:
         return [], []
     condition: Condition = (COVERAGE_CONDITION, coverage.ok, coverage.reason, coverage.message)
-    previous = get_condition(status.get("conditions"), COVERAGE_CONDITION) or {}
-    said = previous.get("status") == "False" and previous.get("message") == coverage.message
+    previous = get_condition(status.conditions, COVERAGE_CONDITION)
+    said = previous is not None and previous.status == "False" and previous.message == coverage.message
     events = [] if coverage.ok or said else [Event("Warning", coverage.reason, coverage.message)]
     return [condition], events
 
 
 def tracking_changes(
-    status: Mapping[str, Any], tracking: Mapping[str, Any] | None, spec: Any
+    status: SweepStatus, tracking: TrackingStatus | Mapping[str, Any] | None, spec: Any
 ) -> tuple[list[Condition], list[Event]]:
-    """TrackingAvailable from what the driver last said about its tracking server (status.tracking): a Warning Event
-    when the server stops answering, a Normal one when it answers again; never a change of phase."""
+    """TrackingAvailable from what the driver last said about its tracking server (status.tracking, as polled this
+    pass: a model or its stored document): a Warning Event when the server stops answering, a Normal one when it
+    answers again; never a change of phase."""
+    if isinstance(tracking, TrackingStatus):
+        tracking = tracking.model_dump(by_alias=True, exclude_none=True, mode="json")
     state = TrackingState.from_status(tracking, tracking_uri_of(spec))
     if state is None:
         return [], []
     condition: Condition = (TRACKING_CONDITION, state.available, state.reason, state.message)
-    previous = (get_condition(status.get("conditions"), TRACKING_CONDITION) or {}).get("status")
+    said = get_condition(status.conditions, TRACKING_CONDITION)
+    previous = said.status if said is not None else None
     events: list[Event] = []
     if not state.available and previous != "False":
         events.append(Event("Warning", state.reason, state.message))
@@ -504,11 +513,11 @@ def decide_finish(
         changes.update(progress_patch(result, facts.admitted_spec))
     elif progress:
         changes.update(progress_patch(progress, facts.admitted_spec))
-    said = (progress or {}).get("message") if status.get("phase") == Phase.FAILED else None
-    if isinstance(said, str) and said and said not in (status.get("message") or ""):
+    said = (progress or {}).get("message") if status.phase == Phase.FAILED else None
+    if isinstance(said, str) and said and said not in (status.message or ""):
         # The driver records why it stopped (a pre-flight refusal naming the S3 action, a trainLoop that does not
         # import): KubeRay only knows the exit code.
-        changes["message"] = f"{status.get('message') or 'failed'}; the driver says: {said}"[:2000]
+        changes["message"] = f"{status.message or 'failed'}; the driver says: {said}"[:2000]
     judged = decide_after_verification(
         verification, attempt=0, base_backoff=1, max_backoff=1, progress=progress, final=result
     )
@@ -519,9 +528,9 @@ def decide_finish(
     changes.update(
         end_patch(
             status,
-            phase=status.get("phase") or "",
+            phase=status.phase or "",
             now=facts.now,
-            reason=status.get("reason"),
+            reason=status.reason,
             checkpoints_verified=verification.checked if verified else None,
         )
     )

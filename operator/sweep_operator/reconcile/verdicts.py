@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sweep_contracts import api, constants
+from sweep_contracts.status_models import SweepStatus
 
 from ..run_metadata import GuardTarget
+from ..status import read_status
 
 # Verification problem kinds the guard reads (the verifier's findings define them).
 EMPTY_RUN_ROOT = "empty-run-root"
@@ -40,21 +42,23 @@ def target_of(obj: Mapping[str, Any]) -> GuardTarget | None:
     return GuardTarget.from_annotation(annotations.get(constants.ANNOTATION_GUARD))
 
 
-def status_target(sweep: Mapping[str, Any]) -> GuardTarget | None:
-    """The guard facts a sweep's status recorded at admission (status.guard)."""
-    status = sweep.get("status") or {}
-    guard = status.get("guard") or {}
-    root = guard.get("runRoot")
-    if not isinstance(root, str) or not root.startswith("s3://"):
+def status_target(sweep: Mapping[str, Any], status: SweepStatus | None = None) -> GuardTarget | None:
+    """The guard facts a sweep's status recorded at admission (status.guard). `status`: the sweep's status already
+    parsed (`SweepFacts.status`); None: parsed from the body here."""
+    if status is None:
+        status = read_status(sweep.get("status"))
+    guard = status.guard
+    root = guard.run_root if guard is not None else None
+    if guard is None or not root or not root.startswith("s3://"):
         return None
     return GuardTarget(
         root,
-        guard.get("endpointUrl") or "",
-        guard.get("region") or "",
-        guard.get("verify") is not False,
-        int(guard.get("timeoutSeconds") or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS),
+        guard.endpoint_url or "",
+        guard.region or "",
+        guard.verify is not False,
+        guard.timeout_seconds or api.DEFAULT_VERIFICATION_TIMEOUT_SECONDS,
         (sweep.get("metadata") or {}).get("name", ""),
-        status.get("runId") or "",
+        status.run_id or "",
     )
 
 
