@@ -265,13 +265,13 @@ class Cache:
 
     def rayjob_has_news(self, rayjob: Mapping[str, Any]) -> bool:
         """Whether a RayJob event changes what its sweep's status mirrors (status, deletion, suspension)."""
-        meta, status = meta_of(rayjob), rayjob.get("status") or {}
+        meta, rayjob_status = meta_of(rayjob), rayjob.get("status") or {}
         news = (
-            status.get("jobDeploymentStatus"),
-            status.get("jobStatus"),
-            status.get("reason"),
-            status.get("rayClusterName"),
-            status.get("startTime"),
+            rayjob_status.get("jobDeploymentStatus"),
+            rayjob_status.get("jobStatus"),
+            rayjob_status.get("reason"),
+            rayjob_status.get("rayClusterName"),
+            rayjob_status.get("startTime"),
             bool(meta.get("deletionTimestamp")),
             bool((rayjob.get("spec") or {}).get("suspend")),
         )
