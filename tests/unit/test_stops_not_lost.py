@@ -11,9 +11,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from sweep_contracts import constants
+from sweep_contracts.status_models import SweepStatus
 from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.reconcile.run_phase import unstopped_rayjob
 from sweep_operator.settings import OperatorLimits, Settings
+from sweep_operator.status import read_status, updated
 from tests.support.fake_kube import FakeKube
 from tests.support.fake_s3 import FakeS3
 from tests.support.fakes import T0, Clock, FakeVerifier
@@ -102,8 +104,8 @@ def test_a_restarted_operator_stops_the_running_rayjob_of_a_sweep_it_had_stopped
     assert [c for c in world.kube.calls[calls:] if c[0] == "delete_rayjob"] == []
 
 
-def ours(phase: str = "DeadlineExceeded", **rayjob_status: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    status = {"phase": phase, "runId": "r1", "rayJobName": "digits-r1"}
+def ours(phase: str = "DeadlineExceeded", **rayjob_status: Any) -> tuple[SweepStatus, dict[str, Any]]:
+    status = read_status({"phase": phase, "runId": "r1", "rayJobName": "digits-r1"})
     guard = '{"runRoot":"s3://b/sweeps/ml/digits-r1","runId":"r1","sweep":"digits"}'
     rayjob = {
         "metadata": {"name": "digits-r1", "annotations": {constants.ANNOTATION_GUARD: guard}},
@@ -116,9 +118,9 @@ def test_only_the_operators_own_unfinished_rayjob_of_a_stopped_sweep_is_stopped_
     status, rayjob = ours()
     assert unstopped_rayjob(status, rayjob) == "digits-r1"
     for phase in ("Failed", "BudgetExhausted"):
-        assert unstopped_rayjob({**status, "phase": phase}, rayjob) == "digits-r1"
-    assert unstopped_rayjob({**status, "phase": "Succeeded"}, rayjob) is None, "its job ended by itself"
-    assert unstopped_rayjob({**status, "phase": "Running"}, rayjob) is None, "the run pass's, not this rule's"
+        assert unstopped_rayjob(updated(status, phase=phase), rayjob) == "digits-r1"
+    assert unstopped_rayjob(updated(status, phase="Succeeded"), rayjob) is None, "its job ended by itself"
+    assert unstopped_rayjob(updated(status, phase="Running"), rayjob) is None, "the run pass's, not this rule's"
     assert unstopped_rayjob(status, None) is None
     assert unstopped_rayjob(*ours(jobDeploymentStatus="Complete", jobStatus="SUCCEEDED")) is None, "KubeRay's TTL"
     assert unstopped_rayjob(*ours(jobDeploymentStatus="Failed", jobStatus="FAILED")) is None
@@ -128,8 +130,8 @@ def test_only_the_operators_own_unfinished_rayjob_of_a_stopped_sweep_is_stopped_
     assert unstopped_rayjob(status, {**rayjob, "metadata": {"name": "digits-r1"}}) is None
     other_run = {**rayjob, "metadata": {**rayjob["metadata"], "annotations": {constants.ANNOTATION_GUARD: "{}"}}}
     assert unstopped_rayjob(status, other_run) is None
-    assert unstopped_rayjob({**status, "runId": "r2"}, rayjob) is None
-    assert unstopped_rayjob({**status, "rayJobName": "digits-r1-a2"}, rayjob) is None
+    assert unstopped_rayjob(updated(status, run_id="r2"), rayjob) is None
+    assert unstopped_rayjob(updated(status, ray_job_name="digits-r1-a2"), rayjob) is None
 
 
 def test_an_ended_jobs_workers_are_suspended_unless_the_operators_own_stop_is_doing_it() -> None:
@@ -142,9 +144,10 @@ def test_an_ended_jobs_workers_are_suspended_unless_the_operators_own_stop_is_do
     status, rayjob = ours("Succeeded", jobDeploymentStatus="Complete", jobStatus="SUCCEEDED", rayClusterName="c1")
     rayjob["metadata"]["uid"] = "uid-rj"
     assert finished_workers(status, rayjob) == SuspendWorkers("digits-r1", "c1")
-    stopping = {**status, "phase": "DeadlineExceeded", "gracefulStop": {"rayJobUid": "uid-rj", "requestedAt": "x"}}
+    stopping = updated(status, phase="DeadlineExceeded", graceful_stop={"rayJobUid": "uid-rj", "requestedAt": "x"})
     assert finished_workers(stopping, rayjob) is None
-    assert finished_workers({**stopping, "gracefulStop": {"rayJobUid": "another"}}, rayjob) is not None
+    another = updated(stopping, graceful_stop={"rayJobUid": "another", "requestedAt": "x"})
+    assert finished_workers(another, rayjob) is not None
     assert finished_workers(*ours("Succeeded", rayClusterName="c1")) is None, "still running: not finished"
-    assert finished_workers({**status, "phase": "Running"}, rayjob) is None
-    assert finished_workers({**status, "runId": "r2"}, rayjob) is None, "another run's RayJob"
+    assert finished_workers(updated(status, phase="Running"), rayjob) is None
+    assert finished_workers(updated(status, run_id="r2"), rayjob) is None, "another run's RayJob"

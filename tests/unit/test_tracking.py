@@ -15,9 +15,10 @@ import pytest
 from sweep_contracts import tracking as contract
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
+from sweep_contracts.status_models import SweepStatus, TrackingStatus
 from sweep_operator.reconcile.run_phase import tracking_changes
 from sweep_operator.rendering import build_rayjob
-from sweep_operator.status import progress_patch
+from sweep_operator.status import progress_patch, read_status
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, cpu_sweep
 from tests.support.waiting import wait_for
@@ -302,15 +303,21 @@ def test_the_status_links_to_the_parent_run_on_the_specs_server_never_the_docume
 def test_tracking_condition_warns_once_when_the_server_goes_and_says_when_it_is_back() -> None:
     spec = tracked_spec()
     down = {"available": False, "lastError": "ConnectionError: refused", "pending": 4, "dropped": 0}
-    conditions, events = tracking_changes({}, down, spec)
+    conditions, events = tracking_changes(SweepStatus(), down, spec)
     assert conditions[0][:3] == (contract.CONDITION, False, contract.REASON_UNAVAILABLE)
     assert [(e.type, e.reason) for e in events] == [("Warning", contract.REASON_UNAVAILABLE)]
-    held = {"conditions": [{"type": contract.CONDITION, "status": "False", "message": conditions[0][3]}]}
+    stored = {"type": contract.CONDITION, "status": "False", "reason": contract.REASON_UNAVAILABLE}
+    held = read_status(
+        {"conditions": [{**stored, "message": conditions[0][3], "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    )
+    assert held.conditions, "a stored condition, as the API keeps it"
     assert tracking_changes(held, {**down, "pending": 9}, spec)[1] == []  # still down: said once
+    modelled = tracking_changes(SweepStatus(), TrackingStatus.model_validate(down), spec)
+    assert modelled == tracking_changes(SweepStatus(), down, spec) and modelled[1], "a model reads as its document"
     conditions, events = tracking_changes(held, {"available": True, "pending": 0, "dropped": 2}, spec)
     assert conditions[0][1] is True and "2 metric points were dropped" in conditions[0][3]
     assert [(e.type, e.reason) for e in events] == [("Normal", contract.REASON_CAUGHT_UP)]
-    assert tracking_changes({}, None, spec) == ([], [])
+    assert tracking_changes(SweepStatus(), None, spec) == ([], [])
 
 
 def test_the_report_links_to_the_parent_run() -> None:
