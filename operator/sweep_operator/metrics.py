@@ -21,7 +21,7 @@ from sweep_contracts import constants
 from sweep_contracts.api import TERMINAL_PHASES, Phase
 
 from .gpu_time import NamespaceBudget, UsageLedger
-from .status import epoch_seconds
+from .status import epoch_seconds, read_status
 
 PHASES: tuple[str, ...] = tuple(Phase)
 PREFIX = "trainingsweep_"
@@ -78,22 +78,22 @@ class GaugedSweep:
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> GaugedSweep:
-        meta, status = body.get("metadata") or {}, body.get("status") or {}
-        phase = status.get("phase") or Phase.PENDING
+        meta, status = body.get("metadata") or {}, read_status(body.get("status"))
+        phase = status.phase or Phase.PENDING
         deleting = epoch_seconds(meta.get("deletionTimestamp"))
         # The ledger's own rule for what holds budget (admission_ledger.AdmissionLedger._ensure_loaded).
-        admitted = bool(status.get("runId")) and deleting is None and phase not in TERMINAL_PHASES
-        gpus = (status.get("replicas") or {}).get("gpus")
+        admitted = bool(status.run_id) and deleting is None and phase not in TERMINAL_PHASES
+        gpus = status.replicas.gpus if status.replicas is not None else None
         budget = ((body.get("spec") or {}).get("budget") or {}).get("gpuHours")
         return cls(
             namespace=meta.get("namespace") or "default",
             name=meta.get("name") or "",
             phase=phase,
-            queued_at=epoch_seconds(status.get("queuedAt")) if phase == Phase.QUEUED else None,
+            queued_at=epoch_seconds(status.queued_at) if phase == Phase.QUEUED else None,
             deleting_since=deleting,
             gpus=gpus if isinstance(gpus, int) and admitted else 0,
             admitted=admitted,
-            usage=UsageLedger.from_status(status["usage"]) if isinstance(status.get("usage"), dict) else None,
+            usage=UsageLedger.from_status(status.usage) if status.usage is not None else None,
             gpu_hours_budget=float(budget)
             if isinstance(budget, (int, float)) and not isinstance(budget, bool)
             else None,

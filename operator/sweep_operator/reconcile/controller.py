@@ -237,7 +237,7 @@ class SweepController:
         if usage.usage_open(body):
             return True  # an ended run's GPU pods are measured until they are gone (docs/budgets.md)
         poll_due = self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
-        return run_phase.tick_due(body, self.clock(), poll_due)
+        return run_phase.tick_due(body, self.clock(), poll_due, self.cache.status(body))
 
     # ------------------------------------------------------------------------------ the reconcile pass
     def _pass(self, ref: ObjectRef) -> None:

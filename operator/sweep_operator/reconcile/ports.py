@@ -318,7 +318,7 @@ def resume_read(facts: SweepFacts, budgets: Budgets, max_active_seconds: int | N
         return None
     if not resume.may_resume(status, sweep.spec):
         return None
-    name, target = status.ray_job_name, verdicts.status_target(facts.body)
+    name, target = status.ray_job_name, verdicts.status_target(facts.body, status)
     rayjob = reads.rayjob(ObjectRef(facts.ref.namespace, name)) if name else None
     driver = None
     if target is not None and status.phase == Phase.FAILED:

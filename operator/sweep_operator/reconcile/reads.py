@@ -256,7 +256,7 @@ class Reads:
         (its ETag; absent both times is no change)."""
         sweep = facts.sweep
         assert sweep is not None
-        target = status_target(facts.body)
+        target = status_target(facts.body, facts.status)
         if target is None:
             storage = sweep.spec.storage
             root = s3_layout.run_root(storage.uri, sweep.namespace, sweep.name, facts.status.run_id or "")
