@@ -9,6 +9,12 @@ from typing import Any
 import pytest
 
 from sweep_operator.reconcile import graceful_stop as gs
+from sweep_operator.status import read_status, status_document, updated
+
+
+def stored(model: Any) -> Any:
+    """A status part as the API stores it (camelCase, unset fields left out)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True) if model is not None else None
 
 
 def rayjob(job_status: str = "RUNNING", *, deleting: bool = False) -> dict[str, Any]:
@@ -90,12 +96,13 @@ def test_a_stop_request_is_recorded_in_the_sweeps_status_and_read_back_only_for_
     """An operator restart in the middle of a stop neither restarts the window nor forgets it: the request time is
     in status.gracefulStop (only the operator writes status), keyed by the RayJob's uid (a new run's RayJob of the
     same name is another stop)."""
-    recorded = gs.request_status("uid-1", 1_800_000_000.4)
-    assert recorded == {"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "2027-01-15T08:00:00Z"}}
+    recorded = updated(read_status({}), gs.request_status("uid-1", 1_800_000_000.4))
+    assert status_document(recorded) == {"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "2027-01-15T08:00:00Z"}}
     assert gs.recorded_request(recorded, "uid-1") == 1_800_000_000.0  # whole seconds: the window only shortens
     assert gs.recorded_request(recorded, "uid-2") is None
-    assert gs.recorded_request({}, "uid-1") is None
-    assert gs.recorded_request({"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "garbage"}}, "uid-1") is None
+    assert gs.recorded_request(read_status({}), "uid-1") is None
+    garbage = read_status({"gracefulStop": {"rayJobUid": "uid-1", "requestedAt": "garbage"}})
+    assert gs.recorded_request(garbage, "uid-1") is None
     assert gs.recorded_request(recorded, "") is None
 
 
@@ -212,7 +219,7 @@ def test_the_drivers_stop_record_becomes_status_last_stop_naming_what_it_could_n
         },
     }
     last = gs.last_stop_status(document, "u1")
-    assert last == {
+    assert stored(last) == {
         "rayJobUid": "u1",
         "stoppedAt": "2026-12-07T12:15:49Z",
         "waitedSeconds": 10.7,
@@ -242,15 +249,16 @@ def test_a_stop_record_of_the_wrong_shape_is_bounded_and_typed_never_copied_as_i
             },
         }
     }
-    last = gs.last_stop_status(document, "")
-    assert last is not None
+    found = gs.last_stop_status(document, "")
+    assert found is not None
+    last = stored(found)
     assert set(last) == {"uploadsNotWaitedFor", "message"}
     assert len(last["uploadsNotWaitedFor"]) == MAX_STOP_UPLOADS_LISTED
     assert all(set(u) == {"trial"} and len(u["trial"]) == gs.MAX_STOP_TEXT_CHARS for u in last["uploadsNotWaitedFor"])
     assert len(last["message"]) == gs.MAX_STOP_MESSAGE_CHARS
     SweepStatus.model_validate({"lastStop": last})
     # A driver without the upload wait records no uploads: the status says when it stopped, nothing about uploads.
-    assert gs.last_stop_status({"stop": {"stoppedAt": "2026-12-07T12:15:49Z"}}, "u1") == {
+    assert stored(gs.last_stop_status({"stop": {"stoppedAt": "2026-12-07T12:15:49Z"}}, "u1")) == {
         "rayJobUid": "u1",
         "stoppedAt": "2026-12-07T12:15:49Z",
     }

@@ -281,9 +281,9 @@ def test_a_sweeps_own_deletion_is_told_once_and_a_hold_without_verification_says
     assert notice.objects == (SWEEP,)  # the sweep is the object: one Event, not two
     assert notice.message.endswith("the run root cannot be determined; re-checking in 120s")
     (condition,) = held_status(SWEEP, 1_800_000_000.0, notice.message)["conditions"]
-    assert (condition["type"], condition["status"]) == ("CheckpointsVerified", "False")
-    assert condition["reason"] == "NotVerified"
-    assert condition["message"] == notice.message and condition["observedGeneration"] == 3
+    assert (condition.type, condition.status) == ("CheckpointsVerified", "False")
+    assert condition.reason == "NotVerified"
+    assert condition.message == notice.message and condition.observed_generation == 3
 
 
 @pytest.mark.parametrize(
@@ -310,3 +310,28 @@ def test_a_guarded_object_without_its_sweep_label_is_noticed(
     from sweep_operator.reconcile.guard import label_lost
 
     assert label_lost({"metadata": {"name": "j", "labels": labels, "finalizers": finalizers}}) is lost
+
+
+@pytest.mark.parametrize(
+    ("status", "decided", "words"),
+    [
+        ({}, Release, "never admitted"),
+        ({"phase": "Deleting", "message": 5}, Release, "never admitted"),  # a field that says nothing of a run
+        ({"runId": "abc123"}, Hold, "run abc123 has no recorded run root (status.guard) (a run id in status)"),
+        ({"runId": 7}, Hold, "status.runId cannot be read (status.runId (unreadable))"),
+        ({"trainingStartedAt": 5}, Hold, "status.trainingStartedAt (unreadable)"),
+        ({"rayClusterName": ["digits-abc123-raycluster"]}, Hold, "status.rayClusterName (unreadable)"),
+        ({"guard": {"runRoot": 5}}, Hold, "status.guard cannot be read"),
+        ("not an object", Hold, "status cannot be read"),
+    ],
+)
+def test_a_sweeps_status_record_that_does_not_parse_holds_its_deletion(status: Any, decided: type, words: str) -> None:
+    """The sweep's status is parsed when read, and a field that does not parse is left out; a record of a run left
+    out that way is never taken for no record (fail closed): the deletion holds, and says which record."""
+    from sweep_operator.reconcile.facts import DeletionFacts
+    from sweep_operator.reconcile.guard import StorageDefaults, guard_facts
+
+    sweep = {"metadata": {"name": "digits", "namespace": "ml"}, "spec": {}, "status": status}
+    facts = guard_facts(DeletionFacts("TrainingSweep", sweep, attempt=0, sweep=sweep), StorageDefaults())
+    decision = decide_before_verification(facts, **BACKOFF)
+    assert isinstance(decision, decided) and words in decision.reason, decision

@@ -13,6 +13,7 @@ from sweep_operator.reconcile.actions import ChangeStatus, PostEvent
 from sweep_operator.reconcile.facts import DeletionFacts
 from sweep_operator.reconcile.guard import GuardFacts, GuardTarget, recorded
 from sweep_operator.reconcile.verdicts import Hold, Release
+from sweep_operator.status import read_status
 from tests.support.fakes import FakeResult
 
 RECONCILE = Path(__file__).resolve().parents[2] / "operator" / "sweep_operator" / "reconcile"
@@ -89,9 +90,9 @@ def test_what_a_guard_decision_records_is_a_list_of_actions_in_order(
     assert all(a.sweep is NEWER and not a.failure for a in changes), case  # onto the newer copy; a failure holds
     if changes:
         (change,) = changes
-        status = change.change({"phase": "Deleting"})
-        (condition,) = status["conditions"]
-        assert condition["type"] == "CheckpointsVerified" and condition["status"] == str(verified), case
-        assert ("checkpoints" in status) is (result is not None), case
+        status = change.change(read_status({"phase": "Deleting"}))
+        (condition,) = status.conditions or []
+        assert condition.type == "CheckpointsVerified" and condition.status == str(verified), case
+        assert (status.checkpoints is not None) is (result is not None), case
     events = [a for a in actions if isinstance(a, PostEvent)]
     assert events[0].targets[0] is body, case

@@ -13,6 +13,7 @@ from sweep_contracts import constants
 from sweep_operator.reconcile import graceful_stop
 from sweep_operator.reconcile.controller import SweepController
 from sweep_operator.settings import Settings
+from sweep_operator.status import read_status, status_document, updated
 from tests.support.fake_kube import FakeKube
 
 ASKED = 1_800_000_000.0
@@ -44,7 +45,9 @@ def kube() -> FakeKube:
         "apiVersion": f"{constants.GROUP}/{constants.VERSION}",
         "kind": "TrainingSweep",
         "metadata": {"name": "digits", "namespace": "ml", "finalizers": [constants.FINALIZER]},
-        "status": {"phase": "Deleting", **graceful_stop.request_status("uid-rj", ASKED)},
+        "status": status_document(
+            updated(read_status({"phase": "Deleting"}), graceful_stop.request_status("uid-rj", ASKED))
+        ),
     }
     kube.add("TrainingSweep", sweep)
     rayjob = {
@@ -127,10 +130,10 @@ def test_without_the_mark_a_restarted_operator_records_the_stop(kube: FakeKube) 
 
 
 def test_the_mark_belongs_to_the_stop_of_the_rayjob_it_names() -> None:
-    status = graceful_stop.request_status("uid-rj", ASKED)
+    status = updated(read_status({}), graceful_stop.request_status("uid-rj", ASKED))
     assert graceful_stop.with_idle_recorded(status, "uid-other") == {}
-    assert graceful_stop.with_idle_recorded({}, "uid-rj") == {}
-    marked = {**status, **graceful_stop.with_idle_recorded(status, "uid-rj")}
+    assert graceful_stop.with_idle_recorded(read_status({}), "uid-rj") == {}
+    marked = updated(status, graceful_stop.with_idle_recorded(status, "uid-rj"))
     assert graceful_stop.idle_recorded(marked, "uid-rj")
     assert not graceful_stop.idle_recorded(marked, "uid-other")
     assert not graceful_stop.idle_recorded(status, "uid-rj")

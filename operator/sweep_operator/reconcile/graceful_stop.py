@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweep_contracts.api import MAX_STOP_UPLOADS_LISTED
+from sweep_contracts.status_models import GracefulStopStatus, LastStopStatus, SweepStatus
 from sweep_contracts.timestamps import epoch_seconds, rfc3339
 
 from .workloads import KueueError, WorkloadFacts, kueue_managed, workload_of
@@ -73,40 +74,35 @@ def decide_graceful_stop(
     return StopStep(False, wait, f"waiting up to {left:.0f} s for the job to stop")
 
 
-def recorded_request(status: Mapping[str, Any], rayjob_uid: str) -> float | None:
+def recorded_request(status: SweepStatus, rayjob_uid: str) -> float | None:
     """When the operator asked this RayJob's job to stop, from the sweep's status (status.gracefulStop), so a
     restarted operator neither asks again (restarting the window) nor forgets the stop. Only the operator writes a
     sweep's status (tenants have no verb on trainingsweeps/status: docs/security.md)."""
-    stop = status.get("gracefulStop")
-    if not isinstance(stop, Mapping) or not rayjob_uid or stop.get("rayJobUid") != rayjob_uid:
+    stop = status.graceful_stop
+    if stop is None or not rayjob_uid or stop.ray_job_uid != rayjob_uid:
         return None
-    return epoch_seconds(stop.get("requestedAt"))
+    return epoch_seconds(stop.requested_at)
 
 
-def idle_recorded(status: Mapping[str, Any], rayjob_uid: str) -> bool:
+def idle_recorded(status: SweepStatus, rayjob_uid: str) -> bool:
     """This RayJob's stop has its GPU time in status.idleGpuSeconds already (status.gracefulStop.idleRecorded): a
     restarted operator, which no longer remembers it, must not add it a second time."""
-    stop = status.get("gracefulStop")
-    return (
-        isinstance(stop, Mapping)
-        and bool(rayjob_uid)
-        and stop.get("rayJobUid") == rayjob_uid
-        and stop.get("idleRecorded") is True
-    )
+    stop = status.graceful_stop
+    return stop is not None and bool(rayjob_uid) and stop.ray_job_uid == rayjob_uid and stop.idle_recorded is True
 
 
-def with_idle_recorded(status: Mapping[str, Any], rayjob_uid: str) -> dict[str, Any]:
+def with_idle_recorded(status: SweepStatus, rayjob_uid: str) -> dict[str, Any]:
     """The status change that marks this RayJob's recorded stop as counted; nothing where status.gracefulStop is
     another RayJob's or absent (the stop was then asked by this process only, whose memory keeps it once)."""
-    stop = status.get("gracefulStop")
-    if not isinstance(stop, Mapping) or not rayjob_uid or stop.get("rayJobUid") != rayjob_uid:
+    stop = status.graceful_stop
+    if stop is None or not rayjob_uid or stop.ray_job_uid != rayjob_uid:
         return {}
-    return {"gracefulStop": {**stop, "idleRecorded": True}}
+    return {"gracefulStop": stop.model_copy(update={"idle_recorded": True})}
 
 
 def request_status(rayjob_uid: str, now: float) -> dict[str, Any]:
     """The status change that records a stop's request (status.gracefulStop)."""
-    return {"gracefulStop": {"rayJobUid": rayjob_uid, "requestedAt": rfc3339(now)}}
+    return {"gracefulStop": GracefulStopStatus(ray_job_uid=rayjob_uid, requested_at=rfc3339(now))}
 
 
 def evicted_by_kueue(rayjob: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> bool:
@@ -206,7 +202,7 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def last_stop_status(progress: Mapping[str, Any] | None, rayjob_uid: str) -> dict[str, Any] | None:
+def last_stop_status(progress: Mapping[str, Any] | None, rayjob_uid: str) -> LastStopStatus | None:
     """status.lastStop from the driver's stop record (`stop` in the run's _sweep/status.json, written when its Ray job
     stopped gracefully): the uploads in flight it waited for, how many committed, and each it could not wait for.
     None when the document records no stop. Every part is bounded and of its schema type (the document is the
@@ -236,4 +232,4 @@ def last_stop_status(progress: Mapping[str, Any] | None, rayjob_uid: str) -> dic
         "uploadsNotWaitedForCount": _count(uploads.get("notWaitedForCount")),
         "message": _text(uploads.get("message"), MAX_STOP_MESSAGE_CHARS),
     }
-    return {k: v for k, v in record.items() if v is not None}
+    return LastStopStatus.model_validate({k: v for k, v in record.items() if v is not None})

@@ -13,10 +13,11 @@ from typing import Any
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.problems import SpecError
 from sweep_contracts.spec_checks import parse_spec
+from sweep_contracts.status_models import SweepStatus
 
 from ..phases import Fact, to
 from ..run_metadata import GuardTarget as GuardTarget
-from ..status import conditions_with, updated
+from ..status import conditions_with, status_document, updated
 from .actions import Action, ChangeStatus, PostEvent
 from .facts import DeletionFacts, meta_of, status_of
 
@@ -97,16 +98,16 @@ class StorageDefaults:
 def run_records(rayjob: Mapping[str, Any] | None) -> tuple[str, ...]:
     """The RayJob's records that a run exists: a job status, an attempt counter, a cluster, a start time
     (KubeRay resets jobStatus for a retry, so no single field decides)."""
-    status = (rayjob or {}).get("status") or {}
+    rayjob_status = (rayjob or {}).get("status") or {}
     records = []
-    if status.get("jobStatus"):
-        records.append(f"jobStatus {status['jobStatus']}")
+    if rayjob_status.get("jobStatus"):
+        records.append(f"jobStatus {rayjob_status['jobStatus']}")
     for counter in ("failed", "succeeded"):
-        if int(status.get(counter) or 0) > 0:
-            records.append(f"status.{counter}={status[counter]}")
-    if status.get("rayClusterName"):
-        records.append(f"RayCluster {status['rayClusterName']}")
-    if status.get("startTime"):
+        if int(rayjob_status.get(counter) or 0) > 0:
+            records.append(f"status.{counter}={rayjob_status[counter]}")
+    if rayjob_status.get("rayClusterName"):
+        records.append(f"RayCluster {rayjob_status['rayClusterName']}")
+    if rayjob_status.get("startTime"):
         records.append("status.startTime")
     return tuple(records)
 
@@ -117,10 +118,13 @@ def sweep_name_of(obj: Mapping[str, Any]) -> str:
     return (meta_of(obj).get("labels") or {}).get(constants.LABEL_SWEEP) or (target.sweep if target else "")
 
 
-def spec_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarget | None:
+def spec_target(
+    body: Mapping[str, Any], defaults: StorageDefaults, status: SweepStatus | None = None
+) -> GuardTarget | None:
     """A run root derived from the spec's structure and status.runId (sweeps admitted before status.guard
-    existed). Today's caps are not applied: a spec over a cap that was lowered later still names its run."""
-    run_id = status_of(body).get("runId")
+    existed). Today's caps are not applied: a spec over a cap that was lowered later still names its run. `status`:
+    the sweep's status already parsed; None: parsed here."""
+    run_id = (status if status is not None else status_of(body)).run_id
     if not run_id:
         return None
     try:
@@ -142,7 +146,8 @@ def spec_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarg
 
 def run_target(body: Mapping[str, Any], defaults: StorageDefaults) -> GuardTarget | None:
     """What a sweep's run writes to: recorded at admission (status.guard), else derived from the spec."""
-    return status_target(body) or spec_target(body, defaults)
+    status = status_of(body)
+    return status_target(body, status) or spec_target(body, defaults, status)
 
 
 def trusted_target(target: GuardTarget | None, namespace: str) -> tuple[GuardTarget | None, str]:
@@ -158,6 +163,43 @@ def trusted_target(target: GuardTarget | None, namespace: str) -> tuple[GuardTar
             f"(expected it to end in {own}); it is never read"
         )
     return target, ""
+
+
+# What a sweep's status records of a run having been admitted (by stored name).
+RUN_RECORDS_IN_STATUS = (
+    ("runId", "a run id in status"),
+    ("trainingStartedAt", "status.trainingStartedAt"),
+    ("rayClusterName", "a RayCluster in status"),
+)
+# Fields whose value, when it does not parse, is taken as a record of a run: the guard fails closed, and a record it
+# cannot read is never taken for no record ("status": a status that is not an object at all).
+UNREADABLE_RUN_RECORDS = frozenset({"status", "guard", *(key for key, _ in RUN_RECORDS_IN_STATUS)})
+
+
+def unreadable_fields(body: Mapping[str, Any], status: SweepStatus) -> frozenset[str]:
+    """The status fields (by stored name) that hold a value the parsed `status` left out because it does not parse
+    (`status.read_status`); {"status"} when the status is not an object at all."""
+    raw = body.get("status")
+    if not isinstance(raw, Mapping):
+        return frozenset({"status"}) if raw else frozenset()
+    document = status_document(status)
+    return frozenset(key for key, value in raw.items() if value and key not in document)
+
+
+def status_run_records(body: Mapping[str, Any], status: SweepStatus) -> tuple[tuple[str, ...], str]:
+    """The records in a sweep's status that say a run started (GuardFacts.started), and why its run root is unknown
+    when nothing names it."""
+    values = {"runId": status.run_id, "trainingStartedAt": status.training_started_at}
+    values["rayClusterName"] = status.ray_cluster_name
+    started = tuple(record for key, record in RUN_RECORDS_IN_STATUS if values[key])
+    unreadable = sorted(unreadable_fields(body, status) & UNREADABLE_RUN_RECORDS)
+    named = ["status" if key == "status" else f"status.{key}" for key in unreadable]
+    started += tuple(f"{name} (unreadable)" for name in named)
+    if status.run_id:
+        return started, f"run {status.run_id} has no recorded run root (status.guard)"
+    if named:
+        return started, f"the run root cannot be determined: {', '.join(named)} cannot be read"
+    return started, "the run root cannot be determined"
 
 
 UNGUARDED_HINT = (
@@ -177,22 +219,11 @@ def guard_facts(facts: DeletionFacts, defaults: StorageDefaults) -> GuardFacts:
     # status.guard), never from a pod's env, runtimeEnvYAML, today's spec, a label or a name.
     if facts.kind == constants.KIND:
         status = status_of(body)
-        started = run_records(rayjob) if rayjob else ()
-        for key, record in (
-            ("runId", "a run id in status"),
-            ("trainingStartedAt", "status.trainingStartedAt"),
-            ("rayClusterName", "a RayCluster in status"),
-        ):
-            if status.get(key):
-                started += (record,)
-        target, untrusted = trusted_target((target_of(rayjob) if rayjob else None) or status_target(body), namespace)
-        unknown = untrusted
-        if target is None and not unknown:
-            unknown = (
-                f"run {status.get('runId')} has no recorded run root (status.guard)"
-                if status.get("runId")
-                else "the run root cannot be determined"
-            )
+        in_status, why_unknown = status_run_records(body, status)
+        started = (run_records(rayjob) if rayjob else ()) + in_status
+        record = (target_of(rayjob) if rayjob else None) or status_target(body, status)
+        target, untrusted = trusted_target(record, namespace)
+        unknown = untrusted or ("" if target is not None else why_unknown)
         return GuardFacts(
             kind=facts.kind,
             name=meta["name"],
@@ -341,7 +372,7 @@ DELETING = {"phase": to(Fact.DELETION_STARTED), "message": "verifying checkpoint
 
 
 def verification_status(
-    status: Mapping[str, Any], generation: int | None, now: float, result: Any, decision: Release | Hold | None
+    status: SweepStatus, generation: int | None, now: float, result: Any, decision: Release | Hold | None
 ) -> dict[str, Any]:
     """Status changes recording a deletion's verification: checkpoints and CheckpointsVerified (Ready follows from
     them when the status is written: status.lifecycle_conditions)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import Phase
+from sweep_contracts.status_models import SweepStatus
 
 from .. import audit
 from ..kube import KubeApi
@@ -195,7 +196,7 @@ class GuardPipeline:
     def guard_sweep_deletion(self, body: Mapping[str, Any], attempt: int) -> str:
         """The sweep is being deleted: verify, then delete its RayJob and release; else RetryLater."""
         ref, meta, newest = ObjectRef.of(body), meta_of(body), None
-        if status_of(body).get("phase") != Phase.DELETING:
+        if status_of(body).phase != Phase.DELETING:
             newest = self.executor.carry_out(ChangeStatus(body, lambda s: updated(s, guard.DELETING)))
         rayjob = self.reads.rayjob_of_sweep(body)
         if rayjob is not None:  # its job stops gracefully first, so the last reports' checkpoints are verified too;
@@ -290,7 +291,7 @@ class GuardPipeline:
         condition = ("CheckpointsVerified", False, audit.BYPASS_REASON, record.condition_message)
         generation, now = meta_of(sweep).get("generation"), self.clock()
 
-        def change(status: dict[str, Any]) -> dict[str, Any]:
+        def change(status: SweepStatus) -> SweepStatus:
             return updated(status, {"conditions": conditions_with(status, generation, now, condition)})
 
         # The release goes ahead either way; the Event and the metric already say it.

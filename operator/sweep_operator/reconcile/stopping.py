@@ -15,6 +15,7 @@ from typing import Any
 from sweep_contracts import constants
 from sweep_contracts.api import DEFAULT_GRACEFUL_STOP_SECONDS
 from sweep_contracts.problems import SpecError
+from sweep_contracts.status_models import LastStopStatus, SweepStatus
 from sweep_contracts.timestamps import epoch_seconds
 
 from .. import ray_jobs
@@ -280,11 +281,11 @@ class StopBeforeDelete:
             return
         counted = True
 
-        def change(status: dict[str, Any]) -> dict[str, Any]:
+        def change(status: SweepStatus) -> SweepStatus:
             nonlocal counted
             counted = not graceful_stop.idle_recorded(status, uid)  # a fresh read after a conflict decides again
             if not counted:
-                return dict(status)
+                return status
             idle = idle_gpus.idle_status(status, idle_gpus.STOPPING, held)
             return updated(status, {**idle, **graceful_stop.with_idle_recorded(status, uid)})
 
@@ -376,11 +377,11 @@ class StopBeforeDelete:
         self.executor.carry_out(
             ChangeStatus(sweep, lambda s: updated(s, change), failure="clear its graceful stop's record")
         )
-        if last_stop and last_stop.get("uploadsNotWaitedForCount"):
-            text = f"RayJob {meta.get('name')}: {last_stop['message']}"
+        if last_stop is not None and last_stop.uploads_not_waited_for_count:
+            text = f"RayJob {meta.get('name')}: {last_stop.message}"
             self.executor.carry_out(PostEvent((sweep,), "Warning", "StopUploadsNotWaitedFor", text))
 
-    def _driver_stop_record(self, sweep: Mapping[str, Any], rayjob_uid: str, asked: float) -> dict[str, Any] | None:
+    def _driver_stop_record(self, sweep: Mapping[str, Any], rayjob_uid: str, asked: float) -> LastStopStatus | None:
         """status.lastStop from the run's _sweep/status.json, when the driver recorded this stop there (asked no
         earlier than this request, clocks allowing); None when it did not or the document cannot be read."""
         target = verdicts.status_target(sweep)
@@ -450,7 +451,7 @@ class StopBeforeDelete:
         if job is None:
             return None, ""
         namespace = meta_of(rayjob).get("namespace") or "default"
-        name = str(status_of(rayjob).get("rayClusterName") or "")
+        name = str((rayjob.get("status") or {}).get("rayClusterName") or "")
         try:
             cluster = self.kube.get_raycluster(namespace, name) if name else None
             service = (
@@ -479,7 +480,7 @@ class StopBeforeDelete:
         actions: list[Any] = [RecordIdleGpus(cause, gpu_seconds, namespace, sweep_name)]
         if sweep is not None:  # the metric says it; the next record adds to the status
 
-            def change(status: dict[str, Any]) -> dict[str, Any]:
+            def change(status: SweepStatus) -> SweepStatus:
                 return updated(status, idle_gpus.idle_status(status, cause, gpu_seconds))
 
             actions.append(ChangeStatus(sweep, change, failure=f"record idle GPU-seconds ({cause})"))
