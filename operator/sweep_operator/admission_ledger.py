@@ -19,6 +19,7 @@ from sweep_contracts.spec_checks import parse_spec
 
 from .policy import AdmissionDecision, Admit, Demand, Queue, decide_admission, demand_of
 from .settings import OperatorLimits
+from .status import read_status
 
 
 @dataclass(frozen=True)
@@ -66,19 +67,19 @@ class AdmissionLedger:
         if namespace in self._loaded:
             return
         for obj in self._load_namespace(namespace):
-            meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+            meta, status = obj.get("metadata") or {}, read_status(obj.get("status"))
             name = meta.get("name", "")
             try:
                 spec = parse_spec(obj.get("spec"))
             except SpecError:
                 continue
-            if meta.get("deletionTimestamp") or status.get("phase") in TERMINAL_PHASES:
+            if meta.get("deletionTimestamp") or status.phase in TERMINAL_PHASES:
                 continue
-            if status.get("kueue"):  # Kueue mode: Kueue's quota holds it, not this budget (docs/kueue.md)
+            if status.kueue is not None:  # Kueue mode: Kueue's quota holds it, not this budget (docs/kueue.md)
                 continue
-            if status.get("runId"):
+            if status.run_id:
                 self._admit(namespace, name, demand_of(spec))
-            elif status.get("phase") == Phase.QUEUED:
+            elif status.phase == Phase.QUEUED:
                 self.queued[namespace][name] = QueuedSweep(name, meta.get("creationTimestamp") or "", demand_of(spec))
         for name, demand in self._load_runs(namespace) if self._load_runs else ():
             if name not in self.admitted[namespace]:

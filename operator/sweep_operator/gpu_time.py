@@ -475,14 +475,13 @@ def _number(value: Any) -> float | None:
 def sweep_usage_of(body: Mapping[str, Any], now: float) -> SweepUsage:
     """What the namespace computations need of one sweep object: its record, and while its run is admitted and
     unfinished, its reservation (GPUs admitted x its deadline span, capped by its own budget, less its use)."""
-    meta, status = body.get("metadata") or {}, body.get("status") or {}
-    ledger = UsageLedger.from_status(status.get("usage"))
+    meta, status = body.get("metadata") or {}, read_status(body.get("status"))
+    ledger = UsageLedger.from_status(status.usage)
     reserved = 0.0
-    phase = status.get("phase")
-    terminal = phase in TERMINAL_PHASES
-    if status.get("runId") and not terminal and not meta.get("deletionTimestamp"):
-        gpus = _number((status.get("replicas") or {}).get("gpus")) or 0.0
-        start, deadline = epoch(status.get("startedAt")), epoch(status.get("deadlineAt"))
+    terminal = status.phase in TERMINAL_PHASES
+    if status.run_id and not terminal and not meta.get("deletionTimestamp"):
+        gpus = _number(status.replicas.gpus if status.replicas is not None else None) or 0.0
+        start, deadline = epoch(status.started_at), epoch(status.deadline_at)
         worst = gpus * (deadline - start) / HOUR if start is not None and deadline is not None else 0.0
         budget = _number(((body.get("spec") or {}).get("budget") or {}).get("gpuHours"))
         reserved = reserved_gpu_hours(worst, budget, ledger.gpu_hours(now))
