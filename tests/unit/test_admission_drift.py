@@ -22,7 +22,7 @@ from sweep_operator.reconcile.drift import RunBounds, bounds_of, decide_drift, m
 from sweep_operator.reconcile.facts import SweepFacts
 from sweep_operator.rendering import RenderContext
 from sweep_operator.settings import OperatorLimits, Settings
-from sweep_operator.status import rfc3339
+from sweep_operator.status import rfc3339, status_document
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 from tests.support.fakes import T0
@@ -79,22 +79,22 @@ def test_decide_before_budget(case: str, given: SweepFacts, expected: Any) -> No
         assert decision.status is None and not decision.actions
         return
     phase, reason, frees = expected
-    assert decision.status is not None and decision.status["phase"] == phase
-    assert ("Admitted", "False", reason) in [
-        (c["type"], c["status"], c["reason"]) for c in decision.status["conditions"]
-    ]
-    assert decision.status["observedGeneration"] == given.generation
+    assert decision.status is not None and decision.status.phase == phase
+    assert ("Admitted", "False", reason) in [(c.type, c.status, c.reason) for c in decision.status.conditions or []]
+    assert decision.status.observed_generation == given.generation
     assert (ReleaseBudget(admit_next=False) in decision.actions) is frees
 
 
 def test_the_budget_decides_queued_rejected_or_a_create() -> None:
-    queued = decide_after_budget(
+    queued_status = decide_after_budget(
         facts(), Queue(Demand(4, 4), "namespace budget 8 GPUs: 6 in use"), "6/8", RENDER
     ).status
-    assert queued is not None and queued["phase"] == "Queued" and queued["queuedAt"] == rfc3339(T0)
+    assert queued_status is not None
+    queued = status_document(queued_status)
+    assert queued["phase"] == "Queued" and queued["queuedAt"] == rfc3339(T0)
     assert queued["replicas"] == {"workers": 4, "gpus": 4, "namespaceBudget": "6/8"}
     rejected = decide_after_budget(facts(), Reject((Problem("spec.tune", "over the cap"),)), "0/8", RENDER).status
-    assert rejected is not None and rejected["phase"] == "Invalid" and "over the cap" in rejected["message"]
+    assert rejected is not None and rejected.phase == "Invalid" and "over the cap" in (rejected.message or "")
     (create,) = decide_after_budget(facts(), Admit(Demand(4, 4)), "4/8", RENDER).actions
     assert isinstance(create, CreateRayJob) and create.deadline_at == int(T0 + 21600)
     assert create.rayjob["metadata"]["labels"][constants.LABEL_RUN_ID] == create.run_id
@@ -140,14 +140,16 @@ def _created(**meta: Any) -> tuple[CreateRayJob, dict[str, Any]]:
 def test_after_create(case: str, outcome: Any, phase: str, reason: str, event: str | None) -> None:
     create, rayjob = _created()
     decision = after_create(facts(), create, Admit(Demand(4, 4)), outcome(create, rayjob), "4/8", RENDER)
-    assert decision.status is not None and decision.status["phase"] == phase, case
-    assert reason in [c["reason"] for c in decision.status["conditions"] if c["type"] == "Admitted"]
+    assert decision.status is not None
+    new = status_document(decision.status)
+    assert new["phase"] == phase, case
+    assert reason in [c["reason"] for c in new["conditions"] if c["type"] == "Admitted"]
     assert [e.reason for e in decision.events] == ([event] if event else [])
     if phase == "Starting":
-        assert decision.status["runId"] == create.run_id and decision.status["guard"]["runRoot"].endswith(create.run_id)
-        assert decision.status["replicas"]["cap"] == 4
+        assert new["runId"] == create.run_id and new["guard"]["runRoot"].endswith(create.run_id)
+        assert new["replicas"]["cap"] == 4
         started = T0 if case == "created" else T0 - 60  # an adopted run keeps its RayJob's start
-        assert decision.status["startedAt"] == rfc3339(started)
+        assert new["startedAt"] == rfc3339(started)
     else:
         assert ReleaseBudget(admit_next=False) in decision.actions
 

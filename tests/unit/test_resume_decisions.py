@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sweep_contracts.status_models import SweepStatus
 from sweep_operator.reconcile import attempts
 from sweep_operator.reconcile import resume as r
 from sweep_operator.reconcile.attempts import Attempt, RayJobEnd, RunRootCheck
@@ -21,6 +22,7 @@ from sweep_operator.reconcile.resume import (
     VerifyFirst,
 )
 from sweep_operator.reconcile.verdicts import target_of
+from sweep_operator.status import read_status, status_document, updated
 
 NOW = 1_800_000_000.0
 ROOT = "s3://bucket/sweeps/ml/digits-abc123"
@@ -66,6 +68,11 @@ def facts(**changes: object) -> ResumeFacts:
         max_active_seconds=3 * 24 * 3600,
     )
     return replace(base, **changes)
+
+
+def stored(row: Attempt) -> dict:
+    """An attempt's row as the API stores it (camelCase JSON)."""
+    return row.to_status().model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # ------------------------------------------------------------------------------------------- manual resume
@@ -225,7 +232,7 @@ def test_a_run_root_that_is_not_verified_is_refused_naming_what_is_missing(
     assert says in decision.reason and decision.missing == missing
     patch = r.refusal_patch(decision, now=NOW)
     assert patch["resumedGeneration"] == 1  # consumed: a new `sweepctl resume` asks again
-    assert patch["lastResume"]["outcome"] == "Refused" and patch["lastResume"].get("missing", []) == list(missing)
+    assert patch["lastResume"].outcome == "Refused" and (patch["lastResume"].missing or []) == list(missing)
     assert patch["message"].startswith("resume refused: ") and "phase" not in patch
     assert r.event_for(decision) == ("Warning", "ResumeRefused", f"resume refused: {decision.reason}")
 
@@ -308,7 +315,7 @@ def test_a_lost_cluster_is_resumed_automatically_with_an_event_when_opted_in() -
     assert isinstance(started, StartAttempt) and started.trigger == attempts.TRIGGER_CLUSTER_LOSS
     assert started.active_seconds == 2600 and "failurePolicy.resumeOnClusterLoss" in started.message
     assert "resumedGeneration" not in r.start_patch(
-        {"runId": "abc123", "attempts": [FAILED_EARLY.to_status()]}, started
+        read_status({"runId": "abc123", "attempts": [stored(FAILED_EARLY)]}), started
     )
 
 
@@ -366,7 +373,7 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
     assert isinstance(spent, NotResumable) and "2 automatic resume(s)" in spent.reason
     assert "sweepctl resume digits" in spent.reason
     patch = r.refusal_patch(spent, now=NOW)
-    assert patch["lastResume"]["attempt"] == 4 and "resumedGeneration" not in patch
+    assert patch["lastResume"].attempt == 4 and "resumedGeneration" not in patch
     # Recorded once: the next pass is Idle, not another Event.
     assert isinstance(
         r.decide(
@@ -382,15 +389,17 @@ def test_automatic_resumes_stop_at_the_policys_count() -> None:
 
 
 def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
-    status = {
-        "runId": "abc123",
-        "phase": "DeadlineExceeded",
-        "rayJobName": "digits-abc123",
-        "startedAt": r.rfc3339(NOW - 4000),
-        "finishedAt": r.rfc3339(NOW - 400),
-        "deadlineAt": r.rfc3339(NOW - 400),
-        "checkpoints": {"verified": True, "checked": 4},
-    }
+    status = read_status(
+        {
+            "runId": "abc123",
+            "phase": "DeadlineExceeded",
+            "rayJobName": "digits-abc123",
+            "startedAt": r.rfc3339(NOW - 4000),
+            "finishedAt": r.rfc3339(NOW - 400),
+            "deadlineAt": r.rfc3339(NOW - 400),
+            "checkpoints": {"verified": True, "checked": 4},
+        }
+    )
     first = attempts.attempts_of(status, num_samples=4)
     assert first[0].number == 1 and first[0].active_seconds == 3600 and first[0].ran_seconds == 3600
     assert first[0].checkpoints_verified == 4 and first[0].outcome == "DeadlineExceeded"
@@ -402,8 +411,8 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
     )
     assert patch["checkpoints"] is None and patch["finishedAt"] is None  # the new end is verified again
     assert patch["startedAt"] == r.rfc3339(NOW) and first[0].started_at == NOW - 4000  # the startup clock restarts
-    assert [row["attempt"] for row in patch["attempts"]] == [1, 2] and patch["totalRanSeconds"] == 3600
-    assert patch["attempts"][1] == {
+    assert [row.attempt for row in patch["attempts"]] == [1, 2] and patch["totalRanSeconds"] == 3600
+    assert patch["attempts"][1].model_dump(by_alias=True, exclude_none=True) == {
         "attempt": 2,
         "rayJobName": "digits-abc123-a2",
         "trigger": "Resume",
@@ -414,11 +423,11 @@ def test_start_and_end_patches_record_the_attempts_and_the_total_time() -> None:
         "numSamples": 4,
         "checkpointsAtStart": 4,
     }
-    running = {**status, **{k: v for k, v in patch.items() if v is not None}}
+    running = updated(status, patch)
     ended = attempts.end_patch(running, phase="Succeeded", now=NOW + 1000, checkpoints_verified=6)
-    assert ended["attempts"][1]["outcome"] == "Succeeded" and ended["attempts"][1]["ranSeconds"] == 1000
-    assert ended["attempts"][1]["checkpointsVerified"] == 6 and ended["totalRanSeconds"] == 4600
-    again = attempts.end_patch({**running, **ended}, phase="Succeeded", now=NOW + 2000)
+    assert ended["attempts"][1].outcome == "Succeeded" and ended["attempts"][1].ran_seconds == 1000
+    assert ended["attempts"][1].checkpoints_verified == 6 and ended["totalRanSeconds"] == 4600
+    again = attempts.end_patch(updated(running, ended), phase="Succeeded", now=NOW + 2000)
     assert again == {}  # closed once; a later pass changes nothing
 
 
@@ -438,7 +447,7 @@ def test_rows_round_trip_through_the_status() -> None:
         3,
         5,
     )
-    assert Attempt.from_status(row.to_status()) == row and row.to_status()["ranSeconds"] == 61
+    assert Attempt.from_status(row.to_status()) == row and stored(row)["ranSeconds"] == 61
 
 
 def test_facts_are_read_from_the_sweep_object() -> None:
@@ -454,11 +463,11 @@ def test_facts_are_read_from_the_sweep_object() -> None:
             "phase": "Failed",
             "runId": "abc123",
             "resumedGeneration": 2,
-            "attempts": [FIRST.to_status()],
+            "attempts": [stored(FIRST)],
             "lastResume": {"attempt": 2, "trigger": "Resume", "outcome": "Refused"},
         },
     }
-    got = r.facts_from_sweep(body, spec=spec, now=NOW, max_active_seconds=7200)
+    got = r.facts_from_sweep(body, read_status(body["status"]), spec=spec, now=NOW, max_active_seconds=7200)
     assert (got.requested_generation, got.resumed_generation, got.resume_active_seconds) == (3, 2, 900)
     assert got.attempts == (FIRST,) and got.num_samples == 6 and got.resume_on_cluster_loss == 1
     assert got.last_resume == attempts.LastResume(2, "Resume", "Refused") and got.next_attempt == 2
@@ -546,26 +555,29 @@ def test_a_resumed_attempt_is_guarded_by_the_first_attempts_record_not_todays_sp
 
 
 def test_decisions_become_the_controllers_status_write_and_events() -> None:
-    status = {
-        "runId": "abc123",
-        "phase": "DeadlineExceeded",
-        "rayJobName": "digits-abc123",
-        "finishedAt": "x",
-        "attempts": [FIRST.to_status()],
-        "checkpoints": {"verified": True, "checked": 4, "verifiedAt": "y"},
-        "conditions": [
-            {
-                "type": "DeadlineExceeded",
-                "status": "True",
-                "reason": "GracefulStop",
-                "message": "",
-                "lastTransitionTime": "2026-12-03T14:00:00Z",
-            }
-        ],
-    }
+    status = read_status(
+        {
+            "runId": "abc123",
+            "phase": "DeadlineExceeded",
+            "rayJobName": "digits-abc123",
+            "finishedAt": "x",
+            "attempts": [stored(FIRST)],
+            "checkpoints": {"verified": True, "checked": 4, "verifiedAt": "y"},
+            "conditions": [
+                {
+                    "type": "DeadlineExceeded",
+                    "status": "True",
+                    "reason": "GracefulStop",
+                    "message": "",
+                    "lastTransitionTime": "2026-12-03T14:00:00Z",
+                }
+            ],
+        }
+    )
     start = r.decide(facts(resume_active_seconds=3600, verification=VERIFIED))
     written = r.as_decision(status, start, generation=3, now=NOW)
-    new = written.status
+    assert written is not None and written.status is not None
+    new = status_document(written.status)
     assert new["phase"] == "Starting" and new["rayJobName"] == "digits-abc123-a2" and new["observedGeneration"] == 3
     assert "finishedAt" not in new and "checkpoints" not in new  # the attempt's end is verified afresh
     kinds = {c["type"]: (c["status"], c["reason"]) for c in new["conditions"]}
@@ -577,7 +589,8 @@ def test_decisions_become_the_controllers_status_write_and_events() -> None:
         generation=3,
         now=NOW,
     )
-    assert refused.status["phase"] == "DeadlineExceeded" and refused.status["lastResume"]["outcome"] == "Refused"
+    assert refused is not None and refused.status is not None
+    assert refused.status.phase == "DeadlineExceeded" and refused.status.last_resume.outcome == "Refused"
     assert [(e.type, e.reason) for e in refused.events] == [("Warning", "ResumeRefused")]
     assert r.as_decision(status, r.decide(facts(resume_active_seconds=3600)), generation=3, now=NOW) is None
 
@@ -591,11 +604,13 @@ def test_the_ended_rayjob_is_read_from_the_object_or_from_what_the_status_record
             "message": "Ray head pod not found.",
         }
     }
-    assert attempts.cluster_loss(attempts.rayjob_end_from({}, body)) is not None
-    recorded = {"jobDeploymentStatus": "Failed", "reason": "JobStatusCheckTimeoutExceeded", "jobStatus": "RUNNING"}
+    assert attempts.cluster_loss(attempts.rayjob_end_from(SweepStatus(), body)) is not None
+    recorded = read_status(
+        {"jobDeploymentStatus": "Failed", "reason": "JobStatusCheckTimeoutExceeded", "jobStatus": "RUNNING"}
+    )
     assert attempts.cluster_loss(attempts.rayjob_end_from(recorded)) is not None
     assert attempts.cluster_loss(attempts.rayjob_end_from(recorded, driver_phase="Failed")) is None
-    assert attempts.rayjob_end_from({}) is None
+    assert attempts.rayjob_end_from(SweepStatus()) is None
 
 
 def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
@@ -603,11 +618,11 @@ def test_only_a_pending_resume_or_the_policy_makes_an_ended_pass_ask() -> None:
         resume = SimpleNamespace(generation=generation) if generation else None
         return SimpleNamespace(resume=resume, failure_policy=SimpleNamespace(resume_on_cluster_loss=policy))
 
-    ended = {"runId": "abc123", "phase": "DeadlineExceeded", "resumedGeneration": 1}
+    ended = read_status({"runId": "abc123", "phase": "DeadlineExceeded", "resumedGeneration": 1})
     assert not r.may_resume(ended, spec(None, 0)) and not r.may_resume(ended, spec(1, 0))
     assert r.may_resume(ended, spec(2, 0))
-    assert not r.may_resume(ended, spec(1, 2)) and r.may_resume({**ended, "phase": "Failed"}, spec(1, 2))
-    assert not r.may_resume({"phase": "Failed"}, spec(2, 2))
+    assert not r.may_resume(ended, spec(1, 2)) and r.may_resume(updated(ended, phase="Failed"), spec(1, 2))
+    assert not r.may_resume(read_status({"phase": "Failed"}), spec(2, 2))
 
 
 # ----------------------------------------------------------------------------- one step, with fake ports
@@ -681,7 +696,17 @@ def step(doc: dict, sweep: object, ports: Ports) -> object:
 
     reads = ports.reads(doc, sweep)
     admit = lambda sweep, attempt: ports.waits  # noqa: E731  the budgets' answer, read before deciding
-    return r.resume_step(doc, sweep, reads, admit, now=NOW, context=RenderContext(), max_active_seconds=86_400)
+    status = read_status(doc.get("status"))  # as the cache parsed it (`planned` above parses the body itself)
+    return r.resume_step(
+        doc, sweep, reads, admit, status=status, now=NOW, context=RenderContext(), max_active_seconds=86_400
+    )
+
+
+def written(decision: object) -> dict:
+    """The status a step's decision writes, as the API stores it."""
+    new = getattr(decision, "status", None)
+    assert isinstance(new, SweepStatus)
+    return status_document(new)
 
 
 def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() -> None:
@@ -691,26 +716,27 @@ def test_a_step_verifies_then_creates_the_next_attempts_rayjob_and_records_it() 
     assert ports.verified == [doc["status"]["guard"]["runRoot"]]
     (create,) = creates(decision)  # an action for the controller's _execute: the step itself creates nothing
     assert create.rayjob["metadata"]["name"] == "digits-abc123-a2" and create.attempt == 2 and create.owner_uid == "u1"
-    assert decision.status["phase"] == "Starting" and decision.status["resumedGeneration"] == 1
-    assert [row["attempt"] for row in decision.status["attempts"]] == [1, 2]
+    new = written(decision)
+    assert new["phase"] == "Starting" and new["resumedGeneration"] == 1
+    assert [row["attempt"] for row in new["attempts"]] == [1, 2]
     assert [e.reason for e in decision.events] == ["Resumed"]
-    assert step({**doc, "status": decision.status}, sweep, Ports()) is None  # acted on: nothing more to do
+    assert step({**doc, "status": new}, sweep, Ports()) is None  # acted on: nothing more to do
 
 
 def test_a_step_on_an_unverified_run_root_creates_nothing_and_names_what_is_missing() -> None:
     doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
     ports = Ports(verified=False, problems=(("missing-file", "sweeps/ml/digits-abc123/train/t1/c/w.pt", "gone"),))
     decision = step(doc, sweep, ports)
-    assert creates(decision) == [] and decision.status["phase"] == "DeadlineExceeded"
-    assert decision.status["lastResume"]["missing"] == ["missing-file sweeps/ml/digits-abc123/train/t1/c/w.pt"]
+    assert creates(decision) == [] and written(decision)["phase"] == "DeadlineExceeded"
+    assert written(decision)["lastResume"]["missing"] == ["missing-file sweeps/ml/digits-abc123/train/t1/c/w.pt"]
     assert [(e.type, e.reason) for e in decision.events] == [("Warning", "ResumeRefused")]
 
 
 def test_a_step_waits_for_namespace_capacity_without_consuming_the_generation() -> None:
     doc, sweep = ended_body(**{"spec.resume": {"generation": 1, "activeSeconds": 3600}})
-    decision = step(doc, sweep, Ports(waits="needs 0 GPUs, 0 free"))
-    assert "waits for namespace capacity" in decision.status["message"]
-    assert "resumedGeneration" not in decision.status and decision.status["phase"] == "DeadlineExceeded"
+    new = written(step(doc, sweep, Ports(waits="needs 0 GPUs, 0 free")))
+    assert "waits for namespace capacity" in new["message"]
+    assert "resumedGeneration" not in new and new["phase"] == "DeadlineExceeded"
 
 
 def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
@@ -722,7 +748,9 @@ def test_a_step_never_adopts_a_rayjob_of_another_run() -> None:
     assert not attempts.adoptable(foreign, create.run_id, create.owner_uid) and attempts.adoptable(ours, "abc123", "u1")
     assert not attempts.adoptable(owned_by_other, "abc123", "u1")
     taken = create.taken  # what _execute writes instead when the name is held by an object that is not this run's
-    assert taken.status["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in taken.status["message"]
+    assert (
+        written(taken)["lastResume"]["outcome"] == "NotResumable" and "is not this run's" in written(taken)["message"]
+    )
 
 
 def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> None:
@@ -736,11 +764,14 @@ def test_a_step_after_a_lost_cluster_resumes_automatically_with_an_event() -> No
     )
     decision = step(doc, sweep, Ports())
     assert [e.reason for e in decision.events][:1] == ["AutoResume"] and creates(decision)
-    assert decision.status["attempts"][-1]["trigger"] == "ClusterLoss"
+    assert written(decision)["attempts"][-1]["trigger"] == "ClusterLoss"
     assert step(ended_body()[0], ended_body()[1], Ports()) is None  # nothing asked, no policy
 
 
 def test_pending_tells_a_timer_tick_whether_an_ended_sweep_has_a_resume_to_act_on() -> None:
+    def pending(body: dict) -> bool:
+        return attempts.pending(body, read_status(body.get("status")))
+
     ended = {
         "runId": "abc123",
         "phase": "Failed",
@@ -749,14 +780,14 @@ def test_pending_tells_a_timer_tick_whether_an_ended_sweep_has_a_resume_to_act_o
         "reason": "JobStatusCheckTimeoutExceeded",
         "resumedGeneration": 1,
     }
-    assert not attempts.pending({"spec": {"resume": {"generation": 1}}, "status": ended})
-    assert attempts.pending({"spec": {"resume": {"generation": 2}}, "status": ended})
+    assert not pending({"spec": {"resume": {"generation": 1}}, "status": ended})
+    assert pending({"spec": {"resume": {"generation": 2}}, "status": ended})
     automatic = {"spec": {"failurePolicy": {"resumeOnClusterLoss": 1}}, "status": ended}
-    assert attempts.pending(automatic)
+    assert pending(automatic)
     answered = {**ended, "lastResume": {"attempt": 2, "trigger": "ClusterLoss", "outcome": "Refused"}}
-    assert not attempts.pending({**automatic, "status": answered})
-    assert not attempts.pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
-    assert not attempts.pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run
+    assert not pending({**automatic, "status": answered})
+    assert not pending({**automatic, "status": {**ended, "reason": "DeadlineExceeded"}})
+    assert not pending({"spec": {"resume": {"generation": 2}}, "status": {"phase": "Failed"}})  # no run
 
 
 def test_a_verification_from_before_the_end_is_not_the_end_of_run_one() -> None:
@@ -765,11 +796,11 @@ def test_a_verification_from_before_the_end_is_not_the_end_of_run_one() -> None:
     from sweep_operator.reconcile.run_phase import awaiting_verification
 
     ended = {"phase": "Succeeded", "finishedAt": "2026-12-03T15:00:10Z"}
-    assert awaiting_verification(ended)
-    assert awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:02Z"}})
-    assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:11Z"}})
-    assert not awaiting_verification({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:10Z"}})
-    assert not awaiting_verification({"phase": "Running", "finishedAt": None})
+    assert awaiting_verification(read_status(ended))
+    assert awaiting_verification(read_status({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:02Z"}}))
+    assert not awaiting_verification(read_status({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:11Z"}}))
+    assert not awaiting_verification(read_status({**ended, "checkpoints": {"verifiedAt": "2026-12-03T15:00:10Z"}}))
+    assert not awaiting_verification(read_status({"phase": "Running", "finishedAt": None}))
 
 
 @pytest.mark.parametrize(
@@ -795,4 +826,4 @@ def test_a_resume_waits_for_the_gpu_caps_then_the_gpu_hours(
         "queue": Queue(demand, "4 GPUs wanted, 2 free"),
         "reject": Reject((Problem("spec.trial", "over the cap"),)),
     }[budget]
-    assert attempts.budget_refusal(answer, Decision(hours) if hours is not None else None) == expected
+    assert attempts.budget_refusal(answer, Decision(read_status(hours)) if hours is not None else None) == expected

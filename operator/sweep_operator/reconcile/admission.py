@@ -11,12 +11,22 @@ from typing import Any
 from sweep_contracts import constants, s3_layout
 from sweep_contracts.api import Phase
 from sweep_contracts.runtime_env import deadline_of
+from sweep_contracts.status_models import GuardStatus, ReplicasStatus, SweepStatus, TrialCounts, UsageStatus
 
 from ..phases import Fact, to, transition
 from ..policy import AdmissionDecision, Admit, Queue, Reject, effective_active_seconds
 from ..rendering import RenderContext, build_rayjob, guard_target, new_run_id, run_id_for
 from ..run_metadata import GuardTarget, worker_cap
-from ..status import conditions_with, is_terminal, parse_time, planned_trials, rfc3339, trials_summary, updated
+from ..status import (
+    conditions_with,
+    is_terminal,
+    parse_time,
+    planned_trials,
+    read_status,
+    rfc3339,
+    trials_summary,
+    updated,
+)
 from .actions import CreateRayJob, Decision, Event, ReleaseBudget
 from .facts import SweepFacts, meta_of
 from .verdicts import target_of
@@ -25,7 +35,7 @@ from .verdicts import target_of
 def spec_is_settled(facts: SweepFacts) -> bool:
     """Invalid, and nothing new since we said why."""
     status = facts.status
-    return status.get("phase") == Phase.INVALID and status.get("observedGeneration") == facts.generation
+    return status.phase == Phase.INVALID and status.observed_generation == facts.generation
 
 
 def creating_backs_off(facts: SweepFacts) -> bool:
@@ -35,7 +45,7 @@ def creating_backs_off(facts: SweepFacts) -> bool:
 
 def _status(
     facts: SweepFacts, phase: Phase, message: str, *conditions: tuple[str, bool | str, str, str], **fields: Any
-) -> dict[str, Any]:
+) -> SweepStatus:
     return updated(
         facts.status,
         {
@@ -98,7 +108,7 @@ def decide_after_budget(
     if isinstance(budget, Queue):
         message = f"queued: {budget.reason}"
         # a wait an administrator must end is said once as a Warning Event, where `kubectl describe` shows it
-        said = facts.status.get("message") == message
+        said = facts.status.message == message
         events = (Event("Warning", budget.cause, budget.reason),) if budget.cause and not said else ()
         return Decision(
             _status(
@@ -106,12 +116,10 @@ def decide_after_budget(
                 to(Fact.NO_ROOM),
                 message,
                 ("Admitted", False, budget.cause or transition(Fact.NO_ROOM).reason, budget.reason),
-                queuedAt=facts.status.get("queuedAt") or rfc3339(facts.now),
-                replicas={
-                    "workers": budget.demand.workers,
-                    "gpus": budget.demand.gpus,
-                    "namespaceBudget": namespace_budget,
-                },
+                queuedAt=facts.status.queued_at or rfc3339(facts.now),
+                replicas=ReplicasStatus(
+                    workers=budget.demand.workers, gpus=budget.demand.gpus, namespace_budget=namespace_budget
+                ),
             ),
             events=events,
         )
@@ -209,7 +217,7 @@ def _name_taken(facts: SweepFacts, name: str) -> Decision:
         f"RayJob {name} exists and is not this sweep's run; the sweep starts once it is gone "
         f"(or re-create the sweep: a new sweep gets a new run id)"
     )
-    events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.get("message") != message else ()
+    events = (Event("Warning", "RayJobNameTaken", message),) if facts.status.message != message else ()
     return Decision(
         _status(facts, *_took(Fact.NAME_TAKEN, message)),
         (ReleaseBudget(admit_next=False),),
@@ -227,7 +235,7 @@ def _started(
     deadline_at: float,
     namespace_budget: str,
     message: str,
-) -> dict[str, Any]:
+) -> SweepStatus:
     """The status of a run whose RayJob was created or adopted: Starting, with what the run was admitted with."""
     sweep, demand = facts.sweep, budget.demand
     assert sweep is not None
@@ -239,24 +247,24 @@ def _started(
         ("Running", False, "Starting", "waiting for the RayCluster and the Ray job"),
         runId=create.run_id,
         rayJobName=name,
-        guard={
-            "runRoot": target.run_root,
-            "endpointUrl": target.endpoint_url,
-            "region": target.region,
-            "verify": target.verify,
-            "timeoutSeconds": target.timeout_seconds,
-        },
+        guard=GuardStatus(
+            run_root=target.run_root,
+            endpoint_url=target.endpoint_url,
+            region=target.region,
+            verify=target.verify,
+            timeout_seconds=target.timeout_seconds,
+        ),
         startedAt=rfc3339(started_at),
         deadlineAt=rfc3339(deadline_at),
-        replicas={
-            "workers": demand.workers,
-            "gpus": demand.gpus,
-            "cap": worker_cap(sweep.spec, facts.limits),
-            "namespaceBudget": namespace_budget,
-        },
-        trials={"total": 0, "pending": 0, "running": 0, "terminated": 0, "errored": 0},
+        replicas=ReplicasStatus(
+            workers=demand.workers,
+            gpus=demand.gpus,
+            cap=worker_cap(sweep.spec, facts.limits),
+            namespace_budget=namespace_budget,
+        ),
+        trials=TrialCounts(total=0, pending=0, running=0, terminated=0, errored=0),
         trialsSummary=trials_summary({}, planned_trials(sweep.spec)),
-        usage={"gpuHours": 0},  # the GPU-HOURS column reads 0, not blank, until (unless) a GPU pod is measured
+        usage=UsageStatus(gpu_hours=0),  # the GPU-HOURS column reads 0, not blank, until a GPU pod is measured
         # Created with spec.resume set: that generation is its baseline, nothing to resume yet.
         resumedGeneration=sweep.spec.resume.generation if sweep.spec.resume else None,
     )
@@ -264,13 +272,15 @@ def _started(
 
 def spec_change_problems(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[str]:
     """The webhook's rule beside a valid spec: while a run is active only spec.suspend may change."""
-    old_status = (old or {}).get("status") or {}
-    if old is None or not old_status.get("runId") or is_terminal(old_status.get("phase")):
+    if old is None:
+        return []
+    old_status = read_status(old.get("status"))
+    if not old_status.run_id or is_terminal(old_status.phase):
         return []
     before = {k: v for k, v in (old.get("spec") or {}).items() if k != "suspend"}
     after = {k: v for k, v in (body.get("spec") or {}).items() if k != "suspend"}
     return [
-        f"spec.{k}: cannot change while run {old_status.get('runId')} is active; only spec.suspend may "
+        f"spec.{k}: cannot change while run {old_status.run_id} is active; only spec.suspend may "
         "change (delete and re-create the sweep for a new run)"
         for k in sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
+from sweep_contracts.status_models import AttemptStatus, LastResumeStatus, SweepStatus
 
 from ..policy import Admit
 from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
@@ -87,74 +88,67 @@ class Attempt:
     def ended(self) -> bool:
         return self.ended_at is not None or self.outcome is not None
 
-    def to_status(self) -> dict[str, Any]:
-        """The row as `status.attempts[]` holds it (api.AttemptStatus, camelCase, unset fields left out)."""
-        row = {
-            "attempt": self.number,
-            "rayJobName": self.ray_job_name or None,
-            "trigger": self.trigger,
-            "generation": self.generation,
-            "startedAt": rfc3339(self.started_at) if self.started_at is not None else None,
-            "endedAt": rfc3339(self.ended_at) if self.ended_at is not None else None,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "activeSeconds": self.active_seconds,
-            "ranSeconds": self.ran_seconds if self.ended_at is not None else None,
-            "deadlineAt": rfc3339(self.deadline_at) if self.deadline_at is not None else None,
-            "numSamples": self.num_samples,
-            "checkpointsAtStart": self.checkpoints_at_start,
-            "checkpointsVerified": self.checkpoints_verified,
-        }
-        return {k: v for k, v in row.items() if v is not None}
+    def to_status(self) -> AttemptStatus:
+        """The row as `status.attempts[]` holds it (unset fields left out when written)."""
+        return AttemptStatus(
+            attempt=self.number,
+            ray_job_name=self.ray_job_name or None,
+            trigger=self.trigger,
+            generation=self.generation,
+            started_at=rfc3339(self.started_at) if self.started_at is not None else None,
+            ended_at=rfc3339(self.ended_at) if self.ended_at is not None else None,
+            outcome=self.outcome,
+            reason=self.reason,
+            active_seconds=self.active_seconds,
+            ran_seconds=self.ran_seconds if self.ended_at is not None else None,
+            deadline_at=rfc3339(self.deadline_at) if self.deadline_at is not None else None,
+            num_samples=self.num_samples,
+            checkpoints_at_start=self.checkpoints_at_start,
+            checkpoints_verified=self.checkpoints_verified,
+        )
 
     @classmethod
-    def from_status(cls, row: Mapping[str, Any]) -> Attempt:
-        def number(key: str) -> int | None:
-            value = row.get(key)
-            return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
+    def from_status(cls, row: AttemptStatus) -> Attempt:
         return cls(
-            number=number("attempt") or 1,
-            ray_job_name=str(row.get("rayJobName") or ""),
-            trigger=str(row.get("trigger") or TRIGGER_INITIAL),
-            generation=number("generation"),
-            started_at=epoch_seconds(row.get("startedAt")),
-            ended_at=epoch_seconds(row.get("endedAt")),
-            outcome=row.get("outcome") or None,
-            reason=row.get("reason") or None,
-            active_seconds=number("activeSeconds"),
-            deadline_at=epoch_seconds(row.get("deadlineAt")),
-            num_samples=number("numSamples"),
-            checkpoints_at_start=number("checkpointsAtStart"),
-            checkpoints_verified=number("checkpointsVerified"),
+            number=row.attempt or 1,
+            ray_job_name=row.ray_job_name or "",
+            trigger=row.trigger or TRIGGER_INITIAL,
+            generation=row.generation,
+            started_at=epoch_seconds(row.started_at),
+            ended_at=epoch_seconds(row.ended_at),
+            outcome=row.outcome or None,
+            reason=row.reason or None,
+            active_seconds=row.active_seconds,
+            deadline_at=epoch_seconds(row.deadline_at),
+            num_samples=row.num_samples,
+            checkpoints_at_start=row.checkpoints_at_start,
+            checkpoints_verified=row.checkpoints_verified,
         )
 
 
-def attempts_of(status: Mapping[str, Any], *, num_samples: int | None = None) -> tuple[Attempt, ...]:
+def attempts_of(status: SweepStatus, *, num_samples: int | None = None) -> tuple[Attempt, ...]:
     """`status.attempts[]`; for a run from before attempts were recorded, attempt 1 rebuilt from the status
     (its RayJob, startedAt, finishedAt, deadlineAt and phase), so the first resume can count its time."""
-    rows = status.get("attempts")
-    if isinstance(rows, list) and rows:
-        return tuple(Attempt.from_status(r) for r in rows if isinstance(r, Mapping))
-    if not status.get("runId"):
+    if status.attempts:
+        return tuple(Attempt.from_status(row) for row in status.attempts)
+    if not status.run_id:
         return ()
-    started, ended, deadline = (epoch_seconds(status.get(k)) for k in ("startedAt", "finishedAt", "deadlineAt"))
-    phase = status.get("phase")
+    started, ended, deadline = (epoch_seconds(t) for t in (status.started_at, status.finished_at, status.deadline_at))
+    phase = status.phase
     ended_phase = phase if phase in RESUMABLE_PHASES or phase == Phase.INVALID else None
+    checkpoints = status.checkpoints
     return (
         Attempt(
             number=1,
-            ray_job_name=str(status.get("rayJobName") or ""),
+            ray_job_name=status.ray_job_name or "",
             started_at=started,
             ended_at=ended if ended_phase else None,
             outcome=ended_phase,
-            reason=status.get("reason") or None,
+            reason=status.reason or None,
             active_seconds=int(deadline - started) if started is not None and deadline is not None else None,
             deadline_at=deadline,
             num_samples=num_samples,
-            checkpoints_verified=_int((status.get("checkpoints") or {}).get("checked"))
-            if (status.get("checkpoints") or {}).get("verified")
-            else None,
+            checkpoints_verified=checkpoints.checked if checkpoints is not None and checkpoints.verified else None,
         ),
     )
 
@@ -247,15 +241,10 @@ class LastResume:
     generation: int | None = None
 
     @classmethod
-    def from_status(cls, doc: Mapping[str, Any] | None) -> LastResume | None:
-        if not isinstance(doc, Mapping) or not isinstance(doc.get("attempt"), int):
+    def from_status(cls, last: LastResumeStatus | None) -> LastResume | None:
+        if last is None:
             return None
-        return cls(
-            int(doc["attempt"]),
-            str(doc.get("trigger") or ""),
-            str(doc.get("outcome") or ""),
-            _int(doc.get("generation")),
-        )
+        return cls(last.attempt, last.trigger or "", last.outcome or "", last.generation)
 
 
 def attempt_rayjob_name(sweep_name: str, run_id: str, attempt: int) -> str:
@@ -272,14 +261,15 @@ def total_ran_seconds(attempts: Sequence[Attempt]) -> int:
 
 
 def end_patch(
-    status: Mapping[str, Any],
+    status: SweepStatus,
     *,
     phase: str,
     now: float,
     reason: str | None = None,
     checkpoints_verified: int | None = None,
 ) -> dict[str, Any]:
-    """Close the running attempt's row when the sweep reaches an ended phase ({} when there is none open)."""
+    """Close the running attempt's row when the sweep reaches an ended phase ({} when there is none open): changes
+    keyed by stored name, for `status.updated`."""
     attempts = list(attempts_of(status))
     if not attempts or (attempts[-1].ended_at is not None and checkpoints_verified is None):
         return {}
@@ -303,23 +293,20 @@ def last_resume_status(
     *,
     now: float,
     missing: Sequence[str] = (),
-) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "attempt": attempt,
-        "trigger": trigger,
-        "outcome": outcome,
-        "message": message[:2000],
-        "decidedAt": rfc3339(now),
-    }
-    if generation is not None:
-        doc["generation"] = generation
-    if missing:
-        doc["missing"] = list(missing)
-    return doc
+) -> LastResumeStatus:
+    return LastResumeStatus(
+        attempt=attempt,
+        trigger=trigger,
+        outcome=outcome,
+        message=message[:2000],
+        decided_at=rfc3339(now),
+        generation=generation,
+        missing=list(missing) or None,
+    )
 
 
 def rayjob_end_from(
-    status: Mapping[str, Any], rayjob: Mapping[str, Any] | None = None, driver_phase: str | None = None
+    status: SweepStatus, rayjob: Mapping[str, Any] | None = None, driver_phase: str | None = None
 ) -> RayJobEnd | None:
     """How the last attempt's RayJob ended: from the RayJob when it is still there, else from what the sweep's
     status recorded of it at the end (jobDeploymentStatus, jobStatus, reason). None: nothing recorded."""
@@ -332,32 +319,27 @@ def rayjob_end_from(
             str(seen.get("jobStatus") or ""),
             driver_phase,
         )
-    if not status.get("jobDeploymentStatus"):
+    if not status.job_deployment_status:
         return None
-    return RayJobEnd(
-        str(status.get("jobDeploymentStatus") or ""),
-        str(status.get("reason") or ""),
-        "",
-        str(status.get("jobStatus") or ""),
-        driver_phase,
-    )
+    return RayJobEnd(status.job_deployment_status, status.reason or "", "", status.job_status or "", driver_phase)
 
 
-def pending(body: Mapping[str, Any]) -> bool:
-    """Whether an ended sweep has a resume to act on, from the raw object (the timer tick asks it, no parse, no
-    reads): a spec.resume generation not acted on, or a cluster loss the automatic policy has not answered yet."""
-    spec, status = body.get("spec") or {}, body.get("status") or {}
-    if not status.get("runId") or (body.get("metadata") or {}).get("deletionTimestamp"):
+def pending(body: Mapping[str, Any], status: SweepStatus) -> bool:
+    """Whether an ended sweep has a resume to act on (the timer tick asks it, no reads; the spec unparsed, `status`
+    the body's as parsed): a spec.resume generation not acted on, or a cluster loss the automatic policy has not
+    answered yet."""
+    spec = body.get("spec") or {}
+    if not status.run_id or (body.get("metadata") or {}).get("deletionTimestamp"):
         return False
     asked = _int((spec.get("resume") or {}).get("generation")) or 0
-    if asked > (_int(status.get("resumedGeneration")) or 0):
+    if asked > (status.resumed_generation or 0):
         return True
     policy = _int((spec.get("failurePolicy") or {}).get("resumeOnClusterLoss")) or 0
-    if policy <= 0 or status.get("phase") != Phase.FAILED:
+    if policy <= 0 or status.phase != Phase.FAILED:
         return False
     end = rayjob_end_from(status)
     lost = cluster_loss(end) is not None or (end is not None and end.reason == REASON_APP_FAILED)  # message unread
-    last = LastResume.from_status(status.get("lastResume"))
+    last = LastResume.from_status(status.last_resume)
     answered = (
         last is not None and last.trigger == TRIGGER_CLUSTER_LOSS and last.attempt == len(attempts_of(status)) + 1
     )
@@ -414,4 +396,4 @@ def budget_refusal(budget: Any, hours: Any = None) -> str | None:
         return str(getattr(budget, "reason", budget))
     if hours is None:
         return None
-    return str((hours.status or {}).get("message") or "the GPU-hour budget")
+    return (hours.status.message if hours.status is not None else None) or "the GPU-hour budget"

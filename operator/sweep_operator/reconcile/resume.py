@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sweep_contracts.api import RESUMABLE_PHASES, Phase
+from sweep_contracts.status_models import SweepStatus
 
 from ..phases import Fact, to
-from ..status import rfc3339
+from ..status import conditions_with, rfc3339, updated
+from .actions import CreateRayJob, Decision, Event
 from .attempts import (
     MAX_MISSING_NAMED,
     OUTCOME_NOT_RESUMABLE,
@@ -30,7 +32,6 @@ from .attempts import (
     LastResume,
     RayJobEnd,
     RunRootCheck,
-    _int,
     attempt_rayjob,
     attempt_rayjob_name,
     attempts_of,
@@ -39,6 +40,7 @@ from .attempts import (
     rayjob_end_from,
     total_ran_seconds,
 )
+from .facts import status_of
 from .verdicts import EMPTY_RUN_ROOT, status_target
 
 MIN_ATTEMPT_SECONDS = 30  # DeadlinesSpec.active_seconds' minimum
@@ -285,14 +287,12 @@ def _run_root_refusal(check: RunRootCheck) -> tuple[str, tuple[str, ...]] | None
     return None
 
 
-# --------------------------------------------------------------------------------------------- naming
-
-
 # ------------------------------------------------------------------------------------------ status patches
 
 
 def facts_from_sweep(
     body: Mapping[str, Any],
+    status: SweepStatus,
     *,
     spec: Any,
     now: float,
@@ -300,16 +300,16 @@ def facts_from_sweep(
     rayjob_end: RayJobEnd | None = None,
     verification: RunRootCheck | None = None,
 ) -> ResumeFacts:
-    """ResumeFacts from a TrainingSweep object and its parsed spec (api.SweepSpec)."""
-    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    """ResumeFacts from a TrainingSweep object, its status and its parsed spec (api.SweepSpec)."""
+    meta = body.get("metadata") or {}
     resume = getattr(spec, "resume", None)
     return ResumeFacts(
         sweep=str(meta.get("name") or ""),
-        phase=status.get("phase"),
-        run_id=status.get("runId"),
+        phase=status.phase,
+        run_id=status.run_id,
         now=now,
         requested_generation=int(resume.generation) if resume is not None else 0,
-        resumed_generation=_int(status.get("resumedGeneration")) or 0,
+        resumed_generation=status.resumed_generation or 0,
         attempts=attempts_of(status, num_samples=spec.tune.num_samples),
         resume_active_seconds=resume.active_seconds if resume is not None else None,
         num_samples=spec.tune.num_samples,
@@ -318,14 +318,14 @@ def facts_from_sweep(
         max_active_seconds=max_active_seconds,
         resume_on_cluster_loss=spec.failure_policy.resume_on_cluster_loss,
         rayjob_end=rayjob_end,
-        last_resume=LastResume.from_status(status.get("lastResume")),
+        last_resume=LastResume.from_status(status.last_resume),
         deleting=bool(meta.get("deletionTimestamp")),
         verification=verification,
     )
 
 
-def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_samples: int | None = None) -> dict[str, Any]:
-    """The status fields that record attempt `decision.attempt` as started (merge-patch: None deletes).
+def start_patch(status: SweepStatus, decision: StartAttempt, *, num_samples: int | None = None) -> dict[str, Any]:
+    """The status fields that record attempt `decision.attempt` as started, keyed by stored name (None deletes).
 
     `checkpoints` is cleared: the end-of-run verification runs when an ended sweep has no `verifiedAt`, and the
     new attempt's end must be verified again (the check that allowed the start is in the attempt row)."""
@@ -374,7 +374,7 @@ def start_patch(status: Mapping[str, Any], decision: StartAttempt, *, num_sample
 
 
 def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> dict[str, Any]:
-    """The status fields that record a resume that did not start (the phase stays what it was)."""
+    """The status fields that record a resume that did not start, keyed by stored name (the phase stays)."""
     missing = decision.missing if isinstance(decision, Refuse) else ()
     outcome = OUTCOME_REFUSED if isinstance(decision, Refuse) else OUTCOME_NOT_RESUMABLE
     text = f"resume refused: {decision.reason}"
@@ -400,53 +400,54 @@ def event_for(decision: ResumeDecision) -> tuple[str, str, str] | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------- rendering
-
-
 # ------------------------------------------------------------------------------------ the decision as data
 
 
 def as_decision(
-    status: Mapping[str, Any],
-    decision: ResumeDecision,
-    *,
-    generation: int | None,
-    now: float,
-    num_samples: int | None = None,
-) -> Any:
+    status: SweepStatus, decision: ResumeDecision, *, generation: int | None, now: float, num_samples: int | None = None
+) -> Decision | None:
     """A resume decision as the controller's `actions.Decision` (the whole new status and the Events), for the
     outcomes that write: a start (after its RayJob was created or adopted), a refusal. None for the others
     (Idle; VerifyFirst and AutoResume ask the controller to verify and decide again)."""
-    from ..status import conditions_with, updated
-    from .actions import Decision, Event
-
-    announced = event_for(decision)
-    events = (Event(*announced),) if announced else ()
     if isinstance(decision, StartAttempt):
-        changes = start_patch(status, decision, num_samples=num_samples)
-        updates: list[tuple[str, bool | str, str, str]] = [
-            ("Admitted", True, "Resumed", decision.message),
-            ("Running", False, "Starting", f"attempt {decision.attempt}: waiting for the RayCluster and the Ray job"),
-        ]
-        if any(c.get("type") == "DeadlineExceeded" for c in status.get("conditions") or []):
-            updates.append(("DeadlineExceeded", False, "Resumed", f"attempt {decision.attempt} has its own deadline"))
-        changes["conditions"] = conditions_with(status, generation, now, *updates)
-        changes["observedGeneration"] = generation
-        return Decision(updated(status, changes), events=events)
+        return _started(status, decision, generation=generation, now=now, num_samples=num_samples)
     if isinstance(decision, Refuse | NotResumable):
-        changes = refusal_patch(decision, now=now)
-        changes["observedGeneration"] = generation
-        return Decision(updated(status, changes), events=events)
+        return _refused(status, decision, generation=generation, now=now)
     return None
 
 
-def may_resume(status: Mapping[str, Any], spec: Any) -> bool:
+def _started(
+    status: SweepStatus, decision: StartAttempt, *, generation: int | None, now: float, num_samples: int | None
+) -> Decision:
+    changes = start_patch(status, decision, num_samples=num_samples)
+    updates: list[tuple[str, bool | str, str, str]] = [
+        ("Admitted", True, "Resumed", decision.message),
+        ("Running", False, "Starting", f"attempt {decision.attempt}: waiting for the RayCluster and the Ray job"),
+    ]
+    if any(c.type == "DeadlineExceeded" for c in status.conditions or []):
+        updates.append(("DeadlineExceeded", False, "Resumed", f"attempt {decision.attempt} has its own deadline"))
+    conditions = conditions_with(status, generation, now, *updates)
+    new = updated(status, changes, conditions=conditions, observed_generation=generation)
+    return Decision(new, events=_announced(decision))
+
+
+def _refused(status: SweepStatus, decision: NotResumable | Refuse, *, generation: int | None, now: float) -> Decision:
+    changes = refusal_patch(decision, now=now)
+    return Decision(updated(status, changes, observed_generation=generation), events=_announced(decision))
+
+
+def _announced(decision: ResumeDecision) -> tuple[Event, ...]:
+    said = event_for(decision)
+    return (Event(*said),) if said else ()
+
+
+def may_resume(status: SweepStatus, spec: Any) -> bool:
     """Whether an ended sweep's pass should ask `decide` at all (no reads otherwise): a spec.resume generation not
     acted on yet, or the automatic policy on a Failed sweep."""
     resume = getattr(spec, "resume", None)
-    asked = resume is not None and resume.generation > (_int(status.get("resumedGeneration")) or 0)
-    automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.get("phase") == Phase.FAILED
-    return bool(status.get("runId")) and (asked or automatic)
+    asked = resume is not None and resume.generation > (status.resumed_generation or 0)
+    automatic = spec.failure_policy.resume_on_cluster_loss > 0 and status.phase == Phase.FAILED
+    return bool(status.run_id) and (asked or automatic)
 
 
 # ------------------------------------------------------------------------------ one resume step, reads lent
@@ -463,14 +464,22 @@ class ResumeReads:
 
 
 def planned(
-    body: Mapping[str, Any], sweep: Any, reads: ResumeReads, *, now: float, max_active_seconds: int | None = None
+    body: Mapping[str, Any],
+    sweep: Any,
+    reads: ResumeReads,
+    *,
+    now: float,
+    max_active_seconds: int | None = None,
+    status: SweepStatus | None = None,
 ) -> ResumeDecision:
     """The resume decision over what is read so far: the reads' plan (a `VerifyFirst` asks for the verification, a
-    `StartAttempt` for the namespace's budgets of its attempt). `resume_step` decides on the same reads."""
-    facts = _step_facts(body, sweep, reads, now, max_active_seconds)
+    `StartAttempt` for the namespace's budgets of its attempt). `resume_step` decides on the same reads. `status`:
+    the body's already parsed (`SweepFacts.status`); None: parsed from the body here."""
+    status = status if status is not None else status_of(body)
+    facts = _step_facts(body, status, sweep, reads, now, max_active_seconds)
     decision = decide(replace(facts, verification=None))
     if isinstance(decision, VerifyFirst):
-        return _verified(facts, decision, status_target(body))
+        return _verified(facts, decision, status_target(body, status))
     return decision
 
 
@@ -483,21 +492,21 @@ def resume_step(
     now: float,
     context: Any,
     max_active_seconds: int | None = None,
-) -> Any:
+    status: SweepStatus | None = None,
+) -> Decision | None:
     """One resume pass for an ended sweep whose end-of-run verification is recorded: the controller's Decision
     (a started attempt with its `CreateRayJob`, whose `taken` is the refusal to write instead when the name is held
     by an object that is not this run's; a refusal), or None (nothing asked, or the verification not read; or it
     waits for namespace capacity, said in the returned Decision's message). `sweep` is the parsed sweep
-    (validation.Sweep); `admit(sweep, StartAttempt)` is the namespace budgets' answer over what was read (None
-    admits, else why it waits). It reads nothing, creates nothing and posts no Event itself."""
-    from .actions import Decision, Event
-
-    status = dict(body.get("status") or {})
+    (validation.Sweep), `status` the body's already parsed (None: parsed here); `admit(sweep, StartAttempt)` is the namespace budgets' answer
+    over what was read (None admits, else why it waits). It reads nothing, creates nothing and posts no Event
+    itself."""
+    status = status if status is not None else status_of(body)
     if not may_resume(status, sweep.spec):
         return None
     generation = (body.get("metadata") or {}).get("generation")
-    target = status_target(body)
-    facts = _step_facts(body, sweep, reads, now, max_active_seconds)
+    target = status_target(body, status)
+    facts = _step_facts(body, status, sweep, reads, now, max_active_seconds)
     decision = decide(replace(facts, verification=None))
     said: tuple[Event, ...] = ()
     if isinstance(decision, VerifyFirst):
@@ -516,11 +525,16 @@ def resume_step(
 
 
 def _step_facts(
-    body: Mapping[str, Any], sweep: Any, reads: ResumeReads, now: float, max_active_seconds: int | None
+    body: Mapping[str, Any],
+    status: SweepStatus,
+    sweep: Any,
+    reads: ResumeReads,
+    now: float,
+    max_active_seconds: int | None,
 ) -> ResumeFacts:
-    status = body.get("status") or {}
     return facts_from_sweep(
         body,
+        status,
         spec=sweep.spec,
         now=now,
         max_active_seconds=max_active_seconds,
@@ -544,7 +558,7 @@ def _verified(facts: ResumeFacts, decision: VerifyFirst, target: Any) -> ResumeD
 
 
 def _start(
-    status: dict[str, Any],
+    status: SweepStatus,
     sweep: Any,
     facts: ResumeFacts,
     decision: StartAttempt,
@@ -553,33 +567,26 @@ def _start(
     context: Any,
     generation: int | None,
     now: float,
-    said: tuple[Any, ...],
-) -> Any:
+    said: tuple[Event, ...],
+) -> Decision | None:
     """A verified start: it waits for the namespace's capacity, or its RayJob is to be created (a `CreateRayJob`)."""
-    from ..status import updated
-    from .actions import CreateRayJob, Decision
-
     waits = admit(sweep, decision)  # the attempt's own deadline is its worst case
     if waits:
         message = f"resume of attempt {decision.attempt} waits for namespace capacity: {waits}"
-        if status.get("message") != message:
-            return Decision(updated(status, {"message": message}), events=said)
+        if status.message != message:
+            return Decision(updated(status, message=message), events=said)
         return Decision(events=said) if said else None
     samples = sweep.spec.tune.num_samples
     try:
         wanted = attempt_rayjob(sweep, facts.run_id or "", context, decision, target)
     except ValueError as exc:
         refusal = NotResumable(str(exc), decision.trigger, decision.attempt, decision.generation)
-        refused = as_decision(status, refusal, generation=generation, now=now, num_samples=samples)
+        refused = _refused(status, refusal, generation=generation, now=now)
         return replace(refused, events=(*said, *refused.events))
-    taken = NotResumable(
-        f"RayJob {decision.rayjob_name} exists and is not this run's",
-        decision.trigger,
-        decision.attempt,
-        decision.generation,
-    )
-    started = as_decision(status, decision, generation=generation, now=now, num_samples=samples)
-    refused = as_decision(status, taken, generation=generation, now=now, num_samples=samples)
+    held = f"RayJob {decision.rayjob_name} exists and is not this run's"
+    taken = NotResumable(held, decision.trigger, decision.attempt, decision.generation)
+    started = _started(status, decision, generation=generation, now=now, num_samples=samples)
+    refused = _refused(status, taken, generation=generation, now=now)
     create = CreateRayJob(
         wanted,
         facts.run_id or "",
