@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
 
 
@@ -89,7 +89,8 @@ class CheckpointsStatus(StatusModel):
         "committed: every file Ray committed is there unchanged (any loop); full-state: the helpers' manifests "
         "prove model, optimizer, RNG and data position too.",
     )
-    verified: bool | None = Field(None, description="Whether every committed checkpoint is complete in S3.")
+    # Strict: what the guard and the Ready condition act on is a JSON boolean, never a string read as one.
+    verified: StrictBool | None = Field(None, description="Whether every committed checkpoint is complete in S3.")
     full_state: int | None = Field(None, description="Verified checkpoints proven at the full-state level.")
     checked: int | None = Field(None, description="Checkpoints checked.")
     bytes: int | None = Field(None, description="Bytes the verified checkpoints hold.")
@@ -126,7 +127,8 @@ class GuardStatus(StatusModel):
     run_root: str | None = Field(None, description="The run's S3 prefix: <storage.uri>/<namespace>/<sweep>-<runId>.")
     endpoint_url: str | None = Field(None, description="S3 endpoint the run writes to (empty: AWS).")
     region: str | None = Field(None, description="S3 region of the run's bucket.")
-    verify: bool | None = Field(None, description="spec.deletion.verifyCheckpoints at admission.")
+    # Strict: "false" (a string) must not switch verification off as a boolean false does.
+    verify: StrictBool | None = Field(None, description="spec.deletion.verifyCheckpoints at admission.")
     timeout_seconds: int | None = Field(None, description="spec.deletion.verificationTimeoutSeconds at admission.")
 
 
