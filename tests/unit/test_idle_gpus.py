@@ -25,6 +25,7 @@ from sweep_operator.reconcile.idle_gpus import (
     suspend_patch,
     unscheduled_gpu_seconds,
 )
+from sweep_operator.status import read_status, status_document, updated
 
 DELETED_AT = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 GRACE = 60.0
@@ -104,12 +105,13 @@ def test_the_driver_is_running_only_while_the_job_is_not_terminal() -> None:
 
 def test_a_hold_after_a_kueue_preemption_is_counted_as_preemption_and_holds_add_up() -> None:
     free = FreeWorkers(("w1",), 30.0, "window passed")
-    assert cause_of(free, {"phase": "Running"}) == "held-deletion"
-    assert cause_of(free, {"phase": "Suspended", "kueue": {"preemptions": 1}}) == "preemption"
-    once = idle_status({}, "held-deletion", 30.0)
-    twice = idle_status(once, "held-deletion", 12.5)
-    assert twice == {"idleGpuSeconds": {"heldDeletion": 42.5}}
-    assert idle_status(twice, "preemption", 1.0)["idleGpuSeconds"] == {"heldDeletion": 42.5, "preemption": 1.0}
+    assert cause_of(free, read_status({"phase": "Running"})) == "held-deletion"
+    assert cause_of(free, read_status({"phase": "Suspended", "kueue": {"preemptions": 1}})) == "preemption"
+    once = updated(read_status({}), idle_status(read_status({}), "held-deletion", 30.0))
+    twice = updated(once, idle_status(once, "held-deletion", 12.5))
+    assert status_document(twice) == {"idleGpuSeconds": {"heldDeletion": 42.5}}
+    added = updated(twice, idle_status(twice, "preemption", 1.0))
+    assert status_document(added)["idleGpuSeconds"] == {"heldDeletion": 42.5, "preemption": 1.0}
 
 
 # --------------------------------------------------------------- where the operator starts the deletion: suspend first
@@ -225,33 +227,36 @@ def test_a_stop_outran_the_suspend_only_when_the_deletion_came_after_the_ask_and
 
 
 def test_unscheduled_trials_count_gpu_workers_between_looks_while_no_trial_runs() -> None:
-    running = {"phase": "Running", "trials": {"total": 4, "running": 0, "pending": 1}}
+    running = read_status({"phase": "Running", "trials": {"total": 4, "running": 0, "pending": 1}})
     now = DELETED_AT + 100
     assert no_trial_running(running)
-    assert not no_trial_running({"phase": "Running", "trials": {"total": 4, "running": 1}})
-    assert not no_trial_running({"phase": "Running", "trials": {"total": 0, "running": 0}}), "before any trial"
-    assert not no_trial_running({"phase": "Starting", "trials": {"total": 4, "running": 0}})
+    assert not no_trial_running(read_status({"phase": "Running", "trials": {"total": 4, "running": 1}}))
+    assert not no_trial_running(read_status({"phase": "Running", "trials": {"total": 0, "running": 0}})), (
+        "before any trial"
+    )
+    assert not no_trial_running(read_status({"phase": "Starting", "trials": {"total": 4, "running": 0}}))
     assert unscheduled_gpu_seconds(running, PODS, now - 10, now) == pytest.approx(10 * (1 + 4 + 8))
     assert unscheduled_gpu_seconds(running, PODS, None, now) == 0.0, "no previous look: nothing billed"
     assert unscheduled_gpu_seconds(running, PODS, now - 3600, now) == pytest.approx(MAX_LOOK_GAP_S * 13)
     gone = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": _time(now)}} for p in PODS]
     assert unscheduled_gpu_seconds(running, gone, now - 10, now) == 0.0
-    assert idle_status({}, UNSCHEDULED_TRIALS, 5.0) == {"idleGpuSeconds": {"unscheduledTrials": 5.0}}
-    assert idle_status({}, STOPPING, 5.0) == {"idleGpuSeconds": {"stopping": 5.0}}
+    for cause, field in ((UNSCHEDULED_TRIALS, "unscheduledTrials"), (STOPPING, "stopping")):
+        recorded = updated(read_status({}), idle_status(read_status({}), cause, 5.0))
+        assert status_document(recorded) == {"idleGpuSeconds": {field: 5.0}}
 
 
 def test_gpus_past_what_the_running_trials_use_are_counted_too() -> None:
     """Partly idle: fewer trials run than the workers hold (the search near its end, ASHA's stops). PODS hold 13
     GPUs; with 2 GPUs a trial and 3 trials running, 7 are idle; with 7 running (14 GPUs asked), none is."""
     now = DELETED_AT + 100
-    status = {"phase": "Running", "trials": {"total": 8, "running": 3}}
+    status = read_status({"phase": "Running", "trials": {"total": 8, "running": 3}})
     assert unscheduled_gpu_seconds(status, PODS, now - 10, now, gpus_per_trial=2) == pytest.approx(10 * 7)
-    busy = {"phase": "Running", "trials": {"total": 8, "running": 7}}
+    busy = read_status({"phase": "Running", "trials": {"total": 8, "running": 7}})
     assert unscheduled_gpu_seconds(busy, PODS, now - 10, now, gpus_per_trial=2) == 0.0
     assert unscheduled_gpu_seconds(status, PODS, now - 10, now) == 0.0, "a trial's size unknown: nothing guessed"
-    none = {"phase": "Running", "trials": {"total": 8, "running": 0}}
+    none = read_status({"phase": "Running", "trials": {"total": 8, "running": 0}})
     assert unscheduled_gpu_seconds(none, PODS, now - 10, now, gpus_per_trial=2) == pytest.approx(10 * 13)
-    starting = {"phase": "Starting", "trials": {"total": 8, "running": 3}}
+    starting = read_status({"phase": "Starting", "trials": {"total": 8, "running": 3}})
     assert unscheduled_gpu_seconds(starting, PODS, now - 10, now, gpus_per_trial=2) == 0.0
 
 

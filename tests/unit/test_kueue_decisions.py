@@ -14,7 +14,9 @@ from datetime import UTC
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from sweep_contracts.status_models import KueueStatus, SweepStatus
 from sweep_operator.policy import Admit, Reject
 from sweep_operator.reconcile.kueue import (
     AdmittedTime,
@@ -38,6 +40,7 @@ from sweep_operator.reconcile.workloads import (
     workload_of,
 )
 from sweep_operator.settings import OperatorLimits, Settings, SettingsError
+from sweep_operator.status import read_status, status_document, updated
 from sweep_operator.validation import parse_sweep
 from tests.support.factories import changed, gpu_sweep
 
@@ -314,7 +317,9 @@ def test_an_admission_seen_is_closed_at_the_finish_not_at_the_late_pass() -> Non
 
 
 def test_a_clock_recorded_before_admissions_had_an_identity_is_not_counted_twice() -> None:
-    legacy = AdmittedTime.from_status({"admittedSeconds": 30, "admissions": 1, "firstAdmittedAt": iso(T0 + 10)})
+    legacy = AdmittedTime.from_status(
+        KueueStatus.model_validate({"admittedSeconds": 30, "admissions": 1, "firstAdmittedAt": iso(T0 + 10)})
+    )
     view = kueue_view(facts(ADMITTED_THEN_FINISHED, suspended=False, deployment="Complete", ever=True))
     assert advance_admitted_time(legacy, view, T0 + 100) == legacy
 
@@ -331,15 +336,25 @@ def test_admitted_time_round_trips_through_the_status() -> None:
     "status,field",
     [
         ({"admittedSeconds": -1}, "status.kueue.admittedSeconds"),
-        ({"admittedSeconds": "x"}, "status.kueue.admittedSeconds"),
-        ({"preemptions": 1.5}, "status.kueue.preemptions"),
+        ({"preemptions": -1}, "status.kueue.preemptions"),
         ({"admittedSince": "yesterday"}, "status.kueue.admittedSince"),
         ({"lastAdmissionAt": "soon"}, "status.kueue.lastAdmissionAt"),
     ],
 )
 def test_a_bad_recorded_clock_names_the_field(status: dict[str, Any], field: str) -> None:
     with pytest.raises(KueueError, match=field.replace(".", r"\.")):
-        AdmittedTime.from_status(status)
+        AdmittedTime.from_status(KueueStatus.model_validate(status))
+
+
+@pytest.mark.parametrize(
+    "status,field", [({"admittedSeconds": "x"}, "admittedSeconds"), ({"preemptions": 1.5}, "preemptions")]
+)
+def test_a_clock_field_of_the_wrong_type_is_named_where_the_status_is_read(status: dict[str, Any], field: str) -> None:
+    """A value of the wrong type never reaches the clock: the status model refuses it, naming the field (the
+    lenient read then leaves status.kueue out rather than guess at it)."""
+    with pytest.raises(ValidationError, match=field):
+        KueueStatus.model_validate(status)
+    assert read_status({"phase": "Suspended", "kueue": status}).kueue is None
 
 
 @pytest.mark.parametrize(
@@ -458,7 +473,7 @@ def owned(wl: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_at(
-    status: dict[str, Any],
+    status: SweepStatus,
     wl: dict[str, Any] | None,
     *,
     suspended: bool,
@@ -475,45 +490,50 @@ def run_at(
 
 def test_a_rayjob_without_the_queue_label_is_not_a_kueue_run() -> None:
     plain = {"metadata": {"name": "x", "labels": {}}, "spec": {}, "status": {}}
-    assert kueue_run({}, plain, [], T0, 3600) is None
-    assert kueue_run({}, None, [], T0, 3600) is None
+    assert kueue_run(read_status({}), plain, [], T0, 3600) is None
+    assert kueue_run(read_status({}), None, [], T0, 3600) is None
 
 
 def test_queued_pass_pauses_the_deadline_and_says_kueues_message() -> None:
     """A queued sweep: phase Queued with Kueue's message, no deadlineAt (no deadline can pass), and the RayJob's
     SWEEP_DEADLINE_AT kept at now + the whole budget (KubeRay starts the attempt from it at admission)."""
-    previous = {"phase": "Starting", "deadlineAt": iso(T0 + 3600), "startedAt": iso(T0)}
+    previous = read_status({"phase": "Starting", "deadlineAt": iso(T0 + 3600), "startedAt": iso(T0)})
     run = run_at(previous, QUEUED, suspended=True, deployment="Suspended", now=T0 + 60)
     seen = status_for_run_phase(previous, run, T0 + 60)
-    assert "deadlineAt" not in seen
-    out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 60, rayjob_deadline_at=T0 + 3600)
-    assert out.status["phase"] == "Queued" and out.status["message"] == f"Queued (Kueue: team-a): {WAITING}"
-    assert "deadlineAt" not in out.status and "startedAt" not in out.status
-    assert out.status["kueue"]["summary"] == "Queued (Kueue: team-a)" and out.status["kueue"]["state"] == "Queued"
+    assert "deadlineAt" not in status_document(seen)
+    out = kueue_outcome(previous, updated(previous, phase="Suspended"), run, T0 + 60, rayjob_deadline_at=T0 + 3600)
+    written = status_document(out.status)
+    assert written["phase"] == "Queued" and written["message"] == f"Queued (Kueue: team-a): {WAITING}"
+    assert "deadlineAt" not in written and "startedAt" not in written
+    assert written["kueue"]["summary"] == "Queued (Kueue: team-a)" and written["kueue"]["state"] == "Queued"
     assert ("Admitted", False, "QueuedByKueue", f"Queued (Kueue: team-a): {WAITING}") in out.conditions
     assert out.driver_deadline_at == T0 + 60 + 3600
     assert out.drop_suspend  # Kueue controls spec.suspend
 
 
 def test_admitted_pass_starts_the_deadline_and_the_startup_clock_at_admission() -> None:
-    previous = {"phase": "Queued", "kueue": {"state": "Queued"}}
+    previous = read_status({"phase": "Queued", "kueue": {"state": "Queued"}})
     run = run_at(previous, ADMITTED, suspended=True, deployment="Suspended", now=T0 + 12)
     seen = status_for_run_phase(previous, run, T0 + 12)
-    assert seen["startedAt"] == iso(T0 + 10) and seen["deadlineAt"] == iso(T0 + 10 + 3600)
-    out = kueue_outcome(previous, {**previous, "phase": "Suspended"}, run, T0 + 12)
-    assert out.status["phase"] == "Starting"  # Kueue admitted it; KubeRay has not unsuspended yet
-    assert out.status["kueue"]["admissions"] == 1 and out.status["kueue"]["clusterQueue"] == "gpu-cq"
+    assert seen.started_at == iso(T0 + 10) and seen.deadline_at == iso(T0 + 10 + 3600)
+    out = kueue_outcome(previous, updated(previous, phase="Suspended"), run, T0 + 12)
+    assert out.status.phase == "Starting"  # Kueue admitted it; KubeRay has not unsuspended yet
+    assert status_document(out.status)["kueue"]["admissions"] == 1
+    assert status_document(out.status)["kueue"]["clusterQueue"] == "gpu-cq"
     assert out.events == (("Normal", "AdmittedByKueue", "admitted by Kueue: ClusterQueue gpu-cq (LocalQueue team-a)"),)
     assert out.driver_deadline_at is None  # admitted: the attempt's deadline is set; not rewritten under it
 
 
 def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the_eviction() -> None:
-    running = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
+    running = read_status(
+        {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
+    )
     run = run_at(running, EVICTING, suspended=True, deployment="Suspending", now=T0 + 105)
-    out = kueue_outcome(running, {**running, "phase": "Suspended"}, run, T0 + 105, rayjob_deadline_at=T0 + 3000)
-    assert out.status["phase"] == "Suspended" and out.status["message"].startswith("Preempted (Kueue: team-a): ")
-    assert out.status["kueue"]["admittedSeconds"] == 90 and out.status["kueue"]["preemptions"] == 1
-    assert out.status["kueue"]["admittedSince"] is None and "deadlineAt" not in out.status
+    out = kueue_outcome(running, updated(running, phase="Suspended"), run, T0 + 105, rayjob_deadline_at=T0 + 3000)
+    written = status_document(out.status)
+    assert written["phase"] == "Suspended" and written["message"].startswith("Preempted (Kueue: team-a): ")
+    assert written["kueue"]["admittedSeconds"] == 90 and written["kueue"]["preemptions"] == 1
+    assert "admittedSince" not in written["kueue"] and "deadlineAt" not in written
     assert [e[1] for e in out.events] == ["PreemptedByKueue"]
     assert out.driver_deadline_at == T0 + 105 + 3600 - 90
     again = kueue_outcome(
@@ -526,43 +546,49 @@ def test_preempted_pass_is_suspended_with_one_warning_and_the_clock_stops_at_the
 
 
 def test_readmission_continues_with_what_is_left() -> None:
-    preempted = {
-        "phase": "Suspended",
-        "kueue": {
-            "state": "Preempted",
-            "admittedSeconds": 90,
-            "admissions": 1,
-            "preemptions": 1,
-            "firstAdmittedAt": iso(T0 + 10),
-        },
-    }
+    preempted = read_status(
+        {
+            "phase": "Suspended",
+            "kueue": {
+                "state": "Preempted",
+                "admittedSeconds": 90,
+                "admissions": 1,
+                "preemptions": 1,
+                "firstAdmittedAt": iso(T0 + 10),
+            },
+        }
+    )
     run = run_at(preempted, READMITTED, suspended=True, deployment="Suspended", now=T0 + 501)
-    out = kueue_outcome(preempted, {**preempted}, run, T0 + 501)
-    assert out.status["deadlineAt"] == iso(T0 + 500 + 3600 - 90)
-    assert out.status["startedAt"] == iso(T0 + 10)  # the sweep's first admission stays its start
-    assert status_for_run_phase(preempted, run, T0 + 501)["startedAt"] == iso(T0 + 500)  # startup: this admission
-    assert out.status["kueue"]["admissions"] == 2
+    out = kueue_outcome(preempted, preempted, run, T0 + 501)
+    assert out.status.deadline_at == iso(T0 + 500 + 3600 - 90)
+    assert out.status.started_at == iso(T0 + 10)  # the sweep's first admission stays its start
+    assert status_for_run_phase(preempted, run, T0 + 501).started_at == iso(T0 + 500)  # startup: this admission
+    assert status_document(out.status)["kueue"]["admissions"] == 2
 
 
 def test_a_terminal_phase_is_left_as_decided() -> None:
-    previous = {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
-    decided = {**previous, "phase": "Succeeded", "deadlineAt": iso(T0 + 3610)}
+    previous = read_status(
+        {"phase": "Running", "kueue": {"state": "Admitted", "admittedSince": iso(T0 + 10), "admissions": 1}}
+    )
+    decided = updated(previous, phase="Succeeded", deadline_at=iso(T0 + 3610))
     out = kueue_outcome(
         previous, decided, run_at(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900), T0 + 900
     )
-    assert out.status["phase"] == "Succeeded" and out.status["deadlineAt"] == iso(T0 + 3610)
+    assert out.status.phase == "Succeeded" and out.status.deadline_at == iso(T0 + 3610)
     assert out.conditions == () and out.driver_deadline_at is None
     ended = kueue_outcome(
-        {**previous, "deadlineAt": iso(T0 + 3610)},
-        {"phase": "Succeeded"},
+        updated(previous, deadline_at=iso(T0 + 3610)),
+        read_status({"phase": "Succeeded"}),
         out_run := run_at(previous, FINISHED, suspended=False, deployment="Complete", now=T0 + 900),
         T0 + 900,
     )
-    assert ended.status["deadlineAt"] == iso(T0 + 3610) and out_run.view.phase is KueuePhase.FINISHED
+    assert ended.status.deadline_at == iso(T0 + 3610) and out_run.view.phase is KueuePhase.FINISHED
 
 
 def test_the_status_right_after_the_create_is_queued_without_a_deadline() -> None:
-    created = kueue_created_status({"phase": "Starting", "deadlineAt": iso(T0), "startedAt": iso(T0)}, "team-a")
+    created = status_document(
+        kueue_created_status(read_status({"phase": "Starting", "deadlineAt": iso(T0), "startedAt": iso(T0)}), "team-a")
+    )
     assert created["phase"] == "Queued" and "deadlineAt" not in created and "startedAt" not in created
     assert created["message"].startswith("Queued (Kueue: team-a): waiting for Kueue")
 
@@ -641,12 +667,12 @@ def test_a_kueue_pass_drops_set_suspend_with_a_warning_and_keeps_the_driver_dead
     assert run is not None
     assert run.active_seconds == 21600  # gpu_sweep's deadlines.activeSeconds
     asked = Decision(
-        {**facts.status, "phase": "Suspended"},
+        updated(facts.status, phase="Suspended"),
         (SetSuspend("s-abc123", True), ReleaseBudget()),
         (Event("Normal", "Kept", "the run-phase decision's Event"),),
     )
     decided = in_kueue_mode(facts, asked, run, reconcile_seconds=10)
-    assert decided.status is not None and decided.status["phase"] == "Queued"
+    assert decided.status is not None and decided.status.phase == "Queued"
     assert [e.reason for e in decided.events] == ["Kept", "SuspendIgnoredInKueueMode"]
     assert decided.wants(SetSuspend) is None and decided.wants(ReleaseBudget) == ReleaseBudget()
     if rewritten:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from sweep_contracts.status_models import UsageStatus
 from sweep_operator.gpu_time import (
     HOUR,
     MAX_POD_INTERVALS,
@@ -28,7 +29,7 @@ from sweep_operator.gpu_time import (
 )
 from sweep_operator.policy import Admit, Queue, Reject
 from sweep_operator.reconcile.usage import decide_budget_admission, decide_budget_stop, needs_write, with_thresholds
-from sweep_operator.status import rfc3339
+from sweep_operator.status import read_status, rfc3339, updated
 
 T0 = epoch("2026-12-03T10:00:00Z")
 assert T0 is not None
@@ -319,12 +320,16 @@ def test_the_record_is_bounded_and_keeps_gpu_seconds_and_attempts() -> None:
 
 
 def test_needs_write_only_when_the_record_changed_or_is_stale() -> None:
+    def record(ledger: UsageLedger, now: float) -> UsageStatus:
+        return UsageStatus.model_validate(ledger.to_status(now))
+
     ledger = fold(UsageLedger(), observe(pod("w1", scheduled=0.0)), T0 + 60, listed_clusters={"c1"})
-    stored = ledger.to_status(T0 + 60)
-    assert not needs_write(stored, ledger.to_status(T0 + 65), refresh_seconds=30)
-    assert needs_write(stored, ledger.to_status(T0 + 95), refresh_seconds=30)
+    stored = record(ledger, T0 + 60)
+    assert not needs_write(stored, record(ledger, T0 + 65), refresh_seconds=30)
+    assert needs_write(stored, record(ledger, T0 + 95), refresh_seconds=30)
     ended = fold(ledger, observe(pod("w1", scheduled=0.0, finished=[62.0])), T0 + 65, listed_clusters={"c1"})
-    assert needs_write(stored, ended.to_status(T0 + 65), refresh_seconds=30)
+    assert needs_write(stored, record(ended, T0 + 65), refresh_seconds=30)
+    assert needs_write(None, record(ledger, T0 + 65), refresh_seconds=30)
 
 
 # ------------------------------------------------------------------------------------------ the namespace window
@@ -669,16 +674,16 @@ def test_measure_folds_the_pods_reports_thresholds_once_and_skips_idle_writes() 
     from sweep_operator.reconcile.usage import measure
 
     pods = [pod("w1", gpus=2, scheduled=0.0), pod("head", gpus=0)]
-    first = measure({}, pods, {"c1"}, T0 + 0.45 * HOUR, budget_gpu_hours=1.0, refresh_seconds=60)
-    assert first.usage is not None and first.usage["gpuHours"] == pytest.approx(0.9)
+    first = measure(read_status({}), pods, {"c1"}, T0 + 0.45 * HOUR, budget_gpu_hours=1.0, refresh_seconds=60)
+    assert first.usage is not None and first.usage.gpu_hours == pytest.approx(0.9)
     assert first.facts.crossed == (80,) and [e[1] for e in first.events] == ["GpuBudget80"]
-    status = {"usage": first.usage}
+    status = updated(read_status({}), usage=first.usage)
     again = measure(status, pods, {"c1"}, T0 + 0.45 * HOUR + 10, budget_gpu_hours=1.0, refresh_seconds=60)
     assert again.usage is None and again.events == ()  # nothing new within the refresh interval, no second Event
     spent = measure(status, pods, {"c1"}, T0 + 0.5 * HOUR, budget_gpu_hours=1.0, refresh_seconds=60)
     assert spent.facts.stop and [e[1] for e in spent.events] == ["GpuBudget100"]
-    assert spent.usage is not None and spent.usage["thresholdsReported"] == [80, 100]
-    assert measure({}, [], set(), T0, budget_gpu_hours=None).usage is None  # a sweep without GPUs or budget
+    assert spent.usage is not None and spent.usage.thresholds_reported == [80, 100]
+    assert measure(read_status({}), [], set(), T0, budget_gpu_hours=None).usage is None  # no GPUs, no budget
 
 
 def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
@@ -748,10 +753,9 @@ def test_threshold_metric_is_counted_once_after_the_write_that_records_it() -> N
     metrics = OperatorMetrics()
     callback = BudgetThresholdCallback(metrics)
     body = {"metadata": {"namespace": "ml", "name": "s"}}
-    callback.after_write(body, {}, {"usage": {"thresholdsReported": [80]}})
-    callback.after_write(body, {"usage": {"thresholdsReported": [80]}}, {"usage": {"thresholdsReported": [80, 100]}})
-    callback.after_write(
-        body, {"usage": {"thresholdsReported": [80, 100]}}, {"usage": {"thresholdsReported": [80, 100]}}
-    )
+    eighty, both = (read_status({"usage": {"thresholdsReported": t}}) for t in ([80], [80, 100]))
+    callback.after_write(body, read_status({}), eighty)
+    callback.after_write(body, eighty, both)
+    callback.after_write(body, both, both)
     assert metrics.total("trainingsweep_budget_thresholds_total", sweep="s", threshold="80") == 1
     assert metrics.total("trainingsweep_budget_thresholds_total", sweep="s", threshold="100") == 1

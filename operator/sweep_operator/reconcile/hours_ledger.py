@@ -17,12 +17,12 @@ from typing import Any
 from sweep_contracts import constants
 from sweep_contracts.api import LEDGER_MAX_ENTRIES, LEDGER_MAX_RESERVATIONS, LEDGER_MAX_SWEEPS
 from sweep_contracts.problems import Problem
+from sweep_contracts.status_models import NamespaceUsageStatus
 
 from ..gpu_time import (
     HOUR,
     NamespaceBudget,
     PodInterval,
-    UsageLedger,
     budget_frees_at,
     compact,
     epoch,
@@ -181,7 +181,7 @@ class HoursLedger:
         metadata: dict[str, Any] = {"name": constants.LEDGER_NAME, "namespace": namespace}
         if ledger.resource_version:
             metadata["resourceVersion"] = ledger.resource_version
-        status: dict[str, Any] = {
+        ledger_status: dict[str, Any] = {
             "usedGpuHours": round(ledger.used(now), 4),
             "reservedGpuHours": round(ledger.reserved(now), 4),
             "leftGpuHours": round(max(ledger.left(now), 0.0), 4),
@@ -190,13 +190,13 @@ class HoursLedger:
             "sweeps": [e.to_status(now, window) for e in sorted(ledger.entries, key=lambda e: (e.name, e.uid))],
         }
         if frees is not None and frees > now:
-            status["freesAt"] = rfc3339(math.ceil(frees))
+            ledger_status["freesAt"] = rfc3339(math.ceil(frees))
         return {
             "apiVersion": constants.API_VERSION,
             "kind": constants.LEDGER_KIND,
             "metadata": metadata,
             "spec": {"gpuHours": ledger.budget.gpu_hours, "windowSeconds": int(window)},
-            "status": status,
+            "status": ledger_status,
         }
 
 
@@ -389,23 +389,24 @@ def seeded(ledger: HoursLedger, sweeps: Iterable[Mapping[str, Any]], now: float)
         meta = body.get("metadata") or {}
         if not meta.get("uid"):
             continue
-        usage = sweep_usage_of(body, now)
-        record = UsageLedger.from_status((body.get("status") or {}).get("usage"))
+        usage = sweep_usage_of(body, now)  # its record (status.usage) and its reservation
         reservation = Reservation(usage.reserved_gpu_hours, now, "seeded") if usage.reserved_gpu_hours > 0 else None
-        entry = LedgerEntry(str(meta.get("name") or ""), str(meta["uid"]), compact(record.intervals, ENTRY_INTERVALS))
+        entry = LedgerEntry(
+            str(meta.get("name") or ""), str(meta["uid"]), compact(usage.ledger.intervals, ENTRY_INTERVALS)
+        )
         if entry.intervals or reservation is not None:
             entries.append(replace(entry, reservation=reservation))
     return replace(ledger, entries=tuple(entries))
 
 
-def view(ledger: HoursLedger, now: float) -> dict[str, Any]:
+def view(ledger: HoursLedger, now: float) -> NamespaceUsageStatus:
     """status.usage.namespace of a sweep: the namespace's window as the ledger has it."""
-    return {
-        "gpuHours": round(ledger.used(now), 4),
-        "budgetGpuHours": ledger.budget.gpu_hours,
-        "leftGpuHours": round(max(ledger.left(now), 0.0), 4),
-        "windowSeconds": int(ledger.budget.window_seconds),
-    }
+    return NamespaceUsageStatus(
+        gpu_hours=round(ledger.used(now), 4),
+        budget_gpu_hours=ledger.budget.gpu_hours,
+        left_gpu_hours=round(max(ledger.left(now), 0.0), 4),
+        window_seconds=int(ledger.budget.window_seconds),
+    )
 
 
 # ------------------------------------------------------------------------------- the record of ledgers created

@@ -10,6 +10,7 @@ from typing import Any
 
 from sweep_contracts import constants
 from sweep_contracts.api import Phase
+from sweep_contracts.status_models import IdleGpuStatus, SweepStatus
 
 from ..gpu_time import pod_ended_at, pod_gpus, pod_scheduled_at
 from ..status import parse_time
@@ -21,11 +22,11 @@ HELD_DELETION = "held-deletion"  # GPU pods of a cluster whose deletion the guar
 PREEMPTION = "preemption"  # the same after a Kueue eviction
 STOPPING = "stopping"  # GPU workers from a graceful stop's request until the operator suspended them
 UNSCHEDULED_TRIALS = "unscheduled-trials"  # GPU workers up while the driver's status shows no trial running
-STATUS_KEYS = {  # status.idleGpuSeconds
-    HELD_DELETION: "heldDeletion",
+STATUS_FIELDS = {  # status.idleGpuSeconds, by the model's attribute names
+    HELD_DELETION: "held_deletion",
     PREEMPTION: "preemption",
     STOPPING: "stopping",
-    UNSCHEDULED_TRIALS: "unscheduledTrials",
+    UNSCHEDULED_TRIALS: "unscheduled_trials",
 }
 # A look at the pods counts the time since the previous one; a longer gap (an operator restart, a stalled pass) counts
 # only this much, so an unseen stretch is never billed as idle.
@@ -202,17 +203,17 @@ def stop_outran_suspend(cluster: Mapping[str, Any], asked: float | None) -> bool
     return math.floor(asked) <= deleting.timestamp() and suspend_patch(cluster) is not None
 
 
-def no_trial_running(status: Mapping[str, Any]) -> bool:
+def no_trial_running(status: SweepStatus) -> bool:
     """The driver's `_sweep/status.json`, as the sweep's status copies it (status.trials), shows trials but none
     running: its workers wait for a trial Tune has not scheduled (or that only the driver's end follows)."""
-    trials = status.get("trials")
-    if status.get("phase") != Phase.RUNNING or not isinstance(trials, Mapping):
+    trials = status.trials
+    if status.phase != Phase.RUNNING or trials is None:
         return False
-    return int(trials.get("total") or 0) > 0 and int(trials.get("running") or 0) == 0
+    return trials.total > 0 and trials.running == 0
 
 
 def unscheduled_gpu_seconds(
-    status: Mapping[str, Any],
+    status: SweepStatus,
     pods: Sequence[Mapping[str, Any]],
     previous_look: float | None,
     now: float,
@@ -223,10 +224,10 @@ def unscheduled_gpu_seconds(
     trials use: all of them while no trial runs; with `gpus_per_trial` (workers x GPUs per worker), the GPUs past
     running trials x that (fewer trials left than the group holds, ASHA's stops). 0 without a previous look (an
     unseen stretch is not billed) or without the driver's trial counts."""
-    trials = status.get("trials")
-    if previous_look is None or status.get("phase") != Phase.RUNNING or not isinstance(trials, Mapping):
+    trials = status.trials
+    if previous_look is None or status.phase != Phase.RUNNING or trials is None:
         return 0.0
-    total, running = int(trials.get("total") or 0), int(trials.get("running") or 0)
+    total, running = trials.total, trials.running
     if total <= 0 or (running > 0 and gpus_per_trial <= 0):
         return 0.0
     up = sum(
@@ -241,18 +242,18 @@ def unscheduled_gpu_seconds(
     return idle * max(0.0, min(now - previous_look, max_gap))
 
 
-def cause_of(free: FreeWorkers, sweep_status: Mapping[str, Any]) -> str:
+def cause_of(free: FreeWorkers, sweep_status: SweepStatus) -> str:
     """`preemption` when Kueue evicted the sweep (its status records the preemption and it waits Suspended: the
     operator's reading of the Workload, never the RayJob's editable spec.suspend), else the hold's own cause."""
-    kueue = sweep_status.get("kueue") or {}
-    if sweep_status.get("phase") == "Suspended" and int(kueue.get("preemptions") or 0) > 0:
+    kueue = sweep_status.kueue
+    if sweep_status.phase == Phase.SUSPENDED and kueue is not None and (kueue.preemptions or 0) > 0:
         return PREEMPTION
     return free.cause
 
 
-def idle_status(status: Mapping[str, Any], cause: str, gpu_seconds: float) -> dict[str, Any]:
-    """status.idleGpuSeconds with this hold's GPU-seconds added under its cause."""
-    idle = dict(status.get("idleGpuSeconds") or {})
-    key = STATUS_KEYS[cause]
-    idle[key] = round(float(idle.get(key) or 0.0) + gpu_seconds, 3)
-    return {"idleGpuSeconds": idle}
+def idle_status(status: SweepStatus, cause: str, gpu_seconds: float) -> dict[str, Any]:
+    """The change to status.idleGpuSeconds that adds this hold's GPU-seconds under its cause."""
+    idle = status.idle_gpu_seconds or IdleGpuStatus()
+    field = STATUS_FIELDS[cause]
+    held = getattr(idle, field)
+    return {"idleGpuSeconds": idle.model_copy(update={field: round(float(held or 0.0) + gpu_seconds, 3)})}

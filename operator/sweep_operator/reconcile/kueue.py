@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from sweep_contracts.api import TERMINAL_PHASES
 from sweep_contracts.runtime_env import deadline_of
 from sweep_contracts.runtime_env import encode as encode_runtime_env
+from sweep_contracts.status_models import KueueStatus, SweepStatus
 
 from ..phases import Fact, allowed, to, transition
 from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of, effective_active_seconds
@@ -205,15 +205,16 @@ class AdmittedTime:
         """The startup deadline starts at (each) admission, not at the sweep's creation."""
         return None if self.since is None else self.since + startup_seconds
 
-    def to_status(self) -> dict[str, Any]:
-        return {
-            "admittedSeconds": int(self.seconds),
-            "admittedSince": rfc3339(self.since) if self.since is not None else None,
-            "admissions": self.admissions,
-            "preemptions": self.preemptions,
-            "firstAdmittedAt": rfc3339(self.first_admitted_at) if self.first_admitted_at is not None else None,
-            "lastAdmissionAt": rfc3339(self.last_admission_at) if self.last_admission_at is not None else None,
-        }
+    def to_status(self) -> KueueStatus:
+        """The clock's fields of status.kueue (unset: None, removed by the write)."""
+        return KueueStatus(
+            admitted_seconds=int(self.seconds),
+            admitted_since=rfc3339(self.since) if self.since is not None else None,
+            admissions=self.admissions,
+            preemptions=self.preemptions,
+            first_admitted_at=rfc3339(self.first_admitted_at) if self.first_admitted_at is not None else None,
+            last_admission_at=rfc3339(self.last_admission_at) if self.last_admission_at is not None else None,
+        )
 
     def counted(self, admitted_at: float) -> bool:
         """Whether the admission Kueue made at `admitted_at` is in the clock. A clock recorded before the field
@@ -223,26 +224,25 @@ class AdmittedTime:
         return admitted_at <= self.last_admission_at
 
     @classmethod
-    def from_status(cls, data: Mapping[str, Any] | None) -> AdmittedTime:
-        if not data:
+    def from_status(cls, kueue: KueueStatus | None) -> AdmittedTime:
+        """The clock as status.kueue records it. The model has the types; what it cannot say (a count below zero, a
+        time that does not read) names the field."""
+        if kueue is None:
             return cls()
         where = "status.kueue"
-        seconds = data.get("admittedSeconds", 0) or 0
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0 or math.isnan(seconds):
+        seconds = kueue.admitted_seconds or 0
+        if seconds < 0:
             raise KueueError(f"{where}.admittedSeconds: got {seconds!r}; expected a number >= 0")
-        counts = {}
-        for key in ("admissions", "preemptions"):
-            value = data.get(key, 0) or 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        for key, value in (("admissions", kueue.admissions or 0), ("preemptions", kueue.preemptions or 0)):
+            if value < 0:
                 raise KueueError(f"{where}.{key}: got {value!r}; expected an integer >= 0")
-            counts[key] = value
         return cls(
             float(seconds),
-            _seconds(data.get("admittedSince"), f"{where}.admittedSince"),
-            counts["admissions"],
-            counts["preemptions"],
-            _seconds(data.get("firstAdmittedAt"), f"{where}.firstAdmittedAt"),
-            _seconds(data.get("lastAdmissionAt"), f"{where}.lastAdmissionAt"),
+            _seconds(kueue.admitted_since, f"{where}.admittedSince"),
+            kueue.admissions or 0,
+            kueue.preemptions or 0,
+            _seconds(kueue.first_admitted_at, f"{where}.firstAdmittedAt"),
+            _seconds(kueue.last_admission_at, f"{where}.lastAdmissionAt"),
         )
 
 
@@ -307,20 +307,21 @@ class KueueRun:
     clock: AdmittedTime
     active_seconds: float  # the sweep's budget of admitted time (effective activeSeconds)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> KueueStatus:
         """status.kueue."""
-        return {
-            "localQueue": self.local_queue,
-            "clusterQueue": self.view.cluster_queue or None,
-            "workload": self.workload or None,
-            "state": self.view.phase.value,
-            "summary": self.view.summary,
-            **self.clock.to_status(),
-        }
+        return self.clock.to_status().model_copy(
+            update={
+                "local_queue": self.local_queue,
+                "cluster_queue": self.view.cluster_queue or None,
+                "workload": self.workload or None,
+                "state": self.view.phase.value,
+                "summary": self.view.summary,
+            }
+        )
 
 
 def kueue_run(
-    status: Mapping[str, Any],
+    status: SweepStatus,
     rayjob: Mapping[str, Any] | None,
     workloads: Sequence[Mapping[str, Any]],
     now: float,
@@ -332,7 +333,7 @@ def kueue_run(
     queue = str(((rayjob.get("metadata") or {}).get("labels") or {})[QUEUE_LABEL])
     body = workload_of(rayjob, workloads)
     wl = WorkloadFacts.from_object(body) if body is not None else None
-    before = AdmittedTime.from_status(status.get("kueue"))
+    before = AdmittedTime.from_status(status.kueue)
     facts = KueueFacts(
         queue,
         bool((rayjob.get("spec") or {}).get("suspend")),
@@ -375,7 +376,7 @@ def run_clock(run: KueueRun, now: float) -> dict[str, Any]:
     return changes
 
 
-def status_for_run_phase(status: Mapping[str, Any], run: KueueRun, now: float) -> dict[str, Any]:
+def status_for_run_phase(status: SweepStatus, run: KueueRun, now: float) -> SweepStatus:
     """The status the run-phase decision judges in Kueue mode."""
     return updated(status, run_clock(run, now))
 
@@ -391,7 +392,7 @@ SUSPEND_IN_KUEUE_MODE = (
 class KueueOutcome:
     """What Kueue mode makes of one pass's run-phase result."""
 
-    status: dict[str, Any]
+    status: SweepStatus
     conditions: tuple[tuple[str, bool, str, str], ...]  # for status.conditions_with
     events: tuple[tuple[str, str, str], ...]  # (type, reason, message)
     drop_suspend: bool  # Kueue controls spec.suspend: the operator's SetSuspend must not be sent
@@ -399,8 +400,8 @@ class KueueOutcome:
 
 
 def kueue_outcome(
-    previous: Mapping[str, Any],
-    decided: Mapping[str, Any],
+    previous: SweepStatus,
+    decided: SweepStatus,
     run: KueueRun,
     now: float,
     *,
@@ -417,33 +418,26 @@ def kueue_outcome(
     - the RayJob's SWEEP_DEADLINE_AT kept at now + the admitted time left while it waits suspended.
     A terminal phase is left as decided (only status.kueue is refreshed)."""
     view, clock = run.view, run.clock
-    status = dict(decided)
-    # None removes a field the merge patch would otherwise keep (the server merges nested objects)
-    status["kueue"] = run.status()
+    changes: dict[str, Any] = {"kueue": run.status()}  # a clock field unset is removed by the write
     deadline = clock.deadline_at(run.active_seconds, now)
-    terminal = status.get("phase") in TERMINAL_PHASES
+    terminal = decided.phase in TERMINAL_PHASES
     conditions: list[tuple[str, bool, str, str]] = []
     events: list[tuple[str, str, str]] = []
-    was = ((previous.get("kueue") or {}).get("state")) or ""
+    was = (previous.kueue.state if previous.kueue else None) or ""
     if not terminal:
-        if deadline is not None:
-            status["deadlineAt"] = rfc3339(deadline)
-        else:
-            status.pop("deadlineAt", None)
-        if clock.first_admitted_at is not None:
-            status["startedAt"] = rfc3339(clock.first_admitted_at)
-        else:
-            status.pop("startedAt", None)
+        changes["deadlineAt"] = rfc3339(deadline) if deadline is not None else None
+        first = clock.first_admitted_at
+        changes["startedAt"] = rfc3339(first) if first is not None else None
         if view.phase in (KueuePhase.WAITING_FOR_WORKLOAD, KueuePhase.QUEUED):
             queued = transition(Fact.KUEUE_QUEUED)
-            status.update(phase=queued.to, message=view.message)
+            changes.update(phase=queued.to, message=view.message)
             conditions += [
                 (queued.condition or "", False, queued.reason, view.message),
                 ("Running", False, queued.reason, view.summary),
             ]
         elif view.phase is KueuePhase.PREEMPTED:
             preempted = transition(Fact.KUEUE_PREEMPTED)
-            status.update(phase=preempted.to, message=view.message)
+            changes.update(phase=preempted.to, message=view.message)
             conditions.append((preempted.condition or "", False, preempted.reason, view.message))
             if was != KueuePhase.PREEMPTED.value:
                 events.append(("Warning", "PreemptedByKueue", view.message))
@@ -452,21 +446,21 @@ def kueue_outcome(
             conditions.append(("Admitted", True, "AdmittedByKueue", text))
             if was != KueuePhase.ADMITTED.value:
                 events.append(("Normal", "AdmittedByKueue", text))
-            if allowed(status.get("phase"), Fact.KUEUE_ADMITTED):  # KubeRay has not unsuspended it yet
-                status.update(phase=to(Fact.KUEUE_ADMITTED), message=f"{text}; KubeRay is starting the RayCluster")
-    elif previous.get("deadlineAt") and "deadlineAt" not in status:
-        status["deadlineAt"] = previous["deadlineAt"]  # the deadline it ran under (the run-phase pass saw none)
+            if allowed(decided.phase, Fact.KUEUE_ADMITTED):  # KubeRay has not unsuspended it yet
+                changes.update(phase=to(Fact.KUEUE_ADMITTED), message=f"{text}; KubeRay is starting the RayCluster")
+    elif previous.deadline_at and not decided.deadline_at:
+        changes["deadlineAt"] = previous.deadline_at  # the deadline it ran under (the run-phase pass saw none)
     refresh: float | None = None
     if not terminal and not view.admitted:
         wanted = driver_deadline_at(clock, run.active_seconds, now)
         if rayjob_deadline_at is None or abs(rayjob_deadline_at - wanted) > tolerance_seconds:
             refresh = wanted
-    return KueueOutcome(status, tuple(conditions), tuple(events), drop_suspend=True, driver_deadline_at=refresh)
+    return KueueOutcome(
+        updated(decided, changes), tuple(conditions), tuple(events), drop_suspend=True, driver_deadline_at=refresh
+    )
 
 
-def outcome_of(
-    facts: SweepFacts, decided: Mapping[str, Any], run: KueueRun, *, reconcile_seconds: float
-) -> KueueOutcome:
+def outcome_of(facts: SweepFacts, decided: SweepStatus, run: KueueRun, *, reconcile_seconds: float) -> KueueOutcome:
     """`kueue_outcome` for this pass: the status as read before, the status the other rules `decided`, and the
     driver's deadline as the RayJob carries it."""
     return kueue_outcome(
@@ -489,20 +483,21 @@ def driver_runtime_env(facts: SweepFacts, outcome: KueueOutcome) -> SetRuntimeEn
     return SetRuntimeEnv(meta_of(rayjob)["name"], encode_runtime_env(run_spec, int(outcome.driver_deadline_at)))
 
 
-def kueue_created_status(status: Mapping[str, Any], local_queue: str) -> dict[str, Any]:
+def kueue_created_status(status: SweepStatus, local_queue: str) -> SweepStatus:
     """Right after the operator created a Kueue RayJob: Queued, no deadline yet (it starts at admission)."""
     text = f"{queued_text(local_queue)}: waiting for Kueue to create the Workload for the suspended RayJob"
-    new = {k: v for k, v in status.items() if k not in ("deadlineAt", "startedAt")}
-    new.update(
+    return updated(
+        status,
+        deadline_at=None,
+        started_at=None,
         phase=to(Fact.KUEUE_QUEUED),
         message=text,
-        kueue={
-            "localQueue": local_queue,
-            "state": KueuePhase.WAITING_FOR_WORKLOAD.value,
-            "summary": queued_text(local_queue),
-            "admittedSeconds": 0,
-            "admissions": 0,
-            "preemptions": 0,
-        },
+        kueue=KueueStatus(
+            local_queue=local_queue,
+            state=KueuePhase.WAITING_FOR_WORKLOAD.value,
+            summary=queued_text(local_queue),
+            admitted_seconds=0,
+            admissions=0,
+            preemptions=0,
+        ),
     )
-    return new

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts.problems import Problem
+from sweep_contracts.status_models import NamespaceUsageStatus, SweepStatus, UsageStatus
 
 from ..gpu_time import (
     HOUR,
@@ -152,14 +153,18 @@ def decide_budget_stop(
     return BudgetFacts(used, budget_gpu_hours, held, crossed, stop, reason, exhausts_at)
 
 
-def needs_write(stored: Mapping[str, Any] | None, new: Mapping[str, Any], refresh_seconds: float) -> bool:
+def needs_write(stored: UsageStatus | None, new: UsageStatus, refresh_seconds: float) -> bool:
     """Whether a freshly folded status.usage is worth a status write: the record changed (an interval opened or
     closed, a threshold reported), or the stored totals are older than `refresh_seconds` (a running pod's hours
     grow continuously; readers recompute them from the intervals up to their own now)."""
-    stored = stored or {}
-    if any(stored.get(k) != new.get(k) for k in ("podIntervals", "thresholdsReported", "budgetGpuHours")):
+    stored = stored or UsageStatus()
+    if (
+        stored.pod_intervals != new.pod_intervals
+        or stored.thresholds_reported != new.thresholds_reported
+        or stored.budget_gpu_hours != new.budget_gpu_hours
+    ):
         return True
-    last, measured = epoch(stored.get("lastMeasuredAt")), epoch(new.get("lastMeasuredAt"))
+    last, measured = epoch(stored.last_measured_at), epoch(new.last_measured_at)
     return last is None or measured is None or measured - last >= refresh_seconds
 
 
@@ -182,7 +187,7 @@ class Measurement:
     """One pass's measurement of a sweep: the usage record to write (None: nothing worth a write) and the budget
     facts; `events` are (type, reason, message) for the thresholds newly crossed."""
 
-    usage: dict[str, Any] | None
+    usage: UsageStatus | None
     facts: BudgetFacts
     events: tuple[tuple[str, str, str], ...] = ()
 
@@ -191,7 +196,7 @@ THRESHOLD_REASONS = {80: "GpuBudget80", 100: "GpuBudget100"}
 
 
 def measure(
-    status: Mapping[str, Any],
+    status: SweepStatus,
     pods: Iterable[Mapping[str, Any]],
     listed_clusters: Iterable[str],
     now: float,
@@ -199,11 +204,11 @@ def measure(
     budget_gpu_hours: float | None,
     graceful_stop_seconds: float = 0.0,
     refresh_seconds: float = 60.0,
-    namespace: dict[str, Any] | None = None,
+    namespace: NamespaceUsageStatus | None = None,
     reservation: ReservationFacts | None = None,
 ) -> Measurement:
     """Fold a read of the sweep's pods into its status.usage and decide what the budget asks for."""
-    stored = status.get("usage") if isinstance(status.get("usage"), dict) else None
+    stored = status.usage
     ledger = fold(
         UsageLedger.from_status(stored),
         [i for i in (observe_pod(p) for p in pods) if i is not None],
@@ -214,19 +219,17 @@ def measure(
         ledger, budget_gpu_hours, now, graceful_stop_seconds=graceful_stop_seconds, reservation=reservation
     )
     ledger = with_thresholds(ledger, facts.crossed)
-    doc = ledger.to_status(now, budget_gpu_hours)
-    if namespace is not None:
-        doc["namespace"] = namespace
-    changed = needs_write(stored, doc, refresh_seconds) or (stored or {}).get("namespace") != doc.get("namespace")
+    new = UsageStatus.model_validate({**ledger.to_status(now, budget_gpu_hours), "namespace": namespace})
+    changed = needs_write(stored, new, refresh_seconds) or (stored.namespace if stored else None) != new.namespace
     if (
         not ledger.intervals
-        and not (stored or {}).get("podIntervals")
+        and not (stored.pod_intervals if stored else None)
         and budget_gpu_hours is None
         and namespace is None
     ):
         changed = False  # nothing measured, nothing to say
     events = tuple(("Warning", THRESHOLD_REASONS[t], threshold_message(t, facts)) for t in facts.crossed)
-    return Measurement(doc if changed else None, facts, events)
+    return Measurement(new if changed else None, facts, events)
 
 
 def clusters_to_measure(facts: SweepFacts, namespace_budget: NamespaceBudget | None) -> set[str] | None:
@@ -235,7 +238,7 @@ def clusters_to_measure(facts: SweepFacts, namespace_budget: NamespaceBudget | N
     to keep current)."""
     status = facts.judged_status
     if facts.rayjob is not None and facts.rayjob.cluster_name:
-        status = {**status, "rayClusterName": facts.rayjob.cluster_name}
+        status = status.model_copy(update={"ray_cluster_name": facts.rayjob.cluster_name})
     spec = facts.admitted_spec
     clusters = clusters_to_read(status)
     if not clusters and (spec is None or spec.budget.gpu_hours is None) and namespace_budget is None:
@@ -245,10 +248,10 @@ def clusters_to_measure(facts: SweepFacts, namespace_budget: NamespaceBudget | N
 
 def measure_pass(
     facts: SweepFacts,
-    status: Mapping[str, Any],
+    status: SweepStatus,
     pods: Iterable[Mapping[str, Any]],
     clusters: Iterable[str],
-    namespace: dict[str, Any] | None,
+    namespace: NamespaceUsageStatus | None,
     reservation: ReservationFacts | None,
     *,
     refresh_seconds: float,
@@ -299,7 +302,7 @@ def decide_gpu_hour_answer(
         f"{workers} worker{'s' * (workers != 1)} x {gpus} GPU x {trials} trial{'s' * (trials != 1)} x {active}s = "
         f"{format_hours(worst)} GPU-hours"
     )
-    used = UsageLedger.from_status(facts.status.get("usage")).gpu_hours(now)
+    used = UsageLedger.from_status(facts.status.usage).gpu_hours(now)
     decided = decide_budget_admission(
         worst_case=worst,
         sweep_budget=spec.budget.gpu_hours,

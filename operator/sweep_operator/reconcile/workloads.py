@@ -115,8 +115,8 @@ class WorkloadFacts:
         name = meta.get("name")
         if not isinstance(name, str) or not name:
             raise KueueError(f"metadata.name: got {name!r}; a Workload has a name")
-        spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        raw = status.get("conditions") or []
+        spec, workload_status = obj.get("spec") or {}, obj.get("status") or {}
+        raw = workload_status.get("conditions") or []
         if not isinstance(raw, list):
             raise KueueError(f"workload {name}: status.conditions: got {type(raw).__name__}; expected a list")
         conditions: dict[str, Condition] = {}
@@ -131,7 +131,7 @@ class WorkloadFacts:
                 str(c.get("message") or ""),
                 _seconds(c.get("lastTransitionTime"), f"{where}.lastTransitionTime"),
             )
-        admission = status.get("admission") or {}
+        admission = workload_status.get("admission") or {}
         return cls(
             name,
             str(spec.get("queueName") or ""),
