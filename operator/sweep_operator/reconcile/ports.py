@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from sweep_contracts import constants
 from sweep_contracts.api import Phase
-from sweep_contracts.status_models import UsageStatus
+from sweep_contracts.status_models import NamespaceUsageStatus, UsageStatus
 
 from ..admission_ledger import AdmissionLedger
 from ..gpu_time import NamespaceBudget, UsageLedger
@@ -255,7 +255,7 @@ class Budgets:
         )
         return answer is not None
 
-    def namespace_hours(self, facts: SweepFacts) -> tuple[dict[str, Any] | None, ReservationFacts | None]:
+    def namespace_hours(self, facts: SweepFacts) -> tuple[NamespaceUsageStatus | None, ReservationFacts | None]:
         """The namespace's window as its ledger has it (status.usage.namespace) and this attempt's reservation."""
         namespace = self.gpu_hour_budget(facts.ref.namespace)
         if namespace is None:
@@ -327,7 +327,9 @@ def resume_read(facts: SweepFacts, budgets: Budgets, max_active_seconds: int | N
     records = resume.ResumeReads(rayjob, driver)
 
     def plan() -> Any:
-        return resume.planned(facts.body, sweep, records, now=facts.now, max_active_seconds=max_active_seconds)
+        return resume.planned(
+            facts.body, sweep, records, now=facts.now, max_active_seconds=max_active_seconds, status=facts.status
+        )
 
     planned = plan()
     if isinstance(planned, resume.VerifyFirst) and target is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sweep_contracts.api import Phase
+from sweep_contracts.status_models import NamespaceUsageStatus
 
 from ..policy import AdmissionDecision, Admit
 from ..rendering import RenderContext
@@ -55,7 +56,9 @@ class PodsRead:
 
     pods: Sequence[Mapping[str, Any]]
     clusters: frozenset[str]
-    window: dict[str, Any] | None  # the namespace ledger's view (status.usage.namespace); None: no namespace budget
+    window: (
+        NamespaceUsageStatus | None
+    )  # the namespace ledger's view (status.usage.namespace); None: no namespace budget
     reservation: usage.ReservationFacts | None  # this attempt's reservation in that window
     record: bool  # the namespace has a GPU-hour budget: the sweep's record is copied into its ledger
     previous_look: float | None = None  # when the pass before this one read the pods (None: this is the first)
@@ -195,6 +198,7 @@ def decide_resume(
         now=facts.now,
         context=context,
         max_active_seconds=max_active_seconds,
+        status=facts.status,
     )
     if resumed is not None and queue and resumed.status and resumed.status.phase == Phase.STARTING:
         resumed = replace(resumed, status=kueue.kueue_created_status(resumed.status, queue))
