@@ -11,7 +11,7 @@ import pytest
 from sweep_contracts.api import Phase
 from sweep_operator.reconcile.actions import DeleteRayJob, Finish, RecordDeadlineStop, RecordGpuHours, ReleaseBudget
 from sweep_operator.reconcile.run_pass import PodsRead, RunReads, decide_run_pass
-from sweep_operator.status import rfc3339
+from sweep_operator.status import rfc3339, status_document
 from tests.unit.test_run_phase import RUNNING, facts, job, kinds
 from tests.unit.test_usage import T0 as USAGE_T0
 from tests.unit.test_usage import pod
@@ -35,15 +35,15 @@ RUNNING_NOW = {**RUNNING, "deadlineAt": rfc3339(USAGE_T0 + 3600), "startedAt": r
 
 def test_a_spent_budget_stops_a_running_sweep_with_one_stop_and_the_ledger_record_first() -> None:
     decision = decide(RUNNING_NOW, RunReads(pods=pods_read(hours_ago=2, gpus=4)), budget={"gpuHours": 1})
-    assert decision.status["phase"] == Phase.BUDGET_EXHAUSTED
+    assert decision.status.phase == Phase.BUDGET_EXHAUSTED
     assert kinds(decision.actions) == [RecordGpuHours, DeleteRayJob, ReleaseBudget, Finish]
-    assert decision.actions[0].usage == decision.status["usage"] and decision.actions[0].terminal
+    assert decision.actions[0].usage == decision.status.usage and decision.actions[0].terminal
 
 
 def test_a_run_the_run_phase_ended_keeps_its_phase_and_a_single_stop() -> None:
     past = {**RUNNING_NOW, "deadlineAt": rfc3339(USAGE_T0 - 3600)}
     decision = decide(past, RunReads(pods=pods_read(hours_ago=2, gpus=4, record=False)), budget={"gpuHours": 1})
-    assert decision.status["phase"] == Phase.DEADLINE_EXCEEDED
+    assert decision.status.phase == Phase.DEADLINE_EXCEEDED
     assert kinds(decision.actions).count(DeleteRayJob) == 1 and RecordGpuHours not in kinds(decision.actions)
 
 
@@ -51,11 +51,11 @@ def test_the_run_phase_judges_the_clock_in_the_facts_and_the_status_as_read_stay
     past = {**RUNNING_NOW, "deadlineAt": rfc3339(USAGE_T0 - 3600)}
     sweep = facts(past, job(), now=USAGE_T0)
     held = replace(sweep, clock={"deadlineAt": None})  # Kueue holds the run: no deadline counts
-    assert sweep.judged_status["deadlineAt"] == past["deadlineAt"] and "deadlineAt" not in held.judged_status
-    assert held.status["deadlineAt"] == past["deadlineAt"]
+    assert sweep.judged_status.deadline_at == past["deadlineAt"] and held.judged_status.deadline_at is None
+    assert held.status.deadline_at == past["deadlineAt"]
     ended = decide_run_pass(sweep, RunReads(), reconcile_seconds=10, refresh_seconds=60)
     kept = decide_run_pass(held, RunReads(), reconcile_seconds=10, refresh_seconds=60)
-    assert ended.status["phase"] == Phase.DEADLINE_EXCEEDED and kept.status["phase"] == Phase.RUNNING
+    assert ended.status.phase == Phase.DEADLINE_EXCEEDED and kept.status.phase == Phase.RUNNING
 
 
 def test_a_held_sweep_past_its_deadline_is_stopped_with_an_event_and_nothing_else_of_the_run_phase() -> None:
@@ -78,7 +78,7 @@ def test_a_held_sweep_whose_budget_is_spent_is_stopped_and_keeps_measuring() -> 
     sweep = facts(held, job(), now=USAGE_T0, spec={"budget": {"gpuHours": 1}})
     decision = decide_held_pass(sweep, pods_read(hours_ago=2, gpus=4), refresh_seconds=60)
     assert kinds(decision.actions) == [RecordGpuHours, DeleteRayJob]  # no ReleaseBudget/Finish: the guard holds it
-    assert decision.status is not None and decision.status["phase"] == "Deleting" and decision.status["usage"]
+    assert decision.status is not None and decision.status.phase == "Deleting" and decision.status.usage
     assert "GPU-hour budget is spent" in decision.events[-1].message
 
 
@@ -114,11 +114,11 @@ def test_a_resume_waiting_for_the_budgets_and_the_run_pass_make_one_decision_wit
     first = decide_run_pass(facts, reads, reconcile_seconds=10, refresh_seconds=60)
     (record,) = [a for a in first.actions if isinstance(a, ReserveBudget)]
     assert first.actions[0] is record and not record.admitted and record.attempt == "resume-2"
-    assert first.status is not None and first.status["message"].endswith("4 GPUs wanted, 2 free")
-    written = replace(facts, body={**facts.body, "status": first.status})
+    assert first.status is not None and (first.status.message or "").endswith("4 GPUs wanted, 2 free")
+    written = replace(facts, body={**facts.body, "status": status_document(first.status)})
     again = decide_run_pass(written, reads, reconcile_seconds=10, refresh_seconds=60)
     assert kinds(again.actions)[:1] == [ReserveBudget] and kinds(again.actions).count(ReserveBudget) == 1
-    assert again.status is None or again.status["message"] == first.status["message"], "the run pass, same wait"
+    assert again.status is None or again.status.message == first.status.message, "the run pass, same wait"
 
 
 def test_a_resume_the_budgets_admit_creates_its_attempt_after_recording_the_answer() -> None:
@@ -130,9 +130,9 @@ def test_a_resume_the_budgets_admit_creates_its_attempt_after_recording_the_answ
     reads = RunReads(resume=ResumeRead(records, _budgets(Admit(Demand(workers=1, gpus=0)))))
     decision = decide_run_pass(facts, reads, reconcile_seconds=10, refresh_seconds=60)
     assert kinds(decision.actions) == [ReserveBudget, CreateRayJob] and decision.actions[0].admitted
-    assert decision.actions[1].attempt == 2 and decision.status["phase"] == Phase.STARTING
+    assert decision.actions[1].attempt == 2 and decision.status.phase == Phase.STARTING
     queued = decide_run_pass(facts, replace(reads, queue="team-a"), reconcile_seconds=10, refresh_seconds=60)
-    assert queued.status["phase"] == Phase.QUEUED, "in Kueue mode the attempt waits for Kueue's admission"
+    assert queued.status.phase == Phase.QUEUED, "in Kueue mode the attempt waits for Kueue's admission"
 
 
 def test_an_admission_decides_once_over_the_caps_and_the_gpu_hour_ledger_read_before() -> None:
@@ -151,7 +151,7 @@ def test_an_admission_decides_once_over_the_caps_and_the_gpu_hour_ledger_read_be
     full = HoursLedger.from_object(None, NamespaceBudget(0.01, 86_400))
     refused = decide_admit_pass(fresh, _budgets(caps, full), RenderContext())
     assert kinds(refused.actions) == [ReserveBudget] and not refused.actions[0].admitted
-    assert refused.status["phase"] in (Phase.QUEUED, Phase.INVALID) and "GPU-hour" in refused.status["message"]
+    assert refused.status.phase in (Phase.QUEUED, Phase.INVALID) and "GPU-hour" in (refused.status.message or "")
     admitted = decide_admit_pass(fresh, _budgets(caps), RenderContext())
     assert kinds(admitted.actions) == [ReserveBudget, CreateRayJob] and admitted.actions[0].admitted
 
@@ -170,7 +170,8 @@ def test_gpus_up_with_no_trial_running_are_counted_in_the_decision_and_recorded_
     decision = decide(idle, RunReads(pods=pods))
     (record,) = [a for a in decision.actions if isinstance(a, RecordIdleGpus)]
     assert record.cause == "unscheduled-trials" and record.gpu_seconds == pytest.approx(60.0)
-    assert decision.status["idleGpuSeconds"]["unscheduledTrials"] == pytest.approx(60.0)
+    counted = decision.status.idle_gpu_seconds
+    assert counted is not None and counted.unscheduled_trials == pytest.approx(60.0)
     first_look = decide(idle, RunReads(pods=replace(pods, previous_look=None)))
     assert not [a for a in first_look.actions if isinstance(a, RecordIdleGpus)], "nothing before a first look"
     # Partly idle: 6 GPUs up, one trial running of the factory's 2 workers x 1 GPU: the other 4 are idle too.
