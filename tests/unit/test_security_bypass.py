@@ -10,7 +10,7 @@ import pytest
 
 from sweep_contracts import constants
 from sweep_operator.audit import BYPASS_REASON, annotation_setters
-from sweep_operator.status import get_condition
+from sweep_operator.status import get_condition, read_status
 from tests.unit.test_controller import World, ran, world  # noqa: F401  (the fixture)
 
 SKIP = constants.ANNOTATION_SKIP_VERIFICATION
@@ -51,9 +51,9 @@ def test_a_release_through_the_escape_hatch_is_counted_logged_and_on_the_sweep(
     )
     (line,) = [r.getMessage() for r in caplog.records if "BYPASSED" in r.getMessage()]
     assert "RayJob ml/" in line and "kubectl-annotate" in line and "TrainingSweep digits" in line
-    condition = get_condition(world.status("digits").get("conditions"), "CheckpointsVerified")
-    assert condition["status"] == "False" and condition["reason"] == BYPASS_REASON
-    assert "kubectl-annotate" in condition["message"] and SKIP in condition["message"]
+    condition = get_condition(read_status(world.status("digits")).conditions, "CheckpointsVerified")
+    assert condition is not None and condition.status == "False" and condition.reason == BYPASS_REASON
+    assert "kubectl-annotate" in condition.message and SKIP in condition.message
 
 
 def test_an_ordinary_release_records_no_bypass(world: World) -> None:  # noqa: F811  the fixture imported above, used as a parameter
@@ -61,8 +61,8 @@ def test_an_ordinary_release_records_no_bypass(world: World) -> None:  # noqa: F
     rayjob = world.kube.get_rayjob("ml", status["rayJobName"])
     world.controller.guard_rayjob_deletion(rayjob, attempt=0)
     assert world.controller.metrics.total("trainingsweep_guard_bypasses_total") == 0
-    condition = get_condition(world.status("digits").get("conditions"), "CheckpointsVerified")
-    assert condition["reason"] != BYPASS_REASON
+    condition = get_condition(read_status(world.status("digits")).conditions, "CheckpointsVerified")
+    assert condition is not None and condition.reason != BYPASS_REASON
 
 
 def test_setters_are_the_managers_that_own_the_annotation() -> None:

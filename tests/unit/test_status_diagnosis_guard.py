@@ -59,10 +59,10 @@ def test_facts_mirror_the_cluster_name_that_changes_on_retry() -> None:
 def test_condition_transition_time_moves_only_when_status_flips() -> None:
     conditions = set_condition(None, "Running", False, "Starting", "waiting", T0, 1)
     same = set_condition(conditions, "Running", False, "Starting", "still waiting", T0 + timedelta(minutes=5), 1)
-    assert same[0]["lastTransitionTime"] == "2026-12-02T12:00:00Z" and same[0]["message"] == "still waiting"
+    assert same[0].last_transition_time == "2026-12-02T12:00:00Z" and same[0].message == "still waiting"
     flipped = set_condition(same, "Running", True, "Running", "trials running", T0 + timedelta(minutes=7), 2)
-    assert flipped[0]["lastTransitionTime"] == "2026-12-02T12:07:00Z"
-    assert flipped[0] == {
+    assert flipped[0].last_transition_time == "2026-12-02T12:07:00Z"
+    assert flipped[0].model_dump(by_alias=True) == {
         "type": "Running",
         "status": "True",
         "reason": "Running",
@@ -71,7 +71,7 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
         "observedGeneration": 2,
     }
     both = set_condition(flipped, "Admitted", True, "Admitted", "", T0, 2)
-    assert [c["type"] for c in both] == ["Admitted", "Running"]
+    assert [c.type for c in both] == ["Admitted", "Running"]
 
 
 def test_progress_from_status_file() -> None:
