@@ -184,6 +184,16 @@ def read_status(raw: Mapping[str, Any] | None) -> SweepStatus:
         return SweepStatus()
 
 
+def unreadable_fields(raw: Any, status: SweepStatus) -> frozenset[str]:
+    """The stored fields (by stored name) holding a value `read_status` left out of `status` because it does not
+    parse; {"status"} when the status is not an object at all. A rule that must not take an unreadable record for no
+    record (the guard, Kueue's clock) asks this."""
+    if not isinstance(raw, Mapping):
+        return frozenset({"status"}) if raw else frozenset()
+    document = status_document(status)
+    return frozenset(key for key, value in raw.items() if value and key not in document)
+
+
 def status_document(status: SweepStatus) -> dict[str, Any]:
     """The status as the API stores it: camelCase, JSON values, unset fields left out."""
     return status.model_dump(by_alias=True, exclude_none=True, mode="json")

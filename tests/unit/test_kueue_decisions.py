@@ -647,6 +647,22 @@ def test_a_plain_rayjob_is_no_kueue_run_and_its_workloads_are_not_read() -> None
         assert kueue_run_of(other, [owned(QUEUED)]) is None
 
 
+@pytest.mark.parametrize("kueue", [{"admittedSeconds": "x"}, {"preemptions": 1.5}, "not an object"])
+def test_a_recorded_clock_that_does_not_parse_stops_the_pass_instead_of_starting_again_at_zero(kueue: Any) -> None:
+    """The lenient read leaves an unparseable status.kueue out; Kueue's clock is what the deadline counts, so the
+    pass refuses to take that for no clock (the deadline would start again), naming the field."""
+    from dataclasses import replace
+
+    from sweep_operator.reconcile.kueue import kueue_run_of
+
+    facts = kueue_pass_facts(rayjob_deadline=None)
+    assert kueue_run_of(facts, [owned(QUEUED)]) is not None
+    bad = replace(facts, body={**facts.body, "status": {"phase": "Queued", "runId": "abc123", "kueue": kueue}})
+    assert bad.status.kueue is None and bad.status.run_id == "abc123"
+    with pytest.raises(KueueError, match=r"status\.kueue"):
+        kueue_run_of(bad, [owned(QUEUED)])
+
+
 @pytest.mark.parametrize(
     ("rayjob_deadline", "rewritten"),
     [

@@ -17,7 +17,7 @@ from sweep_contracts.status_models import SweepStatus
 
 from ..phases import Fact, to
 from ..run_metadata import GuardTarget as GuardTarget
-from ..status import conditions_with, status_document, updated
+from ..status import conditions_with, unreadable_fields, updated
 from .actions import Action, ChangeStatus, PostEvent
 from .facts import DeletionFacts, meta_of, status_of
 
@@ -176,23 +176,13 @@ RUN_RECORDS_IN_STATUS = (
 UNREADABLE_RUN_RECORDS = frozenset({"status", "guard", *(key for key, _ in RUN_RECORDS_IN_STATUS)})
 
 
-def unreadable_fields(body: Mapping[str, Any], status: SweepStatus) -> frozenset[str]:
-    """The status fields (by stored name) that hold a value the parsed `status` left out because it does not parse
-    (`status.read_status`); {"status"} when the status is not an object at all."""
-    raw = body.get("status")
-    if not isinstance(raw, Mapping):
-        return frozenset({"status"}) if raw else frozenset()
-    document = status_document(status)
-    return frozenset(key for key, value in raw.items() if value and key not in document)
-
-
 def status_run_records(body: Mapping[str, Any], status: SweepStatus) -> tuple[tuple[str, ...], str]:
     """The records in a sweep's status that say a run started (GuardFacts.started), and why its run root is unknown
     when nothing names it."""
     values = {"runId": status.run_id, "trainingStartedAt": status.training_started_at}
     values["rayClusterName"] = status.ray_cluster_name
     started = tuple(record for key, record in RUN_RECORDS_IN_STATUS if values[key])
-    unreadable = sorted(unreadable_fields(body, status) & UNREADABLE_RUN_RECORDS)
+    unreadable = sorted(unreadable_fields(body.get("status"), status) & UNREADABLE_RUN_RECORDS)
     named = ["status" if key == "status" else f"status.{key}" for key in unreadable]
     started += tuple(f"{name} (unreadable)" for name in named)
     if status.run_id:

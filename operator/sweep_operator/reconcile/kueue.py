@@ -25,7 +25,7 @@ from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of
 from ..run_metadata import PRIORITY_CLASS_LABEL as PRIORITY_CLASS_LABEL
 from ..run_metadata import QUEUE_LABEL as QUEUE_LABEL
 from ..run_metadata import queue_name_for as queue_name_for
-from ..status import rfc3339, updated
+from ..status import rfc3339, unreadable_fields, updated
 from .actions import SetRuntimeEnv
 from .facts import SweepFacts, meta_of
 from .workloads import (
@@ -361,6 +361,9 @@ def kueue_run_of(facts: SweepFacts, workloads: Sequence[Mapping[str, Any]]) -> K
     rayjob, spec = facts.rayjob_body, facts.admitted_spec
     if rayjob is None or spec is None or workloads_wanted(facts) is None:
         return None
+    if "kueue" in unreadable_fields(facts.body.get("status"), facts.status):
+        # The admitted clock is what the deadline counts: one that cannot be read is never taken for none (zero).
+        raise KueueError("status.kueue: does not parse as the status schema's kueue object; the run's clock is unknown")
     active = float(effective_active_seconds(spec, facts.limits))
     return kueue_run(facts.status, rayjob, workloads, facts.now, active)
 
