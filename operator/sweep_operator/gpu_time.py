@@ -221,7 +221,7 @@ class UsageLedger:
     def from_status(cls, usage: UsageStatus | Mapping[str, Any] | None) -> UsageLedger:
         """The record in status.usage, the model as parsed or the stored document (the CLI reads documents)."""
         if isinstance(usage, UsageStatus):
-            usage = usage.model_dump(by_alias=True, exclude_none=True)
+            return cls.from_model(usage)
         usage = usage or {}
         intervals = tuple(i for i in (PodInterval.from_status(d) for d in usage.get("podIntervals") or []) if i)
         reported = tuple(
@@ -234,6 +234,17 @@ class UsageLedger:
             )
         )
         return cls(intervals, epoch(usage.get("lastMeasuredAt")), reported)
+
+    @classmethod
+    def from_model(cls, usage: UsageStatus) -> UsageLedger:
+        """The record as parsed (its types already checked): no document in between."""
+        intervals = tuple(
+            PodInterval(i.pod, i.cluster, float(i.gpus), start, epoch(i.end), i.name or "")
+            for i in usage.pod_intervals or ()
+            if i.pod and (start := epoch(i.start)) is not None
+        )
+        reported = tuple(sorted(set(usage.thresholds_reported or ())))
+        return cls(intervals, epoch(usage.last_measured_at), reported)
 
     def gpu_seconds(self, now: float) -> float:
         return sum(i.gpu_seconds(now) for i in self.intervals)
@@ -429,14 +440,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _parsed(status: SweepStatus | Mapping[str, Any]) -> SweepStatus:
-    return status if isinstance(status, SweepStatus) else read_status(status)
-
-
-def clusters_to_read(status: SweepStatus | Mapping[str, Any]) -> set[str]:
+def clusters_to_read(status: SweepStatus) -> set[str]:
     """The RayClusters whose pods a pass lists: the current attempt's, and any with a pod still open in the record
     (a retried attempt's cluster may still be going while the next one starts)."""
-    status = _parsed(status)
     ledger = UsageLedger.from_status(status.usage)
     clusters = {i.cluster for i in ledger.intervals if i.end is None and i.cluster}
     if status.ray_cluster_name:
@@ -445,7 +451,7 @@ def clusters_to_read(status: SweepStatus | Mapping[str, Any]) -> set[str]:
 
 
 def unlisted_open_pods(
-    status: SweepStatus | Mapping[str, Any], pods: Iterable[Mapping[str, Any]], listed_clusters: Iterable[str]
+    status: SweepStatus, pods: Iterable[Mapping[str, Any]], listed_clusters: Iterable[str]
 ) -> list[tuple[str, str]]:
     """(name, uid) of each pod the record has open in a listed cluster that this listing did not show. The listing
     selects by the pod's `ray.io/cluster` label, which anyone who may edit the pod can change: such a pod is looked
@@ -453,7 +459,7 @@ def unlisted_open_pods(
     listed, seen = set(listed_clusters), {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
     return [
         (i.name or i.pod, i.pod)
-        for i in UsageLedger.from_status(_parsed(status).usage).intervals
+        for i in UsageLedger.from_status(status.usage).intervals
         if i.end is None and i.cluster in listed and i.pod not in seen
     ]
 
@@ -463,9 +469,9 @@ def still_holding(pod: Mapping[str, Any] | None, uid: str) -> bool:
     return pod is not None and (pod.get("metadata") or {}).get("uid") == uid
 
 
-def holding_gpus(status: SweepStatus | Mapping[str, Any]) -> bool:
+def holding_gpus(status: SweepStatus) -> bool:
     """The record has a pod still holding GPUs: an ended sweep keeps being measured (and ticked) until it is gone."""
-    return any(i.end is None for i in UsageLedger.from_status(_parsed(status).usage).intervals)
+    return any(i.end is None for i in UsageLedger.from_status(status.usage).intervals)
 
 
 def _number(value: Any) -> float | None:

@@ -113,3 +113,22 @@ def test_a_status_is_parsed_once_per_resource_version(monkeypatch: pytest.Monkey
     with pytest.raises(Exception, match="frozen"):
         first.status.phase = "Failed"  # type: ignore[misc]  # what the frozen model refuses
     assert SweepFacts(body, 0.0, Settings().limits).status.run_id == "r1"  # built without the cache: parsed here
+
+
+def test_the_gpu_record_reads_the_same_from_the_model_as_from_the_document() -> None:
+    """The pass reads status.usage's record from the parsed model (no document in between); the CLI from the stored
+    document: one record either way."""
+    from sweep_operator.gpu_time import UsageLedger
+
+    usage = {
+        "lastMeasuredAt": "2026-12-07T10:00:00Z",
+        "thresholdsReported": [80, 50],
+        "podIntervals": [
+            {"pod": "u1", "name": "w1", "cluster": "c1", "gpus": 2, "start": "2026-12-07T09:00:00Z"},
+            {"pod": "u2", "cluster": "c1", "gpus": 1.5, "start": "2026-12-07T09:00:00Z", "end": "2026-12-07T09:30:00Z"},
+        ],
+    }
+    parsed = status_rules.read_status({"usage": usage}).usage
+    assert parsed is not None
+    from_model, from_document = UsageLedger.from_status(parsed), UsageLedger.from_status(usage)
+    assert from_model == from_document and len(from_model.intervals) == 2 and from_model.thresholds_reported == (50, 80)

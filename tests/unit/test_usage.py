@@ -200,7 +200,8 @@ def test_an_open_pod_missing_from_its_clusters_listing_is_looked_up_by_name_and_
     listed cluster whose pod the listing lacks is read by name; only the same uid keeps it (a name is reused)."""
     w1, w2 = pod("w1", scheduled=0.0, uid="u1"), pod("w2", scheduled=0.0, uid="u2")
     ledger = fold(UsageLedger(), observe(w1, w2), T0 + 60, listed_clusters={"c1"})
-    status = {"usage": ledger.to_status(T0 + 60)}
+    status = read_status({"usage": ledger.to_status(T0 + 60)})
+    assert status.usage is not None
     assert unlisted_open_pods(status, [w1, w2], {"c1"}) == []
     assert unlisted_open_pods(status, [w1], {"c1"}) == [("w2", "u2")]
     assert unlisted_open_pods(status, [w1], set()) == []  # c1 not listed: nothing is closed, nothing looked up
@@ -703,8 +704,8 @@ def test_reservations_and_clusters_to_read_come_from_the_status() -> None:
             "deadlineAt": at(6 * HOUR),
         },
     }
-    assert clusters_to_read(running["status"]) == {"old-cluster", "new-cluster"}
-    assert holding_gpus(running["status"])
+    assert clusters_to_read(read_status(running["status"])) == {"old-cluster", "new-cluster"}
+    assert holding_gpus(read_status(running["status"]))
     a = sweep_usage_of(running, T0 + HOUR)
     assert a.reserved_gpu_hours == pytest.approx(4 * 6 - 2)  # worst case 24, 2 used
     ended = {**running, "status": {**running["status"], "phase": "Succeeded"}}
@@ -741,9 +742,9 @@ def test_an_ended_run_is_measured_until_its_gpu_pods_are_gone_a_deleting_sweep_i
     from sweep_operator.reconcile.usage import usage_open
 
     holding = {"usage": UsageLedger((PodInterval("p", "c1", 2.0, T0, None),)).to_status(T0 + HOUR)}
-    assert usage_open({"metadata": {}, "status": {"phase": "Succeeded", **holding}})
-    assert usage_open({"metadata": {"deletionTimestamp": at(0)}, "status": holding})  # the guard may hold its pods
-    assert not usage_open({"metadata": {}, "status": {"phase": "Succeeded"}})
+    assert usage_open(read_status({"phase": "Succeeded", **holding}))
+    assert usage_open(read_status({"phase": "Deleting", **holding}))  # the guard may hold its pods
+    assert not usage_open(read_status({"phase": "Succeeded"}))
 
 
 def test_threshold_metric_is_counted_once_after_the_write_that_records_it() -> None:

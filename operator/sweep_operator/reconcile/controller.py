@@ -234,10 +234,11 @@ class SweepController:
 
     def tick_due(self, body: Mapping[str, Any]) -> bool:
         """Whether a timer tick has work (run_phase.tick_due); ticks for steady sweeps cost no API call."""
-        if usage.usage_open(body):
+        status = self.cache.status(body)  # parsed once per resourceVersion: a steady sweep's ticks parse nothing
+        if usage.usage_open(status):
             return True  # an ended run's GPU pods are measured until they are gone (docs/budgets.md)
         poll_due = self.cache.poll_due(ObjectRef.of(body), time.monotonic(), take=False)
-        return run_phase.tick_due(body, self.clock(), poll_due, self.cache.status(body))
+        return run_phase.tick_due(body, self.clock(), poll_due, status)
 
     # ------------------------------------------------------------------------------ the reconcile pass
     def _pass(self, ref: ObjectRef) -> None:
@@ -276,7 +277,7 @@ class SweepController:
         if facts.rayjob is None or facts.rayjob.deleting:
             return
         # kopf runs no timer for an object being deleted: this pass asks for its own next one.
-        next_in = run_phase.held_pass_due_in(facts, self.settings.reconcile_seconds, usage.usage_open(body))
+        next_in = run_phase.held_pass_due_in(facts, self.settings.reconcile_seconds, usage.usage_open(facts.status))
         if next_in is not None:
             self.queue.add_after(facts.ref, next_in)
         refresh = self.settings.usage_refresh_seconds

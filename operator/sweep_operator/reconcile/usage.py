@@ -273,10 +273,10 @@ def measure_pass(
     )
 
 
-def usage_open(body: Mapping[str, Any]) -> bool:
+def usage_open(status: SweepStatus) -> bool:
     """An ended run's GPU pods are measured (and ticked) until they are gone, a sweep being deleted included: the
     guard may hold it while its pods still hold GPUs."""
-    return holding_gpus(body.get("status") or {})
+    return holding_gpus(status)
 
 
 def decide_gpu_hour_answer(
