@@ -212,8 +212,16 @@ def updated(status: SweepStatus, changes: Mapping[str, Any] | None = None, /, **
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The top-level JSON merge patch that takes status document `old` to `new` (a removed field is None)."""
-    patch = {key: value for key, value in new.items() if old.get(key) != value}
+    """The JSON merge patch (RFC 7386) that takes status document `old` to `new`: a removed field is None, at any
+    depth (the API server merges an object into the stored one, so a field left out of a nested object would stay),
+    and a list is sent whole."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        nested = isinstance(value, Mapping) and isinstance(before, Mapping)
+        patch[key] = merge_patch(before, value) if nested else value
     patch.update({key: None for key in old if key not in new})
     return patch
 

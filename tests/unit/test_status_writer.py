@@ -106,3 +106,20 @@ def test_phase_events_warn_on_failures_and_deleting_is_left_to_the_guard() -> No
     writer.write(body, updated(read_status(body["status"]), {"phase": "Deleting", "message": "verifying"}))
     assert events == [("Warning", "DeadlineExceeded", "deadline")]
     assert metrics.total("trainingsweep_deadline_stops_total") == 1
+
+
+def test_a_field_removed_inside_a_nested_object_is_removed_from_the_stored_one() -> None:
+    """The API server merges a patch's object into the stored object (RFC 7386): a field the new status leaves out
+    of status.kueue must go as a null, or the stored clock would keep an admission that has ended."""
+    kube, _, writer, _, _, _ = setup()
+    stored = kube.objects[("TrainingSweep", "ml", "digits")]
+    stored["status"]["kueue"] = {"admittedSince": "2026-12-07T10:00:00Z", "admissions": 1, "state": "Admitted"}
+    kube._bump(stored)
+    body = kube.get_sweep("ml", "digits")
+    assert body is not None
+    status = read_status(body["status"])
+    assert status.kueue is not None
+    preempted = status.kueue.model_copy(update={"admitted_since": None, "preemptions": 1, "state": "Preempted"})
+    written = writer.write(body, updated(status, kueue=preempted))
+    assert written["status"]["kueue"] == {"admissions": 1, "preemptions": 1, "state": "Preempted"}
+    assert merge_patch({"k": {"x": 1, "y": 2}, "l": [1, 2]}, {"k": {"x": 1}, "l": [1]}) == {"k": {"y": None}, "l": [1]}
