@@ -32,6 +32,10 @@ from .progress_rhythm import next_poll_seconds
 _RAYJOB_SPEC_READ = ("suspend", "runtimeEnvYAML", "shutdownAfterJobFinishes", "activeDeadlineSeconds", "backoffLimit")
 _PARSE_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
 PARSE_CACHE_SIZE = 4096
+# Parsed statuses kept: a sweep being worked on (its event, its pass, the write's echo, its ticks) is parsed once per
+# resourceVersion; a parsed status is about 14 KiB against a stored one's 2, so the many idle sweeps of a large
+# operator are parsed again at their rare ticks (tens of microseconds) rather than held.
+STATUS_CACHE_SIZE = 512
 ECHOES_KEPT = 4  # our writes per sweep whose events may still be on their way
 CREATE_RETRY_BASE_SECONDS = 5.0
 CREATE_RETRY_MAX_SECONDS = 300.0
@@ -133,7 +137,7 @@ class Cache:
         self._create_failures: dict[ObjectRef, tuple[int, float]] = {}  # -> (failed creates in a row, retry at)
         self._label_warned: set[str] = set()  # uids of guarded objects whose label loss was reported
         self.parsed = Lru(PARSE_CACHE_SIZE)  # spec digest -> Sweep, or the tuple of problems
-        self.statuses = Lru(PARSE_CACHE_SIZE)  # uid/resourceVersion -> the status parsed (frozen, shared)
+        self.statuses = Lru(STATUS_CACHE_SIZE)  # uid/resourceVersion -> the status parsed (frozen, shared)
 
     # ---- sweeps
     def observe_sweep(self, body: Mapping[str, Any]) -> None:

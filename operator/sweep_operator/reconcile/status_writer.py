@@ -83,7 +83,7 @@ class StatusWriter:
         `progress_may_wait`: a change of progress alone waits for the sweep's mirror slot
         (`progress_rhythm.mirror_wait`); the progress poll is then due by that slot, so the write that follows
         carries the latest progress read."""
-        old = status_of(body)
+        old = self.cache.status(body)
         events = tuple(events)
         if new is not None:
             new = settled(new, meta_of(body).get("generation"), self.clock())
