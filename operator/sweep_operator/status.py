@@ -128,6 +128,13 @@ def set_condition(
     """`conditions` with `type_` set; lastTransitionTime moves only when the status value changes."""
     value = status if isinstance(status, str) else ("True" if status else "False")
     previous = get_condition(conditions, type_)
+    if (
+        previous is not None
+        and (previous.status, previous.reason, previous.message, previous.observed_generation)
+        == (value, reason, message, generation)
+        and previous.last_transition_time
+    ):
+        return sorted(conditions or [], key=lambda c: c.type)  # unchanged: the same models (every write settles them)
     transition = (
         previous.last_transition_time
         if previous is not None and previous.status == value and previous.last_transition_time
@@ -220,8 +227,10 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         before = old.get(key)
         if before == value:
             continue
-        nested = isinstance(value, Mapping) and isinstance(before, Mapping)
-        patch[key] = merge_patch(before, value) if nested else value
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
     patch.update({key: None for key in old if key not in new})
     return patch
 
@@ -315,11 +324,15 @@ def settled(status: SweepStatus, generation: int | None, now: float) -> SweepSta
     changes: dict[str, Any] = {}
     updates = lifecycle_conditions(status)
     if updates:
-        changes["conditions"] = conditions_with(status, generation, now, *updates)
+        conditions = conditions_with(status, generation, now, *updates)
+        if conditions != list(status.conditions or []):
+            changes["conditions"] = conditions
     phase = status.phase
     if phase != Phase.DELETING:
         deadline = status.deadline_at
-        changes["activeDeadlineAt"] = deadline if deadline and not is_terminal(phase) else None
+        active = deadline if deadline and not is_terminal(phase) else None
+        if active != status.active_deadline_at:
+            changes["activeDeadlineAt"] = active
     return updated(status, changes)
 
 

@@ -8,6 +8,8 @@ interval opened or closed) is written in the pass that decided it, together with
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sweep_contracts.status_models import SweepStatus, UsageStatus
 
 from ..status import PROGRESS_FIELDS, merge_patch, status_document
@@ -24,11 +26,15 @@ def usage_totals_only(old: UsageStatus | None, new: UsageStatus | None) -> bool:
     return all(getattr(old, name) == getattr(new, name) for name in USAGE_RECORD_FIELDS)
 
 
-def routine_fields(old: SweepStatus, new: SweepStatus) -> tuple[set[str], set[str]]:
+def routine_fields(
+    old: SweepStatus, new: SweepStatus, changed: Iterable[str] | None = None
+) -> tuple[set[str], set[str]]:
     """The status fields (stored names) `new` changes against `old`, split into (those that may wait, those written
-    at once)."""
+    at once). `changed`: those fields when the caller has the patch already (the writer), else computed here."""
     routine, urgent = set[str](), set[str]()
-    for key in merge_patch(status_document(old), status_document(new)):
+    if changed is None:
+        changed = merge_patch(status_document(old), status_document(new))
+    for key in changed:
         if key in PROGRESS_FIELDS or (key == "usage" and usage_totals_only(old.usage, new.usage)):
             routine.add(key)
         else:
@@ -44,11 +50,12 @@ def mirror_wait(
     now: float,
     every: float,
     events: int = 0,
+    changed: Iterable[str] | None = None,
 ) -> float:
     """Seconds the write of `new` over `old` waits: 0 writes now. Only a change made of routine fields alone, with no
     Event to go with it, waits, until `every` seconds after the sweep's last write of such fields (the first one, and
     any after `every`, is written at once). The write then carries the latest progress read, so nothing is lost."""
-    routine, urgent = routine_fields(old, new)
+    routine, urgent = routine_fields(old, new, changed)
     if not routine or urgent or events or last_mirrored is None or every <= 0:
         return 0.0
     return max(0.0, last_mirrored + every - now)

@@ -97,7 +97,7 @@ class StatusWriter:
             if progress_may_wait:
                 wait = mirror_wait(
                     old, new, last_mirrored=self.cache.last_mirrored(ref), now=now, every=self.mirror_seconds(),
-                    events=len(events),
+                    events=len(events), changed=patch,
                 )  # fmt: skip
                 if wait > 0:
                     self.cache.poll_by(ref, now + wait)
@@ -106,7 +106,7 @@ class StatusWriter:
                 written = self.kube.patch_sweep_status(ref.namespace, ref.name, patch, resource_version=rv)
             except Conflict as exc:
                 raise Stale(str(exc)) from None
-            if routine_fields(old, new)[0]:
+            if routine_fields(old, new, patch)[0]:
                 self.cache.mirrored(ref, now)
             if written is not None:
                 self.cache.remember_write(written)
