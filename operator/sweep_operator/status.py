@@ -169,6 +169,10 @@ def conditions_with(
     return conditions
 
 
+# A part of a new status that a rule returns for its caller to combine with others before one `updated`: stored
+# (camelCase) field names to values (a model, or its JSON), None removing the field; validated when applied.
+StatusChanges = dict[str, Any]
+
 # A status field by the name it is stored under (camelCase) or its attribute's name.
 _FIELD_NAMES: dict[str, str] = {
     **{name: name for name in SweepStatus.model_fields},
@@ -469,7 +473,7 @@ def lineage_status(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"exploits": count, "entries": entries}
 
 
-def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> dict[str, Any]:
+def progress_patch(doc: Mapping[str, Any], spec: Any = None) -> StatusChanges:
     """Status fields from a run's `_sweep/status.json` or `_sweep/result.json`; `waitingFor` is cleared (None: the
     merge patch removes it) as soon as nothing is pending, and by result.json, which has no `pending` block. `spec`
     (the run's SweepSpec) gives trialsSummary its denominator, the trials asked for (`planned_trials`)."""

@@ -16,7 +16,7 @@ from sweep_contracts.api import DRIVER_END_PHASES, RESUMABLE_PHASES, Phase
 from sweep_contracts.status_models import AttemptStatus, LastResumeStatus, SweepStatus
 
 from ..policy import Admit
-from ..status import DEPLOYMENT_FAILED, epoch_seconds, rfc3339
+from ..status import DEPLOYMENT_FAILED, StatusChanges, epoch_seconds, rfc3339
 from .verdicts import reported_checkpoints
 
 TRIGGER_INITIAL = "Initial"  # the sweep's first RayJob
@@ -267,7 +267,7 @@ def end_patch(
     now: float,
     reason: str | None = None,
     checkpoints_verified: int | None = None,
-) -> dict[str, Any]:
+) -> StatusChanges:
     """Close the running attempt's row when the sweep reaches an ended phase ({} when there is none open): changes
     keyed by stored name, for `status.updated`."""
     attempts = list(attempts_of(status))

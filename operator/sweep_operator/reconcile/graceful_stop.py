@@ -12,6 +12,7 @@ from sweep_contracts.api import MAX_STOP_UPLOADS_LISTED
 from sweep_contracts.status_models import GracefulStopStatus, LastStopStatus, SweepStatus
 from sweep_contracts.timestamps import epoch_seconds, rfc3339
 
+from ..status import StatusChanges
 from .workloads import KueueError, WorkloadFacts, kueue_managed, workload_of
 
 # KubeRay's JobStatus values that are final (rayv1.IsJobTerminal); "" and PENDING/RUNNING are not.
@@ -91,7 +92,7 @@ def idle_recorded(status: SweepStatus, rayjob_uid: str) -> bool:
     return stop is not None and bool(rayjob_uid) and stop.ray_job_uid == rayjob_uid and stop.idle_recorded is True
 
 
-def with_idle_recorded(status: SweepStatus, rayjob_uid: str) -> dict[str, Any]:
+def with_idle_recorded(status: SweepStatus, rayjob_uid: str) -> StatusChanges:
     """The status change that marks this RayJob's recorded stop as counted; nothing where status.gracefulStop is
     another RayJob's or absent (the stop was then asked by this process only, whose memory keeps it once)."""
     stop = status.graceful_stop
@@ -100,7 +101,7 @@ def with_idle_recorded(status: SweepStatus, rayjob_uid: str) -> dict[str, Any]:
     return {"gracefulStop": stop.model_copy(update={"idle_recorded": True})}
 
 
-def request_status(rayjob_uid: str, now: float) -> dict[str, Any]:
+def request_status(rayjob_uid: str, now: float) -> StatusChanges:
     """The status change that records a stop's request (status.gracefulStop)."""
     return {"gracefulStop": GracefulStopStatus(ray_job_uid=rayjob_uid, requested_at=rfc3339(now))}
 

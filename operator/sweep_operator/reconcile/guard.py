@@ -17,7 +17,7 @@ from sweep_contracts.status_models import SweepStatus
 
 from ..phases import Fact, to
 from ..run_metadata import GuardTarget as GuardTarget
-from ..status import conditions_with, unreadable_fields, updated
+from ..status import StatusChanges, conditions_with, unreadable_fields, updated
 from .actions import Action, ChangeStatus, PostEvent
 from .facts import DeletionFacts, meta_of, status_of
 
@@ -363,7 +363,7 @@ DELETING = {"phase": to(Fact.DELETION_STARTED), "message": "verifying checkpoint
 
 def verification_status(
     status: SweepStatus, generation: int | None, now: float, result: Any, decision: Release | Hold | None
-) -> dict[str, Any]:
+) -> StatusChanges:
     """Status changes recording a deletion's verification: checkpoints and CheckpointsVerified (Ready follows from
     them when the status is written: status.lifecycle_conditions)."""
     said = verdict(result, decision)
@@ -371,7 +371,7 @@ def verification_status(
     return {"checkpoints": result.to_status(), "conditions": conditions_with(status, generation, now, condition)}
 
 
-def held_status(sweep: Mapping[str, Any], now: float, message: str) -> dict[str, Any]:
+def held_status(sweep: Mapping[str, Any], now: float, message: str) -> StatusChanges:
     """A hold without a verification (nothing to record but why): CheckpointsVerified false with the hold's message."""
     condition = ("CheckpointsVerified", False, "NotVerified", message)
     return {"conditions": conditions_with(status_of(sweep), meta_of(sweep).get("generation"), now, condition)}

@@ -13,7 +13,7 @@ from sweep_contracts.api import Phase
 from sweep_contracts.status_models import IdleGpuStatus, SweepStatus
 
 from ..gpu_time import pod_ended_at, pod_gpus, pod_scheduled_at
-from ..status import parse_time
+from ..status import StatusChanges, parse_time
 from .facts import meta_of
 
 # Ray's JobStatus values after which no driver runs (ray/dashboard/modules/job/common.py JobStatus.is_terminal).
@@ -251,7 +251,7 @@ def cause_of(free: FreeWorkers, sweep_status: SweepStatus) -> str:
     return free.cause
 
 
-def idle_status(status: SweepStatus, cause: str, gpu_seconds: float) -> dict[str, Any]:
+def idle_status(status: SweepStatus, cause: str, gpu_seconds: float) -> StatusChanges:
     """The change to status.idleGpuSeconds that adds this hold's GPU-seconds under its cause."""
     idle = status.idle_gpu_seconds or IdleGpuStatus()
     field = STATUS_FIELDS[cause]

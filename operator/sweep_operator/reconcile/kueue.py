@@ -25,7 +25,7 @@ from ..policy import Admit, Reject, bundle_fit_problems, cap_problems, demand_of
 from ..run_metadata import PRIORITY_CLASS_LABEL as PRIORITY_CLASS_LABEL
 from ..run_metadata import QUEUE_LABEL as QUEUE_LABEL
 from ..run_metadata import queue_name_for as queue_name_for
-from ..status import rfc3339, unreadable_fields, updated
+from ..status import StatusChanges, rfc3339, unreadable_fields, updated
 from .actions import SetRuntimeEnv
 from .facts import SweepFacts, meta_of
 from .workloads import (
@@ -368,7 +368,7 @@ def kueue_run_of(facts: SweepFacts, workloads: Sequence[Mapping[str, Any]]) -> K
     return kueue_run(facts.status, rayjob, workloads, facts.now, active)
 
 
-def run_clock(run: KueueRun, now: float) -> dict[str, Any]:
+def run_clock(run: KueueRun, now: float) -> StatusChanges:
     """The status fields the run-phase rules judge on Kueue's clock (`SweepFacts.clock`): `deadlineAt` from the
     admitted time (None, removed, while Kueue holds the sweep, so no deadline passes then), `startedAt` at the current
     admission (the startup clock starts there, not at the sweep's creation)."""

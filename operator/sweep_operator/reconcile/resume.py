@@ -19,7 +19,7 @@ from sweep_contracts.api import RESUMABLE_PHASES, Phase
 from sweep_contracts.status_models import SweepStatus
 
 from ..phases import Fact, to
-from ..status import conditions_with, rfc3339, updated
+from ..status import StatusChanges, conditions_with, rfc3339, updated
 from .actions import CreateRayJob, Decision, Event
 from .attempts import (
     MAX_MISSING_NAMED,
@@ -324,7 +324,7 @@ def facts_from_sweep(
     )
 
 
-def start_patch(status: SweepStatus, decision: StartAttempt, *, num_samples: int | None = None) -> dict[str, Any]:
+def start_patch(status: SweepStatus, decision: StartAttempt, *, num_samples: int | None = None) -> StatusChanges:
     """The status fields that record attempt `decision.attempt` as started, keyed by stored name (None deletes).
 
     `checkpoints` is cleared: the end-of-run verification runs when an ended sweep has no `verifiedAt`, and the
@@ -373,7 +373,7 @@ def start_patch(status: SweepStatus, decision: StartAttempt, *, num_samples: int
     return patch
 
 
-def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> dict[str, Any]:
+def refusal_patch(decision: NotResumable | Refuse, *, now: float) -> StatusChanges:
     """The status fields that record a resume that did not start, keyed by stored name (the phase stays)."""
     missing = decision.missing if isinstance(decision, Refuse) else ()
     outcome = OUTCOME_REFUSED if isinstance(decision, Refuse) else OUTCOME_NOT_RESUMABLE

@@ -23,6 +23,7 @@ from ..policy import demand_of
 from ..run_metadata import GuardTarget, worker_cap
 from ..status import (
     RayJobFacts,
+    StatusChanges,
     conditions_with,
     get_condition,
     is_terminal,
@@ -433,7 +434,7 @@ def _phase_conditions(new_phase: str, rayjob: RayJobFacts, message: str, judged:
     return []
 
 
-def budget_exhausted(facts: SweepFacts, status: SweepStatus, reason: str) -> dict[str, Any]:
+def budget_exhausted(facts: SweepFacts, status: SweepStatus, reason: str) -> StatusChanges:
     """The status changes of a run stopped because a GPU budget (the sweep's, or its namespace reservation) is spent:
     stopped through the checkpoint guard like a deadline stop (the RayJob deleted, the guard verifies before
     releasing the cluster, phase BudgetExhausted, checkpoints verified at the end); the one place a graceful stop
